@@ -1,0 +1,105 @@
+package core
+
+import (
+	"fmt"
+	"math"
+	"strings"
+
+	"github.com/oktopk/oktopk/transport"
+)
+
+// Algorithm selects the collective. The values are the C ABI's
+// oktopk_algorithm_t and must not change.
+type Algorithm int
+
+const (
+	DenseRing Algorithm = iota
+	DenseRabenseifner
+	OkTopk
+	TopkA
+	TopkDSA
+	SSARRecursiveDouble
+	SSARSplitAllgather
+	DSARSplitAllgather
+	GTopk
+	Gaussiank
+	numAlgorithms
+)
+
+var algorithmNames = [...]string{"dense_ring", "dense_rabenseifner", "oktopk", "topka", "topkdsa",
+	"ssar_recursive_double", "ssar_split_allgather", "dsar_split_allgather", "gtopk", "gaussiank"}
+
+var algorithmOps = [...]transport.Op{transport.OpAllreduceRing, transport.OpAllreduceRabenseifner,
+	transport.OpOkTopk, transport.OpTopkA, transport.OpTopkDSA, transport.OpSSARRecursiveDouble,
+	transport.OpSSARSplitAllgather, transport.OpDSARSplitAllgather, transport.OpGTopk, transport.OpGaussiank}
+
+func (a Algorithm) String() string {
+	if a.Valid() {
+		return algorithmNames[a]
+	}
+	return fmt.Sprintf("algorithm(%d)", int(a))
+}
+
+func (a Algorithm) Valid() bool { return a >= 0 && a < numAlgorithms }
+
+// Dense reports whether a is a dense allreduce (no selection, no residual).
+func (a Algorithm) Dense() bool { return a == DenseRing || a == DenseRabenseifner }
+
+// Op is the frame-header operation kind of a's messages.
+func (a Algorithm) Op() transport.Op { return algorithmOps[a] }
+
+// Algorithms lists every algorithm in enum order.
+func Algorithms() []Algorithm {
+	out := make([]Algorithm, numAlgorithms)
+	for i := range out {
+		out[i] = Algorithm(i)
+	}
+	return out
+}
+
+// ParseAlgorithm accepts the names of String, case-insensitively.
+func ParseAlgorithm(name string) (Algorithm, error) {
+	for i, n := range algorithmNames {
+		if strings.EqualFold(name, n) {
+			return Algorithm(i), nil
+		}
+	}
+	return 0, fmt.Errorf("%w: unknown algorithm %q (one of %s)", ErrInvalidArgument, name, strings.Join(algorithmNames[:], ", "))
+}
+
+// Config holds the settings of sparse allreduce for one tensor.
+type Config struct {
+	Algorithm Algorithm
+	Density   float64 // k = ceil(Density·n), 0 < Density ≤ 1
+	Tau       int     // Ok-Topk: repartition the index space every Tau calls
+	TauPrime  int     // exact thresholds every TauPrime calls, reused in between
+}
+
+// DefaultConfig is the reference implementation's setting for CNNs.
+func DefaultConfig() Config {
+	return Config{Algorithm: OkTopk, Density: 0.01, Tau: 64, TauPrime: 32}
+}
+
+// Validate reports a bad setting as ErrInvalidArgument.
+func (c Config) Validate() error {
+	switch {
+	case !c.Algorithm.Valid():
+		return fmt.Errorf("%w: %v", ErrInvalidArgument, c.Algorithm)
+	case !(c.Density > 0 && c.Density <= 1):
+		return fmt.Errorf("%w: density %v not in (0, 1]", ErrInvalidArgument, c.Density)
+	case c.Tau < 1:
+		return fmt.Errorf("%w: tau %d < 1", ErrInvalidArgument, c.Tau)
+	case c.TauPrime < 1:
+		return fmt.Errorf("%w: tau_prime %d < 1", ErrInvalidArgument, c.TauPrime)
+	}
+	return nil
+}
+
+// K is the number of entries selected from n: ceil(density·n), at most n.
+func (c Config) K(n int) int {
+	k := int(math.Ceil(c.Density * float64(n)))
+	if k > n {
+		k = n
+	}
+	return k
+}

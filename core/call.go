@@ -1,0 +1,117 @@
+package core
+
+import (
+	"context"
+	"time"
+
+	"github.com/oktopk/oktopk/transport"
+	"golang.org/x/sync/errgroup"
+)
+
+// Call is one collective call on a communicator: the transport, the call's
+// sequence number (the same on every rank) and the statistics it gathers.
+// Every message an algorithm sends goes through Call so that the words
+// counted in Stats are the words that crossed the wire.
+type Call struct {
+	T     transport.Transport
+	Op    transport.Op
+	Seq   uint64
+	Stats *Stats
+}
+
+// NewCall starts a call; stats may be nil.
+func NewCall(t transport.Transport, op transport.Op, seq uint64, stats *Stats) *Call {
+	if stats == nil {
+		stats = &Stats{}
+	}
+	return &Call{T: t, Op: op, Seq: seq, Stats: stats}
+}
+
+func (c *Call) Rank() int { return c.T.Rank() }
+func (c *Call) Size() int { return c.T.Size() }
+
+func (c *Call) tag(step uint32) transport.Tag {
+	return transport.Tag{Op: c.Op, Seq: c.Seq, Step: step}
+}
+
+// Send sends one message of this call to peer.
+func (c *Call) Send(ctx context.Context, peer int, step uint32, dtype transport.Dtype, count uint64, payload []byte) error {
+	if err := c.T.Send(ctx, peer, c.tag(step), dtype, count, payload); err != nil {
+		return err
+	}
+	c.Stats.BytesSent += uint64(len(payload))
+	c.Stats.MessagesSent++
+	return nil
+}
+
+// Recv receives the message of this call's step from peer.
+func (c *Call) Recv(ctx context.Context, peer int, step uint32) (transport.Message, error) {
+	m, err := c.T.Recv(ctx, peer, c.tag(step))
+	if err != nil {
+		return m, err
+	}
+	c.Stats.BytesReceived += uint64(len(m.Payload))
+	c.Stats.MessagesReceived++
+	return m, nil
+}
+
+// SendRecv sends to one peer while receiving from another, so that a ring or
+// a pairwise exchange never waits on itself. The first error wins.
+func (c *Call) SendRecv(ctx context.Context, to int, step uint32, dtype transport.Dtype, count uint64, payload []byte, from int) (transport.Message, error) {
+	var msg transport.Message
+	g, gctx := errgroup.WithContext(ctx)
+	var sent uint64
+	g.Go(func() error {
+		if err := c.T.Send(gctx, to, c.tag(step), dtype, count, payload); err != nil {
+			return err
+		}
+		sent = uint64(len(payload))
+		return nil
+	})
+	g.Go(func() error {
+		var err error
+		msg, err = c.T.Recv(gctx, from, c.tag(step))
+		return err
+	})
+	if err := g.Wait(); err != nil {
+		return msg, err
+	}
+	c.Stats.BytesSent += sent
+	c.Stats.MessagesSent++
+	c.Stats.BytesReceived += uint64(len(msg.Payload))
+	c.Stats.MessagesReceived++
+	return msg, nil
+}
+
+// Stats is one rank's view of one call.
+type Stats struct {
+	BytesSent        uint64
+	BytesReceived    uint64
+	MessagesSent     uint64
+	MessagesReceived uint64
+	K                int // target count, ceil(density·n)
+	LocalSelected    int // entries this rank contributed
+	GlobalSelected   int // entries in the global result
+	LocalThreshold   float32
+	GlobalThreshold  float32
+	Select           time.Duration
+	Reduce           time.Duration // split-and-reduce or the reduction phase
+	Allgather        time.Duration // balance + allgatherv, or the broadcast phase
+	Total            time.Duration
+}
+
+// WordsSent is the volume the cost model counts: 4-byte words (an index and
+// a value are one word each).
+func (s *Stats) WordsSent() uint64 { return s.BytesSent / 4 }
+
+// Add accumulates o into s (for totals over several calls).
+func (s *Stats) Add(o Stats) {
+	s.BytesSent += o.BytesSent
+	s.BytesReceived += o.BytesReceived
+	s.MessagesSent += o.MessagesSent
+	s.MessagesReceived += o.MessagesReceived
+	s.Select += o.Select
+	s.Reduce += o.Reduce
+	s.Allgather += o.Allgather
+	s.Total += o.Total
+}

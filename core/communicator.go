@@ -1,0 +1,222 @@
+package core
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/oktopk/oktopk/transport"
+)
+
+// denseAllreduceFunc sums data over every rank, in place; every rank ends
+// with bitwise identical data.
+type denseAllreduceFunc func(ctx context.Context, call *Call, data []float32) error
+
+// sparseAllreduceFunc reduces one rank's dense gradient with error feedback:
+// on return grad holds the averaged sparse global result (zeros elsewhere,
+// bitwise identical on every rank) and st.Residual what was not sent.
+type sparseAllreduceFunc func(ctx context.Context, call *Call, st *TensorState, grad []float32) error
+
+// sparseInputFunc reduces sparse inputs with no state and returns the summed
+// (not averaged) sparse global result, identical on every rank.
+type sparseInputFunc func(ctx context.Context, call *Call, n int, in Sparse, k int) (Sparse, error)
+
+// The algorithm files register themselves here in their init functions, so
+// the dispatcher never has to know their internals.
+var (
+	denseAlgorithms       = map[Algorithm]denseAllreduceFunc{}
+	sparseAlgorithms      = map[Algorithm]sparseAllreduceFunc{}
+	sparseInputAlgorithms = map[Algorithm]sparseInputFunc{}
+)
+
+func registerDense(a Algorithm, f denseAllreduceFunc)   { denseAlgorithms[a] = f }
+func registerSparse(a Algorithm, f sparseAllreduceFunc) { sparseAlgorithms[a] = f }
+func registerSparseInput(a Algorithm, f sparseInputFunc) {
+	sparseInputAlgorithms[a] = f
+}
+
+// Communicator runs collectives over one transport in the order they are
+// issued, which must be the same on every rank: each call takes the next
+// sequence number, and the sequence number tags its messages. After any
+// failure that may have left peers mid-call, the communicator is poisoned:
+// every later call fails fast with the first error.
+type Communicator struct {
+	T transport.Transport
+
+	mu       sync.Mutex // held for a whole call: calls run one at a time, in issue order
+	seq      uint64
+	states   map[uint64]*TensorState
+	poisoned error
+}
+
+// NewCommunicator wraps a connected transport.
+func NewCommunicator(t transport.Transport) *Communicator {
+	return &Communicator{T: t, states: make(map[uint64]*TensorState)}
+}
+
+func (c *Communicator) Rank() int { return c.T.Rank() }
+func (c *Communicator) Size() int { return c.T.Size() }
+
+// Abort fails the running call (if any) and every later one.
+func (c *Communicator) Abort(cause error) {
+	c.T.Abort(cause)
+}
+
+// begin takes the communicator for one call and its sequence number.
+func (c *Communicator) begin() (uint64, error) {
+	c.mu.Lock()
+	if c.poisoned != nil {
+		c.mu.Unlock()
+		return 0, fmt.Errorf("%w: earlier failure: %w", transport.ErrAborted, c.poisoned)
+	}
+	c.seq++
+	return c.seq, nil
+}
+
+// end releases the communicator; a communication error poisons it, because
+// peers may be stranded mid-call and the sequence numbers no longer agree.
+func (c *Communicator) end(err error) error {
+	if err != nil && !errors.Is(err, ErrInvalidArgument) && !errors.Is(err, ErrInvalidUsage) {
+		c.poisoned = err
+		c.T.Abort(err)
+	}
+	c.mu.Unlock()
+	return err
+}
+
+// Allreduce sums (or averages) data over every rank with a dense algorithm.
+func (c *Communicator) Allreduce(ctx context.Context, data []float32, average bool, alg Algorithm) (Stats, error) {
+	var st Stats
+	f, ok := denseAlgorithms[alg]
+	if !ok {
+		return st, fmt.Errorf("%w: %v is not a dense allreduce", ErrInvalidArgument, alg)
+	}
+	seq, err := c.begin()
+	if err != nil {
+		return st, err
+	}
+	start := time.Now()
+	err = f(ctx, NewCall(c.T, alg.Op(), seq, &st), data)
+	if err == nil && average {
+		scale(data, c.Size())
+	}
+	st.Total = time.Since(start)
+	return st, c.end(err)
+}
+
+// State returns the per-tensor state for id, creating it for a tensor of n
+// elements; a later call with a different n is ErrMismatch-free misuse and
+// reported as ErrInvalidArgument.
+func (c *Communicator) state(id uint64, n int, cfg Config) (*TensorState, error) {
+	st := c.states[id]
+	if st == nil {
+		st = NewTensorState(n, cfg)
+		c.states[id] = st
+		return st, nil
+	}
+	if st.N != n {
+		return nil, fmt.Errorf("%w: tensor %d has %d elements, earlier calls had %d", ErrInvalidArgument, id, n, st.N)
+	}
+	st.Config = cfg
+	return st, nil
+}
+
+// SparseAllreduce reduces grad (this rank's gradient) in place into the
+// averaged sparse global result, keeping tensor id's residual and thresholds.
+// Dense algorithms in cfg are allowed and average without state.
+func (c *Communicator) SparseAllreduce(ctx context.Context, id uint64, grad []float32, cfg Config) (Stats, error) {
+	var stats Stats
+	if err := cfg.Validate(); err != nil {
+		return stats, err
+	}
+	if cfg.Algorithm.Dense() {
+		return c.Allreduce(ctx, grad, true, cfg.Algorithm)
+	}
+	f, ok := sparseAlgorithms[cfg.Algorithm]
+	if !ok {
+		return stats, fmt.Errorf("%w: %v is not built into this library", ErrInvalidArgument, cfg.Algorithm)
+	}
+	seq, err := c.begin()
+	if err != nil {
+		return stats, err
+	}
+	st, err := c.state(id, len(grad), cfg)
+	if err != nil {
+		return stats, c.end(err)
+	}
+	start := time.Now()
+	stats.K = cfg.K(len(grad))
+	err = f(ctx, NewCall(c.T, cfg.Algorithm.Op(), seq, &stats), st, grad)
+	stats.Total = time.Since(start)
+	return stats, c.end(err)
+}
+
+// SparseAllreduceSparse reduces sparse inputs without state and returns the
+// averaged sparse global result.
+func (c *Communicator) SparseAllreduceSparse(ctx context.Context, n int, in Sparse, cfg Config) (Sparse, Stats, error) {
+	var stats Stats
+	if err := cfg.Validate(); err != nil {
+		return Sparse{}, stats, err
+	}
+	if err := checkSparse(in, n); err != nil {
+		return Sparse{}, stats, err
+	}
+	f, ok := sparseInputAlgorithms[cfg.Algorithm]
+	if !ok {
+		return Sparse{}, stats, fmt.Errorf("%w: %v has no sparse-input form", ErrInvalidArgument, cfg.Algorithm)
+	}
+	seq, err := c.begin()
+	if err != nil {
+		return Sparse{}, stats, err
+	}
+	start := time.Now()
+	stats.K = cfg.K(n)
+	out, err := f(ctx, NewCall(c.T, cfg.Algorithm.Op(), seq, &stats), n, in, stats.K)
+	if err == nil {
+		scale(out.Val, c.Size())
+	}
+	stats.Total = time.Since(start)
+	return out, stats, c.end(err)
+}
+
+// TensorStateOf returns the state kept for tensor id, or nil.
+func (c *Communicator) TensorStateOf(id uint64) *TensorState {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.states[id]
+}
+
+// SetTensorState installs st for tensor id (restoring a checkpoint).
+func (c *Communicator) SetTensorState(id uint64, st *TensorState) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.states[id] = st
+}
+
+// scale divides by the number of ranks; division (not multiplication by
+// 1/P) keeps integer-valued sums exact when P divides them.
+func scale(v []float32, p int) {
+	if p == 1 {
+		return
+	}
+	fp := float32(p)
+	for i := range v {
+		v[i] /= fp
+	}
+}
+
+func checkSparse(s Sparse, n int) error {
+	if len(s.Idx) != len(s.Val) {
+		return fmt.Errorf("%w: %d indices but %d values", ErrInvalidArgument, len(s.Idx), len(s.Val))
+	}
+	prev := int64(-1)
+	for i, ix := range s.Idx {
+		if int64(ix) <= prev || int64(ix) >= int64(n) {
+			return fmt.Errorf("%w: index %d at position %d is out of order or not below n=%d", ErrInvalidArgument, ix, i, n)
+		}
+		prev = int64(ix)
+	}
+	return nil
+}

@@ -1,0 +1,16 @@
+package core
+
+import (
+	"errors"
+
+	"github.com/oktopk/oktopk/transport"
+)
+
+// Errors of package core; transport's errors (timeout, aborted, mismatch,
+// remote) pass through wrapped. The C ABI maps each to one result code.
+var (
+	ErrInvalidArgument = errors.New("oktopk: invalid argument")
+	ErrInvalidUsage    = errors.New("oktopk: invalid usage")
+	ErrNonFinite       = errors.New("oktopk: gradient holds NaN or Inf")
+	ErrMismatch        = transport.ErrMismatch
+)

@@ -1,0 +1,148 @@
+// Package transport moves tagged byte messages between the ranks of one job.
+//
+// Algorithms in package core never see sockets: they call Send and Recv on a
+// Transport with a Tag naming the operation, its sequence number on the
+// communicator and the step within it, so messages of concurrent operations
+// never cross. Two implementations exist: an in-process one over channels
+// (for unit tests) and a ZeroMQ TCP one (what a user runs).
+package transport
+
+import (
+	"context"
+	"errors"
+	"fmt"
+)
+
+// Op is the kind of collective operation a message belongs to. It travels in
+// every frame header so that two ranks issuing different operations with the
+// same sequence number are caught as a mismatch instead of exchanging data.
+type Op uint8
+
+const (
+	OpNone Op = iota
+	OpAllreduceRing
+	OpAllreduceRabenseifner
+	OpAllgather
+	OpOkTopk
+	OpTopkA
+	OpTopkDSA
+	OpSSARRecursiveDouble
+	OpSSARSplitAllgather
+	OpDSARSplitAllgather
+	OpGTopk
+	OpGaussiank
+	OpBroadcast
+	OpBarrier
+	OpControl
+)
+
+var opNames = [...]string{"none", "allreduce_ring", "allreduce_rabenseifner", "allgather",
+	"oktopk", "topka", "topkdsa", "ssar_recursive_double", "ssar_split_allgather",
+	"dsar_split_allgather", "gtopk", "gaussiank", "broadcast", "barrier", "control"}
+
+func (o Op) String() string {
+	if int(o) < len(opNames) {
+		return opNames[o]
+	}
+	return fmt.Sprintf("op(%d)", uint8(o))
+}
+
+// Dtype is the element type a payload carries. Bulk payloads are raw
+// little-endian bytes of this type (or uint32 indices for sparse streams).
+type Dtype uint8
+
+const (
+	DtypeBytes Dtype = iota // opaque bytes (control messages)
+	DtypeFloat32
+	DtypeFloat16
+	DtypeBFloat16
+	DtypeSparseF32 // count uint32 indices followed by count float32 values
+	DtypeUint64
+)
+
+var dtypeNames = [...]string{"bytes", "float32", "float16", "bfloat16", "sparse_f32", "uint64"}
+
+func (d Dtype) String() string {
+	if int(d) < len(dtypeNames) {
+		return dtypeNames[d]
+	}
+	return fmt.Sprintf("dtype(%d)", uint8(d))
+}
+
+// Tag identifies one message of one operation: which operation (Op), which
+// call on the communicator (Seq, issued identically on every rank) and which
+// step of that call (Step). Recv matches on (Seq, Step) and reports a
+// mismatch when the peer's Op differs.
+type Tag struct {
+	Op   Op
+	Seq  uint64
+	Step uint32
+}
+
+func (t Tag) String() string { return fmt.Sprintf("%s seq=%d step=%d", t.Op, t.Seq, t.Step) }
+
+// Message is what Recv returns: the payload plus what the sender's frame
+// header said about it.
+type Message struct {
+	Tag     Tag
+	Dtype   Dtype
+	Count   uint64 // element count the sender declared
+	Payload []byte
+}
+
+// Transport is one rank's endpoint to every other rank of the job.
+//
+// Send and Recv are safe for concurrent use by many goroutines. Messages
+// between one pair of ranks with the same Tag arrive in the order sent;
+// messages from different peers never block each other. Both honour ctx's
+// deadline and cancellation, and fail fast once the transport is closed or
+// aborted.
+type Transport interface {
+	Rank() int
+	Size() int
+	// Send queues payload for peer. When Send returns the caller may reuse
+	// payload; delivery errors surface on the peer's side or in later calls.
+	Send(ctx context.Context, peer int, tag Tag, dtype Dtype, count uint64, payload []byte) error
+	// Recv blocks until the message with tag.Seq and tag.Step from peer
+	// arrives. A message whose Op differs from tag.Op yields ErrMismatch.
+	Recv(ctx context.Context, peer int, tag Tag) (Message, error)
+	// Abort fails every blocked and future call with ErrAborted (plus cause).
+	Abort(cause error)
+	// Close releases sockets and goroutines; it returns within the linger
+	// bound even when peers are dead.
+	Close() error
+}
+
+// Errors a caller can test for with errors.Is. They map one-to-one onto the
+// C ABI's result codes.
+var (
+	ErrTimeout    = errors.New("oktopk: timeout")
+	ErrAborted    = errors.New("oktopk: communicator aborted")
+	ErrMismatch   = errors.New("oktopk: mismatched call across ranks")
+	ErrRemote     = errors.New("oktopk: remote peer failed")
+	ErrClosed     = errors.New("oktopk: transport closed")
+	ErrBadFrame   = errors.New("oktopk: malformed frame")
+	ErrBadPeer    = errors.New("oktopk: peer rank out of range")
+	ErrAuth       = errors.New("oktopk: connection with wrong job token refused")
+	ErrRendezvous = errors.New("oktopk: rendezvous failed")
+)
+
+// ContextError turns a context error into ErrTimeout / ErrAborted with what
+// was being waited for, so a user sees which peer and which operation hung.
+func ContextError(ctx context.Context, what string) error {
+	err := ctx.Err()
+	if errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("%w: %s", ErrTimeout, what)
+	}
+	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+		return fmt.Errorf("%w: %s: %w", ErrAborted, what, cause)
+	}
+	return fmt.Errorf("%w: %s: %w", ErrAborted, what, err)
+}
+
+func checkPeer(t Transport, peer int) error {
+	if peer < 0 || peer >= t.Size() || peer == t.Rank() {
+		return fmt.Errorf("%w: peer %d with rank %d of %d", ErrBadPeer, peer, t.Rank(), t.Size())
+	}
+	return nil
+}
