@@ -1,0 +1,53 @@
+package core
+
+// Error feedback (Ok-Topk Algorithm 2, and every sparse baseline): each call
+// works on acc = grad + residual; afterwards the residual is acc with exactly
+// the entries zeroed that this rank selected AND that made it into the global
+// result. Everything else — never selected, or selected but dropped by the
+// global selection — waits in the residual for a later call.
+
+// Accumulate writes acc = grad + residual and reports how many entries are
+// not finite, so the caller can skip the step on every rank before anything
+// non-finite reaches the residual or the wire.
+func Accumulate(acc, grad, residual []float32) (nonFinite int) {
+	acc = acc[:len(grad)]
+	residual = residual[:len(grad)]
+	for i, g := range grad {
+		v := g + residual[i]
+		acc[i] = v
+		// v-v is 0 for finite v and NaN for NaN and ±Inf.
+		if v-v != 0 {
+			nonFinite++
+		}
+	}
+	return nonFinite
+}
+
+// UpdateResidual sets residual = acc, then zeroes the entries in both the
+// local selection and the global result (both ascending by index).
+func UpdateResidual(residual, acc []float32, local, global Sparse) {
+	copy(residual, acc)
+	g := 0
+	for _, i := range local.Idx {
+		for g < len(global.Idx) && global.Idx[g] < i {
+			g++
+		}
+		if g < len(global.Idx) && global.Idx[g] == i {
+			residual[i] = 0
+		}
+	}
+}
+
+// ScatterAverage writes the global sparse sum, divided by p, into out as a
+// dense vector (zeros elsewhere).
+func ScatterAverage(out []float32, global Sparse, p int) {
+	clear(out)
+	fp := float32(p)
+	for j, i := range global.Idx {
+		if p == 1 {
+			out[i] = global.Val[j]
+		} else {
+			out[i] = global.Val[j] / fp
+		}
+	}
+}
