@@ -50,9 +50,6 @@ func reduceWithErrorFeedback(ctx context.Context, call *Call, st *TensorState, g
 	return nil
 }
 
-// exactTopK is the local selection of TopkA, TopkDSA, SparCML and gTopk.
-func exactTopK(acc []float32, k int) (Sparse, error) { return TopK(acc, k) }
-
 // sparseAdd returns a+b as a new vector: the union of the indices, and where
 // both hold an index, a's value plus b's. The operand order is part of the
 // result's bits, so callers fix it (rank order, or lower rank first).

@@ -29,7 +29,7 @@ import "context"
 
 func init() {
 	registerSparse(TopkDSA, func(ctx context.Context, call *Call, st *TensorState, grad []float32) error {
-		return reduceWithErrorFeedback(ctx, call, st, grad, exactTopK, topkDSAReduce)
+		return reduceWithErrorFeedback(ctx, call, st, grad, TopK, topkDSAReduce)
 	})
 	registerSparseInput(TopkDSA, topkDSAReduce)
 }
