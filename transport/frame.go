@@ -1,0 +1,150 @@
+package transport
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"fmt"
+)
+
+// Every message on the wire is two ZeroMQ frames: a fixed 64-byte header and
+// the raw payload. The header is little-endian:
+//
+//	off size field
+//	  0    4 magic "OKTK"
+//	  4    2 protocol version
+//	  6    1 kind (data, hello, heartbeat, bye, abort)
+//	  7    1 reserved, zero
+//	  8   16 job token digest (first 16 bytes of SHA-256 of the token)
+//	 24    4 communicator generation
+//	 28    4 sender rank
+//	 32    8 sequence number of the operation
+//	 40    4 step within the operation
+//	 44    1 op
+//	 45    1 dtype
+//	 46    2 reserved, zero
+//	 48    8 element count
+//	 56    8 payload length in bytes
+//
+// A receiver checks every field before it trusts the payload: wrong magic,
+// version, token or generation, a sender out of range, or a length that does
+// not match the payload or the dtype drops the frame.
+
+const (
+	frameMagic      = 0x4b544b4f // "OKTK" little-endian
+	protocolVersion = 1
+	headerSize      = 64
+	maxPayloadBytes = 1 << 40 // far above any message size limit; keeps count·width from overflowing
+)
+
+// frameKind separates algorithm data from the transport's own control
+// messages, which never reach the mailbox as data.
+type frameKind uint8
+
+const (
+	kindData      frameKind = 1
+	kindHello     frameKind = 2 // sent once per peer by Connect
+	kindHeartbeat frameKind = 3 // liveness while idle
+	kindBye       frameKind = 4 // orderly Close
+	kindAbort     frameKind = 5 // the sender aborted: fail calls waiting on it
+)
+
+type tokenDigest [16]byte
+
+func digestToken(token string) tokenDigest {
+	sum := sha256.Sum256([]byte("oktopk job token\x00" + token))
+	var d tokenDigest
+	copy(d[:], sum[:16])
+	return d
+}
+
+type frameHeader struct {
+	kind       frameKind
+	token      tokenDigest
+	generation uint32
+	sender     uint32
+	tag        Tag
+	dtype      Dtype
+	count      uint64
+	payloadLen uint64
+}
+
+func (h *frameHeader) encode(b []byte) {
+	_ = b[headerSize-1]
+	binary.LittleEndian.PutUint32(b[0:], frameMagic)
+	binary.LittleEndian.PutUint16(b[4:], protocolVersion)
+	b[6] = byte(h.kind)
+	b[7] = 0
+	copy(b[8:24], h.token[:])
+	binary.LittleEndian.PutUint32(b[24:], h.generation)
+	binary.LittleEndian.PutUint32(b[28:], h.sender)
+	binary.LittleEndian.PutUint64(b[32:], h.tag.Seq)
+	binary.LittleEndian.PutUint32(b[40:], h.tag.Step)
+	b[44] = byte(h.tag.Op)
+	b[45] = byte(h.dtype)
+	b[46], b[47] = 0, 0
+	binary.LittleEndian.PutUint64(b[48:], h.count)
+	binary.LittleEndian.PutUint64(b[56:], h.payloadLen)
+}
+
+// decodeFrameHeader parses and validates a header frame against what this
+// rank expects. It never allocates from wire-controlled sizes.
+func decodeFrameHeader(b []byte, token tokenDigest, generation uint32, size int) (frameHeader, error) {
+	var h frameHeader
+	if len(b) != headerSize {
+		return h, fmt.Errorf("%w: header of %d bytes, want %d", ErrBadFrame, len(b), headerSize)
+	}
+	if binary.LittleEndian.Uint32(b[0:]) != frameMagic {
+		return h, fmt.Errorf("%w: bad magic", ErrBadFrame)
+	}
+	if v := binary.LittleEndian.Uint16(b[4:]); v != protocolVersion {
+		return h, fmt.Errorf("%w: protocol version %d, want %d", ErrBadFrame, v, protocolVersion)
+	}
+	h.kind = frameKind(b[6])
+	if h.kind < kindData || h.kind > kindAbort || b[7] != 0 || b[46] != 0 || b[47] != 0 {
+		return h, fmt.Errorf("%w: bad kind or reserved bytes", ErrBadFrame)
+	}
+	copy(h.token[:], b[8:24])
+	if h.token != token {
+		return h, fmt.Errorf("%w: frame carries another job's token", ErrAuth)
+	}
+	h.generation = binary.LittleEndian.Uint32(b[24:])
+	if h.generation != generation {
+		return h, fmt.Errorf("%w: generation %d, want %d", ErrBadFrame, h.generation, generation)
+	}
+	h.sender = binary.LittleEndian.Uint32(b[28:])
+	if int64(h.sender) >= int64(size) {
+		return h, fmt.Errorf("%w: sender rank %d of %d", ErrBadFrame, h.sender, size)
+	}
+	h.tag.Seq = binary.LittleEndian.Uint64(b[32:])
+	h.tag.Step = binary.LittleEndian.Uint32(b[40:])
+	h.tag.Op = Op(b[44])
+	h.dtype = Dtype(b[45])
+	h.count = binary.LittleEndian.Uint64(b[48:])
+	h.payloadLen = binary.LittleEndian.Uint64(b[56:])
+	if err := checkPayloadSize(h.dtype, h.count, h.payloadLen); err != nil {
+		return h, err
+	}
+	return h, nil
+}
+
+// checkPayloadSize verifies that count elements of dtype occupy exactly
+// payloadLen bytes, without overflow.
+func checkPayloadSize(dtype Dtype, count, payloadLen uint64) error {
+	var width uint64
+	switch dtype {
+	case DtypeBytes:
+		width = 1
+	case DtypeFloat16, DtypeBFloat16:
+		width = 2
+	case DtypeFloat32:
+		width = 4
+	case DtypeSparseF32, DtypeUint64:
+		width = 8
+	default:
+		return fmt.Errorf("%w: unknown dtype %d", ErrBadFrame, dtype)
+	}
+	if payloadLen > maxPayloadBytes || count > payloadLen || count*width != payloadLen {
+		return fmt.Errorf("%w: %d elements of %s in %d bytes", ErrBadFrame, count, dtype, payloadLen)
+	}
+	return nil
+}

@@ -1,0 +1,389 @@
+package transport
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// startZMQ connects size ranks inside this test process over real TCP
+// sockets on loopback, rendezvousing through an in-memory store.
+func startZMQ(t *testing.T, size int, mutate func(*ZMQOptions)) []*ZMQ {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	store := NewMemStore()
+	token := NewToken()
+	zs := make([]*ZMQ, size)
+	errs := make([]error, size)
+	var wg sync.WaitGroup
+	for r := 0; r < size; r++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			o := ZMQOptions{Rank: r, Size: size, Token: token}
+			if mutate != nil {
+				mutate(&o)
+			}
+			zs[r], errs[r] = RendezvousZMQ(ctx, store, o)
+		}()
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d rendezvous: %v", r, err)
+		}
+	}
+	t.Cleanup(func() {
+		for _, z := range zs {
+			z.Close()
+		}
+	})
+	return zs
+}
+
+func TestZMQEveryPairExchangesInOrder(t *testing.T) {
+	for _, size := range []int{2, 3, 5} {
+		t.Run(fmt.Sprint("P=", size), func(t *testing.T) {
+			zs := startZMQ(t, size, nil)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			const msgs = 20
+			var wg sync.WaitGroup
+			errs := make(chan error, size*size*2)
+			for _, z := range zs {
+				for peer := 0; peer < size; peer++ {
+					if peer == z.Rank() {
+						continue
+					}
+					wg.Add(2)
+					go func() {
+						defer wg.Done()
+						for i := 0; i < msgs; i++ {
+							p := []byte(fmt.Sprintf("%d->%d #%d", z.Rank(), peer, i))
+							if err := z.Send(ctx, peer, Tag{Op: OpControl, Seq: 7, Step: 3}, DtypeBytes, uint64(len(p)), p); err != nil {
+								errs <- err
+								return
+							}
+						}
+					}()
+					go func() {
+						defer wg.Done()
+						for i := 0; i < msgs; i++ {
+							m, err := z.Recv(ctx, peer, Tag{Op: OpControl, Seq: 7, Step: 3})
+							if err != nil {
+								errs <- err
+								return
+							}
+							if want := fmt.Sprintf("%d->%d #%d", peer, z.Rank(), i); string(m.Payload) != want {
+								errs <- fmt.Errorf("rank %d got %q, want %q", z.Rank(), m.Payload, want)
+								return
+							}
+						}
+					}()
+				}
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				t.Error(err)
+			}
+		})
+	}
+}
+
+func TestZMQTagsKeepConcurrentOperationsApart(t *testing.T) {
+	zs := startZMQ(t, 2, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	// Sent in one order, received in the opposite one.
+	for seq := uint64(1); seq <= 5; seq++ {
+		p := []byte{byte(seq)}
+		if err := zs[0].Send(ctx, 1, Tag{OpAllgather, seq, 0}, DtypeBytes, 1, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for seq := uint64(5); seq >= 1; seq-- {
+		m, err := zs[1].Recv(ctx, 0, Tag{OpAllgather, seq, 0})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.Payload[0] != byte(seq) {
+			t.Fatalf("seq %d delivered payload of seq %d", seq, m.Payload[0])
+		}
+	}
+}
+
+func TestZMQLargeMessageArrivesIntact(t *testing.T) {
+	zs := startZMQ(t, 2, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	p := make([]byte, 12<<20+5)
+	for i := range p {
+		p[i] = byte(i * 7)
+	}
+	go zs[0].Send(ctx, 1, Tag{OpAllgather, 1, 0}, DtypeBytes, uint64(len(p)), p)
+	m, err := zs[1].Recv(ctx, 0, Tag{OpAllgather, 1, 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(m.Payload, p) {
+		t.Fatal("payload corrupted")
+	}
+}
+
+func TestZMQMismatchedOpIsReported(t *testing.T) {
+	zs := startZMQ(t, 2, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	zs[0].Send(ctx, 1, Tag{OpOkTopk, 1, 0}, DtypeBytes, 0, nil)
+	_, err := zs[1].Recv(ctx, 0, Tag{OpTopkA, 1, 0})
+	if !errors.Is(err, ErrMismatch) || !strings.Contains(err.Error(), "oktopk") || !strings.Contains(err.Error(), "topka") {
+		t.Fatalf("want a mismatch naming both ops, got %v", err)
+	}
+}
+
+func TestZMQRecvTimesOutWithinDeadline(t *testing.T) {
+	zs := startZMQ(t, 2, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err := zs[0].Recv(ctx, 1, Tag{OpAllgather, 9, 1})
+	if !errors.Is(err, ErrTimeout) {
+		t.Fatalf("want ErrTimeout, got %v", err)
+	}
+	if !strings.Contains(err.Error(), "peer 1") || !strings.Contains(err.Error(), "seq=9") {
+		t.Errorf("timeout should name the peer and sequence number: %v", err)
+	}
+	if d := time.Since(start); d > 600*time.Millisecond {
+		t.Fatalf("returned after %v for a 300ms deadline", d)
+	}
+}
+
+func TestZMQAbortUnblocksWaitingReceive(t *testing.T) {
+	zs := startZMQ(t, 2, nil)
+	done := make(chan error)
+	go func() {
+		_, err := zs[0].Recv(context.Background(), 1, Tag{OpAllgather, 1, 0})
+		done <- err
+	}()
+	time.Sleep(50 * time.Millisecond)
+	zs[0].Abort(errors.New("test abort"))
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrAborted) {
+			t.Fatalf("want ErrAborted, got %v", err)
+		}
+	case <-time.After(time.Second):
+		t.Fatal("abort did not unblock Recv within 1s")
+	}
+	// The peer learns of the abort too, and fails fast.
+	start := time.Now()
+	_, err := zs[1].Recv(context.Background(), 0, Tag{OpAllgather, 1, 0})
+	if !errors.Is(err, ErrRemote) || time.Since(start) > time.Second {
+		t.Fatalf("peer of an aborted rank: want ErrRemote at once, got %v after %v", err, time.Since(start))
+	}
+}
+
+func TestZMQSilentPeerIsDeclaredDead(t *testing.T) {
+	zs := startZMQ(t, 3, func(o *ZMQOptions) { o.PeerTimeout = time.Second })
+	// Rank 2 stops everything without saying bye (as SIGKILL would).
+	zs[2].box.fail(ErrClosed)
+	close(zs[2].closing)
+	zs[2].closeOnce.Do(func() {})
+	// Its sockets send a final bye on the way out; suppress that by
+	// waiting for the owners only after rank 0 checks.
+	start := time.Now()
+	_, err := zs[0].Recv(context.Background(), 2, Tag{OpAllgather, 1, 0})
+	if !errors.Is(err, ErrRemote) {
+		t.Fatalf("want ErrRemote, got %v", err)
+	}
+	if d := time.Since(start); d > 3*time.Second {
+		t.Fatalf("dead peer detected after %v", d)
+	}
+}
+
+func TestZMQOtherJobsFramesAreRefused(t *testing.T) {
+	zs := startZMQ(t, 2, nil)
+	// A rank of another job (other token) connects to rank 1's inbox and
+	// sends a perfectly formed frame.
+	intruder, err := ListenZMQ(ZMQOptions{Rank: 0, Size: 2, Token: NewToken()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer intruder.Close()
+	other, err := ListenZMQ(ZMQOptions{Rank: 1, Size: 2, Token: "x"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	// Connect fails (no hello from the real rank 1 in this token), but the
+	// frames it sent reached rank 1's inbox and must have been dropped.
+	intruder.Connect(ctx, []string{intruder.Endpoint(), zs[1].Endpoint()})
+	intruder.Send(context.Background(), 1, Tag{OpAllgather, 1, 0}, DtypeBytes, 3, []byte("bad"))
+	time.Sleep(200 * time.Millisecond)
+	if zs[1].Dropped() == 0 {
+		t.Fatal("frames with another job's token were not refused")
+	}
+	// The real job still works and never sees the intruder's payload.
+	ctx, cancel = context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	go zs[0].Send(context.Background(), 1, Tag{OpAllgather, 1, 0}, DtypeBytes, 2, []byte("ok"))
+	m, err := zs[1].Recv(ctx, 0, Tag{OpAllgather, 1, 0})
+	if err != nil || string(m.Payload) != "ok" {
+		t.Fatalf("got %q, %v; want the real peer's message", m.Payload, err)
+	}
+}
+
+func TestZMQGarbageOnThePortIsHarmless(t *testing.T) {
+	zs := startZMQ(t, 2, nil)
+	addr := strings.TrimPrefix(zs[1].Endpoint(), "tcp://")
+	for _, junk := range [][]byte{
+		[]byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n"),
+		bytes.Repeat([]byte{0xff}, 4096),
+		{0xff, 0, 0, 0, 0, 0, 0, 0, 1, 0x7f}, // a ZMTP greeting cut short
+	} {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Write(junk)
+		c.Close()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	go zs[0].Send(ctx, 1, Tag{OpAllgather, 2, 0}, DtypeBytes, 5, []byte("still"))
+	m, err := zs[1].Recv(ctx, 0, Tag{OpAllgather, 2, 0})
+	if err != nil || string(m.Payload) != "still" {
+		t.Fatalf("after garbage: got %q, %v", m.Payload, err)
+	}
+}
+
+func TestZMQClosedPeerFailsWaitersAtOnce(t *testing.T) {
+	zs := startZMQ(t, 2, nil)
+	zs[1].Close()
+	start := time.Now()
+	_, err := zs[0].Recv(context.Background(), 1, Tag{OpAllgather, 1, 0})
+	if !errors.Is(err, ErrRemote) || time.Since(start) > time.Second {
+		t.Fatalf("want ErrRemote within 1s, got %v after %v", err, time.Since(start))
+	}
+}
+
+func TestStoreOverTCP(t *testing.T) {
+	srv, err := ServeStore("127.0.0.1", 0, "tok")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	a, err := DialStore(ctx, srv.Addr(), "tok")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := DialStore(ctx, srv.Addr(), "tok")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan []byte)
+	go func() {
+		v, err := b.Get(ctx, "k")
+		if err != nil {
+			t.Error(err)
+		}
+		got <- v
+	}()
+	time.Sleep(50 * time.Millisecond)
+	if err := a.Set(ctx, "k", []byte("v1")); err != nil {
+		t.Fatal(err)
+	}
+	if v := <-got; string(v) != "v1" {
+		t.Fatalf("Get after Set: %q", v)
+	}
+	for i := int64(1); i <= 3; i++ {
+		n, err := a.Add(ctx, "n", 1)
+		if err != nil || n != i {
+			t.Fatalf("Add #%d = %d, %v", i, n, err)
+		}
+	}
+	short, c2 := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer c2()
+	if err := b.Wait(short, "absent"); !errors.Is(err, ErrRendezvous) {
+		t.Fatalf("Wait for an absent key: %v", err)
+	}
+	bad, err := DialStore(ctx, srv.Addr(), "wrong")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bad.Get(ctx, "k"); !errors.Is(err, ErrAuth) {
+		t.Fatalf("wrong store token: want ErrAuth, got %v", err)
+	}
+}
+
+func TestUniqueIDRendezvous(t *testing.T) {
+	id, srv, err := NewUniqueID(ZMQOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	parsed, err := ParseUniqueID(id.String())
+	if err != nil || parsed != id || len(id.String()) > 255 {
+		t.Fatalf("round trip %q: %v %v", id.String(), parsed, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	const size = 3
+	zs := make([]*ZMQ, size)
+	var wg sync.WaitGroup
+	for r := 0; r < size; r++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			z, err := InitFromUniqueID(ctx, parsed, r, size, ZMQOptions{})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			zs[r] = z
+		}()
+	}
+	wg.Wait()
+	for _, z := range zs {
+		if z != nil {
+			defer z.Close()
+		}
+	}
+	if t.Failed() {
+		return
+	}
+	go zs[2].Send(ctx, 0, Tag{OpAllgather, 1, 0}, DtypeBytes, 1, []byte{42})
+	if m, err := zs[0].Recv(ctx, 2, Tag{OpAllgather, 1, 0}); err != nil || m.Payload[0] != 42 {
+		t.Fatalf("%v %v", m, err)
+	}
+	if _, err := ParseUniqueID("oktopk1:nonsense"); err == nil {
+		t.Fatal("malformed unique id accepted")
+	}
+}
+
+func TestResolveBindHostNeverWildcardByDefault(t *testing.T) {
+	t.Setenv("OKTOPK_SOCKET_IFNAME", "")
+	h, err := ResolveBindHost("", "")
+	if err != nil || h != "127.0.0.1" {
+		t.Fatalf("default bind host %q, %v", h, err)
+	}
+	h, err = ResolveBindHost("", "lo")
+	if err != nil || h != "127.0.0.1" {
+		t.Fatalf("interface lo: %q, %v", h, err)
+	}
+	if _, err := ResolveBindHost("", "no-such-if0"); err == nil {
+		t.Fatal("unknown interface accepted")
+	}
+}
