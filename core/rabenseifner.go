@@ -1,0 +1,154 @@
+package core
+
+// Dense Rabenseifner allreduce (recursive halving, then recursive doubling):
+// every rank ends with the element-wise sum of every rank's vector, bitwise
+// identical everywhere, for any number of ranks P.
+//
+// The algorithm works as follows. Let P' be the largest power of two not
+// above P and e = P − P' the extra ranks.
+//
+//  1. Fold (only when P is not a power of two): among the first 2e ranks,
+//     each odd rank sends its whole vector to the even rank below it, which
+//     adds it in; the odd ranks then sit out and wait. The P' ranks left (the
+//     even ones of the first 2e, and every rank from 2e on) take virtual
+//     ranks v = 0…P'−1.
+//  2. Reduce-scatter by recursive halving: the vector is cut into P' chunks
+//     of n/P' or n/P'+1 elements. In round j = 1…log P' each rank pairs with
+//     v xor P'/2^j, keeps the half of its current range on its own side
+//     (lower half if its bit is 0), sends the other half to the partner and
+//     adds the partner's copy of the kept half into its own. The range halves
+//     every round; at the end rank v holds the full sum of chunk v, and every
+//     element was summed once, by one rank per round.
+//  3. Allgather by recursive doubling: the rounds run backwards, distance
+//     1, 2, …, P'/2; partners swap their complete ranges and copy, so the
+//     complete range doubles every round until it is the whole vector.
+//     Copying, never re-adding, is why every rank ends with the same bits.
+//  4. Unfold: each even rank of the first 2e sends the result to the odd rank
+//     above it.
+//
+// Cost: 2 log P' α + 2n(P'−1)/P' β per rank, plus (when P is not a power of
+// two) 2α and n β for the fold and the unfold: the latency of a tree with the
+// bandwidth of the ring.
+
+import (
+	"context"
+	"fmt"
+	"math/bits"
+
+	"github.com/oktopk/oktopk/transport"
+)
+
+func init() { registerDense(DenseRabenseifner, RabenseifnerAllreduce) }
+
+// RabenseifnerAllreduce sums data over every rank of call, in place.
+func RabenseifnerAllreduce(ctx context.Context, call *Call, data []float32) error {
+	p, r := call.Size(), call.Rank()
+	if p == 1 {
+		return nil
+	}
+	n := len(data)
+	rounds := bits.Len(uint(p)) - 1
+	pow2 := 1 << rounds
+	extra := p - pow2
+	foldStep, firstHalving, firstDoubling, unfoldStep := uint32(0), uint32(1), uint32(1+rounds), uint32(1+2*rounds)
+	var scratch []float32
+
+	// exchange sends send to peer and returns the peer's len(into) values.
+	exchange := func(peer int, step uint32, send []float32, want int, what string) ([]float32, error) {
+		m, err := call.SendRecv(ctx, peer, step, transport.DtypeFloat32, uint64(len(send)), float32Bytes(send), peer)
+		if err != nil {
+			return nil, fmt.Errorf("oktopk: rabenseifner %s with rank %d: %w", what, peer, err)
+		}
+		vals, err := receivedFloats(m, want, &scratch)
+		if err != nil {
+			return nil, fmt.Errorf("oktopk: rabenseifner %s from rank %d: %w", what, peer, err)
+		}
+		return vals, nil
+	}
+	recvInto := func(peer int, step uint32, what string) ([]float32, error) {
+		m, err := call.Recv(ctx, peer, step)
+		if err != nil {
+			return nil, fmt.Errorf("oktopk: rabenseifner %s from rank %d: %w", what, peer, err)
+		}
+		vals, err := receivedFloats(m, n, &scratch)
+		if err != nil {
+			return nil, fmt.Errorf("oktopk: rabenseifner %s from rank %d: %w", what, peer, err)
+		}
+		return vals, nil
+	}
+
+	// Step 1: fold the extra ranks into their even neighbours.
+	var v int
+	switch {
+	case r < 2*extra && r%2 == 1:
+		if err := call.Send(ctx, r-1, foldStep, transport.DtypeFloat32, uint64(n), float32Bytes(data)); err != nil {
+			return fmt.Errorf("oktopk: rabenseifner fold to rank %d: %w", r-1, err)
+		}
+		vals, err := recvInto(r-1, unfoldStep, "unfold")
+		if err != nil {
+			return err
+		}
+		copy(data, vals)
+		return nil
+	case r < 2*extra:
+		vals, err := recvInto(r+1, foldStep, "fold")
+		if err != nil {
+			return err
+		}
+		addInto(data, vals)
+		v = r / 2
+	default:
+		v = r - extra
+	}
+	realRank := func(v int) int {
+		if v < extra {
+			return 2 * v
+		}
+		return v + extra
+	}
+	span := func(lo, hi int) []float32 { return data[chunkStart(n, pow2, lo):chunkStart(n, pow2, hi)] }
+
+	// Step 2: recursive halving; [lo, hi) is the chunk range still being summed here.
+	lo, hi := 0, pow2
+	for j, d := 0, pow2/2; d >= 1; j, d = j+1, d/2 {
+		mid := (lo + hi) / 2
+		keep, send := span(lo, mid), span(mid, hi)
+		if v&d != 0 {
+			keep, send = send, keep
+		}
+		vals, err := exchange(realRank(v^d), firstHalving+uint32(j), send, len(keep), "reduce-scatter")
+		if err != nil {
+			return err
+		}
+		addInto(keep, vals)
+		if v&d != 0 {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+
+	// Step 3: recursive doubling; [lo, hi) is the chunk range complete here.
+	for j, d := 0, 1; d < pow2; j, d = j+1, d*2 {
+		width := hi - lo
+		sibLo, sibHi := hi, hi+width
+		if v&d != 0 {
+			sibLo, sibHi = lo-width, lo
+		}
+		into := span(sibLo, sibHi)
+		vals, err := exchange(realRank(v^d), firstDoubling+uint32(j), span(lo, hi), len(into), "allgather")
+		if err != nil {
+			return err
+		}
+		copy(into, vals)
+		lo, hi = min(lo, sibLo), max(hi, sibHi)
+	}
+
+	// Step 4: hand the result to the folded-in neighbour.
+	if r < 2*extra {
+		if err := call.Send(ctx, r+1, unfoldStep, transport.DtypeFloat32, uint64(n), float32Bytes(data)); err != nil {
+			return fmt.Errorf("oktopk: rabenseifner unfold to rank %d: %w", r+1, err)
+		}
+	}
+	return nil
+}
