@@ -95,10 +95,7 @@ func bind(rank, size int, token string, s settings) (*communicator, error) {
 // connect is blocking and outside the worker: nothing can be queued before
 // it succeeds. oktopk_comm_abort from another thread cancels it.
 func (c *communicator) connect(endpoints []string) error {
-	c.mu.Lock()
-	done := c.comm != nil
-	c.mu.Unlock()
-	if done {
+	if c.isConnected() {
 		return invalidUsage("communicator is already connected")
 	}
 	ctx, cancel := c.callContext()
@@ -108,6 +105,12 @@ func (c *communicator) connect(endpoints []string) error {
 	}
 	c.connected()
 	return nil
+}
+
+func (c *communicator) isConnected() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.comm != nil
 }
 
 func storeCloser(s *transport.StoreServer) interface{ Close() error } {

@@ -106,6 +106,9 @@ type communicator struct {
 	ctx     context.Context
 	cancel  context.CancelCauseFunc
 	aborted atomic.Bool
+	// broken is set after a panic inside a call: core's state may be
+	// half-updated and its locks held, so nothing may run on it again.
+	broken  atomic.Bool
 	pending atomic.Int64 // queued or running requests
 
 	lastError lastError
@@ -175,6 +178,9 @@ func (c *communicator) execute(r *request) (core.Stats, error) {
 	if cc == nil {
 		return core.Stats{}, invalidUsage("communicator is bound but not connected (call oktopk_comm_connect)")
 	}
+	if c.broken.Load() {
+		return core.Stats{}, fmt.Errorf("%w: an earlier call failed with an internal error", transport.ErrAborted)
+	}
 	if !r.local && c.aborted.Load() {
 		return core.Stats{}, errAbortedByCaller
 	}
@@ -186,6 +192,10 @@ func (c *communicator) execute(r *request) (core.Stats, error) {
 		st, err = r.run(ctx, cc)
 		return err
 	})
+	if errors.As(err, new(*panicError)) {
+		c.broken.Store(true)
+		c.abort(fmt.Errorf("%w: internal error in an earlier call", transport.ErrAborted))
+	}
 	return st, err
 }
 
@@ -251,15 +261,17 @@ func (c *communicator) destroy() error {
 	if c.pending.Load() > 0 {
 		c.abort(fmt.Errorf("%w: communicator destroyed with requests outstanding", transport.ErrAborted))
 	}
+	var err error
 	select {
 	case <-c.workerEnd:
 	case <-time.After(5 * time.Second):
-		return errors.New("oktopk: a call did not stop within 5 s of destroy")
+		err = errors.New("oktopk: a call did not stop within 5 s of destroy; closing its sockets under it")
 	}
 	c.cancel(fmt.Errorf("%w: communicator destroyed", transport.ErrClosed))
-	var err error
 	if c.net != nil {
-		err = c.net.Close()
+		if e := c.net.Close(); err == nil {
+			err = e
+		}
 	}
 	if c.store != nil {
 		if e := c.store.Close(); err == nil {

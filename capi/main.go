@@ -205,6 +205,9 @@ func oktopk_comm_connect(comm C.oktopk_comm_t, endpoints *C.oktopk_const_string,
 		if err != nil {
 			return err
 		}
+		if c.isConnected() {
+			return invalidUsage("communicator is already connected")
+		}
 		if endpoints == nil {
 			return invalidArgument("endpoints is NULL")
 		}

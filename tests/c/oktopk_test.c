@@ -10,6 +10,9 @@
  *   oktopk_test errors   one process: every error path of the ABI.
  *   oktopk_test cycles N one process: N init/destroy cycles; open files and
  *                        goroutines must stay flat.
+ *   oktopk_test peerdeath  P processes: the last rank dies without a word;
+ *                        the others' next call fails (not hangs) and their
+ *                        destroy returns within about a second.
  */
 #define _GNU_SOURCE
 #include "oktopk.h"
@@ -511,6 +514,35 @@ static int run_errors(void) {
   return 0;
 }
 
+static int run_peer_death(void) {
+  oktopk_config_t cfg;
+  oktopk_config_init(&cfg);
+  cfg.timeout_ms = 5000;
+  oktopk_comm_t comm;
+  OK(oktopk_comm_init_env(&comm, &cfg));
+  int rank, size;
+  OK(oktopk_comm_rank(comm, &rank));
+  OK(oktopk_comm_size(comm, &size));
+  rank_ = rank;
+  float x[1024] = {0};
+  OK(oktopk_allreduce(comm, x, 1024, OKTOPK_FLOAT32, 0, OKTOPK_ALGO_DENSE_RING));
+  if (rank == size - 1) _exit(0); /* dies: no destroy, sockets dropped by the kernel */
+  double t0 = now();
+  oktopk_result_t r = oktopk_allreduce(comm, x, 1024, OKTOPK_FLOAT32, 0, OKTOPK_ALGO_DENSE_RING);
+  double failed = now() - t0;
+  char msg[512];
+  oktopk_get_last_error(comm, msg, sizeof msg, NULL);
+  printf("rank %d: call with a dead peer: %s after %.3f s (%s)\n", rank, oktopk_get_error_string(r), failed, msg);
+  REQUIRE(r == oktopkRemoteError || r == oktopkTimeout || r == oktopkAborted);
+  REQUIRE(failed < 5.0 + 1.0);
+  t0 = now();
+  OK(oktopk_comm_destroy(comm));
+  double destroyed = now() - t0;
+  printf("rank %d: destroy took %.3f s\n", rank, destroyed);
+  REQUIRE(destroyed < 1.5);
+  return 0;
+}
+
 /* ------------------------------------------------------------------------ */
 
 static int open_fds(void) {
@@ -565,6 +597,7 @@ int main(int argc, char **argv) {
   if (argc >= 2 && strcmp(argv[1], "ranks") == 0) return run_ranks();
   if (argc >= 2 && strcmp(argv[1], "errors") == 0) return run_errors();
   if (argc >= 3 && strcmp(argv[1], "cycles") == 0) return run_cycles(atoi(argv[2]));
-  fprintf(stderr, "usage: %s ranks | errors | cycles N\n", argv[0]);
+  if (argc >= 2 && strcmp(argv[1], "peerdeath") == 0) return run_peer_death();
+  fprintf(stderr, "usage: %s ranks | errors | cycles N | peerdeath\n", argv[0]);
   return 2;
 }
