@@ -1,0 +1,185 @@
+package core
+
+// Pieces the sparse baselines (TopkA, TopkDSA, SparCML, gTopk, Gaussiank)
+// share: error feedback around a sparse reduction, sparse sums in a fixed
+// order, the equal split of the index space, and the two forms a region
+// takes on the wire (sparse pairs, or dense values once pairs would be
+// larger).
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/oktopk/oktopk/transport"
+)
+
+// reduceWithErrorFeedback is the dense-gradient form of a baseline: it forms
+// acc = grad + residual, selects this rank's entries with selectLocal, reduces
+// them with reduce (which returns the summed global result, identical on every
+// rank), and only then — once nothing can fail any more — writes the averaged
+// result into grad and the new residual into st (the entries selected here and
+// present in the global result are zeroed; the rest wait for a later call).
+func reduceWithErrorFeedback(ctx context.Context, call *Call, st *TensorState, grad []float32,
+	selectLocal func(acc []float32, k int) (Sparse, error), reduce sparseInputFunc) error {
+	n := len(grad)
+	if len(st.Residual) != n {
+		return fmt.Errorf("%w: residual holds %d elements, gradient %d", ErrInvalidArgument, len(st.Residual), n)
+	}
+	acc := make([]float32, n)
+	if bad := Accumulate(acc, grad, st.Residual); bad > 0 {
+		return fmt.Errorf("%w: %d entries of gradient+residual", ErrNonFinite, bad)
+	}
+	k := st.Config.K(n)
+	start := time.Now()
+	local, err := selectLocal(acc, k)
+	if err != nil {
+		return err
+	}
+	call.Stats.Select = time.Since(start)
+	call.Stats.LocalSelected = local.Len()
+	global, err := reduce(ctx, call, n, local, k)
+	if err != nil {
+		return err
+	}
+	call.Stats.GlobalSelected = global.Len()
+	UpdateResidual(st.Residual, acc, local, global)
+	ScatterAverage(grad, global, call.Size())
+	st.Iter++
+	return nil
+}
+
+// sparseAdd returns a+b as a new vector: the union of the indices, and where
+// both hold an index, a's value plus b's. The operand order is part of the
+// result's bits, so callers fix it (rank order, or lower rank first).
+func sparseAdd(a, b Sparse) Sparse {
+	out := Sparse{Idx: make([]uint32, 0, a.Len()+b.Len()), Val: make([]float32, 0, a.Len()+b.Len())}
+	i, j := 0, 0
+	for i < a.Len() && j < b.Len() {
+		switch ai, bj := a.Idx[i], b.Idx[j]; {
+		case ai < bj:
+			out.Append(ai, a.Val[i])
+			i++
+		case bj < ai:
+			out.Append(bj, b.Val[j])
+			j++
+		default:
+			out.Append(ai, a.Val[i]+b.Val[j])
+			i++
+			j++
+		}
+	}
+	out.Idx = append(out.Idx, a.Idx[i:]...)
+	out.Val = append(out.Val, a.Val[i:]...)
+	out.Idx = append(out.Idx, b.Idx[j:]...)
+	out.Val = append(out.Val, b.Val[j:]...)
+	return out
+}
+
+// sparseSumInRankOrder adds the parts as ((part0 + part1) + part2) + …, so
+// every rank that sums the same parts gets the same bits.
+func sparseSumInRankOrder(parts []Sparse) Sparse {
+	var sum Sparse
+	for r, s := range parts {
+		if r == 0 {
+			sum = Sparse{Idx: append([]uint32(nil), s.Idx...), Val: append([]float32(nil), s.Val...)}
+			continue
+		}
+		sum = sparseAdd(sum, s)
+	}
+	return sum
+}
+
+// sparseTopK keeps the k entries of s with the largest magnitude (ties go to
+// the lower index, as in TopK), ascending by index; s is not modified.
+func sparseTopK(s Sparse, k int) (Sparse, error) {
+	if s.Len() <= k {
+		return s, nil
+	}
+	pos, err := TopK(s.Val, k)
+	if err != nil {
+		return Sparse{}, err
+	}
+	out := Sparse{Idx: make([]uint32, len(pos.Idx)), Val: pos.Val}
+	for j, p := range pos.Idx {
+		out.Idx[j] = s.Idx[p]
+	}
+	return out, nil
+}
+
+// regionBounds is the equal split of n indices over p owners: rank j owns
+// [start(j), start(j+1)), n/p or n/p+1 indices.
+func regionBounds(n, p, j int) (lo, hi uint32) {
+	return uint32(chunkStart(n, p, j)), uint32(chunkStart(n, p, j+1))
+}
+
+// sparseWithin is the part of s (a view, not a copy) with lo ≤ index < hi.
+func sparseWithin(s Sparse, lo, hi uint32) Sparse {
+	a := sort.Search(s.Len(), func(i int) bool { return s.Idx[i] >= lo })
+	b := a + sort.Search(s.Len()-a, func(i int) bool { return s.Idx[a+i] >= hi })
+	return Sparse{Idx: s.Idx[a:b], Val: s.Val[a:b]}
+}
+
+// regionBlock puts the entries of region [lo, hi) on the wire: as
+// region-relative (index, value) pairs, or — when dense is set — as the
+// region's hi−lo values with zeros where s has no entry.
+func regionBlock(s Sparse, lo, hi uint32, dense bool) Block {
+	if !dense {
+		return Block{Dtype: transport.DtypeSparseF32, Count: uint64(s.Len()), Payload: EncodeSparse(nil, s, lo)}
+	}
+	vals := make([]float32, hi-lo)
+	for j, i := range s.Idx {
+		vals[i-lo] = s.Val[j]
+	}
+	return Block{Dtype: transport.DtypeFloat32, Count: uint64(len(vals)), Payload: float32Bytes(vals)}
+}
+
+// denseIsSmaller is SparCML's switch for a stream of nnz pairs over a region
+// of length indices: with 32-bit indices and values, pairs cost 2·nnz words
+// and the dense form length words.
+func denseIsSmaller(nnz, length int) bool { return 2*nnz > length }
+
+// decodeRegionBlock reads a block made by regionBlock for region [lo, hi).
+// A dense block stands for every index of the region (a value of zero
+// included): a dense stream no longer says which indices were sent, and
+// every one of them may have been.
+func decodeRegionBlock(dtype transport.Dtype, count uint64, payload []byte, lo, hi uint32) (Sparse, error) {
+	switch dtype {
+	case transport.DtypeSparseF32:
+		return DecodeSparse(Sparse{}, payload, count, lo, hi)
+	case transport.DtypeFloat32:
+		length := int(hi - lo)
+		if count != uint64(length) || len(payload) != 4*length {
+			return Sparse{}, fmt.Errorf("%w: dense region of %d values (%d bytes), expected %d", ErrMismatch, count, len(payload), length)
+		}
+		out := Sparse{Idx: make([]uint32, length), Val: bytesFloat32(payload)}
+		for j := range out.Idx {
+			out.Idx[j] = lo + uint32(j)
+		}
+		return out, nil
+	default:
+		return Sparse{}, fmt.Errorf("%w: region block of dtype %v", transport.ErrBadFrame, dtype)
+	}
+}
+
+// allgatherSparseSum gathers every rank's sparse vector (indices below n)
+// and sums them in rank order: the global result of TopkA and Gaussiank.
+func allgatherSparseSum(ctx context.Context, call *Call, firstStep uint32, n int, local Sparse) (Sparse, error) {
+	own := regionBlock(local, 0, uint32(n), false)
+	blocks, err := Allgatherv(ctx, call, firstStep, own)
+	if err != nil {
+		return Sparse{}, fmt.Errorf("oktopk: allgather of selected entries: %w", err)
+	}
+	parts := make([]Sparse, len(blocks))
+	for r, b := range blocks {
+		if r == call.Rank() {
+			parts[r] = local
+			continue
+		}
+		if parts[r], err = decodeRegionBlock(b.Dtype, b.Count, b.Payload, 0, uint32(n)); err != nil {
+			return Sparse{}, fmt.Errorf("oktopk: entries from rank %d: %w", r, err)
+		}
+	}
+	return sparseSumInRankOrder(parts), nil
+}

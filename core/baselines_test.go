@@ -1,0 +1,549 @@
+package core
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/bits"
+	"math/rand/v2"
+	"sort"
+	"testing"
+	"time"
+)
+
+var sparseBaselines = []Algorithm{TopkA, TopkDSA, SSARRecursiveDouble, SSARSplitAllgather, DSARSplitAllgather, GTopk, Gaussiank}
+
+var sparCMLVariants = []Algorithm{SSARRecursiveDouble, SSARSplitAllgather, DSARSplitAllgather}
+
+func baselineConfig(alg Algorithm, density float64) Config {
+	return Config{Algorithm: alg, Density: density, Tau: 64, TauPrime: 32}
+}
+
+// gaussianInputs gives every rank n normally distributed floats (not
+// integer-valued: sums depend on order, so only cross-rank identity holds).
+func gaussianInputs(p, n int, seed uint64) [][]float32 {
+	rng := rand.New(rand.NewPCG(seed, 99))
+	in := make([][]float32, p)
+	for r := range in {
+		in[r] = make([]float32, n)
+		for i := range in[r] {
+			in[r][i] = float32(rng.NormFloat64())
+		}
+	}
+	return in
+}
+
+func TestSparseBaselinesDensityOneEqualsDenseAverage(t *testing.T) {
+	for _, alg := range sparseBaselines {
+		for _, p := range []int{1, 2, 3, 5, 8} {
+			for _, n := range []int{1000, 4099} {
+				t.Run(fmt.Sprintf("%v/P=%d/n=%d", alg, p, n), func(t *testing.T) {
+					in := integerInputs(p, n)
+					want := serialSum(in, n)
+					for i := range want {
+						want[i] /= float32(p)
+					}
+					grads := cloneAll(in)
+					comms := make([]*Communicator, p)
+					runInProc(t, p, func(ctx context.Context, r int, c *Communicator) error {
+						comms[r] = c
+						_, err := c.SparseAllreduce(ctx, 1, grads[r], baselineConfig(alg, 1.0))
+						return err
+					})
+					for r := range grads {
+						if i, bad := firstBitwiseDifference(grads[r], want); bad {
+							t.Fatalf("rank %d element %d: got %v, dense average %v", r, i, grads[r][i], want[i])
+						}
+						for i, v := range comms[r].TensorStateOf(1).Residual {
+							if v != 0 {
+								t.Fatalf("rank %d: residual[%d] = %v, want 0 (everything was sent)", r, i, v)
+							}
+						}
+					}
+				})
+			}
+		}
+	}
+}
+
+// Three calls with error feedback on arbitrary floats: after every call all
+// ranks must hold the same bits, whatever order the sums took.
+func TestSparseBaselinesRanksBitwiseIdentical(t *testing.T) {
+	for _, alg := range sparseBaselines {
+		for _, p := range []int{2, 3, 5, 8} {
+			t.Run(fmt.Sprintf("%v/P=%d", alg, p), func(t *testing.T) {
+				const n, calls = 4099, 3
+				out := make([][][]float32, calls)
+				for c := range out {
+					out[c] = make([][]float32, p)
+				}
+				runInProc(t, p, func(ctx context.Context, r int, comm *Communicator) error {
+					for c := 0; c < calls; c++ {
+						grad := gaussianInputs(p, n, uint64(c))[r]
+						if _, err := comm.SparseAllreduce(ctx, 7, grad, baselineConfig(alg, 0.05)); err != nil {
+							return err
+						}
+						out[c][r] = grad
+					}
+					return nil
+				})
+				for c := range out {
+					nonzero := 0
+					for _, v := range out[c][0] {
+						if v != 0 {
+							nonzero++
+						}
+					}
+					if nonzero == 0 {
+						t.Fatalf("call %d: empty result", c)
+					}
+					for r := 1; r < p; r++ {
+						if i, bad := firstBitwiseDifference(out[c][r], out[c][0]); bad {
+							t.Fatalf("call %d rank %d element %d: %v, rank 0 has %v", c, r, i, out[c][r][i], out[c][0][i])
+						}
+					}
+				}
+			})
+		}
+	}
+}
+
+// randomSparse draws an integer-valued sparse vector holding each index with
+// probability density (values in ±1…±50, never 0).
+func randomSparse(rng *rand.Rand, n int, density float64) Sparse {
+	var s Sparse
+	for i := 0; i < n; i++ {
+		if rng.Float64() < density {
+			v := float32(rng.IntN(50) + 1)
+			if rng.IntN(2) == 0 {
+				v = -v
+			}
+			s.Append(uint32(i), v)
+		}
+	}
+	return s
+}
+
+// The sparse-input forms of SparCML return the exact sum of the inputs: the
+// test checks the index set (the union of the inputs, or whole regions where
+// a stream went dense, with zeros there) and every value, bitwise, after the
+// communicator's division by P.
+func TestSparCMLSparseInputEqualsExactSum(t *testing.T) {
+	for _, alg := range sparCMLVariants {
+		for _, p := range []int{1, 2, 3, 5, 8} {
+			for _, n := range []int{1000, 4099} {
+				// 0.8 makes DSAR's streams go dense; 0.01 keeps them sparse.
+				for _, density := range []float64{0.01, 0.3, 0.8} {
+					t.Run(fmt.Sprintf("%v/P=%d/n=%d/density=%v", alg, p, n, density), func(t *testing.T) {
+						rng := rand.New(rand.NewPCG(uint64(p*n), uint64(1000*density)))
+						ins := make([]Sparse, p)
+						sum := make([]float32, n)
+						inUnion := make([]bool, n)
+						for r := range ins {
+							ins[r] = randomSparse(rng, n, density)
+							for j, i := range ins[r].Idx {
+								sum[i] += ins[r].Val[j]
+								inUnion[i] = true
+							}
+						}
+						outs := make([]Sparse, p)
+						runInProc(t, p, func(ctx context.Context, r int, c *Communicator) error {
+							var err error
+							outs[r], _, err = c.SparseAllreduceSparse(ctx, n, ins[r], baselineConfig(alg, density))
+							return err
+						})
+						for r, out := range outs {
+							if err := checkSparse(out, n); err != nil {
+								t.Fatalf("rank %d: result not a valid sparse vector: %v", r, err)
+							}
+							got := make([]float32, n)
+							present := make([]bool, n)
+							for j, i := range out.Idx {
+								got[i], present[i] = out.Val[j], true
+							}
+							for i := 0; i < n; i++ {
+								if inUnion[i] && !present[i] {
+									t.Fatalf("rank %d: index %d of the inputs missing from the result", r, i)
+								}
+								if alg == SSARRecursiveDouble || alg == SSARSplitAllgather {
+									if present[i] && !inUnion[i] {
+										t.Fatalf("rank %d: index %d in the sparse result but in no input", r, i)
+									}
+								}
+								if want := sum[i] / float32(p); math.Float32bits(got[i]) != math.Float32bits(want) {
+									t.Fatalf("rank %d index %d: got %v, exact sum/P %v", r, i, got[i], want)
+								}
+							}
+							if r > 0 && !sparseBitwiseEqual(out, outs[0]) {
+								t.Fatalf("rank %d's result differs from rank 0's", r)
+							}
+						}
+					})
+				}
+			}
+		}
+	}
+}
+
+func sparseBitwiseEqual(a, b Sparse) bool {
+	if a.Len() != b.Len() {
+		return false
+	}
+	for j := range a.Idx {
+		if a.Idx[j] != b.Idx[j] || math.Float32bits(a.Val[j]) != math.Float32bits(b.Val[j]) {
+			return false
+		}
+	}
+	return true
+}
+
+// referenceTopK picks the k largest |x[i]| among the indices present,
+// ties to the lower index, by sorting (independent of TopK).
+func referenceTopK(x map[uint32]float32, k int) map[uint32]float32 {
+	idx := make([]uint32, 0, len(x))
+	for i := range x {
+		idx = append(idx, i)
+	}
+	sort.Slice(idx, func(a, b int) bool {
+		ma, mb := math.Abs(float64(x[idx[a]])), math.Abs(float64(x[idx[b]]))
+		if ma != mb {
+			return ma > mb
+		}
+		return idx[a] < idx[b]
+	})
+	out := make(map[uint32]float32, k)
+	for _, i := range idx[:min(k, len(idx))] {
+		out[i] = x[i]
+	}
+	return out
+}
+
+// serialGTopk is the gTopk tree written out over all ranks at once: rank r
+// absorbs rank r+d (own values first) for d = 1, 2, 4, … and keeps the top k.
+func serialGTopk(in [][]float32, k int) (global map[uint32]float32, local []map[uint32]float32) {
+	p := len(in)
+	partial := make([]map[uint32]float32, p)
+	local = make([]map[uint32]float32, p)
+	for r, x := range in {
+		all := make(map[uint32]float32, len(x))
+		for i, v := range x {
+			all[uint32(i)] = v
+		}
+		local[r] = referenceTopK(all, k)
+		partial[r] = local[r]
+	}
+	for d := 1; d < p; d *= 2 {
+		for r := 0; r+d < p; r += 2 * d {
+			merged := make(map[uint32]float32)
+			for i, v := range partial[r] {
+				merged[i] = v
+			}
+			for i, v := range partial[r+d] {
+				merged[i] += v // own value first, then the child's
+			}
+			partial[r] = referenceTopK(merged, k)
+		}
+	}
+	return partial[0], local
+}
+
+// gTopk against the serial tree, with many magnitude ties (integer values in
+// ±100) so the tie rule is exercised; the residual keeps everything but the
+// entries selected here that survived to the global result.
+func TestGTopkEqualsSerialTreeReference(t *testing.T) {
+	for _, p := range []int{1, 2, 3, 5, 8} {
+		for _, n := range []int{1000, 4099} {
+			for _, density := range []float64{0.01, 0.1} {
+				t.Run(fmt.Sprintf("P=%d/n=%d/density=%v", p, n, density), func(t *testing.T) {
+					in := integerInputs(p, n)
+					for r := range in { // decorrelate the ranks' selections
+						rng := rand.New(rand.NewPCG(uint64(r), uint64(n)))
+						rng.Shuffle(n, func(a, b int) { in[r][a], in[r][b] = in[r][b], in[r][a] })
+					}
+					cfg := baselineConfig(GTopk, density)
+					k := cfg.K(n)
+					global, local := serialGTopk(in, k)
+					if len(global) != k {
+						t.Fatalf("reference kept %d entries, want k=%d", len(global), k)
+					}
+					grads := cloneAll(in)
+					residuals := make([][]float32, p)
+					runInProc(t, p, func(ctx context.Context, r int, c *Communicator) error {
+						st, err := c.SparseAllreduce(ctx, 3, grads[r], cfg)
+						if err == nil && st.GlobalSelected != k {
+							err = fmt.Errorf("rank %d: global result of %d entries, want k=%d", r, st.GlobalSelected, k)
+						}
+						residuals[r] = c.TensorStateOf(3).Residual
+						return err
+					})
+					for r := 0; r < p; r++ {
+						for i := 0; i < n; i++ {
+							want := float32(0)
+							if v, ok := global[uint32(i)]; ok {
+								want = v / float32(p)
+							}
+							if math.Float32bits(grads[r][i]) != math.Float32bits(want) {
+								t.Fatalf("rank %d index %d: got %v, serial tree %v", r, i, grads[r][i], want)
+							}
+							_, sent := local[r][uint32(i)]
+							_, kept := global[uint32(i)]
+							wantRes := in[r][i]
+							if sent && kept {
+								wantRes = 0
+							}
+							if math.Float32bits(residuals[r][i]) != math.Float32bits(wantRes) {
+								t.Fatalf("rank %d residual[%d] = %v, want %v (sent %v, kept %v)", r, i, residuals[r][i], wantRes, sent, kept)
+							}
+						}
+					}
+				})
+			}
+		}
+	}
+}
+
+// The sparse-input form of gTopk cuts each input to its top k and follows
+// the same tree.
+func TestGTopkSparseInputEqualsSerialTreeReference(t *testing.T) {
+	for _, p := range []int{2, 3, 5, 8} {
+		const n = 1000
+		t.Run(fmt.Sprintf("P=%d", p), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(uint64(p), 5))
+			ins := make([]Sparse, p)
+			dense := make([][]float32, p)
+			for r := range ins {
+				ins[r] = randomSparse(rng, n, 0.2)
+				dense[r] = make([]float32, n)
+			}
+			cfg := baselineConfig(GTopk, 0.05)
+			k := cfg.K(n)
+			// The reference takes top-k over the present entries only (an
+			// absent index is not a zero candidate), so build it from maps.
+			partial := make([]map[uint32]float32, p)
+			for r, s := range ins {
+				m := make(map[uint32]float32)
+				for j, i := range s.Idx {
+					m[i] = s.Val[j]
+				}
+				partial[r] = referenceTopK(m, k)
+			}
+			for d := 1; d < p; d *= 2 {
+				for r := 0; r+d < p; r += 2 * d {
+					merged := make(map[uint32]float32)
+					for i, v := range partial[r] {
+						merged[i] = v
+					}
+					for i, v := range partial[r+d] {
+						merged[i] += v
+					}
+					partial[r] = referenceTopK(merged, k)
+				}
+			}
+			outs := make([]Sparse, p)
+			runInProc(t, p, func(ctx context.Context, r int, c *Communicator) error {
+				var err error
+				outs[r], _, err = c.SparseAllreduceSparse(ctx, n, ins[r], cfg)
+				return err
+			})
+			for r, out := range outs {
+				if out.Len() != len(partial[0]) {
+					t.Fatalf("rank %d: %d entries, reference %d", r, out.Len(), len(partial[0]))
+				}
+				for j, i := range out.Idx {
+					want, ok := partial[0][i]
+					if !ok || math.Float32bits(out.Val[j]) != math.Float32bits(want/float32(p)) {
+						t.Fatalf("rank %d index %d: got %v, reference %v (present %v)", r, i, out.Val[j], want/float32(p), ok)
+					}
+				}
+			}
+		})
+	}
+}
+
+// TopkA, TopkDSA, SparCML and Gaussiank never re-select globally, so the
+// residual is acc with exactly the local selection zeroed. Two calls, so the
+// second works on grad + the first residual.
+func TestBaselinesResidualZeroesExactlyTheLocalSelection(t *testing.T) {
+	for _, alg := range []Algorithm{TopkA, TopkDSA, SSARRecursiveDouble, SSARSplitAllgather, DSARSplitAllgather, Gaussiank} {
+		t.Run(alg.String(), func(t *testing.T) {
+			const p, n, calls = 3, 1000, 2
+			cfg := baselineConfig(alg, 0.02)
+			k := cfg.K(n)
+			runInProc(t, p, func(ctx context.Context, r int, c *Communicator) error {
+				residual := make([]float32, n)
+				for call := 0; call < calls; call++ {
+					grad := gaussianInputs(p, n, uint64(10+call))[r]
+					acc := make([]float32, n)
+					for i := range acc {
+						acc[i] = grad[i] + residual[i]
+					}
+					st, err := c.SparseAllreduce(ctx, 9, grad, cfg)
+					if err != nil {
+						return err
+					}
+					var selected map[uint32]float32
+					if alg == Gaussiank {
+						selected = make(map[uint32]float32)
+						for i, v := range acc {
+							if float32(math.Abs(float64(v))) > st.LocalThreshold {
+								selected[uint32(i)] = v
+							}
+						}
+					} else {
+						all := make(map[uint32]float32, n)
+						for i, v := range acc {
+							all[uint32(i)] = v
+						}
+						selected = referenceTopK(all, k)
+					}
+					if len(selected) != st.LocalSelected || len(selected) == 0 {
+						return fmt.Errorf("call %d: test selects %d, algorithm reports %d", call, len(selected), st.LocalSelected)
+					}
+					got := c.TensorStateOf(9).Residual
+					for i, v := range acc {
+						want := v
+						if _, ok := selected[uint32(i)]; ok {
+							want = 0
+						}
+						if math.Float32bits(got[i]) != math.Float32bits(want) {
+							return fmt.Errorf("call %d residual[%d] = %v, want %v", call, i, got[i], want)
+						}
+					}
+					copy(residual, got)
+				}
+				return nil
+			})
+		})
+	}
+}
+
+// Gaussiank's threshold from μ and σ, corrected, lands within 25% of k on
+// normal data (the case its estimate is built for).
+func TestGaussiankSelectsAboutK(t *testing.T) {
+	for _, density := range []float64{0.001, 0.01, 0.1} {
+		acc := gaussianInputs(1, 1<<16, 3)[0]
+		k := baselineConfig(Gaussiank, density).K(len(acc))
+		s, th := gaussianSelect(acc, k, density)
+		if c := float64(s.Len()); c < 0.75*float64(k) || c > 1.25*float64(k) {
+			t.Errorf("density %v: selected %d, k=%d (threshold %v)", density, s.Len(), k, th)
+		}
+	}
+}
+
+func TestNormalQuantileMatchesKnownValues(t *testing.T) {
+	for _, c := range []struct{ q, z float64 }{
+		{0.5, 0}, {0.975, 1.959963984540054}, {0.005, -2.5758293035489004}, {0.0005, -3.2905267314918945},
+	} {
+		if got := normalQuantile(c.q); math.Abs(got-c.z) > 1e-9 {
+			t.Errorf("Φ⁻¹(%v) = %v, want %v", c.q, got, c.z)
+		}
+	}
+}
+
+// A NaN on one rank fails the call with ErrNonFinite on that rank and leaves
+// every rank's gradient and residual as they were.
+func TestBaselinesNonFiniteLeavesGradientAndResidualUntouched(t *testing.T) {
+	for _, alg := range sparseBaselines {
+		t.Run(alg.String(), func(t *testing.T) {
+			const p, n = 3, 500
+			in := gaussianInputs(p, n, 1)
+			in[0][17] = float32(math.NaN())
+			grads := cloneAll(in)
+			comms := make([]*Communicator, p)
+			errs := runInProcErrors(t, p, 10*time.Second, func(ctx context.Context, r int, c *Communicator) error {
+				comms[r] = c
+				_, err := c.SparseAllreduce(ctx, 2, grads[r], baselineConfig(alg, 0.05))
+				return err
+			})
+			if !errors.Is(errs[0], ErrNonFinite) {
+				t.Fatalf("rank 0: %v, want ErrNonFinite", errs[0])
+			}
+			for r := 0; r < p; r++ {
+				if errs[r] == nil {
+					t.Errorf("rank %d finished a call a peer could not take part in", r)
+				}
+				for i := range in[r] {
+					if math.Float32bits(grads[r][i]) != math.Float32bits(in[r][i]) {
+						t.Fatalf("rank %d: gradient[%d] changed to %v", r, i, grads[r][i])
+					}
+				}
+				for i, v := range comms[r].TensorStateOf(2).Residual {
+					if v != 0 {
+						t.Fatalf("rank %d: residual[%d] = %v after a failed call", r, i, v)
+					}
+				}
+			}
+		})
+	}
+}
+
+// wordsBound is the cost model's words per rank for one call, as written in
+// DESIGN.md §2 (or in the algorithm's file for those the table lacks), and
+// the slack the comparison allows. The equal-split formulas assume the
+// selections spread evenly over the P regions; random ones do within 2%.
+func wordsBound(alg Algorithm, p, n, k int) (formula string, words, slack float64) {
+	P, N, K := float64(p), float64(n), float64(k)
+	logP := float64(bits.Len(uint(p - 1)))
+	switch alg {
+	case DenseRing:
+		return "2n(P-1)/P", 2 * N * (P - 1) / P, 2
+	case DenseRabenseifner:
+		return "2n(P-1)/P", 2 * N * (P - 1) / P, 2 * logP
+	case TopkA:
+		return "2k(P-1)", 2 * K * (P - 1), 0
+	case TopkDSA:
+		return "(2k+n)(P-1)/P", (2*K + N) * (P - 1) / P, 0
+	case SSARRecursiveDouble:
+		return "2k(P-1)", 2 * K * (P - 1), 0
+	case SSARSplitAllgather:
+		w := 2*K*(P-1)/P + 2*K*P*(P-1)/P
+		return "2k(P-1)/P+2kP(P-1)/P", w, 0.02 * w
+	case DSARSplitAllgather:
+		w := 2*K*(P-1)/P + math.Min(2*K*P, N)*(P-1)/P
+		return "2k(P-1)/P+min(2kP,n)(P-1)/P", w, 0.02 * w
+	case GTopk:
+		return "4k log P", 4 * K * logP, 0
+	case Gaussiank:
+		// k is only estimated: the correction accepts counts up to 1.25k.
+		return "2k(P-1), k up to 1.25k", 2 * 1.25 * K * (P - 1), 0
+	}
+	panic("no cost model for " + alg.String())
+}
+
+// One call of every algorithm at n = 2^20, density 1%, on normal data (run
+// with -v for the table). Fails when any rank sends more words than its
+// algorithm's formula allows. Under -short or -race it runs at n = 2^16:
+// the same bounds, checked at a size the sort-based reference TopK and the
+// race detector get through in seconds.
+func TestBaselinesWordsSentWithinCostModel(t *testing.T) {
+	n, density := 1<<20, 0.01
+	if testing.Short() || raceEnabled {
+		n = 1 << 16
+	}
+	algs := append([]Algorithm{DenseRing, DenseRabenseifner}, sparseBaselines...)
+	t.Logf("%-22s %2s %10s %10s %12s  %s", "algorithm", "P", "k", "max words", "formula", "")
+	for _, p := range []int{2, 4, 8} {
+		in := gaussianInputs(p, n, 42)
+		for _, alg := range algs {
+			cfg := baselineConfig(alg, density)
+			k := cfg.K(n)
+			stats := make([]Stats, p)
+			grads := cloneAll(in)
+			runInProc(t, p, func(ctx context.Context, r int, c *Communicator) error {
+				var err error
+				stats[r], err = c.SparseAllreduce(ctx, 1, grads[r], cfg)
+				return err
+			})
+			var most uint64
+			for _, st := range stats {
+				most = max(most, st.WordsSent())
+			}
+			formula, bound, slack := wordsBound(alg, p, n, k)
+			t.Logf("%-22v %2d %10d %10d %12.0f  %s", alg, p, k, most, bound, formula)
+			if float64(most) > bound+slack {
+				t.Errorf("%v at P=%d: a rank sent %d words, formula %s = %.0f (slack %.0f)", alg, p, most, formula, bound, slack)
+			}
+		}
+	}
+}

@@ -1,0 +1,129 @@
+package core
+
+// gTopk (Shi et al., ICDCS'19): a tree reduction that keeps only k entries at
+// every step, so no message ever grows past k pairs.
+//
+// The algorithm works as follows.
+//
+//  1. Select: each rank takes the exact top-k of acc = grad + residual.
+//  2. Tree reduce, rounds d = 1, 2, 4, … < P (a binomial tree rooted at rank
+//     0): a rank r with r mod 2d = d sends its current k-sparse vector to
+//     r − d and is done; a rank with r mod 2d = 0 and r + d < P receives it,
+//     adds it to its own (own value first) and re-truncates the sum to the k
+//     entries of largest magnitude (ties → lower index). Any P works: a rank
+//     whose partner r + d does not exist simply waits out the round.
+//  3. Broadcast: rank 0's final k entries go down the same tree in reverse
+//     (rounds d = …, 2, 1: r mod 2d = 0 sends to r + d), the encoded bytes
+//     forwarded unchanged, so every rank holds the same bits.
+//  4. Residual: entries selected here and kept in the final result are zeroed;
+//     the rest — never selected, or dropped by a truncation on the way up —
+//     stay in the residual for a later call.
+//
+// Cost: 2⌈log P⌉α; every message is at most k pairs (2k words): a rank sends
+// once on the way up and at most ⌈log P⌉ times on the way down, at most
+// 2k(⌈log P⌉+1) ≤ 4k log P words (the paper's bound counts both trees at
+// every level).
+
+import (
+	"context"
+	"fmt"
+	"math/bits"
+	"time"
+
+	"github.com/oktopk/oktopk/transport"
+)
+
+func init() {
+	registerSparse(GTopk, func(ctx context.Context, call *Call, st *TensorState, grad []float32) error {
+		return reduceWithErrorFeedback(ctx, call, st, grad, TopK, gTopkReduce)
+	})
+	registerSparseInput(GTopk, gTopkReduce)
+}
+
+// gTopkReduce returns the tree-reduced top-k of the ranks' inputs (each cut
+// to its own top k first).
+func gTopkReduce(ctx context.Context, call *Call, n int, in Sparse, k int) (Sparse, error) {
+	p, r := call.Size(), call.Rank()
+	partial, err := sparseTopK(in, k)
+	if err != nil {
+		return Sparse{}, err
+	}
+	if p == 1 {
+		return sparseSumInRankOrder([]Sparse{partial}), nil // a copy: never hand back the caller's storage
+	}
+	rounds := bits.Len(uint(p - 1)) // ⌈log P⌉
+	decode := func(m transport.Message, from int, what string) (Sparse, error) {
+		s, err := decodeRegionBlock(m.Dtype, m.Count, m.Payload, 0, uint32(n))
+		if err == nil && s.Len() > k {
+			err = fmt.Errorf("%w: %d entries, more than k=%d", ErrMismatch, s.Len(), k)
+		}
+		if err != nil {
+			return Sparse{}, fmt.Errorf("oktopk: gtopk %s from rank %d: %w", what, from, err)
+		}
+		return s, nil
+	}
+
+	// Step 2: binomial tree reduce towards rank 0, truncating at every merge.
+	start := time.Now()
+	for j, d := 0, 1; d < p; j, d = j+1, 2*d {
+		switch {
+		case r%(2*d) == d:
+			b := regionBlock(partial, 0, uint32(n), false)
+			if err := call.Send(ctx, r-d, uint32(j), b.Dtype, b.Count, b.Payload); err != nil {
+				return Sparse{}, fmt.Errorf("oktopk: gtopk reduce to rank %d: %w", r-d, err)
+			}
+		case r%(2*d) == 0 && r+d < p:
+			m, err := call.Recv(ctx, r+d, uint32(j))
+			if err != nil {
+				return Sparse{}, fmt.Errorf("oktopk: gtopk reduce from rank %d: %w", r+d, err)
+			}
+			child, err := decode(m, r+d, "reduce")
+			if err != nil {
+				return Sparse{}, err
+			}
+			if partial, err = sparseTopK(sparseAdd(partial, child), k); err != nil {
+				return Sparse{}, err
+			}
+		}
+		if r%(2*d) != 0 {
+			break // sent up: this rank's part of the reduce is over
+		}
+	}
+	call.Stats.Reduce = time.Since(start)
+
+	// Step 3: broadcast rank 0's result down the same tree.
+	start = time.Now()
+	var result []byte
+	var count uint64
+	if r == 0 {
+		b := regionBlock(partial, 0, uint32(n), false)
+		result, count = b.Payload, b.Count
+	}
+	for j, d := rounds-1, 1<<(rounds-1); d >= 1; j, d = j-1, d/2 {
+		step := uint32(rounds + j)
+		switch {
+		case r%(2*d) == d:
+			m, err := call.Recv(ctx, r-d, step)
+			if err != nil {
+				return Sparse{}, fmt.Errorf("oktopk: gtopk broadcast from rank %d: %w", r-d, err)
+			}
+			if m.Dtype != transport.DtypeSparseF32 {
+				return Sparse{}, fmt.Errorf("oktopk: gtopk broadcast from rank %d: %w: dtype %v", r-d, transport.ErrBadFrame, m.Dtype)
+			}
+			result, count = m.Payload, m.Count
+		case r%(2*d) == 0 && r+d < p:
+			if err := call.Send(ctx, r+d, step, transport.DtypeSparseF32, count, result); err != nil {
+				return Sparse{}, fmt.Errorf("oktopk: gtopk broadcast to rank %d: %w", r+d, err)
+			}
+		}
+	}
+	global, err := DecodeSparse(Sparse{}, result, count, 0, uint32(n))
+	if err == nil && global.Len() > k {
+		err = fmt.Errorf("%w: %d entries, more than k=%d", ErrMismatch, global.Len(), k)
+	}
+	if err != nil {
+		return Sparse{}, fmt.Errorf("oktopk: gtopk result: %w", err)
+	}
+	call.Stats.Allgather = time.Since(start)
+	return global, nil
+}

@@ -1,0 +1,46 @@
+package core
+
+// TopkA: every rank selects its own top-k and all of them are gathered.
+//
+// The algorithm works as follows.
+//
+//  1. Select: each rank forms acc = grad + residual and takes its exact local
+//     top-k (k = ceil(density·n) largest |acc|).
+//  2. Allgather: the P selections, k (index, value) pairs each, are gathered
+//     on every rank with the ring Allgatherv.
+//  3. Sum: every rank adds the P selections in rank order, so every rank gets
+//     the same bits; the communicator divides by P. The global result holds
+//     up to kP entries — the union of the selections — which is why TopkA's
+//     traffic grows with P while Ok-Topk's does not.
+//  4. Residual: everything selected locally is in the global result, so the
+//     residual is acc with the local selection zeroed.
+//
+// Cost: the ring allgather takes (P−1)α + 2k(P−1)β per rank (the table of
+// DESIGN.md gives the log P α of a recursive-doubling allgather; the ring
+// keeps the bandwidth term, which is what dominates here).
+
+import (
+	"context"
+	"time"
+)
+
+func init() {
+	registerSparse(TopkA, func(ctx context.Context, call *Call, st *TensorState, grad []float32) error {
+		return reduceWithErrorFeedback(ctx, call, st, grad, TopK, topkAReduce)
+	})
+	registerSparseInput(TopkA, topkAReduce)
+}
+
+// topkAReduce gathers every rank's (at most k) selected entries and returns
+// their sum. A sparse input with more than k entries is cut to its top k
+// first, as a dense gradient would be.
+func topkAReduce(ctx context.Context, call *Call, n int, in Sparse, k int) (Sparse, error) {
+	local, err := sparseTopK(in, k)
+	if err != nil {
+		return Sparse{}, err
+	}
+	start := time.Now()
+	global, err := allgatherSparseSum(ctx, call, 0, n, local)
+	call.Stats.Allgather = time.Since(start)
+	return global, err
+}
