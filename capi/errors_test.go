@@ -67,7 +67,7 @@ func TestProtectTurnsAPanicIntoAnInternalError(t *testing.T) {
 // Handles are never reused, so a destroyed handle is told apart from one
 // that never existed, and a second remove fails.
 func TestTableTellsDestroyedFromUnknownHandles(t *testing.T) {
-	tab := newTable[int]()
+	tab := newTable[int](1000)
 	h := tab.add(7)
 	if v, err := tab.get("thing", h); err != nil || v != 7 {
 		t.Fatalf("get: %v %v", v, err)
@@ -78,6 +78,10 @@ func TestTableTellsDestroyedFromUnknownHandles(t *testing.T) {
 	_, err := tab.remove("thing", h)
 	if !errors.Is(err, core.ErrInvalidUsage) || !strings.Contains(err.Error(), "already destroyed") {
 		t.Fatalf("second remove: %v", err)
+	}
+	_, err = tab.get("thing", 5) // below the base: another table's handle
+	if !errors.Is(err, core.ErrInvalidUsage) || !strings.Contains(err.Error(), "not a thing handle") {
+		t.Fatalf("other table's: %v", err)
 	}
 	_, err = tab.get("thing", h+100)
 	if !errors.Is(err, core.ErrInvalidUsage) || !strings.Contains(err.Error(), "not a thing handle") {

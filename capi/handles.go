@@ -14,15 +14,20 @@ import (
 )
 
 // table maps integer handles to objects, so that no Go pointer ever crosses
-// into C. Handles count up from 1 and are never reused, which lets a lookup
-// tell a destroyed handle from one that never existed.
+// into C. Handles count up from the table's base and are never reused, which
+// lets a lookup tell a destroyed handle from one that never existed; tables
+// have far-apart bases so that a request passed as a communicator (or the
+// reverse) is caught.
 type table[T any] struct {
 	mu   sync.Mutex
+	base int64
 	next int64
 	live map[int64]T
 }
 
-func newTable[T any]() *table[T] { return &table[T]{live: make(map[int64]T)} }
+func newTable[T any](base int64) *table[T] {
+	return &table[T]{base: base, next: base, live: make(map[int64]T)}
+}
 
 func (t *table[T]) add(v T) int64 {
 	t.mu.Lock()
@@ -57,7 +62,7 @@ func (t *table[T]) remove(kind string, h int64) (T, error) {
 }
 
 func (t *table[T]) missing(kind string, h int64) error {
-	if h > 0 && h <= t.next {
+	if h > t.base && h <= t.next {
 		return invalidUsage("%s %d was already destroyed", kind, h)
 	}
 	return invalidUsage("%d is not a %s handle", h, kind)
@@ -70,8 +75,8 @@ func (t *table[T]) len() int {
 }
 
 var (
-	comms    = newTable[*communicator]()
-	requests = newTable[*request]()
+	comms    = newTable[*communicator](0)
+	requests = newTable[*request](1 << 40)
 )
 
 // peek is get without the error, for recording last errors.
