@@ -479,6 +479,7 @@ static int run_errors(void) {
   OK(oktopk_allreduce(comm, data, 16, OKTOPK_FLOAT32, 1, OKTOPK_ALGO_DENSE_RING));
   EXPECT(oktopk_comm_connect(comm, NULL, 1), oktopkInvalidUsage); /* already connected */
 
+  EXPECT(oktopk_wait((oktopk_request_t)comm, NULL), oktopkInvalidUsage); /* a comm is not a request */
   test_fork_is_refused(comm);
 
   OK(oktopk_comm_destroy(comm));
