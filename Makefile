@@ -14,7 +14,7 @@ TORCH_VENV := $(OKTOPK_CACHE)/venv-torch-$(shell sha256sum $(TORCH_REQ) | cut -c
 PY := $(TORCH_VENV)/bin/python
 GO_SOURCES := $(shell find core transport capi -name '*.go' -not -name '*_test.go') go.mod go.sum
 
-.PHONY: all deps build test test-go test-c test-python demo bench examples clean venv
+.PHONY: all deps build test test-go test-c test-python demo bench examples header-check clean venv
 
 all: build
 
@@ -42,11 +42,46 @@ $(TORCH_VENV)/.ok: $(TORCH_REQ)
 	rm -rf $(TORCH_VENV) && mv $(TORCH_VENV).tmp $(TORCH_VENV)
 	@touch $@
 
-test: test-go
+test: test-go test-c
 
 test-go: $(BUILD)/.deps
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 20m ./...
+
+# The C ABI's users: the C test program and the C++ trainer, linked against
+# build/liboktopk.so with an rpath of $ORIGIN so they run from build/.
+CC ?= gcc
+CXX ?= g++
+C_TEST := $(BUILD)/oktopk_test
+TRAINER := $(BUILD)/trainer
+RPATH := -Wl,-rpath,'$$ORIGIN'
+
+examples: header-check $(C_TEST) $(TRAINER)
+
+# The public header compiles cleanly as C99 and as C++17.
+header-check: $(BUILD)/.header-ok
+$(BUILD)/.header-ok: include/oktopk.h
+	@mkdir -p $(BUILD)
+	echo '#include "oktopk.h"' | $(CC) -std=c99 -Wall -Wextra -Wpedantic -Werror -Iinclude -x c -fsyntax-only -
+	echo '#include "oktopk.h"' | $(CXX) -std=c++17 -Wall -Wextra -Wpedantic -Werror -Iinclude -x c++ -fsyntax-only -
+	@touch $@
+
+$(C_TEST): tests/c/oktopk_test.c include/oktopk.h $(LIB)
+	$(CC) -std=c99 -O2 -Wall -Wextra -Werror -Iinclude $< -o $@ -L$(BUILD) -loktopk $(RPATH) -lpthread -lm
+
+$(TRAINER): examples/cpp/trainer.cpp include/oktopk.h $(LIB)
+	$(CXX) -std=c++17 -O2 -Wall -Wextra -Werror -Iinclude $< -o $@ -L$(BUILD) -loktopk $(RPATH) -lpthread
+
+# C ABI tests: exported symbols, every error path, 1,000 init/destroy
+# cycles, 4 ranks over real sockets, a rank that dies, then the trainer with
+# 4 ranks.
+test-c: examples
+	tests/c/check_exports.sh $(LIB) include/oktopk.h
+	timeout 120 $(C_TEST) errors
+	timeout 120 $(C_TEST) cycles 1000
+	timeout 120 tests/c/launch.sh 4 $(C_TEST) ranks
+	timeout 120 tests/c/launch.sh 3 $(C_TEST) peerdeath
+	timeout 120 tests/c/launch.sh 4 $(TRAINER)
 
 clean:
 	rm -rf $(BUILD)

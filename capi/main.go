@@ -1,13 +1,599 @@
 // Package main is liboktopk's C ABI: //export shims over packages core and
 // transport. Nothing else lives here. See include/oktopk.h for the contract.
+//
+// Every export starts with call(), which refuses a forked child, recovers
+// panics into oktopkInternalError and maps errors to result codes once.
 package main
 
 /*
 #include "../include/oktopk.h"
+
+// cgo spells exported parameters from their Go types, which know no const;
+// these names let the generated prototypes match the header's exactly, so
+// the compiler checks every export against include/oktopk.h.
+typedef const char oktopk_const_char;
+typedef const char *const oktopk_const_string;
+typedef const uint32_t oktopk_const_uint32;
+typedef const float oktopk_const_float;
+typedef const oktopk_config_t oktopk_const_config;
+typedef const oktopk_unique_id_t oktopk_const_unique_id;
+typedef const void oktopk_const_void;
 */
 import "C"
+
+import (
+	"context"
+	"math"
+	"runtime"
+	"unsafe"
+
+	"github.com/oktopk/oktopk/core"
+)
+
+func main() {}
 
 //export oktopk_get_version
 func oktopk_get_version() C.int { return C.OKTOPK_VERSION_CODE }
 
-func main() {}
+//export oktopk_get_error_string
+func oktopk_get_error_string(result C.oktopk_result_t) *C.oktopk_const_char {
+	if int(result) < len(resultStrings) {
+		return (*C.oktopk_const_char)(resultStrings[result])
+	}
+	return (*C.oktopk_const_char)(unknownResultString)
+}
+
+//export oktopk_config_init
+func oktopk_config_init(config *C.oktopk_config_t) {
+	if config == nil || forked() {
+		return
+	}
+	writeDefaultConfig(config)
+}
+
+//export oktopk_get_last_error
+func oktopk_get_last_error(comm C.oktopk_comm_t, buf *C.char, n C.size_t, truncated *C.int) C.oktopk_result_t {
+	if buf == nil || n == 0 {
+		return C.oktopkInvalidArgument
+	}
+	if forked() {
+		// No Go state is safe here; the message needs none.
+		cut := copyMessage(forkedMessage, buf, n)
+		if truncated != nil {
+			*truncated = boolInt(cut)
+		}
+		return C.oktopkSuccess
+	}
+	var msg string
+	if comm != 0 {
+		c, err := comms.get("communicator", int64(comm))
+		if err != nil {
+			msg = err.Error()
+			copyMessage(msg, buf, n)
+			return resultOf(err)
+		}
+		msg = c.lastError.get()
+	} else {
+		msg = globalLastError.get()
+	}
+	cut := copyMessage(msg, buf, n)
+	if truncated != nil {
+		*truncated = boolInt(cut)
+	}
+	return C.oktopkSuccess
+}
+
+// ---- communicator lifecycle ----------------------------------------------
+
+//export oktopk_get_unique_id
+func oktopk_get_unique_id(id *C.oktopk_unique_id_t, config *C.oktopk_const_config) C.oktopk_result_t {
+	return call(0, func() error {
+		if id == nil {
+			return invalidArgument("id is NULL")
+		}
+		s, err := readConfig((*C.oktopk_config_t)(config))
+		if err != nil {
+			return err
+		}
+		text, err := newUniqueID(s)
+		if err != nil {
+			return err
+		}
+		dst := unsafe.Slice((*byte)(unsafe.Pointer(&id.internal[0])), C.OKTOPK_UNIQUE_ID_BYTES)
+		clear(dst)
+		copy(dst, text)
+		return nil
+	})
+}
+
+//export oktopk_comm_init_rank
+func oktopk_comm_init_rank(comm *C.oktopk_comm_t, nranks C.int, id *C.oktopk_const_unique_id, rank C.int, config *C.oktopk_const_config) C.oktopk_result_t {
+	return call(0, func() error {
+		if comm == nil || id == nil {
+			return invalidArgument("comm or id is NULL")
+		}
+		if err := checkRank(int(rank), int(nranks)); err != nil {
+			return err
+		}
+		s, err := readConfig((*C.oktopk_config_t)(config))
+		if err != nil {
+			return err
+		}
+		raw := unsafe.Slice((*byte)(unsafe.Pointer(&id.internal[0])), C.OKTOPK_UNIQUE_ID_BYTES)
+		end := 0
+		for end < len(raw) && raw[end] != 0 {
+			end++
+		}
+		if end == len(raw) {
+			return invalidArgument("unique id is not NUL-terminated (not made by oktopk_get_unique_id?)")
+		}
+		c, err := initFromUniqueID(string(raw[:end]), int(rank), int(nranks), s)
+		if err != nil {
+			return err
+		}
+		*comm = C.oktopk_comm_t(register(c))
+		return nil
+	})
+}
+
+//export oktopk_comm_init_env
+func oktopk_comm_init_env(comm *C.oktopk_comm_t, config *C.oktopk_const_config) C.oktopk_result_t {
+	return call(0, func() error {
+		if comm == nil {
+			return invalidArgument("comm is NULL")
+		}
+		s, err := readConfig((*C.oktopk_config_t)(config))
+		if err != nil {
+			return err
+		}
+		c, err := initFromEnv(s)
+		if err != nil {
+			return err
+		}
+		*comm = C.oktopk_comm_t(register(c))
+		return nil
+	})
+}
+
+//export oktopk_make_token
+func oktopk_make_token(buf *C.char, n C.size_t) C.oktopk_result_t {
+	return call(0, func() error {
+		if buf == nil || n == 0 {
+			return invalidArgument("buf is NULL or len is 0")
+		}
+		token := newToken()
+		if uint64(n) <= uint64(len(token)) {
+			return invalidArgument("token needs %d bytes, buffer has %d", len(token)+1, uint64(n))
+		}
+		copyMessage(token, buf, n)
+		return nil
+	})
+}
+
+//export oktopk_comm_bind
+func oktopk_comm_bind(comm *C.oktopk_comm_t, nranks C.int, rank C.int, token *C.oktopk_const_char, config *C.oktopk_const_config, endpoint *C.char, endpointLen C.size_t) C.oktopk_result_t {
+	return call(0, func() error {
+		if comm == nil || token == nil || endpoint == nil || endpointLen == 0 {
+			return invalidArgument("comm, job_token or endpoint is NULL, or endpoint_len is 0")
+		}
+		if err := checkRank(int(rank), int(nranks)); err != nil {
+			return err
+		}
+		s, err := readConfig((*C.oktopk_config_t)(config))
+		if err != nil {
+			return err
+		}
+		c, err := bind(int(rank), int(nranks), C.GoString((*C.char)(token)), s)
+		if err != nil {
+			return err
+		}
+		ep := c.net.Endpoint()
+		if uint64(endpointLen) <= uint64(len(ep)) {
+			c.destroy()
+			return invalidArgument("endpoint needs %d bytes, buffer has %d", len(ep)+1, uint64(endpointLen))
+		}
+		copyMessage(ep, endpoint, endpointLen)
+		*comm = C.oktopk_comm_t(register(c))
+		return nil
+	})
+}
+
+//export oktopk_comm_connect
+func oktopk_comm_connect(comm C.oktopk_comm_t, endpoints *C.oktopk_const_string, nranks C.int) C.oktopk_result_t {
+	return call(int64(comm), func() error {
+		c, err := comms.get("communicator", int64(comm))
+		if err != nil {
+			return err
+		}
+		if c.isConnected() {
+			return invalidUsage("communicator is already connected")
+		}
+		if endpoints == nil {
+			return invalidArgument("endpoints is NULL")
+		}
+		if int(nranks) != c.size {
+			return invalidArgument("%d endpoints for a communicator of %d ranks", int(nranks), c.size)
+		}
+		list := unsafe.Slice(endpoints, c.size)
+		eps := make([]string, c.size)
+		for i, p := range list {
+			if p == nil {
+				return invalidArgument("endpoints[%d] is NULL", i)
+			}
+			eps[i] = C.GoString((*C.char)(p))
+		}
+		return c.connect(eps)
+	})
+}
+
+//export oktopk_comm_rank
+func oktopk_comm_rank(comm C.oktopk_comm_t, rank *C.int) C.oktopk_result_t {
+	return call(int64(comm), func() error {
+		c, err := comms.get("communicator", int64(comm))
+		if err != nil {
+			return err
+		}
+		if rank == nil {
+			return invalidArgument("rank is NULL")
+		}
+		*rank = C.int(c.rank)
+		return nil
+	})
+}
+
+//export oktopk_comm_size
+func oktopk_comm_size(comm C.oktopk_comm_t, size *C.int) C.oktopk_result_t {
+	return call(int64(comm), func() error {
+		c, err := comms.get("communicator", int64(comm))
+		if err != nil {
+			return err
+		}
+		if size == nil {
+			return invalidArgument("size is NULL")
+		}
+		*size = C.int(c.size)
+		return nil
+	})
+}
+
+//export oktopk_comm_abort
+func oktopk_comm_abort(comm C.oktopk_comm_t) C.oktopk_result_t {
+	return call(int64(comm), func() error {
+		c, err := comms.get("communicator", int64(comm))
+		if err != nil {
+			return err
+		}
+		c.abort(errAbortedByCaller)
+		return nil
+	})
+}
+
+//export oktopk_comm_destroy
+func oktopk_comm_destroy(comm C.oktopk_comm_t) C.oktopk_result_t {
+	return call(0, func() error {
+		c, err := comms.remove("communicator", int64(comm))
+		if err != nil {
+			return err
+		}
+		return c.destroy()
+	})
+}
+
+// ---- collectives ---------------------------------------------------------
+
+//export oktopk_allreduce
+func oktopk_allreduce(comm C.oktopk_comm_t, data unsafe.Pointer, count C.size_t, dtype C.oktopk_dtype_t, average C.int, algorithm C.int) C.oktopk_result_t {
+	return call(int64(comm), func() error {
+		c, op, err := allreduceOp(comm, data, count, dtype, average, algorithm)
+		if err != nil {
+			return err
+		}
+		_, err = c.do(false, op)
+		return err
+	})
+}
+
+//export oktopk_allreduce_start
+func oktopk_allreduce_start(comm C.oktopk_comm_t, data unsafe.Pointer, count C.size_t, dtype C.oktopk_dtype_t, average C.int, algorithm C.int, request *C.oktopk_request_t) C.oktopk_result_t {
+	return call(int64(comm), func() error {
+		if request == nil {
+			return invalidArgument("request is NULL")
+		}
+		c, op, err := allreduceOp(comm, data, count, dtype, average, algorithm)
+		if err != nil {
+			return err
+		}
+		return startRequest(c, op, request)
+	})
+}
+
+func allreduceOp(comm C.oktopk_comm_t, data unsafe.Pointer, count C.size_t, dtype C.oktopk_dtype_t, average C.int, algorithm C.int) (*communicator, operation, error) {
+	c, err := comms.get("communicator", int64(comm))
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := checkBuffer(data, count, dtype); err != nil {
+		return nil, nil, err
+	}
+	alg := core.Algorithm(algorithm)
+	if !alg.Dense() {
+		return nil, nil, invalidArgument("algorithm %v is not a dense allreduce (use OKTOPK_ALGO_DENSE_RING or OKTOPK_ALGO_DENSE_RABENSEIFNER)", alg)
+	}
+	return c, denseOp(c, data, int(count), dtype, average != 0, alg), nil
+}
+
+//export oktopk_sparse_allreduce
+func oktopk_sparse_allreduce(comm C.oktopk_comm_t, tensorID C.uint64_t, data unsafe.Pointer, count C.size_t, dtype C.oktopk_dtype_t, stats *C.oktopk_stats_t) C.oktopk_result_t {
+	return call(int64(comm), func() error {
+		c, err := comms.get("communicator", int64(comm))
+		if err != nil {
+			return err
+		}
+		if err := checkBuffer(data, count, dtype); err != nil {
+			return err
+		}
+		if err := checkStats(stats); err != nil {
+			return err
+		}
+		st, err := c.do(false, sparseOp(c, uint64(tensorID), data, int(count), dtype))
+		if werr := writeStats(stats, st); err == nil {
+			err = werr
+		}
+		return err
+	})
+}
+
+//export oktopk_sparse_allreduce_start
+func oktopk_sparse_allreduce_start(comm C.oktopk_comm_t, tensorID C.uint64_t, data unsafe.Pointer, count C.size_t, dtype C.oktopk_dtype_t, request *C.oktopk_request_t) C.oktopk_result_t {
+	return call(int64(comm), func() error {
+		c, err := comms.get("communicator", int64(comm))
+		if err != nil {
+			return err
+		}
+		if request == nil {
+			return invalidArgument("request is NULL")
+		}
+		if err := checkBuffer(data, count, dtype); err != nil {
+			return err
+		}
+		return startRequest(c, sparseOp(c, uint64(tensorID), data, int(count), dtype), request)
+	})
+}
+
+//export oktopk_sparse_allreduce_sparse
+func oktopk_sparse_allreduce_sparse(comm C.oktopk_comm_t, n C.size_t, inIndices *C.oktopk_const_uint32, inValues *C.oktopk_const_float, inCount C.size_t,
+	outIndices *C.uint32_t, outValues *C.float, outCapacity C.size_t, outCount *C.size_t, stats *C.oktopk_stats_t) C.oktopk_result_t {
+	return call(int64(comm), func() error {
+		c, err := comms.get("communicator", int64(comm))
+		if err != nil {
+			return err
+		}
+		switch {
+		case n == 0 || uint64(n) > maxElements:
+			return invalidArgument("n = %d is not in 1..%d", uint64(n), uint64(maxElements))
+		case inCount > n:
+			return invalidArgument("in_count %d > n %d", uint64(inCount), uint64(n))
+		case inCount > 0 && (inIndices == nil || inValues == nil):
+			return invalidArgument("in_indices or in_values is NULL")
+		case outCapacity > 0 && (outIndices == nil || outValues == nil):
+			return invalidArgument("out_indices or out_values is NULL")
+		case outCount == nil:
+			return invalidArgument("out_count is NULL")
+		}
+		if err := checkStats(stats); err != nil {
+			return err
+		}
+		in := core.Sparse{
+			Idx: unsafe.Slice((*uint32)(unsafe.Pointer(inIndices)), int(inCount)),
+			Val: unsafe.Slice((*float32)(unsafe.Pointer(inValues)), int(inCount)),
+		}
+		cfg := c.settings.sparse
+		var out core.Sparse
+		st, err := c.do(false, func(ctx context.Context, cc *core.Communicator) (core.Stats, error) {
+			var st core.Stats
+			var err error
+			out, st, err = cc.SparseAllreduceSparse(ctx, int(n), in, cfg)
+			return st, err
+		})
+		if werr := writeStats(stats, st); err == nil {
+			err = werr
+		}
+		if err != nil {
+			return err
+		}
+		*outCount = C.size_t(out.Len())
+		if uint64(out.Len()) > uint64(outCapacity) {
+			return invalidArgument("the global result has %d entries, out_capacity is %d", out.Len(), uint64(outCapacity))
+		}
+		if out.Len() > 0 {
+			copy(unsafe.Slice((*uint32)(unsafe.Pointer(outIndices)), out.Len()), out.Idx)
+			copy(unsafe.Slice((*float32)(unsafe.Pointer(outValues)), out.Len()), out.Val)
+		}
+		return nil
+	})
+}
+
+// ---- requests ------------------------------------------------------------
+
+func startRequest(c *communicator, op operation, out *C.oktopk_request_t) error {
+	r, err := c.start(false, op)
+	if err != nil {
+		return err
+	}
+	*out = C.oktopk_request_t(requests.add(r))
+	return nil
+}
+
+//export oktopk_test
+func oktopk_test(request C.oktopk_request_t) C.oktopk_result_t {
+	return call(0, func() error {
+		r, err := requests.get("request", int64(request))
+		if err != nil {
+			return err
+		}
+		select {
+		case <-r.done:
+			return nil
+		default:
+			return errInProgress
+		}
+	})
+}
+
+//export oktopk_wait
+func oktopk_wait(request C.oktopk_request_t, stats *C.oktopk_stats_t) C.oktopk_result_t {
+	return call(0, func() error {
+		r, err := requests.get("request", int64(request))
+		if err != nil {
+			return err
+		}
+		if err := checkStats(stats); err != nil {
+			return err
+		}
+		<-r.done
+		if r.err != nil {
+			record(r.comm.handle, r.err)
+			return r.err
+		}
+		return writeStats(stats, r.stats)
+	})
+}
+
+//export oktopk_request_free
+func oktopk_request_free(request C.oktopk_request_t) C.oktopk_result_t {
+	return call(0, func() error {
+		r, err := requests.remove("request", int64(request))
+		if err != nil {
+			return err
+		}
+		<-r.done
+		return nil
+	})
+}
+
+// ---- per-tensor state ----------------------------------------------------
+
+//export oktopk_tensor_state_size
+func oktopk_tensor_state_size(comm C.oktopk_comm_t, tensorID C.uint64_t, size *C.size_t) C.oktopk_result_t {
+	return call(int64(comm), func() error {
+		c, err := comms.get("communicator", int64(comm))
+		if err != nil {
+			return err
+		}
+		if size == nil {
+			return invalidArgument("size is NULL")
+		}
+		b, err := c.saveState(uint64(tensorID))
+		if err != nil {
+			return err
+		}
+		*size = C.size_t(len(b))
+		return nil
+	})
+}
+
+//export oktopk_tensor_state_save
+func oktopk_tensor_state_save(comm C.oktopk_comm_t, tensorID C.uint64_t, buf unsafe.Pointer, n C.size_t) C.oktopk_result_t {
+	return call(int64(comm), func() error {
+		c, err := comms.get("communicator", int64(comm))
+		if err != nil {
+			return err
+		}
+		if buf == nil {
+			return invalidArgument("buf is NULL")
+		}
+		b, err := c.saveState(uint64(tensorID))
+		if err != nil {
+			return err
+		}
+		if uint64(n) < uint64(len(b)) {
+			return invalidArgument("state of tensor %d needs %d bytes, buffer has %d", uint64(tensorID), len(b), uint64(n))
+		}
+		copy(unsafe.Slice((*byte)(buf), len(b)), b)
+		return nil
+	})
+}
+
+//export oktopk_tensor_state_load
+func oktopk_tensor_state_load(comm C.oktopk_comm_t, tensorID C.uint64_t, buf *C.oktopk_const_void, n C.size_t) C.oktopk_result_t {
+	return call(int64(comm), func() error {
+		c, err := comms.get("communicator", int64(comm))
+		if err != nil {
+			return err
+		}
+		if buf == nil || n == 0 {
+			return invalidArgument("buf is NULL or len is 0")
+		}
+		if uint64(n) > math.MaxInt32 {
+			return invalidArgument("state of %d bytes is larger than any tensor state", uint64(n))
+		}
+		return c.loadState(uint64(tensorID), C.GoBytes(unsafe.Pointer(buf), C.int(n)))
+	})
+}
+
+// ---- selection -----------------------------------------------------------
+
+//export oktopk_topk
+func oktopk_topk(x *C.oktopk_const_float, n C.size_t, k C.size_t, indices *C.uint32_t, values *C.float) C.oktopk_result_t {
+	return call(0, func() error {
+		switch {
+		case uint64(n) > maxElements:
+			return invalidArgument("n = %d exceeds %d", uint64(n), uint64(maxElements))
+		case k > n:
+			return invalidArgument("k = %d > n = %d", uint64(k), uint64(n))
+		case n > 0 && x == nil:
+			return invalidArgument("x is NULL")
+		case k > 0 && (indices == nil || values == nil):
+			return invalidArgument("indices or values is NULL")
+		}
+		s, err := core.TopK(unsafe.Slice((*float32)(unsafe.Pointer(x)), int(n)), int(k))
+		if err != nil {
+			return err
+		}
+		copy(unsafe.Slice((*uint32)(unsafe.Pointer(indices)), int(k)), s.Idx)
+		copy(unsafe.Slice((*float32)(unsafe.Pointer(values)), int(k)), s.Val)
+		return nil
+	})
+}
+
+//export oktopk_threshold_select
+func oktopk_threshold_select(x *C.oktopk_const_float, n C.size_t, threshold C.float, indices *C.uint32_t, values *C.float, capacity C.size_t, count *C.size_t) C.oktopk_result_t {
+	return call(0, func() error {
+		switch {
+		case uint64(n) > maxElements:
+			return invalidArgument("n = %d exceeds %d", uint64(n), uint64(maxElements))
+		case n > 0 && x == nil:
+			return invalidArgument("x is NULL")
+		case capacity > 0 && (indices == nil || values == nil):
+			return invalidArgument("indices or values is NULL")
+		case count == nil:
+			return invalidArgument("count is NULL")
+		case math.IsNaN(float64(threshold)):
+			return invalidArgument("threshold is NaN")
+		}
+		capN := int(min(uint64(capacity), uint64(n)))
+		// The destination slices are the caller's buffers with their
+		// capacity: append writes in place up to capacity and moves to Go
+		// memory after, so nothing is ever written past the caller's end.
+		dst := core.Sparse{
+			Idx: unsafe.Slice((*uint32)(unsafe.Pointer(indices)), capN)[:0],
+			Val: unsafe.Slice((*float32)(unsafe.Pointer(values)), capN)[:0],
+		}
+		s := core.SelectAbove(dst, unsafe.Slice((*float32)(unsafe.Pointer(x)), int(n)), float32(threshold))
+		*count = C.size_t(s.Len())
+		if uint64(s.Len()) > uint64(capacity) {
+			return invalidArgument("%d entries pass the threshold, capacity is %d", s.Len(), uint64(capacity))
+		}
+		return nil
+	})
+}
+
+// ---- diagnostics ---------------------------------------------------------
+
+//export oktopk_debug_goroutines
+func oktopk_debug_goroutines() C.int {
+	if forked() {
+		return -1
+	}
+	return C.int(runtime.NumGoroutine())
+}

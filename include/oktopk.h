@@ -26,7 +26,7 @@ extern "C" {
 
 /* ABI version: major changes break callers, minor ones only add. */
 #define OKTOPK_VERSION_MAJOR 0
-#define OKTOPK_VERSION_MINOR 1
+#define OKTOPK_VERSION_MINOR 2
 #define OKTOPK_VERSION_PATCH 0
 #define OKTOPK_VERSION_CODE \
   (OKTOPK_VERSION_MAJOR * 10000 + OKTOPK_VERSION_MINOR * 100 + OKTOPK_VERSION_PATCH)
@@ -75,11 +75,12 @@ typedef struct {
 
 /* Communicator settings. Always start from oktopk_config_init(&cfg), which
  * fills the defaults and sets `size`; the library reads only the fields that
- * fit in `size`, so old callers keep working when fields are added. */
+ * fit in `size`, so old callers keep working when fields are added. Every
+ * call that takes a config accepts NULL for the defaults. */
 typedef struct {
   uint32_t size;         /* sizeof(oktopk_config_t), set by oktopk_config_init */
   uint32_t version;      /* OKTOPK_VERSION_CODE the caller was built against   */
-  int32_t timeout_ms;    /* per-call limit on waiting for a peer (default 60000) */
+  int32_t timeout_ms;    /* per-call limit on waiting for a peer (default 60000; 0: none) */
   const char *bind_host; /* address to bind and advertise; NULL: see ifname    */
   const char *ifname;    /* interface whose address to use; NULL: OKTOPK_SOCKET_IFNAME, else 127.0.0.1 */
   int32_t algorithm;     /* oktopk_algorithm_t for oktopk_sparse_allreduce (default OKTOPK) */
@@ -113,10 +114,12 @@ int oktopk_get_version(void); /* OKTOPK_VERSION_CODE of the loaded library */
 const char *oktopk_get_error_string(oktopk_result_t result);
 void oktopk_config_init(oktopk_config_t *config);
 
-/* Copies the last error message of `comm` (or of the calling library when
- * comm is 0) into buf, always NUL-terminated. Returns oktopkSuccess, or
- * oktopkInvalidArgument when buf is NULL/len is 0, and sets *truncated (if
- * not NULL) to 1 when the message did not fit. */
+/* Copies the message of the most recent failed call on `comm` (comm 0: of
+ * any call in the process, including those that take no communicator) into
+ * buf, always NUL-terminated; "" when none failed. Returns oktopkSuccess,
+ * oktopkInvalidArgument when buf is NULL/len is 0, or oktopkInvalidUsage for
+ * a destroyed or unknown comm (buf then says which). Sets *truncated (if not
+ * NULL) to 1 when the message did not fit, else 0. */
 oktopk_result_t oktopk_get_last_error(oktopk_comm_t comm, char *buf, size_t len, int *truncated);
 
 /* ---- communicator lifecycle ------------------------------------------ */
@@ -208,6 +211,12 @@ oktopk_result_t oktopk_topk(const float *x, size_t n, size_t k, uint32_t *indice
  * oktopkInvalidArgument with nothing lost). */
 oktopk_result_t oktopk_threshold_select(const float *x, size_t n, float threshold, uint32_t *indices,
                                         float *values, size_t capacity, size_t *count);
+
+/* ---- diagnostics ----------------------------------------------------- */
+/* Number of goroutines in the library's Go runtime, for leak checks in tests
+ * (a count that grows with init/destroy cycles is a leak). Not a stable
+ * figure otherwise; -1 in a forked child. */
+int oktopk_debug_goroutines(void);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,227 @@
+package main
+
+/*
+#include "../include/oktopk.h"
+*/
+import "C"
+
+import (
+	"context"
+	"math"
+	"time"
+	"unsafe"
+
+	"github.com/oktopk/oktopk/core"
+)
+
+// settings is a communicator's configuration, read once from the caller's
+// oktopk_config_t.
+type settings struct {
+	timeout  time.Duration // per call; 0: none
+	bindHost string
+	ifname   string
+	sparse   core.Config
+}
+
+func defaultSettings() settings {
+	return settings{timeout: 60 * time.Second, sparse: core.DefaultConfig()}
+}
+
+// minConfigSize is the smallest config a caller can pass: size and version.
+const minConfigSize = C.size_t(8)
+
+// readConfig reads the fields that fit in cfg.size, so a caller built
+// against an older, shorter oktopk_config_t keeps working. A NULL config
+// means the defaults.
+func readConfig(cfg *C.oktopk_config_t) (settings, error) {
+	s := defaultSettings()
+	if cfg == nil {
+		return s, nil
+	}
+	size := uintptr(cfg.size)
+	if size < uintptr(minConfigSize) {
+		return s, invalidArgument("config.size is %d; initialise the config with oktopk_config_init", size)
+	}
+	has := func(offset, width uintptr) bool { return offset+width <= size }
+	if has(unsafe.Offsetof(cfg.timeout_ms), 4) {
+		if cfg.timeout_ms < 0 {
+			return s, invalidArgument("config.timeout_ms %d < 0", cfg.timeout_ms)
+		}
+		s.timeout = time.Duration(cfg.timeout_ms) * time.Millisecond
+	}
+	if has(unsafe.Offsetof(cfg.bind_host), unsafe.Sizeof(cfg.bind_host)) && cfg.bind_host != nil {
+		s.bindHost = C.GoString(cfg.bind_host)
+	}
+	if has(unsafe.Offsetof(cfg.ifname), unsafe.Sizeof(cfg.ifname)) && cfg.ifname != nil {
+		s.ifname = C.GoString(cfg.ifname)
+	}
+	if has(unsafe.Offsetof(cfg.algorithm), 4) {
+		s.sparse.Algorithm = core.Algorithm(cfg.algorithm)
+	}
+	if has(unsafe.Offsetof(cfg.density), 8) {
+		s.sparse.Density = float64(cfg.density)
+	}
+	if has(unsafe.Offsetof(cfg.tau), 4) {
+		s.sparse.Tau = int(cfg.tau)
+	}
+	if has(unsafe.Offsetof(cfg.tau_prime), 4) {
+		s.sparse.TauPrime = int(cfg.tau_prime)
+	}
+	if has(unsafe.Offsetof(cfg.value_dtype), 4) && cfg.value_dtype != C.OKTOPK_FLOAT32 {
+		// Reduced-precision sparse values on the wire are not implemented:
+		// refusing is better than silently sending float32.
+		return s, invalidArgument("config.value_dtype %d: only OKTOPK_FLOAT32 values are sent in this version", cfg.value_dtype)
+	}
+	if err := s.sparse.Validate(); err != nil {
+		return s, err
+	}
+	return s, nil
+}
+
+func writeDefaultConfig(cfg *C.oktopk_config_t) {
+	d := defaultSettings()
+	*cfg = C.oktopk_config_t{
+		size:        C.uint32_t(unsafe.Sizeof(*cfg)),
+		version:     C.OKTOPK_VERSION_CODE,
+		timeout_ms:  C.int32_t(d.timeout / time.Millisecond),
+		algorithm:   C.int32_t(d.sparse.Algorithm),
+		density:     C.double(d.sparse.Density),
+		tau:         C.int32_t(d.sparse.Tau),
+		tau_prime:   C.int32_t(d.sparse.TauPrime),
+		value_dtype: C.OKTOPK_FLOAT32,
+	}
+}
+
+// writeStats fills the fields of out that fit in out.size.
+func writeStats(out *C.oktopk_stats_t, st core.Stats) error {
+	if out == nil {
+		return nil
+	}
+	size := uintptr(out.size)
+	if size < 4 {
+		return invalidArgument("stats.size is %d; set it to sizeof(oktopk_stats_t)", size)
+	}
+	has := func(offset, width uintptr) bool { return offset+width <= size }
+	u64 := func(p *C.uint64_t, v uint64) {
+		if has(uintptr(unsafe.Pointer(p))-uintptr(unsafe.Pointer(out)), 8) {
+			*p = C.uint64_t(v)
+		}
+	}
+	i64 := func(p *C.int64_t, v int) {
+		if has(uintptr(unsafe.Pointer(p))-uintptr(unsafe.Pointer(out)), 8) {
+			*p = C.int64_t(v)
+		}
+	}
+	f32 := func(p *C.float, v float32) {
+		if has(uintptr(unsafe.Pointer(p))-uintptr(unsafe.Pointer(out)), 4) {
+			*p = C.float(v)
+		}
+	}
+	sec := func(p *C.double, d time.Duration) {
+		if has(uintptr(unsafe.Pointer(p))-uintptr(unsafe.Pointer(out)), 8) {
+			*p = C.double(d.Seconds())
+		}
+	}
+	u64(&out.bytes_sent, st.BytesSent)
+	u64(&out.bytes_received, st.BytesReceived)
+	u64(&out.messages_sent, st.MessagesSent)
+	u64(&out.messages_received, st.MessagesReceived)
+	i64(&out.k, st.K)
+	i64(&out.local_selected, st.LocalSelected)
+	i64(&out.global_selected, st.GlobalSelected)
+	f32(&out.local_threshold, st.LocalThreshold)
+	f32(&out.global_threshold, st.GlobalThreshold)
+	sec(&out.select_seconds, st.Select)
+	sec(&out.reduce_seconds, st.Reduce)
+	sec(&out.allgather_seconds, st.Allgather)
+	sec(&out.total_seconds, st.Total)
+	return nil
+}
+
+func checkStats(out *C.oktopk_stats_t) error {
+	if out != nil && out.size < 4 {
+		return invalidArgument("stats.size is %d; set it to sizeof(oktopk_stats_t)", out.size)
+	}
+	return nil
+}
+
+func checkRank(rank, size int) error {
+	if size < 1 || rank < 0 || rank >= size {
+		return invalidArgument("rank %d of %d ranks", rank, size)
+	}
+	return nil
+}
+
+func boolInt(b bool) C.int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// maxElements bounds a tensor: sparse indices are uint32.
+const maxElements = math.MaxUint32
+
+func checkBuffer(data unsafe.Pointer, count C.size_t, dtype C.oktopk_dtype_t) error {
+	switch {
+	case data == nil:
+		return invalidArgument("data is NULL")
+	case count == 0:
+		return invalidArgument("count is 0")
+	case uint64(count) > maxElements:
+		return invalidArgument("count %d exceeds %d elements", uint64(count), uint64(maxElements))
+	}
+	switch dtype {
+	case C.OKTOPK_FLOAT32, C.OKTOPK_FLOAT16, C.OKTOPK_BFLOAT16:
+		return nil
+	}
+	return invalidArgument("unknown dtype %d", int(dtype))
+}
+
+// withFloat32 runs f on the caller's buffer as float32: in place for
+// float32, through the communicator's scratch for half precision (widened
+// before, narrowed with round-to-nearest-even after, only when f succeeds so
+// that a failed call leaves the caller's buffer as it was).
+func (c *communicator) withFloat32(data unsafe.Pointer, count int, dtype C.oktopk_dtype_t, f func([]float32) (core.Stats, error)) (core.Stats, error) {
+	if dtype == C.OKTOPK_FLOAT32 {
+		return f(unsafe.Slice((*float32)(data), count))
+	}
+	if cap(c.scratch) < count {
+		c.scratch = make([]float32, count)
+	}
+	wide := c.scratch[:count]
+	half := unsafe.Slice((*uint16)(data), count)
+	if dtype == C.OKTOPK_FLOAT16 {
+		core.Float16ToFloat32(wide, half)
+	} else {
+		core.BFloat16ToFloat32(wide, half)
+	}
+	st, err := f(wide)
+	if err != nil {
+		return st, err
+	}
+	if dtype == C.OKTOPK_FLOAT16 {
+		core.Float32ToFloat16(half, wide)
+	} else {
+		core.Float32ToBFloat16(half, wide)
+	}
+	return st, nil
+}
+
+// denseOp and sparseOp build the operations the worker runs.
+func denseOp(c *communicator, data unsafe.Pointer, count int, dtype C.oktopk_dtype_t, average bool, alg core.Algorithm) operation {
+	return func(ctx context.Context, cc *core.Communicator) (core.Stats, error) {
+		return c.withFloat32(data, count, dtype, func(x []float32) (core.Stats, error) {
+			return cc.Allreduce(ctx, x, average, alg)
+		})
+	}
+}
+
+func sparseOp(c *communicator, id uint64, data unsafe.Pointer, count int, dtype C.oktopk_dtype_t) operation {
+	cfg := c.settings.sparse
+	return func(ctx context.Context, cc *core.Communicator) (core.Stats, error) {
+		return c.withFloat32(data, count, dtype, func(x []float32) (core.Stats, error) {
+			return cc.SparseAllreduce(ctx, id, x, cfg)
+		})
+	}
+}

@@ -1,0 +1,170 @@
+package main
+
+/*
+#include "../include/oktopk.h"
+*/
+import "C"
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"runtime/debug"
+	"sync"
+	"syscall"
+	"unsafe"
+
+	"github.com/oktopk/oktopk/core"
+	"github.com/oktopk/oktopk/transport"
+)
+
+// resultOf maps an error value to its C result code. It is the only place
+// where that mapping happens. Order matters where one error wraps several
+// sentinels: a communicator poisoned by a timeout reports ErrAborted wrapping
+// ErrTimeout, and the caller must learn that the communicator is unusable.
+func resultOf(err error) C.oktopk_result_t {
+	switch {
+	case err == nil:
+		return C.oktopkSuccess
+	case errors.Is(err, errInProgress):
+		return C.oktopkInProgress
+	case errors.As(err, new(*panicError)):
+		return C.oktopkInternalError
+	case errors.Is(err, core.ErrInvalidArgument):
+		return C.oktopkInvalidArgument
+	case errors.Is(err, core.ErrInvalidUsage):
+		return C.oktopkInvalidUsage
+	case errors.Is(err, core.ErrNonFinite):
+		return C.oktopkNonFinite
+	case errors.Is(err, transport.ErrAborted), errors.Is(err, transport.ErrClosed),
+		errors.Is(err, context.Canceled):
+		return C.oktopkAborted
+	case errors.Is(err, transport.ErrTimeout), errors.Is(err, context.DeadlineExceeded):
+		return C.oktopkTimeout
+	case errors.Is(err, transport.ErrMismatch):
+		return C.oktopkMismatch
+	case errors.Is(err, transport.ErrRemote), errors.Is(err, transport.ErrBadFrame):
+		return C.oktopkRemoteError
+	case errors.Is(err, transport.ErrBadPeer):
+		return C.oktopkInternalError
+	}
+	// Everything else comes from the operating system or libzmq: bind,
+	// resolve, connect, authentication, rendezvous.
+	return C.oktopkSystemError
+}
+
+// resultStrings are oktopk_get_error_string's answers, allocated once.
+var resultStrings = [...]*C.char{
+	C.oktopkSuccess:         C.CString("success"),
+	C.oktopkInvalidArgument: C.CString("invalid argument"),
+	C.oktopkInvalidUsage:    C.CString("invalid usage"),
+	C.oktopkSystemError:     C.CString("system error"),
+	C.oktopkRemoteError:     C.CString("remote error"),
+	C.oktopkTimeout:         C.CString("timeout"),
+	C.oktopkMismatch:        C.CString("mismatched call across ranks"),
+	C.oktopkAborted:         C.CString("communicator aborted"),
+	C.oktopkInternalError:   C.CString("internal error"),
+	C.oktopkInProgress:      C.CString("in progress"),
+	C.oktopkNonFinite:       C.CString("gradient holds NaN or Inf"),
+}
+
+var unknownResultString = C.CString("unknown result code")
+
+// errInProgress is oktopk_test's "not yet"; it is not recorded as an error.
+var errInProgress = errors.New("oktopk: request in progress")
+
+// panicError carries a recovered panic across the ABI as oktopkInternalError.
+type panicError struct {
+	value any
+	stack []byte
+}
+
+func (p *panicError) Error() string {
+	return fmt.Sprintf("oktopk: internal error (please report): panic: %v\n%s", p.value, p.stack)
+}
+
+func invalidArgument(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{core.ErrInvalidArgument}, args...)...)
+}
+
+func invalidUsage(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{core.ErrInvalidUsage}, args...)...)
+}
+
+// lastError keeps the message of the most recent failed call: one slot per
+// communicator (in its table entry) and one global slot, which every failure
+// also writes, for calls that have no communicator (comm 0).
+type lastError struct {
+	mu  sync.Mutex
+	msg string
+}
+
+func (l *lastError) set(msg string) {
+	l.mu.Lock()
+	l.msg = msg
+	l.mu.Unlock()
+}
+
+func (l *lastError) get() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.msg
+}
+
+var globalLastError lastError
+
+// loadPid is the process that loaded the library. A child made by fork()
+// has a copy of the Go runtime whose other threads are gone; any call there
+// could deadlock on a lock one of them held, so exports refuse it before
+// touching any Go state.
+var loadPid = os.Getpid()
+
+const forkedMessage = "oktopk: called in a child process created by fork() after the library was loaded; " +
+	"the Go runtime does not survive fork: use the spawn or forkserver start method, or load oktopk in the child"
+
+func forked() bool { return syscall.Getpid() != loadPid }
+
+// call runs one export body: refuses a forked child, turns a panic into
+// oktopkInternalError, maps the error to its result code and records its
+// message in the global slot and (when comm names a live communicator) the
+// communicator's slot.
+func call(comm int64, body func() error) C.oktopk_result_t {
+	if forked() {
+		return C.oktopkInvalidUsage
+	}
+	err := protect(body)
+	if err != nil && !errors.Is(err, errInProgress) {
+		record(comm, err)
+	}
+	return resultOf(err)
+}
+
+func protect(body func() error) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = &panicError{value: p, stack: debug.Stack()}
+		}
+	}()
+	return body()
+}
+
+func record(comm int64, err error) {
+	msg := err.Error()
+	globalLastError.set(msg)
+	if c := comms.peek(comm); c != nil {
+		c.lastError.set(msg)
+	}
+}
+
+// copyMessage writes msg into buf[:len] always NUL-terminated; it reports
+// whether msg was cut short.
+func copyMessage(msg string, buf *C.char, n C.size_t) bool {
+	if uint64(n) > uint64(len(msg))+1 {
+		n = C.size_t(len(msg) + 1)
+	}
+	dst := unsafe.Slice((*byte)(unsafe.Pointer(buf)), int(n))
+	m := copy(dst[:len(dst)-1], msg)
+	dst[m] = 0
+	return m < len(msg)
+}

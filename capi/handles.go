@@ -1,0 +1,287 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/oktopk/oktopk/core"
+	"github.com/oktopk/oktopk/transport"
+)
+
+// table maps integer handles to objects, so that no Go pointer ever crosses
+// into C. Handles count up from the table's base and are never reused, which
+// lets a lookup tell a destroyed handle from one that never existed; tables
+// have far-apart bases so that a request passed as a communicator (or the
+// reverse) is caught.
+type table[T any] struct {
+	mu   sync.Mutex
+	base int64
+	next int64
+	live map[int64]T
+}
+
+func newTable[T any](base int64) *table[T] {
+	return &table[T]{base: base, next: base, live: make(map[int64]T)}
+}
+
+func (t *table[T]) add(v T) int64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.next++
+	t.live[t.next] = v
+	return t.next
+}
+
+// get returns the object of h, or ErrInvalidUsage saying why there is none.
+func (t *table[T]) get(kind string, h int64) (T, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if v, ok := t.live[h]; ok {
+		return v, nil
+	}
+	var zero T
+	return zero, t.missing(kind, h)
+}
+
+// remove takes h out of the table; only one of several concurrent removes
+// of the same handle succeeds, the others get ErrInvalidUsage.
+func (t *table[T]) remove(kind string, h int64) (T, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	v, ok := t.live[h]
+	if !ok {
+		return v, t.missing(kind, h)
+	}
+	delete(t.live, h)
+	return v, nil
+}
+
+func (t *table[T]) missing(kind string, h int64) error {
+	if h > t.base && h <= t.next {
+		return invalidUsage("%s %d was already destroyed", kind, h)
+	}
+	return invalidUsage("%d is not a %s handle", h, kind)
+}
+
+func (t *table[T]) len() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.live)
+}
+
+var (
+	comms    = newTable[*communicator](0)
+	requests = newTable[*request](1 << 40)
+)
+
+// peek is get without the error, for recording last errors.
+func (t *table[T]) peek(h int64) T {
+	v, _ := t.get("", h)
+	return v
+}
+
+// maxOutstanding bounds the requests queued on one communicator; a caller
+// that starts more without waiting gets ErrInvalidUsage instead of a hang.
+const maxOutstanding = 4096
+
+// communicator is what a C oktopk_comm_t names: a core.Communicator over a
+// ZeroMQ transport, plus one worker goroutine that runs its operations one at
+// a time in issue order (the order must agree across ranks, and core's
+// sequence numbers follow it).
+type communicator struct {
+	handle     int64
+	rank, size int
+	settings   settings
+
+	net   *transport.ZMQ
+	store io.Closer // rendezvous server this rank runs, or nil
+
+	mu        sync.Mutex // guards comm, closed and sending on ops
+	comm      *core.Communicator
+	closed    bool
+	ops       chan *request
+	workerEnd chan struct{}
+
+	// ctx is the parent of every call's context; abort cancels it.
+	ctx     context.Context
+	cancel  context.CancelCauseFunc
+	aborted atomic.Bool
+	// broken is set after a panic inside a call: core's state may be
+	// half-updated and its locks held, so nothing may run on it again.
+	broken  atomic.Bool
+	pending atomic.Int64 // queued or running requests
+
+	lastError lastError
+
+	// scratch is the float32 copy of a half-precision buffer; only the
+	// worker touches it, so one per communicator is enough.
+	scratch []float32
+}
+
+func newCommunicator(rank, size int, s settings, net *transport.ZMQ, store io.Closer) *communicator {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	c := &communicator{
+		rank: rank, size: size, settings: s, net: net, store: store,
+		ops: make(chan *request, maxOutstanding), workerEnd: make(chan struct{}),
+		ctx: ctx, cancel: cancel,
+	}
+	go c.worker()
+	return c
+}
+
+// register enters c in the table and gives it its handle.
+func register(c *communicator) int64 {
+	comms.mu.Lock()
+	defer comms.mu.Unlock()
+	comms.next++
+	c.handle = comms.next
+	comms.live[c.handle] = c
+	return c.handle
+}
+
+// operation is one call as the worker runs it.
+type operation = func(ctx context.Context, cc *core.Communicator) (core.Stats, error)
+
+var errAbortedByCaller = fmt.Errorf("%w: by oktopk_comm_abort", transport.ErrAborted)
+
+// connected makes the core communicator once the transport reaches every peer.
+func (c *communicator) connected() {
+	c.mu.Lock()
+	c.comm = core.NewCommunicator(c.net)
+	c.mu.Unlock()
+}
+
+// request is one queued operation. local operations (tensor state) touch no
+// peer and still run after an abort, so a failed job can be checkpointed.
+type request struct {
+	comm  *communicator
+	local bool
+	run   operation
+	done  chan struct{}
+	err   error
+	stats core.Stats
+}
+
+func (c *communicator) worker() {
+	defer close(c.workerEnd)
+	for r := range c.ops {
+		r.stats, r.err = c.execute(r)
+		c.pending.Add(-1)
+		close(r.done)
+	}
+}
+
+func (c *communicator) execute(r *request) (core.Stats, error) {
+	c.mu.Lock()
+	cc := c.comm
+	c.mu.Unlock()
+	if cc == nil {
+		return core.Stats{}, invalidUsage("communicator is bound but not connected (call oktopk_comm_connect)")
+	}
+	if c.broken.Load() {
+		return core.Stats{}, fmt.Errorf("%w: an earlier call failed with an internal error", transport.ErrAborted)
+	}
+	if !r.local && c.aborted.Load() {
+		return core.Stats{}, errAbortedByCaller
+	}
+	ctx, cancel := c.callContext()
+	defer cancel()
+	var st core.Stats
+	err := protect(func() error {
+		var err error
+		st, err = r.run(ctx, cc)
+		return err
+	})
+	if errors.As(err, new(*panicError)) {
+		c.broken.Store(true)
+		c.abort(fmt.Errorf("%w: internal error in an earlier call", transport.ErrAborted))
+	}
+	return st, err
+}
+
+// callContext bounds one call by the configured timeout (0: no bound).
+func (c *communicator) callContext() (context.Context, context.CancelFunc) {
+	if c.settings.timeout > 0 {
+		return context.WithTimeout(c.ctx, c.settings.timeout)
+	}
+	return context.WithCancel(c.ctx)
+}
+
+// start queues an operation and returns its request.
+func (c *communicator) start(local bool, run operation) (*request, error) {
+	r := &request{comm: c, local: local, run: run, done: make(chan struct{})}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, invalidUsage("communicator is being destroyed")
+	}
+	select {
+	case c.ops <- r:
+		c.pending.Add(1)
+		return r, nil
+	default:
+		return nil, invalidUsage("more than %d requests outstanding on one communicator; wait on some first", maxOutstanding)
+	}
+}
+
+// do is a blocking operation: start, then wait.
+func (c *communicator) do(local bool, run operation) (core.Stats, error) {
+	r, err := c.start(local, run)
+	if err != nil {
+		return core.Stats{}, err
+	}
+	<-r.done
+	return r.stats, r.err
+}
+
+// abort fails the running call and every later one. Callable from any
+// thread while another is blocked inside a call on the same communicator.
+func (c *communicator) abort(cause error) {
+	c.aborted.Store(true)
+	c.cancel(cause)
+	c.mu.Lock()
+	cc := c.comm
+	c.mu.Unlock()
+	if cc != nil {
+		cc.Abort(cause)
+	} else if c.net != nil {
+		c.net.Abort(cause)
+	}
+}
+
+// destroy stops the worker and releases the sockets. Operations still queued
+// or running are aborted rather than waited for, so destroy returns promptly
+// even when a peer is dead; an idle communicator is closed without an abort
+// so that peers finishing their last call still get every message.
+func (c *communicator) destroy() error {
+	c.mu.Lock()
+	c.closed = true
+	close(c.ops)
+	c.mu.Unlock()
+	if c.pending.Load() > 0 {
+		c.abort(fmt.Errorf("%w: communicator destroyed with requests outstanding", transport.ErrAborted))
+	}
+	var err error
+	select {
+	case <-c.workerEnd:
+	case <-time.After(5 * time.Second):
+		err = errors.New("oktopk: a call did not stop within 5 s of destroy; closing its sockets under it")
+	}
+	c.cancel(fmt.Errorf("%w: communicator destroyed", transport.ErrClosed))
+	if c.net != nil {
+		if e := c.net.Close(); err == nil {
+			err = e
+		}
+	}
+	if c.store != nil {
+		if e := c.store.Close(); err == nil {
+			err = e
+		}
+	}
+	return err
+}

@@ -1,0 +1,50 @@
+package main
+
+import (
+	"context"
+	"encoding"
+
+	"github.com/oktopk/oktopk/core"
+)
+
+// Tensor state save and load go through the communicator's queue, so a save
+// sees every call issued before it, and a load applies before every call
+// issued after it. They are local: they still work after an abort, so a
+// failed job can be checkpointed.
+
+func (c *communicator) saveState(id uint64) ([]byte, error) {
+	var out []byte
+	_, err := c.do(true, func(_ context.Context, cc *core.Communicator) (core.Stats, error) {
+		st := cc.TensorStateOf(id)
+		if st == nil {
+			return core.Stats{}, invalidArgument("tensor %d has no state yet (no sparse allreduce or load on it)", id)
+		}
+		m, ok := any(st).(encoding.BinaryMarshaler)
+		if !ok {
+			return core.Stats{}, invalidUsage("tensor state serialisation is not built into this library")
+		}
+		var err error
+		out, err = m.MarshalBinary()
+		return core.Stats{}, err
+	})
+	return out, err
+}
+
+func (c *communicator) loadState(id uint64, b []byte) error {
+	_, err := c.do(true, func(_ context.Context, cc *core.Communicator) (core.Stats, error) {
+		st := new(core.TensorState)
+		u, ok := any(st).(encoding.BinaryUnmarshaler)
+		if !ok {
+			return core.Stats{}, invalidUsage("tensor state serialisation is not built into this library")
+		}
+		if err := u.UnmarshalBinary(b); err != nil {
+			return core.Stats{}, invalidArgument("tensor %d: %v", id, err)
+		}
+		if n := len(st.Boundaries); n != 0 && n != c.size+1 {
+			return core.Stats{}, invalidArgument("tensor %d: state has %d region boundaries, a communicator of %d ranks needs %d", id, n, c.size, c.size+1)
+		}
+		cc.SetTensorState(id, st)
+		return core.Stats{}, nil
+	})
+	return err
+}

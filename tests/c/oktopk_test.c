@@ -1,0 +1,598 @@
+/*
+ * C ABI tests of liboktopk, run by tests/c/run.sh.
+ *
+ *   oktopk_test ranks    one of P processes started with RANK, WORLD_SIZE,
+ *                        MASTER_ADDR, MASTER_PORT: dense and sparse allreduce
+ *                        over real sockets, the three ways to make a
+ *                        communicator, asynchronous requests; prints
+ *                        "HASH <name> <hex>" lines that the launcher compares
+ *                        across ranks (every rank must hold the same bits).
+ *   oktopk_test errors   one process: every error path of the ABI.
+ *   oktopk_test cycles N one process: N init/destroy cycles; open files and
+ *                        goroutines must stay flat.
+ *   oktopk_test peerdeath  P processes: the last rank dies without a word;
+ *                        the others' next call fails (not hangs) and their
+ *                        destroy returns within about a second.
+ */
+#define _GNU_SOURCE
+#include "oktopk.h"
+
+#include <dirent.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static int rank_ = -1;
+
+static void fail(const char *file, int line, const char *what, oktopk_result_t got, oktopk_comm_t comm) {
+  char msg[512];
+  oktopk_get_last_error(comm, msg, sizeof msg, NULL);
+  fprintf(stderr, "rank %d: %s:%d: %s: got %d (%s), last error: %s\n", rank_, file, line, what, (int)got,
+          oktopk_get_error_string(got), msg);
+  exit(1);
+}
+
+/* EXPECT(call, code): the call must return exactly code. */
+#define EXPECT(call, code)                                         \
+  do {                                                             \
+    oktopk_result_t r_ = (call);                                   \
+    if (r_ != (code)) fail(__FILE__, __LINE__, #call, r_, 0);      \
+  } while (0)
+#define OK(call) EXPECT(call, oktopkSuccess)
+#define REQUIRE(cond)                                                            \
+  do {                                                                           \
+    if (!(cond)) {                                                               \
+      fprintf(stderr, "rank %d: %s:%d: %s failed\n", rank_, __FILE__, __LINE__, #cond); \
+      exit(1);                                                                   \
+    }                                                                            \
+  } while (0)
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* FNV-1a over raw bytes: equal hashes on every rank mean equal bits. */
+static uint64_t hash_bytes(const void *p, size_t n, uint64_t h) {
+  const unsigned char *b = p;
+  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
+  return h;
+}
+#define HASH_SEED 14695981039346656037ull
+
+static uint64_t lcg = 1;
+static uint32_t next_rand(void) {
+  lcg = lcg * 6364136223846793005ull + 1442695040888963407ull;
+  return (uint32_t)(lcg >> 33);
+}
+
+/* A gradient with integer values in [-50, 50] at about a third of the
+ * positions: sums and averages of such values stay exact in float32. */
+static void fill_gradient(float *x, size_t n, int rank, int tensor) {
+  lcg = 1000003ull * (uint64_t)(rank + 1) + 7919ull * (uint64_t)tensor;
+  for (size_t i = 0; i < n; i++) x[i] = (next_rand() % 3 == 0) ? (float)((int)(next_rand() % 101) - 50) : 0.0f;
+}
+
+/* Rank 0's bytes to every rank over a dense allreduce (the others add
+ * zeros): how a caller without MPI hands out a unique id or endpoints. */
+static void broadcast_bytes(oktopk_comm_t comm, int rank, char *bytes, size_t n) {
+  float *f = calloc(n, sizeof *f);
+  if (rank == 0)
+    for (size_t i = 0; i < n; i++) f[i] = (float)(unsigned char)bytes[i];
+  OK(oktopk_allreduce(comm, f, n, OKTOPK_FLOAT32, 0, OKTOPK_ALGO_DENSE_RING));
+  for (size_t i = 0; i < n; i++) bytes[i] = (char)(unsigned char)f[i];
+  free(f);
+}
+
+/* ------------------------------------------------------------------------ */
+
+static void test_dense(oktopk_comm_t comm, int rank, int size) {
+  const size_t n = 10007; /* not a multiple of any rank count */
+  float *x = malloc(n * sizeof *x);
+  for (int alg = OKTOPK_ALGO_DENSE_RING; alg <= OKTOPK_ALGO_DENSE_RABENSEIFNER; alg++) {
+    for (size_t i = 0; i < n; i++) x[i] = (float)((rank + 1) * ((int)(i % 7) - 3));
+    OK(oktopk_allreduce(comm, x, n, OKTOPK_FLOAT32, 1, alg));
+    float ranks_sum = (float)(size * (size + 1) / 2);
+    for (size_t i = 0; i < n; i++) REQUIRE(x[i] == ranks_sum * (float)((int)(i % 7) - 3) / (float)size);
+    printf("HASH dense_f32_alg%d %016llx\n", alg, (unsigned long long)hash_bytes(x, n * 4, HASH_SEED));
+  }
+  /* float16 and bfloat16: small integers and their sums are exact in both. */
+  uint16_t *h = malloc(n * sizeof *h);
+  for (int dt = OKTOPK_FLOAT16; dt <= OKTOPK_BFLOAT16; dt++) {
+    for (size_t i = 0; i < n; i++) {
+      float v = (float)((rank + 1) * ((int)(i % 5) - 2));
+      uint32_t bits;
+      memcpy(&bits, &v, 4);
+      if (dt == OKTOPK_BFLOAT16) {
+        h[i] = (uint16_t)(bits >> 16); /* exact: small integers */
+      } else {                          /* |v| <= 2*P: a normal half */
+        uint32_t sign = (bits >> 16) & 0x8000, exp = (bits >> 23) & 0xff, mant = bits & 0x7fffff;
+        h[i] = v == 0 ? (uint16_t)sign : (uint16_t)(sign | ((exp - 112) << 10) | (mant >> 13));
+      }
+    }
+    OK(oktopk_allreduce(comm, h, n, (oktopk_dtype_t)dt, 0, OKTOPK_ALGO_DENSE_RING));
+    for (size_t i = 0; i < n; i++) {
+      float want = (float)(size * (size + 1) / 2 * ((int)(i % 5) - 2)), got;
+      uint32_t bits;
+      if (dt == OKTOPK_BFLOAT16) {
+        bits = (uint32_t)h[i] << 16;
+      } else {
+        uint32_t sign = (uint32_t)(h[i] & 0x8000) << 16, exp = (h[i] >> 10) & 0x1f, mant = h[i] & 0x3ff;
+        bits = exp == 0 ? sign : (sign | ((exp + 112) << 23) | (mant << 13));
+      }
+      memcpy(&got, &bits, 4);
+      REQUIRE(got == want);
+    }
+  }
+  free(h);
+  free(x);
+}
+
+/* Density 1.0: every entry is selected, so the sparse result is the dense
+ * average, exactly, and nothing is left in the residual. */
+static void test_sparse_full_density(oktopk_comm_t comm, int rank, int size) {
+  const size_t n = 4099;
+  float *x = malloc(n * sizeof *x), *want = calloc(n, sizeof *want), *g = malloc(n * sizeof *g);
+  for (int it = 0; it < 3; it++) {
+    memset(want, 0, n * sizeof *want);
+    for (int r = 0; r < size; r++) {
+      fill_gradient(g, n, r, 10 + it);
+      for (size_t i = 0; i < n; i++) want[i] += g[i];
+    }
+    for (size_t i = 0; i < n; i++) want[i] /= (float)size;
+    fill_gradient(x, n, rank, 10 + it);
+    oktopk_stats_t st = {.size = sizeof st};
+    OK(oktopk_sparse_allreduce(comm, 1, x, n, OKTOPK_FLOAT32, &st));
+    for (size_t i = 0; i < n; i++) REQUIRE(x[i] == want[i]);
+    REQUIRE(st.k == (int64_t)n);
+  }
+  free(x);
+  free(want);
+  free(g);
+}
+
+/* Density 1%: the blocking results, then the same inputs on fresh tensors
+ * through 8 requests started before any is waited on: bitwise equal. */
+static void test_sparse_async(oktopk_comm_t comm, int rank) {
+  enum { T = 8 };
+  size_t n[T];
+  float *blocking[T], *async[T];
+  uint64_t h = HASH_SEED;
+  for (int t = 0; t < T; t++) {
+    n[t] = 3000 + 1237 * (size_t)t;
+    blocking[t] = malloc(n[t] * sizeof(float));
+    async[t] = malloc(n[t] * sizeof(float));
+    fill_gradient(blocking[t], n[t], rank, t);
+    memcpy(async[t], blocking[t], n[t] * sizeof(float));
+    oktopk_stats_t st = {.size = sizeof st};
+    OK(oktopk_sparse_allreduce(comm, 100 + (uint64_t)t, blocking[t], n[t], OKTOPK_FLOAT32, &st));
+    REQUIRE(st.k == (int64_t)ceil(0.01 * (double)n[t]));
+    REQUIRE(st.global_selected > 0);
+    h = hash_bytes(blocking[t], n[t] * sizeof(float), h);
+  }
+  oktopk_request_t req[T];
+  for (int t = 0; t < T; t++)
+    OK(oktopk_sparse_allreduce_start(comm, 200 + (uint64_t)t, async[t], n[t], OKTOPK_FLOAT32, &req[t]));
+  for (int t = T - 1; t >= 0; t--) { /* waiting out of order is fine */
+    oktopk_stats_t st = {.size = sizeof st};
+    OK(oktopk_wait(req[t], &st));
+    OK(oktopk_test(req[t]));
+    OK(oktopk_request_free(req[t]));
+    EXPECT(oktopk_request_free(req[t]), oktopkInvalidUsage);
+  }
+  for (int t = 0; t < T; t++) {
+    REQUIRE(memcmp(blocking[t], async[t], n[t] * sizeof(float)) == 0);
+    free(blocking[t]);
+    free(async[t]);
+  }
+  printf("HASH sparse_async %016llx\n", (unsigned long long)h);
+}
+
+/* Tensor state round trip: save tensor 100's state, run one more step on it
+ * and on a copy loaded into tensor 300: both results are bitwise equal. */
+static void test_tensor_state(oktopk_comm_t comm, int rank) {
+  size_t sz = 0;
+  OK(oktopk_tensor_state_size(comm, 100, &sz));
+  void *buf = malloc(sz);
+  EXPECT(oktopk_tensor_state_save(comm, 100, buf, sz - 1), oktopkInvalidArgument);
+  OK(oktopk_tensor_state_save(comm, 100, buf, sz));
+  OK(oktopk_tensor_state_load(comm, 300, buf, sz));
+  size_t n = 3000;
+  float *a = malloc(n * 4), *b = malloc(n * 4);
+  fill_gradient(a, n, rank, 99);
+  memcpy(b, a, n * 4);
+  OK(oktopk_sparse_allreduce(comm, 100, a, n, OKTOPK_FLOAT32, NULL));
+  OK(oktopk_sparse_allreduce(comm, 300, b, n, OKTOPK_FLOAT32, NULL));
+  REQUIRE(memcmp(a, b, n * 4) == 0);
+  free(a);
+  free(b);
+  free(buf);
+}
+
+static int run_ranks(void) {
+  oktopk_config_t cfg;
+  oktopk_config_init(&cfg);
+  cfg.density = 1.0;
+  cfg.timeout_ms = 20000;
+  oktopk_comm_t env_comm;
+  OK(oktopk_comm_init_env(&env_comm, &cfg));
+  int rank, size;
+  OK(oktopk_comm_rank(env_comm, &rank));
+  OK(oktopk_comm_size(env_comm, &size));
+  rank_ = rank;
+  REQUIRE(rank == atoi(getenv("RANK")) && size == atoi(getenv("WORLD_SIZE")));
+
+  test_dense(env_comm, rank, size);
+  test_sparse_full_density(env_comm, rank, size);
+
+  /* A second communicator, NCCL style: rank 0 makes the id, hands it out. */
+  oktopk_config_init(&cfg);
+  cfg.timeout_ms = 20000;
+  oktopk_unique_id_t id;
+  memset(&id, 0, sizeof id);
+  if (rank == 0) OK(oktopk_get_unique_id(&id, &cfg));
+  broadcast_bytes(env_comm, rank, id.internal, sizeof id.internal);
+  oktopk_comm_t id_comm;
+  OK(oktopk_comm_init_rank(&id_comm, size, &id, rank, &cfg));
+
+  /* A third, two-step: token from rank 0, bind, gather endpoints, connect. */
+  char token[128] = {0};
+  if (rank == 0) OK(oktopk_make_token(token, sizeof token));
+  broadcast_bytes(env_comm, rank, token, sizeof token);
+  char endpoint[256];
+  oktopk_comm_t bound;
+  OK(oktopk_comm_bind(&bound, size, rank, token, &cfg, endpoint, sizeof endpoint));
+  char *all = calloc((size_t)size, 256);
+  for (int r = 0; r < size; r++) {
+    char slot[256] = {0};
+    if (r == rank) strcpy(slot, endpoint);
+    /* each rank in turn acts as "rank 0" of the broadcast */
+    float f[256];
+    for (int i = 0; i < 256; i++) f[i] = r == rank ? (float)(unsigned char)slot[i] : 0.0f;
+    OK(oktopk_allreduce(env_comm, f, 256, OKTOPK_FLOAT32, 0, OKTOPK_ALGO_DENSE_RING));
+    for (int i = 0; i < 256; i++) all[r * 256 + i] = (char)(unsigned char)f[i];
+  }
+  const char *eps[64];
+  for (int r = 0; r < size; r++) eps[r] = all + r * 256;
+  OK(oktopk_comm_connect(bound, eps, size));
+  test_dense(bound, rank, size);
+
+  test_sparse_async(id_comm, rank);
+  test_tensor_state(id_comm, rank);
+
+  OK(oktopk_comm_destroy(bound));
+  OK(oktopk_comm_destroy(id_comm));
+  OK(oktopk_comm_destroy(env_comm));
+  free(all);
+  printf("rank %d of %d: ok\n", rank, size);
+  return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+
+struct two_ranks {
+  oktopk_comm_t comm[2];
+};
+
+struct connect_arg {
+  oktopk_comm_t comm;
+  const char **eps;
+  oktopk_result_t result;
+};
+
+static void *connect_thread(void *p) {
+  struct connect_arg *a = p;
+  a->result = oktopk_comm_connect(a->comm, a->eps, 2);
+  return NULL;
+}
+
+/* Two ranks of one communicator in this one process, on their own threads. */
+static struct two_ranks make_two_ranks(int timeout_ms) {
+  oktopk_config_t cfg;
+  oktopk_config_init(&cfg);
+  cfg.timeout_ms = timeout_ms;
+  char token[128], ep[2][256];
+  struct two_ranks t;
+  OK(oktopk_make_token(token, sizeof token));
+  for (int r = 0; r < 2; r++) OK(oktopk_comm_bind(&t.comm[r], 2, r, token, &cfg, ep[r], sizeof ep[r]));
+  const char *eps[2] = {ep[0], ep[1]};
+  struct connect_arg a[2] = {{t.comm[0], eps, 0}, {t.comm[1], eps, 0}};
+  pthread_t th;
+  pthread_create(&th, NULL, connect_thread, &a[1]);
+  connect_thread(&a[0]);
+  pthread_join(th, NULL);
+  OK(a[0].result);
+  OK(a[1].result);
+  return t;
+}
+
+struct abort_arg {
+  oktopk_comm_t comm;
+  double delay;
+};
+
+static void *abort_later(void *p) {
+  struct abort_arg *a = p;
+  usleep((useconds_t)(a->delay * 1e6));
+  OK(oktopk_comm_abort(a->comm));
+  return NULL;
+}
+
+static void test_abort_unblocks(void) {
+  struct two_ranks t = make_two_ranks(30000);
+  /* Rank 1 never joins: rank 0's call blocks until the abort. */
+  float x[64] = {0};
+  struct abort_arg a = {t.comm[0], 0.3};
+  pthread_t th;
+  pthread_create(&th, NULL, abort_later, &a);
+  double t0 = now();
+  EXPECT(oktopk_allreduce(t.comm[0], x, 64, OKTOPK_FLOAT32, 0, OKTOPK_ALGO_DENSE_RING), oktopkAborted);
+  double blocked = now() - t0;
+  pthread_join(th, NULL);
+  printf("abort: blocked call returned %.3f s after its start (abort at 0.300 s)\n", blocked);
+  REQUIRE(blocked < 0.3 + 1.0);
+  /* Every later call fails fast too, and the handle must still be destroyed. */
+  EXPECT(oktopk_allreduce(t.comm[0], x, 64, OKTOPK_FLOAT32, 0, OKTOPK_ALGO_DENSE_RING), oktopkAborted);
+  char msg[256];
+  OK(oktopk_get_last_error(t.comm[0], msg, sizeof msg, NULL));
+  REQUIRE(strstr(msg, "abort") != NULL);
+  OK(oktopk_comm_destroy(t.comm[0]));
+  OK(oktopk_comm_destroy(t.comm[1]));
+}
+
+static void test_destroy_after_peer_died(void) {
+  struct two_ranks t = make_two_ranks(30000);
+  OK(oktopk_comm_destroy(t.comm[1])); /* the peer is gone */
+  float x[64] = {0};
+  oktopk_request_t req;
+  OK(oktopk_allreduce_start(t.comm[0], x, 64, OKTOPK_FLOAT32, 0, OKTOPK_ALGO_DENSE_RING, &req));
+  usleep(100000);
+  double t0 = now();
+  OK(oktopk_comm_destroy(t.comm[0]));
+  double took = now() - t0;
+  printf("destroy with a dead peer and a blocked request: %.3f s\n", took);
+  REQUIRE(took < 1.5);
+  oktopk_result_t r = oktopk_wait(req, NULL);
+  REQUIRE(r == oktopkAborted || r == oktopkRemoteError);
+  OK(oktopk_request_free(req));
+}
+
+static void test_fork_is_refused(oktopk_comm_t comm) {
+  fflush(stdout);
+  pid_t pid = fork();
+  if (pid == 0) {
+    alarm(10); /* a hang in the child is a failure, not a stuck test */
+    int rank;
+    if (oktopk_comm_rank(comm, &rank) != oktopkInvalidUsage) _exit(2);
+    char msg[512];
+    if (oktopk_get_last_error(0, msg, sizeof msg, NULL) != oktopkSuccess || strstr(msg, "fork") == NULL) _exit(3);
+    _exit(0);
+  }
+  int status;
+  waitpid(pid, &status, 0);
+  REQUIRE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+static int run_errors(void) {
+  rank_ = 0;
+  /* Library-level calls. */
+  REQUIRE(oktopk_get_version() == OKTOPK_VERSION_CODE);
+  REQUIRE(strcmp(oktopk_get_error_string(oktopkTimeout), "timeout") == 0);
+  REQUIRE(oktopk_get_error_string((oktopk_result_t)999) != NULL);
+  oktopk_config_init(NULL); /* must not crash */
+  EXPECT(oktopk_get_last_error(0, NULL, 10, NULL), oktopkInvalidArgument);
+  char small[4];
+  EXPECT(oktopk_get_last_error(0, small, 0, NULL), oktopkInvalidArgument);
+
+  /* Null pointers everywhere. */
+  EXPECT(oktopk_get_unique_id(NULL, NULL), oktopkInvalidArgument);
+  EXPECT(oktopk_comm_init_rank(NULL, 1, NULL, 0, NULL), oktopkInvalidArgument);
+  EXPECT(oktopk_comm_init_env(NULL, NULL), oktopkInvalidArgument);
+  EXPECT(oktopk_make_token(NULL, 10), oktopkInvalidArgument);
+  oktopk_comm_t comm;
+  char ep[256];
+  EXPECT(oktopk_comm_bind(&comm, 1, 0, NULL, NULL, ep, sizeof ep), oktopkInvalidArgument);
+  EXPECT(oktopk_comm_bind(&comm, 2, 2, "t", NULL, ep, sizeof ep), oktopkInvalidArgument); /* rank >= nranks */
+  EXPECT(oktopk_topk(NULL, 10, 1, NULL, NULL), oktopkInvalidArgument);
+
+  /* Last error: the detail, NUL-terminated, truncation reported. */
+  int truncated = -1;
+  OK(oktopk_get_last_error(0, small, sizeof small, &truncated));
+  REQUIRE(truncated == 1 && strlen(small) == 3);
+  char msg[512];
+  OK(oktopk_get_last_error(0, msg, sizeof msg, &truncated));
+  REQUIRE(truncated == 0 && strstr(msg, "NULL") != NULL);
+
+  /* Config: a size that is too small, a bad density, an unsupported wire dtype. */
+  oktopk_config_t cfg;
+  oktopk_config_init(&cfg);
+  REQUIRE(cfg.size == sizeof cfg && cfg.timeout_ms == 60000 && cfg.algorithm == OKTOPK_ALGO_OKTOPK &&
+          cfg.density == 0.01 && cfg.tau == 64 && cfg.tau_prime == 32 && cfg.value_dtype == OKTOPK_FLOAT32);
+  oktopk_config_t bad = cfg;
+  bad.size = 4;
+  EXPECT(oktopk_comm_bind(&comm, 1, 0, "t", &bad, ep, sizeof ep), oktopkInvalidArgument);
+  bad = cfg;
+  bad.density = 1.5;
+  EXPECT(oktopk_comm_bind(&comm, 1, 0, "t", &bad, ep, sizeof ep), oktopkInvalidArgument);
+  bad = cfg;
+  bad.value_dtype = OKTOPK_FLOAT16;
+  EXPECT(oktopk_comm_bind(&comm, 1, 0, "t", &bad, ep, sizeof ep), oktopkInvalidArgument);
+  /* An older caller's shorter config: the fields past its size are not read. */
+  bad = cfg;
+  bad.size = (uint32_t)offsetof(oktopk_config_t, density);
+  bad.density = -1; /* beyond size: ignored, the default is used */
+  OK(oktopk_comm_bind(&comm, 1, 0, "t", &bad, ep, sizeof ep));
+  OK(oktopk_comm_destroy(comm));
+
+  /* Selection: exact top-k and threshold select, k > n, capacity kept. */
+  float x[8] = {1, -7, 3, 7, 0, -2, 5, NAN};
+  uint32_t idx[8];
+  float val[8];
+  EXPECT(oktopk_topk(x, 8, 9, idx, val), oktopkInvalidArgument);
+  EXPECT(oktopk_topk(x, 8, 2, idx, val), oktopkNonFinite);
+  OK(oktopk_topk(x, 7, 3, idx, val)); /* |-7| = |7|: both, then 5 */
+  REQUIRE(idx[0] == 1 && idx[1] == 3 && idx[2] == 6 && val[0] == -7 && val[1] == 7 && val[2] == 5);
+  size_t count = 0;
+  uint32_t cidx[3] = {0, 0, 0xdeadbeef};
+  float cval[3] = {0, 0, 42};
+  EXPECT(oktopk_threshold_select(x, 7, 2.5f, cidx, cval, 2, &count), oktopkInvalidArgument);
+  REQUIRE(count == 4 && cidx[0] == 1 && cidx[1] == 2 && cidx[2] == 0xdeadbeef && cval[2] == 42);
+  OK(oktopk_threshold_select(x, 7, 2.5f, idx, val, 8, &count));
+  REQUIRE(count == 4 && idx[3] == 6 && val[3] == 5);
+  EXPECT(oktopk_threshold_select(x, 7, NAN, idx, val, 8, &count), oktopkInvalidArgument);
+  EXPECT(oktopk_threshold_select(x, 7, 1, idx, val, 8, NULL), oktopkInvalidArgument);
+
+  /* A single-rank communicator: bad arguments, then destroyed handles. */
+  oktopk_unique_id_t id;
+  OK(oktopk_get_unique_id(&id, NULL));
+  OK(oktopk_comm_init_rank(&comm, 1, &id, 0, NULL));
+  float data[16] = {0};
+  EXPECT(oktopk_allreduce(comm, NULL, 16, OKTOPK_FLOAT32, 0, OKTOPK_ALGO_DENSE_RING), oktopkInvalidArgument);
+  EXPECT(oktopk_allreduce(comm, data, 0, OKTOPK_FLOAT32, 0, OKTOPK_ALGO_DENSE_RING), oktopkInvalidArgument);
+  EXPECT(oktopk_allreduce(comm, data, 16, (oktopk_dtype_t)7, 0, OKTOPK_ALGO_DENSE_RING), oktopkInvalidArgument);
+  EXPECT(oktopk_allreduce(comm, data, 16, OKTOPK_FLOAT32, 0, OKTOPK_ALGO_OKTOPK), oktopkInvalidArgument);
+  EXPECT(oktopk_allreduce(comm, data, 16, OKTOPK_FLOAT32, 0, 77), oktopkInvalidArgument);
+  EXPECT(oktopk_sparse_allreduce(comm, 1, NULL, 16, OKTOPK_FLOAT32, NULL), oktopkInvalidArgument);
+  oktopk_stats_t st = {.size = 0};
+  EXPECT(oktopk_sparse_allreduce(comm, 1, data, 16, OKTOPK_FLOAT32, &st), oktopkInvalidArgument);
+  EXPECT(oktopk_sparse_allreduce_start(comm, 1, data, 16, OKTOPK_FLOAT32, NULL), oktopkInvalidArgument);
+  EXPECT(oktopk_comm_rank(comm, NULL), oktopkInvalidArgument);
+  size_t out_count;
+  uint32_t in_idx[2] = {3, 1}; /* not increasing */
+  float in_val[2] = {1, 1};
+  EXPECT(oktopk_sparse_allreduce_sparse(comm, 16, in_idx, in_val, 2, idx, val, 8, &out_count, NULL),
+         oktopkInvalidArgument);
+  EXPECT(oktopk_sparse_allreduce_sparse(comm, 16, in_idx, in_val, 2, idx, val, 8, NULL, NULL),
+         oktopkInvalidArgument);
+  EXPECT(oktopk_tensor_state_size(comm, 12345, &count), oktopkInvalidArgument); /* no such tensor */
+  EXPECT(oktopk_tensor_state_load(comm, 1, NULL, 4), oktopkInvalidArgument);
+  EXPECT(oktopk_tensor_state_load(comm, 1, "junk", 4), oktopkInvalidArgument);
+  /* The communicator's own last error holds its detail. */
+  OK(oktopk_get_last_error(comm, msg, sizeof msg, NULL));
+  REQUIRE(msg[0] != 0);
+  OK(oktopk_allreduce(comm, data, 16, OKTOPK_FLOAT32, 1, OKTOPK_ALGO_DENSE_RING));
+  EXPECT(oktopk_comm_connect(comm, NULL, 1), oktopkInvalidUsage); /* already connected */
+
+  EXPECT(oktopk_wait((oktopk_request_t)comm, NULL), oktopkInvalidUsage); /* a comm is not a request */
+  test_fork_is_refused(comm);
+
+  OK(oktopk_comm_destroy(comm));
+  EXPECT(oktopk_comm_destroy(comm), oktopkInvalidUsage);
+  EXPECT(oktopk_allreduce(comm, data, 16, OKTOPK_FLOAT32, 0, OKTOPK_ALGO_DENSE_RING), oktopkInvalidUsage);
+  EXPECT(oktopk_comm_rank(comm, &(int){0}), oktopkInvalidUsage);
+  EXPECT(oktopk_comm_abort(comm), oktopkInvalidUsage);
+  EXPECT(oktopk_get_last_error(comm, msg, sizeof msg, NULL), oktopkInvalidUsage);
+  REQUIRE(strstr(msg, "destroyed") != NULL);
+  EXPECT(oktopk_comm_destroy(0), oktopkInvalidUsage);
+  EXPECT(oktopk_comm_destroy(-5), oktopkInvalidUsage);
+  EXPECT(oktopk_wait(12345678, NULL), oktopkInvalidUsage);
+  EXPECT(oktopk_test(0), oktopkInvalidUsage);
+
+  /* Two-step init: calls before connect are refused, not hung. */
+  OK(oktopk_comm_bind(&comm, 2, 0, "t", NULL, ep, sizeof ep));
+  EXPECT(oktopk_allreduce(comm, data, 16, OKTOPK_FLOAT32, 0, OKTOPK_ALGO_DENSE_RING), oktopkInvalidUsage);
+  EXPECT(oktopk_comm_connect(comm, (const char *[]){ep}, 1), oktopkInvalidArgument); /* 1 endpoint, 2 ranks */
+  OK(oktopk_comm_destroy(comm));
+  char tiny[4];
+  EXPECT(oktopk_comm_bind(&comm, 1, 0, "t", NULL, tiny, sizeof tiny), oktopkInvalidArgument);
+
+  test_abort_unblocks();
+  test_destroy_after_peer_died();
+
+  printf("errors: ok\n");
+  return 0;
+}
+
+static int run_peer_death(void) {
+  oktopk_config_t cfg;
+  oktopk_config_init(&cfg);
+  cfg.timeout_ms = 5000;
+  oktopk_comm_t comm;
+  OK(oktopk_comm_init_env(&comm, &cfg));
+  int rank, size;
+  OK(oktopk_comm_rank(comm, &rank));
+  OK(oktopk_comm_size(comm, &size));
+  rank_ = rank;
+  float x[1024] = {0};
+  OK(oktopk_allreduce(comm, x, 1024, OKTOPK_FLOAT32, 0, OKTOPK_ALGO_DENSE_RING));
+  if (rank == size - 1) _exit(0); /* dies: no destroy, sockets dropped by the kernel */
+  double t0 = now();
+  oktopk_result_t r = oktopk_allreduce(comm, x, 1024, OKTOPK_FLOAT32, 0, OKTOPK_ALGO_DENSE_RING);
+  double failed = now() - t0;
+  char msg[512];
+  oktopk_get_last_error(comm, msg, sizeof msg, NULL);
+  printf("rank %d: call with a dead peer: %s after %.3f s (%s)\n", rank, oktopk_get_error_string(r), failed, msg);
+  REQUIRE(r == oktopkRemoteError || r == oktopkTimeout || r == oktopkAborted);
+  REQUIRE(failed < 5.0 + 1.0);
+  t0 = now();
+  OK(oktopk_comm_destroy(comm));
+  double destroyed = now() - t0;
+  printf("rank %d: destroy took %.3f s\n", rank, destroyed);
+  REQUIRE(destroyed < 1.5);
+  return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+
+static int open_fds(void) {
+  DIR *d = opendir("/proc/self/fd");
+  int n = 0;
+  for (struct dirent *e; (e = readdir(d)) != NULL;)
+    if (e->d_name[0] != '.') n++;
+  closedir(d);
+  return n - 1; /* the directory stream itself */
+}
+
+static int run_cycles(int cycles) {
+  rank_ = 0;
+  int fd0 = 0, g0 = 0, fd_max = 0, g_max = 0;
+  double t0 = now();
+  for (int i = 0; i <= cycles; i++) {
+    if (i % (cycles / 10) == 0) {
+      usleep(50000); /* let exiting goroutines finish */
+      int fd = open_fds(), g = oktopk_debug_goroutines();
+      printf("cycle %4d: %d open files, %d goroutines\n", i, fd, g);
+      if (i == cycles / 10) { /* after warm-up: the runtime's own threads exist */
+        fd0 = fd;
+        g0 = g;
+      } else if (i > cycles / 10) {
+        fd_max = fd > fd_max ? fd : fd_max;
+        g_max = g > g_max ? g : g_max;
+      }
+    }
+    if (i == cycles) break;
+    oktopk_unique_id_t id;
+    oktopk_comm_t comm;
+    OK(oktopk_get_unique_id(&id, NULL));
+    OK(oktopk_comm_init_rank(&comm, 1, &id, 0, NULL));
+    float x[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    oktopk_request_t req;
+    OK(oktopk_allreduce_start(comm, x, 8, OKTOPK_FLOAT32, 1, OKTOPK_ALGO_DENSE_RING, &req));
+    OK(oktopk_wait(req, NULL));
+    OK(oktopk_request_free(req));
+    REQUIRE(x[7] == 8);
+    OK(oktopk_comm_destroy(comm));
+  }
+  printf("%d cycles in %.2f s; open files %d -> max %d, goroutines %d -> max %d\n", cycles, now() - t0, fd0,
+         fd_max, g0, g_max);
+  /* Flat: a leak of one descriptor or goroutine per cycle would add ~900. */
+  REQUIRE(fd_max <= fd0 + 4);
+  REQUIRE(g_max <= g0 + 8);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  if (argc >= 2 && strcmp(argv[1], "ranks") == 0) return run_ranks();
+  if (argc >= 2 && strcmp(argv[1], "errors") == 0) return run_errors();
+  if (argc >= 3 && strcmp(argv[1], "cycles") == 0) return run_cycles(atoi(argv[2]));
+  if (argc >= 2 && strcmp(argv[1], "peerdeath") == 0) return run_peer_death();
+  fprintf(stderr, "usage: %s ranks | errors | cycles N | peerdeath\n", argv[0]);
+  return 2;
+}
