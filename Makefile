@@ -29,8 +29,8 @@ $(BUILD)/.deps: go.mod go.sum
 	@touch $@
 
 build: $(LIB)
-$(LIB): $(BUILD)/.deps $(GO_SOURCES) include/oktopk.h
-	$(GO) build -buildmode=c-shared -o $(LIB) ./capi
+$(LIB): $(BUILD)/.deps $(GO_SOURCES) include/oktopk.h capi/exports.map
+	$(GO) build -buildmode=c-shared -ldflags="-extldflags=-Wl,--version-script=$(CURDIR)/capi/exports.map" -o $(LIB) ./capi
 	@rm -f $(BUILD)/liboktopk.h  # the public header is include/oktopk.h
 
 venv: $(TORCH_VENV)/.ok
