@@ -2,6 +2,7 @@ package core
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"github.com/oktopk/oktopk/transport"
@@ -17,6 +18,8 @@ type Call struct {
 	Op    transport.Op
 	Seq   uint64
 	Stats *Stats
+
+	mu sync.Mutex // Stats is updated by concurrent exchanges of one call
 }
 
 // NewCall starts a call; stats may be nil.
@@ -39,8 +42,7 @@ func (c *Call) Send(ctx context.Context, peer int, step uint32, dtype transport.
 	if err := c.T.Send(ctx, peer, c.tag(step), dtype, count, payload); err != nil {
 		return err
 	}
-	c.Stats.BytesSent += uint64(len(payload))
-	c.Stats.MessagesSent++
+	c.countSent(uint64(len(payload)))
 	return nil
 }
 
@@ -50,8 +52,7 @@ func (c *Call) Recv(ctx context.Context, peer int, step uint32) (transport.Messa
 	if err != nil {
 		return m, err
 	}
-	c.Stats.BytesReceived += uint64(len(m.Payload))
-	c.Stats.MessagesReceived++
+	c.countReceived(uint64(len(m.Payload)))
 	return m, nil
 }
 
@@ -76,11 +77,23 @@ func (c *Call) SendRecv(ctx context.Context, to int, step uint32, dtype transpor
 	if err := g.Wait(); err != nil {
 		return msg, err
 	}
-	c.Stats.BytesSent += sent
-	c.Stats.MessagesSent++
-	c.Stats.BytesReceived += uint64(len(msg.Payload))
-	c.Stats.MessagesReceived++
+	c.countSent(sent)
+	c.countReceived(uint64(len(msg.Payload)))
 	return msg, nil
+}
+
+func (c *Call) countSent(bytes uint64) {
+	c.mu.Lock()
+	c.Stats.BytesSent += bytes
+	c.Stats.MessagesSent++
+	c.mu.Unlock()
+}
+
+func (c *Call) countReceived(bytes uint64) {
+	c.mu.Lock()
+	c.Stats.BytesReceived += bytes
+	c.Stats.MessagesReceived++
+	c.mu.Unlock()
 }
 
 // Stats is one rank's view of one call.

@@ -78,7 +78,9 @@ func (c *Communicator) begin() (uint64, error) {
 // end releases the communicator; a communication error poisons it, because
 // peers may be stranded mid-call and the sequence numbers no longer agree.
 func (c *Communicator) end(err error) error {
-	if err != nil && !errors.Is(err, ErrInvalidArgument) && !errors.Is(err, ErrInvalidUsage) {
+	// A step that every rank agreed to skip (NaN/Inf somewhere) leaves the
+	// ranks in step; anything else may have stranded a peer mid-call.
+	if err != nil && !errors.Is(err, ErrInvalidArgument) && !errors.Is(err, ErrInvalidUsage) && !errors.Is(err, errStepSkipped) {
 		c.poisoned = err
 		c.T.Abort(err)
 	}

@@ -1,5 +1,11 @@
 package core
 
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+)
+
 // TensorState is what sparse allreduce keeps for one tensor between calls:
 // the residual of error feedback, the reused thresholds and the region
 // boundaries of Ok-Topk, and the call counter that schedules their refresh.
@@ -12,9 +18,99 @@ type TensorState struct {
 	LocalThreshold  float32   // reused |x| > threshold selection (0: not yet known)
 	GlobalThreshold float32
 	Boundaries      []uint32 // P+1 region starts: rank r owns [Boundaries[r], Boundaries[r+1])
+
+	scratch okTopkScratch
 }
 
 // NewTensorState makes the state of a tensor of n elements.
 func NewTensorState(n int, cfg Config) *TensorState {
 	return &TensorState{N: n, Config: cfg, Residual: make([]float32, n)}
+}
+
+// The checkpoint format of a TensorState, little-endian:
+//
+//	magic "OKTS", version uint32, n uint64, iter uint64,
+//	algorithm int32, density float64, tau int32, tau' int32,
+//	local threshold float32, global threshold float32,
+//	boundary count uint32, boundaries uint32…, residual float32 × n
+const (
+	stateMagic   = 0x53544b4f // "OKTS"
+	stateVersion = 1
+	stateFixed   = 4 + 4 + 8 + 8 + 4 + 8 + 4 + 4 + 4 + 4 + 4
+)
+
+// MarshalBinary serializes the state for a checkpoint.
+func (st *TensorState) MarshalBinary() ([]byte, error) {
+	b := make([]byte, 0, stateFixed+4*len(st.Boundaries)+4*st.N)
+	le := binary.LittleEndian
+	b = le.AppendUint32(b, stateMagic)
+	b = le.AppendUint32(b, stateVersion)
+	b = le.AppendUint64(b, uint64(st.N))
+	b = le.AppendUint64(b, uint64(st.Iter))
+	b = le.AppendUint32(b, uint32(int32(st.Config.Algorithm)))
+	b = le.AppendUint64(b, math.Float64bits(st.Config.Density))
+	b = le.AppendUint32(b, uint32(int32(st.Config.Tau)))
+	b = le.AppendUint32(b, uint32(int32(st.Config.TauPrime)))
+	b = le.AppendUint32(b, math.Float32bits(st.LocalThreshold))
+	b = le.AppendUint32(b, math.Float32bits(st.GlobalThreshold))
+	b = le.AppendUint32(b, uint32(len(st.Boundaries)))
+	for _, x := range st.Boundaries {
+		b = le.AppendUint32(b, x)
+	}
+	b = append(b, float32Bytes(st.Residual)...)
+	return b, nil
+}
+
+// UnmarshalBinary restores a state written by MarshalBinary; every length is
+// checked before anything is allocated from it.
+func (st *TensorState) UnmarshalBinary(b []byte) error {
+	bad := func(what string) error { return fmt.Errorf("%w: tensor state: %s", ErrInvalidArgument, what) }
+	le := binary.LittleEndian
+	if len(b) < stateFixed {
+		return bad("too short")
+	}
+	if le.Uint32(b) != stateMagic {
+		return bad("not a tensor state")
+	}
+	if v := le.Uint32(b[4:]); v != stateVersion {
+		return bad(fmt.Sprintf("version %d, this library reads %d", v, stateVersion))
+	}
+	n, iter := le.Uint64(b[8:]), le.Uint64(b[16:])
+	cfg := Config{
+		Algorithm: Algorithm(int32(le.Uint32(b[24:]))),
+		Density:   math.Float64frombits(le.Uint64(b[28:])),
+		Tau:       int(int32(le.Uint32(b[36:]))),
+		TauPrime:  int(int32(le.Uint32(b[40:]))),
+	}
+	local, global := math.Float32frombits(le.Uint32(b[44:])), math.Float32frombits(le.Uint32(b[48:]))
+	nb := uint64(le.Uint32(b[52:]))
+	if n > math.MaxUint32 || iter > math.MaxInt32 || nb > 1<<20 {
+		return bad("sizes out of range")
+	}
+	if uint64(len(b)) != stateFixed+4*nb+4*n {
+		return bad(fmt.Sprintf("%d bytes for n=%d and %d boundaries", len(b), n, nb))
+	}
+	if err := cfg.Validate(); err != nil {
+		return bad(err.Error())
+	}
+	bounds := make([]uint32, nb)
+	for i := range bounds {
+		bounds[i] = le.Uint32(b[stateFixed+4*i:])
+		if bounds[i] > uint32(n) || (i > 0 && bounds[i] < bounds[i-1]) {
+			return bad("region boundaries out of order")
+		}
+	}
+	residual := make([]float32, n)
+	copy(float32Bytes(residual), b[stateFixed+4*nb:])
+	for _, v := range residual {
+		if !IsFinite(v) {
+			return bad("residual holds NaN or Inf")
+		}
+	}
+	*st = TensorState{N: int(n), Config: cfg, Iter: int(iter), Residual: residual,
+		LocalThreshold: local, GlobalThreshold: global, Boundaries: bounds}
+	if nb == 0 {
+		st.Boundaries = nil
+	}
+	return nil
 }

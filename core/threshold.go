@@ -10,6 +10,7 @@ const (
 	thresholdTooMany   = 4.0 / 3.0 // more than 4k/3 passed: raise and reselect
 	thresholdRaise     = 1.03      // factor per raise
 	thresholdMaxRaises = 4
+	thresholdTooFew    = 1.0 / 2.0 // fewer than k/2 passed: select exactly instead
 	nudgeLowCount      = 4.0 / 5.0 // fewer than 4k/5 passed: lower th for next call
 	nudgeHighCount     = 5.0 / 4.0 // more than 5k/4 passed: raise th for next call
 	nudgeDown          = 0.97
@@ -44,6 +45,12 @@ func SelectByThreshold(dst Sparse, x []float32, k int, th *float32, exact bool) 
 	for tries := 0; float64(dst.Len()) > thresholdTooMany*float64(k) && tries < thresholdMaxRaises; tries++ {
 		*th *= thresholdRaise
 		dst = keepAbove(dst, *th)
+	}
+	// The reused threshold has drifted too far for small corrections (the
+	// gradient's scale changed): pay for one exact selection rather than
+	// send far more, or far fewer, than k entries.
+	if c := float64(dst.Len()); c > thresholdTooMany*float64(k) || c < thresholdTooFew*float64(k) {
+		return SelectByThreshold(dst, x, k, th, true)
 	}
 	switch c := float64(dst.Len()); {
 	case c < nudgeLowCount*float64(k):
