@@ -14,7 +14,7 @@ import (
 
 // startZMQ connects size ranks inside this test process over real TCP
 // sockets on loopback, rendezvousing through an in-memory store.
-func startZMQ(t *testing.T, size int, mutate func(*ZMQOptions)) []*ZMQ {
+func startZMQ(t testing.TB, size int, mutate func(*ZMQOptions)) []*ZMQ {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
