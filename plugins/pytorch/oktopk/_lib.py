@@ -1,0 +1,200 @@
+"""The one ctypes binding of liboktopk, shared by the PyTorch and Horovod
+front ends (as Horovod's ``common/basics.py`` is).
+
+liboktopk embeds a Go runtime: it is loaded lazily, once per process, and
+never unloaded. A child created by ``fork()`` after the library was loaded
+must not call into it (the Go runtime's threads do not survive fork); such a
+call raises :class:`OkTopkError` here before it reaches the library.
+"""
+
+import ctypes
+import os
+import threading
+
+_ALGORITHMS = [
+    "dense_ring",
+    "dense_rabenseifner",
+    "oktopk",
+    "topka",
+    "topkdsa",
+    "ssar_recursive_double",
+    "ssar_split_allgather",
+    "dsar_split_allgather",
+    "gtopk",
+    "gaussiank",
+]
+ALGORITHMS = tuple(_ALGORITHMS)
+
+FLOAT32, FLOAT16, BFLOAT16 = 0, 1, 2
+
+_RESULT_NAMES = {
+    0: "success",
+    1: "invalid argument",
+    2: "invalid usage",
+    3: "system error",
+    4: "remote error",
+    5: "timeout",
+    6: "mismatch",
+    7: "aborted",
+    8: "internal error",
+    9: "in progress",
+    10: "non-finite gradient",
+}
+NON_FINITE = 10
+
+
+class OkTopkError(RuntimeError):
+    """A liboktopk call failed. ``code`` is the oktopk_result_t value."""
+
+    def __init__(self, code, message):
+        self.code = code
+        super().__init__(f"oktopk: {_RESULT_NAMES.get(code, code)}: {message}")
+
+
+class Config(ctypes.Structure):
+    _fields_ = [
+        ("size", ctypes.c_uint32),
+        ("version", ctypes.c_uint32),
+        ("timeout_ms", ctypes.c_int32),
+        ("bind_host", ctypes.c_char_p),
+        ("ifname", ctypes.c_char_p),
+        ("algorithm", ctypes.c_int32),
+        ("density", ctypes.c_double),
+        ("tau", ctypes.c_int32),
+        ("tau_prime", ctypes.c_int32),
+        ("value_dtype", ctypes.c_int32),
+    ]
+
+
+class Stats(ctypes.Structure):
+    _fields_ = [
+        ("size", ctypes.c_uint32),
+        ("bytes_sent", ctypes.c_uint64),
+        ("bytes_received", ctypes.c_uint64),
+        ("messages_sent", ctypes.c_uint64),
+        ("messages_received", ctypes.c_uint64),
+        ("k", ctypes.c_int64),
+        ("local_selected", ctypes.c_int64),
+        ("global_selected", ctypes.c_int64),
+        ("local_threshold", ctypes.c_float),
+        ("global_threshold", ctypes.c_float),
+        ("select_seconds", ctypes.c_double),
+        ("reduce_seconds", ctypes.c_double),
+        ("allgather_seconds", ctypes.c_double),
+        ("total_seconds", ctypes.c_double),
+    ]
+
+
+_lib = None
+_lock = threading.Lock()
+_loaded_in_pid = None
+
+
+def _mark_forked_child():
+    # Runs in a child created by fork(): the parent's Go runtime is unusable.
+    global _lib
+    if _lib is not None:
+        _lib = _ForkedChild()
+
+
+class _ForkedChild:
+    def __getattr__(self, name):
+        raise OkTopkError(
+            2,
+            "liboktopk was loaded before this process was forked; a forked child "
+            "(e.g. a DataLoader worker) cannot use it. Use "
+            "multiprocessing_context='spawn' or 'forkserver' for workers that "
+            "need oktopk, or call oktopk only from the training process.",
+        )
+
+
+os.register_at_fork(after_in_child=_mark_forked_child)
+
+
+def library_path():
+    """Where liboktopk.so is looked for: $OKTOPK_LIBRARY, then the copy
+    installed with this package, then the repository's build/ folder."""
+    env = os.environ.get("OKTOPK_LIBRARY")
+    if env:
+        return env
+    here = os.path.dirname(os.path.abspath(__file__))
+    bundled = os.path.join(here, "liboktopk.so")
+    if os.path.exists(bundled):
+        return bundled
+    repo_build = os.path.join(here, "..", "..", "..", "build", "liboktopk.so")
+    return os.path.normpath(repo_build)
+
+
+def _declare(lib):
+    c = ctypes
+    i64, u64, sz = c.c_int64, c.c_uint64, c.c_size_t
+    P = c.POINTER
+    sig = {
+        "oktopk_get_version": (c.c_int, []),
+        "oktopk_get_error_string": (c.c_char_p, [c.c_int]),
+        "oktopk_config_init": (None, [P(Config)]),
+        "oktopk_get_last_error": (c.c_int, [i64, c.c_char_p, sz, P(c.c_int)]),
+        "oktopk_make_token": (c.c_int, [c.c_char_p, sz]),
+        "oktopk_comm_bind": (c.c_int, [P(i64), c.c_int, c.c_int, c.c_char_p, P(Config), c.c_char_p, sz]),
+        "oktopk_comm_connect": (c.c_int, [i64, P(c.c_char_p), c.c_int]),
+        "oktopk_comm_abort": (c.c_int, [i64]),
+        "oktopk_comm_destroy": (c.c_int, [i64]),
+        "oktopk_allreduce": (c.c_int, [i64, c.c_void_p, sz, c.c_int, c.c_int, c.c_int]),
+        "oktopk_sparse_allreduce": (c.c_int, [i64, u64, c.c_void_p, sz, c.c_int, P(Stats)]),
+        "oktopk_tensor_state_size": (c.c_int, [i64, u64, P(sz)]),
+        "oktopk_tensor_state_save": (c.c_int, [i64, u64, c.c_void_p, sz]),
+        "oktopk_tensor_state_load": (c.c_int, [i64, u64, c.c_void_p, sz]),
+        "oktopk_topk": (c.c_int, [c.c_void_p, sz, sz, c.c_void_p, c.c_void_p]),
+    }
+    for name, (restype, argtypes) in sig.items():
+        fn = getattr(lib, name)
+        fn.restype = restype
+        fn.argtypes = argtypes
+
+
+def lib():
+    """The loaded library (loading it on first use)."""
+    global _lib, _loaded_in_pid
+    if _lib is None:
+        with _lock:
+            if _lib is None:
+                path = library_path()
+                if not os.path.exists(path):
+                    raise OkTopkError(
+                        2, f"liboktopk.so not found at {path}; run `make` or set OKTOPK_LIBRARY"
+                    )
+                loaded = ctypes.CDLL(path)
+                _declare(loaded)
+                _loaded_in_pid = os.getpid()
+                _lib = loaded
+    return _lib
+
+
+def last_error(comm=0):
+    buf = ctypes.create_string_buffer(1024)
+    truncated = ctypes.c_int(0)
+    lib().oktopk_get_last_error(comm, buf, len(buf), ctypes.byref(truncated))
+    return buf.value.decode(errors="replace")
+
+
+def check(code, comm=0):
+    """Raise OkTopkError for a non-zero result code."""
+    if code != 0:
+        raise OkTopkError(code, last_error(comm))
+
+
+def default_config(algorithm="oktopk", density=0.01, tau=64, tau_prime=32, timeout=60.0):
+    cfg = Config()
+    lib().oktopk_config_init(ctypes.byref(cfg))
+    cfg.algorithm = _ALGORITHMS.index(algorithm)
+    cfg.density = density
+    cfg.tau = tau
+    cfg.tau_prime = tau_prime
+    cfg.timeout_ms = int(timeout * 1000)
+    return cfg
+
+
+def new_stats():
+    s = Stats()
+    s.size = ctypes.sizeof(Stats)
+    return s
