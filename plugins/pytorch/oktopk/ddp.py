@@ -13,6 +13,7 @@ rest wait in a per-bucket residual (error feedback).
 """
 
 import concurrent.futures
+import hashlib
 import threading
 
 import torch
@@ -58,6 +59,7 @@ class OkTopkState:
         "_pending_state",
         "_bucket_ids",
         "_lock",
+        "_param_index",
     ]
 
     def __init__(self, process_group=None, density=0.01, algorithm="oktopk", warmup_iters=1, tau=64, tau_prime=32, timeout=60.0):
@@ -88,6 +90,32 @@ class OkTopkState:
         self._pending_state = {}
         self._bucket_ids = set()
         self._lock = threading.Lock()
+        self._param_index = {}
+
+    # -- a bucket layout that survives DDP's bucket rebuild ------------------
+
+    def _canonical(self, bucket):
+        """The bucket's tensor id and, if its entries must be reordered, the
+        order of its parameters in the canonical layout.
+
+        DDP rebuilds its buckets after the first iteration, which reorders
+        parameters inside them, and a resumed run sees the first layout again.
+        Residuals are kept in one canonical order instead: parameters numbered
+        as first seen (the first iteration's layout, the same in every run of
+        the same model), and a bucket's tensor id derived from its members.
+        """
+        params = bucket.parameters()
+        index = [self._param_index.setdefault(id(p), len(self._param_index)) for p in params]
+        order = sorted(range(len(params)), key=index.__getitem__)
+        members = ",".join(str(index[i]) for i in order).encode()
+        tensor_id = int.from_bytes(hashlib.blake2b(members, digest_size=8).digest(), "little")
+        if order == list(range(len(params))):
+            return tensor_id, None
+        sizes = [p.numel() for p in params]
+        starts = [0]
+        for n in sizes:
+            starts.append(starts[-1] + n)
+        return tensor_id, [(starts[i], starts[i] + sizes[i]) for i in order]
 
     # -- communicator and worker, made on first sparse use -----------------
 
@@ -103,17 +131,28 @@ class OkTopkState:
             self._worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="oktopk")
         return self._comm
 
-    def _reduce(self, bucket_id, tensor, fut):
+    def _reduce(self, bucket_id, slices, tensor, fut):
         try:
-            host = tensor
-            if tensor.device.type != "cpu":
-                # Stage through pinned host memory; the library reads CPU memory.
-                host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+            if slices is not None:
+                # Canonical order: the library's residual layout never changes.
+                host = torch.cat([tensor[a:b] for a, b in slices])
+            elif tensor.device.type != "cpu":
+                host = torch.empty(tensor.shape, dtype=tensor.dtype)
                 host.copy_(tensor)
-            elif not tensor.is_contiguous():
-                host = tensor.contiguous()
+            else:
+                host = tensor if tensor.is_contiguous() else tensor.contiguous()
+            if host.device.type != "cpu":
+                # Stage through pinned host memory; the library reads CPU memory.
+                staged = torch.empty(host.shape, dtype=host.dtype, pin_memory=True)
+                staged.copy_(host)
+                host = staged
             stats = self._comm.sparse_allreduce_(bucket_id, host)
-            if host is not tensor:
+            if slices is not None:
+                at = 0
+                for a, b in slices:
+                    tensor[a:b].copy_(host[at : at + b - a])
+                    at += b - a
+            elif host is not tensor:
                 tensor.copy_(host)
             with self._lock:
                 self.bytes_sent += stats.bytes_sent
@@ -188,13 +227,14 @@ def oktopk_hook(state: OkTopkState, bucket: dist.GradBucket) -> torch.futures.Fu
     else:
         phase_iter = state.iter
     if phase_iter < state.warmup_iters:
+        state._canonical(bucket)  # number the parameters in the first layout
         group = state.process_group
         world = dist.get_world_size(group)
         fut = dist.all_reduce(tensor, group=group, async_op=True).get_future()
         return fut.then(lambda f: f.value()[0].div_(world))
     state._communicator()
-    bucket_id = bucket.index()
+    bucket_id, slices = state._canonical(bucket)
     state._bucket_ids.add(bucket_id)
     fut = torch.futures.Future()
-    state._worker.submit(state._reduce, bucket_id, tensor, fut)
+    state._worker.submit(state._reduce, bucket_id, slices, tensor, fut)
     return fut

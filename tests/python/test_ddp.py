@@ -1,0 +1,113 @@
+"""Real multi-process DDP over gloo on CPU with oktopk's communication hook.
+
+Every test starts fresh processes (spawn) that form a torch.distributed
+process group; oktopk's communicator rendezvouses through that group's own
+store and moves gradients over its ZeroMQ transport.
+"""
+
+import os
+import pickle
+import time
+
+import pytest
+import torch.multiprocessing as mp
+
+import workers
+from conftest import free_port
+from oktopk import ALGORITHMS, OkTopkState
+
+
+def run(fn, world, *args, expect_exit=None, timeout=240):
+    """Run fn(rank, world, port, out, *args) on `world` spawned processes and
+    return what each rank wrote."""
+    import tempfile
+
+    out = tempfile.mkdtemp(prefix="oktopk-test-")
+    ctx = mp.start_processes(fn, args=(world, free_port(), out) + args, nprocs=world, join=False, start_method="spawn")
+    deadline = time.monotonic() + timeout
+    while not all(not p.is_alive() for p in ctx.processes):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                p.kill()
+            pytest.fail(f"ranks still running after {timeout}s")
+        time.sleep(0.1)
+    codes = [p.exitcode for p in ctx.processes]
+    want = expect_exit or [0] * world
+    assert codes == want, f"exit codes {codes}, want {want}"
+    results = {}
+    for r in range(world):
+        path = os.path.join(out, f"rank{r}.pkl")
+        if os.path.exists(path):
+            with open(path, "rb") as f:
+                results[r] = pickle.load(f)
+    return results
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_density_one_equals_allreduce_hook(world):
+    # Same average, summed in another order: float32 rounding only. The
+    # tolerance is relative to each parameter's largest gradient entry.
+    results = run(workers.density_one, world)
+    for r, res in results.items():
+        assert res["sparse_iters"] == 5, res
+        assert res["worst_relative_diff"] <= 1e-5, f"rank {r}: {res}"
+
+
+def test_sparse_cnn_reaches_dense_accuracy_and_ranks_agree():
+    world, epochs = 4, 12
+    dense = run(workers.train_cnn, world, ["--epochs", str(epochs)])
+    sparse = run(workers.train_cnn, world, ["--epochs", str(epochs), "--oktopk", "--density", "0.01"])
+    for res in (dense, sparse):
+        assert len({res[r]["params"] for r in range(world)}) == 1, "ranks ended with different parameters"
+    acc_dense, acc_sparse = dense[0]["accuracy"], sparse[0]["accuracy"]
+    print(f"digits CNN, {world} ranks, {epochs} epochs: dense {acc_dense:.2f}%, oktopk 1% {acc_sparse:.2f}%")
+    assert acc_sparse >= acc_dense - 1.0, f"oktopk {acc_sparse:.2f}% vs dense {acc_dense:.2f}%"
+
+
+def test_every_algorithm_selectable_by_name():
+    results = run(workers.every_algorithm, 2, list(ALGORITHMS))
+    assert [a for a, _, _ in results[0]] == list(ALGORITHMS)
+    for (alg, p0, sent), (_, p1, _) in zip(results[0], results[1]):
+        assert p0 == p1, f"{alg}: ranks differ"
+        assert sent > 0, f"{alg}: nothing sent through oktopk"
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"density": 0},
+        {"density": 1.5},
+        {"density": float("nan")},
+        {"algorithm": "nope"},
+        {"warmup_iters": 0},
+        {"tau": 0},
+        {"tau_prime": -1},
+        {"timeout": 0},
+    ],
+)
+def test_bad_settings_raise_value_error(kwargs):
+    with pytest.raises(ValueError):
+        OkTopkState(**kwargs)
+
+
+def test_dead_rank_makes_others_raise_within_timeout():
+    timeout = 4.0
+    results = run(workers.dead_peer, 2, timeout, expect_exit=[0, 3])
+    res = results[0]
+    assert res["step"] == 3, res
+    assert "oktopk" in res["error"], res
+    assert res["seconds"] <= timeout * 1.1 + 1.0, res
+
+
+def test_checkpoint_resume_matches_uninterrupted_run(tmp_path):
+    full = run(workers.checkpoint, 2, "full", str(tmp_path))
+    resumed = run(workers.checkpoint, 2, "resume", str(tmp_path))
+    for r in range(2):
+        assert resumed[r] == full[r], f"rank {r}: resumed run's parameters differ from the uninterrupted run's"
+    assert full[0] == full[1]
+
+
+def test_forked_child_cannot_call_the_library():
+    res = run(workers.fork_child, 1)[0]
+    assert res["child_exit"] == 0, "a forked child's call did not raise OkTopkError naming fork"
+    assert res["parent_result"] == [1.0] * 4

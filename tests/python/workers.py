@@ -1,0 +1,162 @@
+"""Rank functions for the DDP tests, started by torch.multiprocessing in
+fresh (spawned) processes. Each writes what the test checks to a file."""
+
+import os
+import pickle
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+for p in (os.path.join(ROOT, "plugins", "pytorch"), os.path.join(ROOT, "examples", "pytorch")):
+    if p not in sys.path:
+        sys.path.insert(0, p)
+
+from oktopk import OkTopkError, OkTopkState, oktopk_hook  # noqa: E402
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook  # noqa: E402
+
+
+def setup(rank, world, port):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+
+
+def write(out, rank, value):
+    with open(os.path.join(out, f"rank{rank}.pkl"), "wb") as f:
+        pickle.dump(value, f)
+
+
+def small_model(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 5))
+
+
+def batch(rank, step):
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn(8, 20, generator=g), torch.randint(0, 5, (8,), generator=g)
+
+
+def density_one(rank, world, port, out):
+    """Grads through oktopk at density 1 against allreduce_hook's, per step."""
+    setup(rank, world, port)
+    a, b = DDP(small_model()), DDP(small_model())
+    state = OkTopkState(density=1.0, warmup_iters=1)
+    a.register_comm_hook(state, oktopk_hook)
+    b.register_comm_hook(None, allreduce_hook)
+    oa, ob = torch.optim.SGD(a.parameters(), lr=0.1), torch.optim.SGD(b.parameters(), lr=0.1)
+    worst = 0.0
+    for step in range(6):
+        x, y = batch(rank, step)
+        for m, o in ((a, oa), (b, ob)):
+            o.zero_grad()
+            F.cross_entropy(m(x), y).backward()
+        for pa, pb in zip(a.parameters(), b.parameters()):
+            worst = max(worst, (pa.grad - pb.grad).abs().max().item() / (pb.grad.abs().max().item() + 1e-30))
+        oa.step()
+        ob.step()
+    write(out, rank, {"worst_relative_diff": worst, "sparse_iters": state.iter - state.warmup_iters})
+    state.close()
+    dist.destroy_process_group()
+
+
+def train_cnn(rank, world, port, out, args):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    import cnn  # makes its own process group from the environment, as under torchrun
+
+    write(out, rank, cnn.main(args))
+
+
+def every_algorithm(rank, world, port, out, algorithms):
+    setup(rank, world, port)
+    done = []
+    for alg in algorithms:
+        m = DDP(small_model())
+        state = OkTopkState(density=0.1, algorithm=alg, warmup_iters=1)
+        m.register_comm_hook(state, oktopk_hook)
+        o = torch.optim.SGD(m.parameters(), lr=0.1)
+        for step in range(3):
+            x, y = batch(rank, step)
+            o.zero_grad()
+            F.cross_entropy(m(x), y).backward()
+            o.step()
+        params = b"".join(p.detach().numpy().tobytes() for p in m.parameters())
+        done.append((alg, params, state.bytes_sent))
+        state.close()
+    write(out, rank, done)
+    dist.destroy_process_group()
+
+
+def dead_peer(rank, world, port, out, timeout):
+    setup(rank, world, port)
+    m = DDP(small_model())
+    state = OkTopkState(density=0.1, warmup_iters=1, timeout=timeout)
+    m.register_comm_hook(state, oktopk_hook)
+    o = torch.optim.SGD(m.parameters(), lr=0.1)
+    for step in range(100):
+        if rank == 1 and step == 3:
+            os._exit(3)  # dies mid-training, as a crashed or killed rank would
+        x, y = batch(rank, step)
+        o.zero_grad()
+        start = time.monotonic()
+        try:
+            F.cross_entropy(m(x), y).backward()
+        except Exception as e:  # noqa: BLE001 - what DDP re-raises is checked by the test
+            write(out, rank, {"step": step, "seconds": time.monotonic() - start, "error": repr(e)})
+            os._exit(0)
+        o.step()
+    write(out, rank, {"step": None})
+
+
+def checkpoint(rank, world, port, out, phase, ckpt):
+    """phase 'full': train 8 steps, saving everything after step 4.
+    phase 'resume': load that checkpoint in new processes, train steps 5–8."""
+    setup(rank, world, port)
+    m = DDP(small_model())
+    state = OkTopkState(density=0.05, warmup_iters=1, tau=2, tau_prime=3)
+    o = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+    first = 0
+    path = os.path.join(ckpt, f"rank{rank}.pt")
+    if phase == "resume":
+        saved = torch.load(path, weights_only=False)
+        m.module.load_state_dict(saved["model"])
+        o.load_state_dict(saved["optimizer"])
+        state.load_state_dict(saved["oktopk"])
+        first = saved["step"]
+    m.register_comm_hook(state, oktopk_hook)
+    for step in range(first, 8):
+        x, y = batch(rank, step)
+        o.zero_grad()
+        F.cross_entropy(m(x), y).backward()
+        o.step()
+        if phase == "full" and step + 1 == 4:
+            torch.save({"model": m.module.state_dict(), "optimizer": o.state_dict(), "oktopk": state.state_dict(), "step": 4}, path)
+    write(out, rank, b"".join(p.detach().numpy().tobytes() for p in m.parameters()))
+    state.close()
+    dist.destroy_process_group()
+
+
+def fork_child(rank, world, port, out):
+    setup(rank, world, port)
+    from oktopk import Communicator
+
+    comm = Communicator()
+    t = torch.ones(4)
+    comm.allreduce_(t)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            comm.allreduce_(torch.ones(4))
+            os._exit(1)  # must not get here
+        except OkTopkError as e:
+            os._exit(0 if "fork" in str(e) else 2)
+    _, status = os.waitpid(pid, 0)
+    write(out, rank, {"child_exit": os.waitstatus_to_exitcode(status), "parent_result": t.tolist()})
+    comm.destroy()
+    dist.destroy_process_group()
