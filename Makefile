@@ -14,7 +14,7 @@ TORCH_VENV := $(OKTOPK_CACHE)/venv-torch-$(shell sha256sum $(TORCH_REQ) | cut -c
 PY := $(TORCH_VENV)/bin/python
 GO_SOURCES := $(shell find core transport capi -name '*.go' -not -name '*_test.go') go.mod go.sum
 
-.PHONY: all deps build test test-go test-c test-python demo bench examples header-check clean venv
+.PHONY: all deps build test test-go test-c test-python demo bench bench-go examples header-check clean venv print-py
 
 all: build
 
@@ -42,7 +42,7 @@ $(TORCH_VENV)/.ok: $(TORCH_REQ)
 	rm -rf $(TORCH_VENV) && mv $(TORCH_VENV).tmp $(TORCH_VENV)
 	@touch $@
 
-test: test-go test-c
+test: test-go test-c test-python
 
 test-go: $(BUILD)/.deps
 	$(GO) vet ./...
@@ -82,6 +82,30 @@ test-c: examples
 	timeout 120 tests/c/launch.sh 4 $(C_TEST) ranks
 	timeout 120 tests/c/launch.sh 3 $(C_TEST) peerdeath
 	timeout 120 tests/c/launch.sh 4 $(TRAINER)
+
+# The PyTorch plugin's tests: real multi-process DDP over gloo on CPU. The
+# plugin is used from the repository (PYTHONPATH), finding build/liboktopk.so.
+PYENV := PYTHONPATH=$(CURDIR)/plugins/pytorch OMP_NUM_THREADS=1
+test-python: $(LIB) venv
+	$(PYENV) $(PY) -m pytest -q tests/python
+
+# A 4-rank torchrun training of the CNN example, dense then Ok-Topk.
+DEMO_RANKS ?= 4
+DEMO_EPOCHS ?= 12
+demo: $(LIB) venv
+	@set -o pipefail; for mode in "" "--oktopk"; do \
+		echo "== torchrun --nproc-per-node $(DEMO_RANKS) examples/pytorch/cnn.py $$mode"; \
+		$(PYENV) $(PY) -m torch.distributed.run --nproc-per-node $(DEMO_RANKS) --master-port $${DEMO_PORT:-29555} \
+			examples/pytorch/cnn.py --epochs $(DEMO_EPOCHS) $$mode 2>&1 | grep -E '^(epoch|RESULT)|Error' || exit 1; \
+	done
+
+# Go benchmarks: transport beside raw ZeroMQ, and the collectives in process.
+bench-go: $(BUILD)/.deps
+	$(GO) test -run '^$$' -bench TransferOverLoopback -benchtime 10x ./transport
+	$(GO) test -run '^$$' -bench . -benchtime 10x ./core
+
+print-py:
+	@echo $(PY)
 
 clean:
 	rm -rf $(BUILD)

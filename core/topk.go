@@ -3,48 +3,99 @@ package core
 import (
 	"fmt"
 	"math"
-	"sort"
+	"sync"
 )
 
-// This file is the reference selection: simple and obviously correct. The
-// fast engine (histogram select, fused error feedback, parallel passes)
-// replaces these bodies but keeps their exact results.
+// Exact selection by magnitude without sorting: a radix select on the bits
+// of |x|. For finite and infinite floats the IEEE-754 bit pattern of |x|,
+// read as an unsigned integer, orders like |x| itself, so the k-th largest
+// magnitude is found with two histogram passes (the top 16 bits, then the
+// low 16 bits of the one bucket that holds it) and a third pass collects the
+// selection in index order: O(n), about three reads of x.
+
+// histogramPool recycles the 2^16-bucket histograms (256 KiB each).
+var histogramPool = sync.Pool{New: func() any { return new([1 << 16]uint32) }}
+
+// kthLargestKey returns the bit pattern of the k-th largest |x| (1 ≤ k ≤ n)
+// and how many entries are strictly larger. x must hold no NaN.
+func kthLargestKey(x []float32, k int) (key uint32, larger int) {
+	h := histogramPool.Get().(*[1 << 16]uint32)
+	defer histogramPool.Put(h)
+	clear(h[:])
+	for _, v := range x {
+		h[(math.Float32bits(v)&^signBit)>>16]++
+	}
+	// Walk down from the largest bucket until k entries are covered.
+	hi := 1<<16 - 1
+	for ; hi > 0; hi-- {
+		if larger+int(h[hi]) >= k {
+			break
+		}
+		larger += int(h[hi])
+	}
+	clear(h[:])
+	for _, v := range x {
+		if u := math.Float32bits(v) &^ signBit; int(u>>16) == hi {
+			h[u&0xffff]++
+		}
+	}
+	lo := 1<<16 - 1
+	for ; lo > 0; lo-- {
+		if larger+int(h[lo]) >= k {
+			break
+		}
+		larger += int(h[lo])
+	}
+	return uint32(hi)<<16 | uint32(lo), larger
+}
+
+const signBit = 1 << 31
+
+// firstNaN returns the index of the first NaN in x, or -1.
+func firstNaN(x []float32) int {
+	for i, v := range x {
+		if v != v {
+			return i
+		}
+	}
+	return -1
+}
 
 // TopK returns the k entries of x with the largest |x|, ascending by index.
 // Ties in magnitude go to the lower index, so every rank and every run agrees.
-// NaN is never selected silently: it is ErrNonFinite.
+// NaN is never selected silently: it is ErrNonFinite. ±Inf are the largest
+// magnitudes.
 func TopK(x []float32, k int) (Sparse, error) {
 	if k < 0 || k > len(x) {
 		return Sparse{}, fmt.Errorf("%w: k=%d with n=%d", ErrInvalidArgument, k, len(x))
 	}
-	order := make([]int, len(x))
-	for i := range order {
-		if math.IsNaN(float64(x[i])) {
-			return Sparse{}, fmt.Errorf("%w: NaN at index %d", ErrNonFinite, i)
-		}
-		order[i] = i
+	if i := firstNaN(x); i >= 0 {
+		return Sparse{}, fmt.Errorf("%w: NaN at index %d", ErrNonFinite, i)
 	}
-	sort.SliceStable(order, func(a, b int) bool {
-		return abs32(x[order[a]]) > abs32(x[order[b]])
-	})
-	sel := order[:k]
-	sort.Ints(sel)
 	out := Sparse{Idx: make([]uint32, 0, k), Val: make([]float32, 0, k)}
-	for _, i := range sel {
-		out.Append(uint32(i), x[i])
+	if k == 0 {
+		return out, nil
+	}
+	key, larger := kthLargestKey(x, k)
+	ties := k - larger // entries equal to the k-th magnitude to keep, lowest index first
+	for i, v := range x {
+		u := math.Float32bits(v) &^ signBit
+		if u > key || (u == key && ties > 0) {
+			if u == key {
+				ties--
+			}
+			out.Append(uint32(i), v)
+		}
 	}
 	return out, nil
 }
 
 // KthLargestAbs is the k-th largest |x| (1-based), the exact threshold: the
-// entries with |x| > KthLargestAbs(x, k+1) are at most k. k must be in 1..n.
+// entries with |x| > KthLargestAbs(x, k+1) are at most k. k must be in 1..n
+// and x must hold no NaN.
 func KthLargestAbs(x []float32, k int) float32 {
-	a := make([]float32, len(x))
-	for i, v := range x {
-		a[i] = abs32(v)
-	}
-	sort.Slice(a, func(i, j int) bool { return a[i] > a[j] })
-	return a[k-1]
+	key, _ := kthLargestKey(x, k)
+	return math.Float32frombits(key)
 }
 
 // SelectAbove appends to dst every entry with |x| > th, ascending by index.
