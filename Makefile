@@ -91,7 +91,7 @@ test-python: $(LIB) venv
 
 # A 4-rank torchrun training of the CNN example, dense then Ok-Topk.
 DEMO_RANKS ?= 4
-DEMO_EPOCHS ?= 12
+DEMO_EPOCHS ?= 30
 demo: $(LIB) venv
 	@set -o pipefail; for mode in "" "--oktopk"; do \
 		echo "== torchrun --nproc-per-node $(DEMO_RANKS) examples/pytorch/cnn.py $$mode"; \

@@ -60,7 +60,7 @@ def main(argv=None):
     ap.add_argument("--oktopk", action="store_true", help="sparse allreduce through oktopk's DDP hook")
     ap.add_argument("--density", type=float, default=0.01)
     ap.add_argument("--algorithm", default="oktopk")
-    ap.add_argument("--epochs", type=int, default=20)
+    ap.add_argument("--epochs", type=int, default=30)
     ap.add_argument("--batch-size", type=int, default=16, help="per rank")
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--width", type=int, default=1)
