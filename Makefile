@@ -14,7 +14,7 @@ TORCH_VENV := $(OKTOPK_CACHE)/venv-torch-$(shell sha256sum $(TORCH_REQ) | cut -c
 PY := $(TORCH_VENV)/bin/python
 GO_SOURCES := $(shell find core transport capi -name '*.go' -not -name '*_test.go') go.mod go.sum
 
-.PHONY: all deps build test test-go test-c test-python demo bench bench-go examples header-check clean venv print-py
+.PHONY: all deps build test test-go test-c test-python demo bench bench-quick bench-go examples header-check clean venv print-py
 
 all: build
 
@@ -98,6 +98,16 @@ demo: $(LIB) venv
 		$(PYENV) $(PY) -m torch.distributed.run --nproc-per-node $(DEMO_RANKS) --master-port $${DEMO_PORT:-29555} \
 			examples/pytorch/cnn.py --epochs $(DEMO_EPOCHS) $$mode 2>&1 | grep -E '^(epoch|RESULT)|Error' || exit 1; \
 	done
+
+# The emulated-cluster benchmark (root: network namespaces and tc). Knobs:
+# BENCH_P, BENCH_N, BENCH_DENSITY, BENCH_RATE, BENCH_ITERS, BENCH_MODE=loopback.
+bench: $(LIB) venv
+	$(GO) build -o $(BUILD)/benchrank ./bench/cmd/benchrank
+	bench/run.sh $(BUILD)/benchrank $(PY)
+
+bench-quick: $(LIB) venv
+	$(GO) build -o $(BUILD)/benchrank ./bench/cmd/benchrank
+	BENCH_P="2 4" BENCH_N=262144 BENCH_ITERS=5 bench/run.sh $(BUILD)/benchrank $(PY)
 
 # Go benchmarks: transport beside raw ZeroMQ, and the collectives in process.
 bench-go: $(BUILD)/.deps
