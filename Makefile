@@ -33,14 +33,18 @@ $(LIB): $(BUILD)/.deps $(GO_SOURCES) include/oktopk.h capi/exports.map
 	$(GO) build -buildmode=c-shared -ldflags="-extldflags=-Wl,--version-script=$(CURDIR)/capi/exports.map" -o $(LIB) ./capi
 	@rm -f $(BUILD)/liboktopk.h  # the public header is include/oktopk.h
 
-venv: $(TORCH_VENV)/.ok
-$(TORCH_VENV)/.ok: $(TORCH_REQ)
-	@mkdir -p $(OKTOPK_CACHE)
-	rm -rf $(TORCH_VENV).tmp
-	python3 -m venv $(TORCH_VENV).tmp
-	$(TORCH_VENV).tmp/bin/python -m pip install -q -r $(TORCH_REQ)
-	rm -rf $(TORCH_VENV) && mv $(TORCH_VENV).tmp $(TORCH_VENV)
-	@touch $@
+# The virtualenv's folder name carries the requirements' hash, so its marker
+# file alone says it is complete (a fresh clone's newer file times must not
+# trigger a reinstall).
+venv:
+	@if [ ! -f $(TORCH_VENV)/.ok ]; then \
+		set -e; mkdir -p $(OKTOPK_CACHE); rm -rf $(TORCH_VENV).tmp; \
+		echo "creating $(TORCH_VENV) from $(TORCH_REQ)"; \
+		python3 -m venv $(TORCH_VENV).tmp; \
+		$(TORCH_VENV).tmp/bin/python -m pip install -q -r $(TORCH_REQ); \
+		rm -rf $(TORCH_VENV) && mv $(TORCH_VENV).tmp $(TORCH_VENV); \
+		touch $(TORCH_VENV)/.ok; \
+	fi
 
 test: test-go test-c test-python
 
