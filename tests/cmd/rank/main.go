@@ -20,7 +20,16 @@ func main() {
 	n := flag.Int("n", 100003, "elements per allreduce")
 	iters := flag.Int("iters", 3, "allreduces per algorithm")
 	timeout := flag.Duration("timeout", 60*time.Second, "limit for the whole run")
+	loop := flag.Int("loop", 0, "instead: this many Ok-Topk calls, each limited by -call-timeout (fault tests)")
+	callTimeout := flag.Duration("call-timeout", 3*time.Second, "limit of one call in -loop mode")
 	flag.Parse()
+	if *loop > 0 {
+		if err := runLoop(*n, *loop, *callTimeout); err != nil {
+			fmt.Fprintln(os.Stderr, "rank:", err)
+			os.Exit(2)
+		}
+		return
+	}
 	if err := run(*n, *iters, *timeout); err != nil {
 		fmt.Fprintln(os.Stderr, "rank:", err)
 		os.Exit(1)
@@ -30,6 +39,33 @@ func main() {
 // value is rank r's element i in iteration it: small integers, so every
 // partial sum is exact in float32 and the result is known bitwise.
 func value(r, i, it int) float32 { return float32((r*7+i*3+it*5)%17 - 8) }
+
+// runLoop runs Ok-Topk calls until done or the first error, printing a line
+// per call so a fault test knows the ranks are mid-run.
+func runLoop(n, calls int, callTimeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	z, err := transport.InitFromEnv(ctx, transport.ZMQOptions{})
+	cancel()
+	if err != nil {
+		return err
+	}
+	defer z.Close()
+	comm := core.NewCommunicator(z)
+	data := make([]float32, n)
+	for it := 0; it < calls; it++ {
+		for i := range data {
+			data[i] = value(comm.Rank(), i, it)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+		_, err := comm.SparseAllreduce(ctx, 1, data, core.DefaultConfig())
+		cancel()
+		if err != nil {
+			return fmt.Errorf("call %d: %w", it, err)
+		}
+		fmt.Printf("call %d ok\n", it)
+	}
+	return nil
+}
 
 func run(n, iters int, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
