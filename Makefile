@@ -48,9 +48,14 @@ venv:
 
 test: test-go test-c test-python
 
+FUZZTIME ?= 10s
 test-go: $(BUILD)/.deps
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 20m ./...
+	@# Fuzz the decoders of everything that comes off the wire, bounded in time.
+	$(GO) test -run '^$$' -fuzz FuzzDecodeFrame -fuzztime $(FUZZTIME) ./transport
+	$(GO) test -run '^$$' -fuzz FuzzDecodeSparse -fuzztime $(FUZZTIME) ./core
+	$(GO) test -run '^$$' -fuzz FuzzTopK -fuzztime $(FUZZTIME) ./core
 
 # The C ABI's users: the C test program and the C++ trainer, linked against
 # build/liboktopk.so with an rpath of $ORIGIN so they run from build/.

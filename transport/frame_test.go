@@ -1,0 +1,60 @@
+package transport
+
+import (
+	"errors"
+	"testing"
+)
+
+func validHeader(kind frameKind, dtype Dtype, count, length uint64) []byte {
+	h := frameHeader{kind: kind, token: digestToken("tok"), generation: 3, sender: 1,
+		tag: Tag{OpOkTopk, 42, 7}, dtype: dtype, count: count, payloadLen: length}
+	b := make([]byte, headerSize)
+	h.encode(b)
+	return b
+}
+
+func TestFrameHeaderRoundTripAndRejections(t *testing.T) {
+	b := validHeader(kindData, DtypeSparseF32, 3, 24)
+	h, err := decodeFrameHeader(b, digestToken("tok"), 3, 4)
+	if err != nil || h.tag != (Tag{OpOkTopk, 42, 7}) || h.count != 3 || h.payloadLen != 24 || h.sender != 1 {
+		t.Fatalf("round trip: %+v, %v", h, err)
+	}
+	cases := map[string]struct {
+		b     []byte
+		token string
+		gen   uint32
+		size  int
+		want  error
+	}{
+		"other job's token":   {b, "other", 3, 4, ErrAuth},
+		"other generation":    {b, "tok", 4, 4, ErrBadFrame},
+		"sender out of range": {b, "tok", 3, 1, ErrBadFrame},
+		"short header":        {b[:60], "tok", 3, 4, ErrBadFrame},
+		"count vs length":     {validHeader(kindData, DtypeSparseF32, 4, 24), "tok", 3, 4, ErrBadFrame},
+		"overflowing count":   {validHeader(kindData, DtypeSparseF32, 1<<62, 0), "tok", 3, 4, ErrBadFrame},
+		"unknown dtype":       {validHeader(kindData, Dtype(99), 0, 0), "tok", 3, 4, ErrBadFrame},
+	}
+	for name, c := range cases {
+		if _, err := decodeFrameHeader(c.b, digestToken(c.token), c.gen, c.size); !errors.Is(err, c.want) {
+			t.Errorf("%s: %v, want %v", name, err, c.want)
+		}
+	}
+}
+
+// FuzzDecodeFrame: any bytes either decode into a header whose sizes are
+// consistent, or are refused; never a panic.
+func FuzzDecodeFrame(f *testing.F) {
+	f.Add(validHeader(kindData, DtypeFloat32, 4, 16))
+	f.Add(validHeader(kindHello, DtypeBytes, 0, 0))
+	f.Add(validHeader(kindData, DtypeSparseF32, 1, 8))
+	f.Add([]byte("GET / HTTP/1.1\r\n"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		h, err := decodeFrameHeader(b, digestToken("tok"), 3, 4)
+		if err != nil {
+			return
+		}
+		if h.sender >= 4 || checkPayloadSize(h.dtype, h.count, h.payloadLen) != nil {
+			t.Fatalf("accepted an inconsistent header: %+v", h)
+		}
+	})
+}
