@@ -13,7 +13,7 @@
 # on this machine's own namespaces only. Run as root.
 set -euo pipefail
 P=$1 N=$2 DENSITY=$3 RATE=$4 OUT=$5 BENCHRANK=$6 PY=$7 MODE=${8:-netns}
-ITERS=${BENCH_ITERS:-20}
+ITERS=${BENCH_ITERS:-12}
 PORT=$((29000 + RANDOM % 2000))
 
 cleanup() {

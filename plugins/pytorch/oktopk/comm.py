@@ -47,6 +47,7 @@ class Communicator:
         endpoint = ctypes.create_string_buffer(256)
         _lib.check(lib.oktopk_comm_bind(ctypes.byref(handle), self.size, self.rank, token, ctypes.byref(cfg), endpoint, len(endpoint)))
         self.handle = handle.value
+        self.endpoint = endpoint.value.decode()  # what this rank advertises, tcp://host:port
         try:
             store.set(f"ep/{self.rank}", endpoint.value)
             endpoints = [store.get(f"ep/{r}") for r in range(self.size)]
