@@ -6,6 +6,12 @@ falls well below the uniform log V). Switching to sparse allreduce is one
 line (``register_comm_hook``), behind ``--oktopk``.
 
     python -m torch.distributed.run --nproc-per-node 4 examples/pytorch/bert.py --oktopk
+
+Measured on a 2-core machine, 4 ranks, Adam, batch 16 per rank (loss is the
+masked-token cross entropy; uniform guessing is 4.16):
+dense, 300 steps: 0.97; Ok-Topk at density 1%, 300 steps: 3.70 (it has
+barely started); density 1%, 1000 steps: 0.99; density 10%, 300 steps: 1.54.
+At 1% a sparse run needs more steps to get as far, as in the paper's BERT runs.
 """
 
 import argparse
@@ -19,12 +25,24 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 
+def sinusoids(seq, dim):
+    pos = torch.arange(seq, dtype=torch.float32)[:, None]
+    freq = 10000.0 ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
+    table = torch.zeros(seq, dim)
+    table[:, 0::2] = torch.sin(pos / freq)
+    table[:, 1::2] = torch.cos(pos / freq)
+    return table
+
+
 class TinyBert(nn.Module):
     def __init__(self, vocab, dim=128, layers=2, heads=4, seq=32):
         super().__init__()
         self.tokens = nn.Embedding(vocab + 1, dim)  # the last id is [MASK]
-        self.positions = nn.Parameter(torch.zeros(seq, dim))
-        layer = nn.TransformerEncoderLayer(dim, heads, 4 * dim, dropout=0.0, batch_first=True)
+        # Learned positions, started from the Transformer's sinusoids: from a
+        # random start the model takes thousands of steps to find "look at
+        # the neighbours", which is all this corpus needs.
+        self.positions = nn.Parameter(sinusoids(seq, dim))
+        layer = nn.TransformerEncoderLayer(dim, heads, 4 * dim, dropout=0.0, batch_first=True, norm_first=True)
         self.encoder = nn.TransformerEncoder(layer, layers)
         self.head = nn.Linear(dim, vocab)
 
@@ -33,9 +51,11 @@ class TinyBert(nn.Module):
 
 
 def markov_corpus(vocab, seq, count, seed):
-    """count sequences from a random sparse Markov chain (4 likely successors per token)."""
+    """count sequences from one fixed random sparse Markov chain (4 successors
+    per token); the chain is the same on every rank (seed 0), the sequences
+    drawn from it differ by seed."""
+    succ = torch.randint(0, vocab, (vocab, 4), generator=torch.Generator().manual_seed(0))
     g = torch.Generator().manual_seed(seed)
-    succ = torch.randint(0, vocab, (vocab, 4), generator=g)
     ids = torch.empty(count, seq, dtype=torch.long)
     ids[:, 0] = torch.randint(0, vocab, (count,), generator=g)
     for t in range(1, seq):
@@ -49,9 +69,9 @@ def main(argv=None):
     ap.add_argument("--oktopk", action="store_true")
     ap.add_argument("--density", type=float, default=0.01)
     ap.add_argument("--algorithm", default="oktopk")
-    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--batch-size", type=int, default=16)
-    ap.add_argument("--vocab", type=int, default=256)
+    ap.add_argument("--vocab", type=int, default=64)
     ap.add_argument("--seq", type=int, default=32)
     ap.add_argument("--lr", type=float, default=1e-3)
     args = ap.parse_args(argv)
