@@ -12,9 +12,16 @@ OKTOPK_CACHE ?= $(HOME)/.cache/oktopk
 TORCH_REQ := plugins/pytorch/requirements.txt
 TORCH_VENV := $(OKTOPK_CACHE)/venv-torch-$(shell sha256sum $(TORCH_REQ) | cut -c1-12)
 PY := $(TORCH_VENV)/bin/python
+# Horovod's environment: its own torch (Horovod 0.28.1 builds only against
+# torch <= 2.0.x) and Horovod built from source; keyed by its requirements and
+# the Horovod version, cached beside the other one.
+HOROVOD_VERSION := 0.28.1
+HVD_REQ := plugins/horovod/requirements.txt
+HVD_VENV := $(OKTOPK_CACHE)/venv-horovod-$(shell (cat $(HVD_REQ); echo $(HOROVOD_VERSION)) | sha256sum | cut -c1-12)
+HVD_PY := $(HVD_VENV)/bin/python
 GO_SOURCES := $(shell find core transport capi -name '*.go' -not -name '*_test.go') go.mod go.sum
 
-.PHONY: all deps build test test-go test-c test-python demo bench bench-quick bench-go examples header-check clean venv print-py
+.PHONY: all deps build test test-go test-c test-python test-horovod demo bench bench-quick bench-go examples header-check clean venv venv-horovod print-py
 
 all: build
 
@@ -46,7 +53,26 @@ venv:
 		touch $(TORCH_VENV)/.ok; \
 	fi
 
-test: test-go test-c test-python
+# Horovod from source: Gloo for the collectives (horovodrun --gloo), no MPI,
+# no TensorFlow or MXNet; its build requirements come from HVD_REQ because
+# --no-build-isolation is what makes it compile against the torch installed.
+# Built in place (console scripts such as horovodrun carry the venv's path);
+# the .ok marker is written last, so an interrupted build starts over.
+venv-horovod:
+	@if [ ! -f $(HVD_VENV)/.ok ]; then \
+		set -e; mkdir -p $(OKTOPK_CACHE); rm -rf $(HVD_VENV); \
+		echo "creating $(HVD_VENV) from $(HVD_REQ) and horovod==$(HOROVOD_VERSION) (a fresh machine builds Horovod once, several minutes)"; \
+		python3 -m venv $(HVD_VENV); \
+		$(HVD_PY) -m pip install -q -r $(HVD_REQ); \
+		HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
+		HOROVOD_WITHOUT_MPI=1 HOROVOD_WITH_GLOO=1 HOROVOD_CPU_OPERATIONS=GLOO \
+		MAKEFLAGS=-j2 $(HVD_PY) -m pip install -q --no-build-isolation --no-cache-dir \
+			horovod==$(HOROVOD_VERSION); \
+		$(HVD_VENV)/bin/horovodrun --check-build; \
+		touch $(HVD_VENV)/.ok; \
+	fi
+
+test: test-go test-c test-python test-horovod
 
 FUZZTIME ?= 10s
 test-go: $(BUILD)/.deps
@@ -97,6 +123,10 @@ test-c: examples
 PYENV := PYTHONPATH=$(CURDIR)/plugins/pytorch OMP_NUM_THREADS=1
 test-python: $(LIB) venv
 	$(PYENV) $(PY) -m pytest -q tests/python
+
+# The Horovod integration under real horovodrun --gloo (2 and 4 ranks).
+test-horovod: $(LIB) venv-horovod
+	OMP_NUM_THREADS=1 $(HVD_PY) -m pytest -q tests/horovod
 
 # A 4-rank torchrun training of the CNN example, dense then Ok-Topk.
 DEMO_RANKS ?= 4

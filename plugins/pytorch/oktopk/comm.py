@@ -32,27 +32,53 @@ class Communicator:
     """One liboktopk communicator over the ranks of ``group``."""
 
     def __init__(self, group=None, algorithm="oktopk", density=0.01, tau=64, tau_prime=32, timeout=60.0):
+        store = dist.PrefixStore(f"c{next(_instance_counter)}/", _store_for(group))
+        rank, size = dist.get_rank(group), dist.get_world_size(group)
+
+        def share_token(token):
+            if rank == 0:
+                store.set("token", token)
+            return store.get("token")
+
+        def gather_endpoints(endpoint):
+            store.set(f"ep/{rank}", endpoint)
+            return [store.get(f"ep/{r}") for r in range(size)]
+
         self.group = group
-        self.rank = dist.get_rank(group)
-        self.size = dist.get_world_size(group)
+        self._connect(rank, size, share_token, gather_endpoints, algorithm, density, tau, tau_prime, timeout)
+
+    @classmethod
+    def from_exchange(cls, rank, size, share_token, gather_endpoints, algorithm="oktopk", density=0.01, tau=64, tau_prime=32, timeout=60.0):
+        """A communicator whose rendezvous goes through the caller's own
+        collectives (Horovod's, say): ``share_token(token_or_None)`` returns
+        rank 0's token bytes on every rank, ``gather_endpoints(endpoint)``
+        returns every rank's endpoint bytes in rank order."""
+        self = cls.__new__(cls)
+        self.group = None
+        self._connect(rank, size, share_token, gather_endpoints, algorithm, density, tau, tau_prime, timeout)
+        return self
+
+    def _connect(self, rank, size, share_token, gather_endpoints, algorithm, density, tau, tau_prime, timeout):
+        self.rank, self.size, self.handle = rank, size, 0
         lib = _lib.lib()
         cfg = _lib.default_config(algorithm, density, tau, tau_prime, timeout)
-        store = dist.PrefixStore(f"c{next(_instance_counter)}/", _store_for(group))
-        if self.rank == 0:
+        mine = None
+        if rank == 0:
             buf = ctypes.create_string_buffer(128)
             _lib.check(lib.oktopk_make_token(buf, len(buf)))
-            store.set("token", buf.value)
-        token = store.get("token")
+            mine = buf.value
+        token = share_token(mine)
         handle = ctypes.c_int64(0)
         endpoint = ctypes.create_string_buffer(256)
-        _lib.check(lib.oktopk_comm_bind(ctypes.byref(handle), self.size, self.rank, token, ctypes.byref(cfg), endpoint, len(endpoint)))
+        _lib.check(lib.oktopk_comm_bind(ctypes.byref(handle), size, rank, token, ctypes.byref(cfg), endpoint, len(endpoint)))
         self.handle = handle.value
         self.endpoint = endpoint.value.decode()  # what this rank advertises, tcp://host:port
         try:
-            store.set(f"ep/{self.rank}", endpoint.value)
-            endpoints = [store.get(f"ep/{r}") for r in range(self.size)]
-            array = (ctypes.c_char_p * self.size)(*endpoints)
-            self._check(lib.oktopk_comm_connect(self.handle, array, self.size))
+            endpoints = gather_endpoints(endpoint.value)
+            if len(endpoints) != size:
+                raise ValueError(f"oktopk: gather_endpoints returned {len(endpoints)} endpoints for {size} ranks")
+            array = (ctypes.c_char_p * size)(*endpoints)
+            self._check(lib.oktopk_comm_connect(self.handle, array, size))
         except BaseException:
             lib.oktopk_comm_destroy(self.handle)
             self.handle = 0

@@ -1,0 +1,24 @@
+"""oktopk for Horovod: Ok-Topk sparse allreduce switched on by a compression
+choice, the way Horovod users switch on fp16.
+
+>>> import horovod.torch as hvd
+>>> from oktopk_horovod import Compression, DistributedOptimizer
+>>> compression = Compression.oktopk(density=0.01) if args.oktopk else Compression.none
+>>> optimizer = DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+...                                  compression=compression)
+
+Horovod's own ``compression=`` compresses a tensor that Horovod then
+allreduces densely, so a sparse exchange needs its own optimizer:
+``oktopk_horovod.DistributedOptimizer`` takes ``hvd.DistributedOptimizer``'s
+arguments, sends gradients through liboktopk when given an oktopk compressor
+and hands everything else to ``hvd.DistributedOptimizer``. Passing the
+oktopk compressor to plain ``hvd.DistributedOptimizer`` fails at the first
+backward with a message saying so; it never falls back to a dense exchange.
+"""
+
+from oktopk import ALGORITHMS, OkTopkError
+
+from .compression import Compression, OkTopkCompressor
+from .optimizer import DistributedOptimizer
+
+__all__ = ["ALGORITHMS", "Compression", "DistributedOptimizer", "OkTopkCompressor", "OkTopkError"]

@@ -1,0 +1,316 @@
+"""A Horovod distributed optimizer whose gradients travel through
+liboktopk's sparse allreduce.
+
+Like ``hvd.DistributedOptimizer`` it wraps a torch optimizer, hooks every
+parameter's gradient accumulation, reduces gradients while backward goes on,
+and waits for them in ``synchronize()`` (called by ``step()``). Differences,
+and why:
+
+* Parameters are grouped into buckets in the order of their *names*, which
+  every rank agrees on (checked at construction), and each bucket keeps its
+  own residual and thresholds inside liboktopk under an id derived from its
+  parameter names; so the same bucket means the same thing on every rank, in
+  every step and after a restart.
+* Buckets are issued to the library strictly in bucket order, from one
+  worker thread, whatever order autograd finishes them in: every rank then
+  makes the same calls in the same order.
+* The library computes the average over ranks; ``op=hvd.Sum`` scales it back.
+"""
+
+import concurrent.futures
+import contextlib
+import hashlib
+import threading
+
+import horovod.torch as hvd
+import torch
+
+from oktopk import Communicator, OkTopkError
+
+from .compression import OkTopkCompressor
+
+BUCKET_BYTES = 25 * 1024 * 1024  # DDP's default bucket_cap_mb
+
+
+def DistributedOptimizer(
+    optimizer,
+    named_parameters=None,
+    compression=hvd.Compression.none,
+    backward_passes_per_step=1,
+    op=hvd.Average,
+    gradient_predivide_factor=1.0,
+    num_groups=0,
+    groups=None,
+    sparse_as_dense=False,
+    process_set=hvd.global_process_set,
+    bucket_bytes=BUCKET_BYTES,
+):
+    """``hvd.DistributedOptimizer`` with one more compression choice:
+    given ``Compression.oktopk(...)`` the gradients are reduced by
+    liboktopk's sparse allreduce; given anything else this *is*
+    ``hvd.DistributedOptimizer``."""
+    if not isinstance(compression, OkTopkCompressor):
+        return hvd.DistributedOptimizer(
+            optimizer,
+            named_parameters=named_parameters,
+            compression=compression,
+            backward_passes_per_step=backward_passes_per_step,
+            op=op,
+            gradient_predivide_factor=gradient_predivide_factor,
+            num_groups=num_groups,
+            groups=groups,
+            sparse_as_dense=sparse_as_dense,
+            process_set=process_set,
+        )
+    if op not in (hvd.Average, hvd.Sum):
+        raise ValueError("oktopk: op must be hvd.Average or hvd.Sum (Adasum is not a sparse reduction)")
+    if gradient_predivide_factor != 1.0 and op != hvd.Average:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
+        raise ValueError(f"backward_passes_per_step must be a positive integer, got {backward_passes_per_step!r}")
+    if num_groups or groups is not None:
+        raise ValueError("oktopk: num_groups/groups are not supported; buckets are formed by bucket_bytes")
+    if process_set is not hvd.global_process_set:
+        raise ValueError("oktopk: only the global process set is supported")
+    if not isinstance(bucket_bytes, int) or bucket_bytes < 1:
+        raise ValueError(f"bucket_bytes must be a positive integer, got {bucket_bytes!r}")
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_SparseDistributedOptimizer.__dict__))
+    return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op, bucket_bytes)
+
+
+class _Bucket:
+    __slots__ = ["index", "tensor_id", "params", "pending", "future"]
+
+    def __init__(self, index, names, params):
+        self.index = index
+        self.tensor_id = int.from_bytes(hashlib.blake2b("\0".join(names).encode(), digest_size=8).digest(), "little")
+        self.params = params
+        self.pending = 0  # parameters whose gradient is not final yet
+        self.future = None
+
+
+class _SparseDistributedOptimizer(torch.optim.Optimizer):
+    # Mixed into the wrapped optimizer's own class (as Horovod does), so
+    # isinstance checks, param_groups and state_dict behave as before.
+
+    def __init__(self, params, named_parameters, compressor, backward_passes_per_step, op, bucket_bytes):
+        super(self.__class__, self).__init__(params)
+        self._compressor = compressor
+        self.backward_passes_per_step = backward_passes_per_step
+        self._op = op
+        named = _named_parameters(self.param_groups, named_parameters)
+        _check_ranks_agree([name for name, _ in named])
+        self._buckets = _make_buckets(named, bucket_bytes)
+        self._bucket_of = {}
+        for bucket in self._buckets:
+            for p in bucket.params:
+                self._bucket_of[p] = bucket
+        self.bytes_sent = 0
+        self.bytes_received = 0
+        self.comm_seconds = 0.0
+        self._comm = Communicator.from_exchange(
+            hvd.rank(),
+            hvd.size(),
+            lambda token: hvd.broadcast_object(token, root_rank=0, name="oktopk.token"),
+            lambda endpoint: hvd.allgather_object(endpoint, name="oktopk.endpoints"),
+            compressor.algorithm,
+            compressor.density,
+            compressor.tau,
+            compressor.tau_prime,
+            compressor.timeout,
+        )
+        # One worker: buckets reach the library in bucket order on every
+        # rank; the calls release the GIL, so backward goes on meanwhile.
+        self._worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="oktopk")
+        self._lock = threading.Lock()
+        self._should_synchronize = True
+        self._synchronized = False
+        self._grad_accs = []
+        self._reset_step()
+        if hvd.size() > 1:
+            self._register_hooks()
+
+    # -- hooks: a bucket is issued once every gradient in it is final -------
+
+    def _reset_step(self):
+        self._passes = {p: 0 for p in self._bucket_of}
+        for bucket in self._buckets:
+            bucket.pending = len(bucket.params)
+            bucket.future = None
+        self._next_bucket = 0
+
+    def _register_hooks(self):
+        for p in self._bucket_of:
+            if p.requires_grad:
+                # The gradient accumulator's hook runs once p.grad is final
+                # for this backward pass (Horovod's way, before torch had
+                # post-accumulate-grad hooks).
+                grad_acc = p.expand_as(p).grad_fn.next_functions[0][0]
+                grad_acc.register_hook(self._make_hook(p))
+                self._grad_accs.append(grad_acc)
+
+    def _make_hook(self, p):
+        def hook(*ignore):
+            with self._lock:
+                if self._passes[p] >= self.backward_passes_per_step:
+                    raise AssertionError(
+                        "Gradients were computed more than backward_passes_per_step times before "
+                        "optimizer.step() or optimizer.synchronize(); raise backward_passes_per_step "
+                        "to accumulate gradients locally."
+                    )
+                self._passes[p] += 1
+                if self._passes[p] == self.backward_passes_per_step:
+                    self._bucket_of[p].pending -= 1
+                    self._issue_ready_buckets()
+
+        return hook
+
+    def _issue_ready_buckets(self):
+        # Strictly in bucket order: the same calls in the same order on
+        # every rank, whatever order autograd finished the buckets in.
+        while self._next_bucket < len(self._buckets) and self._buckets[self._next_bucket].pending == 0:
+            bucket = self._buckets[self._next_bucket]
+            bucket.future = self._worker.submit(self._reduce, bucket)
+            self._next_bucket += 1
+
+    def _reduce(self, bucket):
+        grads = [p.grad for p in bucket.params]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        if flat.device.type != "cpu":
+            # Stage through pinned host memory; the library reads CPU memory.
+            staged = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
+            staged.copy_(flat)
+            host = staged
+        else:
+            host = flat
+        stats = self._comm.sparse_allreduce_(bucket.tensor_id, host)
+        if self._op == hvd.Sum:
+            host.mul_(hvd.size())
+        at = 0
+        for g in grads:
+            g.copy_(host[at : at + g.numel()].view_as(g))
+            at += g.numel()
+        with self._lock:
+            self.bytes_sent += stats.bytes_sent
+            self.bytes_received += stats.bytes_received
+            self.comm_seconds += stats.total_seconds
+
+    # -- Horovod's optimizer interface --------------------------------------
+
+    def synchronize(self):
+        """Wait until every gradient has been reduced. Parameters that got
+        no gradient this step are reduced as zeros, as Horovod does, so every
+        rank makes the same calls."""
+        if hvd.size() > 1:
+            with self._lock:
+                for bucket in self._buckets[self._next_bucket :]:
+                    for p in bucket.params:
+                        if self._passes[p] < self.backward_passes_per_step:
+                            if p.grad is None:
+                                p.grad = torch.zeros_like(p)
+                            self._passes[p] = self.backward_passes_per_step
+                            bucket.pending -= 1
+                self._issue_ready_buckets()
+            try:
+                for bucket in self._buckets:
+                    bucket.future.result()
+            finally:
+                self._reset_step()
+        self._synchronized = True
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """For code that calls ``synchronize()`` itself (gradient clipping):
+        ``step()`` inside this context does not synchronize again."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def step(self, closure=None):
+        if self._should_synchronize:
+            if self._synchronized:
+                import warnings
+
+                warnings.warn(
+                    "optimizer.step() called without optimizer.skip_synchronize() context after "
+                    "optimizer.synchronize(). This can cause training slowdown. You may want to "
+                    "consider using optimizer.skip_synchronize() context if you use "
+                    "optimizer.synchronize() in your code."
+                )
+            self.synchronize()
+        self._synchronized = False
+        return super(self.__class__, self).step(closure)
+
+    def zero_grad(self, *args, **kwargs):
+        if any(bucket.future is not None for bucket in self._buckets):
+            raise AssertionError(
+                "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() "
+                "or optimizer.synchronize(). This is prohibited as it can cause a race condition."
+            )
+        return super(self.__class__, self).zero_grad(*args, **kwargs)
+
+    # -- checkpointing of the sparse state ------------------------------------
+
+    def oktopk_state_dict(self):
+        """Every bucket's residual and thresholds, to save beside the
+        optimizer's ``state_dict()`` so a resumed run continues exactly."""
+        self._worker.submit(lambda: None).result()
+        return {bucket.tensor_id: self._comm.save_tensor_state(bucket.tensor_id) for bucket in self._buckets}
+
+    def load_oktopk_state_dict(self, state):
+        ids = {bucket.tensor_id for bucket in self._buckets}
+        for tensor_id, blob in state.items():
+            if tensor_id not in ids:
+                raise ValueError(f"oktopk: checkpoint holds bucket {tensor_id:#x}, which this model does not have")
+            self._comm.load_tensor_state(tensor_id, blob)
+
+    def close(self):
+        """Release the communicator (also done at interpreter exit)."""
+        if self._worker is not None:
+            self._worker.shutdown(wait=True)
+            self._worker = None
+        if self._comm is not None:
+            self._comm.destroy()
+            self._comm = None
+
+
+def _named_parameters(param_groups, named_parameters):
+    """(name, parameter) for every trainable parameter the optimizer holds,
+    sorted by name; without names, positional ones as Horovod makes them."""
+    params = [p for group in param_groups for p in group["params"] if p.requires_grad]
+    if named_parameters is None:
+        named = [(f"allreduce.noname.{i}", p) for i, p in enumerate(params)]
+    else:
+        named = list(named_parameters)
+        if len({name for name, _ in named}) != len(named):
+            raise ValueError("named_parameters contains duplicate names")
+        known = {id(p) for _, p in named}
+        missing = [i for i, p in enumerate(params) if id(p) not in known]
+        if missing:
+            raise ValueError("named_parameters was specified, but one or more model parameters were not named")
+        held = {id(p) for p in params}
+        named = [(name, p) for name, p in named if id(p) in held]
+    return sorted(named, key=lambda item: item[0])
+
+
+def _check_ranks_agree(names):
+    digest = hashlib.blake2b("\0".join(names).encode(), digest_size=16).hexdigest()
+    digests = hvd.allgather_object(digest, name="oktopk.names")
+    if len(set(digests)) != 1:
+        raise ValueError("oktopk: ranks hold different parameter names; every rank must wrap the same model")
+
+
+def _make_buckets(named, bucket_bytes):
+    buckets, names, params, size = [], [], [], 0
+    for name, p in named:
+        if params and (size + p.numel() * p.element_size() > bucket_bytes or p.dtype != params[0].dtype):
+            buckets.append(_Bucket(len(buckets), names, params))
+            names, params, size = [], [], 0
+        names.append(name)
+        params.append(p)
+        size += p.numel() * p.element_size()
+    if params:
+        buckets.append(_Bucket(len(buckets), names, params))
+    return buckets

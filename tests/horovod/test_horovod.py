@@ -1,0 +1,86 @@
+"""The Horovod integration under real `horovodrun --gloo` on localhost:
+Horovod's own processes, Horovod's collectives for the rendezvous, and
+liboktopk's ZeroMQ transport for the gradients."""
+
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "plugins", "pytorch"))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "plugins", "horovod"))
+HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+
+
+def horovodrun(np, worker, *args, timeout=400):
+    out = tempfile.mkdtemp(prefix="oktopk-hvd-")
+    cmd = [HOROVODRUN, "--gloo", "-np", str(np), "-H", f"localhost:{np}", sys.executable, os.path.join(HERE, "workers.py"), worker, out, *map(str, args)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, f"horovodrun exited {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    results = {}
+    for r in range(np):
+        with open(os.path.join(out, f"rank{r}.pkl"), "rb") as f:
+            results[r] = pickle.load(f)
+    return results
+
+
+@pytest.mark.parametrize("np", [2, 4])
+def test_density_one_matches_horovod_average(np):
+    # Same average summed in another order: float32 rounding only. The
+    # tolerance is relative to each parameter's largest gradient entry.
+    results = horovodrun(np, "density_one")
+    for r, res in results.items():
+        assert res["worst_relative_diff"] <= 1e-5, f"rank {r}: {res['worst_relative_diff']}"
+        assert res["bytes_sent"] > 0, "no traffic went through oktopk"
+    # Ranks started from different seeds; hvd.broadcast_parameters made them one model.
+    assert len(set(results[0]["after_broadcast"])) == 1
+    # Every rank holds the same reduced gradients, bit for bit.
+    assert all(res["grad_digests"] == results[0]["grad_digests"] for res in results.values())
+
+
+@pytest.mark.parametrize("np", [2, 4])
+def test_sparse_cnn_within_one_point_of_dense_and_ranks_agree(np):
+    epochs = 30
+    common = ["--epochs", epochs, "--init-seed", 7]  # per-rank init: the broadcast must unify it
+    dense = horovodrun(np, "train_cnn", *common)
+    sparse = horovodrun(np, "train_cnn", *common, "--oktopk", "--density", "0.01")
+    for res in (dense, sparse):
+        assert all(r["params"] == res[0]["params"] for r in res.values()), "ranks ended with different parameters"
+    acc_dense, acc_sparse = dense[0]["accuracy"], sparse[0]["accuracy"]
+    print(f"digits CNN under horovodrun -np {np}, {epochs} epochs: dense {acc_dense:.2f}%, oktopk 1% {acc_sparse:.2f}%")
+    assert acc_sparse >= acc_dense - 1.0, (acc_dense, acc_sparse)
+
+
+def test_plain_horovod_optimizer_refuses_oktopk_compression():
+    results = horovodrun(2, "plain_horovod_refuses")
+    for res in results.values():
+        assert res["error"] is not None, "hvd.DistributedOptimizer ran with the oktopk compressor"
+        assert "oktopk_horovod.DistributedOptimizer" in res["error"]
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [dict(density=0.0), dict(density=1.5), dict(algorithm="nope"), dict(tau=0), dict(tau_prime=-1), dict(timeout=0)],
+)
+def test_bad_settings_raise_value_error(kwargs):
+    import oktopk_horovod
+
+    with pytest.raises(ValueError):
+        oktopk_horovod.Compression.oktopk(**kwargs)
+
+
+def test_other_compressions_are_plain_horovod():
+    import horovod.torch as hvd
+    import torch
+
+    import oktopk_horovod
+
+    assert oktopk_horovod.Compression.fp16 is hvd.Compression.fp16
+    model = torch.nn.Linear(2, 2)
+    hvd.init()  # a single process: size 1
+    opt = oktopk_horovod.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters())
+    assert type(opt).__module__.startswith("horovod"), type(opt)

@@ -1,0 +1,99 @@
+"""Rank programs for the Horovod tests, started by `horovodrun --gloo`:
+``python workers.py <name> <outdir> [args...]``. Each rank writes what it
+saw to <outdir>/rank<r>.pkl for the test to check."""
+
+import copy
+import hashlib
+import os
+import pickle
+import sys
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+for sub in ("plugins/pytorch", "plugins/horovod", "examples/horovod"):
+    sys.path.insert(0, os.path.join(ROOT, sub))
+
+import horovod.torch as hvd  # noqa: E402
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import oktopk_horovod  # noqa: E402
+
+
+def digest(model):
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().numpy().tobytes())
+    return h.hexdigest()
+
+
+def small_model():
+    return nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 5))
+
+
+def density_one(out, steps="5"):
+    """With density 1.0 the sparse average must equal Horovod's dense
+    average of the same gradients (another summation order: float32
+    rounding only). Models start from different seeds per rank, so this also
+    checks that hvd.broadcast_parameters still works with our optimizer."""
+    hvd.init()
+    torch.set_num_threads(1)
+    torch.manual_seed(100 + hvd.rank())
+    model = small_model()
+    reference = small_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)  # parameters never move: the same model every step
+    opt = oktopk_horovod.DistributedOptimizer(opt, named_parameters=model.named_parameters(), compression=oktopk_horovod.Compression.oktopk(density=1.0))
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    reference.load_state_dict(model.state_dict())
+    after_broadcast = hvd.allgather_object(digest(model))
+    worst, grads_digests = 0.0, []
+    for step in range(int(steps)):
+        g = torch.Generator().manual_seed(1000 * step + hvd.rank())
+        x, y = torch.randn(32, 20, generator=g), torch.randint(0, 5, (32,), generator=g)
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.synchronize()
+        reference.zero_grad()
+        F.cross_entropy(reference(x), y).backward()
+        for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+            want = hvd.allreduce(q.grad, op=hvd.Average, name=f"ref.{step}.{name}")
+            scale = want.abs().max().item() or 1.0
+            worst = max(worst, (p.grad - want).abs().max().item() / scale)
+        grads_digests.append(hashlib.sha256(b"".join(p.grad.numpy().tobytes() for p in model.parameters())).hexdigest())
+        with opt.skip_synchronize():
+            opt.step()
+    result = {
+        "worst_relative_diff": worst,
+        "after_broadcast": after_broadcast,
+        "grad_digests": grads_digests,
+        "bytes_sent": opt.bytes_sent,
+    }
+    opt.close()
+    return result
+
+
+def train_cnn(out, *args):
+    import horovod_cnn
+
+    return horovod_cnn.main(list(args))
+
+
+def plain_horovod_refuses(out):
+    """Our compressor handed to hvd.DistributedOptimizer must fail loudly,
+    never allreduce densely."""
+    hvd.init()
+    model = small_model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters(), compression=oktopk_horovod.Compression.oktopk())
+    try:
+        F.cross_entropy(model(torch.randn(4, 20)), torch.randint(0, 5, (4,))).backward()
+        opt.step()
+    except RuntimeError as e:
+        return {"error": str(e)}
+    return {"error": None}
+
+
+if __name__ == "__main__":
+    name, outdir = sys.argv[1], sys.argv[2]
+    result = globals()[name](outdir, *sys.argv[3:])
+    with open(os.path.join(outdir, f"rank{hvd.rank()}.pkl"), "wb") as f:
+        pickle.dump(result, f)
