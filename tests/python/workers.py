@@ -43,10 +43,14 @@ def batch(rank, step):
     return torch.randn(8, 20, generator=g), torch.randint(0, 5, (8,), generator=g)
 
 
-def density_one(rank, world, port, out):
-    """Grads through oktopk at density 1 against allreduce_hook's, per step."""
+def density_one(rank, world, port, out, device="cpu", dtype="float32"):
+    """Grads through oktopk at density 1 against allreduce_hook's, per step.
+    On "cuda" both ranks share GPU 0 (gloo moves CUDA tensors), so the hook's
+    staging through pinned host memory is what is exercised."""
     setup(rank, world, port)
-    a, b = DDP(small_model()), DDP(small_model())
+    dtype = getattr(torch, dtype)
+    a = DDP(small_model().to(device, dtype), device_ids=[0] if device == "cuda" else None)
+    b = DDP(small_model().to(device, dtype), device_ids=[0] if device == "cuda" else None)
     state = OkTopkState(density=1.0, warmup_iters=1)
     a.register_comm_hook(state, oktopk_hook)
     b.register_comm_hook(None, allreduce_hook)
@@ -54,11 +58,13 @@ def density_one(rank, world, port, out):
     worst = 0.0
     for step in range(6):
         x, y = batch(rank, step)
+        x, y = x.to(device, dtype), y.to(device)
         for m, o in ((a, oa), (b, ob)):
             o.zero_grad()
             F.cross_entropy(m(x), y).backward()
         for pa, pb in zip(a.parameters(), b.parameters()):
-            worst = max(worst, (pa.grad - pb.grad).abs().max().item() / (pb.grad.abs().max().item() + 1e-30))
+            assert pa.grad.device == pb.grad.device and pa.grad.dtype == dtype
+            worst = max(worst, (pa.grad.float() - pb.grad.float()).abs().max().item() / (pb.grad.float().abs().max().item() + 1e-30))
         oa.step()
         ob.step()
     write(out, rank, {"worst_relative_diff": worst, "sparse_iters": state.iter - state.warmup_iters})
