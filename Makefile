@@ -122,11 +122,11 @@ test-c: examples
 # plugin is used from the repository (PYTHONPATH), finding build/liboktopk.so.
 PYENV := PYTHONPATH=$(CURDIR)/plugins/pytorch OMP_NUM_THREADS=1
 test-python: $(LIB) venv
-	$(PYENV) $(PY) -m pytest -q tests/python
+	$(PYENV) $(PY) -m pytest -q -rs tests/python
 
 # The Horovod integration under real horovodrun --gloo (2 and 4 ranks).
 test-horovod: $(LIB) venv-horovod
-	OMP_NUM_THREADS=1 $(HVD_PY) -m pytest -q tests/horovod
+	OMP_NUM_THREADS=1 $(HVD_PY) -m pytest -q -rs tests/horovod
 
 # A 4-rank torchrun training of the CNN example, dense then Ok-Topk.
 DEMO_RANKS ?= 4
