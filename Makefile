@@ -151,6 +151,7 @@ bench-quick: $(LIB) venv
 # Go benchmarks: transport beside raw ZeroMQ, and the collectives in process.
 bench-go: $(BUILD)/.deps
 	$(GO) test -run '^$$' -bench TransferOverLoopback -benchtime 10x ./transport
+	$(GO) test -run '^$$' -bench RingAllreduceBetweenProcesses -benchtime 1x ./tests
 	$(GO) test -run '^$$' -bench . -benchtime 10x ./core
 
 print-py:

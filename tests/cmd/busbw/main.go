@@ -1,0 +1,245 @@
+// Command busbw runs as one rank of a torchrun-style job (RANK, WORLD_SIZE,
+// MASTER_ADDR, MASTER_PORT) and measures the dense ring allreduce's bus
+// bandwidth through oktopk's transport, beside the same ring schedule moved
+// over raw ZeroMQ sockets between the same processes, for each size. The
+// ratio of the two is the transport's overhead (framing, mailbox matching,
+// the owner goroutine per socket).
+//
+// Rank 0 prints one line per size:
+//
+//	busbw size=1048576 oktopk_ms=… oktopk_busbw=… raw_ms=… raw_busbw=… ratio=…
+//
+// where busbw is bytes·2(P−1)/P per second, the NCCL-tests convention, so
+// it reads the same for every P.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+	"unsafe"
+
+	"github.com/oktopk/oktopk/core"
+	"github.com/oktopk/oktopk/transport"
+	zmq "github.com/pebbe/zmq4"
+)
+
+func main() {
+	sizes := flag.String("sizes", "1048576,4194304,16777216,67108864", "message sizes in bytes, comma separated")
+	iters := flag.Int("iters", 5, "timed allreduces per size (the median is reported)")
+	flag.Parse()
+	if err := run(*sizes, *iters); err != nil {
+		fmt.Fprintln(os.Stderr, "busbw:", err)
+		os.Exit(1)
+	}
+}
+
+func run(sizeList string, iters int) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	z, err := transport.InitFromEnv(ctx, transport.ZMQOptions{})
+	if err != nil {
+		return err
+	}
+	defer z.Close()
+	comm := core.NewCommunicator(z)
+	p, r := comm.Size(), comm.Rank()
+	raw, err := newRawRing(comm)
+	if err != nil {
+		return err
+	}
+	defer raw.close()
+
+	for _, s := range strings.Split(sizeList, ",") {
+		bytes, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || bytes < 4*p {
+			return fmt.Errorf("bad size %q", s)
+		}
+		data := make([]float32, bytes/4)
+		oktopk, err := median(iters, func() error {
+			_, err := comm.Allreduce(ctx, data, false, core.DenseRing)
+			return err
+		}, comm)
+		if err != nil {
+			return err
+		}
+		rawTime, err := median(iters, func() error { return raw.allreduce(data) }, comm)
+		if err != nil {
+			return err
+		}
+		if r == 0 {
+			bus := func(d time.Duration) float64 {
+				return float64(bytes) * 2 * float64(p-1) / float64(p) / d.Seconds() / 1e6
+			}
+			fmt.Printf("busbw P=%d size=%d oktopk_ms=%.2f oktopk_busbw_MBps=%.1f raw_ms=%.2f raw_busbw_MBps=%.1f ratio=%.2f\n",
+				p, bytes, ms(oktopk), bus(oktopk), ms(rawTime), bus(rawTime), rawTime.Seconds()/oktopk.Seconds())
+		}
+	}
+	return nil
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// median times iters runs of f, each started together on every rank (a
+// one-element allreduce as barrier), and returns the median over runs of
+// the ranks' mean time (a ring step waits on its neighbours, so the ranks'
+// times differ by little).
+func median(iters int, f func() error, comm *core.Communicator) (time.Duration, error) {
+	ctx := context.Background()
+	if err := f(); err != nil { // warm-up: connections, buffers
+		return 0, err
+	}
+	times := make([]float64, iters)
+	for i := range times {
+		barrier := []float32{0}
+		if _, err := comm.Allreduce(ctx, barrier, false, core.DenseRing); err != nil {
+			return 0, err
+		}
+		start := time.Now()
+		if err := f(); err != nil {
+			return 0, err
+		}
+		mean := []float32{float32(time.Since(start).Seconds())}
+		if _, err := comm.Allreduce(ctx, mean, true, core.DenseRabenseifner); err != nil {
+			return 0, err
+		}
+		times[i] = float64(mean[0])
+	}
+	sort.Float64s(times)
+	return time.Duration(times[len(times)/2] * float64(time.Second)), nil
+}
+
+// rawRing is the ring allreduce's schedule over plain ZeroMQ sockets: a
+// ROUTER per rank receiving from the left neighbour, a DEALER per rank
+// sending to the right one, two-frame messages (a 64-byte header, then the
+// payload) as the transport sends. Its endpoints are exchanged through
+// the oktopk communicator, so it runs between the same processes.
+type rawRing struct {
+	comm     *core.Communicator
+	zctx     *zmq.Context
+	in, out  *zmq.Socket
+	header   []byte
+	received []float32
+}
+
+func newRawRing(comm *core.Communicator) (*rawRing, error) {
+	zctx, err := zmq.NewContext()
+	if err != nil {
+		return nil, err
+	}
+	rr := &rawRing{comm: comm, zctx: zctx, header: make([]byte, 64)}
+	if rr.in, err = zctx.NewSocket(zmq.ROUTER); err != nil {
+		return nil, err
+	}
+	if rr.out, err = zctx.NewSocket(zmq.DEALER); err != nil {
+		return nil, err
+	}
+	for _, s := range []*zmq.Socket{rr.in, rr.out} {
+		if err := s.SetLinger(0); err != nil {
+			return nil, err
+		}
+		if err := s.SetSndhwm(0); err != nil {
+			return nil, err
+		}
+		if err := s.SetRcvhwm(0); err != nil {
+			return nil, err
+		}
+	}
+	if err := rr.in.Bind("tcp://127.0.0.1:*"); err != nil {
+		return nil, err
+	}
+	ep, err := rr.in.GetLastEndpoint()
+	if err != nil {
+		return nil, err
+	}
+	port, err := strconv.Atoi(ep[strings.LastIndex(ep, ":")+1:])
+	if err != nil {
+		return nil, err
+	}
+	// Every rank learns every port by a dense allreduce of a one-hot vector
+	// (ports are below 2^16, exact in float32).
+	p, r := comm.Size(), comm.Rank()
+	ports := make([]float32, p)
+	ports[r] = float32(port)
+	if _, err := comm.Allreduce(context.Background(), ports, false, core.DenseRing); err != nil {
+		return nil, err
+	}
+	right := (r + 1) % p
+	if err := rr.out.Connect(fmt.Sprintf("tcp://127.0.0.1:%d", int(ports[right]))); err != nil {
+		return nil, err
+	}
+	// One round of the ring proves every connection is up before timing.
+	if _, err := rr.exchange(nil, 0); err != nil {
+		return nil, err
+	}
+	return rr, nil
+}
+
+// exchange sends one message to the right neighbour and receives one from
+// the left, returning its payload viewed as float32 (no copy when aligned,
+// as the transport's receive path does).
+func (rr *rawRing) exchange(send []float32, want int) ([]float32, error) {
+	if _, err := rr.out.SendBytes(rr.header, zmq.SNDMORE); err != nil {
+		return nil, err
+	}
+	if _, err := rr.out.SendBytes(core.Float32Bytes(send), 0); err != nil {
+		return nil, err
+	}
+	msg, err := rr.in.RecvMessageBytes(0)
+	if err != nil {
+		return nil, err
+	}
+	if len(msg) != 3 || len(msg[2]) != 4*want { // routing id, header, payload
+		return nil, fmt.Errorf("raw ring: got %d frames, want 3 with %d bytes of payload", len(msg), 4*want)
+	}
+	b := msg[2]
+	if want > 0 && uintptr(unsafe.Pointer(&b[0]))%4 == 0 {
+		return unsafe.Slice((*float32)(unsafe.Pointer(&b[0])), want), nil
+	}
+	if cap(rr.received) < want {
+		rr.received = make([]float32, want)
+	}
+	got := rr.received[:want]
+	return got, core.CopyBytesToFloat32(got, b)
+}
+
+// allreduce runs the ring schedule of core.RingAllreduce: P−1 reduce-scatter
+// steps adding the received chunk, then P−1 allgather steps copying it.
+func (rr *rawRing) allreduce(data []float32) error {
+	p, r := rr.comm.Size(), rr.comm.Rank()
+	n := len(data)
+	chunk := func(c int) []float32 {
+		c = ((c % p) + p) % p
+		return data[c*n/p : (c+1)*n/p]
+	}
+	for i := 0; i < p-1; i++ {
+		send, into := chunk(r-i), chunk(r-i-1)
+		got, err := rr.exchange(send, len(into))
+		if err != nil {
+			return err
+		}
+		for j, v := range got {
+			into[j] += v
+		}
+	}
+	for i := 0; i < p-1; i++ {
+		send, into := chunk(r+1-i), chunk(r-i)
+		got, err := rr.exchange(send, len(into))
+		if err != nil {
+			return err
+		}
+		copy(into, got)
+	}
+	return nil
+}
+
+func (rr *rawRing) close() {
+	rr.in.Close()
+	rr.out.Close()
+	rr.zctx.Term()
+}
