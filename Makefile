@@ -21,7 +21,7 @@ HVD_VENV := $(OKTOPK_CACHE)/venv-horovod-$(shell (cat $(HVD_REQ); echo $(HOROVOD
 HVD_PY := $(HVD_VENV)/bin/python
 GO_SOURCES := $(shell find core transport capi -name '*.go' -not -name '*_test.go') go.mod go.sum
 
-.PHONY: all deps build test test-go test-c test-python test-horovod demo bench bench-quick bench-go examples header-check clean venv venv-horovod print-py
+.PHONY: all deps build test test-go test-c test-python test-horovod demo bench bench-quick bench-smoke bench-go examples header-check clean venv venv-horovod print-py
 
 all: build
 
@@ -72,7 +72,7 @@ venv-horovod:
 		touch $(HVD_VENV)/.ok; \
 	fi
 
-test: test-go test-c test-python test-horovod
+test: test-go test-c test-python test-horovod bench-smoke
 
 FUZZTIME ?= 10s
 test-go: $(BUILD)/.deps
@@ -141,15 +141,29 @@ demo: $(LIB) venv
 			examples/pytorch/cnn.py --epochs $(DEMO_EPOCHS) $$mode 2>&1 | grep -E '^(epoch|RESULT)|Error' || exit 1; \
 	done
 
-# The emulated-cluster benchmark (root: network namespaces and tc). Knobs:
-# BENCH_P, BENCH_N, BENCH_DENSITY, BENCH_RATE, BENCH_ITERS, BENCH_MODE=loopback.
-bench: $(LIB) venv
-	$(GO) build -o $(BUILD)/benchrank ./bench/cmd/benchrank
-	bench/run.sh $(BUILD)/benchrank $(PY)
+# The emulated-cluster benchmark (root: network namespaces and tc), every
+# algorithm and torch gloo over P × n × density, plots, then the end-to-end
+# DDP rows (BENCH_E2E=0 skips them). Knobs: bench/run.sh's header
+# (BENCH_P, BENCH_N, BENCH_DENSITY, BENCH_CONFIGS, BENCH_RATE, BENCH_ITERS,
+# BENCH_MODE=loopback, ...). Writes results/.
+BENCH_E2E ?= 1
+$(BUILD)/benchrank: $(BUILD)/.deps $(GO_SOURCES) bench/cmd/benchrank/main.go
+	$(GO) build -o $@ ./bench/cmd/benchrank
 
-bench-quick: $(LIB) venv
-	$(GO) build -o $(BUILD)/benchrank ./bench/cmd/benchrank
-	BENCH_P="2 4" BENCH_N=262144 BENCH_ITERS=5 bench/run.sh $(BUILD)/benchrank $(PY)
+bench: $(LIB) venv $(BUILD)/benchrank
+	BENCH_E2E=$(BENCH_E2E) bench/run.sh $(BUILD)/benchrank $(PY) results
+
+bench-quick: $(LIB) venv $(BUILD)/benchrank
+	BENCH_P="2 4" BENCH_N=262144 BENCH_DENSITY=0.01 BENCH_E2E=0 bench/run.sh $(BUILD)/benchrank $(PY) $(BUILD)/bench-quick
+
+# Seconds: loopback (no root), n = 65536, P = 2, every algorithm and gloo,
+# three timed calls with τ′ = 2, τ = 3 so reuse, refresh and repartition all
+# run; fails unless the CSV has a numeric row per algorithm. Never touches
+# results/.
+bench-smoke: $(LIB) venv $(BUILD)/benchrank
+	BENCH_MODE=loopback BENCH_CONFIGS=2:65536:0.01 BENCH_ITERS=3 BENCH_WARMUP=1 BENCH_DENSE_ITERS=2 \
+		BENCH_TAU=3 BENCH_TAU_PRIME=2 BENCH_E2E=0 BENCH_LOGS=$(BUILD)/bench-smoke/logs \
+		timeout 300 bench/run.sh $(BUILD)/benchrank $(PY) $(BUILD)/bench-smoke
 
 # Go benchmarks: transport beside raw ZeroMQ, and the collectives in process.
 bench-go: $(BUILD)/.deps
@@ -159,6 +173,15 @@ bench-go: $(BUILD)/.deps
 
 print-py:
 	@echo $(PY)
+
+# Builds liboktopk.so and pip-installs the PyTorch plugin with the library
+# inside it, into INSTALL_PY's environment (the python on PATH by default:
+# an activated virtualenv, say). plugins/pytorch/setup.py copies the library
+# into the wheel.
+INSTALL_PY ?= python3
+.PHONY: install-python
+install-python: $(LIB)
+	$(INSTALL_PY) -m pip install ./plugins/pytorch
 
 clean:
 	rm -rf $(BUILD)

@@ -87,7 +87,6 @@ class Stats(ctypes.Structure):
 
 _lib = None
 _lock = threading.Lock()
-_loaded_in_pid = None
 
 
 def _mark_forked_child():
@@ -111,18 +110,38 @@ class _ForkedChild:
 os.register_at_fork(after_in_child=_mark_forked_child)
 
 
-def library_path():
-    """Where liboktopk.so is looked for: $OKTOPK_LIBRARY, then the copy
-    installed with this package, then the repository's build/ folder."""
+def _candidates():
+    """(description, path) of every place liboktopk.so is looked for, in
+    order: $OKTOPK_LIBRARY, the copy installed inside this package, and
+    (when the package is used from a source checkout) the repository's
+    build/ folder."""
     env = os.environ.get("OKTOPK_LIBRARY")
     if env:
-        return env
+        # An explicit choice is never second-guessed by a fallback.
+        return [("$OKTOPK_LIBRARY", env)]
     here = os.path.dirname(os.path.abspath(__file__))
-    bundled = os.path.join(here, "liboktopk.so")
-    if os.path.exists(bundled):
-        return bundled
-    repo_build = os.path.join(here, "..", "..", "..", "build", "liboktopk.so")
-    return os.path.normpath(repo_build)
+    repo_build = os.path.normpath(os.path.join(here, "..", "..", "..", "build", "liboktopk.so"))
+    return [("installed with the package", os.path.join(here, "liboktopk.so")), ("source checkout", repo_build)]
+
+
+def library_path():
+    """The liboktopk.so that :func:`lib` loads: $OKTOPK_LIBRARY if set, else
+    the copy installed with this package, else the repository's
+    build/liboktopk.so when the package is used from a source checkout.
+    Raises :class:`OkTopkError` naming every place looked and what to do
+    when none holds it."""
+    candidates = _candidates()
+    for _, path in candidates:
+        if os.path.isfile(path):
+            return path
+    looked = "; ".join(f"{what}: {path}" for what, path in candidates)
+    raise OkTopkError(
+        2,
+        f"liboktopk.so not found ({looked}). From the oktopk repository run "
+        "`make install-python` (builds the library and pip-installs this package "
+        "with it), or `make` then `pip install ./plugins/pytorch`; or point "
+        "OKTOPK_LIBRARY at a liboktopk.so.",
+    )
 
 
 def _declare(lib):
@@ -154,20 +173,20 @@ def _declare(lib):
 
 def lib():
     """The loaded library (loading it on first use)."""
-    global _lib, _loaded_in_pid
+    global _lib
     if _lib is None:
         with _lock:
             if _lib is None:
-                path = library_path()
-                if not os.path.exists(path):
-                    raise OkTopkError(
-                        2, f"liboktopk.so not found at {path}; run `make` or set OKTOPK_LIBRARY"
-                    )
-                loaded = ctypes.CDLL(path)
+                loaded = ctypes.CDLL(library_path())
                 _declare(loaded)
-                _loaded_in_pid = os.getpid()
                 _lib = loaded
     return _lib
+
+
+def library_version():
+    """The loaded liboktopk's version, "major.minor.patch"."""
+    code = lib().oktopk_get_version()
+    return f"{code // 10000}.{code // 100 % 100}.{code % 100}"
 
 
 def last_error(comm=0):
@@ -183,7 +202,9 @@ def check(code, comm=0):
         raise OkTopkError(code, last_error(comm))
 
 
-def default_config(algorithm="oktopk", density=0.01, tau=64, tau_prime=32, timeout=60.0):
+def default_config(algorithm="oktopk", density=0.01, tau=64, tau_prime=32, timeout=60.0, bind_host=None):
+    """A config with the library's defaults and these settings. bind_host
+    (bytes) must outlive the config: ctypes keeps only a pointer."""
     cfg = Config()
     lib().oktopk_config_init(ctypes.byref(cfg))
     cfg.algorithm = _ALGORITHMS.index(algorithm)
@@ -191,6 +212,8 @@ def default_config(algorithm="oktopk", density=0.01, tau=64, tau_prime=32, timeo
     cfg.tau = tau
     cfg.tau_prime = tau_prime
     cfg.timeout_ms = int(timeout * 1000)
+    if bind_host is not None:
+        cfg.bind_host = bind_host
     return cfg
 
 
