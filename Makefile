@@ -160,7 +160,7 @@ bench-quick: $(LIB) venv $(BUILD)/benchrank
 # three timed calls with τ′ = 2, τ = 3 so reuse, refresh and repartition all
 # run; fails unless the CSV has a numeric row per algorithm. Never touches
 # results/.
-bench-smoke: $(LIB) venv $(BUILD)/benchrank
+bench-smoke: venv $(BUILD)/benchrank
 	BENCH_MODE=loopback BENCH_CONFIGS=2:65536:0.01 BENCH_ITERS=3 BENCH_WARMUP=1 BENCH_DENSE_ITERS=2 \
 		BENCH_TAU=3 BENCH_TAU_PRIME=2 BENCH_E2E=0 BENCH_LOGS=$(BUILD)/bench-smoke/logs \
 		timeout 300 bench/run.sh $(BUILD)/benchrank $(PY) $(BUILD)/bench-smoke

@@ -1,65 +1,103 @@
 #!/usr/bin/env bash
 # An emulated cluster on one machine: P network namespaces on a bridge, one
 # veth per rank, each rank's egress limited by a token bucket (tc tbf), so
-# the network is the bottleneck as on a real cluster. Runs benchrank (every
-# oktopk algorithm) and torch.distributed's gloo allreduce on it and appends
-# their CSV rows to OUT. Everything it creates is named oktb-* and removed
-# on exit, even when interrupted; leftovers of an interrupted run are
-# removed first.
+# the network is the bottleneck as on a real cluster. Each JOB (one shell
+# command line) runs once per rank, torchrun-style (RANK, WORLD_SIZE,
+# MASTER_ADDR, MASTER_PORT), one job after the other on the same cluster;
+# rank 0's standard output is appended to OUT, every rank's output to
+# OUT.r<rank>.log.
 #
-#   bench/cluster.sh P N DENSITY RATE OUT BENCHRANK PYTHON [loopback]
+#   BENCH_MODE=netns|loopback BENCH_RATE=200mbit bench/cluster.sh P OUT JOB...
+#
+# netns mode needs root. Everything it creates is named okb<pid>-* (this
+# script's process id), so concurrent runs never touch each other's
+# namespaces; they and the rank processes are removed on exit, including on
+# INT and TERM. Namespaces left by a run whose process is gone are removed
+# first. loopback mode runs the ranks on 127.0.0.1 with no rate limit and
+# needs no privileges.
 #
 # Addresses come from 198.18.0.0/24 (the range set aside for benchmarks),
-# on this machine's own namespaces only. Run as root.
+# inside this run's own namespaces only.
 set -euo pipefail
-P=$1 N=$2 DENSITY=$3 RATE=$4 OUT=$5 BENCHRANK=$6 PY=$7 MODE=${8:-netns}
-ITERS=${BENCH_ITERS:-12}
+P=$1 OUT=$2
+shift 2
+MODE=${BENCH_MODE:-netns}
+RATE=${BENCH_RATE:-200mbit}
+PREFIX=okb$$
 PORT=$((29000 + RANDOM % 2000))
+RANK_PIDS=()
 
-cleanup() {
-	for ns in $(ip netns list 2>/dev/null | awk '/^oktb-/{print $1}'); do
+namespaces() { # the namespaces named PREFIX-r*, for the given prefix
+	ip netns list 2>/dev/null | awk -v p="$1-r" 'index($1, p) == 1 {print $1}'
+}
+
+remove_run() { # prefix: kill its processes, delete its namespaces and bridge
+	local ns
+	for ns in $(namespaces "$1"); do
 		ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
 		ip netns del "$ns" 2>/dev/null || true
 	done
-	ip link del oktb-br 2>/dev/null || true
+	ip link del "$1br" 2>/dev/null || true
 }
-trap cleanup EXIT INT TERM
-cleanup
 
-run_ranks() { # command... ; runs one copy per rank, in its namespace
-	local pids=() r
-	for ((r = 0; r < P; r++)); do
-		local env=(RANK=$r LOCAL_RANK=$r WORLD_SIZE=$P MASTER_PORT=$PORT OMP_NUM_THREADS=1)
-		if [[ $MODE == netns ]]; then
-			ip netns exec oktb-r$r env "${env[@]}" MASTER_ADDR=198.18.0.1 \
-				OKTOPK_SOCKET_IFNAME=eth0 GLOO_SOCKET_IFNAME=eth0 "$@" >>"$OUT.r$r" 2>&1 &
-		else
-			env "${env[@]}" MASTER_ADDR=127.0.0.1 "$@" >>"$OUT.r$r" 2>&1 &
-		fi
-		pids+=($!)
+cleanup() {
+	local pid
+	for pid in "${RANK_PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+	for pid in "${RANK_PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+	RANK_PIDS=()
+	if [[ $MODE == netns ]]; then remove_run "$PREFIX"; fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+if [[ $MODE == netns ]]; then
+	# Leftovers of runs that were killed before they could clean up.
+	for stale in $(ip netns list 2>/dev/null | sed -n 's/^\(okb[0-9]*\)-r[0-9]*.*/\1/p' | sort -u); do
+		kill -0 "${stale#okb}" 2>/dev/null || remove_run "$stale"
 	done
-	local rc=0
-	for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+	ip link add "${PREFIX}br" type bridge
+	ip link set "${PREFIX}br" up
+	for ((r = 0; r < P; r++)); do
+		ns=$PREFIX-r$r
+		ip netns add "$ns"
+		ip link add "${PREFIX}h$r" type veth peer name eth0 netns "$ns"
+		ip link set "${PREFIX}h$r" master "${PREFIX}br" up
+		ip netns exec "$ns" ip addr add 198.18.0.$((r + 1))/24 dev eth0
+		ip netns exec "$ns" ip link set eth0 up
+		ip netns exec "$ns" ip link set lo up
+		ip netns exec "$ns" tc qdisc add dev eth0 root tbf rate "$RATE" burst 256kbit latency 100ms
+	done
+elif [[ $MODE != loopback ]]; then
+	echo "cluster.sh: BENCH_MODE must be netns or loopback, not $MODE" >&2
+	exit 2
+fi
+
+run_job() { # one command line, once per rank; fails if any rank fails
+	local r pid rc=0
+	local env=(WORLD_SIZE="$P" MASTER_PORT="$PORT" OMP_NUM_THREADS=1)
+	for ((r = 0; r < P; r++)); do
+		local out=$OUT.r$r.log
+		[[ $r == 0 ]] && out=$OUT.r0.out
+		if [[ $MODE == netns ]]; then
+			ip netns exec "$PREFIX-r$r" env "${env[@]}" RANK=$r LOCAL_RANK=$r MASTER_ADDR=198.18.0.1 \
+				OKTOPK_SOCKET_IFNAME=eth0 GLOO_SOCKET_IFNAME=eth0 bash -c "$1" >"$out" 2>>"$OUT.r$r.log" &
+		else
+			env "${env[@]}" RANK=$r LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 bash -c "$1" >"$out" 2>>"$OUT.r$r.log" &
+		fi
+		RANK_PIDS+=($!)
+	done
+	for pid in "${RANK_PIDS[@]}"; do wait "$pid" || rc=1; done
+	RANK_PIDS=()
+	cat "$OUT.r0.out" >>"$OUT"
+	rm -f "$OUT.r0.out"
+	PORT=$((PORT + 7))
+	if [[ $rc != 0 ]]; then
+		echo "cluster.sh: job failed: $1" >&2
+		for ((r = 0; r < P; r++)); do tail -n 5 "$OUT.r$r.log" | sed "s/^/  rank $r: /" >&2; done
+	fi
 	return $rc
 }
 
-if [[ $MODE == netns ]]; then
-	ip link add oktb-br type bridge
-	ip link set oktb-br up
-	for ((r = 0; r < P; r++)); do
-		ip netns add oktb-r$r
-		ip link add oktb-h$r type veth peer name eth0 netns oktb-r$r
-		ip link set oktb-h$r master oktb-br up
-		ip netns exec oktb-r$r ip addr add 198.18.0.$((r + 1))/24 dev eth0
-		ip netns exec oktb-r$r ip link set eth0 up
-		ip netns exec oktb-r$r ip link set lo up
-		ip netns exec oktb-r$r tc qdisc add dev eth0 root tbf rate "$RATE" burst 256kbit latency 100ms
-	done
-fi
-
-rm -f "$OUT".r*
-run_ranks "$BENCHRANK" -n "$N" -density "$DENSITY" -iters "$ITERS"
-PORT=$((PORT + 7))
-run_ranks "$PY" bench/gloo_allreduce.py --n "$N" --iters "$ITERS"
-grep -h '^[a-z_]*,' "$OUT".r0 >>"$OUT"
-rm -f "$OUT".r*
+rm -f "$OUT".r*.log
+for job in "$@"; do run_job "$job"; done

@@ -1,30 +1,125 @@
 #!/usr/bin/env bash
 # make bench: every algorithm and torch.distributed's gloo allreduce, side by
-# side, on an emulated cluster (bench/cluster.sh), for each P. Writes
-# results/bench.csv and results/bench.md.
+# side, on an emulated cluster (bench/cluster.sh), for every configuration
+# of P × n × density. Writes OUTDIR/bench.csv and OUTDIR/bench.md (OUTDIR:
+# results by default), then the plots (bench/plot.py) and, with
+# BENCH_E2E=1, the end-to-end DDP rows (bench/ddp_e2e.py).
 #
-#   BENCH_P="2 4 8" BENCH_N=4194304 BENCH_DENSITY=0.01 BENCH_RATE=200mbit bench/run.sh BENCHRANK PYTHON
+#   bench/run.sh BENCHRANK PYTHON [OUTDIR]
+#
+# Knobs (environment):
+#   BENCH_P="2 4 8 16" BENCH_N="4194304 16777216" BENCH_DENSITY="0.01 0.001"
+#   BENCH_CONFIGS="P:n:density ..."  an explicit list instead of the product
+#   BENCH_RATE=200mbit BENCH_MODE=netns|loopback
+#   BENCH_ITERS=20 BENCH_WARMUP=3    timed and untimed calls, sparse algorithms
+#   BENCH_DENSE_ITERS=5              timed calls of the dense ones (and gloo)
+#   BENCH_TAU=16 BENCH_TAU_PRIME=8   Ok-Topk's periods; warmup+iters > τ
+#   BENCH_ALGS="oktopk topka ..."    default: every algorithm, then gloo
+#   BENCH_APPEND=1                   keep OUTDIR's other configurations' rows
+#   BENCH_PLOT=1 BENCH_E2E=0         plots; end-to-end rows (bench/ddp_e2e.sh)
+#   BENCH_LOGS=build/bench-logs      every rank's output
 set -euo pipefail
-BENCHRANK=$1 PY=$2
-PS=${BENCH_P:-"2 4 8"}
-N=${BENCH_N:-4194304}
-DENSITY=${BENCH_DENSITY:-0.01}
+BENCHRANK=$1 PY=$2 OUTDIR=${3:-results}
 RATE=${BENCH_RATE:-200mbit}
 MODE=${BENCH_MODE:-netns}
-mkdir -p results
-CSV=results/bench.csv
-echo "algorithm,P,n,density,k,median_ms,min_ms,max_ms,select_ms,words_per_rank,formula_words,lower_bound_words,words_over_lower_bound,global_selected,peak_rss_mib" >"$CSV"
-for P in $PS; do
-	echo "== P=$P n=$N density=$DENSITY rate=$RATE ($MODE)" >&2
-	bench/cluster.sh "$P" "$N" "$DENSITY" "$RATE" "$CSV" "$BENCHRANK" "$PY" "$MODE"
+ITERS=${BENCH_ITERS:-20} WARMUP=${BENCH_WARMUP:-3} DENSE_ITERS=${BENCH_DENSE_ITERS:-5}
+TAU=${BENCH_TAU:-16} TAU_PRIME=${BENCH_TAU_PRIME:-8}
+LOGS=${BENCH_LOGS:-build/bench-logs}
+ALGS=${BENCH_ALGS:-"$("$BENCHRANK" -list | tr '\n' ' ') torch_gloo_allreduce"}
+HERE=$(cd "$(dirname "$0")" && pwd)
+
+if ((WARMUP + ITERS <= TAU)); then
+	echo "run.sh: warmup+iters ($((WARMUP + ITERS))) must exceed τ ($TAU) so refreshes are measured" >&2
+	exit 2
+fi
+
+# tbf's rate units, in bit/s, for the lower-bound time; loopback has none.
+rate_bps() {
+	[[ $MODE == loopback ]] && { echo 0; return; }
+	local num=${RATE%%[a-z]*} unit=${RATE##*[0-9.]}
+	case $unit in
+	kbit) echo "$num * 1000" | bc ;; mbit) echo "$num * 1000000" | bc ;;
+	gbit) echo "$num * 1000000000" | bc ;; bit | "") echo "$num" ;;
+	*) echo "run.sh: rate unit $unit not understood (use kbit, mbit or gbit)" >&2; exit 2 ;;
+	esac
+}
+BPS=$(rate_bps)
+
+CONFIGS=()
+if [[ -n ${BENCH_CONFIGS:-} ]]; then
+	read -ra CONFIGS <<<"$BENCH_CONFIGS"
+else
+	for n in ${BENCH_N:-4194304 16777216}; do
+		for d in ${BENCH_DENSITY:-0.01 0.001}; do
+			for p in ${BENCH_P:-2 4 8 16}; do CONFIGS+=("$p:$n:$d"); done
+		done
+	done
+fi
+
+mkdir -p "$OUTDIR" "$LOGS"
+CSV=$OUTDIR/bench.csv
+HEADER=$("$BENCHRANK" -print-header)
+if [[ ${BENCH_APPEND:-0} == 1 && -f $CSV ]]; then
+	# Drop the rows of the configurations about to be measured again.
+	keep=$(mktemp)
+	awk -F, -v cfgs="${CONFIGS[*]}" 'BEGIN { n = split(cfgs, c, " "); for (i = 1; i <= n; i++) skip[c[i]] = 1 }
+		NR > 1 && !(($2 ":" $3 ":" $4) in skip)' "$CSV" >"$keep"
+	{ echo "$HEADER"; cat "$keep"; } >"$CSV"
+	rm -f "$keep"
+else
+	echo "$HEADER" >"$CSV"
+fi
+
+CHILD=
+stop() { [[ -n $CHILD ]] && kill -TERM "$CHILD" 2>/dev/null && wait "$CHILD" 2>/dev/null; exit "$1"; }
+trap 'stop 130' INT
+trap 'stop 143' TERM
+in_cluster() { # P OUT JOB...: bench/cluster.sh in the background, so a signal reaches it
+	"$HERE/cluster.sh" "$@" &
+	CHILD=$!
+	local rc=0
+	wait "$CHILD" || rc=$?
+	CHILD=
+	return $rc
+}
+
+START=$SECONDS
+elapsed() { printf '%dm%02ds' $(((SECONDS - START) / 60)) $(((SECONDS - START) % 60)); }
+i=0
+for cfg in "${CONFIGS[@]}"; do
+	IFS=: read -r P N D <<<"$cfg"
+	i=$((i + 1))
+	echo "[$i/${#CONFIGS[@]}] P=$P n=$N density=$D rate=$RATE ($MODE), elapsed $(elapsed)" >&2
+	jobs=()
+	for alg in $ALGS; do
+		case $alg in
+		torch_gloo_allreduce)
+			jobs+=("'$PY' '$HERE/gloo_allreduce.py' --n $N --density $D --iters $DENSE_ITERS --warmup 1 --rate-bps $BPS") ;;
+		dense_*)
+			jobs+=("'$BENCHRANK' -algs $alg -n $N -density $D -iters $DENSE_ITERS -warmup 1 -tau $TAU -tau-prime $TAU_PRIME -rate-bps $BPS") ;;
+		*)
+			jobs+=("'$BENCHRANK' -algs $alg -n $N -density $D -iters $ITERS -warmup $WARMUP -tau $TAU -tau-prime $TAU_PRIME -rate-bps $BPS") ;;
+		esac
+	done
+	rows=$LOGS/P$P-n$N-d$D.csv
+	rm -f "$rows"
+	BENCH_MODE=$MODE BENCH_RATE=$RATE in_cluster "$P" "$rows" "${jobs[@]}"
+	grep -h '^[a-z_]*,' "$rows" >>"$CSV"
+	if [[ $(grep -c '^[a-z_]*,' "$rows") != $(wc -w <<<"$ALGS") ]]; then
+		echo "run.sh: P=$P n=$N density=$D: fewer rows than algorithms (logs: $LOGS)" >&2
+		exit 1
+	fi
 done
-{
-	echo "Emulated cluster: $MODE, each rank's egress limited to $RATE; n = $N float32, density $DENSITY."
-	echo "All ranks share this machine's $(nproc) CPU cores, so selection and reduction time is inflated at large P."
-	echo "Command: make bench (BENCH_P=\"$PS\" BENCH_N=$N BENCH_DENSITY=$DENSITY BENCH_RATE=$RATE), $(date -u +%Y-%m-%d)."
-	echo
-	echo "| algorithm | P | median ms (min–max) | selection ms | words per rank | formula | × lower bound 2k(P−1)/P | global entries (k) |"
-	echo "|---|---|---|---|---|---|---|---|"
-	tail -n +2 "$CSV" | awk -F, '{printf "| %s | %s | %s (%s–%s) | %s | %s | %s | %s | %s (%s) |\n", $1, $2, $6, $7, $8, $9, $10, $11, $13, $14, $5}'
-} >results/bench.md
-cat results/bench.md
+echo "measured ${#CONFIGS[@]} configurations in $(elapsed)" >&2
+
+"$HERE/check_csv.sh" "$CSV" $ALGS
+BENCH_MODE=$MODE BENCH_RATE=$RATE BENCH_ITERS=$ITERS BENCH_WARMUP=$WARMUP BENCH_DENSE_ITERS=$DENSE_ITERS \
+	BENCH_TAU=$TAU BENCH_TAU_PRIME=$TAU_PRIME "$HERE/report.sh" "$CSV" >"$OUTDIR/bench.md"
+
+if [[ ${BENCH_PLOT:-1} == 1 ]]; then
+	"$PY" "$HERE/plot.py" "$CSV" "$OUTDIR"
+fi
+if [[ ${BENCH_E2E:-0} == 1 ]]; then
+	BENCH_MODE=$MODE BENCH_RATE=$RATE "$HERE/ddp_e2e.sh" "$PY" "$OUTDIR"
+fi
+echo "wrote $OUTDIR/bench.csv and $OUTDIR/bench.md ($(elapsed))" >&2

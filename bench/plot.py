@@ -1,0 +1,108 @@
+"""The benchmark's plots, from bench/run.sh's CSV:
+
+- time_vs_p.png: median time per call of every algorithm against P, one
+  panel per (n, density), log scale;
+- volume_vs_p.png: measured words per rank (mean over the reuse calls)
+  against P for the sparse algorithms, with their formulas (dashed) and the
+  lower bound 2k(P−1)/P (black), one panel per (n, density).
+
+    python bench/plot.py results/bench.csv results
+"""
+
+import csv
+import math
+import os
+import sys
+from collections import defaultdict
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def load(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def panels(rows):
+    """(n, density) → algorithm → sorted [(P, row)]."""
+    out = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        out[(int(r["n"]), float(r["density"]))][r["algorithm"]].append((int(r["P"]), r))
+    for by_alg in out.values():
+        for series in by_alg.values():
+            series.sort(key=lambda t: t[0])
+    return dict(sorted(out.items()))
+
+
+def grid(count):
+    cols = min(count, 2)
+    rows = math.ceil(count / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(6.5 * cols, 4.6 * rows), squeeze=False)
+    for ax in axes.flat[count:]:
+        ax.set_visible(False)
+    return fig, axes.flat
+
+
+def style(alg):
+    if alg == "oktopk":
+        return {"color": "tab:red", "linewidth": 2.5, "marker": "o", "zorder": 5}
+    if alg == "torch_gloo_allreduce":
+        return {"color": "black", "linewidth": 2, "marker": "s"}
+    return {"marker": ".", "linewidth": 1.2}
+
+
+def time_vs_p(data, out):
+    fig, axes = grid(len(data))
+    for ax, ((n, d), by_alg) in zip(axes, data.items()):
+        for alg, series in by_alg.items():
+            ax.plot([p for p, _ in series], [float(r["median_ms"]) for _, r in series], label=alg, **style(alg))
+        ax.set(title=f"n = 2^{int(math.log2(n))}, density {d:g}", xlabel="P (ranks)", ylabel="median ms per allreduce", yscale="log")
+        ax.set_xscale("log", base=2)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+FORMULA_SHOWN = ("oktopk", "topka", "gtopk", "ssar_split_allgather", "gaussiank")
+
+
+def volume_vs_p(data, out):
+    fig, axes = grid(len(data))
+    for ax, ((n, d), by_alg) in zip(axes, data.items()):
+        colors = {}
+        for alg, series in by_alg.items():
+            if alg.startswith("dense") or alg == "torch_gloo_allreduce":
+                continue
+            ps = [p for p, _ in series]
+            (line,) = ax.plot(ps, [float(r["words_reuse_mean"]) for _, r in series], label=f"{alg} (measured)", **style(alg))
+            colors[alg] = line.get_color()
+            if alg in FORMULA_SHOWN:
+                ax.plot(ps, [float(r["formula_words"]) for _, r in series], linestyle="--", color=colors[alg], alpha=0.6, linewidth=1)
+        ps = sorted({p for series in by_alg.values() for p, _ in series})
+        k = math.ceil(n * d)
+        ax.plot(ps, [2 * k * (p - 1) / p for p in ps], color="black", linewidth=2, label="lower bound 2k(P−1)/P")
+        ax.plot(ps, [4 * k * (p - 1) / p for p in ps], color="gray", linestyle=":", label="target 4k(P−1)/P")
+        ax.set(title=f"n = 2^{int(math.log2(n))}, density {d:g} (dashed: formulas)", xlabel="P (ranks)", ylabel="words sent per rank per call", yscale="log")
+        ax.set_xscale("log", base=2)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def main():
+    csv_path, outdir = sys.argv[1], sys.argv[2]
+    data = panels(load(csv_path))
+    time_vs_p(data, os.path.join(outdir, "time_vs_p.png"))
+    volume_vs_p(data, os.path.join(outdir, "volume_vs_p.png"))
+    print(f"plot.py: wrote {outdir}/time_vs_p.png and {outdir}/volume_vs_p.png", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
