@@ -1,13 +1,14 @@
 package core
 
 // Pieces the sparse baselines (TopkA, TopkDSA, SparCML, gTopk, Gaussiank)
-// share: error feedback around a sparse reduction, sparse sums in a fixed
-// order, the equal split of the index space, and the two forms a region
-// takes on the wire (sparse pairs, or dense values once pairs would be
-// larger).
+// share: error feedback around a sparse reduction, the agreement on skipping
+// a step with NaN/Inf, sparse sums in a fixed order, the equal split of the
+// index space, and the two forms a region takes on the wire (sparse pairs,
+// or dense values once those are no larger).
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"sort"
 	"time"
@@ -16,11 +17,13 @@ import (
 )
 
 // reduceWithErrorFeedback is the dense-gradient form of a baseline: it forms
-// acc = grad + residual, selects this rank's entries with selectLocal, reduces
-// them with reduce (which returns the summed global result, identical on every
-// rank), and only then — once nothing can fail any more — writes the averaged
-// result into grad and the new residual into st (the entries selected here and
-// present in the global result are zeroed; the rest wait for a later call).
+// acc = grad + residual, agrees with every rank that all of them are finite
+// (else every rank skips the step), selects this rank's entries with
+// selectLocal, reduces them with reduce (which returns the summed global
+// result, identical on every rank), and only then — once nothing can fail any
+// more — writes the averaged result into grad and the new residual into st
+// (the entries selected here and present in the global result are zeroed; the
+// rest wait for a later call).
 func reduceWithErrorFeedback(ctx context.Context, call *Call, st *TensorState, grad []float32,
 	selectLocal func(acc []float32, k int) (Sparse, error), reduce sparseInputFunc) error {
 	n := len(grad)
@@ -28,8 +31,9 @@ func reduceWithErrorFeedback(ctx context.Context, call *Call, st *TensorState, g
 		return fmt.Errorf("%w: residual holds %d elements, gradient %d", ErrInvalidArgument, len(st.Residual), n)
 	}
 	acc := make([]float32, n)
-	if bad := Accumulate(acc, grad, st.Residual); bad > 0 {
-		return fmt.Errorf("%w: %d entries of gradient+residual", ErrNonFinite, bad)
+	bad := Accumulate(acc, grad, st.Residual)
+	if err := agreeOnInput(ctx, call, bad, nil); err != nil {
+		return err
 	}
 	k := st.Config.K(n)
 	start := time.Now()
@@ -39,6 +43,9 @@ func reduceWithErrorFeedback(ctx context.Context, call *Call, st *TensorState, g
 	}
 	call.Stats.Select = time.Since(start)
 	call.Stats.LocalSelected = local.Len()
+	if call.Stats.LocalThreshold == 0 { // an exact top-k, which sets none
+		call.Stats.LocalThreshold = largestUnselected(acc, local)
+	}
 	global, err := reduce(ctx, call, n, local, k)
 	if err != nil {
 		return err
@@ -47,6 +54,77 @@ func reduceWithErrorFeedback(ctx context.Context, call *Call, st *TensorState, g
 	UpdateResidual(st.Residual, acc, local, global)
 	ScatterAverage(grad, global, call.Size())
 	st.Iter++
+	return nil
+}
+
+// largestUnselected is the largest |acc| not in sel (ascending by index):
+// the threshold t for which |x| > t reselects sel, ties aside.
+func largestUnselected(acc []float32, sel Sparse) float32 {
+	var th float32
+	j := 0
+	for i, v := range acc {
+		if j < len(sel.Idx) && int(sel.Idx[j]) == i {
+			j++
+			continue
+		}
+		th = max(th, abs32(v))
+	}
+	return th
+}
+
+// Input problems every rank must learn of, as bits of the agreement word.
+const (
+	inputNonFinite uint32 = 1 << iota // NaN or Inf in some rank's input
+	inputInvalid                      // some rank's sparse input is malformed
+)
+
+// stepAgreement is the first step number of the agreement, far above every
+// algorithm's own steps, so it never shares a tag with them.
+const stepAgreement uint32 = 0xffff0000
+
+// agreeOnInput tells every rank whether any rank's input was bad, before any
+// data moves: then every rank returns the same status for the call and the
+// ranks stay in step (the communicator remains usable). nonFinite counts this
+// rank's NaN/Inf entries; invalid, when not nil, is why its input is
+// malformed. A malformed input anywhere is ErrInvalidArgument on every rank,
+// else NaN/Inf anywhere is ErrNonFinite marked as skipped everywhere.
+//
+// The flags are OR-ed by dissemination: in round i = 0…⌈log P⌉−1 rank r sends
+// what it knows to r+2^i and ORs in what r−2^i knows, so after the last
+// round every rank has heard, directly or not, from all P. Cost: ⌈log P⌉α and
+// one word per round.
+func agreeOnInput(ctx context.Context, call *Call, nonFinite int, invalid error) error {
+	var mine uint32
+	if nonFinite > 0 {
+		mine |= inputNonFinite
+	}
+	if invalid != nil {
+		mine |= inputInvalid
+	}
+	p, r := call.Size(), call.Rank()
+	all := mine
+	for i, d := 0, 1; d < p; i, d = i+1, 2*d {
+		word := binary.LittleEndian.AppendUint32(nil, all)
+		to, from := (r+d)%p, (r-d+p)%p
+		m, err := call.SendRecv(ctx, to, stepAgreement+uint32(i), transport.DtypeBytes, 4, word, from)
+		if err != nil {
+			return fmt.Errorf("oktopk: agreement on the input, round %d: %w", i, err)
+		}
+		if len(m.Payload) != 4 || m.Count != 4 {
+			return fmt.Errorf("%w: agreement word of %d bytes from rank %d", ErrMismatch, len(m.Payload), from)
+		}
+		all |= binary.LittleEndian.Uint32(m.Payload)
+	}
+	switch {
+	case invalid != nil:
+		return invalid
+	case all&inputInvalid != 0:
+		return fmt.Errorf("%w: another rank's sparse input is malformed; every rank skipped this call", ErrInvalidArgument)
+	case nonFinite > 0:
+		return fmt.Errorf("%w: %d entries here: %w", ErrNonFinite, nonFinite, errStepSkipped)
+	case all&inputNonFinite != 0:
+		return fmt.Errorf("%w: on another rank: %w", ErrNonFinite, errStepSkipped)
+	}
 	return nil
 }
 
@@ -135,10 +213,11 @@ func regionBlock(s Sparse, lo, hi uint32, dense bool) Block {
 	return Block{Dtype: transport.DtypeFloat32, Count: uint64(len(vals)), Payload: float32Bytes(vals)}
 }
 
-// denseIsSmaller is SparCML's switch for a stream of nnz pairs over a region
-// of length indices: with 32-bit indices and values, pairs cost 2·nnz words
-// and the dense form length words.
-func denseIsSmaller(nnz, length int) bool { return 2*nnz > length }
+// denseIsNoLarger is SparCML's switch for a stream of nnz pairs over a
+// region of length indices: with 32-bit indices and values, pairs cost 2·nnz
+// words and the dense form length words; at equal size dense wins (it needs
+// no index decoding).
+func denseIsNoLarger(nnz, length int) bool { return 2*nnz >= length }
 
 // decodeRegionBlock reads a block made by regionBlock for region [lo, hi).
 // A dense block stands for every index of the region (a value of zero

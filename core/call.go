@@ -2,6 +2,9 @@ package core
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
 	"sync"
 	"time"
 
@@ -62,14 +65,14 @@ func (c *Call) SendRecv(ctx context.Context, to int, step uint32, dtype transpor
 	var msg transport.Message
 	g, gctx := errgroup.WithContext(ctx)
 	var sent uint64
-	g.Go(func() error {
+	goSafe(g, func() error {
 		if err := c.T.Send(gctx, to, c.tag(step), dtype, count, payload); err != nil {
 			return err
 		}
 		sent = uint64(len(payload))
 		return nil
 	})
-	g.Go(func() error {
+	goSafe(g, func() error {
 		var err error
 		msg, err = c.T.Recv(gctx, from, c.tag(step))
 		return err
@@ -80,6 +83,25 @@ func (c *Call) SendRecv(ctx context.Context, to int, step uint32, dtype transpor
 	c.countSent(sent)
 	c.countReceived(uint64(len(msg.Payload)))
 	return msg, nil
+}
+
+// ErrInternal is a bug in this library caught at run time: a panic in one of
+// its goroutines, turned into an error so that it fails the call instead of
+// the host process (the C ABI's recover covers only the calling goroutine).
+var ErrInternal = errors.New("oktopk: internal error")
+
+// goSafe runs f in a goroutine of g like g.Go, but a panic in f becomes g's
+// error (ErrInternal, with the panic value and the goroutine's stack) instead
+// of killing the process. Every goroutine core starts goes through it.
+func goSafe(g *errgroup.Group, f func() error) {
+	g.Go(func() (err error) {
+		defer func() {
+			if v := recover(); v != nil {
+				err = fmt.Errorf("%w: panic: %v\n%s", ErrInternal, v, debug.Stack())
+			}
+		}()
+		return f()
+	})
 }
 
 func (c *Call) countSent(bytes uint64) {
@@ -102,10 +124,10 @@ type Stats struct {
 	BytesReceived    uint64
 	MessagesSent     uint64
 	MessagesReceived uint64
-	K                int // target count, ceil(density·n)
-	LocalSelected    int // entries this rank contributed
-	GlobalSelected   int // entries in the global result
-	LocalThreshold   float32
+	K                int     // target count, ceil(density·n)
+	LocalSelected    int     // entries this rank contributed
+	GlobalSelected   int     // entries in the global result
+	LocalThreshold   float32 // selection was |x| > LocalThreshold (exact top-k: the largest magnitude left out)
 	GlobalThreshold  float32
 	Select           time.Duration
 	Reduce           time.Duration // split-and-reduce or the reduction phase
@@ -116,6 +138,9 @@ type Stats struct {
 // WordsSent is the volume the cost model counts: 4-byte words (an index and
 // a value are one word each).
 func (s *Stats) WordsSent() uint64 { return s.BytesSent / 4 }
+
+// WordsReceived is BytesReceived in the same 4-byte words.
+func (s *Stats) WordsReceived() uint64 { return s.BytesReceived / 4 }
 
 // Add accumulates o into s (for totals over several calls).
 func (s *Stats) Add(o Stats) {

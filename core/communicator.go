@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"time"
 
@@ -49,6 +50,7 @@ type Communicator struct {
 	seq      uint64
 	states   map[uint64]*TensorState
 	poisoned error
+	before   []float32 // the caller's data before a dense allreduce, put back if it fails
 }
 
 // NewCommunicator wraps a connected transport.
@@ -89,6 +91,7 @@ func (c *Communicator) end(err error) error {
 }
 
 // Allreduce sums (or averages) data over every rank with a dense algorithm.
+// A failed call leaves data as it was, so nothing of the caller's is lost.
 func (c *Communicator) Allreduce(ctx context.Context, data []float32, average bool, alg Algorithm) (Stats, error) {
 	var st Stats
 	f, ok := denseAlgorithms[alg]
@@ -100,7 +103,18 @@ func (c *Communicator) Allreduce(ctx context.Context, data []float32, average bo
 		return st, err
 	}
 	start := time.Now()
+	// The algorithms reduce in place, so a failure midway would leave partial
+	// sums; one copy (kept for the next call) puts the input back.
+	if c.Size() > 1 {
+		if cap(c.before) < len(data) {
+			c.before = make([]float32, len(data))
+		}
+		copy(c.before[:len(data)], data)
+	}
 	err = f(ctx, NewCall(c.T, alg.Op(), seq, &st), data)
+	if err != nil && c.Size() > 1 {
+		copy(data, c.before[:len(data)])
+	}
 	if err == nil && average {
 		scale(data, c.Size())
 	}
@@ -108,9 +122,36 @@ func (c *Communicator) Allreduce(ctx context.Context, data []float32, average bo
 	return st, c.end(err)
 }
 
-// State returns the per-tensor state for id, creating it for a tensor of n
-// elements; a later call with a different n is ErrMismatch-free misuse and
-// reported as ErrInvalidArgument.
+// maxElements is the largest n a sparse call takes: indices travel as uint32.
+const maxElements = math.MaxUint32
+
+// tensorSnapshot is what a sparse call may change in a tensor's state before
+// it knows the call will succeed; a failed call restores it, so a retry (or a
+// skipped step) starts from exactly the state before it. The residual needs
+// no copy: every algorithm writes it only after all communication succeeded.
+type tensorSnapshot struct {
+	iter          int
+	local, global float32
+	boundaries    []uint32
+}
+
+func snapshotOf(st *TensorState) tensorSnapshot {
+	return tensorSnapshot{iter: st.Iter, local: st.LocalThreshold, global: st.GlobalThreshold,
+		boundaries: append([]uint32(nil), st.Boundaries...)}
+}
+
+func (s tensorSnapshot) restore(st *TensorState) {
+	st.Iter, st.LocalThreshold, st.GlobalThreshold = s.iter, s.local, s.global
+	if s.boundaries == nil {
+		st.Boundaries = nil
+	} else {
+		st.Boundaries = append(st.Boundaries[:0:0], s.boundaries...)
+	}
+}
+
+// state returns the per-tensor state for id, creating it for a tensor of n
+// elements; a later call with a different n is misuse, reported as
+// ErrInvalidArgument.
 func (c *Communicator) state(id uint64, n int, cfg Config) (*TensorState, error) {
 	st := c.states[id]
 	if st == nil {
@@ -128,10 +169,18 @@ func (c *Communicator) state(id uint64, n int, cfg Config) (*TensorState, error)
 // SparseAllreduce reduces grad (this rank's gradient) in place into the
 // averaged sparse global result, keeping tensor id's residual and thresholds.
 // Dense algorithms in cfg are allowed and average without state.
+//
+// A failed call leaves grad and the tensor's state (residual, thresholds,
+// region boundaries, call count) as they were. NaN or Inf in grad+residual on
+// any rank makes every rank return ErrNonFinite for the step (skipped
+// everywhere, the communicator stays usable).
 func (c *Communicator) SparseAllreduce(ctx context.Context, id uint64, grad []float32, cfg Config) (Stats, error) {
 	var stats Stats
 	if err := cfg.Validate(); err != nil {
 		return stats, err
+	}
+	if len(grad) > maxElements {
+		return stats, fmt.Errorf("%w: %d elements, at most 2^32-1", ErrInvalidArgument, len(grad))
 	}
 	if cfg.Algorithm.Dense() {
 		return c.Allreduce(ctx, grad, true, cfg.Algorithm)
@@ -148,22 +197,29 @@ func (c *Communicator) SparseAllreduce(ctx context.Context, id uint64, grad []fl
 	if err != nil {
 		return stats, c.end(err)
 	}
+	before := snapshotOf(st)
 	start := time.Now()
 	stats.K = cfg.K(len(grad))
 	err = f(ctx, NewCall(c.T, cfg.Algorithm.Op(), seq, &stats), st, grad)
+	if err != nil {
+		before.restore(st)
+	}
 	stats.Total = time.Since(start)
 	return stats, c.end(err)
 }
 
 // SparseAllreduceSparse reduces sparse inputs without state and returns the
-// averaged sparse global result.
+// averaged sparse global result. The ranks first agree on their inputs: a
+// malformed input on any rank is ErrInvalidArgument on every rank, NaN or Inf
+// on any rank ErrNonFinite (skipped) on every rank, and the communicator
+// stays usable.
 func (c *Communicator) SparseAllreduceSparse(ctx context.Context, n int, in Sparse, cfg Config) (Sparse, Stats, error) {
 	var stats Stats
 	if err := cfg.Validate(); err != nil {
 		return Sparse{}, stats, err
 	}
-	if err := checkSparse(in, n); err != nil {
-		return Sparse{}, stats, err
+	if n < 0 || n > maxElements {
+		return Sparse{}, stats, fmt.Errorf("%w: n=%d not in 0…2^32-1", ErrInvalidArgument, n)
 	}
 	f, ok := sparseInputAlgorithms[cfg.Algorithm]
 	if !ok {
@@ -175,7 +231,17 @@ func (c *Communicator) SparseAllreduceSparse(ctx context.Context, n int, in Spar
 	}
 	start := time.Now()
 	stats.K = cfg.K(n)
-	out, err := f(ctx, NewCall(c.T, cfg.Algorithm.Op(), seq, &stats), n, in, stats.K)
+	call := NewCall(c.T, cfg.Algorithm.Op(), seq, &stats)
+	invalid := checkSparse(in, n)
+	nonFinite := 0
+	if invalid == nil {
+		nonFinite = countNonFinite(in.Val)
+	}
+	if err := agreeOnInput(ctx, call, nonFinite, invalid); err != nil {
+		stats.Total = time.Since(start)
+		return Sparse{}, stats, c.end(err)
+	}
+	out, err := f(ctx, call, n, in, stats.K)
 	if err == nil {
 		scale(out.Val, c.Size())
 	}
@@ -209,6 +275,18 @@ func scale(v []float32, p int) {
 	}
 }
 
+func countNonFinite(v []float32) int {
+	bad := 0
+	for _, x := range v {
+		if x-x != 0 { // NaN for NaN and ±Inf, 0 otherwise
+			bad++
+		}
+	}
+	return bad
+}
+
+// checkSparse reports a malformed sparse vector (not its values) as
+// ErrInvalidArgument.
 func checkSparse(s Sparse, n int) error {
 	if len(s.Idx) != len(s.Val) {
 		return fmt.Errorf("%w: %d indices but %d values", ErrInvalidArgument, len(s.Idx), len(s.Val))

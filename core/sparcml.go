@@ -31,8 +31,8 @@ package core
 // 2K(P−1)/P to gather, where K, between k and kP, is the size of the sum.
 //
 // DSAR_Split_allgather is SSAR_Split_allgather with SparCML's dense switch
-// on every stream: a region whose pairs would be larger than its values
-// (nnz > length/2 for 32-bit indices and values) travels dense, so the
+// on every stream: a region whose values would be no larger than its pairs
+// (nnz ≥ length/2 for 32-bit indices and values) travels dense, so the
 // gather costs min(2K, n)(P−1)/P words and a dense stream stands for every
 // index of its region.
 //
@@ -158,7 +158,7 @@ func ssarSplitAllgather(ctx context.Context, call *Call, n int, in Sparse, _ int
 }
 
 func dsarSplitAllgather(ctx context.Context, call *Call, n int, in Sparse, _ int) (Sparse, error) {
-	return splitReduceAllgather(ctx, call, n, in, denseIsSmaller, denseIsSmaller)
+	return splitReduceAllgather(ctx, call, n, in, denseIsNoLarger, denseIsNoLarger)
 }
 
 func neverDense(nnz, length int) bool { return false }
