@@ -17,6 +17,7 @@ func zmqOptions(rank, size int, token string, s settings) transport.ZMQOptions {
 		Rank: rank, Size: size, Token: token,
 		BindHost: s.bindHost, Ifname: s.ifname,
 		ConnectTimeout: s.timeout,
+		Curve:          s.curve,
 	}
 }
 

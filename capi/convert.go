@@ -20,6 +20,7 @@ type settings struct {
 	timeout  time.Duration // per call; 0: none
 	bindHost string
 	ifname   string
+	curve    bool // CURVE encryption (config.curve or $OKTOPK_CURVE)
 	sparse   core.Config
 }
 
@@ -72,11 +73,32 @@ func readConfig(cfg *C.oktopk_config_t) (settings, error) {
 		// refusing is better than silently sending float32.
 		return s, invalidArgument("config.value_dtype %d: only OKTOPK_FLOAT32 values are sent in this version", cfg.value_dtype)
 	}
+	if has(unsafe.Offsetof(cfg.curve), 4) {
+		switch cfg.curve {
+		case 0:
+		case 1:
+			s.curve = true
+		default:
+			return s, invalidArgument("config.curve %d: want 0 or 1 (initialise the config with oktopk_config_init)", cfg.curve)
+		}
+	}
 	if err := s.sparse.Validate(); err != nil {
 		return s, err
 	}
 	return s, nil
 }
+
+// oktopk_config_init writes a whole oktopk_config_t into the caller's, so
+// the struct must never outgrow what callers built against 0.2 allocated
+// (value_dtype was its last field): new fields go into the tail padding, or
+// need a sized init call. The two lines below fail to compile otherwise.
+var configLayout C.oktopk_config_t
+
+const configSize02 = (unsafe.Offsetof(configLayout.value_dtype) + 4 + unsafe.Alignof(configLayout) - 1) /
+	unsafe.Alignof(configLayout) * unsafe.Alignof(configLayout)
+
+var _ [configSize02 - unsafe.Sizeof(configLayout)]struct{}
+var _ [unsafe.Sizeof(configLayout) - configSize02]struct{}
 
 func writeDefaultConfig(cfg *C.oktopk_config_t) {
 	d := defaultSettings()

@@ -26,7 +26,7 @@ extern "C" {
 
 /* ABI version: major changes break callers, minor ones only add. */
 #define OKTOPK_VERSION_MAJOR 0
-#define OKTOPK_VERSION_MINOR 2
+#define OKTOPK_VERSION_MINOR 3
 #define OKTOPK_VERSION_PATCH 0
 #define OKTOPK_VERSION_CODE \
   (OKTOPK_VERSION_MAJOR * 10000 + OKTOPK_VERSION_MINOR * 100 + OKTOPK_VERSION_PATCH)
@@ -88,6 +88,12 @@ typedef struct {
   int32_t tau;           /* Ok-Topk space repartition period (default 64)      */
   int32_t tau_prime;     /* threshold refresh period (default 32)              */
   int32_t value_dtype;   /* precision of sparse values on the wire (default FLOAT32) */
+  /* Added in 0.3: it fills what was tail padding, so sizeof(oktopk_config_t)
+   * is unchanged and oktopk_config_init never writes past an older caller's
+   * struct (which it zeroes). */
+  int32_t curve;         /* 1: CURVE-encrypt and authenticate every connection
+                          * (all ranks alike; OKTOPK_CURVE=1 has the same effect;
+                          * default 0) */
 } oktopk_config_t;
 
 /* Per-call statistics (one rank's view). `size` must be set by the caller to
@@ -132,7 +138,11 @@ oktopk_result_t oktopk_comm_init_rank(oktopk_comm_t *comm, int nranks, const okt
 
 /* torchrun style: MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE from the
  * environment; rank 0 serves rendezvous on MASTER_PORT + 1 unless
- * OKTOPK_RENDEZVOUS_PORT is set. */
+ * OKTOPK_RENDEZVOUS_PORT is set. Without OKTOPK_JOB_TOKEN that rendezvous
+ * hands the job token to anyone who can reach the port; have the launcher
+ * set OKTOPK_JOB_TOKEN to the same random secret on every rank (e.g. 64 hex
+ * digits) and the rendezvous refuses everyone else. OKTOPK_CURVE=1 on every
+ * rank encrypts the job's traffic (see oktopk_config_t.curve). */
 oktopk_result_t oktopk_comm_init_env(oktopk_comm_t *comm, const oktopk_config_t *config);
 
 /* Two-step init for callers that rendezvous through their own framework

@@ -44,6 +44,7 @@ type ZMQOptions struct {
 	ConnectTimeout  time.Duration // Connect's limit when its ctx has none (default 60 s)
 	PeerTimeout     time.Duration // silence after which a peer is declared dead (default 30 s)
 	MaxMessageBytes int64         // largest accepted message (default 1 GiB)
+	Curve           bool          // CURVE-encrypt and authenticate every connection (also $OKTOPK_CURVE=1); see auth.go
 }
 
 const (
@@ -66,6 +67,9 @@ type ZMQ struct {
 	hello    []atomic.Bool
 	helloCh  chan struct{} // signalled on every first hello
 	watching atomic.Bool   // liveness checks start after Connect
+
+	curve       *curveState     // nil unless CURVE is on
+	connections connectionRanks // inbox connection → rank; receive goroutine only
 
 	closing   chan struct{}
 	closeOnce sync.Once
@@ -144,6 +148,10 @@ func ListenZMQ(opts ZMQOptions) (*ZMQ, error) {
 	if err != nil {
 		return nil, err
 	}
+	curve, err := newCurveState(&opts)
+	if err != nil {
+		return nil, err
+	}
 	zctx, err := zmq.NewContext()
 	if err != nil {
 		return nil, fmt.Errorf("%w: zmq context: %w", ErrRendezvous, err)
@@ -158,6 +166,7 @@ func ListenZMQ(opts ZMQOptions) (*ZMQ, error) {
 			inbox.SetRcvhwm(0),
 			inbox.SetMaxmsgsize(opts.MaxMessageBytes+headerSize),
 			inbox.SetRcvtimeo(pollInterval),
+			curve.serve(zctx, inbox),
 		)
 	}
 	if err == nil {
@@ -171,6 +180,7 @@ func ListenZMQ(opts ZMQOptions) (*ZMQ, error) {
 		if inbox != nil {
 			inbox.Close()
 		}
+		curve.closeZAP()
 		zctx.Term()
 		return nil, fmt.Errorf("%w: binding %s: %w", ErrRendezvous, host, err)
 	}
@@ -178,7 +188,8 @@ func ListenZMQ(opts ZMQOptions) (*ZMQ, error) {
 		opts:     opts,
 		token:    digestToken(opts.Token),
 		zctx:     zctx,
-		endpoint: endpoint,
+		endpoint: curve.endpoint(endpoint),
+		curve:    curve,
 		box:      newMailbox(),
 		peers:    make([]*peerSender, opts.Size),
 		lastSeen: make([]atomic.Int64, opts.Size),
@@ -188,6 +199,10 @@ func ListenZMQ(opts ZMQOptions) (*ZMQ, error) {
 	}
 	z.owners.Add(1)
 	go z.receiveLoop(inbox)
+	if curve != nil {
+		z.owners.Add(1)
+		go z.zapLoop(curve.zap)
+	}
 	return z, nil
 }
 
@@ -207,7 +222,8 @@ func firstErr(errs ...error) error {
 	return nil
 }
 
-// Endpoint is the address peers connect to, "tcp://host:port".
+// Endpoint is the address peers connect to, "tcp://host:port", followed
+// by "#curve=<public key>" when CURVE is on. Pass it to Connect unchanged.
 func (z *ZMQ) Endpoint() string { return z.endpoint }
 
 func (z *ZMQ) Rank() int { return z.opts.Rank }
@@ -229,7 +245,11 @@ func (z *ZMQ) Connect(ctx context.Context, endpoints []string) error {
 		ctx, cancel = context.WithTimeout(ctx, z.opts.ConnectTimeout)
 		defer cancel()
 	}
-	for r, ep := range endpoints {
+	addrs, serverKeys, err := z.learnPeers(endpoints)
+	if err != nil {
+		return err
+	}
+	for r, ep := range addrs {
 		if r == z.opts.Rank {
 			continue
 		}
@@ -247,6 +267,7 @@ func (z *ZMQ) Connect(ctx context.Context, endpoints []string) error {
 				// squat a rank's name.
 				sock.SetIdentity(fmt.Sprintf("oktopk-rank-%d-%s", z.opts.Rank, NewToken()[:16])),
 				sock.SetReconnectIvl(100*time.Millisecond),
+				z.curveClient(sock, serverKeys[r]),
 			)
 		}
 		if err == nil {
@@ -435,15 +456,17 @@ func (z *ZMQ) receiveLoop(inbox *zmq.Socket) {
 			return
 		default:
 		}
-		parts, err := inbox.RecvMessageBytes(0)
+		parts, keyRank, err := z.recvInbox(inbox)
 		if err == nil {
-			z.handle(parts)
+			z.handle(parts, keyRank)
 		}
 		z.checkLiveness()
 	}
 }
 
-func (z *ZMQ) handle(parts [][]byte) {
+// handle validates one inbox message; keyRank is the rank its connection's
+// CURVE key belongs to (-1 without CURVE).
+func (z *ZMQ) handle(parts [][]byte, keyRank int) {
 	// ROUTER prepends the sender's identity; ours are [identity, header, payload].
 	if len(parts) != 3 {
 		z.dropped.Add(1)
@@ -451,6 +474,13 @@ func (z *ZMQ) handle(parts [][]byte) {
 	}
 	h, err := decodeFrameHeader(parts[1], z.token, z.opts.Generation, z.opts.Size)
 	if err != nil || h.payloadLen != uint64(len(parts[2])) || int(h.sender) == z.opts.Rank {
+		z.dropped.Add(1)
+		return
+	}
+	// The sender named in the header must be the rank this connection
+	// said hello as (and, with CURVE, the owner of its key): the token
+	// alone does not let a process speak for another rank.
+	if !z.connections.admit(parts[0], h.kind, int(h.sender), keyRank, z.curve != nil) {
 		z.dropped.Add(1)
 		return
 	}

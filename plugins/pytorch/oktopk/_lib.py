@@ -63,6 +63,7 @@ class Config(ctypes.Structure):
         ("tau", ctypes.c_int32),
         ("tau_prime", ctypes.c_int32),
         ("value_dtype", ctypes.c_int32),
+        ("curve", ctypes.c_int32),  # 0.3; OKTOPK_CURVE=1 in the environment does the same
     ]
 
 

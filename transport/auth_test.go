@@ -1,0 +1,222 @@
+package transport
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	zmq "github.com/pebbe/zmq4"
+)
+
+// rawDealer is a hand-driven client of a rank's inbox: it speaks the wire
+// format directly, so it can claim any sender rank.
+type rawDealer struct {
+	t     *testing.T
+	zctx  *zmq.Context
+	sock  *zmq.Socket
+	token tokenDigest
+}
+
+// dialInbox connects a raw DEALER to endpoint; curveKeys, when given, are
+// (server public key, own public key, own secret key).
+func dialInbox(t *testing.T, endpoint, token string, curveKeys ...string) *rawDealer {
+	t.Helper()
+	zctx, err := zmq.NewContext()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sock, err := zctx.NewSocket(zmq.DEALER)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sock.SetLinger(0)
+	sock.SetSndtimeo(time.Second)
+	if len(curveKeys) == 3 {
+		if err := sock.ClientAuthCurve(curveKeys[0], curveKeys[1], curveKeys[2]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	addr, _, err := splitEndpoint(endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sock.Connect(addr); err != nil {
+		t.Fatal(err)
+	}
+	d := &rawDealer{t: t, zctx: zctx, sock: sock, token: digestToken(token)}
+	t.Cleanup(func() { sock.Close(); zctx.Term() })
+	return d
+}
+
+// send queues one well-formed frame that claims to come from sender.
+func (d *rawDealer) send(kind frameKind, sender int, tag Tag, payload []byte) {
+	h := frameHeader{kind: kind, token: d.token, sender: uint32(sender), tag: tag,
+		dtype: DtypeBytes, count: uint64(len(payload)), payloadLen: uint64(len(payload))}
+	b := make([]byte, headerSize)
+	h.encode(b)
+	// Over CURVE the handshake may still be running (or be refused): the
+	// frames then wait in the DEALER's queue, which is what a stranger's
+	// frames would do.
+	if _, err := d.sock.SendMessage(b, payload); err != nil {
+		d.t.Fatalf("raw send: %v", err)
+	}
+}
+
+// recvNothing asserts that no message of tag from peer arrives for a while.
+func recvNothing(t *testing.T, z *ZMQ, peer int, tag Tag) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	if m, err := z.Recv(ctx, peer, tag); err == nil {
+		t.Fatalf("rank %d accepted a forged message from \"rank %d\": %q", z.Rank(), peer, m.Payload)
+	} else if !errors.Is(err, ErrTimeout) {
+		t.Fatalf("want a timeout, got %v", err)
+	}
+}
+
+// recvReal asserts that the real peer's message of tag still arrives intact.
+func recvReal(t *testing.T, zs []*ZMQ, from, to int, tag Tag) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	go zs[from].Send(ctx, to, tag, DtypeBytes, 4, []byte("real"))
+	m, err := zs[to].Recv(ctx, from, tag)
+	if err != nil || string(m.Payload) != "real" {
+		t.Fatalf("got %q, %v; want the real rank %d's message", m.Payload, err, from)
+	}
+}
+
+func TestZMQTokenHolderCannotImpersonateAnotherRank(t *testing.T) {
+	zs := startZMQ(t, 3, nil)
+	victim := zs[1]
+	before := victim.Dropped()
+	// A process that knows the job token connects to rank 1's inbox, says
+	// hello as rank 0 (already bound to rank 0's own connection) and sends
+	// data as rank 0 and as rank 2.
+	intruder := dialInbox(t, victim.Endpoint(), victim.opts.Token)
+	forged := Tag{OpAllgather, 7, 0}
+	intruder.send(kindHello, 0, Tag{}, nil)
+	intruder.send(kindData, 0, forged, []byte("forged"))
+	intruder.send(kindData, 2, forged, []byte("forged"))
+	deadline := time.Now().Add(5 * time.Second)
+	for victim.Dropped()-before < 3 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := victim.Dropped() - before; got < 3 {
+		t.Fatalf("%d of the intruder's 3 frames were dropped", got)
+	}
+	// The real ranks' messages under the same tag are the ones delivered.
+	recvReal(t, zs, 0, 1, forged)
+	recvReal(t, zs, 2, 1, forged)
+	recvNothing(t, victim, 0, forged)
+}
+
+func TestConnectionRanksBindAtFirstHello(t *testing.T) {
+	var b connectionRanks
+	a, c := []byte("conn-a"), []byte("conn-c")
+	steps := []struct {
+		conn   []byte
+		kind   frameKind
+		sender int
+		want   bool
+	}{
+		{a, kindData, 0, false},      // data before any hello
+		{a, kindHeartbeat, 0, false}, // so is a heartbeat
+		{a, kindHello, 0, true},      // binds conn-a to rank 0
+		{a, kindData, 0, true},
+		{a, kindHello, 0, true}, // a repeated hello changes nothing
+		{a, kindData, 1, false}, // conn-a claims rank 1
+		{a, kindHello, 1, false},
+		{c, kindHello, 0, false}, // rank 0 is taken by conn-a
+		{c, kindData, 0, false},
+		{c, kindHello, 1, true},
+		{c, kindBye, 1, true},
+	}
+	for i, s := range steps {
+		if got := b.admit(s.conn, s.kind, s.sender, -1, false); got != s.want {
+			t.Fatalf("step %d (%s, kind %d, sender %d): admit %v, want %v", i, s.conn, s.kind, s.sender, got, s.want)
+		}
+	}
+	// With CURVE the connection's key decides, whatever the hello says.
+	var k connectionRanks
+	if k.admit(a, kindHello, 0, 2, true) || !k.admit(a, kindHello, 2, 2, true) || k.admit(a, kindData, 0, 2, true) {
+		t.Fatal("CURVE: a frame was admitted under a rank other than its key's")
+	}
+}
+
+func skipWithoutCurve(t *testing.T) {
+	if !zmq.HasCurve() {
+		t.Skip("libzmq here was built without CURVE (no libsodium/tweetnacl): CURVE tests skipped")
+	}
+}
+
+func TestZMQCurveRefusesClientsWithoutAJobKey(t *testing.T) {
+	skipWithoutCurve(t)
+	zs := startZMQ(t, 2, func(o *ZMQOptions) { o.Curve = true })
+	victim := zs[1]
+	addr, serverKey, err := splitEndpoint(victim.Endpoint())
+	if err != nil || serverKey == "" || !strings.HasPrefix(addr, "tcp://") {
+		t.Fatalf("endpoint %q: want tcp://host:port#curve=<key> (%v)", victim.Endpoint(), err)
+	}
+	token := victim.opts.Token
+	forged := Tag{OpAllgather, 9, 0}
+	// Knows the token, speaks plain ZMTP: the handshake fails.
+	plain := dialInbox(t, victim.Endpoint(), token)
+	plain.send(kindHello, 0, Tag{}, nil)
+	plain.send(kindData, 0, forged, []byte("plain"))
+	// Knows the token and the server's public key, but its own key is not
+	// one of the job's: the ZAP handler refuses it.
+	public, secret, err := zmq.NewCurveKeypair()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stranger := dialInbox(t, victim.Endpoint(), token, serverKey, public, secret)
+	stranger.send(kindHello, 0, Tag{}, nil)
+	stranger.send(kindData, 0, forged, []byte("stranger"))
+	deadline := time.Now().Add(5 * time.Second)
+	for victim.curve.refused.Load() == 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if victim.curve.refused.Load() == 0 {
+		t.Fatal("the ZAP handler never refused the stranger's key")
+	}
+	recvNothing(t, victim, 0, forged)
+	recvReal(t, zs, 0, 1, Tag{OpAllgather, 10, 0})
+}
+
+func TestZMQCurveFromEnvironment(t *testing.T) {
+	skipWithoutCurve(t)
+	t.Setenv("OKTOPK_CURVE", "1")
+	zs := startZMQ(t, 2, nil)
+	for _, z := range zs {
+		if !strings.Contains(z.Endpoint(), curveEndpointMark) {
+			t.Fatalf("OKTOPK_CURVE=1 but endpoint %q carries no key", z.Endpoint())
+		}
+	}
+	recvReal(t, zs, 1, 0, Tag{OpAllgather, 1, 0})
+}
+
+func TestZMQCurveOnSomeRanksOnlyIsAClearError(t *testing.T) {
+	skipWithoutCurve(t)
+	token := NewToken()
+	secure, err := ListenZMQ(ZMQOptions{Rank: 0, Size: 2, Token: token, Curve: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer secure.Close()
+	plain, err := ListenZMQ(ZMQOptions{Rank: 1, Size: 2, Token: token})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	eps := []string{secure.Endpoint(), plain.Endpoint()}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	for _, z := range []*ZMQ{secure, plain} {
+		if err := z.Connect(ctx, eps); err == nil || !strings.Contains(err.Error(), "CURVE") {
+			t.Fatalf("rank %d: want an error naming CURVE, got %v", z.Rank(), err)
+		}
+	}
+}
