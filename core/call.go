@@ -20,17 +20,51 @@ type Call struct {
 	T     transport.Transport
 	Op    transport.Op
 	Seq   uint64
+	Desc  transport.CallDesc // what this rank was asked to do; every rank must agree
 	Stats *Stats
 
 	mu sync.Mutex // Stats is updated by concurrent exchanges of one call
 }
 
-// NewCall starts a call; stats may be nil.
-func NewCall(t transport.Transport, op transport.Op, seq uint64, stats *Stats) *Call {
+// NewCall starts a call and announces it to the transport (see
+// transport.Transport.StartCall); stats may be nil.
+func NewCall(t transport.Transport, op transport.Op, seq uint64, stats *Stats, opts ...CallOption) *Call {
 	if stats == nil {
 		stats = &Stats{}
 	}
-	return &Call{T: t, Op: op, Seq: seq, Stats: stats}
+	c := &Call{T: t, Op: op, Seq: seq, Stats: stats}
+	for _, o := range opts {
+		o(c)
+	}
+	t.StartCall(op, seq, c.Desc)
+	return c
+}
+
+// CallOption sets an optional property of a Call.
+type CallOption func(*Call)
+
+// WithDesc describes the call (tensor id, n, k, the caller's dtype) so that
+// ranks which issued different calls fail with ErrMismatch on every rank.
+func WithDesc(d transport.CallDesc) CallOption { return func(c *Call) { c.Desc = d } }
+
+// DescribeCall is the descriptor of a call on tensor (0 if none) of n
+// elements selecting k, with the caller's buffer dtype from ctx
+// (WithCallerDtype; float32 when unset).
+func DescribeCall(ctx context.Context, tensor uint64, n, k int) transport.CallDesc {
+	dt, ok := ctx.Value(callerDtypeKey{}).(transport.Dtype)
+	if !ok {
+		dt = transport.DtypeFloat32
+	}
+	return transport.CallDesc{Tensor: tensor, N: uint64(n), K: uint64(k), Dtype: dt}
+}
+
+type callerDtypeKey struct{}
+
+// WithCallerDtype records the element type of the caller's buffer (the C ABI
+// converts float16 and bfloat16 to float32 before a call), so that ranks
+// passing different dtypes are caught as a mismatch.
+func WithCallerDtype(ctx context.Context, dt transport.Dtype) context.Context {
+	return context.WithValue(ctx, callerDtypeKey{}, dt)
 }
 
 func (c *Call) Rank() int { return c.T.Rank() }

@@ -111,7 +111,7 @@ func (c *Communicator) Allreduce(ctx context.Context, data []float32, average bo
 		}
 		copy(c.before[:len(data)], data)
 	}
-	err = f(ctx, NewCall(c.T, alg.Op(), seq, &st), data)
+	err = f(ctx, NewCall(c.T, alg.Op(), seq, &st, WithDesc(DescribeCall(ctx, 0, len(data), len(data)))), data)
 	if err != nil && c.Size() > 1 {
 		copy(data, c.before[:len(data)])
 	}
@@ -200,7 +200,7 @@ func (c *Communicator) SparseAllreduce(ctx context.Context, id uint64, grad []fl
 	before := snapshotOf(st)
 	start := time.Now()
 	stats.K = cfg.K(len(grad))
-	err = f(ctx, NewCall(c.T, cfg.Algorithm.Op(), seq, &stats), st, grad)
+	err = f(ctx, NewCall(c.T, cfg.Algorithm.Op(), seq, &stats, WithDesc(DescribeCall(ctx, id, len(grad), stats.K))), st, grad)
 	if err != nil {
 		before.restore(st)
 	}
@@ -231,7 +231,7 @@ func (c *Communicator) SparseAllreduceSparse(ctx context.Context, n int, in Spar
 	}
 	start := time.Now()
 	stats.K = cfg.K(n)
-	call := NewCall(c.T, cfg.Algorithm.Op(), seq, &stats)
+	call := NewCall(c.T, cfg.Algorithm.Op(), seq, &stats, WithDesc(DescribeCall(ctx, 0, n, stats.K)))
 	invalid := checkSparse(in, n)
 	nonFinite := 0
 	if invalid == nil {

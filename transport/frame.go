@@ -6,7 +6,7 @@ import (
 	"fmt"
 )
 
-// Every message on the wire is two ZeroMQ frames: a fixed 64-byte header and
+// Every message on the wire is two ZeroMQ frames: a fixed 96-byte header and
 // the raw payload. The header is little-endian:
 //
 //	off size field
@@ -24,15 +24,32 @@ import (
 //	 46    2 reserved, zero
 //	 48    8 element count
 //	 56    8 payload length in bytes
+//	 64    8 call: tensor id
+//	 72    8 call: elements in the caller's buffer (n)
+//	 80    8 call: elements selected per rank (k; n for dense calls)
+//	 88    1 call: dtype of the caller's buffer
+//	 89    1 abort reason (abort frames): 0 failure, 1 mismatch
+//	 90    6 reserved, zero
+//
+// Bytes 64–88 are the sender's CallDesc (zero outside a started call); the
+// receiver compares it with its own, so that ranks which issued different
+// calls under one sequence number fail with ErrMismatch.
+//
+// Heartbeat frames use the sequence number field for the latest call their
+// sender has started (stall diagnostics). Abort frames carry the reason as
+// text in their payload, at most maxAbortText bytes.
 //
 // A receiver checks every field before it trusts the payload: wrong magic,
 // version, token or generation, a sender out of range, or a length that does
 // not match the payload or the dtype drops the frame.
+//
+// Version 1 had a 64-byte header without the call descriptor.
 
 const (
 	frameMagic      = 0x4b544b4f // "OKTK" little-endian
-	protocolVersion = 1
-	headerSize      = 64
+	protocolVersion = 2
+	headerSize      = 96
+	maxAbortText    = 1024
 	maxPayloadBytes = 1 << 40 // far above any message size limit; keeps count·width from overflowing
 )
 
@@ -57,15 +74,26 @@ func digestToken(token string) tokenDigest {
 	return d
 }
 
+// abortReason says why a rank aborted, so that its peers fail with the same
+// kind of error (a mismatch stays a mismatch on every rank).
+type abortReason uint8
+
+const (
+	abortFailure  abortReason = 0
+	abortMismatch abortReason = 1
+)
+
 type frameHeader struct {
 	kind       frameKind
 	token      tokenDigest
 	generation uint32
 	sender     uint32
 	tag        Tag
+	call       CallDesc
 	dtype      Dtype
 	count      uint64
 	payloadLen uint64
+	reason     abortReason
 }
 
 func (h *frameHeader) encode(b []byte) {
@@ -84,6 +112,12 @@ func (h *frameHeader) encode(b []byte) {
 	b[46], b[47] = 0, 0
 	binary.LittleEndian.PutUint64(b[48:], h.count)
 	binary.LittleEndian.PutUint64(b[56:], h.payloadLen)
+	binary.LittleEndian.PutUint64(b[64:], h.call.Tensor)
+	binary.LittleEndian.PutUint64(b[72:], h.call.N)
+	binary.LittleEndian.PutUint64(b[80:], h.call.K)
+	b[88] = byte(h.call.Dtype)
+	b[89] = byte(h.reason)
+	clear(b[90:96])
 }
 
 // decodeFrameHeader parses and validates a header frame against what this
@@ -100,7 +134,7 @@ func decodeFrameHeader(b []byte, token tokenDigest, generation uint32, size int)
 		return h, fmt.Errorf("%w: protocol version %d, want %d", ErrBadFrame, v, protocolVersion)
 	}
 	h.kind = frameKind(b[6])
-	if h.kind < kindData || h.kind > kindAbort || b[7] != 0 || b[46] != 0 || b[47] != 0 {
+	if h.kind < kindData || h.kind > kindAbort || b[7] != 0 || b[46] != 0 || b[47] != 0 || !allZero(b[90:96]) {
 		return h, fmt.Errorf("%w: bad kind or reserved bytes", ErrBadFrame)
 	}
 	copy(h.token[:], b[8:24])
@@ -121,10 +155,32 @@ func decodeFrameHeader(b []byte, token tokenDigest, generation uint32, size int)
 	h.dtype = Dtype(b[45])
 	h.count = binary.LittleEndian.Uint64(b[48:])
 	h.payloadLen = binary.LittleEndian.Uint64(b[56:])
+	h.call = CallDesc{
+		Tensor: binary.LittleEndian.Uint64(b[64:]),
+		N:      binary.LittleEndian.Uint64(b[72:]),
+		K:      binary.LittleEndian.Uint64(b[80:]),
+		Dtype:  Dtype(b[88]),
+	}
+	h.reason = abortReason(b[89])
+	if h.call.Dtype > DtypeUint64 || h.reason > abortMismatch {
+		return h, fmt.Errorf("%w: bad call dtype or abort reason", ErrBadFrame)
+	}
+	if h.kind == kindAbort && h.payloadLen > maxAbortText {
+		return h, fmt.Errorf("%w: abort text of %d bytes", ErrBadFrame, h.payloadLen)
+	}
 	if err := checkPayloadSize(h.dtype, h.count, h.payloadLen); err != nil {
 		return h, err
 	}
 	return h, nil
+}
+
+func allZero(b []byte) bool {
+	for _, x := range b {
+		if x != 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // checkPayloadSize verifies that count elements of dtype occupy exactly

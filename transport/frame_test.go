@@ -5,20 +5,40 @@ import (
 	"testing"
 )
 
+var testCall = CallDesc{Tensor: 9, N: 1000, K: 10, Dtype: DtypeBFloat16}
+
 func validHeader(kind frameKind, dtype Dtype, count, length uint64) []byte {
 	h := frameHeader{kind: kind, token: digestToken("tok"), generation: 3, sender: 1,
-		tag: Tag{OpOkTopk, 42, 7}, dtype: dtype, count: count, payloadLen: length}
+		tag: Tag{OpOkTopk, 42, 7}, call: testCall, dtype: dtype, count: count, payloadLen: length}
 	b := make([]byte, headerSize)
 	h.encode(b)
 	return b
 }
 
+func withByte(b []byte, off int, v byte) []byte {
+	c := append([]byte(nil), b...)
+	c[off] = v
+	return c
+}
+
 func TestFrameHeaderRoundTripAndRejections(t *testing.T) {
 	b := validHeader(kindData, DtypeSparseF32, 3, 24)
 	h, err := decodeFrameHeader(b, digestToken("tok"), 3, 4)
-	if err != nil || h.tag != (Tag{OpOkTopk, 42, 7}) || h.count != 3 || h.payloadLen != 24 || h.sender != 1 {
+	if err != nil || h.tag != (Tag{OpOkTopk, 42, 7}) || h.call != testCall || h.count != 3 || h.payloadLen != 24 || h.sender != 1 {
 		t.Fatalf("round trip: %+v, %v", h, err)
 	}
+	abort := frameHeader{kind: kindAbort, token: digestToken("tok"), generation: 3, reason: abortMismatch, dtype: DtypeBytes, count: 5, payloadLen: 5}
+	ab := make([]byte, headerSize)
+	abort.encode(ab)
+	if h, err := decodeFrameHeader(ab, digestToken("tok"), 3, 4); err != nil || h.reason != abortMismatch {
+		t.Fatalf("abort round trip: %+v, %v", h, err)
+	}
+	long := abort
+	long.count, long.payloadLen = maxAbortText+1, maxAbortText+1
+	longB := make([]byte, headerSize)
+	long.encode(longB)
+	v1 := append([]byte(nil), b[:64]...)
+	v1[4] = 1
 	cases := map[string]struct {
 		b     []byte
 		token string
@@ -33,6 +53,11 @@ func TestFrameHeaderRoundTripAndRejections(t *testing.T) {
 		"count vs length":     {validHeader(kindData, DtypeSparseF32, 4, 24), "tok", 3, 4, ErrBadFrame},
 		"overflowing count":   {validHeader(kindData, DtypeSparseF32, 1<<62, 0), "tok", 3, 4, ErrBadFrame},
 		"unknown dtype":       {validHeader(kindData, Dtype(99), 0, 0), "tok", 3, 4, ErrBadFrame},
+		"unknown call dtype":  {withByte(b, 88, 99), "tok", 3, 4, ErrBadFrame},
+		"unknown abort code":  {withByte(b, 89, 7), "tok", 3, 4, ErrBadFrame},
+		"reserved byte set":   {withByte(b, 95, 1), "tok", 3, 4, ErrBadFrame},
+		"long abort text":     {longB, "tok", 3, 4, ErrBadFrame},
+		"version 1 header":    {v1, "tok", 3, 4, ErrBadFrame},
 	}
 	for name, c := range cases {
 		if _, err := decodeFrameHeader(c.b, digestToken(c.token), c.gen, c.size); !errors.Is(err, c.want) {

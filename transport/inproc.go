@@ -18,12 +18,16 @@ type inprocRank struct {
 	box   *mailbox
 }
 
-// NewInProc returns size connected transports, one per rank.
-func NewInProc(size int) []Transport {
+// NewInProc returns size connected transports, one per rank, with the
+// default diagnostics.
+func NewInProc(size int) []Transport { return NewInProcDiagnostics(size, Diagnostics{}) }
+
+// NewInProcDiagnostics is NewInProc with stall diagnostics configured.
+func NewInProcDiagnostics(size int, diag Diagnostics) []Transport {
 	g := &InProc{}
 	ts := make([]Transport, size)
 	for r := 0; r < size; r++ {
-		ir := &inprocRank{group: g, rank: r, box: newMailbox()}
+		ir := &inprocRank{group: g, rank: r, box: newMailbox(r, size, diag)}
 		g.ranks = append(g.ranks, ir)
 		ts[r] = ir
 	}
@@ -32,6 +36,16 @@ func NewInProc(size int) []Transport {
 
 func (t *inprocRank) Rank() int { return t.rank }
 func (t *inprocRank) Size() int { return len(t.group.ranks) }
+
+// StartCall tells every rank at once what heartbeats tell them over TCP.
+func (t *inprocRank) StartCall(op Op, seq uint64, call CallDesc) {
+	t.box.start(op, seq, call)
+	for _, peer := range t.group.ranks {
+		if peer != t {
+			peer.box.noteStarted(t.rank, seq)
+		}
+	}
+}
 
 func (t *inprocRank) Send(ctx context.Context, peer int, tag Tag, dtype Dtype, count uint64, payload []byte) error {
 	if err := checkPeer(t, peer); err != nil {
@@ -45,7 +59,7 @@ func (t *inprocRank) Send(ctx context.Context, peer int, tag Tag, dtype Dtype, c
 	}
 	// Copy: the sender may reuse its buffer once Send returns, as with TCP.
 	p := append([]byte(nil), payload...)
-	t.group.ranks[peer].box.deliver(t.rank, Message{Tag: tag, Dtype: dtype, Count: count, Payload: p})
+	t.group.ranks[peer].box.deliver(t.rank, Message{Tag: tag, Dtype: dtype, Count: count, Call: t.box.callOf(tag.Seq), Payload: p})
 	return nil
 }
 
@@ -56,8 +70,18 @@ func (t *inprocRank) Recv(ctx context.Context, peer int, tag Tag) (Message, erro
 	return t.box.receive(ctx, peer, tag)
 }
 
+// Abort fails this rank. A mismatch is passed on to the peers, as the abort
+// frame does over TCP, so every rank reports it; other failures stay local
+// (in-process tests abort every rank themselves).
 func (t *inprocRank) Abort(cause error) {
 	t.box.fail(fmt.Errorf("%w: %w", ErrAborted, cause))
+	if reason, text := t.box.abortReason(); reason == abortMismatch {
+		for _, peer := range t.group.ranks {
+			if peer != t {
+				peer.box.peerAborted(t.rank, reason, text)
+			}
+		}
+	}
 }
 
 func (t *inprocRank) Close() error {

@@ -2,21 +2,36 @@ package transport
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"sync"
+	"time"
 )
 
 // mailbox holds messages that arrived before anyone asked for them and wakes
 // the receiver waiting for a given (peer, seq, step). Both transports deliver
-// into one, so matching, mismatch detection and failure propagation behave
-// the same in tests and in production.
+// into one, so matching, mismatch detection, stall diagnostics and failure
+// propagation behave the same in tests and in production.
 type mailbox struct {
-	mu      sync.Mutex
-	pending map[mailKey][]Message
-	waiters map[mailKey]chan struct{}
-	failed  error         // set once by Abort/Close: every call fails with it
-	peerErr map[int]error // a peer known to be dead or misbehaving
-	wakeAll chan struct{} // closed when failed or a peerErr is set
+	rank int
+	diag Diagnostics
+	// silence reports how long a peer has sent nothing; nil where unknown.
+	silence func(peer int) time.Duration
+
+	mu       sync.Mutex
+	pending  map[mailKey][]Message
+	waiters  map[mailKey]chan struct{}
+	failed   error         // set once by Abort/Close/mismatch: every call fails with it
+	mismatch string        // the mismatch that failed this mailbox, passed on to peers
+	peerErr  map[int]error // a peer known to be dead or misbehaving
+	wakeAll  chan struct{} // closed when failed or a peerErr is set
+
+	active    Tag      // op and seq of the call this rank started last (Step unused)
+	call      CallDesc // that call's descriptor
+	hasActive bool     // active is set
+	started   []uint64 // latest call each rank has started, as far as this rank knows
+	warned    uint64   // seq of the last stall warning: one per call
 }
 
 type mailKey struct {
@@ -25,32 +40,89 @@ type mailKey struct {
 	step uint32
 }
 
-func newMailbox() *mailbox {
+func newMailbox(rank, size int, diag Diagnostics) *mailbox {
 	return &mailbox{
+		rank:    rank,
+		diag:    diag.withDefaults(),
 		pending: make(map[mailKey][]Message),
 		waiters: make(map[mailKey]chan struct{}),
 		peerErr: make(map[int]error),
 		wakeAll: make(chan struct{}),
+		started: make([]uint64, size),
 	}
 }
 
-// deliver files msg from peer and wakes its receiver, if one waits.
+// start records the call this rank has begun and checks the frames of that
+// call that peers sent before it started.
+func (m *mailbox) start(op Op, seq uint64, call CallDesc) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.active, m.call, m.hasActive = Tag{Op: op, Seq: seq}, call, true
+	if seq > m.started[m.rank] {
+		m.started[m.rank] = seq
+	}
+	for k, q := range m.pending {
+		if k.seq == seq && len(q) > 0 {
+			if err := checkSameCall(m.rank, k.peer, seq, op, call, q[0].Tag.Op, q[0].Call); err != nil {
+				m.failMismatchLocked(err)
+				return
+			}
+		}
+	}
+}
+
+// callOf is the descriptor this rank's frames of call seq carry: the
+// started call's, or zero for messages outside one.
+func (m *mailbox) callOf(seq uint64) CallDesc {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.hasActive && m.active.Seq == seq {
+		return m.call
+	}
+	return CallDesc{}
+}
+
+// deliver files msg from peer and wakes its receiver, if one waits. A frame
+// of the running call that disagrees with it fails the mailbox at once, even
+// if nobody waits for that frame: ranks running different algorithms may
+// never ask for each other's messages.
 func (m *mailbox) deliver(peer int, msg Message) {
 	k := mailKey{peer, msg.Tag.Seq, msg.Tag.Step}
 	m.mu.Lock()
+	defer m.mu.Unlock()
+	if msg.Tag.Seq > m.started[peer] {
+		m.started[peer] = msg.Tag.Seq
+	}
+	if m.hasActive && msg.Tag.Seq == m.active.Seq {
+		if err := checkSameCall(m.rank, peer, msg.Tag.Seq, m.active.Op, m.call, msg.Tag.Op, msg.Call); err != nil {
+			m.failMismatchLocked(err)
+			return
+		}
+	}
 	m.pending[k] = append(m.pending[k], msg)
 	if w, ok := m.waiters[k]; ok {
 		close(w)
 		delete(m.waiters, k)
 	}
-	m.mu.Unlock()
 }
 
 // receive blocks until the message for (peer, tag.Seq, tag.Step) is there.
 func (m *mailbox) receive(ctx context.Context, peer int, tag Tag) (Message, error) {
 	k := mailKey{peer, tag.Seq, tag.Step}
+	begun := time.Now()
+	var stall <-chan time.Time
+	if m.diag.StallWarn > 0 {
+		t := time.NewTimer(m.diag.StallWarn)
+		defer t.Stop()
+		stall = t.C
+	}
 	for {
 		m.mu.Lock()
+		if m.failed != nil {
+			err := m.failed
+			m.mu.Unlock()
+			return Message{}, err
+		}
 		if q := m.pending[k]; len(q) > 0 {
 			msg := q[0]
 			if len(q) == 1 {
@@ -58,16 +130,18 @@ func (m *mailbox) receive(ctx context.Context, peer int, tag Tag) (Message, erro
 			} else {
 				m.pending[k] = q[1:]
 			}
-			m.mu.Unlock()
-			if msg.Tag.Op != tag.Op {
-				return Message{}, fmt.Errorf("%w: rank expects %s, peer %d sent %s", ErrMismatch, tag, peer, msg.Tag)
+			mine := CallDesc{}
+			if m.hasActive && m.active.Seq == tag.Seq {
+				mine = m.call
 			}
-			return msg, nil
-		}
-		if m.failed != nil {
-			err := m.failed
+			if err := checkSameCall(m.rank, peer, tag.Seq, tag.Op, mine, msg.Tag.Op, msg.Call); err != nil {
+				m.failMismatchLocked(err)
+				err = m.failed
+				m.mu.Unlock()
+				return Message{}, err
+			}
 			m.mu.Unlock()
-			return Message{}, err
+			return msg, nil
 		}
 		if err := m.peerErr[peer]; err != nil {
 			m.mu.Unlock()
@@ -83,21 +157,45 @@ func (m *mailbox) receive(ctx context.Context, peer int, tag Tag) (Message, erro
 		select {
 		case <-w:
 		case <-wakeAll:
+		case <-stall:
+			stall = nil
+			m.warnStall(peer, tag, time.Since(begun))
 		case <-ctx.Done():
-			return Message{}, ContextError(ctx, fmt.Sprintf("receiving %s from peer %d", tag, peer))
+			m.mu.Lock()
+			why := m.explain(tag.Seq, peer)
+			m.mu.Unlock()
+			return Message{}, ContextError(ctx, fmt.Sprintf("receiving %s from peer %d after %.1fs (%s)",
+				tag, peer, time.Since(begun).Seconds(), why))
 		}
 	}
+}
+
+// failMismatchLocked fails the mailbox with a mismatch; m.mu must be held.
+func (m *mailbox) failMismatchLocked(err error) {
+	if m.failed == nil {
+		var me *MismatchError
+		if errors.As(err, &me) {
+			m.mismatch = me.Detail()
+		} else {
+			m.mismatch = strings.TrimPrefix(err.Error(), ErrMismatch.Error()+": ")
+		}
+	}
+	m.failLocked(err)
 }
 
 // fail makes every blocked and future receive return err (first error wins).
 func (m *mailbox) fail(err error) {
 	m.mu.Lock()
+	m.failLocked(err)
+	m.mu.Unlock()
+}
+
+func (m *mailbox) failLocked(err error) {
 	if m.failed == nil {
 		m.failed = err
 		close(m.wakeAll)
 		m.wakeAll = make(chan struct{})
 	}
-	m.mu.Unlock()
 }
 
 // failPeer makes receives from one peer return err (first error wins).
@@ -115,4 +213,48 @@ func (m *mailbox) err() error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.failed
+}
+
+// abortReason is what this rank tells its peers when it aborts: a mismatch
+// is passed on as one (so every rank reports ErrMismatch, not a remote
+// failure), anything else as the error's text.
+func (m *mailbox) abortReason() (abortReason, string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.mismatch != "" {
+		return abortMismatch, truncateText(m.mismatch)
+	}
+	if m.failed == nil {
+		return abortFailure, ""
+	}
+	if errors.Is(m.failed, ErrMismatch) {
+		return abortMismatch, truncateText(m.failed.Error())
+	}
+	return abortFailure, truncateText(m.failed.Error())
+}
+
+// peerAborted handles a peer's abort: a mismatch fails every call of this
+// rank too (the ranks disagree about the call, whoever this rank waits for);
+// any other failure fails the receives waiting on that peer.
+func (m *mailbox) peerAborted(peer int, reason abortReason, text string) {
+	if reason == abortMismatch {
+		m.mu.Lock()
+		if m.failed == nil {
+			m.mismatch = text
+		}
+		m.failLocked(fmt.Errorf("%w: %s (found by rank %d)", ErrMismatch, text, peer))
+		m.mu.Unlock()
+		return
+	}
+	if text == "" {
+		text = "no reason given"
+	}
+	m.failPeer(peer, fmt.Errorf("%w: peer %d aborted: %s", ErrRemote, peer, text))
+}
+
+func truncateText(s string) string {
+	if len(s) > maxAbortText {
+		s = s[:maxAbortText]
+	}
+	return strings.ToValidUTF8(s, "?")
 }

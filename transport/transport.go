@@ -72,12 +72,68 @@ func (d Dtype) String() string {
 // Tag identifies one message of one operation: which operation (Op), which
 // call on the communicator (Seq, issued identically on every rank) and which
 // step of that call (Step). Recv matches on (Seq, Step) and reports a
-// mismatch when the peer's Op differs.
+// mismatch when the peer's Op differs, or its CallDesc (see StartCall).
 type Tag struct {
 	Op   Op
 	Seq  uint64
 	Step uint32
 }
+
+// CallDesc describes one collective call as the calling rank issued it
+// (Transport.StartCall). Every data frame of the call carries the sender's,
+// and the receiver compares it with its own:
+// ranks that issued different calls under one sequence number (another
+// tensor, size, dtype or k) fail with ErrMismatch naming the field and both
+// values, instead of exchanging data that merely happens to fit.
+type CallDesc struct {
+	Tensor uint64 // tensor id (0 for calls without one)
+	N      uint64 // elements in the caller's buffer
+	K      uint64 // elements selected per rank (N for dense calls)
+	Dtype  Dtype  // element type of the caller's buffer
+}
+
+// checkSameCall compares the call rank self issued (op, mine) with what
+// peer's frame of call seq says (theirOp, theirs) and names the first field
+// that differs.
+func checkSameCall(self, peer int, seq uint64, op Op, mine CallDesc, theirOp Op, theirs CallDesc) error {
+	field, a, b := "", "", ""
+	switch {
+	case op != theirOp:
+		field, a, b = "algorithm", op.String(), theirOp.String()
+	case mine.Tensor != theirs.Tensor:
+		field, a, b = "tensor", fmt.Sprint(mine.Tensor), fmt.Sprint(theirs.Tensor)
+	case mine.N != theirs.N:
+		field, a, b = "n", fmt.Sprint(mine.N), fmt.Sprint(theirs.N)
+	case mine.Dtype != theirs.Dtype:
+		field, a, b = "dtype", mine.Dtype.String(), theirs.Dtype.String()
+	case mine.K != theirs.K:
+		field, a, b = "k", fmt.Sprint(mine.K), fmt.Sprint(theirs.K)
+	default:
+		return nil
+	}
+	return &MismatchError{Field: field, Seq: seq, Ranks: [2]int{self, peer}, Values: [2]string{a, b}}
+}
+
+// MismatchError says which field of a call differed between two ranks.
+// errors.Is(err, ErrMismatch) holds for it.
+type MismatchError struct {
+	Field  string    // algorithm, tensor, n, dtype or k
+	Seq    uint64    // the call's sequence number
+	Ranks  [2]int    // the two ranks compared
+	Values [2]string // the field's value on each
+}
+
+func (e *MismatchError) Error() string {
+	return fmt.Sprintf("%v: %s", ErrMismatch, e.Detail())
+}
+
+// Detail is the error without the ErrMismatch prefix, as peers receive it.
+func (e *MismatchError) Detail() string {
+	return fmt.Sprintf("%s: rank %d has %s, rank %d has %s (call seq=%d)",
+		e.Field, e.Ranks[0], e.Values[0], e.Ranks[1], e.Values[1], e.Seq)
+}
+
+func (e *MismatchError) Unwrap() error { return ErrMismatch }
 
 func (t Tag) String() string { return fmt.Sprintf("%s seq=%d step=%d", t.Op, t.Seq, t.Step) }
 
@@ -86,7 +142,8 @@ func (t Tag) String() string { return fmt.Sprintf("%s seq=%d step=%d", t.Op, t.S
 type Message struct {
 	Tag     Tag
 	Dtype   Dtype
-	Count   uint64 // element count the sender declared
+	Count   uint64   // element count the sender declared
+	Call    CallDesc // the sender's call, as it announced it in StartCall
 	Payload []byte
 }
 
@@ -100,11 +157,19 @@ type Message struct {
 type Transport interface {
 	Rank() int
 	Size() int
+	// StartCall announces that this rank has begun call seq, running op, as
+	// described by call. Its messages of that call carry call; peers' frames
+	// of that call are checked against it as they arrive (a difference is
+	// ErrMismatch on every rank); peers learn from this rank's heartbeats
+	// that it started (stall diagnostics).
+	StartCall(op Op, seq uint64, call CallDesc)
 	// Send queues payload for peer. When Send returns the caller may reuse
 	// payload; delivery errors surface on the peer's side or in later calls.
 	Send(ctx context.Context, peer int, tag Tag, dtype Dtype, count uint64, payload []byte) error
 	// Recv blocks until the message with tag.Seq and tag.Step from peer
-	// arrives. A message whose Op differs from tag.Op yields ErrMismatch.
+	// arrives. A message whose Op differs from tag.Op, or whose CallDesc
+	// differs from this rank's for that call, yields ErrMismatch and fails
+	// the transport, so that every rank learns of it.
 	Recv(ctx context.Context, peer int, tag Tag) (Message, error)
 	// Abort fails every blocked and future call with ErrAborted (plus cause).
 	Abort(cause error)

@@ -44,6 +44,7 @@ type ZMQOptions struct {
 	ConnectTimeout  time.Duration // Connect's limit when its ctx has none (default 60 s)
 	PeerTimeout     time.Duration // silence after which a peer is declared dead (default 30 s)
 	MaxMessageBytes int64         // largest accepted message (default 1 GiB)
+	Diagnostics     Diagnostics   // stall warnings ($OKTOPK_STALL_WARN, default 10 s, to stderr)
 	Curve           bool          // CURVE-encrypt and authenticate every connection (also $OKTOPK_CURVE=1); see auth.go
 }
 
@@ -190,13 +191,14 @@ func ListenZMQ(opts ZMQOptions) (*ZMQ, error) {
 		zctx:     zctx,
 		endpoint: curve.endpoint(endpoint),
 		curve:    curve,
-		box:      newMailbox(),
+		box:      newMailbox(opts.Rank, opts.Size, opts.Diagnostics),
 		peers:    make([]*peerSender, opts.Size),
 		lastSeen: make([]atomic.Int64, opts.Size),
 		hello:    make([]atomic.Bool, opts.Size),
 		helloCh:  make(chan struct{}, opts.Size),
 		closing:  make(chan struct{}),
 	}
+	z.box.silence = z.silence
 	z.owners.Add(1)
 	go z.receiveLoop(inbox)
 	if curve != nil {
@@ -336,9 +338,13 @@ func (z *ZMQ) Send(ctx context.Context, peer int, tag Tag, dtype Dtype, count ui
 	if z.peers[peer] == nil {
 		return fmt.Errorf("oktopk: invalid usage: send before Connect")
 	}
-	h := frameHeader{kind: kindData, tag: tag, dtype: dtype, count: count, payloadLen: uint64(len(payload))}
+	h := frameHeader{kind: kindData, tag: tag, call: z.box.callOf(tag.Seq), dtype: dtype, count: count, payloadLen: uint64(len(payload))}
 	return z.enqueue(ctx, peer, &h, payload, fmt.Sprintf("sending %s to peer %d", tag, peer))
 }
+
+// StartCall records the call this rank has begun; its heartbeats carry the
+// sequence number to the peers.
+func (z *ZMQ) StartCall(op Op, seq uint64, call CallDesc) { z.box.start(op, seq, call) }
 
 func (z *ZMQ) sendControl(ctx context.Context, peer int, kind frameKind) error {
 	h := frameHeader{kind: kind, dtype: DtypeBytes}
@@ -374,9 +380,9 @@ func (z *ZMQ) enqueue(ctx context.Context, peer int, h *frameHeader, payload []b
 func (z *ZMQ) sendLoop(p *peerSender, sock *zmq.Socket) {
 	defer z.owners.Done()
 	defer sock.Close()
+	// A heartbeat's sequence number is the latest call this rank started.
 	hb := frameHeader{kind: kindHeartbeat, token: z.token, generation: z.opts.Generation, sender: uint32(z.opts.Rank)}
 	hbFrame := make([]byte, headerSize)
-	hb.encode(hbFrame)
 	ticker := time.NewTicker(heartbeatInterval)
 	defer ticker.Stop()
 	for {
@@ -384,6 +390,8 @@ func (z *ZMQ) sendLoop(p *peerSender, sock *zmq.Socket) {
 		case req := <-p.reqs:
 			req.done <- z.sendFrame(sock, req.header, req.payload)
 		case <-ticker.C:
+			hb.tag.Seq = z.box.startedSeq()
+			hb.encode(hbFrame)
 			z.sendFrame(sock, hbFrame, nil)
 		case <-z.closing:
 			// Drain what is queued (callers wait on done), then say bye or
@@ -397,15 +405,21 @@ func (z *ZMQ) sendLoop(p *peerSender, sock *zmq.Socket) {
 				}
 				break
 			}
-			kind := kindBye
+			// An abort says why, so that a mismatch is reported as one on
+			// every rank and a timeout names the rank that held things up.
+			last := frameHeader{kind: kindBye, token: z.token, generation: z.opts.Generation, sender: uint32(z.opts.Rank), dtype: DtypeBytes}
+			var text []byte
 			if z.box.err() != nil && !errors.Is(z.box.err(), ErrClosed) {
-				kind = kindAbort
+				var reason string
+				last.kind = kindAbort
+				last.reason, reason = z.box.abortReason()
+				text = []byte(reason)
+				last.count, last.payloadLen = uint64(len(text)), uint64(len(text))
 			}
-			last := frameHeader{kind: kind, token: z.token, generation: z.opts.Generation, sender: uint32(z.opts.Rank)}
 			lastFrame := make([]byte, headerSize)
 			last.encode(lastFrame)
 			sock.SendBytes(lastFrame, zmq.DONTWAIT|zmq.SNDMORE)
-			sock.SendBytes(nil, zmq.DONTWAIT)
+			sock.SendBytes(text, zmq.DONTWAIT)
 			return
 		}
 	}
@@ -488,17 +502,26 @@ func (z *ZMQ) handle(parts [][]byte, keyRank int) {
 	z.lastSeen[peer].Store(time.Now().UnixNano())
 	switch h.kind {
 	case kindData:
-		z.box.deliver(peer, Message{Tag: h.tag, Dtype: h.dtype, Count: h.count, Payload: parts[2]})
+		z.box.deliver(peer, Message{Tag: h.tag, Dtype: h.dtype, Count: h.count, Call: h.call, Payload: parts[2]})
 	case kindHello:
 		if !z.hello[peer].Swap(true) {
 			z.helloCh <- struct{}{}
 		}
 	case kindHeartbeat:
+		z.box.noteStarted(peer, h.tag.Seq)
 	case kindBye:
 		z.box.failPeer(peer, fmt.Errorf("%w: peer %d closed its communicator", ErrRemote, peer))
 	case kindAbort:
-		z.box.failPeer(peer, fmt.Errorf("%w: peer %d aborted", ErrRemote, peer))
+		z.box.peerAborted(peer, h.reason, strings.ToValidUTF8(string(parts[2]), "?"))
 	}
+}
+
+// silence is how long peer has sent nothing (0 before Connect finished).
+func (z *ZMQ) silence(peer int) time.Duration {
+	if !z.watching.Load() {
+		return 0
+	}
+	return time.Duration(time.Now().UnixNano() - z.lastSeen[peer].Load())
 }
 
 func (z *ZMQ) checkLiveness() {
