@@ -1,0 +1,5 @@
+//go:build !race
+
+package tests
+
+const raceEnabled = false
