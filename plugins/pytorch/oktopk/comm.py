@@ -3,8 +3,11 @@ group, set up through the group's own store (the TCPStore torchrun made):
 no extra port or environment variable for the user."""
 
 import ctypes
+import datetime
+import ipaddress
 import itertools
-import threading
+import os
+import socket
 
 import torch
 import torch.distributed as dist
@@ -28,40 +31,128 @@ def _store_for(group):
     return dist.PrefixStore(f"oktopk/{name}/", store)
 
 
-class Communicator:
-    """One liboktopk communicator over the ranks of ``group``."""
+def _store_address(group):
+    """(host, port) of the store the process group rendezvoused through:
+    the TCPStore's own address, else MASTER_ADDR/MASTER_PORT."""
+    store = dist.distributed_c10d._get_default_store()
+    for _ in range(16):  # PrefixStores wrap the TCPStore
+        if isinstance(store, dist.TCPStore):
+            return store.host, store.port
+        store = getattr(store, "underlying_store", None)
+        if store is None:
+            break
+    host = os.environ.get("MASTER_ADDR")
+    port = os.environ.get("MASTER_PORT", "0")
+    return (host, int(port)) if host else None
 
-    def __init__(self, group=None, algorithm="oktopk", density=0.01, tau=64, tau_prime=32, timeout=60.0):
+
+def _is_loopback(host):
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def route_source_address(host, port):
+    """This machine's IPv4 address on the route to (host, port), or None
+    when host is loopback or unreachable. A UDP connect() picks the route
+    and getsockname() reads the source address; no packet is sent."""
+    if _is_loopback(host):
+        return None
+    try:
+        infos = socket.getaddrinfo(host, port, socket.AF_INET, socket.SOCK_DGRAM)
+    except OSError:
+        return None
+    for family, kind, proto, _, address in infos:
+        if _is_loopback(address[0]):
+            return None  # the store's name resolves to this machine's loopback
+        with socket.socket(family, kind, proto) as s:
+            try:
+                s.connect(address)
+            except OSError:
+                continue
+            source = s.getsockname()[0]
+            if source != "0.0.0.0":
+                return source
+    return None
+
+
+def default_bind_host(group=None):
+    """The address a rank binds and advertises when the user named none:
+    the one that routes to the store's host, so that ranks on other hosts
+    can reach it, or None (the library's default: OKTOPK_SOCKET_IFNAME's
+    address, else loopback) when OKTOPK_SOCKET_IFNAME is set or the store
+    is on loopback (a single-machine job)."""
+    if os.environ.get("OKTOPK_SOCKET_IFNAME"):
+        return None
+    address = _store_address(group)
+    return route_source_address(*address) if address else None
+
+
+def _wait_for(store, keys, timeout, what, missing=None):
+    """store.wait bounded by the communicator's timeout; a rank that died
+    during setup becomes OkTopkError instead of a wait as long as the
+    store's own (torchrun: 30 minutes)."""
+    try:
+        store.wait(keys, datetime.timedelta(seconds=timeout))
+    except Exception as e:  # noqa: BLE001 - DistStoreError, or the store is gone
+        detail = ""
+        if missing is not None:
+            try:
+                detail = f" (missing: {missing()})"
+            except Exception:  # noqa: BLE001 - the store itself may be gone
+                pass
+        code = 5 if "timeout" in str(e).lower() or "timed out" in str(e).lower() else 4
+        raise OkTopkError(code, f"communicator setup: {what} not in the store within {timeout:g} s{detail}; "
+                                f"a rank died or never reached its first oktopk step: {e}") from e
+
+
+class Communicator:
+    """One liboktopk communicator over the ranks of ``group``.
+
+    Setup waits on the store for at most ``timeout`` seconds. ``bind_host``
+    is the address to bind and advertise; by default the one on the route to
+    the store's host (see :func:`default_bind_host`)."""
+
+    def __init__(self, group=None, algorithm="oktopk", density=0.01, tau=64, tau_prime=32, timeout=60.0, bind_host=None):
         store = dist.PrefixStore(f"c{next(_instance_counter)}/", _store_for(group))
         rank, size = dist.get_rank(group), dist.get_world_size(group)
 
         def share_token(token):
             if rank == 0:
                 store.set("token", token)
+            _wait_for(store, ["token"], timeout, "rank 0's job token")
             return store.get("token")
 
         def gather_endpoints(endpoint):
             store.set(f"ep/{rank}", endpoint)
-            return [store.get(f"ep/{r}") for r in range(size)]
+            keys = [f"ep/{r}" for r in range(size)]
+            missing = lambda: "ranks " + ", ".join(str(r) for r in range(size) if not store.check([keys[r]]))  # noqa: E731
+            _wait_for(store, keys, timeout, "every rank's endpoint", missing)
+            return [store.get(k) for k in keys]
 
         self.group = group
-        self._connect(rank, size, share_token, gather_endpoints, algorithm, density, tau, tau_prime, timeout)
+        if bind_host is None:
+            bind_host = default_bind_host(group)
+        self._connect(rank, size, share_token, gather_endpoints, algorithm, density, tau, tau_prime, timeout, bind_host)
 
     @classmethod
-    def from_exchange(cls, rank, size, share_token, gather_endpoints, algorithm="oktopk", density=0.01, tau=64, tau_prime=32, timeout=60.0):
+    def from_exchange(cls, rank, size, share_token, gather_endpoints, algorithm="oktopk", density=0.01, tau=64, tau_prime=32, timeout=60.0, bind_host=None):
         """A communicator whose rendezvous goes through the caller's own
         collectives (Horovod's, say): ``share_token(token_or_None)`` returns
         rank 0's token bytes on every rank, ``gather_endpoints(endpoint)``
-        returns every rank's endpoint bytes in rank order."""
+        returns every rank's endpoint bytes in rank order. ``bind_host``:
+        None is the library's default (OKTOPK_SOCKET_IFNAME, else loopback)."""
         self = cls.__new__(cls)
         self.group = None
-        self._connect(rank, size, share_token, gather_endpoints, algorithm, density, tau, tau_prime, timeout)
+        self._connect(rank, size, share_token, gather_endpoints, algorithm, density, tau, tau_prime, timeout, bind_host)
         return self
 
-    def _connect(self, rank, size, share_token, gather_endpoints, algorithm, density, tau, tau_prime, timeout):
+    def _connect(self, rank, size, share_token, gather_endpoints, algorithm, density, tau, tau_prime, timeout, bind_host=None):
         self.rank, self.size, self.handle = rank, size, 0
         lib = _lib.lib()
-        cfg = _lib.default_config(algorithm, density, tau, tau_prime, timeout)
+        host = bind_host.encode() if bind_host else None  # outlives cfg's pointer to it
+        cfg = _lib.default_config(algorithm, density, tau, tau_prime, timeout, host)
         mine = None
         if rank == 0:
             buf = ctypes.create_string_buffer(128)
@@ -83,7 +174,6 @@ class Communicator:
             lib.oktopk_comm_destroy(self.handle)
             self.handle = 0
             raise
-        self._lock = threading.Lock()
 
     def _check(self, code):
         _lib.check(code, self.handle)

@@ -14,6 +14,7 @@ rest wait in a per-bucket residual (error feedback).
 
 import concurrent.futures
 import hashlib
+import numbers
 import threading
 
 import torch
@@ -23,13 +24,44 @@ from . import _lib
 from ._lib import ALGORITHMS, OkTopkError
 from .comm import Communicator
 
+# The bucket dtypes liboktopk reduces; the dense warm-up would take others,
+# so they are refused on the first hook call rather than at the first sparse
+# step.
+SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_MAX_INT32 = 2**31 - 1
+
+
+def _is_real(x):
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def _is_int(x):
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _group_id(members):
+    """The library tensor id of a group of parameters (canonical indices)."""
+    key = ",".join(str(i) for i in sorted(members)).encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little")
+
+
+class _PendingBucket:
+    """A DDP bucket waiting in the regrouping pool: its future completes
+    once every parameter in it has been reduced with its group."""
+
+    __slots__ = ["tensor", "future", "stream", "remaining"]
+
+    def __init__(self, tensor, future, stream, remaining):
+        self.tensor, self.future, self.stream, self.remaining = tensor, future, stream, remaining
+
 
 class OkTopkState:
     """State of :func:`oktopk_hook`: hyperparameters, the communicator, and
     per-bucket residuals and thresholds (kept inside liboktopk).
 
     :param process_group: the group to reduce over (``None``: the default).
-    :param density: fraction of each bucket's entries sent, in (0, 1].
+    :param density: fraction of each bucket's entries sent, a real number in
+        (0, 1].
     :param algorithm: one of ``oktopk.ALGORITHMS`` (``"oktopk"`` by default;
         dense ones, the sparse baselines).
     :param warmup_iters: iterations reduced densely first. DDP rebuilds its
@@ -38,8 +70,14 @@ class OkTopkState:
         at least 1.
     :param tau: Ok-Topk's space repartition period (iterations).
     :param tau_prime: threshold refresh period (iterations).
-    :param timeout: seconds a call may wait for a peer before it raises
-        :class:`OkTopkError` instead of hanging.
+    :param timeout: seconds a call, or the communicator's setup, may wait for
+        a peer before it raises :class:`OkTopkError` instead of hanging.
+
+    Buckets may be float32, float16 or bfloat16, on CPU or CUDA; CUDA buckets
+    are staged through pinned host memory. A step whose gradient holds NaN or
+    Inf on any rank comes back as NaN on every rank (the library skips it and
+    keeps its state), so ``torch.amp.GradScaler`` or the script's own check
+    skips the optimizer step, as with ``allreduce_hook``.
     """
 
     __slots__ = [
@@ -57,28 +95,30 @@ class OkTopkState:
         "_comm",
         "_worker",
         "_pending_state",
-        "_bucket_ids",
+        "_groups",
+        "_group_of",
+        "_pool",
         "_lock",
         "_param_index",
     ]
 
     def __init__(self, process_group=None, density=0.01, algorithm="oktopk", warmup_iters=1, tau=64, tau_prime=32, timeout=60.0):
-        if not isinstance(density, (int, float)) or not 0.0 < density <= 1.0:
-            raise ValueError(f"density must be in (0, 1], got {density!r}")
+        if not _is_real(density) or not 0.0 < density <= 1.0:
+            raise ValueError(f"density must be a real number in (0, 1], got {density!r}")
         if algorithm not in ALGORITHMS:
             raise ValueError(f"unknown algorithm {algorithm!r}; one of {', '.join(ALGORITHMS)}")
-        if not isinstance(warmup_iters, int) or warmup_iters < 1:
+        if not _is_int(warmup_iters) or warmup_iters < 1:
             raise ValueError(f"warmup_iters must be an integer >= 1 (DDP rebuilds buckets after the first iteration), got {warmup_iters!r}")
         for name, value in (("tau", tau), ("tau_prime", tau_prime)):
-            if not isinstance(value, int) or value < 1:
+            if not _is_int(value) or not 1 <= value <= _MAX_INT32:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if not timeout > 0:
-            raise ValueError(f"timeout must be positive, got {timeout!r}")
+        if not _is_real(timeout) or not 0.0 < timeout <= _MAX_INT32 / 1000:
+            raise ValueError(f"timeout must be a positive number of seconds (at most {_MAX_INT32 // 1000}), got {timeout!r}")
         self.density = float(density)
         self.algorithm = algorithm
-        self.warmup_iters = warmup_iters
-        self.tau = tau
-        self.tau_prime = tau_prime
+        self.warmup_iters = int(warmup_iters)
+        self.tau = int(tau)
+        self.tau_prime = int(tau_prime)
         self.timeout = float(timeout)
         self.process_group = process_group
         self.iter = 0
@@ -88,34 +128,47 @@ class OkTopkState:
         self._comm = None
         self._worker = None
         self._pending_state = {}
-        self._bucket_ids = set()
+        # The layout residuals are kept in: library tensor id -> the sorted
+        # canonical indices of its parameters, and each parameter's group.
+        self._groups = {}
+        self._group_of = {}
+        # Regrouping pool (worker thread only): canonical index -> (pending
+        # bucket, start, end) of a parameter waiting for the rest of its group.
+        self._pool = {}
         self._lock = threading.Lock()
         self._param_index = {}
 
     # -- a bucket layout that survives DDP's bucket rebuild ------------------
+    #
+    # Residuals live in the library under one tensor id per group of
+    # parameters. Parameters are numbered as first seen (the first
+    # iteration's layout, the same in every run of the same model), a group
+    # is kept in ascending canonical order, and its id derives from its
+    # members, so neither DDP's reordering inside a bucket nor a process
+    # restart changes which residual a gradient entry meets.
+    #
+    # The groups are the buckets of the first sparse iteration (DDP's rebuilt
+    # layout). A DDP bucket whose members are not one known group (the first
+    # iteration of a resumed run sees DDP's initial layout again) goes to a
+    # pool instead; each group is reduced once all its parameters have
+    # arrived, and a bucket's future completes once all of its parameters
+    # are reduced. Hooks fire in the same order on every rank, so every rank
+    # issues the same library calls in the same order.
 
-    def _canonical(self, bucket):
-        """The bucket's tensor id and, if its entries must be reordered, the
-        order of its parameters in the canonical layout.
+    def _members(self, bucket):
+        """Canonical index and (start, end) in the bucket buffer of each of
+        the bucket's parameters, in bucket order."""
+        at, members = 0, []
+        for p in bucket.parameters():
+            index = self._param_index.setdefault(id(p), len(self._param_index))
+            members.append((index, at, at + p.numel()))
+            at += p.numel()
+        return members
 
-        DDP rebuilds its buckets after the first iteration, which reorders
-        parameters inside them, and a resumed run sees the first layout again.
-        Residuals are kept in one canonical order instead: parameters numbered
-        as first seen (the first iteration's layout, the same in every run of
-        the same model), and a bucket's tensor id derived from its members.
-        """
-        params = bucket.parameters()
-        index = [self._param_index.setdefault(id(p), len(self._param_index)) for p in params]
-        order = sorted(range(len(params)), key=index.__getitem__)
-        members = ",".join(str(index[i]) for i in order).encode()
-        tensor_id = int.from_bytes(hashlib.blake2b(members, digest_size=8).digest(), "little")
-        if order == list(range(len(params))):
-            return tensor_id, None
-        sizes = [p.numel() for p in params]
-        starts = [0]
-        for n in sizes:
-            starts.append(starts[-1] + n)
-        return tensor_id, [(starts[i], starts[i] + sizes[i]) for i in order]
+    def _add_group(self, group_id, members):
+        self._groups[group_id] = members
+        for i in members:
+            self._group_of[i] = group_id
 
     # -- communicator and worker, made on first sparse use -----------------
 
@@ -131,56 +184,137 @@ class OkTopkState:
             self._worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="oktopk")
         return self._comm
 
-    def _reduce(self, bucket_id, slices, tensor, fut):
-        try:
-            if slices is not None:
-                # Canonical order: the library's residual layout never changes.
-                host = torch.cat([tensor[a:b] for a, b in slices])
-            elif tensor.device.type != "cpu":
-                host = torch.empty(tensor.shape, dtype=tensor.dtype)
-                host.copy_(tensor)
+    def _reduce_pieces(self, group_id, pieces):
+        """Sparse allreduce of the concatenation of pieces ((tensor, start,
+        end), canonical order), written back into them. A step the library
+        skipped for a non-finite gradient (on any rank, so on every rank)
+        comes back as NaN."""
+        merged = [pieces[0]]
+        for t, a, b in pieces[1:]:
+            if t is merged[-1][0] and a == merged[-1][2]:
+                merged[-1] = (t, merged[-1][1], b)  # adjacent in one buffer: one copy
             else:
-                host = tensor if tensor.is_contiguous() else tensor.contiguous()
-            if host.device.type != "cpu":
-                # Stage through pinned host memory; the library reads CPU memory.
-                staged = torch.empty(host.shape, dtype=host.dtype, pin_memory=True)
-                staged.copy_(host)
-                host = staged
-            stats = self._comm.sparse_allreduce_(bucket_id, host)
-            if slices is not None:
-                at = 0
-                for a, b in slices:
-                    tensor[a:b].copy_(host[at : at + b - a])
-                    at += b - a
-            elif host is not tensor:
-                tensor.copy_(host)
+                merged.append((t, a, b))
+        pieces = merged
+        tensor = pieces[0][0]
+        n = sum(b - a for _, a, b in pieces)
+        cuda = tensor.device.type == "cuda"
+        if not cuda and len(pieces) == 1 and pieces[0][1:] == (0, tensor.numel()) and tensor.is_contiguous():
+            host = tensor  # in place
+        else:
+            # CUDA: pinned host memory, so the copies are DMA transfers.
+            host = torch.empty(n, dtype=tensor.dtype, pin_memory=cuda)
+            at = 0
+            for t, a, b in pieces:
+                host[at : at + b - a].copy_(t[a:b])
+                at += b - a
+        try:
+            stats = self._comm.sparse_allreduce_(group_id, host)
+        except OkTopkError as e:
+            if e.code != _lib.NON_FINITE:
+                raise
+            stats = None
+            host.fill_(float("nan"))
+        if host is not tensor:
+            at = 0
+            for t, a, b in pieces:
+                t[a:b].copy_(host[at : at + b - a])
+                at += b - a
+        if stats is not None:
             with self._lock:
                 self.bytes_sent += stats.bytes_sent
                 self.bytes_received += stats.bytes_received
                 self.comm_seconds += stats.total_seconds
-            fut.set_result(tensor)
+
+    def _reduce_bucket(self, group_id, tensor, slices, fut, stream):
+        # Worker thread: one DDP bucket that is exactly one group.
+        try:
+            with _on_stream(stream):
+                self._reduce_pieces(group_id, [(tensor, a, b) for a, b in slices])
+                fut.set_result(tensor)
         except BaseException as e:  # noqa: BLE001 - the future carries it to DDP
             fut.set_exception(e)
+
+    def _pool_bucket(self, tensor, members, fut, stream):
+        # Worker thread: a DDP bucket that is not one group (see above).
+        pending = _PendingBucket(tensor, fut, stream, {i for i, _, _ in members})
+        for i, a, b in members:
+            self._pool[i] = (pending, a, b)
+
+        def reduce_complete_groups():
+            for group_id in sorted({self._group_of[i] for i, _, _ in members if i in self._group_of}):
+                if all(i in self._pool for i in self._groups[group_id]):
+                    self._reduce_pooled(group_id)
+
+        self._run_pool(reduce_complete_groups)
+
+    def _flush_pool(self):
+        # Worker thread, after an iteration's last bucket: parameters still
+        # pooled belong to no known group (the model changed since the
+        # checkpoint); each bucket's leftovers become a new group.
+        def flush():
+            leftovers = {}
+            for i in sorted(self._pool):
+                leftovers.setdefault(id(self._pool[i][0]), []).append(i)
+            for group in leftovers.values():
+                group_id = _group_id(group)
+                self._add_group(group_id, tuple(group))
+                self._reduce_pooled(group_id)
+
+        if self._pool:
+            self._run_pool(flush)
+
+    def _run_pool(self, work):
+        try:
+            work()
+        except BaseException as e:  # noqa: BLE001 - every waiting future carries it to DDP
+            waiting = {id(p): p for p, _, _ in self._pool.values()}
+            self._pool.clear()
+            for p in waiting.values():
+                if not p.future.done():
+                    p.future.set_exception(e)
+
+    def _reduce_pooled(self, group_id):
+        members = self._groups[group_id]
+        entries = [self._pool[i] for i in members]
+        try:
+            with _on_stream(entries[0][0].stream):
+                self._reduce_pieces(group_id, [(p.tensor, a, b) for p, a, b in entries])
+        except BaseException as e:  # noqa: BLE001
+            for p, _, _ in entries:
+                if not p.future.done():
+                    p.future.set_exception(e)
+            raise
+        for i, (p, _, _) in zip(members, entries):
+            del self._pool[i]
+            p.remaining.discard(i)
+            if not p.remaining:
+                with _on_stream(p.stream):
+                    p.future.set_result(p.tensor)
 
     # -- checkpointing -----------------------------------------------------
 
     def state_dict(self):
-        """Iteration counter and every bucket's residual and thresholds, so
-        a resumed run continues where this one stopped."""
+        """Iteration counter, the parameter groups residuals are kept in, and
+        every group's residual and thresholds, so a resumed run continues
+        where this one stopped (also into DDP's initial bucket layout)."""
         tensors = dict(self._pending_state)
         if self._comm is not None:
             if self._worker is not None:
                 self._worker.submit(lambda: None).result()  # after every queued bucket
-            for bucket_id in sorted(self._bucket_ids):
-                tensors[bucket_id] = self._comm.save_tensor_state(bucket_id)
-        return {"iter": self.iter, "density": self.density, "algorithm": self.algorithm, "tensors": tensors}
+            for group_id in sorted(self._groups):
+                tensors[group_id] = self._comm.save_tensor_state(group_id)
+        layout = {group_id: list(members) for group_id, members in self._groups.items()}
+        return {"iter": self.iter, "density": self.density, "algorithm": self.algorithm, "tensors": tensors, "layout": layout}
 
     def load_state_dict(self, state):
         if state.get("algorithm", self.algorithm) != self.algorithm:
             raise ValueError(f"checkpoint was made with algorithm {state['algorithm']!r}, this state uses {self.algorithm!r}")
         self.iter = int(state["iter"])
         tensors = dict(state.get("tensors", {}))
-        self._bucket_ids = set(tensors)
+        self._groups, self._group_of = {}, {}
+        for group_id, members in state.get("layout", {}).items():
+            self._add_group(group_id, tuple(members))
         if self._comm is not None:
             for bucket_id, blob in tensors.items():
                 self._comm.load_tensor_state(bucket_id, blob)
@@ -200,13 +334,37 @@ class OkTopkState:
         self.load_state_dict(state)
 
     def close(self):
-        """Release the communicator (also done at interpreter exit)."""
+        """Release the worker thread and the communicator. Call it when
+        training ends; a state never closed releases them only when it is
+        garbage-collected (nothing is registered to run at interpreter
+        exit)."""
         if self._worker is not None:
             self._worker.shutdown(wait=True)
             self._worker = None
         if self._comm is not None:
             self._comm.destroy()
             self._comm = None
+
+
+class _on_stream:
+    """``torch.cuda.stream(stream)`` when there is one, else nothing: the
+    worker copies a CUDA bucket on the stream backward produced it on."""
+
+    __slots__ = ["stream", "context"]
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.context = None
+
+    def __enter__(self):
+        if self.stream is not None:
+            self.context = torch.cuda.stream(self.stream)
+            self.context.__enter__()
+
+    def __exit__(self, *exc):
+        if self.context is not None:
+            return self.context.__exit__(*exc)
+        return False
 
 
 def oktopk_hook(state: OkTopkState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -219,22 +377,40 @@ def oktopk_hook(state: OkTopkState, bucket: dist.GradBucket) -> torch.futures.Fu
         >>> ddp_model.register_comm_hook(state, oktopk_hook)
     """
     tensor = bucket.buffer()
-    if bucket.is_last():
-        # Counted now, but every bucket of this iteration already knows
-        # which phase it is in: they were all fired with the same state.iter.
-        phase_iter = state.iter
+    if tensor.dtype not in SUPPORTED_DTYPES or tensor.device.type not in ("cpu", "cuda"):
+        raise ValueError(
+            f"oktopk_hook: unsupported bucket of {tensor.dtype} on {tensor.device.type}; "
+            "liboktopk reduces float32, float16 and bfloat16 gradients on CPU or CUDA"
+        )
+    is_last = bucket.is_last()
+    # Every bucket of one iteration is in the same phase: they were all
+    # fired with the same state.iter, which the last one advances.
+    phase_iter = state.iter
+    if is_last:
         state.iter += 1
-    else:
-        phase_iter = state.iter
+    members = state._members(bucket)  # numbers the parameters in the first layout
     if phase_iter < state.warmup_iters:
-        state._canonical(bucket)  # number the parameters in the first layout
         group = state.process_group
         world = dist.get_world_size(group)
         fut = dist.all_reduce(tensor, group=group, async_op=True).get_future()
         return fut.then(lambda f: f.value()[0].div_(world))
     state._communicator()
-    bucket_id, slices = state._canonical(bucket)
-    state._bucket_ids.add(bucket_id)
-    fut = torch.futures.Future()
-    state._worker.submit(state._reduce, bucket_id, slices, tensor, fut)
+    if tensor.device.type == "cuda":
+        # The worker copies on the stream backward produced the bucket on;
+        # the future's CUDA events make DDP wait for the copy back.
+        fut = torch.futures.Future(devices=[tensor.device])
+        stream = torch.cuda.current_stream(tensor.device)
+    else:
+        fut, stream = torch.futures.Future(), None
+    indices = sorted(i for i, _, _ in members)
+    group_id = _group_id(indices)
+    if group_id in state._groups or not any(i in state._group_of for i in indices):
+        if group_id not in state._groups:
+            state._add_group(group_id, tuple(indices))
+        slices = [(a, b) for _, a, b in sorted(members)]  # canonical order
+        state._worker.submit(state._reduce_bucket, group_id, tensor, slices, fut, stream)
+    else:
+        state._worker.submit(state._pool_bucket, tensor, members, fut, stream)
+    if is_last:
+        state._worker.submit(state._flush_pool)
     return fut
