@@ -16,34 +16,57 @@ package core
 //     its selected entries of region (r+i) mod P to that rank and receives
 //     region r's entries from rank (r−i) mod P; the rotation spreads the
 //     traffic so no rank is every sender's target at once. Up to
-//     min(4, P) exchanges are in flight, and the owner reduces arrived
-//     contributions (in rank order, so the sum is reproducible) while later
-//     ones are still on the wire. Indices travel region-relative as integers.
-//  4. Global threshold. Every τ′ calls the owners' reduced entries are
-//     gathered and every rank takes the exact global top-k (ties to the lower
-//     index, as TopK), so all ranks already hold the result. In between each
-//     owner keeps its reduced entries with |v| > global threshold, which is
-//     nudged (identically on every rank) from the global count.
-//  5. Balance, then allgatherv. The per-owner counts are allgathered; the
-//     kept entries, in index order, are cut into P equal shares and moved to
-//     the rank holding that share; the balanced blocks are allgathered. Every
-//     rank now has the same sparse global result, divided by P and written
-//     densely into the caller's buffer.
+//     min(4, P) exchanges are in flight, and the owner adds contributions
+//     in the order the schedule delivers them (its own, then ranks r−1,
+//     r−2, …) while later ones are still on the wire. Only the owner sums
+//     its region, so every rank gets the same bits. Indices travel
+//     region-relative as integers.
+//  4. Global selection. Every τ′ calls (and when k = n) the owners' reduced
+//     entries are gathered and every rank takes the exact global top-k
+//     (ties to the lower index, as TopK), so all ranks already hold the
+//     result; the magnitude just below it is kept as the global threshold.
+//     In between, the owners allgather histograms of their reduced
+//     magnitudes — 80 bins an eighth of an octave wide, centred on the last
+//     global threshold — and every rank cuts the summed histogram at the bin
+//     edge that keeps closest to k entries. When that keeps outside
+//     [3k/4, 5k/4] (entries that only one rank contributed pile up just above
+//     the local thresholds, often in the very bin the cut falls in), the
+//     ranks refine that bin with histograms of 64 sub-bins, round after
+//     round, down to a single magnitude whose ties are then split in owner
+//     order, which is index order. Each owner keeps its entries above the
+//     cut.
+//     This departs from DESIGN §2 step 4, which reuses the last threshold
+//     and nudges it from the count: a nudged threshold lags any change of
+//     the gradient's scale by many calls (measured: after a 32× drop the
+//     global result held 3–10 entries per call for tens of calls). Cutting
+//     the current call's histogram costs control words instead, but the
+//     global count is near k on every call.
+//  5. Balance, then allgatherv. Every owner's count follows from the
+//     histograms (no separate count exchange); the kept entries, in index
+//     order, are cut into P equal shares and moved to the rank holding that
+//     share; the balanced blocks are allgathered. Every rank now has the
+//     same sparse global result, divided by P and written densely into the
+//     caller's buffer.
 //  6. Residual (error feedback). residual = acc with exactly the entries
 //     zeroed that were selected locally and are in the global result.
 //
 // NaN or Inf in acc on any rank is caught in step 1 and announced in step 4's
-// count exchange, which every rank makes anyway: then every rank skips the
-// step, leaving its gradient, residual and thresholds as they were.
+// histogram exchange, which every rank makes anyway: then every rank skips
+// the step, leaving its gradient, residual and thresholds as they were.
 //
-// Cost per call, in reuse iterations: step 3 moves the k selected entries
-// (2 words each) once, 2k(P−1)/P; step 5's balance at most the same again
-// and its allgatherv 2k(P−1)/P, so at most 6k(P−1)/P words per rank, with
-// latency (2P + 2 log P)α in the paper's (P−1)α ring terms. The lower bound
-// of any sparse allreduce is 2k(P−1)/P. The repartition (every τ calls) adds
-// P−1 words per rank and message, the exact global selection (every τ′
-// calls) an allgather of at most k entries per owner, and the count exchange
-// 2(P−1) words per call.
+// Cost per call, in words per rank. Payload, in reuse iterations: step 3
+// moves the ~k selected entries (2 words each) once, 2k(P−1)/P; step 5's
+// allgatherv 2k(P−1)/P and its balance at most the same again, so at most
+// 6k(P−1)/P, the paper's bound (the lower bound of any sparse allreduce is
+// 2k(P−1)/P). Control, beside it: the histogram allgather, 81(P−1) words
+// (80 counts and the NaN flag), and 64(P−1) per refinement round (at most
+// 4 rounds for an eighth-octave bin, 6 for the open-ended end bins; usually
+// none or one). Every τ calls the repartition allgathers P+1 boundaries of
+// 2 words, 2(P+1)(P−1); every τ′ calls the exact selection allgathers at
+// most k entries per owner, up to 2k(P−1). Latency, with ring allgathers:
+// (P−1)α each for split-and-reduce, histograms, balance and allgatherv, plus
+// (P−1)α per refinement round — about 4(P−1)α against the paper's
+// (2P + 2 log P)α, whose small allgathers use recursive doubling.
 
 import (
 	"context"
@@ -71,6 +94,7 @@ const (
 	stepExactGather uint32 = 3 << 20
 	stepBalance     uint32 = 4 << 20
 	stepAllgather   uint32 = 5 << 20
+	stepRefine      uint32 = 6 << 20 // P steps per refinement round
 )
 
 // maxExchangesInFlight bounds step 3's concurrent exchanges, as the
@@ -84,6 +108,8 @@ type okTopkScratch struct {
 	local     Sparse
 	regionSum []float32
 	touched   []bool
+
+	histogramWords int // words this rank sent in the last call's histogram exchanges
 }
 
 // errStepSkipped marks ErrNonFinite when every rank agreed to skip the step:
@@ -271,9 +297,13 @@ func splitAndReduce(ctx context.Context, call *Call, bounds []uint32, local Spar
 		}
 		return nil
 	})
-	// Reduce in rank order while later contributions are still arriving.
+	// Reduce while later contributions are still arriving, in the order
+	// the schedule delivers them: my own, then ranks r−1, r−2, … (mod P).
+	// Only the owner sums its region, so the order is fixed per region and
+	// every rank ends with the same bits.
 	g.Go(func() error {
-		for src := 0; src < p; src++ {
+		for i := 0; i < p; i++ {
+			src := (r - i + p) % p
 			select {
 			case <-arrived[src]:
 			case <-gctx.Done():
@@ -304,8 +334,10 @@ func splitAndReduce(ctx context.Context, call *Call, bounds []uint32, local Spar
 func globalSelection(ctx context.Context, call *Call, st *TensorState, reduced Sparse, k int, exact, nonFinite bool) (Sparse, bool, error) {
 	// Every owner announces a magnitude histogram of its reduced entries
 	// (and whether it saw NaN/Inf); every rank sums them identically.
+	sc := &st.scratch
+	sc.histogramWords = 0
 	base := histogramBase(st.GlobalThreshold)
-	hists, anyNonFinite, err := exchangeHistograms(ctx, call, reduced, base, nonFinite)
+	hists, anyNonFinite, err := exchangeHistograms(ctx, call, reduced, base, nonFinite, &sc.histogramWords)
 	if err != nil {
 		return Sparse{}, false, err
 	}
@@ -322,40 +354,63 @@ func globalSelection(ctx context.Context, call *Call, st *TensorState, reduced S
 			return Sparse{}, false, err
 		}
 		global := topKSparse(all, k)
-		st.GlobalThreshold = largestExcluded(all, global)
+		st.GlobalThreshold = reusableThreshold(largestExcluded(all, global), global)
 		return global, false, nil
 	}
 
-	// Reuse iteration: the threshold moves to the histogram bin edge that
-	// keeps closest to k entries in total. Every rank computes the same cut
-	// from the same histograms, and from them every owner's count.
-	cut := chooseCut(hists, k)
-	counts := make([]int, len(hists))
-	for o, h := range hists {
-		for b := cut; b < histogramBins; b++ {
-			counts[o] += int(h[b])
-		}
+	// Reuse iteration: cut the summed histograms where closest to k
+	// entries stay, refining the boundary bin when that is far from k.
+	// Every rank computes the same cut, and every owner's count, from the
+	// same histograms.
+	cut, err := chooseGlobalCut(ctx, call, reduced, hists, base, k, &sc.histogramWords)
+	if err != nil {
+		return Sparse{}, false, err
 	}
-	var kept Sparse
-	for j, v := range reduced.Val {
-		if histogramBin(v, base) >= cut {
-			kept.Append(reduced.Idx[j], v)
-		}
-	}
-	st.GlobalThreshold = binEdgeThreshold(base, cut)
-	balanced, err := balance(ctx, call, kept, counts)
+	kept := cut.keep(reduced, call.Rank())
+	balanced, err := balance(ctx, call, kept, cut.counts)
 	if err != nil {
 		return Sparse{}, false, err
 	}
 	global, err := gatherSparse(ctx, call, stepAllgather, balanced, uint32(st.N))
-	return global, false, err
+	if err != nil {
+		return Sparse{}, false, err
+	}
+	st.GlobalThreshold = reusableThreshold(cut.threshold(), global)
+	return global, false, nil
 }
+
+// reusableThreshold is th, or, when th is 0 (nothing was left out, as when
+// every rank selected the same entries), one step below the smallest
+// nonzero magnitude kept: a zero threshold would centre the next call's
+// histogram on nothing. It stays 0 only for a result without a nonzero
+// entry; then the next call's histogram starts at 0 and is refined.
+func reusableThreshold(th float32, global Sparse) float32 {
+	if th > 0 {
+		return th
+	}
+	smallest := float32(math.Inf(1))
+	for _, v := range global.Val {
+		if a := abs32(v); a > 0 && a < smallest {
+			smallest = a
+		}
+	}
+	if math.IsInf(float64(smallest), 1) {
+		return 0
+	}
+	return math.Nextafter32(smallest, 0)
+}
+
+// Magnitudes are compared as keys: the bits of |v|, which order like |v|
+// for every non-NaN float (non-finite values never reach step 4).
+const keyLimit = 1 << 31 // above every key
+
+func magnitudeKey(v float32) uint64 { return uint64(math.Float32bits(v) &^ signBit) }
 
 // The global threshold's histogram: bins an eighth of an octave wide (the
 // float's exponent and top three mantissa bits), from 3 octaves below the
 // previous threshold to 7 above, so one call follows even a fast change of
-// scale.
-// Bin 0 also holds everything smaller, the last bin everything larger.
+// scale. Bin 0 also holds everything smaller, the last bin everything
+// larger.
 const (
 	histogramBins  = 80
 	histogramShift = 20 // float32 bits >> 20: exponent and 3 mantissa bits
@@ -370,33 +425,196 @@ func histogramBin(v float32, base int) int {
 	return min(max(histogramKey(v)-base, 0), histogramBins-1)
 }
 
-// binEdgeThreshold is the threshold t with |v| > t exactly when v's bin is at
-// least cut (cut 0: keep everything).
-func binEdgeThreshold(base, cut int) float32 {
-	if cut == 0 {
+// binLow is the smallest key in bin b (b = histogramBins: keyLimit, as the
+// last bin holds everything larger).
+func binLow(base, b int) uint64 {
+	switch {
+	case b == 0:
 		return 0
+	case b >= histogramBins:
+		return keyLimit
 	}
-	edge := math.Float32frombits(uint32(base+cut) << histogramShift)
-	return math.Nextafter32(edge, 0)
+	return min(uint64(base+b)<<histogramShift, keyLimit)
 }
 
-// chooseCut picks the bin from which on the summed histograms keep closest
-// to k entries (ties toward keeping more).
-func chooseCut(hists [][histogramBins]uint32, k int) int {
-	var total [histogramBins + 1]int
-	for b := histogramBins - 1; b >= 0; b-- {
-		total[b] = total[b+1]
-		for _, h := range hists {
-			total[b] += int(h[b])
+// A reuse call's cut should keep close to k entries. The coarse histogram
+// alone is accepted when its best cut keeps within this window (eighth-
+// octave bins usually land there); otherwise the boundary bin is refined.
+// The upper end keeps the volume of step 5 within the paper's bound.
+const (
+	globalAcceptLow  = 3.0 / 4.0
+	globalAcceptHigh = 5.0 / 4.0
+	refineBins       = 64 // sub-bins per refinement round
+)
+
+// globalCut is a reuse call's global selection, the same on every rank:
+// every reduced entry with key ≥ edge and, when quota is set, the first
+// quota[o] entries (in index order) of owner o with key edge−1 — ties split
+// toward the lower index, as TopK splits them.
+type globalCut struct {
+	edge   uint64
+	quota  []int
+	counts []int // entries each owner keeps
+}
+
+func (c globalCut) keep(reduced Sparse, owner int) Sparse {
+	var kept Sparse
+	ties := 0
+	if c.quota != nil {
+		ties = c.quota[owner]
+	}
+	for j, v := range reduced.Val {
+		key := magnitudeKey(v)
+		if key >= c.edge {
+			kept.Append(reduced.Idx[j], v)
+		} else if ties > 0 && key+1 == c.edge {
+			kept.Append(reduced.Idx[j], v)
+			ties--
 		}
 	}
+	return kept
+}
+
+// threshold is the t with |v| > t exactly for keys ≥ edge (0 when every
+// entry is kept).
+func (c globalCut) threshold() float32 {
+	if c.edge == 0 {
+		return 0
+	}
+	return math.Float32frombits(uint32(min(c.edge, keyLimit) - 1))
+}
+
+// chooseGlobalCut finds the reuse call's cut. The coarse histograms give
+// the edge keeping closest to k entries; when that is outside the accepted
+// window (many entries piled in the one bin the k-th largest falls in), the
+// ranks narrow that bin with further rounds of refineBins sub-bins each,
+// down to a single key if need be, whose ties are then split by owner
+// order. So a reuse call keeps within the window or exactly k entries,
+// unless fewer than k were reduced at all (then it keeps them all).
+func chooseGlobalCut(ctx context.Context, call *Call, reduced Sparse, hists [][histogramBins]uint32, base, k int, histogramWords *int) (globalCut, error) {
+	p := len(hists)
+	counts := func(edgeBin int, bins func(o, b int) int, nbins int, above []int) []int {
+		c := append([]int(nil), above...)
+		for o := range c {
+			for b := edgeBin; b < nbins; b++ {
+				c[o] += bins(o, b)
+			}
+		}
+		return c
+	}
+	coarse := func(o, b int) int { return int(hists[o][b]) }
+	above := make([]int, p)
+	totals := cumulativeTotals(coarse, p, histogramBins, 0)
+	best := closestTo(totals, k)
+	if acceptable(totals[best], k) || totals[0] < k {
+		return globalCut{edge: binLow(base, best), counts: counts(best, coarse, histogramBins, above)}, nil
+	}
+	// The k-th largest lies in the highest bin from which on at least k
+	// entries are reduced; narrow it.
+	b := boundary(totals, k)
+	for o := range above {
+		for bb := b + 1; bb < histogramBins; bb++ {
+			above[o] += coarse(o, bb)
+		}
+	}
+	lo, hi := binLow(base, b), binLow(base, b+1)
+	for round := uint32(0); ; round++ {
+		sub, err := exchangeRefinement(ctx, call, stepRefine+round*AllgatherSteps(p), reduced, lo, hi, histogramWords)
+		if err != nil {
+			return globalCut{}, err
+		}
+		fine := func(o, s int) int { return int(sub[o][s]) }
+		aboveTotal := 0
+		for _, a := range above {
+			aboveTotal += a
+		}
+		totals := cumulativeTotals(fine, p, refineBins, aboveTotal)
+		best := closestTo(totals, k)
+		if acceptable(totals[best], k) {
+			return globalCut{edge: subLow(lo, hi, best), counts: counts(best, fine, refineBins, above)}, nil
+		}
+		s := boundary(totals, k)
+		for o := range above {
+			for ss := s + 1; ss < refineBins; ss++ {
+				above[o] += fine(o, ss)
+			}
+		}
+		lo, hi = subLow(lo, hi, s), subLow(lo, hi, s+1)
+		if hi-lo == 1 {
+			// One key left: keep everything above it and split its
+			// ties by owner order, so exactly k are kept.
+			ties := make([]int, p)
+			for o := range ties {
+				ties[o] = fine(o, s)
+			}
+			return splitTies(lo, above, ties, k), nil
+		}
+	}
+}
+
+// splitTies keeps every entry with a key above key and, of the ties[o] at
+// key on each owner, the first k − Σabove in owner order, which is index
+// order.
+func splitTies(key uint64, above, ties []int, k int) globalCut {
+	need := k
+	for _, a := range above {
+		need -= a
+	}
+	cut := globalCut{edge: key + 1, quota: make([]int, len(above)), counts: append([]int(nil), above...)}
+	for o, t := range ties {
+		q := min(t, max(need, 0))
+		cut.quota[o], cut.counts[o] = q, cut.counts[o]+q
+		need -= q
+	}
+	return cut
+}
+
+// subLow is the smallest key of sub-bin s of [lo, hi) split refineBins ways:
+// a key maps to sub-bin (key−lo)·refineBins/(hi−lo).
+func subLow(lo, hi uint64, s int) uint64 {
+	w := hi - lo
+	return lo + (uint64(s)*w+refineBins-1)/refineBins
+}
+
+func subBin(key, lo, hi uint64) int { return int((key - lo) * refineBins / (hi - lo)) }
+
+// cumulativeTotals[c] is how many entries (summed over owners) lie in bins
+// ≥ c, plus above; the last element (c = nbins) is above alone.
+func cumulativeTotals(bins func(o, b int) int, p, nbins, above int) []int {
+	totals := make([]int, nbins+1)
+	totals[nbins] = above
+	for b := nbins - 1; b >= 0; b-- {
+		totals[b] = totals[b+1]
+		for o := 0; o < p; o++ {
+			totals[b] += bins(o, b)
+		}
+	}
+	return totals
+}
+
+// closestTo is the cut whose total is closest to k, ties toward keeping more.
+func closestTo(totals []int, k int) int {
 	best := 0
-	for c := 0; c <= histogramBins; c++ {
-		if abs(total[c]-k) < abs(total[best]-k) {
+	for c := range totals {
+		if abs(totals[c]-k) < abs(totals[best]-k) {
 			best = c
 		}
 	}
-	return min(best, histogramBins-1)
+	return best
+}
+
+// boundary is the highest bin from which on at least k entries lie (the bin
+// holding the k-th largest); totals[0] ≥ k.
+func boundary(totals []int, k int) int {
+	b := 0
+	for b+1 < len(totals)-1 && totals[b+1] >= k {
+		b++
+	}
+	return b
+}
+
+func acceptable(total, k int) bool {
+	return float64(total) >= globalAcceptLow*float64(k) && float64(total) <= globalAcceptHigh*float64(k)
 }
 
 func abs(x int) int {
@@ -407,7 +625,7 @@ func abs(x int) int {
 }
 
 // exchangeHistograms allgathers every owner's histogram and non-finite flag.
-func exchangeHistograms(ctx context.Context, call *Call, reduced Sparse, base int, nonFinite bool) ([][histogramBins]uint32, bool, error) {
+func exchangeHistograms(ctx context.Context, call *Call, reduced Sparse, base int, nonFinite bool, words *int) ([][histogramBins]uint32, bool, error) {
 	var mine [histogramBins]uint32
 	for _, v := range reduced.Val {
 		mine[histogramBin(v, base)]++
@@ -419,7 +637,9 @@ func exchangeHistograms(ctx context.Context, call *Call, reduced Sparse, base in
 	if nonFinite {
 		payload[4*histogramBins] = 1
 	}
+	sent := call.Stats.BytesSent
 	blocks, err := Allgatherv(ctx, call, stepCounts, Block{Dtype: transport.DtypeBytes, Count: uint64(len(payload)), Payload: payload})
+	*words += int(call.Stats.BytesSent-sent) / 4
 	if err != nil {
 		return nil, false, err
 	}
@@ -435,6 +655,37 @@ func exchangeHistograms(ctx context.Context, call *Call, reduced Sparse, base in
 		anyNonFinite = anyNonFinite || b.Payload[4*histogramBins] != 0
 	}
 	return hists, anyNonFinite, nil
+}
+
+// exchangeRefinement allgathers every owner's histogram of its reduced
+// entries with keys in [lo, hi), refineBins sub-bins.
+func exchangeRefinement(ctx context.Context, call *Call, step uint32, reduced Sparse, lo, hi uint64, words *int) ([][refineBins]uint32, error) {
+	var mine [refineBins]uint32
+	for _, v := range reduced.Val {
+		if key := magnitudeKey(v); key >= lo && key < hi {
+			mine[subBin(key, lo, hi)]++
+		}
+	}
+	payload := make([]byte, 4*refineBins)
+	for b, c := range mine {
+		binary.LittleEndian.PutUint32(payload[4*b:], c)
+	}
+	sent := call.Stats.BytesSent
+	blocks, err := Allgatherv(ctx, call, step, Block{Dtype: transport.DtypeBytes, Count: uint64(len(payload)), Payload: payload})
+	*words += int(call.Stats.BytesSent-sent) / 4
+	if err != nil {
+		return nil, err
+	}
+	hists := make([][refineBins]uint32, len(blocks))
+	for r, b := range blocks {
+		if len(b.Payload) != len(payload) {
+			return nil, fmt.Errorf("%w: rank %d sent a refinement histogram of %d bytes", ErrMismatch, r, len(b.Payload))
+		}
+		for i := range hists[r] {
+			hists[r][i] = binary.LittleEndian.Uint32(b.Payload[4*i:])
+		}
+	}
+	return hists, nil
 }
 
 // balance is step 5's first half: the kept entries of all owners, taken in
