@@ -68,8 +68,10 @@ func oktopk_get_last_error(comm C.oktopk_comm_t, buf *C.char, n C.size_t, trunca
 	if comm != 0 {
 		c, err := comms.get("communicator", int64(comm))
 		if err != nil {
-			msg = err.Error()
-			copyMessage(msg, buf, n)
+			cut := copyMessage(err.Error(), buf, n)
+			if truncated != nil {
+				*truncated = boolInt(cut)
+			}
 			return resultOf(err)
 		}
 		msg = c.lastError.get()

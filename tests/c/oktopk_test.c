@@ -1,5 +1,6 @@
 /*
- * C ABI tests of liboktopk, run by tests/c/run.sh.
+ * C ABI tests of liboktopk, run by `make test-c` (tests/c/launch.sh starts
+ * the multi-process modes).
  *
  *   oktopk_test ranks    one of P processes started with RANK, WORLD_SIZE,
  *                        MASTER_ADDR, MASTER_PORT: dense and sparse allreduce
@@ -215,6 +216,111 @@ static void test_tensor_state(oktopk_comm_t comm, int rank) {
   free(buf);
 }
 
+/* half-precision encodings of small integers and halves (exact in both). */
+static uint16_t to_half(float v, int dt) {
+  uint32_t bits;
+  memcpy(&bits, &v, 4);
+  if (dt == OKTOPK_BFLOAT16) return (uint16_t)(bits >> 16);
+  uint32_t sign = (bits >> 16) & 0x8000, exp = (bits >> 23) & 0xff, mant = bits & 0x7fffff;
+  return v == 0 ? (uint16_t)sign : (uint16_t)(sign | ((exp - 112) << 10) | (mant >> 13));
+}
+
+static float from_half(uint16_t h, int dt) {
+  uint32_t bits;
+  if (dt == OKTOPK_BFLOAT16) {
+    bits = (uint32_t)h << 16;
+  } else {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
+    bits = exp == 0 ? sign : (sign | ((exp + 112) << 23) | (mant << 13));
+  }
+  float f;
+  memcpy(&f, &bits, 4);
+  return f;
+}
+
+/* Every algorithm of the enum through oktopk_sparse_allreduce, on its own
+ * communicator (the algorithm is a communicator setting), in float32,
+ * float16 and bfloat16: at density 1.0 each must return the exact average
+ * of integer-valued inputs (sums of small integers, and their halves and
+ * quarters for P <= 4, are exact in every one of these precisions). */
+static void test_sparse_every_algorithm(oktopk_comm_t env_comm, int rank, int size) {
+  const size_t n = 1001;
+  float *x = malloc(n * sizeof *x);
+  uint16_t *h = malloc(n * sizeof *h);
+  for (int alg = OKTOPK_ALGO_DENSE_RING; alg <= OKTOPK_ALGO_GAUSSIANK; alg++) {
+    oktopk_config_t cfg;
+    oktopk_config_init(&cfg);
+    cfg.timeout_ms = 20000;
+    cfg.density = 1.0;
+    cfg.algorithm = alg;
+    oktopk_unique_id_t id;
+    memset(&id, 0, sizeof id);
+    if (rank == 0) OK(oktopk_get_unique_id(&id, &cfg));
+    broadcast_bytes(env_comm, rank, id.internal, sizeof id.internal);
+    oktopk_comm_t comm;
+    OK(oktopk_comm_init_rank(&comm, size, &id, rank, &cfg));
+    float ranks_sum = (float)(size * (size + 1) / 2);
+    for (int it = 0; it < 2; it++) {
+      for (size_t i = 0; i < n; i++) x[i] = (float)((rank + 1) * ((int)((i + it) % 7) - 3));
+      OK(oktopk_sparse_allreduce(comm, 1, x, n, OKTOPK_FLOAT32, NULL));
+      for (size_t i = 0; i < n; i++) REQUIRE(x[i] == ranks_sum * (float)((int)((i + it) % 7) - 3) / (float)size);
+    }
+    printf("HASH sparse_f32_alg%d %016llx\n", alg, (unsigned long long)hash_bytes(x, n * 4, HASH_SEED));
+    if (size <= 4) {
+      for (int dt = OKTOPK_FLOAT16; dt <= OKTOPK_BFLOAT16; dt++) {
+        for (size_t i = 0; i < n; i++) h[i] = to_half((float)((rank + 1) * ((int)(i % 5) - 2)), dt);
+        OK(oktopk_sparse_allreduce(comm, 2 + (uint64_t)dt, h, n, (oktopk_dtype_t)dt, NULL));
+        for (size_t i = 0; i < n; i++) REQUIRE(from_half(h[i], dt) == ranks_sum * (float)((int)(i % 5) - 2) / (float)size);
+      }
+    }
+    OK(oktopk_comm_destroy(comm));
+  }
+  free(h);
+  free(x);
+}
+
+/* Sparse in, sparse out on a density-1.0 communicator: each rank sends every
+ * third index (shifted by its rank); the result is exactly the union of the
+ * indices with the average of the contributions (absent ones count as 0). */
+static void test_sparse_in_sparse_out(oktopk_comm_t comm, int rank, int size) {
+  const size_t n = 3001;
+  uint32_t *in_idx = malloc(n * sizeof *in_idx), *out_idx = malloc(n * sizeof *out_idx);
+  float *in_val = malloc(n * sizeof *in_val), *out_val = malloc(n * sizeof *out_val);
+  size_t in_count = 0;
+  for (size_t i = 0; i < n; i++) {
+    if ((i + (size_t)rank) % 3 != 0) continue;
+    in_idx[in_count] = (uint32_t)i;
+    in_val[in_count++] = (float)(rank + 1 + (int)(i % 4));
+  }
+  size_t out_count = 0;
+  oktopk_stats_t st = {.size = sizeof st};
+  OK(oktopk_sparse_allreduce_sparse(comm, n, in_idx, in_val, in_count, out_idx, out_val, n, &out_count, &st));
+  size_t j = 0;
+  for (size_t i = 0; i < n; i++) {
+    float sum = 0;
+    int any = 0;
+    for (int r = 0; r < size; r++) {
+      if ((i + (size_t)r) % 3 != 0) continue;
+      sum += (float)(r + 1 + (int)(i % 4));
+      any = 1;
+    }
+    if (!any) continue;
+    REQUIRE(j < out_count);
+    REQUIRE(out_idx[j] == i);
+    REQUIRE(out_val[j] == sum / (float)size);
+    j++;
+  }
+  REQUIRE(j == out_count);
+  /* Too small an output buffer is refused. */
+  EXPECT(oktopk_sparse_allreduce_sparse(comm, n, in_idx, in_val, in_count, out_idx, out_val, out_count - 1, &out_count, NULL),
+         oktopkInvalidArgument);
+  printf("HASH sparse_sparse %016llx\n", (unsigned long long)hash_bytes(out_val, out_count * 4, HASH_SEED));
+  free(in_idx);
+  free(out_idx);
+  free(in_val);
+  free(out_val);
+}
+
 static int run_ranks(void) {
   oktopk_config_t cfg;
   oktopk_config_init(&cfg);
@@ -230,6 +336,8 @@ static int run_ranks(void) {
 
   test_dense(env_comm, rank, size);
   test_sparse_full_density(env_comm, rank, size);
+  test_sparse_in_sparse_out(env_comm, rank, size);
+  test_sparse_every_algorithm(env_comm, rank, size);
 
   /* A second communicator, NCCL style: rank 0 makes the id, hands it out. */
   oktopk_config_init(&cfg);
@@ -357,7 +465,7 @@ static void test_destroy_after_peer_died(void) {
   OK(oktopk_comm_destroy(t.comm[0]));
   double took = now() - t0;
   printf("destroy with a dead peer and a blocked request: %.3f s\n", took);
-  REQUIRE(took < 1.5);
+  REQUIRE(took < 1.0);
   oktopk_result_t r = oktopk_wait(req, NULL);
   REQUIRE(r == oktopkAborted || r == oktopkRemoteError);
   OK(oktopk_request_free(req));
@@ -534,7 +642,7 @@ static int run_peer_death(void) {
   OK(oktopk_comm_destroy(comm));
   double destroyed = now() - t0;
   printf("rank %d: destroy took %.3f s\n", rank, destroyed);
-  REQUIRE(destroyed < 1.5);
+  REQUIRE(destroyed < 1.0);
   return 0;
 }
 
@@ -549,38 +657,74 @@ static int open_fds(void) {
   return n - 1; /* the directory stream itself */
 }
 
-static int run_cycles(int cycles) {
-  rank_ = 0;
-  int fd0 = 0, g0 = 0, fd_max = 0, g_max = 0;
-  double t0 = now();
-  for (int i = 0; i <= cycles; i++) {
-    if (i % (cycles / 10) == 0) {
-      usleep(50000); /* let exiting goroutines finish */
-      int fd = open_fds(), g = oktopk_debug_goroutines();
-      printf("cycle %4d: %d open files, %d goroutines\n", i, fd, g);
-      if (i == cycles / 10) { /* after warm-up: the runtime's own threads exist */
-        fd0 = fd;
-        g0 = g;
-      } else if (i > cycles / 10) {
-        fd_max = fd > fd_max ? fd : fd_max;
-        g_max = g > g_max ? g : g_max;
-      }
-    }
-    if (i == cycles) break;
+struct allreduce_arg {
+  oktopk_comm_t comm;
+  float *x;
+  size_t n;
+  oktopk_result_t result;
+};
+
+static void *allreduce_thread(void *p) {
+  struct allreduce_arg *a = p;
+  a->result = oktopk_allreduce(a->comm, a->x, a->n, OKTOPK_FLOAT32, 0, OKTOPK_ALGO_DENSE_RING);
+  return NULL;
+}
+
+/* One cycle: a 1-rank communicator, or (every 20th cycle) two ranks of one
+ * communicator in this process connected over TCP loopback, so per-peer
+ * sockets and their goroutines are made and released too. A two-rank
+ * cycle takes a few hundred milliseconds (connection set-up), hence not
+ * every cycle. */
+static void one_cycle(int i) {
+  float x[8] = {1, 2, 3, 4, 5, 6, 7, 8}, y[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  if (i % 20 != 19) {
     oktopk_unique_id_t id;
     oktopk_comm_t comm;
     OK(oktopk_get_unique_id(&id, NULL));
     OK(oktopk_comm_init_rank(&comm, 1, &id, 0, NULL));
-    float x[8] = {1, 2, 3, 4, 5, 6, 7, 8};
     oktopk_request_t req;
     OK(oktopk_allreduce_start(comm, x, 8, OKTOPK_FLOAT32, 1, OKTOPK_ALGO_DENSE_RING, &req));
     OK(oktopk_wait(req, NULL));
     OK(oktopk_request_free(req));
     REQUIRE(x[7] == 8);
     OK(oktopk_comm_destroy(comm));
+    return;
   }
-  printf("%d cycles in %.2f s; open files %d -> max %d, goroutines %d -> max %d\n", cycles, now() - t0, fd0,
-         fd_max, g0, g_max);
+  struct two_ranks t = make_two_ranks(10000);
+  struct allreduce_arg a = {t.comm[1], y, 8, 0};
+  pthread_t th;
+  pthread_create(&th, NULL, allreduce_thread, &a);
+  OK(oktopk_allreduce(t.comm[0], x, 8, OKTOPK_FLOAT32, 0, OKTOPK_ALGO_DENSE_RING));
+  pthread_join(th, NULL);
+  OK(a.result);
+  REQUIRE(x[7] == 16 && y[7] == 16);
+  OK(oktopk_comm_destroy(t.comm[0]));
+  OK(oktopk_comm_destroy(t.comm[1]));
+}
+
+static int run_cycles(int cycles) {
+  rank_ = 0;
+  int fd0 = 0, g0 = 0, fd_max = 0, g_max = 0;
+  int every = cycles >= 10 ? cycles / 10 : 1;
+  double t0 = now();
+  for (int i = 0; i <= cycles; i++) {
+    if (i % every == 0) {
+      usleep(50000); /* let exiting goroutines finish */
+      int fd = open_fds(), g = oktopk_debug_goroutines();
+      printf("cycle %4d: %d open files, %d goroutines\n", i, fd, g);
+      if (i == every) { /* after warm-up: the runtime's own threads exist */
+        fd0 = fd;
+        g0 = g;
+      } else if (i > every) {
+        fd_max = fd > fd_max ? fd : fd_max;
+        g_max = g > g_max ? g : g_max;
+      }
+    }
+    if (i == cycles) break;
+    one_cycle(i);
+  }
+  printf("%d cycles (every 20th with 2 ranks over TCP) in %.2f s; open files %d -> max %d, goroutines %d -> max %d\n",
+         cycles, now() - t0, fd0, fd_max, g0, g_max);
   /* Flat: a leak of one descriptor or goroutine per cycle would add ~900. */
   REQUIRE(fd_max <= fd0 + 4);
   REQUIRE(g_max <= g0 + 8);
