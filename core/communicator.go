@@ -179,7 +179,7 @@ func (c *Communicator) SparseAllreduce(ctx context.Context, id uint64, grad []fl
 	if err := cfg.Validate(); err != nil {
 		return stats, err
 	}
-	if len(grad) > maxElements {
+	if uint64(len(grad)) > maxElements {
 		return stats, fmt.Errorf("%w: %d elements, at most 2^32-1", ErrInvalidArgument, len(grad))
 	}
 	if cfg.Algorithm.Dense() {
@@ -218,7 +218,7 @@ func (c *Communicator) SparseAllreduceSparse(ctx context.Context, n int, in Spar
 	if err := cfg.Validate(); err != nil {
 		return Sparse{}, stats, err
 	}
-	if n < 0 || n > maxElements {
+	if n < 0 || uint64(n) > maxElements {
 		return Sparse{}, stats, fmt.Errorf("%w: n=%d not in 0…2^32-1", ErrInvalidArgument, n)
 	}
 	f, ok := sparseInputAlgorithms[cfg.Algorithm]
