@@ -118,11 +118,8 @@ func (m *mailbox) receive(ctx context.Context, peer int, tag Tag) (Message, erro
 	}
 	for {
 		m.mu.Lock()
-		if m.failed != nil {
-			err := m.failed
-			m.mu.Unlock()
-			return Message{}, err
-		}
+		// A message that arrived before a failure is still served: a peer
+		// that finished this call before it aborted the next one sent it all.
 		if q := m.pending[k]; len(q) > 0 {
 			msg := q[0]
 			if len(q) == 1 {
@@ -142,6 +139,11 @@ func (m *mailbox) receive(ctx context.Context, peer int, tag Tag) (Message, erro
 			}
 			m.mu.Unlock()
 			return msg, nil
+		}
+		if m.failed != nil {
+			err := m.failed
+			m.mu.Unlock()
+			return Message{}, err
 		}
 		if err := m.peerErr[peer]; err != nil {
 			m.mu.Unlock()
