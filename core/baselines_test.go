@@ -519,3 +519,29 @@ func TestBaselinesWordsSentWithinCostModel(t *testing.T) {
 		}
 	}
 }
+
+// The exact top-k baselines report the threshold their selection amounts
+// to: the largest magnitude left out, so |acc| > LocalThreshold selects
+// exactly the k entries (gaussian inputs have no ties).
+func TestTopkBaselinesReportLocalThreshold(t *testing.T) {
+	for _, alg := range []Algorithm{TopkA, TopkDSA, SSARRecursiveDouble, SSARSplitAllgather, DSARSplitAllgather, GTopk} {
+		t.Run(alg.String(), func(t *testing.T) {
+			const p, n = 2, 1000
+			cfg := baselineConfig(alg, 0.03)
+			in := gaussianInputs(p, n, 5)
+			runInProc(t, p, func(ctx context.Context, r int, c *Communicator) error {
+				st, err := c.SparseAllreduce(ctx, 1, append([]float32(nil), in[r]...), cfg)
+				if err != nil {
+					return err
+				}
+				if want := KthLargestAbs(in[r], cfg.K(n)+1); st.LocalThreshold != want {
+					return fmt.Errorf("rank %d: local threshold %v, the (k+1)-th largest |acc| is %v", r, st.LocalThreshold, want)
+				}
+				if st.WordsReceived() == 0 || st.WordsReceived() != st.BytesReceived/4 {
+					return fmt.Errorf("rank %d: %d words received for %d bytes", r, st.WordsReceived(), st.BytesReceived)
+				}
+				return nil
+			})
+		})
+	}
+}
