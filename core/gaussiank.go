@@ -23,11 +23,13 @@ package core
 // entries; the ring Allgatherv used here carries the counts in its frames,
 // (P−1)α); 2k̂(P−1) words per rank, k̂ the count the threshold selected —
 // about k, within the 25% the correction allows unless it runs out of tries.
-// Selection is two passes over acc plus one per correction, no sort.
+// Selection is two passes over acc (μ and σ together, then |acc| > th)
+// plus one per correction that lowers th; no sort.
 
 import (
 	"context"
 	"math"
+	"sync"
 	"time"
 )
 
@@ -42,7 +44,10 @@ func init() {
 	registerSparse(Gaussiank, func(ctx context.Context, call *Call, st *TensorState, grad []float32) error {
 		return reduceWithErrorFeedback(ctx, call, st, grad,
 			func(acc []float32, k int) (Sparse, error) {
-				s, th := gaussianSelect(acc, k, st.Config.Density)
+				// The selection's storage is kept in the tensor's state for
+				// the next call; nothing holds it once this call returns.
+				s, th := gaussianSelectInto(st.scratch.local, acc, k, st.Config.Density, selectionChunks(len(acc)))
+				st.scratch.local = s
 				call.Stats.LocalThreshold = th
 				st.LocalThreshold = th
 				return s, nil
@@ -65,25 +70,26 @@ func normalQuantile(q float64) float64 { return -math.Sqrt2 * math.Erfcinv(2*q) 
 // when the count misses k by more than the tolerance; and th. acc must be
 // finite. With k ≥ len(acc) every entry is selected (th = −1).
 func gaussianSelect(acc []float32, k int, density float64) (Sparse, float32) {
+	return gaussianSelectInto(Sparse{}, acc, k, density, selectionChunks(len(acc)))
+}
+
+// gaussianSelectInto is gaussianSelect writing into dst's storage (reset
+// first), on the given number of chunks. Its passes over acc: one for μ and
+// σ, one selection, and one more per correction that lowers th (a raise only
+// filters the entries already selected).
+func gaussianSelectInto(dst Sparse, acc []float32, k int, density float64, chunks int) (Sparse, float32) {
 	n := len(acc)
+	dst.Reset()
 	if k >= n {
 		// Density 1: everything; a threshold from μ could drop entries near 0.
-		out := Sparse{Idx: make([]uint32, n), Val: append([]float32(nil), acc...)}
-		for i := range out.Idx {
-			out.Idx[i] = uint32(i)
+		dst = growSparse(dst, n)
+		for i := range dst.Idx {
+			dst.Idx[i] = uint32(i)
 		}
-		return out, -1
+		copy(dst.Val, acc)
+		return dst, -1
 	}
-	var sum, sumSq float64
-	for _, v := range acc {
-		sum += float64(v)
-	}
-	mean := sum / float64(n)
-	for _, v := range acc {
-		d := float64(v) - mean
-		sumSq += d * d
-	}
-	std := math.Sqrt(sumSq / float64(n))
+	mean, std := meanStd(acc, chunks)
 	z := math.Abs(normalQuantile(density / 2))
 	th := float32(mean + z*std)
 	if th <= 0 {
@@ -92,26 +98,75 @@ func gaussianSelect(acc []float32, k int, density float64) (Sparse, float32) {
 		th = float32(z * std)
 	}
 
-	countAbove := func(th float32) int {
-		c := 0
-		for _, v := range acc {
-			if abs32(v) > th {
-				c++
-			}
-		}
-		return c
-	}
 	lowCount, highCount := (1-gaussiankTolerance)*float64(k), (1+gaussiankTolerance)*float64(k)
+	dst, _ = selectAbove(dst, acc, th, chunks)
 	for try := 0; try < gaussiankTries; try++ {
-		c := float64(countAbove(th))
+		c := float64(dst.Len())
 		if c > highCount {
 			th *= gaussiankRaise
+			dst = keepAbove(dst, th) // a subset of what is selected: no pass over acc
 		} else if c < lowCount {
 			th *= gaussiankLower
+			dst.Reset()
+			dst, _ = selectAbove(dst, acc, th, chunks)
 		} else {
 			break
 		}
 	}
-	out := SelectAbove(Sparse{Idx: make([]uint32, 0, k), Val: make([]float32, 0, k)}, acc, th)
-	return out, th
+	return dst, th
+}
+
+// momentBlock is the block of entries whose sums are formed together: the
+// blocks' sums are added in block order, so μ and σ do not depend on how
+// many chunks computed them.
+const momentBlock = 1 << 14
+
+var momentPool = sync.Pool{New: func() any { return new([]float64) }}
+
+// meanStd is the mean and the (population) standard deviation of x in one
+// pass: sums of x−s and (x−s)² in float64, s = x[0], which keeps the
+// subtraction Σ(x−s)² − (Σ(x−s))²/n well conditioned when |μ| ≫ σ.
+func meanStd(x []float32, chunks int) (mean, std float64) {
+	n := len(x)
+	if n == 0 {
+		return 0, 0
+	}
+	shift := float64(x[0])
+	blocks := (n + momentBlock - 1) / momentBlock
+	buf := momentPool.Get().(*[]float64)
+	defer momentPool.Put(buf)
+	if cap(*buf) < 2*blocks {
+		*buf = make([]float64, 2*blocks)
+	}
+	sums := (*buf)[:2*blocks]
+	forEachChunk(blocks, max(1, min(chunks, blocks)), func(_, lo, hi int) {
+		for b := lo; b < hi; b++ {
+			sums[2*b], sums[2*b+1] = blockMoments(x[b*momentBlock:min(n, (b+1)*momentBlock)], shift)
+		}
+	})
+	var s, q float64
+	for b := 0; b < blocks; b++ {
+		s += sums[2*b]
+		q += sums[2*b+1]
+	}
+	mean = shift + s/float64(n)
+	return mean, math.Sqrt(max(0, (q-s*s/float64(n))/float64(n)))
+}
+
+// blockMoments is Σ(x−shift) and Σ(x−shift)², with four independent
+// accumulators each so the additions do not wait on one another.
+func blockMoments(x []float32, shift float64) (sum, sumSq float64) {
+	var s0, s1, s2, s3, q0, q1, q2, q3 float64
+	i := 0
+	for ; i+4 <= len(x); i += 4 {
+		d0, d1, d2, d3 := float64(x[i])-shift, float64(x[i+1])-shift, float64(x[i+2])-shift, float64(x[i+3])-shift
+		s0, s1, s2, s3 = s0+d0, s1+d1, s2+d2, s3+d3
+		q0, q1, q2, q3 = q0+d0*d0, q1+d1*d1, q2+d2*d2, q3+d3*d3
+	}
+	for ; i < len(x); i++ {
+		d := float64(x[i]) - shift
+		s0 += d
+		q0 += d * d
+	}
+	return (s0 + s1) + (s2 + s3), (q0 + q1) + (q2 + q3)
 }

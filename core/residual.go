@@ -24,9 +24,18 @@ func Accumulate(acc, grad, residual []float32) (nonFinite int) {
 }
 
 // UpdateResidual sets residual = acc, then zeroes the entries in both the
-// local selection and the global result (both ascending by index).
+// local selection and the global result (both ascending by index). A NaN or
+// ±Inf in acc becomes 0: the residual never keeps a non-finite value, which
+// would otherwise poison every later call (callers skip the step when
+// Accumulate counts one, so this is the last line of defence).
 func UpdateResidual(residual, acc []float32, local, global Sparse) {
-	copy(residual, acc)
+	residual = residual[:len(acc)]
+	for i, v := range acc {
+		if v-v != 0 { // NaN and ±Inf; v-v is 0 for every finite v
+			v = 0
+		}
+		residual[i] = v
+	}
 	g := 0
 	for _, i := range local.Idx {
 		for g < len(global.Idx) && global.Idx[g] < i {

@@ -1,5 +1,10 @@
 package core
 
+import (
+	"fmt"
+	"math"
+)
+
 // Threshold reuse (Ok-Topk step 1 and step 4). Finding the exact k-th largest
 // magnitude costs more than a pass over memory, so it is done only every τ′
 // calls; in between the last threshold is reused: select |x| > th in one
@@ -20,28 +25,30 @@ const (
 // SelectByThreshold selects about k entries of x into dst (ascending by
 // index) and updates *th for the next call. With exact set (a refresh call,
 // or no threshold known yet) it selects the exact top-k and sets *th to the
-// magnitude just below the selection; otherwise it reuses *th.
+// magnitude just below the selection; otherwise it reuses *th. A NaN or ±Inf
+// in x is ErrNonFinite (found in the selection's own pass), with dst empty.
 func SelectByThreshold(dst Sparse, x []float32, k int, th *float32, exact bool) (Sparse, error) {
+	dst, _, err := selectByThreshold(dst, x, k, th, exact, selectionChunks(len(x)))
+	return dst, err
+}
+
+// selectByThreshold is SelectByThreshold on the given number of chunks; it
+// also reports whether the exact selection ran, asked for or as the fallback
+// when the reused threshold had drifted too far.
+func selectByThreshold(dst Sparse, x []float32, k int, th *float32, exact bool, chunks int) (Sparse, bool, error) {
 	dst.Reset()
 	n := len(x)
 	if k == 0 || n == 0 {
-		return dst, nil
+		return dst, false, nil
 	}
 	if exact || *th <= 0 {
-		top, err := TopK(x, k)
-		if err != nil {
-			return dst, err
-		}
-		dst.Idx = append(dst.Idx, top.Idx...)
-		dst.Val = append(dst.Val, top.Val...)
-		if k < n {
-			*th = KthLargestAbs(x, k+1)
-		} else {
-			*th = 0
-		}
-		return dst, nil
+		return selectExact(dst, x, k, th, chunks)
 	}
-	dst = SelectAbove(dst, x, *th)
+	dst, nonFinite := selectAbove(dst, x, *th, chunks)
+	if nonFinite > 0 {
+		dst.Reset()
+		return dst, false, fmt.Errorf("%w: %d entries", ErrNonFinite, nonFinite)
+	}
 	for tries := 0; float64(dst.Len()) > thresholdTooMany*float64(k) && tries < thresholdMaxRaises; tries++ {
 		*th *= thresholdRaise
 		dst = keepAbove(dst, *th)
@@ -50,7 +57,7 @@ func SelectByThreshold(dst Sparse, x []float32, k int, th *float32, exact bool) 
 	// gradient's scale changed): pay for one exact selection rather than
 	// send far more, or far fewer, than k entries.
 	if c := float64(dst.Len()); c > thresholdTooMany*float64(k) || c < thresholdTooFew*float64(k) {
-		return SelectByThreshold(dst, x, k, th, true)
+		return selectExact(dst, x, k, th, chunks)
 	}
 	switch c := float64(dst.Len()); {
 	case c < nudgeLowCount*float64(k):
@@ -58,7 +65,27 @@ func SelectByThreshold(dst Sparse, x []float32, k int, th *float32, exact bool) 
 	case c > nudgeHighCount*float64(k):
 		*th *= nudgeUp
 	}
-	return dst, nil
+	return dst, false, nil
+}
+
+// selectExact selects the exact top-k into dst and sets *th to the (k+1)-th
+// largest magnitude (0 when k = n), both from the same two passes. ±Inf are
+// ErrNonFinite here too: the threshold path must agree with the reuse path.
+func selectExact(dst Sparse, x []float32, k int, th *float32, chunks int) (Sparse, bool, error) {
+	dst, next, infinities, err := topK(dst, x, k, chunks)
+	switch {
+	case err != nil:
+		dst.Reset()
+		return dst, true, err
+	case infinities > 0:
+		dst.Reset()
+		return dst, true, fmt.Errorf("%w: %d entries are ±Inf", ErrNonFinite, infinities)
+	case k < len(x):
+		*th = math.Float32frombits(next)
+	default:
+		*th = 0
+	}
+	return dst, true, nil
 }
 
 // keepAbove filters s in place to the entries with |v| > th.

@@ -7,49 +7,142 @@ import (
 )
 
 // Exact selection by magnitude without sorting: a radix select on the bits
-// of |x|. For finite and infinite floats the IEEE-754 bit pattern of |x|,
-// read as an unsigned integer, orders like |x| itself, so the k-th largest
-// magnitude is found with two histogram passes (the top 16 bits, then the
-// low 16 bits of the one bucket that holds it) and a third pass collects the
-// selection in index order: O(n), about three reads of x.
+// of |x|. For finite and infinite floats the IEEE-754 bit pattern of |x|
+// (its key), read as an unsigned integer, orders like |x| itself; a NaN's key
+// is above +Inf's.
+//
+// The exact top-k works as follows.
+//
+//  1. Histogram: one pass counts the keys' top 16 bits (2^16 buckets). NaN
+//     and ±Inf land in the buckets from +Inf's up, so they are detected
+//     here, without a pass of their own; a NaN fails the call.
+//  2. Bucket: walking down from the largest bucket finds the bucket b that
+//     holds the (k+1)-th largest key, and how many keys lie above it.
+//  3. Candidates: when b holds few keys, a second pass copies every entry
+//     with key ≥ b·2^16 (the top k+1 and the rest of bucket b, in index
+//     order) into dst; a histogram of the low 16 bits of those in b orders
+//     them, and dst is compacted in place to the top k. When b holds many
+//     keys (all-equal or mostly-zero inputs), a second pass histograms their
+//     low 16 bits instead and a third collects the top k from x.
+//  4. Ties: keys equal to the k-th largest go to the lowest indices, so every
+//     rank and every run agrees.
+//
+// Cost: two reads of x (three when bucket b is heavy), no sort, and no
+// allocation once dst and the pooled histograms are large enough. Large
+// vectors are split into chunks (parallel.go): per-chunk histograms give
+// every chunk its exact offset in dst, so the chunks fill dst in parallel
+// and the result does not depend on how many there are.
 
-// histogramPool recycles the 2^16-bucket histograms (256 KiB each).
-var histogramPool = sync.Pool{New: func() any { return new([1 << 16]uint32) }}
+const (
+	signBit = 1 << 31
+	infKey  = 0x7f800000 // the key of ±Inf; NaN keys are larger
+	// candidateSlack is how many keys bucket b may hold beyond k for the
+	// candidate path (step 3): dst then grows to at most 2k + candidateSlack.
+	candidateSlack = 1 << 16
+)
 
-// kthLargestKey returns the bit pattern of the k-th largest |x| (1 ≤ k ≤ n)
-// and how many entries are strictly larger. x must hold no NaN.
-func kthLargestKey(x []float32, k int) (key uint32, larger int) {
-	h := histogramPool.Get().(*[1 << 16]uint32)
-	defer histogramPool.Put(h)
-	clear(h[:])
-	for _, v := range x {
-		h[(math.Float32bits(v)&^signBit)>>16]++
-	}
-	// Walk down from the largest bucket until k entries are covered.
-	hi := 1<<16 - 1
-	for ; hi > 0; hi-- {
-		if larger+int(h[hi]) >= k {
-			break
-		}
-		larger += int(h[hi])
-	}
-	clear(h[:])
-	for _, v := range x {
-		if u := math.Float32bits(v) &^ signBit; int(u>>16) == hi {
-			h[u&0xffff]++
-		}
-	}
-	lo := 1<<16 - 1
-	for ; lo > 0; lo-- {
-		if larger+int(h[lo]) >= k {
-			break
-		}
-		larger += int(h[lo])
-	}
-	return uint32(hi)<<16 | uint32(lo), larger
+// histogram counts 16-bit digits of keys.
+type histogram [1 << 16]uint32
+
+// selectionScratch is the per-call working memory of a selection, pooled so
+// that steady-state calls allocate nothing.
+type selectionScratch struct {
+	high, low []*histogram // one per chunk
+	merged    *histogram
+	parts     []Sparse // per-chunk selections of SelectAbove
+	counts    []int
+	ties      []int
 }
 
-const signBit = 1 << 31
+var scratchPool = sync.Pool{New: func() any { return &selectionScratch{merged: new(histogram)} }}
+
+// histograms returns chunks histograms from *hs, growing it.
+func histograms(hs *[]*histogram, chunks int) []*histogram {
+	for len(*hs) < chunks {
+		*hs = append(*hs, new(histogram))
+	}
+	return (*hs)[:chunks]
+}
+
+func (sc *selectionScratch) countsFor(chunks int) []int { return ints(&sc.counts, chunks) }
+func (sc *selectionScratch) tiesFor(chunks int) []int   { return ints(&sc.ties, chunks) }
+
+func ints(s *[]int, n int) []int {
+	if cap(*s) < n {
+		*s = make([]int, n)
+	}
+	*s = (*s)[:n]
+	return *s
+}
+
+func key(v float32) uint32 { return math.Float32bits(v) &^ signBit }
+
+// highHistograms counts the top 16 bits of the keys of each chunk, and
+// returns their sum over the chunks.
+func (sc *selectionScratch) highHistograms(x []float32, chunks int) (perChunk []*histogram, total *histogram) {
+	perChunk = histograms(&sc.high, chunks)
+	forEachChunk(len(x), chunks, func(c, lo, hi int) {
+		h := perChunk[c]
+		clear(h[:])
+		for _, v := range x[lo:hi] {
+			h[key(v)>>16]++
+		}
+	})
+	return perChunk, sc.sum(perChunk)
+}
+
+// lowHistograms counts, per chunk, the low 16 bits of the keys in bucket b.
+func (sc *selectionScratch) lowHistograms(x []float32, chunks int, b uint32) (perChunk []*histogram, total *histogram) {
+	perChunk = histograms(&sc.low, chunks)
+	forEachChunk(len(x), chunks, func(c, lo, hi int) {
+		h := perChunk[c]
+		clear(h[:])
+		for _, v := range x[lo:hi] {
+			if u := key(v); u>>16 == b {
+				h[u&0xffff]++
+			}
+		}
+	})
+	return perChunk, sc.sum(perChunk)
+}
+
+func (sc *selectionScratch) sum(hs []*histogram) *histogram {
+	if len(hs) == 1 {
+		return hs[0]
+	}
+	t := sc.merged
+	*t = *hs[0]
+	for _, h := range hs[1:] {
+		for i, c := range h {
+			t[i] += c
+		}
+	}
+	return t
+}
+
+// digitOfRank walks h down from its largest digit and returns the digit that
+// holds the r-th largest entry, counting the above entries already known to
+// be larger, and the count of entries larger than that digit.
+func digitOfRank(h *histogram, r, above int) (digit uint32, larger int) {
+	d := len(h) - 1
+	for ; d > 0; d-- {
+		if above+int(h[d]) >= r {
+			break
+		}
+		above += int(h[d])
+	}
+	return uint32(d), above
+}
+
+// nonFiniteInBuckets is how many keys lie at or above +Inf's bucket (NaN
+// and ±Inf, and nothing else).
+func nonFiniteInBuckets(h *histogram) int {
+	c := 0
+	for _, n := range h[infKey>>16:] {
+		c += int(n)
+	}
+	return c
+}
 
 // firstNaN returns the index of the first NaN in x, or -1.
 func firstNaN(x []float32) int {
@@ -66,46 +159,294 @@ func firstNaN(x []float32) int {
 // NaN is never selected silently: it is ErrNonFinite. ±Inf are the largest
 // magnitudes.
 func TopK(x []float32, k int) (Sparse, error) {
-	if k < 0 || k > len(x) {
-		return Sparse{}, fmt.Errorf("%w: k=%d with n=%d", ErrInvalidArgument, k, len(x))
+	return TopKInto(Sparse{}, x, k)
+}
+
+// TopKInto is TopK writing into dst's storage (dst is reset first), growing
+// it only when it is too small: a caller that passes the previous result
+// back in allocates nothing in the steady state. dst may grow to about
+// k + (the keys sharing the k-th largest key's top 16 bits).
+func TopKInto(dst Sparse, x []float32, k int) (Sparse, error) {
+	dst, _, _, err := topK(dst, x, k, selectionChunks(len(x)))
+	return dst, err
+}
+
+// topK is TopKInto on the given number of chunks; it also returns the key of
+// the (k+1)-th largest |x| (0 when k = 0 or k = n), the exact threshold
+// below the selection, and how many entries are ±Inf (found by the histogram).
+func topK(dst Sparse, x []float32, k, chunks int) (_ Sparse, next uint32, infinities int, _ error) {
+	n := len(x)
+	dst.Reset()
+	if k < 0 || k > n {
+		return dst, 0, 0, fmt.Errorf("%w: k=%d with n=%d", ErrInvalidArgument, k, len(x))
 	}
-	if i := firstNaN(x); i >= 0 {
-		return Sparse{}, fmt.Errorf("%w: NaN at index %d", ErrNonFinite, i)
+	if n == 0 {
+		return dst, 0, 0, nil
 	}
-	out := Sparse{Idx: make([]uint32, 0, k), Val: make([]float32, 0, k)}
-	if k == 0 {
-		return out, nil
-	}
-	key, larger := kthLargestKey(x, k)
-	ties := k - larger // entries equal to the k-th magnitude to keep, lowest index first
-	for i, v := range x {
-		u := math.Float32bits(v) &^ signBit
-		if u > key || (u == key && ties > 0) {
-			if u == key {
-				ties--
-			}
-			out.Append(uint32(i), v)
+	chunks = max(1, min(chunks, n))
+	sc := scratchPool.Get().(*selectionScratch)
+	defer scratchPool.Put(sc)
+
+	// Step 1: histogram of the top 16 bits, NaN and ±Inf detected with it.
+	high, total := sc.highHistograms(x, chunks)
+	if infinities = nonFiniteInBuckets(total); infinities > 0 {
+		// ±Inf or NaN are present; only a NaN is an error (±Inf are the
+		// largest magnitudes), and only then does x get a second look.
+		if i := firstNaN(x); i >= 0 {
+			return dst, 0, 0, fmt.Errorf("%w: NaN at index %d", ErrNonFinite, i)
 		}
 	}
-	return out, nil
+	if k == 0 {
+		return dst, 0, infinities, nil
+	}
+	if k == n {
+		dst = growSparse(dst, n)
+		for i := range dst.Idx {
+			dst.Idx[i] = uint32(i)
+		}
+		copy(dst.Val, x)
+		return dst, 0, infinities, nil
+	}
+
+	// Step 2: the bucket of the (k+1)-th largest key.
+	b, above := digitOfRank(total, k+1, 0)
+	counts := sc.countsFor(chunks)
+	if inB := int(total[b]); inB <= k+candidateSlack {
+		// Step 3, light bucket: every key ≥ b·2^16 into dst, ...
+		want := 0
+		for c, h := range high {
+			counts[c] = 0
+			for _, m := range h[b:] {
+				counts[c] += int(m)
+			}
+			want += counts[c]
+		}
+		dst = growSparse(dst, want)
+		collectChunks(dst, x, chunks, counts, b<<16, nil)
+		// ... ordered within bucket b by their low 16 bits, ...
+		low := sc.merged
+		clear(low[:])
+		for _, v := range dst.Val {
+			if u := key(v); u>>16 == b {
+				low[u&0xffff]++
+			}
+		}
+		next, kth, ties := resolveBucket(low, b, above, k)
+		// ... and compacted in place to the top k (step 4: the first ties
+		// keys equal to the k-th are the lowest indices).
+		j := 0
+		for i, v := range dst.Val {
+			if u := key(v); u > kth || (u == kth && ties > 0) {
+				if u == kth {
+					ties--
+				}
+				dst.Idx[j], dst.Val[j] = dst.Idx[i], v
+				j++
+			}
+		}
+		dst.Idx, dst.Val = dst.Idx[:j], dst.Val[:j]
+		return dst, next, infinities, nil
+	}
+
+	// Step 3, heavy bucket: its low 16 bits from x, then the top k from x.
+	lowPer, lowTotal := sc.lowHistograms(x, chunks, b)
+	next, kth, ties := resolveBucket(lowTotal, b, above, k)
+	// Per chunk: the keys above kth, and its share of the ties in index
+	// order (step 4).
+	tieCounts := sc.tiesFor(chunks)
+	for c := range counts {
+		greater := 0
+		for _, m := range high[c][b+1:] {
+			greater += int(m)
+		}
+		for _, m := range lowPer[c][kth&0xffff+1:] {
+			greater += int(m)
+		}
+		tieCounts[c] = min(int(lowPer[c][kth&0xffff]), ties)
+		ties -= tieCounts[c]
+		counts[c] = greater + tieCounts[c]
+	}
+	dst = growSparse(dst, k)
+	collectChunks(dst, x, chunks, counts, kth, tieCounts)
+	return dst, next, infinities, nil
+}
+
+// resolveBucket orders bucket b by the histogram low of its low 16 bits,
+// with above keys known to lie above b (above ≤ k < above + |b|). It returns
+// the (k+1)-th largest key, and the rule for the top k: keys > kth, and the
+// first ties keys equal to kth.
+func resolveBucket(low *histogram, b uint32, above, k int) (next, kth uint32, ties int) {
+	d, _ := digitOfRank(low, k+1, above)
+	next = b<<16 | d
+	if above == k {
+		// The top k are exactly the keys above bucket b.
+		return next, b<<16 | 0xffff, 0
+	}
+	d, larger := digitOfRank(low, k, above)
+	return next, b<<16 | d, k - larger
+}
+
+// collectChunks fills dst (sized to the sum of counts) from the chunks of x
+// in parallel, chunk c writing its counts[c] entries after those of the
+// chunks before it: keys > kth, and the first ties[c] keys equal to kth (all
+// of them when ties is nil).
+func collectChunks(dst Sparse, x []float32, chunks int, counts []int, kth uint32, ties []int) {
+	forEachChunk(len(x), chunks, func(c, lo, hi int) {
+		at := 0
+		for _, m := range counts[:c] {
+			at += m
+		}
+		t := math.MaxInt
+		if ties != nil {
+			t = ties[c]
+		}
+		collect(dst.Idx[at:at+counts[c]], dst.Val[at:at+counts[c]], x[lo:hi], lo, kth, t)
+	})
+}
+
+// collect writes the entries of x (x[0] at index base) with key > kth, and
+// the first ties with key = kth, into idx and val, which hold exactly as
+// many.
+func collect(idx []uint32, val []float32, x []float32, base int, kth uint32, ties int) {
+	j := 0
+	for i, v := range x {
+		// Keys ≥ kth are rare (about k of n): one well-predicted branch
+		// per entry, the bookkeeping out of the loop's way.
+		if u := key(v); u >= kth {
+			if u == kth {
+				if ties == 0 {
+					continue
+				}
+				ties--
+			}
+			idx[j], val[j] = uint32(base+i), v
+			j++
+		}
+	}
+}
+
+// growSparse returns s with length n, its storage reused when large enough;
+// the contents are not kept.
+func growSparse(s Sparse, n int) Sparse {
+	if cap(s.Idx) < n || cap(s.Val) < n {
+		return Sparse{Idx: make([]uint32, n), Val: make([]float32, n)}
+	}
+	return Sparse{Idx: s.Idx[:n], Val: s.Val[:n]}
 }
 
 // KthLargestAbs is the k-th largest |x| (1-based), the exact threshold: the
 // entries with |x| > KthLargestAbs(x, k+1) are at most k. k must be in 1..n
 // and x must hold no NaN.
 func KthLargestAbs(x []float32, k int) float32 {
-	key, _ := kthLargestKey(x, k)
-	return math.Float32frombits(key)
+	return math.Float32frombits(kthLargestKey(x, k, selectionChunks(len(x))))
+}
+
+// kthLargestKey is the key of the k-th largest |x| (1 ≤ k ≤ n): two
+// histogram passes, the top 16 bits and then the low 16 bits of the one
+// bucket that holds it.
+func kthLargestKey(x []float32, k, chunks int) uint32 {
+	chunks = max(1, min(chunks, len(x)))
+	sc := scratchPool.Get().(*selectionScratch)
+	defer scratchPool.Put(sc)
+	_, total := sc.highHistograms(x, chunks)
+	b, above := digitOfRank(total, k, 0)
+	_, low := sc.lowHistograms(x, chunks, b)
+	d, _ := digitOfRank(low, k, above)
+	return b<<16 | d
 }
 
 // SelectAbove appends to dst every entry with |x| > th, ascending by index.
+// NaN entries are never above any threshold; SelectAboveChecked reports
+// them.
 func SelectAbove(dst Sparse, x []float32, th float32) Sparse {
+	dst, _ = selectAbove(dst, x, th, selectionChunks(len(x)))
+	return dst
+}
+
+// SelectAboveChecked is SelectAbove that also returns how many entries of x
+// are NaN or ±Inf, counted in the same pass (a caller that must not send
+// them skips the step when the count is not 0). NaN entries are not
+// selected; ±Inf are when th < +Inf.
+func SelectAboveChecked(dst Sparse, x []float32, th float32) (Sparse, int) {
+	return selectAbove(dst, x, th, selectionChunks(len(x)))
+}
+
+// minKeyAbove is the smallest key of a magnitude > th.
+func minKeyAbove(th float32) uint32 {
+	switch {
+	case th != th:
+		return infKey + 1 // nothing is above NaN
+	case th < 0:
+		return 0
+	default:
+		return key(th) + 1 // +Inf: infKey+1, above every non-NaN key
+	}
+}
+
+func selectAbove(dst Sparse, x []float32, th float32, chunks int) (Sparse, int) {
+	n := len(x)
+	minKey := minKeyAbove(th)
+	chunks = max(1, min(chunks, n))
+	if chunks == 1 {
+		return appendAbove(dst, x, 0, minKey)
+	}
+	sc := scratchPool.Get().(*selectionScratch)
+	defer scratchPool.Put(sc)
+	for len(sc.parts) < chunks {
+		sc.parts = append(sc.parts, Sparse{})
+	}
+	parts, nonFinite := sc.parts[:chunks], sc.countsFor(chunks)
+	// Each chunk selects into its own buffer; the prefix sum of their
+	// lengths places them in dst, in parallel again.
+	forEachChunk(n, chunks, func(c, lo, hi int) {
+		parts[c].Reset()
+		parts[c], nonFinite[c] = appendAbove(parts[c], x[lo:hi], lo, minKey)
+	})
+	start, total, bad := dst.Len(), 0, 0
+	for c := range parts {
+		total += parts[c].Len()
+		bad += nonFinite[c]
+	}
+	if cap(dst.Idx) < start+total || cap(dst.Val) < start+total {
+		grown := Sparse{Idx: make([]uint32, start, start+total+total/8), Val: make([]float32, start, start+total+total/8)}
+		copy(grown.Idx, dst.Idx)
+		copy(grown.Val, dst.Val)
+		dst = grown
+	}
+	dst.Idx, dst.Val = dst.Idx[:start+total], dst.Val[:start+total]
+	forEachChunk(n, chunks, func(c, _, _ int) {
+		at := start
+		for _, p := range parts[:c] {
+			at += p.Len()
+		}
+		copy(dst.Idx[at:], parts[c].Idx)
+		copy(dst.Val[at:], parts[c].Val)
+	})
+	return dst, bad
+}
+
+// appendAbove appends the entries of x (x[0] at index base) with key ≥
+// minKey, never a NaN, and counts the non-finite entries.
+func appendAbove(dst Sparse, x []float32, base int, minKey uint32) (Sparse, int) {
+	// Every non-finite key is ≥ infKey, so with the comparison capped there
+	// they all take the rare branch, and counting them costs nothing on
+	// finite entries.
+	cmpKey := min(minKey, infKey)
+	nonFinite := 0
+	idx, val := dst.Idx, dst.Val
 	for i, v := range x {
-		if abs32(v) > th {
-			dst.Append(uint32(i), v)
+		if u := key(v); u >= cmpKey {
+			if u >= infKey {
+				nonFinite++
+				if u != infKey || u < minKey {
+					continue // NaN, or ±Inf not above th
+				}
+			}
+			idx = append(idx, uint32(base+i))
+			val = append(val, v)
 		}
 	}
-	return dst
+	return Sparse{Idx: idx, Val: val}, nonFinite
 }
 
 func abs32(v float32) float32 { return math.Float32frombits(math.Float32bits(v) &^ (1 << 31)) }
