@@ -17,29 +17,39 @@ import (
 // ZeroMQ TCP sockets on loopback ("zmq"), with the given diagnostics.
 func relComms(t *testing.T, kind string, p int, diag transport.Diagnostics) []*core.Communicator {
 	t.Helper()
-	comms := make([]*core.Communicator, p)
-	if kind == "inproc" {
-		for r, tr := range transport.NewInProcDiagnostics(p, diag) {
-			comms[r] = core.NewCommunicator(tr)
-		}
-		t.Cleanup(func() {
-			for _, c := range comms {
-				c.T.Close()
-			}
-		})
-		return comms
+	if kind == "zmq" {
+		return relZMQComms(t, p, func(_ int, o *transport.ZMQOptions) { o.Diagnostics = diag })
 	}
+	comms := make([]*core.Communicator, p)
+	for r, tr := range transport.NewInProcDiagnostics(p, diag) {
+		comms[r] = core.NewCommunicator(tr)
+	}
+	t.Cleanup(func() {
+		for _, c := range comms {
+			c.T.Close()
+		}
+	})
+	return comms
+}
+
+// relZMQComms connects p ranks over ZeroMQ on loopback (one goroutine per
+// rank), each with the options mutate sets.
+func relZMQComms(t *testing.T, p int, mutate func(r int, o *transport.ZMQOptions)) []*core.Communicator {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	store := transport.NewMemStore()
 	token := transport.NewToken()
+	comms := make([]*core.Communicator, p)
 	errs := make([]error, p)
 	var wg sync.WaitGroup
 	for r := 0; r < p; r++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			z, err := transport.RendezvousZMQ(ctx, store, transport.ZMQOptions{Rank: r, Size: p, Token: token, Diagnostics: diag})
+			o := transport.ZMQOptions{Rank: r, Size: p, Token: token}
+			mutate(r, &o)
+			z, err := transport.RendezvousZMQ(ctx, store, o)
 			if err != nil {
 				errs[r] = err
 				return
@@ -259,7 +269,9 @@ func TestStallWarningNamesTheLateRankAndSeq(t *testing.T) {
 				}}
 				comms = relComms(t, kind, p, diag)
 			} else {
-				comms = relZMQCommsLogs(t, p, 700*time.Millisecond, logs)
+				comms = relZMQComms(t, p, func(r int, o *transport.ZMQOptions) {
+					o.Diagnostics = transport.Diagnostics{StallWarn: 700 * time.Millisecond, Log: logs[r].log}
+				})
 			}
 			errs, _ := eachRank(p, func(r int) error {
 				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -301,41 +313,4 @@ func TestStallWarningNamesTheLateRankAndSeq(t *testing.T) {
 			}
 		})
 	}
-}
-
-// relZMQCommsLogs is relComms("zmq") with each rank logging into its own log.
-func relZMQCommsLogs(t *testing.T, p int, warn time.Duration, logs []*lineLog) []*core.Communicator {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	store := transport.NewMemStore()
-	token := transport.NewToken()
-	comms := make([]*core.Communicator, p)
-	errs := make([]error, p)
-	var wg sync.WaitGroup
-	for r := 0; r < p; r++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			diag := transport.Diagnostics{StallWarn: warn, Log: logs[r].log}
-			z, err := transport.RendezvousZMQ(ctx, store, transport.ZMQOptions{Rank: r, Size: p, Token: token, Diagnostics: diag})
-			if err != nil {
-				errs[r] = err
-				return
-			}
-			comms[r] = core.NewCommunicator(z)
-		}()
-	}
-	wg.Wait()
-	t.Cleanup(func() {
-		for _, c := range comms {
-			if c != nil {
-				c.T.Close()
-			}
-		}
-	})
-	if err := errors.Join(errs...); err != nil {
-		t.Fatal(err)
-	}
-	return comms
 }

@@ -1,0 +1,215 @@
+package tests
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	zmq "github.com/pebbe/zmq4"
+
+	"github.com/oktopk/oktopk/core"
+	"github.com/oktopk/oktopk/transport"
+)
+
+// strangerHeader is a 96-byte oktopk v2 header as a process without the
+// job's token would forge it: every field plausible, the token digest random.
+func strangerHeader(seq uint64, count, payloadLen uint64) []byte {
+	b := make([]byte, 96)
+	binary.LittleEndian.PutUint32(b[0:], 0x4b544b4f) // "OKTK"
+	binary.LittleEndian.PutUint16(b[4:], 2)
+	b[6] = 1 // data
+	rand.Read(b[8:24])
+	binary.LittleEndian.PutUint32(b[28:], 0) // claims to be rank 0
+	binary.LittleEndian.PutUint64(b[32:], seq)
+	b[44] = byte(core.DenseRing.Op())
+	b[45] = byte(transport.DtypeFloat32)
+	binary.LittleEndian.PutUint64(b[48:], count)
+	binary.LittleEndian.PutUint64(b[56:], payloadLen)
+	binary.LittleEndian.PutUint64(b[72:], 20000)
+	binary.LittleEndian.PutUint64(b[80:], 20000)
+	b[88] = byte(transport.DtypeFloat32)
+	return b
+}
+
+// attack is one kind of garbage a stranger sends to addr ("host:port").
+type attack struct {
+	name string
+	send func(zctx *zmq.Context, addr string, seq uint64) error
+}
+
+func rawTCP(payload func() []byte) func(*zmq.Context, string, uint64) error {
+	return func(_ *zmq.Context, addr string, _ uint64) error {
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		c.SetWriteDeadline(time.Now().Add(time.Second))
+		_, err = c.Write(payload())
+		return err
+	}
+}
+
+// viaDealer opens a real ZMTP DEALER session to the inbox and sends each
+// message (a list of parts).
+func viaDealer(msgs func(seq uint64) [][][]byte) func(*zmq.Context, string, uint64) error {
+	return func(zctx *zmq.Context, addr string, seq uint64) error {
+		s, err := zctx.NewSocket(zmq.DEALER)
+		if err != nil {
+			return err
+		}
+		defer s.Close()
+		s.SetLinger(100 * time.Millisecond)
+		s.SetSndtimeo(time.Second)
+		if err := s.Connect("tcp://" + addr); err != nil {
+			return err
+		}
+		for _, parts := range msgs(seq) {
+			if _, err := s.SendMessage(parts); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+}
+
+func randomBytes(n int) []byte {
+	b := make([]byte, n)
+	rand.Read(b)
+	return b
+}
+
+// The largest message part a rank's inbox accepts in this test; the library
+// sets ZMQ_MAXMSGSIZE to MaxMessageBytes + the 96-byte header.
+const garbageMaxMessage = 1 << 20
+
+var attacks = []attack{
+	{"random bytes", rawTCP(func() []byte { return randomBytes(4096) })},
+	{"HTTP request", rawTCP(func() []byte { return []byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n") })},
+	{"ZMTP greeting cut short", rawTCP(func() []byte { return []byte{0xff, 0, 0, 0, 0, 0, 0, 0, 1, 0x7f} })},
+	{"truncated frame", viaDealer(func(seq uint64) [][][]byte {
+		h := strangerHeader(seq, 4, 16)
+		return [][][]byte{{h[:40], randomBytes(16)}, {h[:95]}}
+	})},
+	{"wrong token", viaDealer(func(seq uint64) [][][]byte {
+		return [][][]byte{{strangerHeader(seq, 4, 16), randomBytes(16)}}
+	})},
+	{"oversized count", viaDealer(func(seq uint64) [][][]byte {
+		return [][][]byte{{strangerHeader(seq, 1<<60, 16), randomBytes(16)}, {strangerHeader(seq, 1<<40, 1<<42), nil}}
+	})},
+	{"wrong part count", viaDealer(func(seq uint64) [][][]byte {
+		h := strangerHeader(seq, 0, 0)
+		return [][][]byte{{h}, {h, nil, nil, nil}}
+	})},
+	{"part above ZMQ_MAXMSGSIZE", viaDealer(func(seq uint64) [][][]byte {
+		return [][][]byte{{strangerHeader(seq, 0, 0), make([]byte, 2*garbageMaxMessage)}}
+	})},
+}
+
+// Garbage on the port: while 3 ranks over ZeroMQ run dense and density-1
+// Ok-Topk allreduces, each checked bitwise against the exact sum, a stranger
+// keeps connecting to rank 1's inbox and sending every kind of garbage in
+// attacks. Every result stays exact, no call fails, and the inbox counts the
+// frames it dropped. A part larger than ZMQ_MAXMSGSIZE (MaxMessageBytes +
+// 96 bytes) is refused by libzmq while decoding — it never reaches the
+// inbox, so a stranger cannot make it allocate more than that per part.
+func TestGarbageOnThePortDuringAllreducesLeavesResultsExact(t *testing.T) {
+	const p, n, iters = 3, 20000, 60
+	comms := relZMQComms(t, p, func(_ int, o *transport.ZMQOptions) {
+		o.MaxMessageBytes = garbageMaxMessage
+		o.Diagnostics.StallWarn = -1
+	})
+	victim := comms[1].T.(*transport.ZMQ)
+	addr := strings.TrimPrefix(victim.Endpoint(), "tcp://")
+	if i := strings.Index(addr, "#"); i >= 0 {
+		addr = addr[:i]
+	}
+
+	zctx, err := zmq.NewContext()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seq atomic.Uint64
+	stop := make(chan struct{})
+	sent := make([]atomic.Int64, len(attacks))
+	var attacker sync.WaitGroup
+	attacker.Add(1)
+	go func() {
+		defer attacker.Done()
+		for round := 0; ; round++ {
+			for i, a := range attacks {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if err := a.send(zctx, addr, seq.Load()+1); err == nil {
+					sent[i].Add(1)
+				}
+			}
+		}
+	}()
+
+	errs, _ := eachRank(p, func(r int) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		x := make([]float32, n)
+		for it := 0; it < iters; it++ {
+			if r == 0 {
+				seq.Store(uint64(it))
+			}
+			for i := range x {
+				x[i] = float32((r*7+i*3+it*5)%17 - 8)
+			}
+			var err error
+			if it%2 == 0 {
+				_, err = comms[r].Allreduce(ctx, x, false, core.DenseRing)
+			} else {
+				cfg := core.DefaultConfig()
+				cfg.Density = 1
+				_, err = comms[r].SparseAllreduce(ctx, 1, x, cfg)
+			}
+			if err != nil {
+				return fmt.Errorf("iteration %d: %w", it, err)
+			}
+			for i, got := range x {
+				var want float32
+				for q := 0; q < p; q++ {
+					want += float32((q*7+i*3+it*5)%17 - 8)
+				}
+				if it%2 == 1 {
+					want /= p
+				}
+				if got != want {
+					return fmt.Errorf("iteration %d: element %d is %v, want %v", it, i, got, want)
+				}
+			}
+		}
+		return nil
+	})
+	close(stop)
+	attacker.Wait()
+	zctx.Term()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	var summary []string
+	for i, a := range attacks {
+		if sent[i].Load() == 0 {
+			t.Errorf("attack %q was never delivered", a.name)
+		}
+		summary = append(summary, fmt.Sprintf("%s ×%d", a.name, sent[i].Load()))
+	}
+	if victim.Dropped() == 0 {
+		t.Error("the attacked inbox dropped no frames")
+	}
+	t.Logf("%d iterations exact under attack (%s); rank 1 dropped %d frames", iters, strings.Join(summary, ", "), victim.Dropped())
+}
