@@ -83,6 +83,12 @@ def test_every_algorithm_selectable_by_name():
         {"tau": 0},
         {"tau_prime": -1},
         {"timeout": 0},
+        {"density": True},
+        {"density": "0.1"},
+        {"tau": True},
+        {"timeout": "5"},
+        {"timeout": float("inf")},
+        {"timeout": float("nan")},
     ],
 )
 def test_bad_settings_raise_value_error(kwargs):
@@ -99,12 +105,45 @@ def test_dead_rank_makes_others_raise_within_timeout():
     assert res["seconds"] <= timeout * 1.1 + 1.0, res
 
 
-def test_checkpoint_resume_matches_uninterrupted_run(tmp_path):
-    full = run(workers.checkpoint, 2, "full", str(tmp_path))
-    resumed = run(workers.checkpoint, 2, "resume", str(tmp_path))
+@pytest.mark.parametrize("multi_bucket", [False, True], ids=["one_bucket", "multi_bucket"])
+def test_checkpoint_resume_matches_uninterrupted_run(tmp_path, multi_bucket):
+    # multi_bucket: the saved layout has several buckets, and the resumed
+    # run's first step gets DDP's initial layout (one bucket) again.
+    full = run(workers.checkpoint, 2, "full", str(tmp_path), multi_bucket)
+    resumed = run(workers.checkpoint, 2, "resume", str(tmp_path), multi_bucket)
     for r in range(2):
-        assert resumed[r] == full[r], f"rank {r}: resumed run's parameters differ from the uninterrupted run's"
-    assert full[0] == full[1]
+        assert resumed[r]["params"] == full[r]["params"], f"rank {r}: resumed run's parameters differ from the uninterrupted run's"
+        if multi_bucket:
+            assert full[r]["groups"] >= 3, full[r]["groups"]
+            assert resumed[r]["groups"] == full[r]["groups"], (resumed[r]["groups"], full[r]["groups"])
+    assert full[0]["params"] == full[1]["params"]
+
+
+def test_non_finite_gradient_on_one_rank_is_nan_on_every_rank_and_training_goes_on():
+    # algorithm="oktopk": its ranks agree on skipping a non-finite step in
+    # the library itself.
+    steps, bad_step = 6, 3
+    results = run(workers.non_finite_step, 2, 1, bad_step, steps)
+    for r, res in results.items():
+        assert res["non_finite"] == [s == bad_step for s in range(steps)], f"rank {r}: {res['non_finite']}"
+        assert res["params_changed"] == [s != bad_step for s in range(steps)], f"rank {r}: GradScaler did not skip exactly step {bad_step}"
+        assert res["scales"][bad_step] < res["scales"][bad_step - 1], f"rank {r}: {res['scales']}"
+        assert res["finite"] and res["sparse_iters"] == steps - 1, res
+    assert results[0]["params"] == results[1]["params"], "ranks ended with different parameters"
+
+
+def test_rank_dead_during_setup_makes_others_raise_within_timeout():
+    timeout = 4.0
+    res = run(workers.dead_in_setup, 2, timeout, expect_exit=[0, 3])[0]
+    assert res["step"] == 2, res
+    assert "OkTopkError" in res["error"] or "oktopk:" in res["error"], res
+    assert "setup" in res["error"], res
+    assert res["seconds"] <= timeout * 1.1 + 1.0, res
+
+
+def test_unsupported_bucket_dtype_is_refused_on_the_first_step():
+    res = run(workers.unsupported_dtype, 1)[0]
+    assert res["error"] is not None and "float64" in res["error"] and "float32" in res["error"], res
 
 
 def test_forked_child_cannot_call_the_library():

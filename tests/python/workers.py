@@ -120,11 +120,19 @@ def dead_peer(rank, world, port, out, timeout):
     write(out, rank, {"step": None})
 
 
-def checkpoint(rank, world, port, out, phase, ckpt):
+def deeper_model(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 5))
+
+
+def checkpoint(rank, world, port, out, phase, ckpt, multi_bucket=False):
     """phase 'full': train 8 steps, saving everything after step 4.
-    phase 'resume': load that checkpoint in new processes, train steps 5–8."""
+    phase 'resume': load that checkpoint in new processes, train steps 5–8.
+    multi_bucket: a deeper model in tiny buckets, so DDP's rebuilt layout
+    (the one saved) has several buckets while its initial layout, which the
+    resumed run's first step uses, has one."""
     setup(rank, world, port)
-    m = DDP(small_model())
+    m = DDP(deeper_model(), bucket_cap_mb=0.001) if multi_bucket else DDP(small_model())
     state = OkTopkState(density=0.05, warmup_iters=1, tau=2, tau_prime=3)
     o = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
     first = 0
@@ -143,7 +151,7 @@ def checkpoint(rank, world, port, out, phase, ckpt):
         o.step()
         if phase == "full" and step + 1 == 4:
             torch.save({"model": m.module.state_dict(), "optimizer": o.state_dict(), "oktopk": state.state_dict(), "step": 4}, path)
-    write(out, rank, b"".join(p.detach().numpy().tobytes() for p in m.parameters()))
+    write(out, rank, {"params": b"".join(p.detach().numpy().tobytes() for p in m.parameters()), "groups": len(state._groups)})
     state.close()
     dist.destroy_process_group()
 
@@ -165,4 +173,86 @@ def fork_child(rank, world, port, out):
     _, status = os.waitpid(pid, 0)
     write(out, rank, {"child_exit": os.waitstatus_to_exitcode(status), "parent_result": t.tolist()})
     comm.destroy()
+    dist.destroy_process_group()
+
+
+def non_finite_step(rank, world, port, out, bad_rank, bad_step, steps):
+    """AMP-style training under torch.amp.GradScaler; rank bad_rank puts a
+    NaN into one entry of one gradient at step bad_step."""
+    setup(rank, world, port)
+    m = DDP(small_model())
+    state = OkTopkState(density=0.1, algorithm="oktopk", warmup_iters=1)
+    m.register_comm_hook(state, oktopk_hook)
+    o = torch.optim.SGD(m.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    current = {"step": -1}
+
+    def inject(grad):
+        if rank == bad_rank and current["step"] == bad_step:
+            grad = grad.clone()
+            grad.view(-1)[7] = float("nan")
+        return grad
+
+    m.module[0].weight.register_hook(inject)
+    non_finite, params_changed, scales = [], [], []
+    for step in range(steps):
+        current["step"] = step
+        x, y = batch(rank, step)
+        o.zero_grad()
+        scaler.scale(F.cross_entropy(m(x), y)).backward()
+        non_finite.append(not all(torch.isfinite(p.grad).all().item() for p in m.parameters()))
+        before = [p.detach().clone() for p in m.parameters()]
+        scaler.step(o)
+        scaler.update()
+        params_changed.append(any(not torch.equal(a, p) for a, p in zip(before, m.parameters())))
+        scales.append(scaler.get_scale())
+    write(out, rank, {
+        "non_finite": non_finite,
+        "params_changed": params_changed,
+        "scales": scales,
+        "params": b"".join(p.detach().numpy().tobytes() for p in m.parameters()),
+        "finite": all(torch.isfinite(p).all().item() for p in m.parameters()),
+        "sparse_iters": state.iter - state.warmup_iters,
+    })
+    state.close()
+    dist.destroy_process_group()
+
+
+def dead_in_setup(rank, world, port, out, timeout):
+    """Rank 1 dies just before the first sparse step, where the communicator
+    is set up through the store (warm-up of 2: DDP's bucket rebuild, which
+    talks to every rank, is over by then)."""
+    setup(rank, world, port)
+    m = DDP(small_model())
+    state = OkTopkState(density=0.1, warmup_iters=2, timeout=timeout)
+    m.register_comm_hook(state, oktopk_hook)
+    o = torch.optim.SGD(m.parameters(), lr=0.1)
+    for step in range(4):
+        if rank == 1 and step == 2:
+            os._exit(3)
+        x, y = batch(rank, step)
+        o.zero_grad()
+        start = time.monotonic()
+        try:
+            F.cross_entropy(m(x), y).backward()
+        except Exception as e:  # noqa: BLE001 - what DDP re-raises is checked by the test
+            write(out, rank, {"step": step, "seconds": time.monotonic() - start, "error": repr(e)})
+            os._exit(0)
+        o.step()
+    write(out, rank, {"step": None})
+
+
+def unsupported_dtype(rank, world, port, out):
+    """A float64 model: the first backward (a dense warm-up step) must
+    already refuse it."""
+    setup(rank, world, port)
+    m = DDP(small_model().double())
+    m.register_comm_hook(OkTopkState(density=0.1), oktopk_hook)
+    x, y = batch(rank, 0)
+    try:
+        F.cross_entropy(m(x.double()), y).backward()
+        error = None
+    except Exception as e:  # noqa: BLE001
+        error = f"{type(e).__name__}: {e}"
+    write(out, rank, {"error": error})
     dist.destroy_process_group()
