@@ -56,13 +56,19 @@ func (m *mailbox) explain(seq uint64, peer int) string {
 		}
 	}
 	sort.Ints(behind)
+	var s string
 	if len(behind) > 0 {
-		return fmt.Sprintf("ranks %v have not started it (last started seq=%s)", behind, strings.Join(last, ", "))
+		s = fmt.Sprintf("ranks %v have not started it (last started seq=%s)", behind, strings.Join(last, ", "))
+	} else {
+		s = fmt.Sprintf("every rank has started it; waiting for rank %d", peer)
 	}
-	s := fmt.Sprintf("every rank has started it; waiting for rank %d", peer)
+	// A stopped or cut-off rank sends no heartbeats: name every such rank,
+	// not only the one waited for, which may itself be waiting on it.
 	if m.silence != nil {
-		if d := m.silence(peer); d > 2*heartbeatInterval {
-			s += fmt.Sprintf(", silent for %.1fs", d.Seconds())
+		for r := range m.started {
+			if d := m.silence(r); r != m.rank && d > 2*heartbeatInterval {
+				s += fmt.Sprintf("; rank %d silent for %.1fs", r, d.Seconds())
+			}
 		}
 	}
 	return s

@@ -2,6 +2,12 @@
 // WORLD_SIZE, MASTER_ADDR, MASTER_PORT in the environment): it joins over
 // ZeroMQ TCP, runs every registered algorithm on integer-valued data whose
 // exact sum it knows, and exits non-zero on the first wrong element.
+//
+// In -loop mode (the fault tests) it runs one algorithm at density 1, so
+// every result is exact and checked element by element, and reports how it
+// ended through its exit status: exitError for a call that failed cleanly
+// (after printing "call N failed after D: err" and "closed in D"),
+// exitWrongResult for a wrong element. Anything else is a crash.
 package main
 
 import (
@@ -20,15 +26,17 @@ func main() {
 	n := flag.Int("n", 100003, "elements per allreduce")
 	iters := flag.Int("iters", 3, "allreduces per algorithm")
 	timeout := flag.Duration("timeout", 60*time.Second, "limit for the whole run")
-	loop := flag.Int("loop", 0, "instead: this many Ok-Topk calls, each limited by -call-timeout (fault tests)")
+	loop := flag.Int("loop", 0, "instead: this many verified calls of -alg, each limited by -call-timeout (fault tests)")
 	callTimeout := flag.Duration("call-timeout", 3*time.Second, "limit of one call in -loop mode")
+	algName := flag.String("alg", "oktopk", "algorithm of -loop mode")
 	flag.Parse()
 	if *loop > 0 {
-		if err := runLoop(*n, *loop, *callTimeout); err != nil {
+		alg, err := core.ParseAlgorithm(*algName)
+		if err != nil {
 			fmt.Fprintln(os.Stderr, "rank:", err)
-			os.Exit(2)
+			os.Exit(exitError)
 		}
-		return
+		os.Exit(runLoop(*n, *loop, alg, *callTimeout))
 	}
 	if err := run(*n, *iters, *timeout); err != nil {
 		fmt.Fprintln(os.Stderr, "rank:", err)
@@ -40,31 +48,58 @@ func main() {
 // partial sum is exact in float32 and the result is known bitwise.
 func value(r, i, it int) float32 { return float32((r*7+i*3+it*5)%17 - 8) }
 
-// runLoop runs Ok-Topk calls until done or the first error, printing a line
-// per call so a fault test knows the ranks are mid-run.
-func runLoop(n, calls int, callTimeout time.Duration) error {
+// Exit statuses of -loop mode (a Go panic exits with 2, a signal otherwise).
+const (
+	exitError       = 10
+	exitWrongResult = 11
+)
+
+// runLoop runs verified calls of alg until done or the first error, printing
+// a line per verified call so a fault test knows the ranks are mid-run, and
+// returns the exit status.
+func runLoop(n, calls int, alg core.Algorithm, callTimeout time.Duration) int {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	z, err := transport.InitFromEnv(ctx, transport.ZMQOptions{})
 	cancel()
 	if err != nil {
-		return err
+		fmt.Fprintln(os.Stderr, "rank: joining:", err)
+		return exitError
 	}
-	defer z.Close()
 	comm := core.NewCommunicator(z)
+	p := comm.Size()
+	cfg := core.DefaultConfig()
+	cfg.Algorithm, cfg.Density = alg, 1 // density 1: the exact sum, checkable bitwise
 	data := make([]float32, n)
 	for it := 0; it < calls; it++ {
 		for i := range data {
 			data[i] = value(comm.Rank(), i, it)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
-		_, err := comm.SparseAllreduce(ctx, 1, data, core.DefaultConfig())
+		start := time.Now()
+		_, err := comm.SparseAllreduce(ctx, 1, data, cfg)
+		took := time.Since(start)
 		cancel()
 		if err != nil {
-			return fmt.Errorf("call %d: %w", it, err)
+			fmt.Fprintf(os.Stderr, "rank: call %d failed after %v: %v\n", it, took.Round(time.Millisecond), err)
+			start = time.Now()
+			z.Close()
+			fmt.Fprintf(os.Stderr, "rank: closed in %v\n", time.Since(start).Round(time.Millisecond))
+			return exitError
+		}
+		for i, got := range data {
+			var sum float32
+			for r := 0; r < p; r++ {
+				sum += value(r, i, it)
+			}
+			if want := sum / float32(p); got != want {
+				fmt.Fprintf(os.Stderr, "rank: WRONG RESULT: %v call %d: element %d is %v, want %v\n", alg, it, i, got, want)
+				return exitWrongResult
+			}
 		}
 		fmt.Printf("call %d ok\n", it)
 	}
-	return nil
+	z.Close()
+	return 0
 }
 
 func run(n, iters int, timeout time.Duration) error {
