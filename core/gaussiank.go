@@ -29,7 +29,6 @@ package core
 import (
 	"context"
 	"math"
-	"sync"
 	"time"
 )
 
@@ -121,8 +120,6 @@ func gaussianSelectInto(dst Sparse, acc []float32, k int, density float64, chunk
 // many chunks computed them.
 const momentBlock = 1 << 14
 
-var momentPool = sync.Pool{New: func() any { return new([]float64) }}
-
 // meanStd is the mean and the (population) standard deviation of x in one
 // pass: sums of x−s and (x−s)² in float64, s = x[0], which keeps the
 // subtraction Σ(x−s)² − (Σ(x−s))²/n well conditioned when |μ| ≫ σ.
@@ -133,12 +130,12 @@ func meanStd(x []float32, chunks int) (mean, std float64) {
 	}
 	shift := float64(x[0])
 	blocks := (n + momentBlock - 1) / momentBlock
-	buf := momentPool.Get().(*[]float64)
-	defer momentPool.Put(buf)
-	if cap(*buf) < 2*blocks {
-		*buf = make([]float64, 2*blocks)
+	sc := getScratch()
+	defer putScratch(sc)
+	if cap(sc.moments) < 2*blocks {
+		sc.moments = make([]float64, 2*blocks)
 	}
-	sums := (*buf)[:2*blocks]
+	sums := sc.moments[:2*blocks]
 	forEachChunk(blocks, max(1, min(chunks, blocks)), func(_, lo, hi int) {
 		for b := lo; b < hi; b++ {
 			sums[2*b], sums[2*b+1] = blockMoments(x[b*momentBlock:min(n, (b+1)*momentBlock)], shift)

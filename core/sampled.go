@@ -8,18 +8,15 @@ package core
 // of k once n is in the millions.
 //
 // Cost: s random reads of x and a radix select over the sample (s ≪ n),
-// then one selection pass over x; no allocation once the pooled sample
-// buffer is large enough. The draw is a PCG seeded by the caller, so every
+// then one selection pass over x; no allocation once the sample buffer
+// kept for the next call is large enough. The draw is a PCG seeded by the caller, so every
 // rank that passes the same seed samples the same positions.
 
 import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"sync"
 )
-
-var samplePool = sync.Pool{New: func() any { return new([]float32) }}
 
 // SampledThreshold estimates the threshold that about k entries of x exceed
 // in magnitude: the ⌈k·s/n⌉-th largest |x| of s entries drawn uniformly with
@@ -43,12 +40,12 @@ func SampledThreshold(x []float32, k, s int, seed uint64) (float32, error) {
 		}
 		return KthLargestAbs(x, k), nil
 	}
-	buf := samplePool.Get().(*[]float32)
-	defer samplePool.Put(buf)
-	if cap(*buf) < s {
-		*buf = make([]float32, s)
+	sc := getScratch()
+	defer putScratch(sc)
+	if cap(sc.sample) < s {
+		sc.sample = make([]float32, s)
 	}
-	sample := (*buf)[:s]
+	sample := sc.sample[:s]
 	rng := rand.New(rand.NewPCG(seed, uint64(n)))
 	for i := 0; i < s; i += 2 {
 		// Two positions per 64-bit draw, each the high half of a 32×32-bit

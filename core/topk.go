@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"sync"
+	"unsafe"
 )
 
 // Exact selection by magnitude without sorting: a radix select on the bits
@@ -28,7 +29,7 @@ import (
 //     rank and every run agrees.
 //
 // Cost: two reads of x (three when bucket b is heavy), no sort, and no
-// allocation once dst and the pooled histograms are large enough. Large
+// allocation once dst and the kept histograms are large enough. Large
 // vectors are split into chunks (parallel.go): per-chunk histograms give
 // every chunk its exact offset in dst, so the chunks fill dst in parallel
 // and the result does not depend on how many there are.
@@ -44,17 +45,43 @@ const (
 // histogram counts 16-bit digits of keys.
 type histogram [1 << 16]uint32
 
-// selectionScratch is the per-call working memory of a selection, pooled so
-// that steady-state calls allocate nothing.
+// selectionScratch is the per-call working memory of a selection.
 type selectionScratch struct {
 	high, low []*histogram // one per chunk
 	merged    *histogram
 	parts     []Sparse // per-chunk selections of SelectAbove
 	counts    []int
 	ties      []int
+	sample    []float32 // SampledThreshold's sample
+	moments   []float64 // meanStd's per-block sums
 }
 
-var scratchPool = sync.Pool{New: func() any { return &selectionScratch{merged: new(histogram)} }}
+// scratches holds the selectionScratch not in use. A free list rather than
+// a sync.Pool: a pool is emptied by every garbage collection and keeps one
+// object per P, so steady-state calls would still grow new histograms and
+// buffers now and then; this list holds as many as selections have ever run
+// at once (usually one per tensor being reduced concurrently).
+var scratches struct {
+	sync.Mutex
+	free []*selectionScratch
+}
+
+func getScratch() *selectionScratch {
+	scratches.Lock()
+	defer scratches.Unlock()
+	if n := len(scratches.free); n > 0 {
+		sc := scratches.free[n-1]
+		scratches.free = scratches.free[:n-1]
+		return sc
+	}
+	return &selectionScratch{merged: new(histogram)}
+}
+
+func putScratch(sc *selectionScratch) {
+	scratches.Lock()
+	scratches.free = append(scratches.free, sc)
+	scratches.Unlock()
+}
 
 // histograms returns chunks histograms from *hs, growing it.
 func histograms(hs *[]*histogram, chunks int) []*histogram {
@@ -77,6 +104,12 @@ func ints(s *[]int, n int) []int {
 
 func key(v float32) uint32 { return math.Float32bits(v) &^ signBit }
 
+// floatBits views x's memory as the bit patterns of its floats: the hot
+// loops read keys with one integer load instead of a float load and a move.
+func floatBits(x []float32) []uint32 {
+	return unsafe.Slice((*uint32)(unsafe.Pointer(unsafe.SliceData(x))), len(x))
+}
+
 // highHistograms counts the top 16 bits of the keys of each chunk, and
 // returns their sum over the chunks.
 func (sc *selectionScratch) highHistograms(x []float32, chunks int) (perChunk []*histogram, total *histogram) {
@@ -84,8 +117,17 @@ func (sc *selectionScratch) highHistograms(x []float32, chunks int) (perChunk []
 	forEachChunk(len(x), chunks, func(c, lo, hi int) {
 		h := perChunk[c]
 		clear(h[:])
-		for _, v := range x[lo:hi] {
-			h[key(v)>>16]++
+		bits := floatBits(x[lo:hi])
+		i := 0
+		for ; i+4 <= len(bits); i += 4 {
+			b := bits[i : i+4 : i+4]
+			h[(b[0]&^signBit)>>16]++
+			h[(b[1]&^signBit)>>16]++
+			h[(b[2]&^signBit)>>16]++
+			h[(b[3]&^signBit)>>16]++
+		}
+		for _, u := range bits[i:] {
+			h[(u&^signBit)>>16]++
 		}
 	})
 	return perChunk, sc.sum(perChunk)
@@ -184,8 +226,8 @@ func topK(dst Sparse, x []float32, k, chunks int) (_ Sparse, next uint32, infini
 		return dst, 0, 0, nil
 	}
 	chunks = max(1, min(chunks, n))
-	sc := scratchPool.Get().(*selectionScratch)
-	defer scratchPool.Put(sc)
+	sc := getScratch()
+	defer putScratch(sc)
 
 	// Step 1: histogram of the top 16 bits, NaN and ±Inf detected with it.
 	high, total := sc.highHistograms(x, chunks)
@@ -308,10 +350,22 @@ func collectChunks(dst Sparse, x []float32, chunks int, counts []int, kth uint32
 // the first ties with key = kth, into idx and val, which hold exactly as
 // many.
 func collect(idx []uint32, val []float32, x []float32, base int, kth uint32, ties int) {
-	j := 0
+	// Keys ≥ kth are rare (about k of n): four well-predicted branches per
+	// four entries, and the bookkeeping in a call out of the loop's way.
+	bits := floatBits(x)
+	i, j := 0, 0
+	for ; i+4 <= len(bits); i += 4 {
+		b := bits[i : i+4 : i+4]
+		if b[0]&^signBit >= kth || b[1]&^signBit >= kth || b[2]&^signBit >= kth || b[3]&^signBit >= kth {
+			j, ties = collectSome(idx, val, j, x[i:i+4], base+i, kth, ties)
+		}
+	}
+	collectSome(idx, val, j, x[i:], base+i, kth, ties)
+}
+
+//go:noinline
+func collectSome(idx []uint32, val []float32, j int, x []float32, base int, kth uint32, ties int) (int, int) {
 	for i, v := range x {
-		// Keys ≥ kth are rare (about k of n): one well-predicted branch
-		// per entry, the bookkeeping out of the loop's way.
 		if u := key(v); u >= kth {
 			if u == kth {
 				if ties == 0 {
@@ -323,6 +377,7 @@ func collect(idx []uint32, val []float32, x []float32, base int, kth uint32, tie
 			j++
 		}
 	}
+	return j, ties
 }
 
 // growSparse returns s with length n, its storage reused when large enough;
@@ -346,8 +401,8 @@ func KthLargestAbs(x []float32, k int) float32 {
 // bucket that holds it.
 func kthLargestKey(x []float32, k, chunks int) uint32 {
 	chunks = max(1, min(chunks, len(x)))
-	sc := scratchPool.Get().(*selectionScratch)
-	defer scratchPool.Put(sc)
+	sc := getScratch()
+	defer putScratch(sc)
 	_, total := sc.highHistograms(x, chunks)
 	b, above := digitOfRank(total, k, 0)
 	_, low := sc.lowHistograms(x, chunks, b)
@@ -390,8 +445,8 @@ func selectAbove(dst Sparse, x []float32, th float32, chunks int) (Sparse, int) 
 	if chunks == 1 {
 		return appendAbove(dst, x, 0, minKey)
 	}
-	sc := scratchPool.Get().(*selectionScratch)
-	defer scratchPool.Put(sc)
+	sc := getScratch()
+	defer putScratch(sc)
 	for len(sc.parts) < chunks {
 		sc.parts = append(sc.parts, Sparse{})
 	}
@@ -433,7 +488,20 @@ func appendAbove(dst Sparse, x []float32, base int, minKey uint32) (Sparse, int)
 	// finite entries.
 	cmpKey := min(minKey, infKey)
 	nonFinite := 0
-	idx, val := dst.Idx, dst.Val
+	bits := floatBits(x)
+	i := 0
+	for ; i+4 <= len(bits); i += 4 {
+		b := bits[i : i+4 : i+4]
+		if b[0]&^signBit >= cmpKey || b[1]&^signBit >= cmpKey || b[2]&^signBit >= cmpKey || b[3]&^signBit >= cmpKey {
+			dst, nonFinite = appendSome(dst, x[i:i+4], base+i, minKey, nonFinite)
+		}
+	}
+	return appendSome(dst, x[i:], base+i, minKey, nonFinite)
+}
+
+//go:noinline
+func appendSome(dst Sparse, x []float32, base int, minKey uint32, nonFinite int) (Sparse, int) {
+	cmpKey := min(minKey, infKey)
 	for i, v := range x {
 		if u := key(v); u >= cmpKey {
 			if u >= infKey {
@@ -442,11 +510,11 @@ func appendAbove(dst Sparse, x []float32, base int, minKey uint32) (Sparse, int)
 					continue // NaN, or ±Inf not above th
 				}
 			}
-			idx = append(idx, uint32(base+i))
-			val = append(val, v)
+			dst.Idx = append(dst.Idx, uint32(base+i))
+			dst.Val = append(dst.Val, v)
 		}
 	}
-	return Sparse{Idx: idx, Val: val}, nonFinite
+	return dst, nonFinite
 }
 
 func abs32(v float32) float32 { return math.Float32frombits(math.Float32bits(v) &^ (1 << 31)) }
