@@ -70,7 +70,7 @@ func ParseAlgorithm(name string) (Algorithm, error) {
 // Config holds the settings of sparse allreduce for one tensor.
 type Config struct {
 	Algorithm Algorithm
-	Density   float64 // k = ceil(Density·n), 0 < Density ≤ 1
+	Density   float64 // k = ceil(Density·n), 0 ≤ Density ≤ 1 (0: k = 0, nothing selected)
 	Tau       int     // Ok-Topk: repartition the index space every Tau calls
 	TauPrime  int     // exact thresholds every TauPrime calls, reused in between
 }
@@ -85,8 +85,8 @@ func (c Config) Validate() error {
 	switch {
 	case !c.Algorithm.Valid():
 		return fmt.Errorf("%w: %v", ErrInvalidArgument, c.Algorithm)
-	case !(c.Density > 0 && c.Density <= 1):
-		return fmt.Errorf("%w: density %v not in (0, 1]", ErrInvalidArgument, c.Density)
+	case !(c.Density >= 0 && c.Density <= 1):
+		return fmt.Errorf("%w: density %v not in [0, 1]", ErrInvalidArgument, c.Density)
 	case c.Tau < 1:
 		return fmt.Errorf("%w: tau %d < 1", ErrInvalidArgument, c.Tau)
 	case c.TauPrime < 1:

@@ -817,20 +817,31 @@ func largestExcluded(all, sel Sparse) float32 {
 	return th
 }
 
-// okTopkSparseInput runs steps 3–5 on a caller's own selection (no state,
-// exact global top-k): the lower-level call for callers who select
-// themselves.
+// okTopkSparseInput runs steps 2–5 on a caller's own selection (no state,
+// an exact global top-k): the lower-level call for callers who select
+// themselves. The caller's selection takes the place of step 1, so Select
+// stays 0 and LocalSelected is the input's size.
 func okTopkSparseInput(ctx context.Context, call *Call, n int, in Sparse, k int) (Sparse, error) {
 	st := NewTensorState(0, Config{Algorithm: OkTopk, Density: 1, Tau: 1, TauPrime: 1})
 	st.N = n
+	call.Stats.LocalSelected = in.Len()
+	start := time.Now()
 	b, err := repartition(ctx, call, in, n)
 	if err != nil {
 		return Sparse{}, err
 	}
 	reduced, err := splitAndReduce(ctx, call, b, in, &st.scratch)
+	call.Stats.Reduce = time.Since(start)
 	if err != nil {
 		return Sparse{}, err
 	}
+	start = time.Now()
 	global, _, err := globalSelection(ctx, call, st, reduced, k, true, false)
-	return global, err
+	call.Stats.Allgather = time.Since(start)
+	if err != nil {
+		return Sparse{}, err
+	}
+	call.Stats.GlobalSelected = global.Len()
+	call.Stats.GlobalThreshold = st.GlobalThreshold
+	return global, nil
 }
