@@ -6,10 +6,15 @@
 set -euo pipefail
 CSV=$1
 MODE=${BENCH_MODE:-netns} RATE=${BENCH_RATE:-200mbit}
+if [[ -n ${BENCH_CONFIGS:-} ]]; then
+	CMD="make bench BENCH_CONFIGS=\"$BENCH_CONFIGS\""
+else
+	CMD="make bench BENCH_P=\"${BENCH_P:-2 4 8 16}\" BENCH_N=\"${BENCH_N:-4194304 16777216}\" BENCH_DENSITY=\"${BENCH_DENSITY:-0.01 0.001}\""
+fi
 cat <<HEAD
 # Benchmark: sparse allreduce on an emulated cluster
 
-Measured $(date -u +%Y-%m-%d) by \`make bench\` (bench/run.sh). Mode: $MODE$([[ $MODE == netns ]] && echo ", one network namespace per rank on a bridge, each rank's egress limited to $RATE by tc tbf")$([[ $MODE == loopback ]] && echo ", 127.0.0.1, no rate limit").
+Measured $(date -u +%Y-%m-%d) by \`$CMD\` (bench/run.sh). Mode: $MODE$([[ $MODE == netns ]] && echo ", one network namespace per rank on a bridge, each rank's egress limited to $RATE by tc tbf")$([[ $MODE == loopback ]] && echo ", 127.0.0.1, no rate limit").
 All ranks share this machine's $(nproc) CPU cores, so selection and reduction time grows with P.
 
 - Workload (bench/cmd/benchrank): drifting synthetic gradients, a shared signal s_t = 0.9·s_{t−1} + 0.44·σ_i·ε plus 0.5·σ_i·ε_r per rank, σ_i log-normal.
