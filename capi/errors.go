@@ -29,7 +29,7 @@ func resultOf(err error) C.oktopk_result_t {
 		return C.oktopkSuccess
 	case errors.Is(err, errInProgress):
 		return C.oktopkInProgress
-	case errors.As(err, new(*panicError)):
+	case errors.As(err, new(*panicError)), errors.Is(err, core.ErrInternal):
 		return C.oktopkInternalError
 	case errors.Is(err, core.ErrInvalidArgument):
 		return C.oktopkInvalidArgument

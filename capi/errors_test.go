@@ -29,6 +29,7 @@ func TestResultOfMapsEveryErrorValueToItsCode(t *testing.T) {
 		{nil, success},
 		{errInProgress, inProgress},
 		{&panicError{value: "boom"}, internalError},
+		{wrap(core.ErrInternal), internalError},
 		{wrap(core.ErrInvalidArgument), invalidArgumentCode},
 		{wrap(core.ErrInvalidUsage), invalidUsageCode},
 		{wrap(core.ErrNonFinite), nonFinite},
