@@ -493,30 +493,17 @@ func (c globalCut) threshold() float32 {
 // unless fewer than k were reduced at all (then it keeps them all).
 func chooseGlobalCut(ctx context.Context, call *Call, reduced Sparse, hists [][histogramBins]uint32, base, k int, histogramWords *int) (globalCut, error) {
 	p := len(hists)
-	counts := func(edgeBin int, bins func(o, b int) int, nbins int, above []int) []int {
-		c := append([]int(nil), above...)
-		for o := range c {
-			for b := edgeBin; b < nbins; b++ {
-				c[o] += bins(o, b)
-			}
-		}
-		return c
-	}
 	coarse := func(o, b int) int { return int(hists[o][b]) }
-	above := make([]int, p)
+	above := make([]int, p) // per owner, entries above the bin being refined
 	totals := cumulativeTotals(coarse, p, histogramBins, 0)
 	best := closestTo(totals, k)
 	if acceptable(totals[best], k) || totals[0] < k {
-		return globalCut{edge: binLow(base, best), counts: counts(best, coarse, histogramBins, above)}, nil
+		return globalCut{edge: binLow(base, best), counts: ownerCounts(above, coarse, best, histogramBins)}, nil
 	}
 	// The k-th largest lies in the highest bin from which on at least k
 	// entries are reduced; narrow it.
 	b := boundary(totals, k)
-	for o := range above {
-		for bb := b + 1; bb < histogramBins; bb++ {
-			above[o] += coarse(o, bb)
-		}
-	}
+	above = ownerCounts(above, coarse, b+1, histogramBins)
 	lo, hi := binLow(base, b), binLow(base, b+1)
 	for round := uint32(0); ; round++ {
 		sub, err := exchangeRefinement(ctx, call, stepRefine+round*AllgatherSteps(p), reduced, lo, hi, histogramWords)
@@ -531,14 +518,10 @@ func chooseGlobalCut(ctx context.Context, call *Call, reduced Sparse, hists [][h
 		totals := cumulativeTotals(fine, p, refineBins, aboveTotal)
 		best := closestTo(totals, k)
 		if acceptable(totals[best], k) {
-			return globalCut{edge: subLow(lo, hi, best), counts: counts(best, fine, refineBins, above)}, nil
+			return globalCut{edge: subLow(lo, hi, best), counts: ownerCounts(above, fine, best, refineBins)}, nil
 		}
 		s := boundary(totals, k)
-		for o := range above {
-			for ss := s + 1; ss < refineBins; ss++ {
-				above[o] += fine(o, ss)
-			}
-		}
+		above = ownerCounts(above, fine, s+1, refineBins)
 		lo, hi = subLow(lo, hi, s), subLow(lo, hi, s+1)
 		if hi-lo == 1 {
 			// One key left: keep everything above it and split its
@@ -550,6 +533,17 @@ func chooseGlobalCut(ctx context.Context, call *Call, reduced Sparse, hists [][h
 			return splitTies(lo, above, ties, k), nil
 		}
 	}
+}
+
+// ownerCounts is above plus, per owner, its entries in bins from..nbins−1.
+func ownerCounts(above []int, bins func(o, b int) int, from, nbins int) []int {
+	c := append([]int(nil), above...)
+	for o := range c {
+		for b := from; b < nbins; b++ {
+			c[o] += bins(o, b)
+		}
+	}
+	return c
 }
 
 // splitTies keeps every entry with a key above key and, of the ties[o] at
