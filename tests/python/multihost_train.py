@@ -1,6 +1,6 @@
 """One rank of the two-host test: a few DDP steps with oktopk's hook, then
 checks that every rank holds the same parameters and that this rank's
-endpoint is on the interface OKTOPK_SOCKET_IFNAME names."""
+endpoint is on its host's address (EXPECT_HOST)."""
 
 import os
 import sys
