@@ -150,20 +150,24 @@ func meanStd(x []float32, chunks int) (mean, std float64) {
 	return mean, math.Sqrt(max(0, (q-s*s/float64(n))/float64(n)))
 }
 
-// blockMoments is Σ(x−shift) and Σ(x−shift)², with four independent
-// accumulators each so the additions do not wait on one another.
+// blockMoments is Σ(x−shift) and Σ(x−shift)²: two accumulators each, fed a
+// pair at a time, so the additions do not wait on one another and nothing
+// spills out of registers.
 func blockMoments(x []float32, shift float64) (sum, sumSq float64) {
-	var s0, s1, s2, s3, q0, q1, q2, q3 float64
+	var s0, s1, q0, q1 float64
 	i := 0
 	for ; i+4 <= len(x); i += 4 {
-		d0, d1, d2, d3 := float64(x[i])-shift, float64(x[i+1])-shift, float64(x[i+2])-shift, float64(x[i+3])-shift
-		s0, s1, s2, s3 = s0+d0, s1+d1, s2+d2, s3+d3
-		q0, q1, q2, q3 = q0+d0*d0, q1+d1*d1, q2+d2*d2, q3+d3*d3
+		b := x[i : i+4 : i+4]
+		d0, d1, d2, d3 := float64(b[0])-shift, float64(b[1])-shift, float64(b[2])-shift, float64(b[3])-shift
+		s0 += d0 + d2
+		s1 += d1 + d3
+		q0 += d0*d0 + d2*d2
+		q1 += d1*d1 + d3*d3
 	}
-	for ; i < len(x); i++ {
-		d := float64(x[i]) - shift
+	for _, v := range x[i:] {
+		d := float64(v) - shift
 		s0 += d
 		q0 += d * d
 	}
-	return (s0 + s1) + (s2 + s3), (q0 + q1) + (q2 + q3)
+	return s0 + s1, q0 + q1
 }

@@ -2,12 +2,13 @@ package core
 
 // Sampled threshold (Lin et al., Deep Gradient Compression, 2018): instead of
 // the exact k-th largest |x| of all n entries, take the exact r-th largest of
-// s entries drawn at random, r = ⌈k·s/n⌉. A fraction r/s of the sample lies
+// s entries drawn at random, r = ⌈k·s/n⌉ (DGC draws with replacement; here
+// one entry from each of s equal strata, see SampledThreshold). A fraction r/s of the sample lies
 // at or above it, so about k·(1 ± 1/√r) entries of x pass |x| > th: for
 // k = 1% and s = 1% of n, r = n/10^4 and the count is within a few percent
 // of k once n is in the millions.
 //
-// Cost: s random reads of x and a radix select over the sample (s ≪ n),
+// Cost: s reads of x in increasing order and a radix select over the sample (s ≪ n),
 // then one selection pass over x; no allocation once the sample buffer
 // kept for the next call is large enough. The draw is a PCG seeded by the caller, so every
 // rank that passes the same seed samples the same positions.
@@ -19,8 +20,8 @@ import (
 )
 
 // SampledThreshold estimates the threshold that about k entries of x exceed
-// in magnitude: the ⌈k·s/n⌉-th largest |x| of s entries drawn uniformly with
-// replacement by a PCG seeded with seed. With s ≥ n it is exact (the k-th
+// in magnitude: the ⌈k·s/n⌉-th largest |x| of s entries drawn at random by a
+// PCG seeded with seed, one from each of s equal strata of x. With s ≥ n it is exact (the k-th
 // largest |x|). k = 0 gives +Inf (nothing passes), k = n gives −1
 // (everything passes). A NaN in the sample is ErrNonFinite; ±Inf sort as the
 // largest magnitudes.
@@ -46,15 +47,26 @@ func SampledThreshold(x []float32, k, s int, seed uint64) (float32, error) {
 		sc.sample = make([]float32, s)
 	}
 	sample := sc.sample[:s]
+	// Stratified: one position drawn uniformly in each of s equal strata.
+	// Still a random sample (no position is favoured, no stride to alias
+	// with a layer's shape), with lower variance than draws with
+	// replacement, and read in increasing address order: far fewer cache
+	// and TLB misses than s scattered reads of a large x.
 	rng := rand.New(rand.NewPCG(seed, uint64(n)))
-	for i := 0; i < s; i += 2 {
-		// Two positions per 64-bit draw, each the high half of a 32×32-bit
-		// product (n < 2^32: indices are uint32); the bias is below n/2^32.
-		r := rng.Uint64()
-		sample[i] = x[(r&0xffffffff)*uint64(n)>>32]
-		if i+1 < s {
-			sample[i+1] = x[(r>>32)*uint64(n)>>32]
+	// Stratum j is [⌊j·n/s⌋, ⌊(j+1)·n/s⌋), stepped without a division:
+	// each is n/s wide, one wider whenever the remainders add up past s.
+	step, rem := n/s, n%s
+	lo, carry := 0, 0
+	for j := range sample {
+		width := step
+		if carry += rem; carry >= s {
+			carry -= s
+			width++
 		}
+		// The high half of a 32×32-bit product: uniform in [0, width) up to
+		// a bias below width/2^32.
+		sample[j] = x[lo+int((uint64(uint32(rng.Uint64()))*uint64(width))>>32)]
+		lo += width
 	}
 	if firstNaN(sample) >= 0 {
 		return 0, fmt.Errorf("%w: NaN in the sample", ErrNonFinite)

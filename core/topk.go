@@ -139,8 +139,8 @@ func (sc *selectionScratch) lowHistograms(x []float32, chunks int, b uint32) (pe
 	forEachChunk(len(x), chunks, func(c, lo, hi int) {
 		h := perChunk[c]
 		clear(h[:])
-		for _, v := range x[lo:hi] {
-			if u := key(v); u>>16 == b {
+		for _, u := range floatBits(x[lo:hi]) {
+			if u&^signBit>>16 == b {
 				h[u&0xffff]++
 			}
 		}
