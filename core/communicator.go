@@ -195,6 +195,7 @@ func (c *Communicator) SparseAllreduce(ctx context.Context, id uint64, grad []fl
 	}
 	st, err := c.state(id, len(grad), cfg)
 	if err != nil {
+		c.seq-- // nothing was sent: the number goes back, so ranks stay in step
 		return stats, c.end(err)
 	}
 	before := snapshotOf(st)

@@ -3,6 +3,7 @@ package core
 import (
 	"context"
 	"errors"
+	"fmt"
 	"syscall"
 	"testing"
 	"unsafe"
@@ -41,4 +42,29 @@ func TestSparseCallsRejectMoreThanUint32Elements(t *testing.T) {
 	if _, err := c.SparseAllreduce(context.Background(), 1, []float32{1, 2}, DefaultConfig()); err != nil {
 		t.Fatalf("a valid call after rejected ones: %v", err)
 	}
+}
+
+// A sparse call refused on one rank for misuse (its tensor changed size)
+// sends nothing and takes no sequence number, so that rank's next call still
+// meets its peers' next call.
+func TestRefusedSparseCallLeavesRanksInStep(t *testing.T) {
+	runInProc(t, 2, func(ctx context.Context, rank int, c *Communicator) error {
+		cfg := DefaultConfig()
+		if _, err := c.SparseAllreduce(ctx, 1, make([]float32, 100), cfg); err != nil {
+			return err
+		}
+		if rank == 0 {
+			if _, err := c.SparseAllreduce(ctx, 1, make([]float32, 101), cfg); !errors.Is(err, ErrInvalidArgument) {
+				return fmt.Errorf("tensor 1 with another size: %v, want ErrInvalidArgument", err)
+			}
+		}
+		x := []float32{float32(rank + 1), 4}
+		if _, err := c.SparseAllreduce(ctx, 2, x, Config{Algorithm: OkTopk, Density: 1, Tau: 1, TauPrime: 1}); err != nil {
+			return fmt.Errorf("the next call: %w", err)
+		}
+		if x[0] != 1.5 || x[1] != 4 {
+			return fmt.Errorf("the next call gave %v, want [1.5 4]", x)
+		}
+		return nil
+	})
 }
