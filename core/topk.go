@@ -37,9 +37,10 @@ import (
 const (
 	signBit = 1 << 31
 	infKey  = 0x7f800000 // the key of ±Inf; NaN keys are larger
-	// candidateSlack is how many keys bucket b may hold beyond k for the
-	// candidate path (step 3): dst then grows to at most 2k + candidateSlack.
-	candidateSlack = 1 << 16
+	// Bucket b is light (step 3) when it holds at most k + n/candidateSlack
+	// keys: copying them costs less than another read of x, and dst grows
+	// to at most 2k + n/64.
+	candidateSlack = 64
 )
 
 // histogram counts 16-bit digits of keys.
@@ -253,7 +254,7 @@ func topK(dst Sparse, x []float32, k, chunks int) (_ Sparse, next uint32, infini
 	// Step 2: the bucket of the (k+1)-th largest key.
 	b, above := digitOfRank(total, k+1, 0)
 	counts := sc.countsFor(chunks)
-	if inB := int(total[b]); inB <= k+candidateSlack {
+	if inB := int(total[b]); inB <= k+n/candidateSlack {
 		// Step 3, light bucket: every key ≥ b·2^16 into dst, ...
 		want := 0
 		for c, h := range high {
