@@ -267,7 +267,7 @@ func splitAndReduce(ctx context.Context, call *Call, bounds []uint32, local Spar
 
 	g, gctx := errgroup.WithContext(ctx)
 	slots := make(chan struct{}, min(maxExchangesInFlight, p))
-	g.Go(func() error {
+	goSafe(g, func() error {
 		for i := 1; i < p; i++ {
 			to, from := (r+i)%p, (r-i+p)%p
 			select {
@@ -275,7 +275,7 @@ func splitAndReduce(ctx context.Context, call *Call, bounds []uint32, local Spar
 			case <-gctx.Done():
 				return transport.ContextError(gctx, "split and reduce")
 			}
-			g.Go(func() error {
+			goSafe(g, func() error {
 				defer func() { <-slots }()
 				out := regionOf(local, bounds[to], bounds[to+1])
 				payload := EncodeSparse(nil, out, bounds[to])
@@ -301,7 +301,7 @@ func splitAndReduce(ctx context.Context, call *Call, bounds []uint32, local Spar
 	// the schedule delivers them: my own, then ranks r−1, r−2, … (mod P).
 	// Only the owner sums its region, so the order is fixed per region and
 	// every rank ends with the same bits.
-	g.Go(func() error {
+	goSafe(g, func() error {
 		for i := 0; i < p; i++ {
 			src := (r - i + p) % p
 			select {
@@ -705,7 +705,7 @@ func balance(ctx context.Context, call *Call, kept Sparse, counts []int) (Sparse
 			continue
 		}
 		part := Sparse{Idx: kept.Idx[lo-starts[r] : hi-starts[r]], Val: kept.Val[lo-starts[r] : hi-starts[r]]}
-		g.Go(func() error {
+		goSafe(g, func() error {
 			return call.Send(gctx, j, stepBalance, transport.DtypeSparseF32, uint64(part.Len()), EncodeSparse(nil, part, 0))
 		})
 	}
@@ -720,7 +720,7 @@ func balance(ctx context.Context, call *Call, kept Sparse, counts []int) (Sparse
 			parts[o] = Sparse{Idx: kept.Idx[lo-starts[r] : hi-starts[r]], Val: kept.Val[lo-starts[r] : hi-starts[r]]}
 			continue
 		}
-		g.Go(func() error {
+		goSafe(g, func() error {
 			m, err := call.Recv(gctx, o, stepBalance)
 			if err != nil {
 				return err

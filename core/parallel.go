@@ -32,20 +32,30 @@ func selectionChunks(n int) int {
 
 // forEachChunk runs fn(c, lo, hi) for the chunks c = 0…chunks−1 of [0, n)
 // (the equal split of chunkStart), each on its own goroutine except the
-// last, which runs on the caller's; it returns when all have returned.
+// last, which runs on the caller's; it returns when all have returned. A
+// panic in a chunk's goroutine is raised again on the caller's goroutine,
+// where the caller's recover (goSafe, the C ABI's) turns it into an error
+// instead of losing the process.
 func forEachChunk(n, chunks int, fn func(c, lo, hi int)) {
 	if chunks <= 1 {
 		fn(0, 0, n)
 		return
 	}
 	var wg sync.WaitGroup
+	panics := make([]any, chunks-1)
 	for c := 0; c < chunks-1; c++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			defer func() { panics[c] = recover() }()
 			fn(c, chunkStart(n, chunks, c), chunkStart(n, chunks, c+1))
 		}()
 	}
 	fn(chunks-1, chunkStart(n, chunks, chunks-1), n)
 	wg.Wait()
+	for _, v := range panics {
+		if v != nil {
+			panic(v)
+		}
+	}
 }

@@ -169,11 +169,16 @@ func (s *StoreServer) accept() {
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
+			defer func() {
+				// A bug in decoding a stranger's request must not take the
+				// host process down: that connection is dropped instead.
+				_ = recover()
+				s.mu.Lock()
+				delete(s.conns, c)
+				s.mu.Unlock()
+				c.Close()
+			}()
 			s.serve(c)
-			s.mu.Lock()
-			delete(s.conns, c)
-			s.mu.Unlock()
-			c.Close()
 		}()
 	}
 }
