@@ -36,6 +36,7 @@ def test_density_one_matches_horovod_average(np):
     for r, res in results.items():
         assert res["worst_relative_diff"] <= 1e-5, f"rank {r}: {res['worst_relative_diff']}"
         assert res["bytes_sent"] > 0, "no traffic went through oktopk"
+        assert res["horovod_reductions"] == 0, f"rank {r}: {res['horovod_reductions']} gradient reductions went through Horovod"
     # Ranks started from different seeds; hvd.broadcast_parameters made them one model.
     assert len(set(results[0]["after_broadcast"])) == 1
     # Every rank holds the same reduced gradients, bit for bit.
@@ -53,6 +54,15 @@ def test_sparse_cnn_within_one_point_of_dense_and_ranks_agree(np):
     acc_dense, acc_sparse = dense[0]["accuracy"], sparse[0]["accuracy"]
     print(f"digits CNN under horovodrun -np {np}, {epochs} epochs: dense {acc_dense:.2f}%, oktopk 1% {acc_sparse:.2f}%")
     assert acc_sparse >= acc_dense - 1.0, (acc_dense, acc_sparse)
+
+
+def test_sparse_gradients_need_sparse_as_dense():
+    results = horovodrun(2, "sparse_embedding")
+    for r, res in results.items():
+        assert res[True]["error"] is None, f"rank {r}: {res[True]['error']}"
+        assert res[True]["max_diff"] <= 1e-6, f"rank {r}: {res[True]['max_diff']}"
+        assert res[True]["digest"] == results[0][True]["digest"], "ranks reduced the embedding gradient differently"
+        assert res[False]["error"] is not None and "sparse_as_dense=True" in res[False]["error"]
 
 
 def test_plain_horovod_optimizer_refuses_oktopk_compression():

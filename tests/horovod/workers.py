@@ -2,6 +2,7 @@
 ``python workers.py <name> <outdir> [args...]``. Each rank writes what it
 saw to <outdir>/rank<r>.pkl for the test to check."""
 
+import contextlib
 import copy
 import hashlib
 import os
@@ -47,12 +48,15 @@ def density_one(out, steps="5"):
     reference.load_state_dict(model.state_dict())
     after_broadcast = hvd.allgather_object(digest(model))
     worst, grads_digests = 0.0, []
+    horovod_reductions = 0
     for step in range(int(steps)):
         g = torch.Generator().manual_seed(1000 * step + hvd.rank())
         x, y = torch.randn(32, 20, generator=g), torch.randint(0, 5, (32,), generator=g)
         opt.zero_grad()
-        F.cross_entropy(model(x), y).backward()
-        opt.synchronize()
+        with counting_horovod_reductions() as count:
+            F.cross_entropy(model(x), y).backward()
+            opt.synchronize()
+        horovod_reductions += count[0]
         reference.zero_grad()
         F.cross_entropy(reference(x), y).backward()
         for (name, p), q in zip(model.named_parameters(), reference.parameters()):
@@ -67,8 +71,69 @@ def density_one(out, steps="5"):
         "after_broadcast": after_broadcast,
         "grad_digests": grads_digests,
         "bytes_sent": opt.bytes_sent,
+        "horovod_reductions": horovod_reductions,
     }
     opt.close()
+    return result
+
+
+@contextlib.contextmanager
+def counting_horovod_reductions():
+    """Counts every call into Horovod's own reductions (the entry points
+    hvd.DistributedOptimizer uses) while the block runs."""
+    import horovod.torch.mpi_ops as mpi_ops
+    import horovod.torch.optimizer as hvd_optimizer
+
+    count = [0]
+    names = ["allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_", "allgather", "allgather_async", "sparse_allreduce_async"]
+    saved = []
+    for module in (hvd, mpi_ops, hvd_optimizer):
+        for name in names:
+            if hasattr(module, name):
+                original = getattr(module, name)
+
+                def counted(*a, _original=original, **k):
+                    count[0] += 1
+                    return _original(*a, **k)
+
+                saved.append((module, name, original))
+                setattr(module, name, counted)
+    try:
+        yield count
+    finally:
+        for module, name, original in saved:
+            setattr(module, name, original)
+
+
+def sparse_embedding(out):
+    """nn.Embedding(sparse=True): with sparse_as_dense=True its gradient is
+    reduced densely (equal on every rank and to the dense average); without
+    it the step fails with a message naming the option."""
+    hvd.init()
+    torch.manual_seed(5)
+    result = {}
+    for sparse_as_dense in (True, False):
+        model = nn.Sequential(nn.Embedding(50, 8, sparse=True), nn.Flatten(), nn.Linear(24, 3))
+        opt = oktopk_horovod.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            named_parameters=model.named_parameters(),
+            compression=oktopk_horovod.Compression.oktopk(density=1.0),
+            sparse_as_dense=sparse_as_dense,
+        )
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        g = torch.Generator().manual_seed(hvd.rank())
+        x, y = torch.randint(0, 50, (16, 3), generator=g), torch.randint(0, 3, (16,), generator=g)
+        local = torch.autograd.grad(F.cross_entropy(model(x), y), model[0].weight)[0].to_dense()
+        want = hvd.allreduce(local, op=hvd.Average, name=f"ref.embedding.{sparse_as_dense}")
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        try:
+            opt.synchronize()
+            got = model[0].weight.grad
+            result[sparse_as_dense] = {"error": None, "max_diff": (got - want).abs().max().item(), "digest": hashlib.sha256(got.numpy().tobytes()).hexdigest()}
+        except ValueError as e:
+            result[sparse_as_dense] = {"error": str(e)}
+        opt.close()
     return result
 
 

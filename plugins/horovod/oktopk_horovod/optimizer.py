@@ -15,6 +15,14 @@ and why:
   worker thread, whatever order autograd finishes them in: every rank then
   makes the same calls in the same order.
 * The library computes the average over ranks; ``op=hvd.Sum`` scales it back.
+  ``gradient_predivide_factor`` (Average only) splits Horovod's division by
+  the world size into a part before and a part after the sum, to keep fp16
+  sums in range; the library sums in float32 and divides once, so the
+  result is the same average and the factor needs no further work.
+* Sparse gradients (``nn.Embedding(sparse=True)``) are reduced densely when
+  ``sparse_as_dense=True``, as in Horovod; otherwise they are refused with a
+  message saying so (Horovod would allgather them, which is not a sparse
+  allreduce of the kind oktopk does).
 """
 
 import concurrent.futures
@@ -75,7 +83,7 @@ def DistributedOptimizer(
     if not isinstance(bucket_bytes, int) or bucket_bytes < 1:
         raise ValueError(f"bucket_bytes must be a positive integer, got {bucket_bytes!r}")
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_SparseDistributedOptimizer.__dict__))
-    return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op, bucket_bytes)
+    return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op, bucket_bytes, sparse_as_dense)
 
 
 class _Bucket:
@@ -93,9 +101,10 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
     # Mixed into the wrapped optimizer's own class (as Horovod does), so
     # isinstance checks, param_groups and state_dict behave as before.
 
-    def __init__(self, params, named_parameters, compressor, backward_passes_per_step, op, bucket_bytes):
+    def __init__(self, params, named_parameters, compressor, backward_passes_per_step, op, bucket_bytes, sparse_as_dense):
         super(self.__class__, self).__init__(params)
         self._compressor = compressor
+        self._sparse_as_dense = sparse_as_dense
         self.backward_passes_per_step = backward_passes_per_step
         self._op = op
         named = _named_parameters(self.param_groups, named_parameters)
@@ -174,6 +183,14 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
             self._next_bucket += 1
 
     def _reduce(self, bucket):
+        for p in bucket.params:
+            if p.grad.is_sparse:
+                if not self._sparse_as_dense:
+                    raise ValueError(
+                        "oktopk: a parameter has a sparse gradient (nn.Embedding(sparse=True)); "
+                        "pass sparse_as_dense=True to reduce it as a dense gradient"
+                    )
+                p.grad = p.grad.to_dense()
         grads = [p.grad for p in bucket.params]
         flat = torch.cat([g.reshape(-1) for g in grads])
         if flat.device.type != "cpu":
