@@ -12,6 +12,7 @@ import (
 	"unsafe"
 
 	"github.com/oktopk/oktopk/core"
+	"github.com/oktopk/oktopk/transport"
 )
 
 // settings is a communicator's configuration, read once from the caller's
@@ -231,8 +232,21 @@ func (c *communicator) withFloat32(data unsafe.Pointer, count int, dtype C.oktop
 }
 
 // denseOp and sparseOp build the operations the worker runs.
+// callerDtype tells core the caller's element type, which every frame of
+// the call carries, so ranks that pass different dtypes fail with mismatch.
+func callerDtype(ctx context.Context, dtype C.oktopk_dtype_t) context.Context {
+	switch dtype {
+	case C.OKTOPK_FLOAT16:
+		return core.WithCallerDtype(ctx, transport.DtypeFloat16)
+	case C.OKTOPK_BFLOAT16:
+		return core.WithCallerDtype(ctx, transport.DtypeBFloat16)
+	}
+	return core.WithCallerDtype(ctx, transport.DtypeFloat32)
+}
+
 func denseOp(c *communicator, data unsafe.Pointer, count int, dtype C.oktopk_dtype_t, average bool, alg core.Algorithm) operation {
 	return func(ctx context.Context, cc *core.Communicator) (core.Stats, error) {
+		ctx = callerDtype(ctx, dtype)
 		return c.withFloat32(data, count, dtype, func(x []float32) (core.Stats, error) {
 			return cc.Allreduce(ctx, x, average, alg)
 		})
@@ -242,6 +256,7 @@ func denseOp(c *communicator, data unsafe.Pointer, count int, dtype C.oktopk_dty
 func sparseOp(c *communicator, id uint64, data unsafe.Pointer, count int, dtype C.oktopk_dtype_t) operation {
 	cfg := c.settings.sparse
 	return func(ctx context.Context, cc *core.Communicator) (core.Stats, error) {
+		ctx = callerDtype(ctx, dtype)
 		return c.withFloat32(data, count, dtype, func(x []float32) (core.Stats, error) {
 			return cc.SparseAllreduce(ctx, id, x, cfg)
 		})

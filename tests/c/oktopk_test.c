@@ -454,6 +454,41 @@ static void test_abort_unblocks(void) {
   OK(oktopk_comm_destroy(t.comm[1]));
 }
 
+struct dtype_arg {
+  oktopk_comm_t comm;
+  void *x;
+  oktopk_dtype_t dtype;
+  oktopk_result_t result;
+};
+
+static void *sparse_dtype_thread(void *p) {
+  struct dtype_arg *a = p;
+  a->result = oktopk_sparse_allreduce(a->comm, 5, a->x, 64, a->dtype, NULL);
+  return NULL;
+}
+
+/* Two ranks pass the same tensor in different dtypes: both learn it is a
+ * mismatch (the dtype travels in every frame), neither gets data. */
+static void test_dtype_mismatch(void) {
+  struct two_ranks t = make_two_ranks(10000);
+  float x[64];
+  uint16_t h[64];
+  for (int i = 0; i < 64; i++) {
+    x[i] = (float)i;
+    h[i] = to_half((float)i, OKTOPK_FLOAT16);
+  }
+  struct dtype_arg a = {t.comm[1], h, OKTOPK_FLOAT16, 0};
+  pthread_t th;
+  pthread_create(&th, NULL, sparse_dtype_thread, &a);
+  oktopk_result_t r0 = oktopk_sparse_allreduce(t.comm[0], 5, x, 64, OKTOPK_FLOAT32, NULL);
+  pthread_join(th, NULL);
+  printf("dtype mismatch: rank 0 %s, rank 1 %s\n", oktopk_get_error_string(r0), oktopk_get_error_string(a.result));
+  REQUIRE(r0 == oktopkMismatch && a.result == oktopkMismatch);
+  for (int i = 0; i < 64; i++) REQUIRE(x[i] == (float)i && h[i] == to_half((float)i, OKTOPK_FLOAT16));
+  OK(oktopk_comm_destroy(t.comm[0]));
+  OK(oktopk_comm_destroy(t.comm[1]));
+}
+
 static void test_destroy_after_peer_died(void) {
   struct two_ranks t = make_two_ranks(30000);
   OK(oktopk_comm_destroy(t.comm[1])); /* the peer is gone */
@@ -612,6 +647,7 @@ static int run_errors(void) {
 
   test_abort_unblocks();
   test_destroy_after_peer_died();
+  test_dtype_mismatch();
 
   printf("errors: ok\n");
   return 0;
