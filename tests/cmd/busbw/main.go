@@ -116,7 +116,7 @@ func median(iters int, f func() error, comm *core.Communicator) (time.Duration, 
 
 // rawRing is the ring allreduce's schedule over plain ZeroMQ sockets: a
 // ROUTER per rank receiving from the left neighbour, a DEALER per rank
-// sending to the right one, two-frame messages (a 64-byte header, then the
+// sending to the right one, two-frame messages (a 96-byte header, as big as the transport's, then the
 // payload) as the transport sends. Its endpoints are exchanged through
 // the oktopk communicator, so it runs between the same processes.
 type rawRing struct {
@@ -132,7 +132,7 @@ func newRawRing(comm *core.Communicator) (*rawRing, error) {
 	if err != nil {
 		return nil, err
 	}
-	rr := &rawRing{comm: comm, zctx: zctx, header: make([]byte, 64)}
+	rr := &rawRing{comm: comm, zctx: zctx, header: make([]byte, 96)}
 	if rr.in, err = zctx.NewSocket(zmq.ROUTER); err != nil {
 		return nil, err
 	}
