@@ -116,9 +116,10 @@ func median(iters int, f func() error, comm *core.Communicator) (time.Duration, 
 
 // rawRing is the ring allreduce's schedule over plain ZeroMQ sockets: a
 // ROUTER per rank receiving from the left neighbour, a DEALER per rank
-// sending to the right one, two-frame messages (a 96-byte header, as big as the transport's, then the
-// payload) as the transport sends. Its endpoints are exchanged through
-// the oktopk communicator, so it runs between the same processes.
+// sending to the right one, two-frame messages (a 96-byte header, as big as
+// the transport's, then the payload) as the transport sends. Its endpoints
+// are exchanged through the oktopk communicator, so it runs between the
+// same processes.
 type rawRing struct {
 	comm     *core.Communicator
 	zctx     *zmq.Context
