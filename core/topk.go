@@ -163,11 +163,21 @@ func (sc *selectionScratch) sum(hs []*histogram) *histogram {
 	return t
 }
 
-// digitOfRank walks h down from its largest digit and returns the digit that
-// holds the r-th largest entry, counting the above entries already known to
-// be larger, and the count of entries larger than that digit.
-func digitOfRank(h *histogram, r, above int) (digit uint32, larger int) {
-	d := len(h) - 1
+// digitOfRank walks h down from digit top and returns the digit that holds
+// the r-th largest entry, counting the above entries already known to be
+// larger, and the count of entries larger than that digit. Eight digits are
+// summed at a time while the rank is out of reach: most of a histogram of a
+// small or clustered input is empty.
+func digitOfRank(h *histogram, top uint32, r, above int) (digit uint32, larger int) {
+	d := int(top)
+	for ; d >= 8; d -= 8 {
+		g := h[d-7 : d+1 : d+1]
+		s := int(g[0]) + int(g[1]) + int(g[2]) + int(g[3]) + int(g[4]) + int(g[5]) + int(g[6]) + int(g[7])
+		if above+s >= r {
+			break
+		}
+		above += s
+	}
 	for ; d > 0; d-- {
 		if above+int(h[d]) >= r {
 			break
@@ -252,7 +262,7 @@ func topK(dst Sparse, x []float32, k, chunks int) (_ Sparse, next uint32, infini
 	}
 
 	// Step 2: the bucket of the (k+1)-th largest key.
-	b, above := digitOfRank(total, k+1, 0)
+	b, above := digitOfRank(total, infKey>>16, k+1, 0) // no NaN by now
 	counts := sc.countsFor(chunks)
 	if inB := int(total[b]); inB <= k+n/candidateSlack {
 		// Step 3, light bucket: every key ≥ b·2^16 into dst, ...
@@ -319,13 +329,13 @@ func topK(dst Sparse, x []float32, k, chunks int) (_ Sparse, next uint32, infini
 // the (k+1)-th largest key, and the rule for the top k: keys > kth, and the
 // first ties keys equal to kth.
 func resolveBucket(low *histogram, b uint32, above, k int) (next, kth uint32, ties int) {
-	d, _ := digitOfRank(low, k+1, above)
+	d, _ := digitOfRank(low, 0xffff, k+1, above)
 	next = b<<16 | d
 	if above == k {
 		// The top k are exactly the keys above bucket b.
 		return next, b<<16 | 0xffff, 0
 	}
-	d, larger := digitOfRank(low, k, above)
+	d, larger := digitOfRank(low, 0xffff, k, above)
 	return next, b<<16 | d, k - larger
 }
 
@@ -405,9 +415,9 @@ func kthLargestKey(x []float32, k, chunks int) uint32 {
 	sc := getScratch()
 	defer putScratch(sc)
 	_, total := sc.highHistograms(x, chunks)
-	b, above := digitOfRank(total, k, 0)
+	b, above := digitOfRank(total, 0xffff, k, 0) // NaN, if any, sorts above +Inf
 	_, low := sc.lowHistograms(x, chunks, b)
-	d, _ := digitOfRank(low, k, above)
+	d, _ := digitOfRank(low, 0xffff, k, above)
 	return b<<16 | d
 }
 
