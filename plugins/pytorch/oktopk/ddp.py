@@ -13,6 +13,7 @@ rest wait in a per-bucket residual (error feedback).
 """
 
 import concurrent.futures
+import contextlib
 import hashlib
 import numbers
 import threading
@@ -346,25 +347,9 @@ class OkTopkState:
             self._comm = None
 
 
-class _on_stream:
-    """``torch.cuda.stream(stream)`` when there is one, else nothing: the
-    worker copies a CUDA bucket on the stream backward produced it on."""
-
-    __slots__ = ["stream", "context"]
-
-    def __init__(self, stream):
-        self.stream = stream
-        self.context = None
-
-    def __enter__(self):
-        if self.stream is not None:
-            self.context = torch.cuda.stream(self.stream)
-            self.context.__enter__()
-
-    def __exit__(self, *exc):
-        if self.context is not None:
-            return self.context.__exit__(*exc)
-        return False
+def _on_stream(stream):
+    """Run on the CUDA stream backward produced the bucket on (None: CPU)."""
+    return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
 
 
 def oktopk_hook(state: OkTopkState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
