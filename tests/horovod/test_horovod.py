@@ -56,6 +56,13 @@ def test_sparse_cnn_within_one_point_of_dense_and_ranks_agree(np):
     assert acc_sparse >= acc_dense - 1.0, (acc_dense, acc_sparse)
 
 
+def test_nan_on_one_rank_is_a_skipped_step_on_every_rank():
+    results = horovodrun(2, "nan_on_one_rank")
+    for r, res in results.items():
+        assert res["finite"] == [True, True, False, True, True], f"rank {r}: {res['finite']}"
+        assert res["params"] == results[0]["params"], "ranks ended with different parameters"
+
+
 def test_sparse_gradients_need_sparse_as_dense():
     results = horovodrun(2, "sparse_embedding")
     for r, res in results.items():

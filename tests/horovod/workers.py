@@ -105,6 +105,39 @@ def counting_horovod_reductions():
             setattr(module, name, original)
 
 
+def nan_on_one_rank(out):
+    """A NaN in one rank's gradient at step 2 makes every rank's reduced
+    gradient non-finite at that step only; the steps after it are finite
+    and the ranks stay identical."""
+    hvd.init()
+    torch.manual_seed(3)
+    model = small_model()
+    opt = oktopk_horovod.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters(), compression=oktopk_horovod.Compression.oktopk(density=0.05))
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    finite = []
+    for step in range(5):
+        g = torch.Generator().manual_seed(1000 * step + hvd.rank())
+        x, y = torch.randn(32, 20, generator=g), torch.randint(0, 5, (32,), generator=g)
+        opt.zero_grad()
+        handle = None
+        if step == 2 and hvd.rank() == 1:
+            # Into the gradient before it is accumulated (and reduced, which
+            # starts during backward).
+            handle = model[0].weight.register_hook(lambda grad: grad.index_fill(0, torch.tensor([0]), float("nan")))
+        F.cross_entropy(model(x), y).backward()
+        if handle is not None:
+            handle.remove()
+        opt.synchronize()
+        ok = all(torch.isfinite(p.grad).all().item() for p in model.parameters())
+        finite.append(ok)
+        if ok:  # skip the step as GradScaler would
+            with opt.skip_synchronize():
+                opt.step()
+    result = {"finite": finite, "params": digest(model)}
+    opt.close()
+    return result
+
+
 def sparse_embedding(out):
     """nn.Embedding(sparse=True): with sparse_as_dense=True its gradient is
     reduced densely (equal on every rank and to the dense average); without

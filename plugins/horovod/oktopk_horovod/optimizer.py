@@ -34,6 +34,7 @@ import horovod.torch as hvd
 import torch
 
 from oktopk import Communicator, OkTopkError
+from oktopk._lib import NON_FINITE
 
 from .compression import OkTopkCompressor
 
@@ -200,17 +201,28 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
             host = staged
         else:
             host = flat
-        stats = self._comm.sparse_allreduce_(bucket.tensor_id, host)
+        try:
+            stats = self._comm.sparse_allreduce_(bucket.tensor_id, host)
+        except OkTopkError as e:
+            if e.code != NON_FINITE:
+                raise
+            # NaN or Inf on some rank: every rank skipped the step in the
+            # library (residuals kept). Report it as Horovod's dense average
+            # would, a non-finite gradient on every rank, so AMP's scaler or
+            # the user's own check skips the step everywhere.
+            stats = None
+            host.fill_(float("nan"))
         if self._op == hvd.Sum:
             host.mul_(hvd.size())
         at = 0
         for g in grads:
             g.copy_(host[at : at + g.numel()].view_as(g))
             at += g.numel()
-        with self._lock:
-            self.bytes_sent += stats.bytes_sent
-            self.bytes_received += stats.bytes_received
-            self.comm_seconds += stats.total_seconds
+        if stats is not None:
+            with self._lock:
+                self.bytes_sent += stats.bytes_sent
+                self.bytes_received += stats.bytes_received
+                self.comm_seconds += stats.total_seconds
 
     # -- Horovod's optimizer interface --------------------------------------
 
