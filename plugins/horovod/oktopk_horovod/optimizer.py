@@ -28,6 +28,7 @@ and why:
 import concurrent.futures
 import contextlib
 import hashlib
+import os
 import threading
 
 import horovod.torch as hvd
@@ -35,6 +36,7 @@ import torch
 
 from oktopk import Communicator, OkTopkError
 from oktopk._lib import NON_FINITE
+from oktopk.comm import route_source_address
 
 from .compression import OkTopkCompressor
 
@@ -128,6 +130,7 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
             compressor.tau,
             compressor.tau_prime,
             compressor.timeout,
+            bind_host=_default_bind_host(),
         )
         # One worker: buckets reach the library in bucket order on every
         # rank; the calls release the GIL, so backward goes on meanwhile.
@@ -303,6 +306,19 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
         if self._comm is not None:
             self._comm.destroy()
             self._comm = None
+
+
+def _default_bind_host():
+    """Unless OKTOPK_SOCKET_IFNAME names an interface, bind the address that
+    routes to horovodrun's Gloo rendezvous server, so ranks on other hosts
+    can reach this one (None, the library's loopback default, for a job on
+    this machine alone)."""
+    if os.environ.get("OKTOPK_SOCKET_IFNAME"):
+        return None
+    addr, port = os.environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR"), os.environ.get("HOROVOD_GLOO_RENDEZVOUS_PORT")
+    if not addr or not port or os.environ.get("HOROVOD_CROSS_SIZE", "1") == "1":
+        return None
+    return route_source_address(addr, int(port))
 
 
 def _named_parameters(param_groups, named_parameters):
