@@ -46,15 +46,31 @@ const (
 // histogram counts 16-bit digits of keys.
 type histogram [1 << 16]uint32
 
+// chunkHistograms are the histograms of the chunks of one vector; their sum
+// is the vector's histogram. It is never formed: the walk for a rank adds
+// the chunks' counts only over the digits it passes, usually a small part
+// of the 2^16.
+type chunkHistograms []*histogram
+
+// count is the vector's count of digit d.
+func (hs chunkHistograms) count(d uint32) int {
+	c := 0
+	for _, h := range hs {
+		c += int(h[d])
+	}
+	return c
+}
+
 // selectionScratch is the per-call working memory of a selection.
 type selectionScratch struct {
-	high, low []*histogram // one per chunk
-	merged    *histogram
-	parts     []Sparse // per-chunk selections of SelectAbove
-	counts    []int
-	ties      []int
-	sample    []float32 // SampledThreshold's sample
-	moments   []float64 // meanStd's per-block sums
+	high, low    []*histogram // one per chunk
+	candidateLow *histogram   // the low digits of the candidates in bucket b
+	candidateSet []*histogram // chunkHistograms{candidateLow}
+	parts        []Sparse     // per-chunk selections of SelectAbove
+	counts       []int
+	ties         []int
+	sample       []float32 // SampledThreshold's sample
+	moments      []float64 // meanStd's per-block sums
 }
 
 // scratches holds the selectionScratch not in use. A free list rather than
@@ -75,7 +91,8 @@ func getScratch() *selectionScratch {
 		scratches.free = scratches.free[:n-1]
 		return sc
 	}
-	return &selectionScratch{merged: new(histogram)}
+	h := new(histogram)
+	return &selectionScratch{candidateLow: h, candidateSet: []*histogram{h}}
 }
 
 func putScratch(sc *selectionScratch) {
@@ -111,10 +128,9 @@ func floatBits(x []float32) []uint32 {
 	return unsafe.Slice((*uint32)(unsafe.Pointer(unsafe.SliceData(x))), len(x))
 }
 
-// highHistograms counts the top 16 bits of the keys of each chunk, and
-// returns their sum over the chunks.
-func (sc *selectionScratch) highHistograms(x []float32, chunks int) (perChunk []*histogram, total *histogram) {
-	perChunk = histograms(&sc.high, chunks)
+// highHistograms counts the top 16 bits of the keys of each chunk.
+func (sc *selectionScratch) highHistograms(x []float32, chunks int) chunkHistograms {
+	perChunk := histograms(&sc.high, chunks)
 	forEachChunk(len(x), chunks, func(c, lo, hi int) {
 		h := perChunk[c]
 		clear(h[:])
@@ -131,12 +147,12 @@ func (sc *selectionScratch) highHistograms(x []float32, chunks int) (perChunk []
 			h[(u&^signBit)>>16]++
 		}
 	})
-	return perChunk, sc.sum(perChunk)
+	return perChunk
 }
 
 // lowHistograms counts, per chunk, the low 16 bits of the keys in bucket b.
-func (sc *selectionScratch) lowHistograms(x []float32, chunks int, b uint32) (perChunk []*histogram, total *histogram) {
-	perChunk = histograms(&sc.low, chunks)
+func (sc *selectionScratch) lowHistograms(x []float32, chunks int, b uint32) chunkHistograms {
+	perChunk := histograms(&sc.low, chunks)
 	forEachChunk(len(x), chunks, func(c, lo, hi int) {
 		h := perChunk[c]
 		clear(h[:])
@@ -146,53 +162,43 @@ func (sc *selectionScratch) lowHistograms(x []float32, chunks int, b uint32) (pe
 			}
 		}
 	})
-	return perChunk, sc.sum(perChunk)
+	return perChunk
 }
 
-func (sc *selectionScratch) sum(hs []*histogram) *histogram {
-	if len(hs) == 1 {
-		return hs[0]
-	}
-	t := sc.merged
-	*t = *hs[0]
-	for _, h := range hs[1:] {
-		for i, c := range h {
-			t[i] += c
-		}
-	}
-	return t
-}
-
-// digitOfRank walks h down from digit top and returns the digit that holds
-// the r-th largest entry, counting the above entries already known to be
-// larger, and the count of entries larger than that digit. Eight digits are
-// summed at a time while the rank is out of reach: most of a histogram of a
-// small or clustered input is empty.
-func digitOfRank(h *histogram, top uint32, r, above int) (digit uint32, larger int) {
+// digitOfRank walks the digits down from top and returns the digit that
+// holds the r-th largest entry, counting the above entries already known to
+// be larger, and the count of entries larger than that digit. Eight digits
+// are summed at a time while the rank is out of reach: most of a histogram
+// of a small or clustered input is empty.
+func (hs chunkHistograms) digitOfRank(top uint32, r, above int) (digit uint32, larger int) {
 	d := int(top)
 	for ; d >= 8; d -= 8 {
-		g := h[d-7 : d+1 : d+1]
-		s := int(g[0]) + int(g[1]) + int(g[2]) + int(g[3]) + int(g[4]) + int(g[5]) + int(g[6]) + int(g[7])
+		s := 0
+		for _, h := range hs {
+			g := h[d-7 : d+1 : d+1]
+			s += int(g[0]) + int(g[1]) + int(g[2]) + int(g[3]) + int(g[4]) + int(g[5]) + int(g[6]) + int(g[7])
+		}
 		if above+s >= r {
 			break
 		}
 		above += s
 	}
 	for ; d > 0; d-- {
-		if above+int(h[d]) >= r {
+		c := hs.count(uint32(d))
+		if above+c >= r {
 			break
 		}
-		above += int(h[d])
+		above += c
 	}
 	return uint32(d), above
 }
 
 // nonFiniteInBuckets is how many keys lie at or above +Inf's bucket (NaN
 // and ±Inf, and nothing else).
-func nonFiniteInBuckets(h *histogram) int {
+func (hs chunkHistograms) nonFiniteInBuckets() int {
 	c := 0
-	for _, n := range h[infKey>>16:] {
-		c += int(n)
+	for d := uint32(infKey >> 16); d < 1<<16; d++ {
+		c += hs.count(d)
 	}
 	return c
 }
@@ -241,8 +247,8 @@ func topK(dst Sparse, x []float32, k, chunks int) (_ Sparse, next uint32, infini
 	defer putScratch(sc)
 
 	// Step 1: histogram of the top 16 bits, NaN and ±Inf detected with it.
-	high, total := sc.highHistograms(x, chunks)
-	if infinities = nonFiniteInBuckets(total); infinities > 0 {
+	high := sc.highHistograms(x, chunks)
+	if infinities = high.nonFiniteInBuckets(); infinities > 0 {
 		// ±Inf or NaN are present; only a NaN is an error (±Inf are the
 		// largest magnitudes), and only then does x get a second look.
 		if i := firstNaN(x); i >= 0 {
@@ -262,9 +268,9 @@ func topK(dst Sparse, x []float32, k, chunks int) (_ Sparse, next uint32, infini
 	}
 
 	// Step 2: the bucket of the (k+1)-th largest key.
-	b, above := digitOfRank(total, infKey>>16, k+1, 0) // no NaN by now
+	b, above := high.digitOfRank(infKey>>16, k+1, 0) // no NaN by now
 	counts := sc.countsFor(chunks)
-	if inB := int(total[b]); inB <= k+n/candidateSlack {
+	if inB := high.count(b); inB <= k+n/candidateSlack {
 		// Step 3, light bucket: every key ≥ b·2^16 into dst, ...
 		want := 0
 		for c, h := range high {
@@ -277,14 +283,14 @@ func topK(dst Sparse, x []float32, k, chunks int) (_ Sparse, next uint32, infini
 		dst = growSparse(dst, want)
 		collectChunks(dst, x, chunks, counts, b<<16, nil)
 		// ... ordered within bucket b by their low 16 bits, ...
-		low := sc.merged
+		low := sc.candidateLow
 		clear(low[:])
 		for _, v := range dst.Val {
 			if u := key(v); u>>16 == b {
 				low[u&0xffff]++
 			}
 		}
-		next, kth, ties := resolveBucket(low, b, above, k)
+		next, kth, ties := resolveBucket(sc.candidateSet, b, above, k)
 		// ... and compacted in place to the top k (step 4: the first ties
 		// keys equal to the k-th are the lowest indices).
 		j := 0
@@ -302,8 +308,8 @@ func topK(dst Sparse, x []float32, k, chunks int) (_ Sparse, next uint32, infini
 	}
 
 	// Step 3, heavy bucket: its low 16 bits from x, then the top k from x.
-	lowPer, lowTotal := sc.lowHistograms(x, chunks, b)
-	next, kth, ties := resolveBucket(lowTotal, b, above, k)
+	lowPer := sc.lowHistograms(x, chunks, b)
+	next, kth, ties := resolveBucket(lowPer, b, above, k)
 	// Per chunk: the keys above kth, and its share of the ties in index
 	// order (step 4).
 	tieCounts := sc.tiesFor(chunks)
@@ -324,18 +330,18 @@ func topK(dst Sparse, x []float32, k, chunks int) (_ Sparse, next uint32, infini
 	return dst, next, infinities, nil
 }
 
-// resolveBucket orders bucket b by the histogram low of its low 16 bits,
+// resolveBucket orders bucket b by the histograms low of its low 16 bits,
 // with above keys known to lie above b (above ≤ k < above + |b|). It returns
 // the (k+1)-th largest key, and the rule for the top k: keys > kth, and the
 // first ties keys equal to kth.
-func resolveBucket(low *histogram, b uint32, above, k int) (next, kth uint32, ties int) {
-	d, _ := digitOfRank(low, 0xffff, k+1, above)
+func resolveBucket(low chunkHistograms, b uint32, above, k int) (next, kth uint32, ties int) {
+	d, _ := low.digitOfRank(0xffff, k+1, above)
 	next = b<<16 | d
 	if above == k {
 		// The top k are exactly the keys above bucket b.
 		return next, b<<16 | 0xffff, 0
 	}
-	d, larger := digitOfRank(low, 0xffff, k, above)
+	d, larger := low.digitOfRank(0xffff, k, above)
 	return next, b<<16 | d, k - larger
 }
 
@@ -414,10 +420,8 @@ func kthLargestKey(x []float32, k, chunks int) uint32 {
 	chunks = max(1, min(chunks, len(x)))
 	sc := getScratch()
 	defer putScratch(sc)
-	_, total := sc.highHistograms(x, chunks)
-	b, above := digitOfRank(total, 0xffff, k, 0) // NaN, if any, sorts above +Inf
-	_, low := sc.lowHistograms(x, chunks, b)
-	d, _ := digitOfRank(low, 0xffff, k, above)
+	b, above := sc.highHistograms(x, chunks).digitOfRank(0xffff, k, 0) // NaN, if any, sorts above +Inf
+	d, _ := sc.lowHistograms(x, chunks, b).digitOfRank(0xffff, k, above)
 	return b<<16 | d
 }
 
