@@ -271,11 +271,12 @@ func topK(dst Sparse, x []float32, k, chunks int) (_ Sparse, next uint32, infini
 	b, above := high.digitOfRank(infKey>>16, k+1, 0) // no NaN by now
 	counts := sc.countsFor(chunks)
 	if inB := high.count(b); inB <= k+n/candidateSlack {
-		// Step 3, light bucket: every key ≥ b·2^16 into dst, ...
+		// Step 3, light bucket: every key ≥ b·2^16 into dst (no NaN is
+		// left, so no bucket above +Inf's counts), ...
 		want := 0
 		for c, h := range high {
 			counts[c] = 0
-			for _, m := range h[b:] {
+			for _, m := range h[b : infKey>>16+1] {
 				counts[c] += int(m)
 			}
 			want += counts[c]
@@ -315,7 +316,7 @@ func topK(dst Sparse, x []float32, k, chunks int) (_ Sparse, next uint32, infini
 	tieCounts := sc.tiesFor(chunks)
 	for c := range counts {
 		greater := 0
-		for _, m := range high[c][b+1:] {
+		for _, m := range high[c][b+1 : infKey>>16+1] {
 			greater += int(m)
 		}
 		for _, m := range lowPer[c][kth&0xffff+1:] {
