@@ -14,16 +14,25 @@ import (
 
 // parallelCutoff is the chunk size below which a chunk is not worth a
 // goroutine: a vector of n elements runs on min(GOMAXPROCS, n/parallelCutoff)
-// goroutines, so below 2·parallelCutoff it runs on the caller's goroutine.
+// goroutines, so below 2·parallelCutoff = 2^18 it runs on the caller's.
 //
-// Measured with BenchmarkSelectionCutoff (threshold selection and exact
-// top-k at k = 1%, 1 vs 2 chunks, n = 2^14 … 2^20) on the 2-core AMD EPYC
-// (Zen 5) development VM, shared with a CI run at the time: 2 chunks were
-// slower at n = 2^15 (goroutine start and join, about 2–5 µs, against
-// ~4 µs of work), about even at n = 2^16 and faster from n = 2^17 (threshold
-// selection 1.3×, top-k 1.5× at 2^18). Chunks of 2^16 elements put the
-// switch at n = 2^17.
-const parallelCutoff = 1 << 16
+// Measured with BenchmarkSelectionCutoff (k = 1%, one chunk against two,
+// n = 2^13 … 2^20, fastest of 1200 runs each) on the 2-core AMD EPYC (Zen 5)
+// development VM while other jobs kept it at a load average of about 20:
+//
+//   - The fixed cost of a second chunk (goroutine start and join, per-chunk
+//     histogram clearing and the rank walk over two histograms) is about
+//     1–2 µs for threshold selection and 10–12 µs for exact top-k; one chunk
+//     takes 43 µs and 119 µs at n = 2^17, 88 µs and 186 µs at 2^18.
+//   - What a second core saves could not be measured there: it was never
+//     free for long, and two chunks won only in isolated runs at n = 2^20
+//     (threshold selection 274 µs against 367 µs).
+//
+// So the cutoff bounds the loss when no core is free: from n = 2^18 a second
+// chunk costs at most ~2% (threshold) and ~6% (top-k) of the one-chunk time,
+// and saves up to half of it when a core is idle. Re-measure on a quiet
+// machine: the crossover there is likely lower.
+const parallelCutoff = 1 << 17
 
 // selectionChunks is how many chunks a selection over n elements uses.
 func selectionChunks(n int) int {
