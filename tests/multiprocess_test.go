@@ -363,6 +363,67 @@ func TestKilledPeerAtRandomPointsNeverHangs(t *testing.T) {
 	reportFaults(t, runs, runs, hangs, crashes, wrongs)
 }
 
+// A killed rank's survivors learn of its death from its dropped TCP
+// connections, not from the call timeout: with a 20 s per-call timeout,
+// every survivor's failing call returns within 5 s of the SIGKILL with an
+// error naming the dead peer as disconnected, and destroy takes under 1 s.
+func TestKilledPeerIsDetectedLongBeforeTheCallTimeout(t *testing.T) {
+	const (
+		callTimeout = 20 * time.Second
+		bound       = 5 * time.Second
+		runs        = 3
+	)
+	seed := time.Now().UnixNano()
+	if v, err := strconv.ParseInt(os.Getenv("OKTOPK_FAULT_SEED"), 10, 64); err == nil {
+		seed = v
+	}
+	t.Logf("seed %d (OKTOPK_FAULT_SEED=%d replays it)", seed, seed)
+	rng := mathrand.New(mathrand.NewSource(seed))
+	algs := []string{"oktopk", "dense_ring", "gtopk"}
+	bin := buildRank(t)
+	hangs, crashes, wrongs := 0, 0, 0
+	for run := 0; run < runs; run++ {
+		alg := algs[run%len(algs)]
+		cmds, outs := startRanks(t, bin, 3, "-n", "20000", "-loop", "100000", "-call-timeout", callTimeout.String(), "-alg", alg)
+		waitCalls(t, outs, 1)
+		victim := rng.Intn(3)
+		time.Sleep(time.Duration(rng.Int63n(int64(300 * time.Millisecond))))
+		killed := time.Now()
+		cmds[victim].Process.Kill()
+		cmds[victim].Wait()
+		for r := range cmds {
+			if r == victim {
+				continue
+			}
+			o := waitRank(cmds[r], outs[r], killed, callTimeout+5*time.Second)
+			what := fmt.Sprintf("run %d (%s, rank %d killed): rank %d", run, alg, victim, r)
+			switch {
+			case o.hung:
+				hangs++
+				t.Errorf("%s hung", what)
+				continue
+			case o.wrong:
+				wrongs++
+				t.Errorf("%s: %s", what, tail(outs[r].String()))
+			case o.crashed:
+				crashes++
+				t.Errorf("%s crashed:\n%s", what, outs[r].String())
+			}
+			if o.returned > bound {
+				t.Errorf("%s: returned %v after the kill, bound %v (call timeout %v)", what, o.returned, bound, callTimeout)
+			}
+			if dead := fmt.Sprintf("peer %d disconnected", victim); !strings.Contains(o.err, dead) {
+				t.Errorf("%s: error should say %q: %s", what, dead, o.err)
+			}
+			if o.closedIn < 0 || o.closedIn > time.Second {
+				t.Errorf("%s: destroy after a dead peer took %v, bound 1s", what, o.closedIn)
+			}
+			t.Logf("%s: exited %v after the kill: %s", what, o.returned.Round(time.Millisecond), o.err)
+		}
+	}
+	reportFaults(t, runs, runs, hangs, crashes, wrongs)
+}
+
 func tail(s string) string {
 	lines := strings.Split(strings.TrimSpace(s), "\n")
 	return lines[len(lines)-1]

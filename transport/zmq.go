@@ -12,10 +12,16 @@ package transport
 // and a private zmq4.Context per transport, so that closing one communicator
 // never touches another's sockets.
 //
-// Liveness: an idle sender sends a heartbeat frame every heartbeatInterval;
-// a peer not heard from for PeerTimeout fails every receive waiting on it
-// with ErrRemote. Close sends a bye frame and Abort an abort frame, so peers
-// of an orderly or failed rank learn of it at once instead of timing out.
+// Liveness has three sources, fastest first. Close sends a bye frame and
+// Abort an abort frame, so peers of an orderly or failed rank learn of it at
+// once. A rank that dies without a word (SIGKILL, a crash, OOM) has its TCP
+// connections closed by the kernel: a socket monitor on each DEALER reports
+// the drop, and a drop not repaired within peerDisconnectGrace fails every
+// receive waiting on that peer with ErrRemote ("peer 2 disconnected"). A
+// rank that hangs with its connections up (SIGSTOP, a stuck process, a host
+// gone without a reset) is caught by heartbeats: an idle sender sends one
+// every heartbeatInterval, and a peer not heard from for PeerTimeout is
+// declared dead the same way, unless the caller's deadline fires first.
 
 import (
 	"context"
@@ -53,6 +59,21 @@ const (
 	pollInterval      = 50 * time.Millisecond // how often socket owners look up from a blocking call
 	lingerOnClose     = 200 * time.Millisecond
 	sendQueueLength   = 64
+	reconnectInterval = 100 * time.Millisecond
+
+	// peerDisconnectGrace is how long a dropped connection to a peer may
+	// stay down, with nothing heard from the peer, before the peer is
+	// declared dead. A drop alone is no proof of death: ZeroMQ reconnects
+	// by itself, and a live peer's inbox drops a connection that sent an
+	// oversized or malformed message, or a middlebox may reset one. Those
+	// reconnect within a reconnect interval or two. A killed process
+	// refuses every reconnect, so ten intervals separate the two cases
+	// with a wide margin and still detect a death in about a second.
+	// (ZeroMQ does not say why a reconnect failed, so a refused one
+	// cannot be told from a transient routing failure and taken as
+	// proof at once.) It also lets an orderly Close's bye frame, sent
+	// just before its sockets close, be the reason peers report.
+	peerDisconnectGrace = time.Second
 )
 
 // ZMQ is a Transport over ZeroMQ TCP sockets.
@@ -251,6 +272,16 @@ func (z *ZMQ) Connect(ctx context.Context, endpoints []string) error {
 	if err != nil {
 		return err
 	}
+	// monitors[r] reports the TCP connection of the DEALER to rank r; the
+	// monitor goroutine takes them over once every peer has its sender.
+	monitors := make([]*zmq.Socket, z.opts.Size)
+	closeMonitors := func() {
+		for _, m := range monitors {
+			if m != nil {
+				m.Close()
+			}
+		}
+	}
 	for r, ep := range addrs {
 		if r == z.opts.Rank {
 			continue
@@ -268,9 +299,14 @@ func (z *ZMQ) Connect(ctx context.Context, endpoints []string) error {
 				// identity it already knows, which would let a stray process
 				// squat a rank's name.
 				sock.SetIdentity(fmt.Sprintf("oktopk-rank-%d-%s", z.opts.Rank, NewToken()[:16])),
-				sock.SetReconnectIvl(100*time.Millisecond),
+				sock.SetReconnectIvl(reconnectInterval),
 				z.curveClient(sock, serverKeys[r]),
 			)
+		}
+		if err == nil {
+			// The monitor must listen before the DEALER connects, or the
+			// first events would be lost.
+			monitors[r], err = z.monitor(sock, r)
 		}
 		if err == nil {
 			err = sock.Connect(ep)
@@ -279,12 +315,17 @@ func (z *ZMQ) Connect(ctx context.Context, endpoints []string) error {
 			if sock != nil {
 				sock.Close()
 			}
+			closeMonitors()
 			return fmt.Errorf("%w: connecting to rank %d at %q: %w", ErrRendezvous, r, ep, err)
 		}
 		p := &peerSender{rank: r, reqs: make(chan sendRequest, sendQueueLength)}
 		z.peers[r] = p
 		z.owners.Add(1)
 		go z.sendLoop(p, sock)
+	}
+	if z.opts.Size > 1 {
+		z.owners.Add(1)
+		go z.monitorLoop(monitors)
 	}
 	for r := range z.peers {
 		if z.peers[r] != nil {
@@ -535,6 +576,96 @@ func (z *ZMQ) checkLiveness() {
 		}
 		if silent := time.Duration(now - z.lastSeen[r].Load()); silent > z.opts.PeerTimeout {
 			z.box.failPeer(r, fmt.Errorf("%w: peer %d silent for %v", ErrRemote, r, silent.Round(time.Millisecond)))
+		}
+	}
+}
+
+// monitor starts ZeroMQ's socket monitor on the DEALER to peer and returns
+// the PAIR socket its events arrive on. Only the monitor goroutine may use
+// that socket afterwards; the DEALER stays its sender's alone.
+func (z *ZMQ) monitor(dealer *zmq.Socket, peer int) (*zmq.Socket, error) {
+	addr := fmt.Sprintf("inproc://oktopk-monitor-peer-%d", peer) // the context is private
+	if err := dealer.Monitor(addr, zmq.EVENT_DISCONNECTED|zmq.EVENT_HANDSHAKE_SUCCEEDED); err != nil {
+		return nil, fmt.Errorf("monitoring the connection: %w", err)
+	}
+	m, err := z.zctx.NewSocket(zmq.PAIR)
+	if err == nil {
+		err = m.SetLinger(0)
+	}
+	if err == nil {
+		err = m.Connect(addr)
+	}
+	if err != nil {
+		if m != nil {
+			m.Close()
+		}
+		return nil, fmt.Errorf("monitoring the connection: %w", err)
+	}
+	return m, nil
+}
+
+// monitorLoop owns the monitor sockets (monitors[r] for the DEALER to rank
+// r; nil for this rank): it notes when the connection to a peer drops and
+// when a handshake brings it back, and declares a peer dead once a drop has
+// lasted peerDisconnectGrace with nothing heard from it. It never touches a
+// data socket.
+func (z *ZMQ) monitorLoop(monitors []*zmq.Socket) {
+	defer z.owners.Done()
+	poller := zmq.NewPoller()
+	rankOf := map[*zmq.Socket]int{}
+	for r, m := range monitors {
+		if m != nil {
+			defer m.Close()
+			poller.Add(m, zmq.POLLIN)
+			rankOf[m] = r
+		}
+	}
+	down := make([]time.Time, len(monitors)) // when each peer's connection dropped; zero while up
+	declared := make([]bool, len(monitors))
+	for {
+		select {
+		case <-z.closing:
+			return
+		default:
+		}
+		polled, err := poller.Poll(pollInterval)
+		if err != nil {
+			time.Sleep(pollInterval)
+		}
+		for _, p := range polled {
+			r := rankOf[p.Socket]
+			for {
+				event, _, _, err := p.Socket.RecvEvent(zmq.DONTWAIT)
+				if err != nil {
+					break
+				}
+				switch event {
+				case zmq.EVENT_DISCONNECTED:
+					if down[r].IsZero() {
+						down[r] = time.Now()
+					}
+				case zmq.EVENT_HANDSHAKE_SUCCEEDED:
+					down[r] = time.Time{}
+				}
+			}
+		}
+		if !z.watching.Load() {
+			continue
+		}
+		now := time.Now()
+		for r, since := range down {
+			if since.IsZero() || declared[r] {
+				continue
+			}
+			quiet := since
+			if seen := time.Unix(0, z.lastSeen[r].Load()); seen.After(quiet) {
+				quiet = seen
+			}
+			if now.Sub(quiet) > peerDisconnectGrace {
+				declared[r] = true
+				z.box.failPeer(r, fmt.Errorf("%w: peer %d disconnected (connection lost %v ago, not re-established)",
+					ErrRemote, r, now.Sub(since).Round(time.Millisecond)))
+			}
 		}
 	}
 }

@@ -1,0 +1,189 @@
+package transport
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// childRankEnv makes this test binary run as one rank of a test's job
+// instead of running tests: "rank size token". A real process is what a
+// peer-death test needs, since only the kernel closes a killed process's
+// connections the way a crash does.
+const childRankEnv = "OKTOPK_TEST_CHILD_RANK"
+
+func TestMain(m *testing.M) {
+	if spec := os.Getenv(childRankEnv); spec != "" {
+		os.Exit(runChildRank(spec))
+	}
+	os.Exit(m.Run())
+}
+
+// runChildRank binds, prints its endpoint, reads every rank's endpoint from
+// stdin, connects, and then idles (heartbeats only) until it is killed or
+// stdin closes.
+func runChildRank(spec string) int {
+	var rank, size int
+	var token string
+	if _, err := fmt.Sscan(spec, &rank, &size, &token); err != nil {
+		fmt.Fprintln(os.Stderr, "child rank:", err)
+		return 1
+	}
+	z, err := ListenZMQ(ZMQOptions{Rank: rank, Size: size, Token: token})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "child rank:", err)
+		return 1
+	}
+	fmt.Println(z.Endpoint())
+	in := bufio.NewReader(os.Stdin)
+	line, err := in.ReadString('\n')
+	if err != nil {
+		return 1
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := z.Connect(ctx, strings.Fields(line)); err != nil {
+		fmt.Fprintln(os.Stderr, "child rank:", err)
+		return 1
+	}
+	io.Copy(io.Discard, in)
+	z.Close()
+	return 0
+}
+
+// startWithChildRank connects ranks 0 … size-2 in this process and rank
+// size-1 in a child process, all over TCP on loopback.
+func startWithChildRank(t *testing.T, size int) ([]*ZMQ, *exec.Cmd) {
+	t.Helper()
+	token := NewToken()
+	zs := make([]*ZMQ, size-1)
+	endpoints := make([]string, size)
+	for r := range zs {
+		z, err := ListenZMQ(ZMQOptions{Rank: r, Size: size, Token: token})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { z.Close() })
+		zs[r], endpoints[r] = z, z.Endpoint()
+	}
+	child := exec.Command(os.Args[0])
+	child.Env = append(os.Environ(), fmt.Sprintf("%s=%d %d %s", childRankEnv, size-1, size, token))
+	child.Stderr = os.Stderr
+	stdin, err := child.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := child.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		child.Process.Signal(syscall.SIGCONT)
+		child.Process.Kill()
+		child.Wait()
+	})
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil {
+		t.Fatalf("child rank never printed its endpoint: %v", err)
+	}
+	endpoints[size-1] = strings.TrimSpace(line)
+	if _, err := io.WriteString(stdin, strings.Join(endpoints, " ")+"\n"); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	errs := make([]error, len(zs))
+	var wg sync.WaitGroup
+	for r, z := range zs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[r] = z.Connect(ctx, endpoints)
+		}()
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d connect: %v", r, err)
+		}
+	}
+	return zs, child
+}
+
+// A rank killed with SIGKILL is found dead through its dropped connections:
+// receives blocked on it with a 30 s deadline (and the default 30 s
+// PeerTimeout) return within 3 s an ErrRemote naming the peer, and Close
+// afterwards takes under 1 s.
+func TestZMQKilledPeerFailsWaitersThroughItsDroppedConnection(t *testing.T) {
+	zs, child := startWithChildRank(t, 3)
+	type result struct {
+		rank int
+		err  error
+		at   time.Time
+	}
+	results := make(chan result, len(zs))
+	for r, z := range zs {
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			_, err := z.Recv(ctx, 2, Tag{OpAllgather, 1, 0})
+			results <- result{r, err, time.Now()}
+		}()
+	}
+	time.Sleep(300 * time.Millisecond) // both receivers blocked, heartbeats flowing
+	killed := time.Now()
+	if err := child.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	for range zs {
+		res := <-results
+		d := res.at.Sub(killed)
+		if !errors.Is(res.err, ErrRemote) || !strings.Contains(res.err.Error(), "peer 2 disconnected") {
+			t.Errorf("rank %d: want ErrRemote naming peer 2 as disconnected, got %v after %v", res.rank, res.err, d)
+			continue
+		}
+		if d > 3*time.Second {
+			t.Errorf("rank %d: killed peer detected after %v, bound 3s", res.rank, d)
+		}
+		t.Logf("rank %d: detected in %v: %v", res.rank, d.Round(time.Millisecond), res.err)
+	}
+	for r, z := range zs {
+		start := time.Now()
+		z.Close()
+		if d := time.Since(start); d > time.Second {
+			t.Errorf("rank %d: Close after a dead peer took %v, bound 1s", r, d)
+		}
+	}
+}
+
+// A stopped rank (SIGSTOP) keeps its connections up, so the monitor must
+// not take it for dead: the receiver's own deadline decides, with a timeout.
+func TestZMQStoppedPeerIsNotTakenForDisconnected(t *testing.T) {
+	zs, child := startWithChildRank(t, 2)
+	if err := child.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	const deadline = 3 * peerDisconnectGrace
+	ctx, cancel := context.WithTimeout(context.Background(), deadline)
+	defer cancel()
+	start := time.Now()
+	_, err := zs[0].Recv(ctx, 1, Tag{OpAllgather, 1, 0})
+	if !errors.Is(err, ErrTimeout) || strings.Contains(err.Error(), "disconnected") {
+		t.Fatalf("want a timeout, got %v", err)
+	}
+	if d := time.Since(start); d < deadline || d > deadline*11/10 {
+		t.Fatalf("returned after %v, want the %v deadline", d, deadline)
+	}
+}
