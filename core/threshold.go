@@ -1,15 +1,15 @@
 package core
 
-import (
-	"fmt"
-	"math"
-)
-
 // Threshold reuse (Ok-Topk step 1 and step 4). Finding the exact k-th largest
 // magnitude costs more than a pass over memory, so it is done only every τ′
 // calls; in between the last threshold is reused: select |x| > th in one
 // pass, raise th a little when far more than k entries pass, and nudge it
 // after selecting so the next call lands closer to k.
+
+import (
+	"fmt"
+	"math"
+)
 
 const (
 	thresholdTooMany   = 4.0 / 3.0 // more than 4k/3 passed: raise and reselect
@@ -25,8 +25,9 @@ const (
 // SelectByThreshold selects about k entries of x into dst (ascending by
 // index) and updates *th for the next call. With exact set (a refresh call,
 // or no threshold known yet) it selects the exact top-k and sets *th to the
-// magnitude just below the selection; otherwise it reuses *th. A NaN or ±Inf
-// in x is ErrNonFinite (found in the selection's own pass), with dst empty.
+// magnitude just below the selection; otherwise it reuses *th. With k > 0, a
+// NaN or ±Inf in x is ErrNonFinite (found in the selection's own pass), with
+// dst empty.
 func SelectByThreshold(dst Sparse, x []float32, k int, th *float32, exact bool) (Sparse, error) {
 	dst, _, err := selectByThreshold(dst, x, k, th, exact, selectionChunks(len(x)))
 	return dst, err
