@@ -47,11 +47,22 @@ func SampledThreshold(x []float32, k, s int, seed uint64) (float32, error) {
 		sc.sample = make([]float32, s)
 	}
 	sample := sc.sample[:s]
-	// Stratified: one position drawn uniformly in each of s equal strata.
-	// Still a random sample (no position is favoured, no stride to alias
-	// with a layer's shape), with lower variance than draws with
-	// replacement, and read in increasing address order: far fewer cache
-	// and TLB misses than s scattered reads of a large x.
+	drawStratified(sample, x, seed)
+	if firstNaN(sample) >= 0 {
+		return 0, fmt.Errorf("%w: NaN in the sample", ErrNonFinite)
+	}
+	r := int((int64(k)*int64(s) + int64(n) - 1) / int64(n)) // ⌈k·s/n⌉, 1 ≤ r ≤ s
+	return math.Float32frombits(kthLargestKey(sample, r, selectionChunks(s))), nil
+}
+
+// drawStratified fills sample with one entry of x from each of len(sample)
+// equal strata, its position drawn uniformly by a PCG seeded with seed.
+// Still a random sample (no position is favoured, no stride to alias with a
+// layer's shape), with lower variance than draws with replacement, and read
+// in increasing address order: far fewer cache and TLB misses than as many
+// scattered reads of a large x. len(sample) ≤ len(x) < 2^32.
+func drawStratified(sample, x []float32, seed uint64) {
+	n, s := len(x), len(sample)
 	rng := rand.New(rand.NewPCG(seed, uint64(n)))
 	// Stratum j is [⌊j·n/s⌋, ⌊(j+1)·n/s⌋), stepped without a division:
 	// each is n/s wide, one wider whenever the remainders add up past s.
@@ -68,11 +79,6 @@ func SampledThreshold(x []float32, k, s int, seed uint64) (float32, error) {
 		sample[j] = x[lo+int((uint64(uint32(rng.Uint64()))*uint64(width))>>32)]
 		lo += width
 	}
-	if firstNaN(sample) >= 0 {
-		return 0, fmt.Errorf("%w: NaN in the sample", ErrNonFinite)
-	}
-	r := int((int64(k)*int64(s) + int64(n) - 1) / int64(n)) // ⌈k·s/n⌉, 1 ≤ r ≤ s
-	return math.Float32frombits(kthLargestKey(sample, r, selectionChunks(s))), nil
 }
 
 // SelectSampled selects the entries of x with |x| > SampledThreshold(x, k,

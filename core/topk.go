@@ -69,7 +69,8 @@ type selectionScratch struct {
 	parts        []Sparse     // per-chunk selections of SelectAbove
 	counts       []int
 	ties         []int
-	sample       []float32 // SampledThreshold's sample
+	sample       []float32 // SampledThreshold's and topKBySample's sample
+	positions    Sparse    // topKBySample's top k among the copied values
 	moments      []float64 // meanStd's per-block sums
 }
 
@@ -243,6 +244,11 @@ func topK(dst Sparse, x []float32, k, chunks int) (_ Sparse, next uint32, infini
 		return dst, 0, 0, nil
 	}
 	chunks = max(1, min(chunks, n))
+	if k >= sampledTopKMinK && k <= n/8 {
+		if out, next, ok := topKBySample(dst, x, k, chunks, sampledTopKMargin); ok {
+			return out, next, 0, nil
+		}
+	}
 	sc := getScratch()
 	defer putScratch(sc)
 
@@ -329,6 +335,74 @@ func topK(dst Sparse, x []float32, k, chunks int) (_ Sparse, next uint32, infini
 	dst = growSparse(dst, k)
 	collectChunks(dst, x, chunks, counts, kth, tieCounts)
 	return dst, next, infinities, nil
+}
+
+// The exact top-k in one pass over x, for k large enough to sample (the
+// usual case: k = density·n). A sample gives a key t safely below the
+// (k+1)-th largest; one pass copies every entry with key ≥ t (about
+// (1 + margin)·k of them, in index order) into dst, and when at least k+1
+// did, the top k+1 are among them: the radix select above, run on those
+// values alone, picks the exact top k. The result does not depend on the
+// sample — it is the exact top-k either way — only the cost does; when the
+// sample misleads (fewer than k+1 pass, or ties would copy far too many), or
+// x holds NaN or ±Inf, topK falls back to its two histogram passes.
+const (
+	sampledTopKMinK   = 512            // below it the sample would be large or its rank small
+	sampledTopKMargin = 4              // standard deviations of the sample rank kept below it
+	sampledTopKSeed   = 0x6f6b746f706b // any fixed seed: results never depend on it
+)
+
+// topKBySample is the sampled path of topK; ok is false when topK must take
+// its histogram path instead (dst's contents are then undefined).
+func topKBySample(dst Sparse, x []float32, k, chunks int, margin float64) (_ Sparse, next uint32, ok bool) {
+	n := len(x)
+	// A sample rank r = k·s/n of at least 64, on at most n/8 entries.
+	s := min(n/8, max(n/1024, 64*n/k))
+	sc := getScratch()
+	defer putScratch(sc)
+	if cap(sc.sample) < s {
+		sc.sample = make([]float32, s)
+	}
+	sample := sc.sample[:s]
+	drawStratified(sample, x, sampledTopKSeed)
+	r := float64(k+1) * float64(s) / float64(n)
+	rank := min(s, int(math.Ceil(r+margin*math.Sqrt(r)))+1)
+	if rank < 1 || firstNaN(sample) >= 0 {
+		return dst, 0, false
+	}
+	t := kthLargestKey(sample, rank, 1)
+	if t == 0 || t >= infKey {
+		return dst, 0, false // everything, or nothing finite, would pass
+	}
+	// Ties at t in the sample predict as many copies: give up when they
+	// would be far more than k.
+	passing := 0
+	for _, v := range sample {
+		if key(v) >= t {
+			passing++
+		}
+	}
+	if passing > 2*rank {
+		return dst, 0, false
+	}
+	dst.Reset()
+	dst, nonFinite := selectAbove(dst, x, math.Float32frombits(t-1), chunks)
+	if nonFinite > 0 || dst.Len() <= k {
+		return dst, 0, false
+	}
+	// The exact top k (and the (k+1)-th key) of the copied values; their
+	// positions in dst ascend with the indices, so ties still go to the
+	// lower index.
+	top, next, _, err := topK(sc.positions, dst.Val, k, 1)
+	sc.positions = top
+	if err != nil {
+		return dst, 0, false
+	}
+	for j, p := range top.Idx { // p ≥ j: in place, front to back
+		dst.Idx[j], dst.Val[j] = dst.Idx[p], top.Val[j]
+	}
+	dst.Idx, dst.Val = dst.Idx[:k], dst.Val[:k]
+	return dst, next, true
 }
 
 // resolveBucket orders bucket b by the histograms low of its low 16 bits,

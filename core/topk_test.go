@@ -97,7 +97,7 @@ func TestTopKEqualsSortReference(t *testing.T) {
 			if !hasNaN {
 				order = sortOrder(x)
 			}
-			for _, k := range []int{0, 1, n - 1, n, n / 3} {
+			for _, k := range []int{0, 1, n - 1, n, n / 3, n / 20} {
 				if k < 0 || k > n {
 					continue
 				}
@@ -157,6 +157,39 @@ func TestTopKTiesGoToLowerIndexInEveryChunking(t *testing.T) {
 					t.Fatalf("heavy=%v k=%d chunks=%d: differs from the reference (%v)", heavy, k, chunks, err)
 				}
 			}
+		}
+	}
+}
+
+// The sampled path of the exact top-k equals the sort reference when it
+// runs, and declines (so topK falls back to its histograms) when its margin
+// is too thin for the sample to bound the (k+1)-th largest from below.
+func TestTopKBySampleIsExactOrDeclines(t *testing.T) {
+	n := 1<<18 + 3
+	if raceEnabled {
+		n = 1<<15 + 3
+	}
+	rng := rand.New(rand.NewPCG(13, 14))
+	x := make([]float32, n)
+	for i := range x {
+		x[i] = float32(rng.NormFloat64())
+	}
+	order := sortOrder(x)
+	for _, k := range []int{sampledTopKMinK, n / 100, n / 8} {
+		want := topKFromOrder(x, order, k)
+		for _, chunks := range []int{1, 3} {
+			got, next, ok := topKBySample(Sparse{}, x, k, chunks, sampledTopKMargin)
+			if !ok {
+				t.Fatalf("k=%d chunks=%d: the sampled path declined a normal input", k, chunks)
+			}
+			if !sparseBitwiseEqual(got, want) || next != key(x[order[k]]) {
+				t.Fatalf("k=%d chunks=%d: the sampled path differs from the sort reference", k, chunks)
+			}
+		}
+		// A margin of −3σ puts the sample's key above the (k+1)-th largest
+		// almost surely: too few entries pass and the path must decline.
+		if _, _, ok := topKBySample(Sparse{}, x, k, 1, -3); ok {
+			t.Fatalf("k=%d: the sampled path accepted a sample key above the (k+1)-th largest", k)
 		}
 	}
 }
