@@ -28,8 +28,12 @@ import (
 //  4. Ties: keys equal to the k-th largest go to the lowest indices, so every
 //     rank and every run agrees.
 //
-// Cost: two reads of x (three when bucket b is heavy), no sort, and no
-// allocation once dst and the kept histograms are large enough. Large
+// For k ≥ 512 a sample usually spares step 1: see topKBySample, which
+// finds the same top k with one pass over x.
+//
+// Cost: one read of x on the sampled path, two (three when bucket b is
+// heavy) on the histogram path; no sort, and no allocation once dst and the
+// kept histograms are large enough. Large
 // vectors are split into chunks (parallel.go): per-chunk histograms give
 // every chunk its exact offset in dst, so the chunks fill dst in parallel
 // and the result does not depend on how many there are.
