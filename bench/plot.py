@@ -46,6 +46,13 @@ def grid(count):
     return fig, axes.flat
 
 
+def legend_below(fig, ax):
+    """One legend for every panel, under them, so it hides no data."""
+    handles, labels = ax.get_legend_handles_labels()
+    fig.tight_layout(rect=(0, 0.16, 1, 1))
+    fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=8, frameon=False)
+
+
 def style(alg):
     if alg == "oktopk":
         return {"color": "tab:red", "linewidth": 2.5, "marker": "o", "zorder": 5}
@@ -62,8 +69,7 @@ def time_vs_p(data, out):
         ax.set(title=f"n = 2^{int(math.log2(n))}, density {d:g}", xlabel="P (ranks)", ylabel="median ms per allreduce", yscale="log")
         ax.set_xscale("log", base=2)
         ax.grid(True, which="both", alpha=0.3)
-    axes[0].legend(fontsize=7, ncol=2)
-    fig.tight_layout()
+    legend_below(fig, axes[0])
     fig.savefig(out, dpi=110)
     plt.close(fig)
 
@@ -85,19 +91,19 @@ def volume_vs_p(data, out):
                 ax.plot(ps, [float(r["formula_words"]) for _, r in series], linestyle="--", color=colors[alg], alpha=0.6, linewidth=1)
         ps = sorted({p for series in by_alg.values() for p, _ in series})
         k = math.ceil(n * d)
-        ax.plot(ps, [2 * k * (p - 1) / p for p in ps], color="black", linewidth=2, label="lower bound 2k(P−1)/P")
-        ax.plot(ps, [4 * k * (p - 1) / p for p in ps], color="gray", linestyle=":", label="target 4k(P−1)/P")
+        ax.plot(ps, [2 * k * (p - 1) / p for p in ps], color="black", linewidth=2, marker="_", markersize=14, label="lower bound 2k(P−1)/P")
+        ax.plot(ps, [4 * k * (p - 1) / p for p in ps], color="gray", linestyle=":", marker="_", markersize=14, label="target 4k(P−1)/P")
         ax.set(title=f"n = 2^{int(math.log2(n))}, density {d:g} (dashed: formulas)", xlabel="P (ranks)", ylabel="words sent per rank per call", yscale="log")
         ax.set_xscale("log", base=2)
         ax.grid(True, which="both", alpha=0.3)
-    axes[0].legend(fontsize=7, ncol=2)
-    fig.tight_layout()
+    legend_below(fig, axes[0])
     fig.savefig(out, dpi=110)
     plt.close(fig)
 
 
 def main():
     csv_path, outdir = sys.argv[1], sys.argv[2]
+    os.makedirs(outdir, exist_ok=True)
     data = panels(load(csv_path))
     time_vs_p(data, os.path.join(outdir, "time_vs_p.png"))
     volume_vs_p(data, os.path.join(outdir, "volume_vs_p.png"))
