@@ -17,16 +17,17 @@ import (
 // goroutines, so below 2·parallelCutoff = 2^18 it runs on the caller's.
 //
 // Measured with BenchmarkSelectionCutoff (k = 1%, one chunk against two,
-// n = 2^13 … 2^20, fastest of 1200 runs each) on the 2-core AMD EPYC (Zen 5)
-// development VM while other jobs kept it at a load average of about 20:
+// n = 2^13 … 2^20, fastest of 1200–5000 runs each) on the 2-core AMD EPYC
+// (Zen 5) development VM while other jobs kept its load average at 10–25:
 //
 //   - The fixed cost of a second chunk (goroutine start and join, per-chunk
-//     histogram clearing and the rank walk over two histograms) is about
-//     1–2 µs for threshold selection and 10–12 µs for exact top-k; one chunk
-//     takes 43 µs and 119 µs at n = 2^17, 88 µs and 186 µs at 2^18.
-//   - What a second core saves could not be measured there: it was never
-//     free for long, and two chunks won only in isolated runs at n = 2^20
-//     (threshold selection 274 µs against 367 µs).
+//     histogram clearing, the rank walk over two histograms) is about 1–2 µs
+//     for threshold selection and 10–12 µs for exact top-k; one chunk takes
+//     43 µs and 119–148 µs at n = 2^17, 86–88 µs and 186–201 µs at 2^18.
+//   - What the second core saves could not be pinned down: it was seldom
+//     free. Two chunks won in some runs (threshold selection 11.8 against
+//     15.0 µs at n = 2^15, 274–291 against 367 µs at 2^20) and tied or lost
+//     by the fixed cost in the rest.
 //
 // So the cutoff bounds the loss when no core is free: from n = 2^18 a second
 // chunk costs at most ~2% (threshold) and ~6% (top-k) of the one-chunk time,
