@@ -23,6 +23,7 @@ import "C"
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"runtime"
 	"unsafe"
@@ -581,7 +582,11 @@ func oktopk_threshold_select(x *C.oktopk_const_float, n C.size_t, threshold C.fl
 			Idx: unsafe.Slice((*uint32)(unsafe.Pointer(indices)), capN)[:0],
 			Val: unsafe.Slice((*float32)(unsafe.Pointer(values)), capN)[:0],
 		}
-		s := core.SelectAbove(dst, unsafe.Slice((*float32)(unsafe.Pointer(x)), int(n)), float32(threshold))
+		s, nonFinite := core.SelectAboveChecked(dst, unsafe.Slice((*float32)(unsafe.Pointer(x)), int(n)), float32(threshold))
+		if nonFinite > 0 {
+			*count = 0
+			return fmt.Errorf("%w: %d NaN or infinite entries in x", core.ErrNonFinite, nonFinite)
+		}
 		*count = C.size_t(s.Len())
 		if uint64(s.Len()) > uint64(capacity) {
 			return invalidArgument("%d entries pass the threshold, capacity is %d", s.Len(), uint64(capacity))

@@ -24,13 +24,31 @@ import (
 // more — writes the averaged result into grad and the new residual into st
 // (the entries selected here and present in the global result are zeroed; the
 // rest wait for a later call).
+// exactLocalTopK is the local selection of the top-k baselines: the exact
+// top-k of acc, with the threshold that reselects it by |acc| > threshold
+// (the (k+1)-th largest magnitude) recorded in the call's statistics, both
+// from the selection's own passes.
+func exactLocalTopK(call *Call) func(acc []float32, k int) (Sparse, error) {
+	return func(acc []float32, k int) (Sparse, error) {
+		var th float32
+		local, err := SelectByThreshold(Sparse{}, acc, k, &th, true)
+		call.Stats.LocalThreshold = th
+		return local, err
+	}
+}
+
 func reduceWithErrorFeedback(ctx context.Context, call *Call, st *TensorState, grad []float32,
 	selectLocal func(acc []float32, k int) (Sparse, error), reduce sparseInputFunc) error {
 	n := len(grad)
 	if len(st.Residual) != n {
 		return fmt.Errorf("%w: residual holds %d elements, gradient %d", ErrInvalidArgument, len(st.Residual), n)
 	}
-	acc := make([]float32, n)
+	// The accumulator is kept in the tensor's state: no per-call allocation
+	// proportional to n.
+	if cap(st.scratch.acc) < n {
+		st.scratch.acc = make([]float32, n)
+	}
+	acc := st.scratch.acc[:n]
 	bad := Accumulate(acc, grad, st.Residual)
 	if err := agreeOnInput(ctx, call, bad, nil); err != nil {
 		return err
@@ -43,9 +61,6 @@ func reduceWithErrorFeedback(ctx context.Context, call *Call, st *TensorState, g
 	}
 	call.Stats.Select = time.Since(start)
 	call.Stats.LocalSelected = local.Len()
-	if call.Stats.LocalThreshold == 0 { // an exact top-k, which sets none
-		call.Stats.LocalThreshold = largestUnselected(acc, local)
-	}
 	global, err := reduce(ctx, call, n, local, k)
 	if err != nil {
 		return err
@@ -55,21 +70,6 @@ func reduceWithErrorFeedback(ctx context.Context, call *Call, st *TensorState, g
 	ScatterAverage(grad, global, call.Size())
 	st.Iter++
 	return nil
-}
-
-// largestUnselected is the largest |acc| not in sel (ascending by index):
-// the threshold t for which |x| > t reselects sel, ties aside.
-func largestUnselected(acc []float32, sel Sparse) float32 {
-	var th float32
-	j := 0
-	for i, v := range acc {
-		if j < len(sel.Idx) && int(sel.Idx[j]) == i {
-			j++
-			continue
-		}
-		th = max(th, abs32(v))
-	}
-	return th
 }
 
 // Input problems every rank must learn of, as bits of the agreement word.

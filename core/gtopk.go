@@ -35,7 +35,7 @@ import (
 
 func init() {
 	registerSparse(GTopk, func(ctx context.Context, call *Call, st *TensorState, grad []float32) error {
-		return reduceWithErrorFeedback(ctx, call, st, grad, TopK, gTopkReduce)
+		return reduceWithErrorFeedback(ctx, call, st, grad, exactLocalTopK(call), gTopkReduce)
 	})
 	registerSparseInput(GTopk, gTopkReduce)
 }

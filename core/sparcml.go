@@ -58,7 +58,7 @@ func init() {
 		DSARSplitAllgather:  dsarSplitAllgather,
 	} {
 		registerSparse(alg, func(ctx context.Context, call *Call, st *TensorState, grad []float32) error {
-			return reduceWithErrorFeedback(ctx, call, st, grad, TopK, reduce)
+			return reduceWithErrorFeedback(ctx, call, st, grad, exactLocalTopK(call), reduce)
 		})
 		registerSparseInput(alg, reduce)
 	}

@@ -26,7 +26,7 @@ import (
 
 func init() {
 	registerSparse(TopkA, func(ctx context.Context, call *Call, st *TensorState, grad []float32) error {
-		return reduceWithErrorFeedback(ctx, call, st, grad, TopK, topkAReduce)
+		return reduceWithErrorFeedback(ctx, call, st, grad, exactLocalTopK(call), topkAReduce)
 	})
 	registerSparseInput(TopkA, topkAReduce)
 }

@@ -29,7 +29,7 @@ import "context"
 
 func init() {
 	registerSparse(TopkDSA, func(ctx context.Context, call *Call, st *TensorState, grad []float32) error {
-		return reduceWithErrorFeedback(ctx, call, st, grad, TopK, topkDSAReduce)
+		return reduceWithErrorFeedback(ctx, call, st, grad, exactLocalTopK(call), topkDSAReduce)
 	})
 	registerSparseInput(TopkDSA, topkDSAReduce)
 }

@@ -214,11 +214,13 @@ oktopk_result_t oktopk_tensor_state_load(oktopk_comm_t comm, uint64_t tensor_id,
 
 /* ---- selection (no communication) ------------------------------------ */
 /* Exact top-k by magnitude: the k largest |x| with their indices, ascending
- * by index; ties go to the lower index. NaN in x is oktopkNonFinite. */
+ * by index; ties go to the lower index. NaN in x is oktopkNonFinite; +-Inf
+ * rank as the largest magnitudes. */
 oktopk_result_t oktopk_topk(const float *x, size_t n, size_t k, uint32_t *indices, float *values);
 /* Every entry with |x| > threshold, ascending by index, at most capacity of
  * them (*count tells how many passed; more than capacity is
- * oktopkInvalidArgument with nothing lost). */
+ * oktopkInvalidArgument with nothing lost). NaN or +-Inf in x is
+ * oktopkNonFinite with *count 0. */
 oktopk_result_t oktopk_threshold_select(const float *x, size_t n, float threshold, uint32_t *indices,
                                         float *values, size_t capacity, size_t *count);
 

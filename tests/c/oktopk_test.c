@@ -590,6 +590,14 @@ static int run_errors(void) {
   REQUIRE(count == 4 && idx[3] == 6 && val[3] == 5);
   EXPECT(oktopk_threshold_select(x, 7, NAN, idx, val, 8, &count), oktopkInvalidArgument);
   EXPECT(oktopk_threshold_select(x, 7, 1, idx, val, 8, NULL), oktopkInvalidArgument);
+  /* NaN is reported, never silently dropped (|NaN| > t is false). */
+  EXPECT(oktopk_threshold_select(x, 8, 2.5f, idx, val, 8, &count), oktopkNonFinite);
+  REQUIRE(count == 0);
+  x[7] = INFINITY;
+  EXPECT(oktopk_threshold_select(x, 8, 2.5f, idx, val, 8, &count), oktopkNonFinite);
+  OK(oktopk_topk(x, 8, 1, idx, val)); /* top-k ranks an infinity first, as documented */
+  REQUIRE(idx[0] == 7 && isinf(val[0]));
+  x[7] = NAN;
 
   /* A single-rank communicator: bad arguments, then destroyed handles. */
   oktopk_unique_id_t id;
