@@ -131,10 +131,24 @@ func okTopkAllreduce(ctx context.Context, call *Call, st *TensorState, grad []fl
 
 	// Step 1: local threshold and selection.
 	start := time.Now()
-	nonFinite := Accumulate(acc, grad, st.Residual) > 0
 	local := sc.local
 	local.Reset()
-	if !nonFinite {
+	var nonFinite bool
+	if !exact && k > 0 && st.LocalThreshold > 0 {
+		// A reuse call: error feedback's accumulation and the threshold
+		// selection share one pass over memory.
+		chunks := selectionChunks(n)
+		var bad int
+		local, bad = accumulateAbove(local, acc, grad, st.Residual, st.LocalThreshold, chunks)
+		if nonFinite = bad > 0; nonFinite {
+			local.Reset()
+		} else {
+			var err error
+			if local, _, err = reuseThreshold(local, acc, k, &st.LocalThreshold, 0, chunks); err != nil {
+				return err
+			}
+		}
+	} else if nonFinite = Accumulate(acc, grad, st.Residual) > 0; !nonFinite {
 		var err error
 		if k == n {
 			local = selectAll(local, acc) // density 1: everything is selected

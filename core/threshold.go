@@ -46,6 +46,14 @@ func selectByThreshold(dst Sparse, x []float32, k int, th *float32, exact bool, 
 		return selectExact(dst, x, k, th, chunks)
 	}
 	dst, nonFinite := selectAbove(dst, x, *th, chunks)
+	return reuseThreshold(dst, x, k, th, nonFinite, chunks)
+}
+
+// reuseThreshold finishes a reuse call once dst holds the entries of x with
+// |x| > *th (nonFinite of x's entries being NaN or ±Inf): raise the
+// threshold while far too many passed, fall back to an exact selection when
+// it has drifted too far, and nudge it for the next call.
+func reuseThreshold(dst Sparse, x []float32, k int, th *float32, nonFinite, chunks int) (Sparse, bool, error) {
 	if nonFinite > 0 {
 		dst.Reset()
 		return dst, false, fmt.Errorf("%w: %d entries", ErrNonFinite, nonFinite)

@@ -533,11 +533,31 @@ func minKeyAbove(th float32) uint32 {
 }
 
 func selectAbove(dst Sparse, x []float32, th float32, chunks int) (Sparse, int) {
-	n := len(x)
 	minKey := minKeyAbove(th)
+	return selectInChunks(dst, len(x), chunks, func(part Sparse, lo, hi int) (Sparse, int) {
+		return appendAbove(part, x[lo:hi], lo, minKey)
+	})
+}
+
+// accumulateAbove is error feedback's accumulation fused with a threshold
+// selection, in one pass over memory instead of two: it writes acc = grad +
+// residual and appends to dst (ascending by index) the entries with |acc| >
+// th, counting the non-finite entries of acc as selectAbove does.
+func accumulateAbove(dst Sparse, acc, grad, residual []float32, th float32, chunks int) (Sparse, int) {
+	minKey := minKeyAbove(th)
+	return selectInChunks(dst, len(grad), chunks, func(part Sparse, lo, hi int) (Sparse, int) {
+		return accumulateAppendAbove(part, acc[lo:hi], grad[lo:hi], residual[lo:hi], lo, minKey)
+	})
+}
+
+// selectInChunks runs a selection over [0, n) split into chunks, each chunk
+// appending its entries (ascending) to its own part on its own goroutine,
+// then places the parts in dst in order, in parallel again. It returns dst
+// and the sum of the chunks' non-finite counts.
+func selectInChunks(dst Sparse, n, chunks int, selectChunk func(part Sparse, lo, hi int) (Sparse, int)) (Sparse, int) {
 	chunks = max(1, min(chunks, n))
 	if chunks == 1 {
-		return appendAbove(dst, x, 0, minKey)
+		return selectChunk(dst, 0, n)
 	}
 	sc := getScratch()
 	defer putScratch(sc)
@@ -545,11 +565,9 @@ func selectAbove(dst Sparse, x []float32, th float32, chunks int) (Sparse, int) 
 		sc.parts = append(sc.parts, Sparse{})
 	}
 	parts, nonFinite := sc.parts[:chunks], sc.countsFor(chunks)
-	// Each chunk selects into its own buffer; the prefix sum of their
-	// lengths places them in dst, in parallel again.
 	forEachChunk(n, chunks, func(c, lo, hi int) {
 		parts[c].Reset()
-		parts[c], nonFinite[c] = appendAbove(parts[c], x[lo:hi], lo, minKey)
+		parts[c], nonFinite[c] = selectChunk(parts[c], lo, hi)
 	})
 	start, total, bad := dst.Len(), 0, 0
 	for c := range parts {
@@ -583,14 +601,50 @@ func appendAbove(dst Sparse, x []float32, base int, minKey uint32) (Sparse, int)
 	cmpKey := min(minKey, infKey)
 	nonFinite := 0
 	bits := floatBits(x)
+	// Without a branch per entry: keys and cmpKey are below 2^31, so
+	// (cmpKey−1) − key is negative, as an int32, exactly when key ≥ cmpKey,
+	// and the OR of eight such differences is negative when any one is.
+	below := int32(cmpKey) - 1
 	i := 0
-	for ; i+4 <= len(bits); i += 4 {
-		b := bits[i : i+4 : i+4]
-		if b[0]&^signBit >= cmpKey || b[1]&^signBit >= cmpKey || b[2]&^signBit >= cmpKey || b[3]&^signBit >= cmpKey {
-			dst, nonFinite = appendSome(dst, x[i:i+4], base+i, minKey, nonFinite)
+	for ; i+8 <= len(bits); i += 8 {
+		b := bits[i : i+8 : i+8]
+		any := (below - int32(b[0]&^signBit)) | (below - int32(b[1]&^signBit)) |
+			(below - int32(b[2]&^signBit)) | (below - int32(b[3]&^signBit)) |
+			(below - int32(b[4]&^signBit)) | (below - int32(b[5]&^signBit)) |
+			(below - int32(b[6]&^signBit)) | (below - int32(b[7]&^signBit))
+		if any < 0 {
+			dst, nonFinite = appendSome(dst, x[i:i+8], base+i, minKey, nonFinite)
 		}
 	}
 	return appendSome(dst, x[i:], base+i, minKey, nonFinite)
+}
+
+// accumulateAppendAbove is appendAbove on acc = grad + residual, written
+// eight entries at a time and tested while they are still in registers.
+func accumulateAppendAbove(dst Sparse, acc, grad, residual []float32, base int, minKey uint32) (Sparse, int) {
+	cmpKey := min(minKey, infKey)
+	below := int32(cmpKey) - 1
+	nonFinite := 0
+	n := len(grad)
+	acc, residual = acc[:n], residual[:n]
+	i := 0
+	for ; i+8 <= n; i += 8 {
+		a, g, r := acc[i:i+8:i+8], grad[i:i+8:i+8], residual[i:i+8:i+8]
+		a[0], a[1], a[2], a[3] = g[0]+r[0], g[1]+r[1], g[2]+r[2], g[3]+r[3]
+		a[4], a[5], a[6], a[7] = g[4]+r[4], g[5]+r[5], g[6]+r[6], g[7]+r[7]
+		b := floatBits(a)
+		any := (below - int32(b[0]&^signBit)) | (below - int32(b[1]&^signBit)) |
+			(below - int32(b[2]&^signBit)) | (below - int32(b[3]&^signBit)) |
+			(below - int32(b[4]&^signBit)) | (below - int32(b[5]&^signBit)) |
+			(below - int32(b[6]&^signBit)) | (below - int32(b[7]&^signBit))
+		if any < 0 {
+			dst, nonFinite = appendSome(dst, a, base+i, minKey, nonFinite)
+		}
+	}
+	for j := i; j < n; j++ {
+		acc[j] = grad[j] + residual[j]
+	}
+	return appendSome(dst, acc[i:], base+i, minKey, nonFinite)
 }
 
 //go:noinline

@@ -546,3 +546,48 @@ func FuzzTopK(f *testing.F) {
 		}
 	})
 }
+
+// The fused accumulation and selection of Ok-Topk's reuse calls writes the
+// same acc, selects the same entries and counts the same non-finite entries
+// as Accumulate followed by SelectAboveChecked, on one chunk or several.
+func TestAccumulateAboveEqualsAccumulateThenSelect(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	for _, n := range []int{0, 1, 7, 8, 9, 1000, 1 << 16} {
+		for _, poison := range []float32{0, float32(math.NaN()), float32(math.Inf(1)), float32(math.Inf(-1))} {
+			grad, residual := make([]float32, n), make([]float32, n)
+			for i := range grad {
+				grad[i], residual[i] = float32(rng.NormFloat64()), float32(rng.NormFloat64())*0.1
+			}
+			if poison != 0 && n > 0 {
+				grad[rng.IntN(n)] = poison
+			}
+			th := float32(2.2)
+			wantAcc := make([]float32, n)
+			Accumulate(wantAcc, grad, residual)
+			want, wantBad := SelectAboveChecked(Sparse{}, wantAcc, th)
+			for _, chunks := range []int{1, 3} {
+				acc := make([]float32, n)
+				got, bad := accumulateAbove(Sparse{}, acc, grad, residual, th, chunks)
+				if bad != wantBad {
+					t.Fatalf("n=%d chunks=%d poison=%v: %d non-finite, want %d", n, chunks, poison, bad, wantBad)
+				}
+				if i, differ := firstDifference(acc, wantAcc); differ {
+					t.Fatalf("n=%d chunks=%d: acc[%d] = %v, want %v", n, chunks, i, acc[i], wantAcc[i])
+				}
+				if !slices.Equal(got.Idx, want.Idx) || !slices.Equal(float32Bytes(got.Val), float32Bytes(want.Val)) {
+					t.Fatalf("n=%d chunks=%d poison=%v: selected %d entries, want %d (or different ones)", n, chunks, poison, got.Len(), want.Len())
+				}
+			}
+		}
+	}
+}
+
+// firstDifference is the first index where a and b differ bitwise.
+func firstDifference(a, b []float32) (int, bool) {
+	for i := range a {
+		if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
+			return i, true
+		}
+	}
+	return 0, false
+}
