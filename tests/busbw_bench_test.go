@@ -2,12 +2,8 @@ package tests
 
 import (
 	"bufio"
-	"bytes"
 	"fmt"
-	"net"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -26,10 +22,7 @@ import (
 // One b.N iteration is one whole multi-process run (each size timed over
 // BUSBW_ITERS allreduces, median), so -benchtime 1x is the useful setting.
 func BenchmarkRingAllreduceBetweenProcesses(b *testing.B) {
-	bin := filepath.Join(b.TempDir(), "busbw")
-	if out, err := exec.Command("go", "build", "-o", bin, "./cmd/busbw").CombinedOutput(); err != nil {
-		b.Fatalf("building the busbw command: %v\n%s", err, out)
-	}
+	bin := buildCommand(b, "busbw")
 	iters := os.Getenv("BUSBW_ITERS")
 	if iters == "" {
 		iters = "5"
@@ -59,20 +52,7 @@ func BenchmarkRingAllreduceBetweenProcesses(b *testing.B) {
 }
 
 func runBusbw(b *testing.B, bin string, p int, iters string) []string {
-	port := freePortB(b)
-	cmds := make([]*exec.Cmd, p)
-	outs := make([]*bytes.Buffer, p)
-	for r := 0; r < p; r++ {
-		cmd := exec.Command(bin, "-iters", iters)
-		cmd.Env = append(os.Environ(), "MASTER_ADDR=127.0.0.1", fmt.Sprintf("MASTER_PORT=%d", port),
-			fmt.Sprintf("RANK=%d", r), fmt.Sprintf("WORLD_SIZE=%d", p), "OKTOPK_SOCKET_IFNAME=")
-		outs[r] = &bytes.Buffer{}
-		cmd.Stdout, cmd.Stderr = outs[r], outs[r]
-		if err := cmd.Start(); err != nil {
-			b.Fatal(err)
-		}
-		cmds[r] = cmd
-	}
+	cmds, outs := startRanks(b, bin, p, "-iters", iters)
 	kill := time.AfterFunc(10*time.Minute, func() {
 		for _, c := range cmds {
 			c.Process.Kill()
@@ -85,7 +65,7 @@ func runBusbw(b *testing.B, bin string, p int, iters string) []string {
 		}
 	}
 	var lines []string
-	sc := bufio.NewScanner(outs[0])
+	sc := bufio.NewScanner(strings.NewReader(outs[0].String()))
 	for sc.Scan() {
 		if strings.HasPrefix(sc.Text(), "busbw ") {
 			lines = append(lines, sc.Text())
@@ -106,25 +86,4 @@ func fields(line string) map[string]string {
 		}
 	}
 	return m
-}
-
-// freePortB is freePort for a benchmark: a port free a moment ago, with the
-// one above it free too (rank 0 serves rendezvous on MASTER_PORT+1).
-func freePortB(b *testing.B) int {
-	b.Helper()
-	for try := 0; try < 20; try++ {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			b.Fatal(err)
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		l2, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port+1))
-		l.Close()
-		if err == nil {
-			l2.Close()
-			return port
-		}
-	}
-	b.Fatal("no free port pair")
-	return 0
 }

@@ -18,38 +18,11 @@ import (
 // curveComms connects p ranks like zmqComms, with CURVE on or off.
 func curveComms(t *testing.T, p int, curve bool) []*core.Communicator {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	store := transport.NewMemStore()
-	token := transport.NewToken()
-	comms := make([]*core.Communicator, p)
-	errs := make([]error, p)
-	var wg sync.WaitGroup
-	for r := 0; r < p; r++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			z, err := transport.RendezvousZMQ(ctx, store, transport.ZMQOptions{Rank: r, Size: p, Token: token, Curve: curve})
-			if err != nil {
-				errs[r] = err
-				return
-			}
-			if curve && !strings.Contains(z.Endpoint(), "#curve=") {
-				errs[r] = fmt.Errorf("rank %d: CURVE on but endpoint %q carries no key", r, z.Endpoint())
-			}
-			comms[r] = core.NewCommunicator(z)
-		}()
-	}
-	wg.Wait()
-	t.Cleanup(func() {
-		for _, c := range comms {
-			if c != nil {
-				c.T.Close()
-			}
+	comms := zmqCommsWith(t, p, func(r int, o *transport.ZMQOptions) { o.Curve = curve })
+	for r, c := range comms {
+		if ep := c.T.(*transport.ZMQ).Endpoint(); curve && !strings.Contains(ep, "#curve=") {
+			t.Fatalf("rank %d: CURVE on but endpoint %q carries no key", r, ep)
 		}
-	})
-	if err := errors.Join(errs...); err != nil {
-		t.Fatal(err)
 	}
 	return comms
 }

@@ -123,7 +123,7 @@ var attacks = []attack{
 // inbox, so a stranger cannot make it allocate more than that per part.
 func TestGarbageOnThePortDuringAllreducesLeavesResultsExact(t *testing.T) {
 	const p, n, iters = 3, 20000, 60
-	comms := relZMQComms(t, p, func(_ int, o *transport.ZMQOptions) {
+	comms := zmqCommsWith(t, p, func(_ int, o *transport.ZMQOptions) {
 		o.MaxMessageBytes = garbageMaxMessage
 		o.Diagnostics.StallWarn = -1
 	})

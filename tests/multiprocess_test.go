@@ -21,7 +21,7 @@ import (
 
 // freePort returns a TCP port that was free a moment ago, and checks the
 // one above it too (rank 0 serves rendezvous on MASTER_PORT+1).
-func freePort(t *testing.T) int {
+func freePort(t testing.TB) int {
 	t.Helper()
 	for try := 0; try < 20; try++ {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -45,26 +45,8 @@ func freePort(t *testing.T) int {
 // registered algorithm and verify every element against the exact sum.
 // All ranks must end with identical bits (same hash per algorithm).
 func TestFourProcessesAllreduceOverTCP(t *testing.T) {
-	bin := filepath.Join(t.TempDir(), "rank")
-	build := exec.Command("go", "build", "-o", bin, "./cmd/rank")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("building the rank command: %v\n%s", err, out)
-	}
 	const p = 4
-	port := freePort(t)
-	cmds := make([]*exec.Cmd, p)
-	outs := make([]*bytes.Buffer, p)
-	for r := 0; r < p; r++ {
-		cmd := exec.Command(bin, "-n", "20011", "-iters", "2", "-timeout", "90s")
-		cmd.Env = append(os.Environ(), "MASTER_ADDR=127.0.0.1", fmt.Sprintf("MASTER_PORT=%d", port),
-			fmt.Sprintf("RANK=%d", r), fmt.Sprintf("WORLD_SIZE=%d", p), "OKTOPK_SOCKET_IFNAME=")
-		outs[r] = &bytes.Buffer{}
-		cmd.Stdout, cmd.Stderr = outs[r], outs[r]
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		cmds[r] = cmd
-	}
+	cmds, outs := startRanks(t, buildRank(t), p, "-n", "20011", "-iters", "2", "-timeout", "90s")
 	deadline := time.AfterFunc(120*time.Second, func() {
 		for _, c := range cmds {
 			c.Process.Kill()
@@ -82,7 +64,7 @@ func TestFourProcessesAllreduceOverTCP(t *testing.T) {
 	// Every algorithm line must carry the same hash on every rank.
 	hashes := map[string]string{}
 	for r := 0; r < p; r++ {
-		sc := bufio.NewScanner(bytes.NewReader(outs[r].Bytes()))
+		sc := bufio.NewScanner(strings.NewReader(outs[r].String()))
 		lines := 0
 		for sc.Scan() {
 			f := strings.Fields(sc.Text())
@@ -103,9 +85,10 @@ func TestFourProcessesAllreduceOverTCP(t *testing.T) {
 	t.Logf("verified over TCP on %d processes: %d algorithms", p, len(hashes))
 }
 
-// startRanks launches p rank processes in -loop mode and returns them with
-// their combined output buffers.
-func startRanks(t *testing.T, bin string, p int, args ...string) ([]*exec.Cmd, []*syncBuffer) {
+// startRanks launches p processes of bin as the ranks of a torchrun-style
+// job on 127.0.0.1 and returns them with their combined output buffers;
+// whatever still runs when the test ends is killed.
+func startRanks(t testing.TB, bin string, p int, args ...string) ([]*exec.Cmd, []*syncBuffer) {
 	t.Helper()
 	port := freePort(t)
 	cmds := make([]*exec.Cmd, p)
@@ -148,11 +131,14 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-func buildRank(t *testing.T) string {
+func buildRank(t testing.TB) string { return buildCommand(t, "rank") }
+
+// buildCommand builds ./cmd/name into the test's temporary folder.
+func buildCommand(t testing.TB, name string) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "rank")
-	if out, err := exec.Command("go", "build", "-o", bin, "./cmd/rank").CombinedOutput(); err != nil {
-		t.Fatalf("building the rank command: %v\n%s", err, out)
+	bin := filepath.Join(t.TempDir(), name)
+	if out, err := exec.Command("go", "build", "-o", bin, "./cmd/"+name).CombinedOutput(); err != nil {
+		t.Fatalf("building the %s command: %v\n%s", name, err, out)
 	}
 	return bin
 }

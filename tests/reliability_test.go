@@ -18,7 +18,7 @@ import (
 func relComms(t *testing.T, kind string, p int, diag transport.Diagnostics) []*core.Communicator {
 	t.Helper()
 	if kind == "zmq" {
-		return relZMQComms(t, p, func(_ int, o *transport.ZMQOptions) { o.Diagnostics = diag })
+		return zmqCommsWith(t, p, func(_ int, o *transport.ZMQOptions) { o.Diagnostics = diag })
 	}
 	comms := make([]*core.Communicator, p)
 	for r, tr := range transport.NewInProcDiagnostics(p, diag) {
@@ -29,45 +29,6 @@ func relComms(t *testing.T, kind string, p int, diag transport.Diagnostics) []*c
 			c.T.Close()
 		}
 	})
-	return comms
-}
-
-// relZMQComms connects p ranks over ZeroMQ on loopback (one goroutine per
-// rank), each with the options mutate sets.
-func relZMQComms(t *testing.T, p int, mutate func(r int, o *transport.ZMQOptions)) []*core.Communicator {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	store := transport.NewMemStore()
-	token := transport.NewToken()
-	comms := make([]*core.Communicator, p)
-	errs := make([]error, p)
-	var wg sync.WaitGroup
-	for r := 0; r < p; r++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			o := transport.ZMQOptions{Rank: r, Size: p, Token: token}
-			mutate(r, &o)
-			z, err := transport.RendezvousZMQ(ctx, store, o)
-			if err != nil {
-				errs[r] = err
-				return
-			}
-			comms[r] = core.NewCommunicator(z)
-		}()
-	}
-	wg.Wait()
-	t.Cleanup(func() {
-		for _, c := range comms {
-			if c != nil {
-				c.T.Close()
-			}
-		}
-	})
-	if err := errors.Join(errs...); err != nil {
-		t.Fatal(err)
-	}
 	return comms
 }
 
@@ -269,7 +230,7 @@ func TestStallWarningNamesTheLateRankAndSeq(t *testing.T) {
 				}}
 				comms = relComms(t, kind, p, diag)
 			} else {
-				comms = relZMQComms(t, p, func(r int, o *transport.ZMQOptions) {
+				comms = zmqCommsWith(t, p, func(r int, o *transport.ZMQOptions) {
 					o.Diagnostics = transport.Diagnostics{StallWarn: 700 * time.Millisecond, Log: logs[r].log}
 				})
 			}

@@ -23,9 +23,13 @@ import (
 	"github.com/oktopk/oktopk/transport"
 )
 
-// zmqComms connects p ranks over real ZeroMQ TCP sockets on loopback (one
-// process, one goroutine per rank) and returns their communicators.
-func zmqComms(t *testing.T, p int) []*core.Communicator {
+// zmqComms connects p ranks over ZeroMQ on loopback (one goroutine per
+// rank), as separate processes would, through an in-memory store.
+func zmqComms(t *testing.T, p int) []*core.Communicator { return zmqCommsWith(t, p, nil) }
+
+// zmqCommsWith is zmqComms with each rank's options changed by mutate
+// (nil: the defaults).
+func zmqCommsWith(t *testing.T, p int, mutate func(r int, o *transport.ZMQOptions)) []*core.Communicator {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -38,7 +42,11 @@ func zmqComms(t *testing.T, p int) []*core.Communicator {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			z, err := transport.RendezvousZMQ(ctx, store, transport.ZMQOptions{Rank: r, Size: p, Token: token})
+			o := transport.ZMQOptions{Rank: r, Size: p, Token: token}
+			if mutate != nil {
+				mutate(r, &o)
+			}
+			z, err := transport.RendezvousZMQ(ctx, store, o)
 			if err != nil {
 				errs[r] = err
 				return
