@@ -18,6 +18,7 @@
 #   BENCH_APPEND=1                   keep OUTDIR's other configurations' rows
 #   BENCH_PLOT=1 BENCH_E2E=0         plots; end-to-end rows (bench/ddp_e2e.sh)
 #   BENCH_LOGS=build/bench-logs      every rank's output
+#   BENCH_TRACE=1                    rank 0 logs every call (time, words, counts)
 set -euo pipefail
 BENCHRANK=$1 PY=$2 OUTDIR=${3:-results}
 RATE=${BENCH_RATE:-200mbit}

@@ -205,6 +205,7 @@ func runAlgorithm(ctx context.Context, comm *core.Communicator, alg core.Algorit
 	k := cfg.K(n)
 	id := uint64(alg)
 	barrier := make([]float32, 1)
+	trace := os.Getenv("BENCH_TRACE") == "1"
 	var samples []sample
 	var acc []float32 // the last call's accumulator, for the error
 	var peakRSS float64
@@ -230,6 +231,13 @@ func runAlgorithm(ctx context.Context, comm *core.Communicator, alg core.Algorit
 			return "", err
 		}
 		el := time.Since(start)
+		if trace && rank == 0 {
+			// One line per call on stderr (BENCH_TRACE=1), to see which
+			// calls are slow: refreshes (c mod τ′ = 0), repartitions
+			// (c mod τ = 0) or reuse calls.
+			fmt.Fprintf(os.Stderr, "trace %v call %d reuse %v: %.2f ms (select %.2f), %d words sent, %d local, %d global\n",
+				alg, c, reuseCall(c, o.tau, o.tauPrime), ms(el), ms(st.Select), st.WordsSent(), st.LocalSelected, st.GlobalSelected)
+		}
 		if c >= o.warmup {
 			samples = append(samples, sample{
 				ms:       ms(el),
