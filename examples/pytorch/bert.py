@@ -9,8 +9,8 @@ line (``register_comm_hook``), behind ``--oktopk``.
 
 Measured on a 2-core machine, 4 ranks, Adam, batch 16 per rank (loss is the
 masked-token cross entropy; uniform guessing is 4.16):
-dense, 300 steps: 0.97; Ok-Topk at density 1%, 300 steps: 3.70 (it has
-barely started); density 1%, 1000 steps: 0.99; density 10%, 300 steps: 1.54.
+dense, 300 steps: 0.98; Ok-Topk at density 1%, 300 steps: 3.60 (it has
+barely started); density 1%, 1000 steps: 0.93; density 10%, 300 steps: 1.56.
 At 1% a sparse run needs more steps to get as far, as in the paper's BERT runs.
 """
 
