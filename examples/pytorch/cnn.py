@@ -21,7 +21,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 class VGGStyle(nn.Module):
     """Two VGG blocks (3×3 convolutions, max pooling) and a classifier;
-    ``width`` scales the channel counts (width 8 ≈ 16M parameters)."""
+    ``width`` scales the channel counts (width 13: 16.5M parameters)."""
 
     def __init__(self, width=1):
         super().__init__()
