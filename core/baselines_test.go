@@ -486,8 +486,8 @@ func costModelWords(alg Algorithm, p, n, k int) (formula string, words, slack fl
 // One call of every algorithm at n = 2^20, density 1%, on normal data (run
 // with -v for the table). Fails when any rank sends more words than its
 // algorithm's formula allows. Under -short or -race it runs at n = 2^16:
-// the same bounds, checked at a size the
-// race detector get through in seconds.
+// the same bounds, checked at a size the race detector gets through in
+// seconds.
 func TestBaselinesWordsSentWithinCostModel(t *testing.T) {
 	n, density := 1<<20, 0.01
 	if testing.Short() || raceEnabled {
