@@ -21,11 +21,7 @@ package core
 //     r−2, …) while later ones are still on the wire. Only the owner sums
 //     its region, so every rank gets the same bits. Indices travel
 //     region-relative as integers.
-//  4. Global selection. Every τ′ calls (and when k = n) the owners' reduced
-//     entries are gathered and every rank takes the exact global top-k
-//     (ties to the lower index, as TopK), so all ranks already hold the
-//     result; the magnitude just below it is kept as the global threshold.
-//     In between, the owners allgather histograms of their reduced
+//  4. Global selection. The owners allgather histograms of their reduced
 //     magnitudes — 80 bins an eighth of an octave wide, centred on the last
 //     global threshold — and every rank cuts the summed histogram at the bin
 //     edge that keeps closest to k entries. When that keeps outside
@@ -34,7 +30,11 @@ package core
 //     ranks refine that bin with histograms of 64 sub-bins, round after
 //     round, down to a single magnitude whose ties are then split in owner
 //     order, which is index order. Each owner keeps its entries above the
-//     cut.
+//     cut. Every τ′ calls (and when k = n) the refinement goes on until
+//     exactly k entries stay: that is the exact global top-k (ties to the
+//     lower index, as TopK), found with a few histogram rounds instead of
+//     gathering every owner's candidates (up to 2k(P−1) words, which made
+//     those calls two to five times slower than the others).
 //     This departs from DESIGN §2 step 4, which reuses the last threshold
 //     and nudges it from the count: a nudged threshold lags any change of
 //     the gradient's scale by many calls (measured: after a 32× drop the
@@ -62,8 +62,8 @@ package core
 // (80 counts and the NaN flag), and 64(P−1) per refinement round (at most
 // 4 rounds for an eighth-octave bin, 6 for the open-ended end bins; usually
 // none or one). Every τ calls the repartition allgathers P+1 boundaries of
-// 2 words, 2(P+1)(P−1); every τ′ calls the exact selection allgathers at
-// most k entries per owner, up to 2k(P−1). Latency, with ring allgathers:
+// 2 words, 2(P+1)(P−1); every τ′ calls the exact cut takes up to 6
+// refinement rounds. Latency, with ring allgathers:
 // (P−1)α each for split-and-reduce, histograms, balance and allgatherv, plus
 // (P−1)α per refinement round — about 4(P−1)α against the paper's
 // (2P + 2 log P)α, whose small allgathers use recursive doubling.
@@ -91,7 +91,6 @@ const (
 	stepRepartition uint32 = 0 << 20
 	stepSplit       uint32 = 1 << 20
 	stepCounts      uint32 = 2 << 20
-	stepExactGather uint32 = 3 << 20
 	stepBalance     uint32 = 4 << 20
 	stepAllgather   uint32 = 5 << 20
 	stepRefine      uint32 = 6 << 20 // P steps per refinement round
@@ -359,24 +358,13 @@ func globalSelection(ctx context.Context, call *Call, st *TensorState, reduced S
 		return Sparse{}, true, nil
 	}
 
-	if exact {
-		// Every rank gathers the owners' candidates and takes the exact
-		// global top-k itself: no balancing needed. An owner sends at most
-		// its own top-k, all the global top-k can hold of its region.
-		all, err := gatherSparse(ctx, call, stepExactGather, topKSparse(reduced, k), uint32(st.N))
-		if err != nil {
-			return Sparse{}, false, err
-		}
-		global := topKSparse(all, k)
-		st.GlobalThreshold = reusableThreshold(largestExcluded(all, global), global)
-		return global, false, nil
-	}
-
-	// Reuse iteration: cut the summed histograms where closest to k
-	// entries stay, refining the boundary bin when that is far from k.
-	// Every rank computes the same cut, and every owner's count, from the
-	// same histograms.
-	cut, err := chooseGlobalCut(ctx, call, reduced, hists, base, k, &sc.histogramWords)
+	// Cut the summed histograms where closest to k entries stay, refining
+	// the boundary bin when that is far from k (a reuse call), or until
+	// exactly the k largest stay (an exact call: the exact global top-k,
+	// ties to the lower index, for a few histogram rounds instead of
+	// gathering every owner's candidates). Every rank computes the same
+	// cut, and every owner's count, from the same histograms.
+	cut, err := chooseGlobalCut(ctx, call, reduced, hists, base, k, exact, &sc.histogramWords)
 	if err != nil {
 		return Sparse{}, false, err
 	}
@@ -505,8 +493,9 @@ func (c globalCut) threshold() float32 {
 // down to a single key if need be, whose ties are then split by owner
 // order. So a reuse call keeps within the window or exactly k entries,
 // unless fewer than k were reduced at all (then it keeps them all).
-func chooseGlobalCut(ctx context.Context, call *Call, reduced Sparse, hists [][histogramBins]uint32, base, k int, histogramWords *int) (globalCut, error) {
+func chooseGlobalCut(ctx context.Context, call *Call, reduced Sparse, hists [][histogramBins]uint32, base, k int, exact bool, histogramWords *int) (globalCut, error) {
 	p := len(hists)
+	acceptable := func(total, k int) bool { return total == k || !exact && acceptableCount(total, k) }
 	coarse := func(o, b int) int { return int(hists[o][b]) }
 	above := make([]int, p) // per owner, entries above the bin being refined
 	totals := cumulativeTotals(coarse, p, histogramBins, 0)
@@ -621,7 +610,7 @@ func boundary(totals []int, k int) int {
 	return b
 }
 
-func acceptable(total, k int) bool {
+func acceptableCount(total, k int) bool {
 	return float64(total) >= globalAcceptLow*float64(k) && float64(total) <= globalAcceptHigh*float64(k)
 }
 
@@ -782,47 +771,6 @@ func gatherSparse(ctx context.Context, call *Call, step uint32, mine Sparse, n u
 		out.Val = append(out.Val, s.Val...)
 	}
 	return out, nil
-}
-
-// topKSparse returns the k entries of s with the largest |v| (ties to the
-// lower index, as TopK), ascending by index.
-func topKSparse(s Sparse, k int) Sparse {
-	if k >= s.Len() {
-		return Sparse{Idx: append([]uint32(nil), s.Idx...), Val: append([]float32(nil), s.Val...)}
-	}
-	order := make([]int, s.Len())
-	for i := range order {
-		order[i] = i
-	}
-	sort.Slice(order, func(a, b int) bool {
-		va, vb := abs32(s.Val[order[a]]), abs32(s.Val[order[b]])
-		if va != vb {
-			return va > vb
-		}
-		return order[a] < order[b]
-	})
-	sel := order[:k]
-	sort.Ints(sel)
-	var out Sparse
-	for _, i := range sel {
-		out.Append(s.Idx[i], s.Val[i])
-	}
-	return out
-}
-
-// largestExcluded is the largest |v| of all not in sel (both ascending by
-// index, sel ⊆ all): the threshold that reselects sel by |v| > threshold.
-func largestExcluded(all, sel Sparse) float32 {
-	var th float32
-	j := 0
-	for i, ix := range all.Idx {
-		if j < len(sel.Idx) && sel.Idx[j] == ix {
-			j++
-			continue
-		}
-		th = max(th, abs32(all.Val[i]))
-	}
-	return th
 }
 
 // okTopkSparseInput runs steps 2–5 on a caller's own selection (no state,

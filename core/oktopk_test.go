@@ -781,3 +781,29 @@ func TestOkTopkStateRestoreContinuesExactly(t *testing.T) {
 		return nil
 	})
 }
+
+// topKSparse, the tests' serial reference, returns the k entries of s with the largest |v| (ties to the
+// lower index, as TopK), ascending by index.
+func topKSparse(s Sparse, k int) Sparse {
+	if k >= s.Len() {
+		return Sparse{Idx: append([]uint32(nil), s.Idx...), Val: append([]float32(nil), s.Val...)}
+	}
+	order := make([]int, s.Len())
+	for i := range order {
+		order[i] = i
+	}
+	sort.Slice(order, func(a, b int) bool {
+		va, vb := abs32(s.Val[order[a]]), abs32(s.Val[order[b]])
+		if va != vb {
+			return va > vb
+		}
+		return order[a] < order[b]
+	})
+	sel := order[:k]
+	sort.Ints(sel)
+	var out Sparse
+	for _, i := range sel {
+		out.Append(s.Idx[i], s.Val[i])
+	}
+	return out
+}
