@@ -169,15 +169,38 @@ var faultTally struct {
 	faults, runs, hangs, crashes, wrongs int
 }
 
-func reportFaults(t *testing.T, faults, runs, hangs, crashes, wrongs int) {
+// faultOutcomes counts one test's survivors that hung, crashed or returned
+// wrong results.
+type faultOutcomes struct{ hangs, crashes, wrongs int }
+
+// judge counts o and fails t for it, naming the rank by what; it reports
+// false for a rank that hung, which has nothing more to check.
+func (f *faultOutcomes) judge(t *testing.T, o rankOutcome, what, output string) bool {
+	t.Helper()
+	switch {
+	case o.hung:
+		f.hangs++
+		t.Errorf("%s hung", what)
+		return false
+	case o.wrong:
+		f.wrongs++
+		t.Errorf("%s: %s", what, tail(output))
+	case o.crashed:
+		f.crashes++
+		t.Errorf("%s crashed:\n%s", what, output)
+	}
+	return true
+}
+
+func reportFaults(t *testing.T, faults, runs int, seen faultOutcomes) {
 	ft := &faultTally
 	ft.mu.Lock()
 	defer ft.mu.Unlock()
 	ft.faults += faults
 	ft.runs += runs
-	ft.hangs += hangs
-	ft.crashes += crashes
-	ft.wrongs += wrongs
+	ft.hangs += seen.hangs
+	ft.crashes += seen.crashes
+	ft.wrongs += seen.wrongs
 	line := fmt.Sprintf("faults injected: %d, runs: %d, hangs: %d, crashes: %d, wrong results: %d",
 		ft.faults, ft.runs, ft.hangs, ft.crashes, ft.wrongs)
 	t.Log(line)
@@ -250,20 +273,11 @@ func TestStoppedPeerTimesOutWithinBound(t *testing.T) {
 	waitCalls(t, outs, 3)
 	stopped := time.Now()
 	cmds[2].Process.Signal(syscall.SIGSTOP)
-	hangs, crashes, wrongs := 0, 0, 0
+	var seen faultOutcomes
 	for r := 0; r < 2; r++ {
 		o := waitRank(cmds[r], outs[r], stopped, 2*callTimeout+5*time.Second)
-		switch {
-		case o.hung:
-			hangs++
-			t.Errorf("rank %d still running %v after its peer stopped", r, 2*callTimeout+5*time.Second)
+		if !seen.judge(t, o, fmt.Sprintf("rank %d (peer stopped)", r), outs[r].String()) {
 			continue
-		case o.wrong:
-			wrongs++
-			t.Errorf("rank %d: %s", r, tail(outs[r].String()))
-		case o.crashed:
-			crashes++
-			t.Errorf("rank %d crashed:\n%s", r, outs[r].String())
 		}
 		if o.failedAfter < 0 || o.failedAfter > callTimeout*11/10 {
 			t.Errorf("rank %d: failing call returned after %v, bound %v", r, o.failedAfter, callTimeout*11/10)
@@ -277,7 +291,7 @@ func TestStoppedPeerTimesOutWithinBound(t *testing.T) {
 		}
 		t.Logf("rank %d: call failed after %v, destroyed in %v: %s", r, o.failedAfter, o.closedIn, o.err)
 	}
-	reportFaults(t, 1, 1, hangs, crashes, wrongs)
+	reportFaults(t, 1, 1, seen)
 }
 
 // Killing a rank (SIGKILL) at seeded random points of a verified allreduce
@@ -301,7 +315,7 @@ func TestKilledPeerAtRandomPointsNeverHangs(t *testing.T) {
 	algs := []string{"oktopk", "topka", "gtopk", "ssar_split_allgather", "dense_ring"}
 	bin := buildRank(t)
 	began := time.Now()
-	hangs, crashes, wrongs := 0, 0, 0
+	var seen faultOutcomes
 	for run := 0; run < runs; run++ {
 		alg := algs[run%len(algs)]
 		cmds, outs := startRanks(t, bin, 3, "-n", "20000", "-loop", "100000", "-call-timeout", callTimeout.String(), "-alg", alg)
@@ -313,7 +327,7 @@ func TestKilledPeerAtRandomPointsNeverHangs(t *testing.T) {
 		cmds[victim].Process.Kill()
 		cmds[victim].Wait()
 		if strings.Contains(outs[victim].String(), "WRONG RESULT") {
-			wrongs++
+			seen.wrongs++
 			t.Errorf("run %d: killed rank %d had computed a wrong result: %s", run, victim, tail(outs[victim].String()))
 		}
 		for r := range cmds {
@@ -322,17 +336,8 @@ func TestKilledPeerAtRandomPointsNeverHangs(t *testing.T) {
 			}
 			o := waitRank(cmds[r], outs[r], killed, 2*callTimeout+5*time.Second)
 			what := fmt.Sprintf("run %d (%s, rank %d killed %v after call 1): rank %d", run, alg, victim, delay.Round(time.Millisecond), r)
-			switch {
-			case o.hung:
-				hangs++
-				t.Errorf("%s hung", what)
+			if !seen.judge(t, o, what, outs[r].String()) {
 				continue
-			case o.wrong:
-				wrongs++
-				t.Errorf("%s: %s", what, tail(outs[r].String()))
-			case o.crashed:
-				crashes++
-				t.Errorf("%s crashed:\n%s", what, outs[r].String())
 			}
 			if o.failedAfter < 0 || o.failedAfter > callTimeout*11/10 {
 				t.Errorf("%s: failing call returned after %v, bound %v", what, o.failedAfter, callTimeout*11/10)
@@ -346,7 +351,7 @@ func TestKilledPeerAtRandomPointsNeverHangs(t *testing.T) {
 		t.Errorf("%d runs took %v", runs, d)
 	}
 	t.Logf("%d runs in %v", runs, time.Since(began).Round(time.Millisecond))
-	reportFaults(t, runs, runs, hangs, crashes, wrongs)
+	reportFaults(t, runs, runs, seen)
 }
 
 // A killed rank's survivors learn of its death from its dropped TCP
@@ -367,7 +372,7 @@ func TestKilledPeerIsDetectedLongBeforeTheCallTimeout(t *testing.T) {
 	rng := mathrand.New(mathrand.NewSource(seed))
 	algs := []string{"oktopk", "dense_ring", "gtopk"}
 	bin := buildRank(t)
-	hangs, crashes, wrongs := 0, 0, 0
+	var seen faultOutcomes
 	for run := 0; run < runs; run++ {
 		alg := algs[run%len(algs)]
 		cmds, outs := startRanks(t, bin, 3, "-n", "20000", "-loop", "100000", "-call-timeout", callTimeout.String(), "-alg", alg)
@@ -383,17 +388,8 @@ func TestKilledPeerIsDetectedLongBeforeTheCallTimeout(t *testing.T) {
 			}
 			o := waitRank(cmds[r], outs[r], killed, callTimeout+5*time.Second)
 			what := fmt.Sprintf("run %d (%s, rank %d killed): rank %d", run, alg, victim, r)
-			switch {
-			case o.hung:
-				hangs++
-				t.Errorf("%s hung", what)
+			if !seen.judge(t, o, what, outs[r].String()) {
 				continue
-			case o.wrong:
-				wrongs++
-				t.Errorf("%s: %s", what, tail(outs[r].String()))
-			case o.crashed:
-				crashes++
-				t.Errorf("%s crashed:\n%s", what, outs[r].String())
 			}
 			if o.returned > bound {
 				t.Errorf("%s: returned %v after the kill, bound %v (call timeout %v)", what, o.returned, bound, callTimeout)
@@ -407,7 +403,7 @@ func TestKilledPeerIsDetectedLongBeforeTheCallTimeout(t *testing.T) {
 			t.Logf("%s: exited %v after the kill: %s", what, o.returned.Round(time.Millisecond), o.err)
 		}
 	}
-	reportFaults(t, runs, runs, hangs, crashes, wrongs)
+	reportFaults(t, runs, runs, seen)
 }
 
 func tail(s string) string {
