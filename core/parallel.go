@@ -14,26 +14,23 @@ import (
 
 // parallelCutoff is the chunk size below which a chunk is not worth a
 // goroutine: a vector of n elements runs on min(GOMAXPROCS, n/parallelCutoff)
-// goroutines, so below 2·parallelCutoff = 2^18 it runs on the caller's.
+// goroutines, so below 2·parallelCutoff = 2^20 it runs on the caller's.
 //
-// Measured with BenchmarkSelectionCutoff (k = 1%, one chunk against two,
-// n = 2^13 … 2^20, fastest of 1200–5000 runs each) on the 2-core AMD EPYC
-// (Zen 5) development VM while other jobs kept its load average at 10–25:
+// Measured on an idle 2-core machine with the block-scan selection
+// (go test -run '^$' -bench 'SelectionCutoff' -benchtime 3000x ./core; k =
+// 1%; mean µs per call, one chunk against two):
 //
-//   - The fixed cost of a second chunk (goroutine start and join, per-chunk
-//     histogram clearing, the rank walk over two histograms) is about 1–2 µs
-//     for threshold selection and 10–12 µs for exact top-k; one chunk takes
-//     43 µs and 119–148 µs at n = 2^17, 86–88 µs and 186–201 µs at 2^18.
-//   - What the second core saves could not be pinned down: it was seldom
-//     free. Two chunks won in some runs (threshold selection 11.8 against
-//     15.0 µs at n = 2^15, 274–291 against 367 µs at 2^20) and tied or lost
-//     by the fixed cost in the rest.
+//	n       threshold    exact top-k
+//	2^17     39 /  47    155 / 192
+//	2^18     73 /  87    192 / 231
+//	2^19    143 / 150    296 / 311
+//	2^20    268 / 243    494 / 453
 //
-// So the cutoff bounds the loss when no core is free: from n = 2^18 a second
-// chunk costs at most ~2% (threshold) and ~6% (top-k) of the one-chunk time,
-// and saves up to half of it when a core is idle. Re-measure on a quiet
-// machine: the crossover there is likely lower.
-const parallelCutoff = 1 << 17
+// The fastest single calls favour two chunks from 2^16 (13 against 16 µs),
+// but the mean is what a training step pays, and it carries the cost of
+// waking a second goroutine on an idle core (several µs, often tens). Two
+// chunks win on the mean from 2^20.
+const parallelCutoff = 1 << 19
 
 // selectionChunks is how many chunks a selection over n elements uses.
 func selectionChunks(n int) int {

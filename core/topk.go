@@ -3,6 +3,7 @@ package core
 import (
 	"fmt"
 	"math"
+	"math/bits"
 	"sync"
 	"unsafe"
 )
@@ -446,20 +447,19 @@ func collectChunks(dst Sparse, x []float32, chunks int, counts []int, kth uint32
 // the first ties with key = kth, into idx and val, which hold exactly as
 // many.
 func collect(idx []uint32, val []float32, x []float32, base int, kth uint32, ties int) {
-	// Keys ≥ kth are rare (about k of n): four well-predicted branches per
-	// four entries, and the bookkeeping in a call out of the loop's way.
-	bits := floatBits(x)
-	i, j := 0, 0
-	for ; i+4 <= len(bits); i += 4 {
-		b := bits[i : i+4 : i+4]
-		if b[0]&^signBit >= kth || b[1]&^signBit >= kth || b[2]&^signBit >= kth || b[3]&^signBit >= kth {
-			j, ties = collectSome(idx, val, j, x[i:i+4], base+i, kth, ties)
+	// Keys ≥ kth are rare (about k of n): a blockScan finds the blocks that
+	// hold one, and collectSome looks at those alone.
+	s := newBlockScan(x, kth) // kth ≤ infKey: x holds no NaN here
+	j, ties := collectSome(idx, val, 0, x[:s.from], base, kth, ties)
+	var found [tileBlocks]int
+	for hits := s.nextTile(&found); hits != nil; hits = s.nextTile(&found) {
+		for _, lo := range hits {
+			j, ties = collectSome(idx, val, j, x[lo:lo+scanBlock], base+lo, kth, ties)
 		}
 	}
-	collectSome(idx, val, j, x[i:], base+i, kth, ties)
+	collectSome(idx, val, j, x[s.end:], base+s.end, kth, ties)
 }
 
-//go:noinline
 func collectSome(idx []uint32, val []float32, j int, x []float32, base int, kth uint32, ties int) (int, int) {
 	for i, v := range x {
 		if u := key(v); u >= kth {
@@ -596,55 +596,166 @@ func selectInChunks(dst Sparse, n, chunks int, selectChunk func(part Sparse, lo,
 // minKey, never a NaN, and counts the non-finite entries.
 func appendAbove(dst Sparse, x []float32, base int, minKey uint32) (Sparse, int) {
 	// Every non-finite key is ≥ infKey, so with the comparison capped there
-	// they all take the rare branch, and counting them costs nothing on
-	// finite entries.
+	// they all land in blocks that the scan reports, and counting them costs
+	// nothing on finite entries.
 	cmpKey := min(minKey, infKey)
-	nonFinite := 0
-	bits := floatBits(x)
-	// Without a branch per entry: keys and cmpKey are below 2^31, so
-	// (cmpKey−1) − key is negative, as an int32, exactly when key ≥ cmpKey,
-	// and the OR of eight such differences is negative when any one is.
-	below := int32(cmpKey) - 1
-	i := 0
-	for ; i+8 <= len(bits); i += 8 {
-		b := bits[i : i+8 : i+8]
-		any := (below - int32(b[0]&^signBit)) | (below - int32(b[1]&^signBit)) |
-			(below - int32(b[2]&^signBit)) | (below - int32(b[3]&^signBit)) |
-			(below - int32(b[4]&^signBit)) | (below - int32(b[5]&^signBit)) |
-			(below - int32(b[6]&^signBit)) | (below - int32(b[7]&^signBit))
-		if any < 0 {
-			dst, nonFinite = appendSome(dst, x[i:i+8], base+i, minKey, nonFinite)
+	s := newBlockScan(x, cmpKey)
+	dst, nonFinite := appendSome(dst, x[:s.from], base, minKey, 0)
+	var found [tileBlocks]int
+	for hits := s.nextTile(&found); hits != nil; hits = s.nextTile(&found) {
+		// The hits are written by position into storage reserved for the
+		// whole tile: a Sparse passed and returned per hit is spilled to
+		// the stack and read back, which costs more than the hit.
+		n := dst.Len()
+		dst = reserveSparse(dst, n+len(hits)*scanBlock)
+		idx, val := dst.Idx[:cap(dst.Idx)], dst.Val[:cap(dst.Val)]
+		for _, lo := range hits {
+			n, nonFinite = storeHits(idx, val, n, x[lo:lo+scanBlock], base+lo, minKey, nonFinite)
 		}
+		dst.Idx, dst.Val = idx[:n], val[:n]
 	}
-	return appendSome(dst, x[i:], base+i, minKey, nonFinite)
+	return appendSome(dst, x[s.end:], base+s.end, minKey, nonFinite)
 }
 
-// accumulateAppendAbove is appendAbove on acc = grad + residual, written
-// eight entries at a time and tested while they are still in registers.
+// reserveSparse returns s, its contents kept, with room for at least n
+// entries, growing its storage geometrically.
+func reserveSparse(s Sparse, n int) Sparse {
+	if cap(s.Idx) >= n && cap(s.Val) >= n {
+		return s
+	}
+	c := max(n, 2*cap(s.Idx), 64)
+	grown := Sparse{Idx: make([]uint32, len(s.Idx), c), Val: make([]float32, len(s.Val), c)}
+	copy(grown.Idx, s.Idx)
+	copy(grown.Val, s.Val)
+	return grown
+}
+
+const (
+	// scanBlock is how many entries a blockScan tests at once: 4 words of
+	// two floats.
+	scanBlock = 16
+	// tileBlocks is how many blocks one nextTile call tests: 4096 entries,
+	// 16 KiB, so the hits' second look finds them in the L1 cache.
+	tileBlocks = 256
+)
+
+// blockScan finds the blocks x[lo:lo+scanBlock] that hold a key ≥ cmpKey
+// (cmpKey ≤ infKey), a tile at a time, in increasing order. The blocks run
+// from x[from], the first 8-byte-aligned entry, to x[end]; x[:from] and
+// x[end:] (under one block) are left to the caller.
+//
+// Why it is fast: keys above a threshold are rare (about k of n), and a
+// branch per entry, or per block, mispredicts at every hit and throws away
+// the loads in flight. So the scan has no data-dependent branch: it tests
+// two keys per 64-bit word (SWAR) and writes every block's index to the
+// tile's list, advancing the list's end only past blocks with a hit. With
+// both keys' sign bits set, a word minus cmpKey in both halves borrows
+// nothing across the halves, since each half stays ≥ 2^31 > cmpKey; a half
+// keeps its top bit exactly when its key ≥ cmpKey. Which half is which
+// entry does not matter, only whether any is, so the test is the same on
+// either byte order.
+type blockScan struct {
+	words     []uint64
+	cmp       uint64 // cmpKey in both halves
+	j         int    // next word to test
+	from, end int
+}
+
+func newBlockScan(x []float32, cmpKey uint32) blockScan {
+	s := blockScan{cmp: uint64(cmpKey) | uint64(cmpKey)<<32}
+	if len(x) > 0 && uintptr(unsafe.Pointer(&x[0]))%8 != 0 {
+		s.from = 1
+	}
+	blocks := max(0, len(x)-s.from) / scanBlock
+	s.end = s.from + blocks*scanBlock
+	if blocks > 0 {
+		s.words = unsafe.Slice((*uint64)(unsafe.Pointer(&x[s.from])), blocks*scanBlock/2)
+	}
+	return s
+}
+
+// nextTile tests the next tile of blocks and returns the starts (indices
+// into x) of those with a hit, in found's storage; nil when no tile is left.
+func (s *blockScan) nextTile(found *[tileBlocks]int) []int {
+	const signs = 0x80000000_80000000
+	if s.j >= len(s.words) {
+		return nil
+	}
+	words := s.words[s.j:min(len(s.words), s.j+tileBlocks*scanBlock/2)]
+	y, at, m := s.cmp, s.from+2*s.j, 0
+	for j := 0; j+8 <= len(words); j += 8 {
+		w := words[j : j+8 : j+8]
+		any := ((w[0] | signs) - y) | ((w[1] | signs) - y) | ((w[2] | signs) - y) | ((w[3] | signs) - y) |
+			((w[4] | signs) - y) | ((w[5] | signs) - y) | ((w[6] | signs) - y) | ((w[7] | signs) - y)
+		found[m&(tileBlocks-1)] = at + 2*j
+		m += int((any>>31 | any>>63) & 1)
+	}
+	s.j += len(words)
+	return found[:m]
+}
+
+// storeHits writes, from position n of idx and val (which have room for
+// scanBlock more), the entries of one block of scanBlock that appendSome
+// would append; the block holds at least one key ≥ min(minKey, infKey). It
+// forms a bit mask of those entries without branching, two keys per word as
+// the block scan does, then visits only its set bits, so a block with one
+// hit costs about one branch, not one per entry.
+func storeHits(idx []uint32, val []float32, n int, x []float32, base int, minKey uint32, nonFinite int) (int, int) {
+	x = x[:scanBlock]
+	cmp := uint64(min(minKey, infKey))
+	y := cmp | cmp<<32
+	w := (*[scanBlock / 2]uint64)(unsafe.Pointer(&x[0])) // x[0] is 8-byte aligned
+	// Unrolled: as a loop the compiler keeps it one word at a time.
+	hits := pairAtLeast(w[0], y) | pairAtLeast(w[1], y)<<2 | pairAtLeast(w[2], y)<<4 | pairAtLeast(w[3], y)<<6 |
+		pairAtLeast(w[4], y)<<8 | pairAtLeast(w[5], y)<<10 | pairAtLeast(w[6], y)<<12 | pairAtLeast(w[7], y)<<14
+	for ; hits != 0; hits &= hits - 1 {
+		e := bits.TrailingZeros32(hits)
+		v := x[e]
+		if u := key(v); u >= infKey {
+			nonFinite++
+			if u != infKey || u < minKey {
+				continue // NaN, or ±Inf not above th
+			}
+		}
+		idx[n], val[n] = uint32(base+e), v
+		n++
+	}
+	return n, nonFinite
+}
+
+// pairAtLeast tests the two keys of a word w, the entries x[e] and x[e+1],
+// against y (the same cmpKey in both halves, as in blockScan): bit 0 of the
+// result is set when x[e]'s key ≥ cmpKey, bit 1 when x[e+1]'s is. Which half
+// of the word holds x[e] depends on the byte order (byteorder_*.go).
+func pairAtLeast(w, y uint64) uint32 {
+	d := (w | 0x80000000_80000000) - y
+	return uint32(d>>firstEntryTopBit&1 | d>>secondEntryTopBit&1<<1)
+}
+
+// accumulateAppendAbove is appendAbove on acc = grad + residual, a tile at
+// a time: the tile's sums are written, then scanned while still in the L1
+// cache, so memory sees one pass.
 func accumulateAppendAbove(dst Sparse, acc, grad, residual []float32, base int, minKey uint32) (Sparse, int) {
-	cmpKey := min(minKey, infKey)
-	below := int32(cmpKey) - 1
-	nonFinite := 0
 	n := len(grad)
 	acc, residual = acc[:n], residual[:n]
-	i := 0
-	for ; i+8 <= n; i += 8 {
-		a, g, r := acc[i:i+8:i+8], grad[i:i+8:i+8], residual[i:i+8:i+8]
-		a[0], a[1], a[2], a[3] = g[0]+r[0], g[1]+r[1], g[2]+r[2], g[3]+r[3]
-		a[4], a[5], a[6], a[7] = g[4]+r[4], g[5]+r[5], g[6]+r[6], g[7]+r[7]
-		b := floatBits(a)
-		any := (below - int32(b[0]&^signBit)) | (below - int32(b[1]&^signBit)) |
-			(below - int32(b[2]&^signBit)) | (below - int32(b[3]&^signBit)) |
-			(below - int32(b[4]&^signBit)) | (below - int32(b[5]&^signBit)) |
-			(below - int32(b[6]&^signBit)) | (below - int32(b[7]&^signBit))
-		if any < 0 {
-			dst, nonFinite = appendSome(dst, a, base+i, minKey, nonFinite)
+	nonFinite := 0
+	for lo := 0; lo < n; lo += tileBlocks * scanBlock {
+		hi := min(n, lo+tileBlocks*scanBlock)
+		a, g, r := acc[lo:hi], grad[lo:hi], residual[lo:hi]
+		g, r = g[:len(a)], r[:len(a)]
+		i := 0
+		for ; i+4 <= len(a); i += 4 {
+			a4, g4, r4 := a[i:i+4:i+4], g[i:i+4:i+4], r[i:i+4:i+4]
+			a4[0], a4[1], a4[2], a4[3] = g4[0]+r4[0], g4[1]+r4[1], g4[2]+r4[2], g4[3]+r4[3]
 		}
+		for ; i < len(a); i++ {
+			a[i] = g[i] + r[i]
+		}
+		var bad int
+		dst, bad = appendAbove(dst, a, base+lo, minKey)
+		nonFinite += bad
 	}
-	for j := i; j < n; j++ {
-		acc[j] = grad[j] + residual[j]
-	}
-	return appendSome(dst, acc[i:], base+i, minKey, nonFinite)
+	return dst, nonFinite
 }
 
 //go:noinline
