@@ -631,7 +631,7 @@ func reserveSparse(s Sparse, n int) Sparse {
 }
 
 const (
-	// scanBlock is how many entries a blockScan tests at once: 4 words of
+	// scanBlock is how many entries a blockScan tests at once: 8 words of
 	// two floats.
 	scanBlock = 16
 	// tileBlocks is how many blocks one nextTile call tests: 4096 entries,
