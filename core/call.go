@@ -93,28 +93,25 @@ func (c *Call) Recv(ctx context.Context, peer int, step uint32) (transport.Messa
 	return m, nil
 }
 
-// SendRecv sends to one peer while receiving from another, so that a ring or
-// a pairwise exchange never waits on itself. The first error wins.
-func (c *Call) SendRecv(ctx context.Context, to int, step uint32, dtype transport.Dtype, count uint64, payload []byte, from int) (transport.Message, error) {
-	var msg transport.Message
-	g, gctx := errgroup.WithContext(ctx)
-	var sent uint64
-	goSafe(g, func() error {
-		if err := c.T.Send(gctx, to, c.tag(step), dtype, count, payload); err != nil {
-			return err
+// SendRecv sends to one peer, then receives from another; a ring or a
+// pairwise exchange never waits on itself, since Send only queues (it never
+// waits for the peer to receive) and the transport receives in the
+// background. Both run on the caller's goroutine: goroutines of their own
+// gained nothing and cost a start and a wake-up on every step. A panic in
+// the transport comes back as ErrInternal, as from core's goroutines.
+func (c *Call) SendRecv(ctx context.Context, to int, step uint32, dtype transport.Dtype, count uint64, payload []byte, from int) (msg transport.Message, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			msg, err = transport.Message{}, panicError(v)
 		}
-		sent = uint64(len(payload))
-		return nil
-	})
-	goSafe(g, func() error {
-		var err error
-		msg, err = c.T.Recv(gctx, from, c.tag(step))
-		return err
-	})
-	if err := g.Wait(); err != nil {
+	}()
+	if err := c.T.Send(ctx, to, c.tag(step), dtype, count, payload); err != nil {
+		return transport.Message{}, err
+	}
+	c.countSent(uint64(len(payload)))
+	if msg, err = c.T.Recv(ctx, from, c.tag(step)); err != nil {
 		return msg, err
 	}
-	c.countSent(sent)
 	c.countReceived(uint64(len(msg.Payload)))
 	return msg, nil
 }
@@ -131,11 +128,17 @@ func goSafe(g *errgroup.Group, f func() error) {
 	g.Go(func() (err error) {
 		defer func() {
 			if v := recover(); v != nil {
-				err = fmt.Errorf("%w: panic: %v\n%s", ErrInternal, v, debug.Stack())
+				err = panicError(v)
 			}
 		}()
 		return f()
 	})
+}
+
+// panicError is ErrInternal for a recovered panic, with its value and the
+// stack of the goroutine that panicked.
+func panicError(v any) error {
+	return fmt.Errorf("%w: panic: %v\n%s", ErrInternal, v, debug.Stack())
 }
 
 func (c *Call) countSent(bytes uint64) {

@@ -103,16 +103,18 @@ func (c *Communicator) Allreduce(ctx context.Context, data []float32, average bo
 		return st, err
 	}
 	start := time.Now()
-	// The algorithms reduce in place, so a failure midway would leave partial
-	// sums; one copy (kept for the next call) puts the input back.
-	if c.Size() > 1 {
+	// Rabenseifner reduces in place, so a failure midway would leave partial
+	// sums; one copy (kept for the next call) puts the input back. The ring
+	// writes data only once every message has arrived.
+	backup := c.Size() > 1 && alg != DenseRing
+	if backup {
 		if cap(c.before) < len(data) {
 			c.before = make([]float32, len(data))
 		}
 		copy(c.before[:len(data)], data)
 	}
 	err = f(ctx, NewCall(c.T, alg.Op(), seq, &st, WithDesc(DescribeCall(ctx, 0, len(data), len(data)))), data)
-	if err != nil && c.Size() > 1 {
+	if err != nil && backup {
 		copy(data, c.before[:len(data)])
 	}
 	if err == nil && average {

@@ -44,6 +44,14 @@ func receivedFloats(m transport.Message, want int, scratch *[]float32) ([]float3
 	return vals, nil
 }
 
+// receivedFloatsOwned is receivedFloats for a caller that keeps the values
+// past the next receive (and may write them): a misaligned payload is
+// copied into fresh storage instead of a shared scratch buffer.
+func receivedFloatsOwned(m transport.Message, want int) ([]float32, error) {
+	var fresh []float32
+	return receivedFloats(m, want, &fresh)
+}
+
 // addInto adds src to dst element by element (the reduction of a chunk).
 func addInto(dst, src []float32) {
 	src = src[:len(dst)]

@@ -31,47 +31,56 @@ import (
 
 func init() { registerDense(DenseRing, RingAllreduce) }
 
-// RingAllreduce sums data over every rank of call, in place.
+// RingAllreduce sums data over every rank of call, in place. data is
+// written only after the last message has arrived, so a call that fails
+// leaves it as it was: the partial sums live in the received buffers, which
+// this rank owns, and each is forwarded from there at the next step.
 func RingAllreduce(ctx context.Context, call *Call, data []float32) error {
 	p, r := call.Size(), call.Rank()
 	if p == 1 {
 		return nil
 	}
 	n := len(data)
-	chunk := func(c int) []float32 {
-		c = ((c % p) + p) % p
-		return data[chunkStart(n, p, c):chunkStart(n, p, c+1)]
-	}
+	index := func(c int) int { return ((c % p) + p) % p }
+	chunk := func(c int) []float32 { return data[chunkStart(n, p, c):chunkStart(n, p, c+1)] }
 	right, left := (r+1)%p, (r-1+p)%p
-	var scratch []float32
+	// final[c] is chunk c's sum once it is known here.
+	final := make([][]float32, p)
 
-	// Step 1: reduce-scatter; afterwards chunk r+1 is complete here.
+	// Step 1: reduce-scatter; afterwards chunk r+1 is complete here. At step
+	// i > 0 the chunk sent is the partial sum received at step i−1 plus this
+	// rank's own values, kept in that received buffer.
+	send := chunk(index(r))
 	for i := 0; i < p-1; i++ {
-		send, into := chunk(r-i), chunk(r-i-1)
+		c := index(r - i - 1)
 		m, err := call.SendRecv(ctx, right, uint32(i), transport.DtypeFloat32, uint64(len(send)), float32Bytes(send), left)
 		if err != nil {
 			return fmt.Errorf("oktopk: ring reduce-scatter step %d: %w", i, err)
 		}
-		vals, err := receivedFloats(m, len(into), &scratch)
+		partial, err := receivedFloatsOwned(m, len(chunk(c)))
 		if err != nil {
 			return fmt.Errorf("oktopk: ring reduce-scatter step %d from rank %d: %w", i, left, err)
 		}
-		addInto(into, vals)
+		addInto(partial, chunk(c)) // own + received, commutative: the same bits as received + own
+		send = partial
 	}
+	final[index(r+1)] = send
 
-	// Step 2: allgather of the complete chunks.
+	// Step 2: allgather of the complete chunks, each forwarded as received.
 	for i := 0; i < p-1; i++ {
-		send, into := chunk(r+1-i), chunk(r-i)
+		c := index(r - i)
 		step := uint32(p - 1 + i)
 		m, err := call.SendRecv(ctx, right, step, transport.DtypeFloat32, uint64(len(send)), float32Bytes(send), left)
 		if err != nil {
 			return fmt.Errorf("oktopk: ring allgather step %d: %w", i, err)
 		}
-		vals, err := receivedFloats(m, len(into), &scratch)
-		if err != nil {
+		if send, err = receivedFloatsOwned(m, len(chunk(c))); err != nil {
 			return fmt.Errorf("oktopk: ring allgather step %d from rank %d: %w", i, left, err)
 		}
-		copy(into, vals)
+		final[c] = send
+	}
+	for c, sum := range final {
+		copy(chunk(c), sum)
 	}
 	return nil
 }

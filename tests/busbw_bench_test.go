@@ -19,8 +19,12 @@ import (
 //
 //	go test -run '^$' -bench RingAllreduceBetweenProcesses -benchtime 1x ./tests
 //
-// One b.N iteration is one whole multi-process run (each size timed over
-// BUSBW_ITERS allreduces, median), so -benchtime 1x is the useful setting.
+// One b.N iteration is one whole multi-process run, so -benchtime 1x is the
+// useful setting. Each size is timed over at least BUSBW_ITERS allreduces
+// of each kind (more for small sizes), oktopk's and raw runs alternating;
+// the times are medians and the ratio is the median of neighbouring runs'
+// ratios, which cancels the drift a run of one after the other would put on
+// the second.
 func BenchmarkRingAllreduceBetweenProcesses(b *testing.B) {
 	bin := buildCommand(b, "busbw")
 	iters := os.Getenv("BUSBW_ITERS")

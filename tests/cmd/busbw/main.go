@@ -61,14 +61,14 @@ func run(sizeList string, iters int) error {
 			return fmt.Errorf("bad size %q", s)
 		}
 		data := make([]float32, bytes/4)
-		oktopk, err := median(iters, func() error {
-			_, err := comm.Allreduce(ctx, data, false, core.DenseRing)
-			return err
-		}, comm)
-		if err != nil {
-			return err
-		}
-		rawTime, err := median(iters, func() error { return raw.allreduce(data) }, comm)
+		// Small sizes get more runs: at least iters, and about 64 MiB moved.
+		runs := max(iters, min(200, (64<<20)/bytes))
+		oktopk, rawTime, ratio, err := compare(runs, comm,
+			func() error {
+				_, err := comm.Allreduce(ctx, data, false, core.DenseRing)
+				return err
+			},
+			func() error { return raw.allreduce(data) })
 		if err != nil {
 			return err
 		}
@@ -77,7 +77,7 @@ func run(sizeList string, iters int) error {
 				return float64(bytes) * 2 * float64(p-1) / float64(p) / d.Seconds() / 1e6
 			}
 			fmt.Printf("busbw P=%d size=%d oktopk_ms=%.2f oktopk_busbw_MBps=%.1f raw_ms=%.2f raw_busbw_MBps=%.1f ratio=%.2f\n",
-				p, bytes, ms(oktopk), bus(oktopk), ms(rawTime), bus(rawTime), rawTime.Seconds()/oktopk.Seconds())
+				p, bytes, ms(oktopk), bus(oktopk), ms(rawTime), bus(rawTime), ratio)
 		}
 	}
 	return nil
@@ -85,17 +85,17 @@ func run(sizeList string, iters int) error {
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
-// median times iters runs of f, each started together on every rank (a
-// one-element allreduce as barrier), and returns the median over runs of
-// the ranks' mean time (a ring step waits on its neighbours, so the ranks'
-// times differ by little).
-func median(iters int, f func() error, comm *core.Communicator) (time.Duration, error) {
+// compare times runs runs of each of a and b, alternating a, b, a, b, …
+// after one warm-up run of each, and returns each side's median time and
+// the median over pairs of b's time over a's. Alternating puts drift over
+// time (the heap growing, caches and TCP windows warming up, other load)
+// on both alike, and the ratio of neighbouring runs cancels most of what
+// is left. Each run starts together on every rank (a one-element allreduce
+// as barrier); a run's time is the ranks' mean (a ring step waits on its
+// neighbours, so the ranks' times differ by little).
+func compare(runs int, comm *core.Communicator, a, b func() error) (medianA, medianB time.Duration, ratio float64, _ error) {
 	ctx := context.Background()
-	if err := f(); err != nil { // warm-up: connections, buffers
-		return 0, err
-	}
-	times := make([]float64, iters)
-	for i := range times {
+	timeRun := func(f func() error) (float64, error) {
 		barrier := []float32{0}
 		if _, err := comm.Allreduce(ctx, barrier, false, core.DenseRing); err != nil {
 			return 0, err
@@ -108,10 +108,29 @@ func median(iters int, f func() error, comm *core.Communicator) (time.Duration, 
 		if _, err := comm.Allreduce(ctx, mean, true, core.DenseRabenseifner); err != nil {
 			return 0, err
 		}
-		times[i] = float64(mean[0])
+		return float64(mean[0]), nil
 	}
-	sort.Float64s(times)
-	return time.Duration(times[len(times)/2] * float64(time.Second)), nil
+	for _, f := range []func() error{a, b} { // warm-up: connections, buffers
+		if err := f(); err != nil {
+			return 0, 0, 0, err
+		}
+	}
+	timesA, timesB, ratios := make([]float64, runs), make([]float64, runs), make([]float64, runs)
+	for i := 0; i < runs; i++ {
+		var err error
+		if timesA[i], err = timeRun(a); err != nil {
+			return 0, 0, 0, err
+		}
+		if timesB[i], err = timeRun(b); err != nil {
+			return 0, 0, 0, err
+		}
+		ratios[i] = timesB[i] / timesA[i]
+	}
+	med := func(t []float64) float64 {
+		sort.Float64s(t)
+		return t[len(t)/2]
+	}
+	return time.Duration(med(timesA) * float64(time.Second)), time.Duration(med(timesB) * float64(time.Second)), med(ratios), nil
 }
 
 // rawRing is the ring allreduce's schedule over plain ZeroMQ sockets: a
