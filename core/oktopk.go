@@ -54,6 +54,11 @@ package core
 // histogram exchange, which every rank makes anyway: then every rank skips
 // the step, leaving its gradient, residual and thresholds as they were.
 //
+// At density 1 (k = n) every entry is kept, and no sparse schedule beats
+// the dense one: the call is a dense ring allreduce of acc (2n(P−1)/P words
+// instead of the exact path's ~2n(P−1)), after one agreement word on NaN/Inf
+// (⌈log P⌉ rounds, as the baselines'), and the residual becomes zero.
+//
 // Cost per call, in words per rank. Payload, in reuse iterations: step 3
 // moves the ~k selected entries (2 words each) once, 2k(P−1)/P; step 5's
 // allgatherv 2k(P−1)/P and its balance at most the same again, so at most
@@ -123,6 +128,9 @@ func okTopkAllreduce(ctx context.Context, call *Call, st *TensorState, grad []fl
 		sc.acc = make([]float32, n)
 	}
 	acc := sc.acc[:n]
+	if k == n && p > 1 {
+		return okTopkDense(ctx, call, st, grad, acc)
+	}
 	// With k = n every entry is kept, which only the exact path does
 	// without a threshold (a zero sum is still a selected entry).
 	exact := st.Iter%st.Config.TauPrime == 0 || k == n
@@ -193,6 +201,31 @@ func okTopkAllreduce(ctx context.Context, call *Call, st *TensorState, grad []fl
 	// Step 6: residual, then the averaged result into the caller's buffer.
 	UpdateResidual(st.Residual, acc, local, global)
 	ScatterAverage(grad, global, p)
+	st.Iter++
+	return nil
+}
+
+// okTopkDense is Ok-Topk at density 1: the dense ring allreduce of acc =
+// grad + residual, averaged into grad. A failed call leaves grad, the
+// residual and the state as they were (the ring writes only acc, this
+// tensor's scratch).
+func okTopkDense(ctx context.Context, call *Call, st *TensorState, grad, acc []float32) error {
+	n, p := len(grad), call.Size()
+	start := time.Now()
+	bad := Accumulate(acc, grad, st.Residual)
+	call.Stats.Select = time.Since(start)
+	if err := agreeOnInput(ctx, call, bad, nil); err != nil {
+		return err
+	}
+	start = time.Now()
+	if err := RingAllreduce(ctx, call, acc); err != nil {
+		return err
+	}
+	call.Stats.Reduce = time.Since(start)
+	scale(acc, p)
+	copy(grad, acc)
+	clear(st.Residual)
+	call.Stats.LocalSelected, call.Stats.GlobalSelected = n, n
 	st.Iter++
 	return nil
 }
