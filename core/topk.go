@@ -574,12 +574,7 @@ func selectInChunks(dst Sparse, n, chunks int, selectChunk func(part Sparse, lo,
 		total += parts[c].Len()
 		bad += nonFinite[c]
 	}
-	if cap(dst.Idx) < start+total || cap(dst.Val) < start+total {
-		grown := Sparse{Idx: make([]uint32, start, start+total+total/8), Val: make([]float32, start, start+total+total/8)}
-		copy(grown.Idx, dst.Idx)
-		copy(grown.Val, dst.Val)
-		dst = grown
-	}
+	dst = reserveSparse(dst, start+total)
 	dst.Idx, dst.Val = dst.Idx[:start+total], dst.Val[:start+total]
 	forEachChunk(n, chunks, func(c, _, _ int) {
 		at := start
