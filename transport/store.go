@@ -16,6 +16,7 @@ import (
 	"net"
 	"strconv"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/vmihailenco/msgpack/v5"
@@ -133,7 +134,14 @@ type StoreServer struct {
 func ServeStore(host string, port int, token string) (*StoreServer, error) {
 	ln, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(port)))
 	if err != nil {
-		return nil, fmt.Errorf("%w: store listen: %w", ErrRendezvous, err)
+		hint := ""
+		if errors.Is(err, syscall.EADDRINUSE) && port != 0 {
+			// The usual cause besides a second job on the same port: a port
+			// inside the kernel's ephemeral range (ip_local_port_range), which
+			// outgoing connections on this host take as their source port.
+			hint = fmt.Sprintf(" (port %d is taken; choose MASTER_PORT or OKTOPK_RENDEZVOUS_PORT below the ephemeral range, as torchrun's default 29500 is)", port)
+		}
+		return nil, fmt.Errorf("%w: store listen: %w%s", ErrRendezvous, err, hint)
 	}
 	s := &StoreServer{ln: ln, token: token, data: newMemStore(), conns: make(map[net.Conn]struct{})}
 	s.wg.Add(1)

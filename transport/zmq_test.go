@@ -328,6 +328,25 @@ func TestStoreOverTCP(t *testing.T) {
 	}
 }
 
+// A rendezvous port already taken fails at once with ErrRendezvous, and the
+// message names the port and the way out.
+func TestStoreOnATakenPortSaysWhich(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	port := taken.Addr().(*net.TCPAddr).Port
+	srv, err := ServeStore("127.0.0.1", port, "tok")
+	if err == nil {
+		srv.Close()
+		t.Fatalf("ServeStore on a port in use succeeded")
+	}
+	if !errors.Is(err, ErrRendezvous) || !strings.Contains(err.Error(), fmt.Sprintf("port %d is taken", port)) {
+		t.Fatalf("want ErrRendezvous naming port %d, got %v", port, err)
+	}
+}
+
 func TestUniqueIDRendezvous(t *testing.T) {
 	id, srv, err := NewUniqueID(ZMQOptions{})
 	if err != nil {
