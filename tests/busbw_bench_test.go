@@ -21,10 +21,10 @@ import (
 //
 // One b.N iteration is one whole multi-process run, so -benchtime 1x is the
 // useful setting. Each size is timed over at least BUSBW_ITERS allreduces
-// of each kind (more for small sizes), oktopk's and raw runs alternating;
-// the times are medians and the ratio is the median of neighbouring runs'
-// ratios, which cancels the drift a run of one after the other would put on
-// the second.
+// of each kind (more for small sizes), in blocks of runs of one kind in the
+// order A B B A A B …, each block opening with untimed runs; the times are
+// medians and the ratio is the median over neighbouring block pairs (see
+// compare in the busbw command for why).
 func BenchmarkRingAllreduceBetweenProcesses(b *testing.B) {
 	bin := buildCommand(b, "busbw")
 	iters := os.Getenv("BUSBW_ITERS")

@@ -380,7 +380,7 @@ func (z *ZMQ) Send(ctx context.Context, peer int, tag Tag, dtype Dtype, count ui
 		return fmt.Errorf("oktopk: invalid usage: send before Connect")
 	}
 	h := frameHeader{kind: kindData, tag: tag, call: z.box.callOf(tag.Seq), dtype: dtype, count: count, payloadLen: uint64(len(payload))}
-	return z.enqueue(ctx, peer, &h, payload, fmt.Sprintf("sending %s to peer %d", tag, peer))
+	return z.enqueue(ctx, peer, &h, payload)
 }
 
 // StartCall records the call this rank has begun; its heartbeats carry the
@@ -389,10 +389,17 @@ func (z *ZMQ) StartCall(op Op, seq uint64, call CallDesc) { z.box.start(op, seq,
 
 func (z *ZMQ) sendControl(ctx context.Context, peer int, kind frameKind) error {
 	h := frameHeader{kind: kind, dtype: DtypeBytes}
-	return z.enqueue(ctx, peer, &h, nil, fmt.Sprintf("sending %d to peer %d", kind, peer))
+	return z.enqueue(ctx, peer, &h, nil)
 }
 
-func (z *ZMQ) enqueue(ctx context.Context, peer int, h *frameHeader, payload []byte, what string) error {
+func (z *ZMQ) enqueue(ctx context.Context, peer int, h *frameHeader, payload []byte) error {
+	// Said only on failure: formatting it on every send cost an allocation.
+	what := func() string {
+		if h.kind == kindData {
+			return fmt.Sprintf("sending %s to peer %d", h.tag, peer)
+		}
+		return fmt.Sprintf("sending %d to peer %d", h.kind, peer)
+	}
 	h.token = z.token
 	h.generation = z.opts.Generation
 	h.sender = uint32(z.opts.Rank)
@@ -401,7 +408,7 @@ func (z *ZMQ) enqueue(ctx context.Context, peer int, h *frameHeader, payload []b
 	select {
 	case z.peers[peer].reqs <- req:
 	case <-ctx.Done():
-		return ContextError(ctx, what)
+		return ContextError(ctx, what())
 	case <-z.closing:
 		return z.closedErr()
 	}
@@ -412,7 +419,7 @@ func (z *ZMQ) enqueue(ctx context.Context, peer int, h *frameHeader, payload []b
 		// The sender may still be copying payload; wait for it so the
 		// caller can reuse the buffer, bounded by the poll interval.
 		<-req.done
-		return ContextError(ctx, what)
+		return ContextError(ctx, what())
 	}
 }
 

@@ -85,15 +85,27 @@ func run(sizeList string, iters int) error {
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
-// compare times runs runs of each of a and b, alternating a, b, a, b, …
-// after one warm-up run of each, and returns each side's median time and
-// the median over pairs of b's time over a's. Alternating puts drift over
-// time (the heap growing, caches and TCP windows warming up, other load)
-// on both alike, and the ratio of neighbouring runs cancels most of what
-// is left. Each run starts together on every rank (a one-element allreduce
-// as barrier); a run's time is the ranks' mean (a ring step waits on its
+// compare times a and b in blocks of blockRuns runs, in the order A B B A
+// A B B A …, and returns each side's median time over the timed runs and
+// the median over neighbouring block pairs of b's block median over a's.
+//
+// Why blocks, and why that order: the two sides share one process, so each
+// leaves state behind that the other inherits — the Go heap and where its
+// next garbage collection falls, glibc's arenas, caches, TCP windows. Run
+// one after the other (A B A B …), the collections, which come every few
+// runs, lock into step with the alternation and land on one side more than
+// the other: measured that way (2 ranks, 4 MiB), oktopk's median time was
+// 10–15% above its median in jobs that ran oktopk alone, and raw's 15–20%
+// below raw's alone, which turned an overhead of about 0.9 into 0.7. So each block starts with
+// washoutRuns untimed runs that leave the other side's state behind, and
+// the A B B A order has each side follow each side equally often. Short
+// blocks still put slow drift (other load, the heap growing) on both alike.
+//
+// Each run starts together on every rank (a one-element allreduce as
+// barrier); a run's time is the ranks' mean (a ring step waits on its
 // neighbours, so the ranks' times differ by little).
 func compare(runs int, comm *core.Communicator, a, b func() error) (medianA, medianB time.Duration, ratio float64, _ error) {
+	const blockRuns, washoutRuns = 6, 2
 	ctx := context.Background()
 	timeRun := func(f func() error) (float64, error) {
 		barrier := []float32{0}
@@ -110,25 +122,46 @@ func compare(runs int, comm *core.Communicator, a, b func() error) (medianA, med
 		}
 		return float64(mean[0]), nil
 	}
-	for _, f := range []func() error{a, b} { // warm-up: connections, buffers
-		if err := f(); err != nil {
-			return 0, 0, 0, err
-		}
-	}
-	timesA, timesB, ratios := make([]float64, runs), make([]float64, runs), make([]float64, runs)
-	for i := 0; i < runs; i++ {
-		var err error
-		if timesA[i], err = timeRun(a); err != nil {
-			return 0, 0, 0, err
-		}
-		if timesB[i], err = timeRun(b); err != nil {
-			return 0, 0, 0, err
-		}
-		ratios[i] = timesB[i] / timesA[i]
-	}
 	med := func(t []float64) float64 {
+		t = append([]float64(nil), t...)
 		sort.Float64s(t)
 		return t[len(t)/2]
+	}
+	block := func(f func() error) ([]float64, error) {
+		for i := 0; i < washoutRuns; i++ {
+			if err := f(); err != nil {
+				return nil, err
+			}
+		}
+		times := make([]float64, blockRuns)
+		for i := range times {
+			var err error
+			if times[i], err = timeRun(f); err != nil {
+				return nil, err
+			}
+		}
+		return times, nil
+	}
+	pairs := max(3, (runs+blockRuns-1)/blockRuns) | 1 // odd: the median ratio is one pair's
+	var timesA, timesB, ratios []float64
+	for i := 0; i < pairs; i++ {
+		first, second := a, b // A B, then B A
+		if i%2 == 1 {
+			first, second = b, a
+		}
+		t1, err := block(first)
+		if err != nil {
+			return 0, 0, 0, err
+		}
+		t2, err := block(second)
+		if err != nil {
+			return 0, 0, 0, err
+		}
+		if i%2 == 1 {
+			t1, t2 = t2, t1
+		}
+		timesA, timesB = append(timesA, t1...), append(timesB, t2...)
+		ratios = append(ratios, med(t2)/med(t1))
 	}
 	return time.Duration(med(timesA) * float64(time.Second)), time.Duration(med(timesB) * float64(time.Second)), med(ratios), nil
 }
