@@ -10,7 +10,7 @@ package core
 //     reused (SelectByThreshold). A reuse call that lets more than k entries
 //     through cuts them to their k largest, which are the exact top-k, so
 //     step 3 never sends more than k per rank; one that lets fewer through
-//     sends those. Either way the threshold is nudged for the next call.
+//     sends those and nudges the threshold down.
 //  2. Space repartition, every τ calls. Each rank takes the P-quantile
 //     positions of its selected indices; the boundaries are averaged over
 //     the ranks, so each of the P regions holds about k/P selected entries

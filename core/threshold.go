@@ -4,10 +4,10 @@ package core
 // magnitude costs more than a pass over memory, so it is done only every τ′
 // calls; in between the last threshold is reused: select |x| > th in one
 // pass. When more than k entries pass, the k largest of them are x's top-k,
-// so the selection is cut to those from the selected entries alone: the
-// words sent never exceed k, however far the gradient's scale drifts up.
-// The threshold is nudged for the next call (moved to the cut when far too
-// many passed); far below k, an exact selection replaces the call.
+// so the selection is cut to those from the selected entries alone and th
+// moves up to the cut: the words sent never exceed k, however far the
+// gradient's scale drifts up. When fewer pass, th is nudged down for the
+// next call, or, far below k, an exact selection replaces the call.
 
 import (
 	"fmt"
@@ -15,12 +15,9 @@ import (
 )
 
 const (
-	thresholdFarAbove = 2.0       // more than 2k passed: th moves up to the cut
-	thresholdTooFew   = 1.0 / 2.0 // fewer than k/2 passed: select exactly instead
-	nudgeLowCount     = 4.0 / 5.0 // fewer than 4k/5 passed: lower th for next call
-	nudgeHighCount    = 5.0 / 4.0 // more than 5k/4 passed: raise th for next call
-	nudgeDown         = 0.97
-	nudgeUp           = 1.03
+	thresholdTooFew = 1.0 / 2.0 // fewer than k/2 passed: select exactly instead
+	nudgeLowCount   = 4.0 / 5.0 // fewer than 4k/5 passed: lower th for next call
+	nudgeDown       = 0.97
 )
 
 // SelectByThreshold selects about k entries of x into dst (ascending by
@@ -59,23 +56,13 @@ func reuseThreshold(dst Sparse, x []float32, k int, th *float32, nonFinite, chun
 		dst.Reset()
 		return dst, false, fmt.Errorf("%w: %d entries", ErrNonFinite, nonFinite)
 	}
-	if c := dst.Len(); c > k {
+	if dst.Len() > k {
 		// Every entry of x above *th is in dst, so the k largest in dst
 		// are the k largest in x. The (k+1)-th largest magnitude costs two
-		// histogram passes over the selected entries, not over x.
-		cut := math.Float32frombits(kthLargestKey(dst.Val, k+1, 1))
-		dst = keepAbove(dst, cut)
-		// The threshold stays below the cut unless it has drifted far: the
-		// entries just sent leave the residual, so the next call's count
-		// falls, and a threshold moved up to the cut lets through too few
-		// (measured: worst relative error to the exact top-k 0.55 instead
-		// of under 0.5 in TestOkTopkRelativeErrorToExactTopK).
-		switch {
-		case float64(c) > thresholdFarAbove*float64(k):
-			*th = cut
-		case float64(c) > nudgeHighCount*float64(k):
-			*th *= nudgeUp
-		}
+		// histogram passes over the selected entries (about k), not over
+		// x, and becomes the threshold, as an exact selection would set it.
+		*th = math.Float32frombits(kthLargestKey(dst.Val, k+1, 1))
+		dst = keepAbove(dst, *th)
 	}
 	// Far too few passed (the gradient's scale fell, or ties at the cut
 	// left few above it): pay for one exact selection rather than send far
