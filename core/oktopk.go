@@ -7,10 +7,7 @@ package core
 //  1. Local threshold. Select about k entries of acc by |acc| > local
 //     threshold. Every τ′ calls the threshold is recomputed exactly (the k-th
 //     largest |acc|, and the selection is the exact top-k); in between it is
-//     reused (SelectByThreshold). A reuse call that lets more than k entries
-//     through cuts them to their k largest, which are the exact top-k, so
-//     step 3 never sends more than k per rank; one that lets fewer through
-//     sends those and nudges the threshold down.
+//     reused and nudged (SelectByThreshold).
 //  2. Space repartition, every τ calls. Each rank takes the P-quantile
 //     positions of its selected indices; the boundaries are averaged over
 //     the ranks, so each of the P regions holds about k/P selected entries

@@ -3,11 +3,8 @@ package core
 // Threshold reuse (Ok-Topk step 1 and step 4). Finding the exact k-th largest
 // magnitude costs more than a pass over memory, so it is done only every τ′
 // calls; in between the last threshold is reused: select |x| > th in one
-// pass. When more than k entries pass, the k largest of them are x's top-k,
-// so the selection is cut to those from the selected entries alone and th
-// moves up to the cut: the words sent never exceed k, however far the
-// gradient's scale drifts up. When fewer pass, th is nudged down for the
-// next call, or, far below k, an exact selection replaces the call.
+// pass, raise th a little when far more than k entries pass, and nudge it
+// after selecting so the next call lands closer to k.
 
 import (
 	"fmt"
@@ -15,9 +12,14 @@ import (
 )
 
 const (
-	thresholdTooFew = 1.0 / 2.0 // fewer than k/2 passed: select exactly instead
-	nudgeLowCount   = 4.0 / 5.0 // fewer than 4k/5 passed: lower th for next call
-	nudgeDown       = 0.97
+	thresholdTooMany   = 4.0 / 3.0 // more than 4k/3 passed: raise and reselect
+	thresholdRaise     = 1.03      // factor per raise
+	thresholdMaxRaises = 4
+	thresholdTooFew    = 1.0 / 2.0 // fewer than k/2 passed: select exactly instead
+	nudgeLowCount      = 4.0 / 5.0 // fewer than 4k/5 passed: lower th for next call
+	nudgeHighCount     = 5.0 / 4.0 // more than 5k/4 passed: raise th for next call
+	nudgeDown          = 0.97
+	nudgeUp            = 1.03
 )
 
 // SelectByThreshold selects about k entries of x into dst (ascending by
@@ -48,31 +50,29 @@ func selectByThreshold(dst Sparse, x []float32, k int, th *float32, exact bool, 
 }
 
 // reuseThreshold finishes a reuse call once dst holds the entries of x with
-// |x| > *th (nonFinite of x's entries being NaN or ±Inf): cut it to the k
-// largest when more passed, fall back to an exact selection when far too
-// few did, and nudge the threshold down when somewhat too few did.
+// |x| > *th (nonFinite of x's entries being NaN or ±Inf): raise the
+// threshold while far too many passed, fall back to an exact selection when
+// it has drifted too far, and nudge it for the next call.
 func reuseThreshold(dst Sparse, x []float32, k int, th *float32, nonFinite, chunks int) (Sparse, bool, error) {
 	if nonFinite > 0 {
 		dst.Reset()
 		return dst, false, fmt.Errorf("%w: %d entries", ErrNonFinite, nonFinite)
 	}
-	if dst.Len() > k {
-		// Every entry of x above *th is in dst, so the k largest in dst
-		// are the k largest in x. The (k+1)-th largest magnitude costs two
-		// histogram passes over the selected entries (about k), not over
-		// x, and becomes the threshold, as an exact selection would set it.
-		*th = math.Float32frombits(kthLargestKey(dst.Val, k+1, 1))
+	for tries := 0; float64(dst.Len()) > thresholdTooMany*float64(k) && tries < thresholdMaxRaises; tries++ {
+		*th *= thresholdRaise
 		dst = keepAbove(dst, *th)
 	}
-	// Far too few passed (the gradient's scale fell, or ties at the cut
-	// left few above it): pay for one exact selection rather than send far
-	// fewer than k entries.
-	c := float64(dst.Len())
-	if c < thresholdTooFew*float64(k) {
+	// The reused threshold has drifted too far for small corrections (the
+	// gradient's scale changed): pay for one exact selection rather than
+	// send far more, or far fewer, than k entries.
+	if c := float64(dst.Len()); c > thresholdTooMany*float64(k) || c < thresholdTooFew*float64(k) {
 		return selectExact(dst, x, k, th, chunks)
 	}
-	if c < nudgeLowCount*float64(k) {
+	switch c := float64(dst.Len()); {
+	case c < nudgeLowCount*float64(k):
 		*th *= nudgeDown
+	case c > nudgeHighCount*float64(k):
+		*th *= nudgeUp
 	}
 	return dst, false, nil
 }
