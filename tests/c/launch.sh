@@ -3,6 +3,8 @@
 # torchrun would (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), waits for all,
 # and fails unless every copy exits 0 and every "HASH <name> <hex>" line it
 # prints is the same on every rank (bitwise identical results).
+# OKTOPK_TEST_DIR names a directory the ranks share for the test's own
+# signals; it is removed at the end.
 set -u
 P=$1
 shift
@@ -32,7 +34,7 @@ port=$(free_port)
 
 pids=()
 for ((r = 0; r < P; r++)); do
-	RANK=$r WORLD_SIZE=$P MASTER_ADDR=127.0.0.1 MASTER_PORT=$port OKTOPK_RENDEZVOUS_PORT=$((port + 1)) \
+	OKTOPK_TEST_DIR=$tmp RANK=$r WORLD_SIZE=$P MASTER_ADDR=127.0.0.1 MASTER_PORT=$port OKTOPK_RENDEZVOUS_PORT=$((port + 1)) \
 		"$@" >"$tmp/out.$r" 2>"$tmp/err.$r" &
 	pids+=($!)
 done

@@ -673,7 +673,30 @@ static int run_peer_death(void) {
   rank_ = rank;
   float x[1024] = {0};
   OK(oktopk_allreduce(comm, x, 1024, OKTOPK_FLOAT32, 0, OKTOPK_ALGO_DENSE_RING));
-  if (rank == size - 1) _exit(0); /* dies: no destroy, sockets dropped by the kernel */
+  /* The dying rank's last sends of that call are queued, not yet delivered,
+   * when its own call returns; dying at once can drop them, and a survivor's
+   * first call would fail instead of its second. So survivors mark their
+   * first call done with a file in the launcher's directory, and the last
+   * rank dies only once every mark is there. */
+  const char *dir = getenv("OKTOPK_TEST_DIR");
+  REQUIRE(dir != NULL);
+  char mark[4096];
+  if (rank != size - 1) {
+    snprintf(mark, sizeof mark, "%s/first_call_done.%d", dir, rank);
+    FILE *f = fopen(mark, "w");
+    REQUIRE(f != NULL);
+    fclose(f);
+  } else {
+    for (int r = 0; r < size - 1; r++) {
+      snprintf(mark, sizeof mark, "%s/first_call_done.%d", dir, r);
+      double waited = now();
+      while (access(mark, F_OK) != 0) {
+        REQUIRE(now() - waited < 30.0);
+        usleep(1000);
+      }
+    }
+    _exit(0); /* dies: no destroy, sockets dropped by the kernel */
+  }
   double t0 = now();
   oktopk_result_t r = oktopk_allreduce(comm, x, 1024, OKTOPK_FLOAT32, 0, OKTOPK_ALGO_DENSE_RING);
   double failed = now() - t0;

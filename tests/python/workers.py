@@ -106,8 +106,13 @@ def dead_peer(rank, world, port, out, timeout):
     m.register_comm_hook(state, oktopk_hook)
     o = torch.optim.SGD(m.parameters(), lr=0.1)
     for step in range(100):
-        if rank == 1 and step == 3:
-            os._exit(3)  # dies mid-training, as a crashed or killed rank would
+        if step == 3:
+            # Rank 1's last sends of step 2 may still be queued when its
+            # step returns; the barrier lets them arrive before it dies, so
+            # rank 0 fails in step 3, not 2.
+            dist.barrier()
+            if rank == 1:
+                os._exit(3)  # dies mid-training, as a crashed or killed rank would
         x, y = batch(rank, step)
         o.zero_grad()
         start = time.monotonic()
@@ -228,8 +233,10 @@ def dead_in_setup(rank, world, port, out, timeout):
     m.register_comm_hook(state, oktopk_hook)
     o = torch.optim.SGD(m.parameters(), lr=0.1)
     for step in range(4):
-        if rank == 1 and step == 2:
-            os._exit(3)
+        if step == 2:
+            dist.barrier()  # step 1's last messages arrive before rank 1 dies
+            if rank == 1:
+                os._exit(3)
         x, y = batch(rank, step)
         o.zero_grad()
         start = time.monotonic()
