@@ -43,16 +43,23 @@ func SampledThreshold(x []float32, k, s int, seed uint64) (float32, error) {
 	}
 	sc := getScratch()
 	defer putScratch(sc)
-	if cap(sc.sample) < s {
-		sc.sample = make([]float32, s)
-	}
-	sample := sc.sample[:s]
-	drawStratified(sample, x, seed)
+	sample := sc.drawSample(x, s, seed)
 	if firstNaN(sample) >= 0 {
 		return 0, fmt.Errorf("%w: NaN in the sample", ErrNonFinite)
 	}
 	r := int((int64(k)*int64(s) + int64(n) - 1) / int64(n)) // ⌈k·s/n⌉, 1 ≤ r ≤ s
 	return math.Float32frombits(kthLargestKey(sample, r, selectionChunks(s))), nil
+}
+
+// drawSample returns s entries of x drawn by drawStratified, in the
+// scratch's own storage (valid until the scratch is put back).
+func (sc *selectionScratch) drawSample(x []float32, s int, seed uint64) []float32 {
+	if cap(sc.sample) < s {
+		sc.sample = make([]float32, s)
+	}
+	sample := sc.sample[:s]
+	drawStratified(sample, x, seed)
+	return sample
 }
 
 // drawStratified fills sample with one entry of x from each of len(sample)

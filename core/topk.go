@@ -365,11 +365,7 @@ func topKBySample(dst Sparse, x []float32, k, chunks int, margin float64) (_ Spa
 	s := min(n/8, max(n/1024, 64*n/k))
 	sc := getScratch()
 	defer putScratch(sc)
-	if cap(sc.sample) < s {
-		sc.sample = make([]float32, s)
-	}
-	sample := sc.sample[:s]
-	drawStratified(sample, x, sampledTopKSeed)
+	sample := sc.drawSample(x, s, sampledTopKSeed)
 	r := float64(k+1) * float64(s) / float64(n)
 	rank := min(s, int(math.Ceil(r+margin*math.Sqrt(r)))+1)
 	if rank < 1 || firstNaN(sample) >= 0 {
