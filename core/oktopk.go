@@ -68,10 +68,11 @@ package core
 // 4 rounds for an eighth-octave bin, 6 for the open-ended end bins; usually
 // none or one). Every τ calls the repartition allgathers P+1 boundaries of
 // 2 words, 2(P+1)(P−1); every τ′ calls the exact cut takes up to 6
-// refinement rounds. Latency, with ring allgathers:
-// (P−1)α each for split-and-reduce, histograms, balance and allgatherv, plus
-// (P−1)α per refinement round — about 4(P−1)α against the paper's
-// (2P + 2 log P)α, whose small allgathers use recursive doubling.
+// refinement rounds. Latency: (P−1)α each for split-and-reduce, balance
+// and the ring allgatherv; the histograms, each refinement round and the
+// repartition's boundaries are small, so they are allgathered by Bruck's
+// algorithm (AllgatherEqual) in ⌈log₂ P⌉α each — about
+// 3(P−1)α + 2⌈log₂ P⌉α per reuse call, near the paper's (2P + 2 log P)α.
 
 import (
 	"context"
@@ -257,17 +258,14 @@ func repartition(ctx context.Context, call *Call, local Sparse, n int) ([]uint32
 	for j, q := range quantiles {
 		binary.LittleEndian.PutUint64(payload[8*j:], q)
 	}
-	blocks, err := Allgatherv(ctx, call, stepRepartition, Block{Dtype: transport.DtypeUint64, Count: uint64(p + 1), Payload: payload})
+	blocks, err := AllgatherEqual(ctx, call, stepRepartition, payload)
 	if err != nil {
 		return nil, err
 	}
 	sum := make([]uint64, p+1)
 	for r, b := range blocks {
-		if len(b.Payload) != len(payload) {
-			return nil, fmt.Errorf("%w: rank %d sent %d region quantiles, want %d", ErrMismatch, r, len(b.Payload)/8, p+1)
-		}
 		for j := range sum {
-			q := binary.LittleEndian.Uint64(b.Payload[8*j:])
+			q := binary.LittleEndian.Uint64(b[8*j:])
 			if q > uint64(n) {
 				return nil, fmt.Errorf("%w: rank %d's region boundary %d exceeds n=%d (different tensor sizes?)", ErrMismatch, r, q, n)
 			}
@@ -668,7 +666,7 @@ func exchangeHistograms(ctx context.Context, call *Call, reduced Sparse, base in
 		payload[4*histogramBins] = 1
 	}
 	sent := call.Stats.BytesSent
-	blocks, err := Allgatherv(ctx, call, stepCounts, Block{Dtype: transport.DtypeBytes, Count: uint64(len(payload)), Payload: payload})
+	blocks, err := AllgatherEqual(ctx, call, stepCounts, payload)
 	*words += int(call.Stats.BytesSent-sent) / 4
 	if err != nil {
 		return nil, false, err
@@ -676,13 +674,10 @@ func exchangeHistograms(ctx context.Context, call *Call, reduced Sparse, base in
 	hists := make([][histogramBins]uint32, len(blocks))
 	anyNonFinite := false
 	for r, b := range blocks {
-		if len(b.Payload) != len(payload) {
-			return nil, false, fmt.Errorf("%w: rank %d sent a histogram of %d bytes", ErrMismatch, r, len(b.Payload))
-		}
 		for i := range hists[r] {
-			hists[r][i] = binary.LittleEndian.Uint32(b.Payload[4*i:])
+			hists[r][i] = binary.LittleEndian.Uint32(b[4*i:])
 		}
-		anyNonFinite = anyNonFinite || b.Payload[4*histogramBins] != 0
+		anyNonFinite = anyNonFinite || b[4*histogramBins] != 0
 	}
 	return hists, anyNonFinite, nil
 }
@@ -701,18 +696,15 @@ func exchangeRefinement(ctx context.Context, call *Call, step uint32, reduced Sp
 		binary.LittleEndian.PutUint32(payload[4*b:], c)
 	}
 	sent := call.Stats.BytesSent
-	blocks, err := Allgatherv(ctx, call, step, Block{Dtype: transport.DtypeBytes, Count: uint64(len(payload)), Payload: payload})
+	blocks, err := AllgatherEqual(ctx, call, step, payload)
 	*words += int(call.Stats.BytesSent-sent) / 4
 	if err != nil {
 		return nil, err
 	}
 	hists := make([][refineBins]uint32, len(blocks))
 	for r, b := range blocks {
-		if len(b.Payload) != len(payload) {
-			return nil, fmt.Errorf("%w: rank %d sent a refinement histogram of %d bytes", ErrMismatch, r, len(b.Payload))
-		}
 		for i := range hists[r] {
-			hists[r][i] = binary.LittleEndian.Uint32(b.Payload[4*i:])
+			hists[r][i] = binary.LittleEndian.Uint32(b[4*i:])
 		}
 	}
 	return hists, nil

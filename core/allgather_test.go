@@ -1,0 +1,85 @@
+package core
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+)
+
+// blockOf is rank r's test block: m bytes that name the rank and position.
+func blockOf(r, m int) []byte {
+	b := make([]byte, m)
+	for i := range b {
+		b[i] = byte(31*r + i)
+	}
+	return b
+}
+
+// Every rank ends with every rank's block in rank order, for P that are and
+// are not powers of two, in ⌈log₂ P⌉ messages per rank carrying (P−1)m bytes.
+func TestAllgatherEqualGathersEveryBlockInLogRounds(t *testing.T) {
+	for _, p := range []int{1, 2, 3, 5, 7, 8, 13} {
+		for _, m := range []int{0, 1, 324} {
+			t.Run(fmt.Sprintf("P=%d/m=%d", p, m), func(t *testing.T) {
+				runInProc(t, p, func(ctx context.Context, rank int, c *Communicator) error {
+					call := NewCall(c.T, OkTopk.Op(), 1, nil)
+					blocks, err := AllgatherEqual(ctx, call, 0, blockOf(rank, m))
+					if err != nil {
+						return err
+					}
+					if len(blocks) != p {
+						return fmt.Errorf("rank %d: %d blocks, want %d", rank, len(blocks), p)
+					}
+					for r, b := range blocks {
+						if !bytes.Equal(b, blockOf(r, m)) {
+							return fmt.Errorf("rank %d: block %d is %v, want %v", rank, r, b, blockOf(r, m))
+						}
+					}
+					rounds := 0
+					for d := 1; d < p; d *= 2 {
+						rounds++
+					}
+					if call.Stats.BytesSent != uint64((p-1)*m) {
+						return fmt.Errorf("rank %d sent %d bytes, want (P-1)m = %d", rank, call.Stats.BytesSent, (p-1)*m)
+					}
+					if got := call.Stats.MessagesSent; got != uint64(rounds) {
+						return fmt.Errorf("rank %d sent %d messages, want ⌈log₂ P⌉ = %d", rank, got, rounds)
+					}
+					return nil
+				})
+			})
+		}
+	}
+}
+
+// A rank whose block has another size fails the call on every rank, and
+// the rank that receives from it names it, with ErrMismatch; no rank hangs.
+func TestAllgatherEqualRefusesBlocksOfDifferentSizes(t *testing.T) {
+	const p = 5
+	errs := runInProcErrors(t, p, 10*time.Second, func(ctx context.Context, rank int, c *Communicator) error {
+		m := 8
+		if rank == 3 {
+			m = 12
+		}
+		_, err := AllgatherEqual(ctx, NewCall(c.T, OkTopk.Op(), 1, nil), 0, blockOf(rank, m))
+		return err
+	})
+	named := false
+	for r, err := range errs {
+		switch {
+		case err == nil:
+			t.Errorf("rank %d: no error", r)
+		case !errors.Is(err, ErrMismatch):
+			t.Errorf("rank %d: %v, want ErrMismatch", r, err)
+		case strings.Contains(err.Error(), "rank 3 sent 12 bytes"):
+			named = true
+		}
+	}
+	if !named {
+		t.Fatalf("no rank named rank 3's 12 bytes: %v", errs)
+	}
+}
