@@ -1,9 +1,11 @@
 package core
 
 // Allgathers: every rank contributes one block; every rank ends with all P
-// blocks, in rank order. Allgatherv (ring, blocks of any size) is for the
-// payload, where bandwidth counts; AllgatherEqual (Bruck, blocks of one
-// size, ⌈log₂ P⌉ rounds) is for small control messages, where latency does.
+// blocks, in rank order. Allgatherv (ring, blocks of any size) suits large
+// blocks of different sizes, where bandwidth counts; AllgathervBruck
+// (⌈log₂ P⌉ rounds) blocks of about one size; AllgatherEqual (Bruck, blocks
+// of one size, one message per round) small control messages, where latency
+// counts.
 //
 // The ring algorithm works as follows. Rank r sends to r+1 and receives from
 // r−1 (mod P). In step i = 0…P−2 rank r forwards block (r−i) mod P — its own
@@ -51,45 +53,94 @@ func Allgatherv(ctx context.Context, call *Call, firstStep uint32, own Block) ([
 // AllgatherSteps is how many step numbers Allgatherv uses.
 func AllgatherSteps(p int) uint32 { return uint32(p) }
 
-// AllgatherEqual gathers a block of the same size from every rank by
-// Bruck's algorithm, for the small control messages (histograms, region
-// boundaries) whose cost is latency, not bandwidth.
-//
-// Rank r keeps the blocks it has in relative order: slot i holds rank
-// (r+i) mod P's block, its own in slot 0. In round j, distance d = 2^j,
-// rank r sends its first min(d, P−d) slots to rank r−d and receives as many
-// from rank r+d into slots d, d+1, …; after round j it holds min(2d, P)
-// slots, so ⌈log₂ P⌉ rounds finish for any P, not only powers of two.
+// Bruck's algorithm, for any P: rank r keeps the blocks it has in relative
+// order, slot i holding rank (r+i) mod P's block (its own in slot 0). In
+// round j, distance d = 2^j, it sends its first min(d, P−d) slots to rank
+// r−d and receives as many from rank r+d into slots d, d+1, …; after round j
+// it holds min(2d, P) slots, so ⌈log₂ P⌉ rounds finish.
 //
 // Cost: ⌈log₂ P⌉α + (P−1)mβ for blocks of m words — the ring's bandwidth in
-// ⌈log₂ P⌉ rounds instead of P−1.
+// ⌈log₂ P⌉ rounds instead of P−1. With blocks of different sizes a rank
+// sends its own block in every round, so the words per rank vary more than
+// the ring's; the average over the ranks is the same.
+func bruckRounds(p, r int, round func(j uint32, d, cnt, to, from int) error) error {
+	for j, d := uint32(0), 1; d < p; j, d = j+1, 2*d {
+		if err := round(j, d, min(d, p-d), (r-d+p)%p, (r+d)%p); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// AllgatherEqual gathers a block of the same size from every rank by
+// Bruck's algorithm (bruckRounds), each round's blocks in one message: for
+// the small control messages (histograms, region boundaries) whose cost is
+// latency, not bandwidth.
 //
 // It returns the blocks in rank order (own block included, not copied). A
-// rank whose block has another size makes its receiver fail with
-// ErrMismatch. Steps are numbered from firstStep; it uses at most
-// AllgatherSteps(P) of them.
+// rank whose block has another size makes the call fail with ErrMismatch.
+// Steps are numbered from firstStep; it uses at most AllgatherSteps(P) of
+// them.
 func AllgatherEqual(ctx context.Context, call *Call, firstStep uint32, own []byte) ([][]byte, error) {
 	p, r := call.Size(), call.Rank()
 	m := len(own)
 	slots := make([]byte, m, p*m)
 	copy(slots, own)
-	for round, d := uint32(0), 1; d < p; round, d = round+1, 2*d {
-		cnt := min(d, p-d)
-		to, from := (r-d+p)%p, (r+d)%p
-		msg, err := call.SendRecv(ctx, to, firstStep+round, transport.DtypeBytes, uint64(cnt*m), slots[:cnt*m], from)
+	err := bruckRounds(p, r, func(j uint32, d, cnt, to, from int) error {
+		msg, err := call.SendRecv(ctx, to, firstStep+j, transport.DtypeBytes, uint64(cnt*m), slots[:cnt*m], from)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		if msg.Count != uint64(cnt*m) || len(msg.Payload) != cnt*m {
-			return nil, fmt.Errorf("%w: rank %d sent %d bytes in allgather round %d, where %d blocks of this rank's size make %d: the ranks' blocks differ in size",
-				ErrMismatch, from, len(msg.Payload), round, cnt, cnt*m)
+			return fmt.Errorf("%w: rank %d sent %d bytes in allgather round %d, where %d blocks of this rank's size make %d: the ranks' blocks differ in size",
+				ErrMismatch, from, len(msg.Payload), j, cnt, cnt*m)
 		}
 		slots = append(slots, msg.Payload...)
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	blocks := make([][]byte, p)
 	blocks[r] = own
 	for i := 1; i < p; i++ {
 		blocks[(r+i)%p] = slots[i*m : (i+1)*m : (i+1)*m]
+	}
+	return blocks, nil
+}
+
+// AllgathervBruck is Allgatherv by Bruck's algorithm (bruckRounds): blocks
+// of any size, each its own message (so its dtype and count travel in the
+// frame header, as in the ring), a round's messages sent back to back. For
+// blocks of about equal size, as Ok-Topk's balanced shares, it moves the
+// ring's words in ⌈log₂ P⌉ rounds instead of P−1. Steps are numbered from
+// firstStep (the receiver's slot number is the step); it uses at most
+// AllgatherSteps(P) of them.
+func AllgathervBruck(ctx context.Context, call *Call, firstStep uint32, own Block) ([]Block, error) {
+	p, r := call.Size(), call.Rank()
+	slots := make([]Block, 1, p)
+	slots[0] = own
+	err := bruckRounds(p, r, func(_ uint32, d, cnt, to, from int) error {
+		for i, b := range slots[:cnt] {
+			if err := call.Send(ctx, to, firstStep+uint32(d+i), b.Dtype, b.Count, b.Payload); err != nil {
+				return err
+			}
+		}
+		for i := range cnt {
+			m, err := call.Recv(ctx, from, firstStep+uint32(d+i))
+			if err != nil {
+				return err
+			}
+			slots = append(slots, Block{Dtype: m.Dtype, Count: m.Count, Payload: m.Payload})
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	blocks := make([]Block, p)
+	for i, b := range slots {
+		blocks[(r+i)%p] = b
 	}
 	return blocks, nil
 }

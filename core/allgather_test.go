@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/oktopk/oktopk/transport"
 )
 
 // blockOf is rank r's test block: m bytes that name the rank and position.
@@ -81,5 +83,38 @@ func TestAllgatherEqualRefusesBlocksOfDifferentSizes(t *testing.T) {
 	}
 	if !named {
 		t.Fatalf("no rank named rank 3's 12 bytes: %v", errs)
+	}
+}
+
+// Both allgathers of blocks of any size give every rank every block, dtype
+// and count included, in rank order, with P−1 messages per rank.
+func TestAllgathervAndBruckGatherBlocksOfAnySize(t *testing.T) {
+	type gather func(context.Context, *Call, uint32, Block) ([]Block, error)
+	blockOfRank := func(r int) Block {
+		m := (r * 37) % 11 // 0…10 float32s, some ranks empty
+		return Block{Dtype: transport.DtypeFloat32, Count: uint64(m), Payload: blockOf(r, 4*m)}
+	}
+	for name, fn := range map[string]gather{"ring": Allgatherv, "bruck": AllgathervBruck} {
+		for _, p := range []int{1, 2, 3, 5, 7, 8, 13} {
+			t.Run(fmt.Sprintf("%s/P=%d", name, p), func(t *testing.T) {
+				runInProc(t, p, func(ctx context.Context, rank int, c *Communicator) error {
+					call := NewCall(c.T, OkTopk.Op(), 1, nil)
+					blocks, err := fn(ctx, call, 0, blockOfRank(rank))
+					if err != nil {
+						return err
+					}
+					for r, b := range blocks {
+						want := blockOfRank(r)
+						if b.Dtype != want.Dtype || b.Count != want.Count || !bytes.Equal(b.Payload, want.Payload) {
+							return fmt.Errorf("rank %d: block %d is %+v, want %+v", rank, r, b, want)
+						}
+					}
+					if call.Stats.MessagesSent != uint64(p-1) {
+						return fmt.Errorf("rank %d sent %d messages, want P-1 = %d", rank, call.Stats.MessagesSent, p-1)
+					}
+					return nil
+				})
+			})
+		}
 	}
 }

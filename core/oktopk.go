@@ -68,11 +68,12 @@ package core
 // 4 rounds for an eighth-octave bin, 6 for the open-ended end bins; usually
 // none or one). Every τ calls the repartition allgathers P+1 boundaries of
 // 2 words, 2(P+1)(P−1); every τ′ calls the exact cut takes up to 6
-// refinement rounds. Latency: (P−1)α each for split-and-reduce, balance
-// and the ring allgatherv; the histograms, each refinement round and the
-// repartition's boundaries are small, so they are allgathered by Bruck's
-// algorithm (AllgatherEqual) in ⌈log₂ P⌉α each — about
-// 3(P−1)α + 2⌈log₂ P⌉α per reuse call, near the paper's (2P + 2 log P)α.
+// refinement rounds. Latency: (P−1)α for split-and-reduce, about α for the
+// balance (its few messages go out at once); every allgather — the
+// histograms, each refinement round, the repartition's boundaries, and step
+// 5's balanced shares — runs by Bruck's algorithm in ⌈log₂ P⌉ rounds
+// (AllgatherEqual, AllgathervBruck). So about Pα + 3⌈log₂ P⌉α per reuse
+// call with one refinement round, within the paper's (2P + 2 log P)α.
 
 import (
 	"context"
@@ -772,11 +773,11 @@ func balance(ctx context.Context, call *Call, kept Sparse, counts []int) (Sparse
 	return out, nil
 }
 
-// gatherSparse allgathers every rank's sparse block and concatenates them in
-// rank order; blocks must be disjoint and ascending across ranks, which
+// gatherSparse allgathers every rank's sparse block (Bruck's algorithm: the
+// balanced shares are of about one size) and concatenates them in rank order; blocks must be disjoint and ascending across ranks, which
 // DecodeSparse and the order check enforce.
 func gatherSparse(ctx context.Context, call *Call, step uint32, mine Sparse, n uint32) (Sparse, error) {
-	blocks, err := Allgatherv(ctx, call, step, Block{Dtype: transport.DtypeSparseF32, Count: uint64(mine.Len()), Payload: EncodeSparse(nil, mine, 0)})
+	blocks, err := AllgathervBruck(ctx, call, step, Block{Dtype: transport.DtypeSparseF32, Count: uint64(mine.Len()), Payload: EncodeSparse(nil, mine, 0)})
 	if err != nil {
 		return Sparse{}, err
 	}
