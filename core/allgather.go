@@ -50,7 +50,7 @@ func Allgatherv(ctx context.Context, call *Call, firstStep uint32, own Block) ([
 	return blocks, nil
 }
 
-// AllgatherSteps is how many step numbers Allgatherv uses.
+// AllgatherSteps is how many step numbers any of the allgathers uses.
 func AllgatherSteps(p int) uint32 { return uint32(p) }
 
 // Bruck's algorithm, for any P: rank r keeps the blocks it has in relative

@@ -774,7 +774,8 @@ func balance(ctx context.Context, call *Call, kept Sparse, counts []int) (Sparse
 }
 
 // gatherSparse allgathers every rank's sparse block (Bruck's algorithm: the
-// balanced shares are of about one size) and concatenates them in rank order; blocks must be disjoint and ascending across ranks, which
+// balanced shares are of about one size) and concatenates them in rank
+// order; blocks must be disjoint and ascending across ranks, which
 // DecodeSparse and the order check enforce.
 func gatherSparse(ctx context.Context, call *Call, step uint32, mine Sparse, n uint32) (Sparse, error) {
 	blocks, err := AllgathervBruck(ctx, call, step, Block{Dtype: transport.DtypeSparseF32, Count: uint64(mine.Len()), Payload: EncodeSparse(nil, mine, 0)})
