@@ -215,7 +215,10 @@ func (c *Communicator) SparseAllreduce(ctx context.Context, id uint64, grad []fl
 // averaged sparse global result. The ranks first agree on their inputs: a
 // malformed input on any rank is ErrInvalidArgument on every rank, NaN or Inf
 // on any rank ErrNonFinite (skipped) on every rank, and the communicator
-// stays usable.
+// stays usable. Memory and time follow the pairs and P, not n: no algorithm
+// holds an array over the index space, only the dense form of a region
+// (SparCML's, TopkDSA's), which is taken where the region holds pairs at a
+// third or more of its indices: an array of at most a few words per pair.
 func (c *Communicator) SparseAllreduceSparse(ctx context.Context, n int, in Sparse, cfg Config) (Sparse, Stats, error) {
 	var stats Stats
 	if err := cfg.Validate(); err != nil {

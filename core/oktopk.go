@@ -20,7 +20,9 @@ package core
 //     in the order the schedule delivers them (its own, then ranks r−1,
 //     r−2, …) while later ones are still on the wire. Only the owner sums
 //     its region, so every rank gets the same bits. Indices travel
-//     region-relative as integers.
+//     region-relative as integers. The dense-gradient call sums into an
+//     array over its region; the sparse-input call merges the sorted index
+//     lists instead, so its cost follows the pairs, not n (same bits).
 //  4. Global selection. The owners allgather histograms of their reduced
 //     magnitudes — 80 bins an eighth of an octave wide, centred on the last
 //     global threshold — and every rank cuts the summed histogram at the bin
@@ -180,7 +182,8 @@ func okTopkAllreduce(ctx context.Context, call *Call, st *TensorState, grad []fl
 	}
 
 	// Step 3: split and reduce my region.
-	reduced, err := splitAndReduce(ctx, call, st.Boundaries, local, sc)
+	r := call.Rank()
+	reduced, err := splitAndReduce(ctx, call, st.Boundaries, local, sc.denseRegionSum(st.Boundaries[r], st.Boundaries[r+1]))
 	if err != nil {
 		return err
 	}
@@ -288,19 +291,103 @@ func regionOf(s Sparse, lo, hi uint32) Sparse {
 	return Sparse{Idx: s.Idx[a:b], Val: s.Val[a:b]}
 }
 
-// splitAndReduce is step 3: it returns the reduced entries of this rank's
-// region (every index any rank contributed, ascending).
-func splitAndReduce(ctx context.Context, call *Call, bounds []uint32, local Sparse, sc *okTopkScratch) (Sparse, error) {
-	p, r := call.Size(), call.Rank()
-	lo, hi := bounds[r], bounds[r+1]
+// regionSum adds the contributions to one region, in the order they are
+// added: for every index, ((0 + first) + second) + … over the contributions
+// holding it, so the bits depend on that order alone and not on how the sum
+// is kept. Each contribution must be ascending and inside the region.
+type regionSum interface {
+	add(c Sparse)
+	// result is every index any contribution held (a sum that cancels to 0
+	// included), ascending, in storage of its own.
+	result() Sparse
+}
+
+// denseRegionSum keeps the sum in a dense array over the region's width,
+// the tensor's scratch: for the dense-gradient call, which makes passes
+// over n elements anyway and keeps its scratch between calls.
+type denseRegionSum struct {
+	lo      uint32
+	sum     []float32
+	touched []bool
+}
+
+func (sc *okTopkScratch) denseRegionSum(lo, hi uint32) *denseRegionSum {
 	width := int(hi - lo)
 	if cap(sc.regionSum) < width {
 		sc.regionSum = make([]float32, width)
 		sc.touched = make([]bool, width)
 	}
-	sum, touched := sc.regionSum[:width], sc.touched[:width]
-	clear(sum)
-	clear(touched)
+	d := &denseRegionSum{lo: lo, sum: sc.regionSum[:width], touched: sc.touched[:width]}
+	clear(d.sum)
+	clear(d.touched)
+	return d
+}
+
+func (d *denseRegionSum) add(c Sparse) {
+	for j, ix := range c.Idx {
+		d.sum[ix-d.lo] += c.Val[j]
+		d.touched[ix-d.lo] = true
+	}
+}
+
+func (d *denseRegionSum) result() Sparse {
+	var reduced Sparse
+	for j, t := range d.touched {
+		if t {
+			reduced.Append(d.lo+uint32(j), d.sum[j])
+		}
+	}
+	return reduced
+}
+
+// mergedRegionSum keeps the sum as a sparse vector and merges each
+// contribution's sorted indices into it: memory and time follow the pairs
+// (at most P merges over them), whatever the region's width. It is the
+// sparse-input call's, whose n may be 2^32−1 with a handful of pairs.
+type mergedRegionSum struct {
+	sum, spare Sparse // spare is the previous sum's storage, reused by the next merge
+}
+
+func (m *mergedRegionSum) add(c Sparse) {
+	a := m.sum
+	out := m.spare
+	out.Reset()
+	if need := a.Len() + c.Len(); cap(out.Idx) < need {
+		// Room for the sums still to come, so the two buffers settle
+		// after a few contributions instead of growing on each one.
+		out.Idx, out.Val = make([]uint32, 0, 2*need), make([]float32, 0, 2*need)
+	}
+	var zero float32 // 0 + v, as the dense sum forms it: −0 becomes +0
+	i, j := 0, 0
+	for i < a.Len() && j < c.Len() {
+		switch ai, cj := a.Idx[i], c.Idx[j]; {
+		case ai < cj:
+			out.Append(ai, a.Val[i])
+			i++
+		case cj < ai:
+			out.Append(cj, zero+c.Val[j])
+			j++
+		default:
+			out.Append(ai, a.Val[i]+c.Val[j])
+			i++
+			j++
+		}
+	}
+	out.Idx = append(out.Idx, a.Idx[i:]...)
+	out.Val = append(out.Val, a.Val[i:]...)
+	for ; j < c.Len(); j++ {
+		out.Append(c.Idx[j], zero+c.Val[j])
+	}
+	m.sum, m.spare = out, a
+}
+
+func (m *mergedRegionSum) result() Sparse { return m.sum }
+
+// splitAndReduce is step 3: it returns the reduced entries of this rank's
+// region (every index any rank contributed, ascending), summed into sum.
+func splitAndReduce(ctx context.Context, call *Call, bounds []uint32, local Sparse, sum regionSum) (Sparse, error) {
+	p, r := call.Size(), call.Rank()
+	lo, hi := bounds[r], bounds[r+1]
 
 	contributions := make([]Sparse, p)
 	arrived := make([]chan struct{}, p)
@@ -354,24 +441,15 @@ func splitAndReduce(ctx context.Context, call *Call, bounds []uint32, local Spar
 			case <-gctx.Done():
 				return nil // the failing exchange reports the error
 			}
-			c := contributions[src]
-			for j, ix := range c.Idx {
-				sum[ix-lo] += c.Val[j]
-				touched[ix-lo] = true
-			}
+			sum.add(contributions[src])
+			contributions[src] = Sparse{} // summed: its storage can go
 		}
 		return nil
 	})
 	if err := g.Wait(); err != nil {
 		return Sparse{}, err
 	}
-	var reduced Sparse
-	for j, t := range touched {
-		if t {
-			reduced.Append(lo+uint32(j), sum[j])
-		}
-	}
-	return reduced, nil
+	return sum.result(), nil
 }
 
 // globalSelection is steps 4 and 5. It returns the global sparse sum
@@ -813,7 +891,7 @@ func okTopkSparseInput(ctx context.Context, call *Call, n int, in Sparse, k int)
 	if err != nil {
 		return Sparse{}, err
 	}
-	reduced, err := splitAndReduce(ctx, call, b, in, &st.scratch)
+	reduced, err := splitAndReduce(ctx, call, b, in, &mergedRegionSum{})
 	call.Stats.Reduce = time.Since(start)
 	if err != nil {
 		return Sparse{}, err

@@ -183,7 +183,8 @@ oktopk_result_t oktopk_sparse_allreduce(oktopk_comm_t comm, uint64_t tensor_id, 
  * of length n, indices strictly increasing and < n. The averaged global
  * result (at most out_capacity pairs, or oktopkInvalidArgument) is written to
  * out_indices/out_values and its length to *out_count. Uses the
- * communicator's algorithm and density. */
+ * communicator's algorithm and density. Memory and time follow in_count and
+ * the number of ranks, not n (any n up to 2^32 - 1). */
 oktopk_result_t oktopk_sparse_allreduce_sparse(oktopk_comm_t comm, size_t n, const uint32_t *in_indices,
                                                const float *in_values, size_t in_count,
                                                uint32_t *out_indices, float *out_values,

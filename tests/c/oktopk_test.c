@@ -4,7 +4,9 @@
  *
  *   oktopk_test ranks    one of P processes started with RANK, WORLD_SIZE,
  *                        MASTER_ADDR, MASTER_PORT: dense and sparse allreduce
- *                        over real sockets, the three ways to make a
+ *                        over real sockets (sparse-in at n = 2^32 - 1 within
+ *                        half a second for every algorithm that takes
+ *                        sparse input), the three ways to make a
  *                        communicator, asynchronous requests; prints
  *                        "HASH <name> <hex>" lines that the launcher compares
  *                        across ranks (every rank must hold the same bits).
@@ -238,6 +240,38 @@ static float from_half(uint16_t h, int dt) {
   return f;
 }
 
+/* Sparse in, sparse out at the largest n (2^32 - 1) with 4 pairs per rank,
+ * on a communicator of the given algorithm: the call must cost in proportion
+ * to the pairs, not to n (an array over n, or over one rank's region of it,
+ * takes seconds and gigabytes), so it must finish in well under a second.
+ * Rank r sends index 0, its own index r + 1, n / 2 and n - 1; the result is
+ * their union with the average of the contributions, exactly. */
+static void test_sparse_in_largest_n(oktopk_comm_t comm, int rank, int size, int alg) {
+  const size_t n = 4294967295u;
+  const uint32_t in_idx[4] = {0, (uint32_t)rank + 1, (uint32_t)(n / 2), (uint32_t)(n - 1)};
+  const float in_val[4] = {1, (float)(rank + 1), 2, (float)rank};
+  enum { CAP = 64 };
+  uint32_t out_idx[CAP];
+  float out_val[CAP];
+  size_t out_count = 0;
+  float one = 1; /* a barrier first, so the time below is this call's alone */
+  OK(oktopk_allreduce(comm, &one, 1, OKTOPK_FLOAT32, 0, OKTOPK_ALGO_DENSE_RING));
+  double t0 = now();
+  OK(oktopk_sparse_allreduce_sparse(comm, n, in_idx, in_val, 4, out_idx, out_val, CAP, &out_count, NULL));
+  double elapsed = now() - t0;
+  if (elapsed >= 0.5) {
+    fprintf(stderr, "rank %d: algorithm %d: sparse-in call at n = 2^32 - 1 took %.3f s, want < 0.5 s\n", rank, alg, elapsed);
+    exit(1);
+  }
+  REQUIRE(out_count == (size_t)size + 3);
+  REQUIRE(out_idx[0] == 0 && out_val[0] == (float)size / (float)size);
+  for (int r = 0; r < size; r++) REQUIRE(out_idx[1 + r] == (uint32_t)r + 1 && out_val[1 + r] == (float)(r + 1) / (float)size);
+  REQUIRE(out_idx[size + 1] == (uint32_t)(n / 2) && out_val[size + 1] == (float)(2 * size) / (float)size);
+  REQUIRE(out_idx[size + 2] == (uint32_t)(n - 1) && out_val[size + 2] == (float)(size * (size - 1) / 2) / (float)size);
+  printf("HASH sparse_sparse_largest_n_alg%d %016llx\n", alg,
+         (unsigned long long)hash_bytes(out_val, out_count * 4, hash_bytes(out_idx, out_count * 4, HASH_SEED)));
+}
+
 /* Every algorithm of the enum through oktopk_sparse_allreduce, on its own
  * communicator (the algorithm is a communicator setting), in float32,
  * float16 and bfloat16: at density 1.0 each must return the exact average
@@ -259,6 +293,8 @@ static void test_sparse_every_algorithm(oktopk_comm_t env_comm, int rank, int si
     broadcast_bytes(env_comm, rank, id.internal, sizeof id.internal);
     oktopk_comm_t comm;
     OK(oktopk_comm_init_rank(&comm, size, &id, rank, &cfg));
+    if (alg != OKTOPK_ALGO_DENSE_RING && alg != OKTOPK_ALGO_DENSE_RABENSEIFNER && alg != OKTOPK_ALGO_GAUSSIANK)
+      test_sparse_in_largest_n(comm, rank, size, alg); /* the algorithms with a sparse-input form */
     float ranks_sum = (float)(size * (size + 1) / 2);
     for (int it = 0; it < 2; it++) {
       for (size_t i = 0; i < n; i++) x[i] = (float)((rank + 1) * ((int)((i + it) % 7) - 3));
