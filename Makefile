@@ -117,12 +117,13 @@ $(TRAINER): examples/cpp/trainer.cpp include/oktopk.h $(LIB)
 	$(CXX) -std=c++17 -O2 -Wall -Wextra -Werror -Iinclude $< -o $@ -L$(BUILD) -loktopk $(RPATH) -lpthread
 
 # C ABI tests: exported symbols, every error path, 1,000 init/destroy
-# cycles, 4 ranks over real sockets, a rank that dies, then the trainer with
-# 4 ranks.
+# cycles, environment settings made after load, 4 ranks over real sockets, a
+# rank that dies, then the trainer with 4 ranks.
 test-c: examples
 	tests/c/check_exports.sh $(LIB) include/oktopk.h
 	timeout 120 $(C_TEST) errors
 	timeout 120 $(C_TEST) cycles 1000
+	timeout 60 $(C_TEST) env
 	timeout 120 tests/c/launch.sh 4 $(C_TEST) ranks
 	timeout 120 tests/c/launch.sh 3 $(C_TEST) peerdeath
 	timeout 120 tests/c/launch.sh 4 $(TRAINER)

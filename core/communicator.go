@@ -158,6 +158,7 @@ func (c *Communicator) state(id uint64, n int, cfg Config) (*TensorState, error)
 	st := c.states[id]
 	if st == nil {
 		st = NewTensorState(n, cfg)
+		st.Rank, st.Size = c.Rank(), c.Size()
 		c.states[id] = st
 		return st, nil
 	}

@@ -13,6 +13,11 @@
  *
  * The library embeds a Go runtime: load it once per process, never unload it,
  * and never call it from a child created by fork() after it was loaded.
+ *
+ * Environment settings (OKTOPK_SOCKET_IFNAME, OKTOPK_CURVE, OKTOPK_STALL_WARN,
+ * and oktopk_comm_init_env's variables) are read when a call uses them, from
+ * the process's environment at that moment: a setenv() made after the
+ * library was loaded takes effect.
  */
 #ifndef OKTOPK_H
 #define OKTOPK_H
@@ -208,7 +213,11 @@ oktopk_result_t oktopk_request_free(oktopk_request_t request);
 
 /* ---- per-tensor state (checkpointing) -------------------------------- */
 /* Serialized state of one tensor (residual, thresholds, boundaries, counter)
- * so a resumed run continues where it stopped. */
+ * so a resumed run continues where it stopped. A state belongs to the rank
+ * that saved it and to its communicator's size (the blob records both):
+ * every rank saves and loads its own, and loading one saved by another rank
+ * or by a communicator of another size is oktopkInvalidArgument (nothing is
+ * installed). */
 oktopk_result_t oktopk_tensor_state_size(oktopk_comm_t comm, uint64_t tensor_id, size_t *size);
 oktopk_result_t oktopk_tensor_state_save(oktopk_comm_t comm, uint64_t tensor_id, void *buf, size_t len);
 oktopk_result_t oktopk_tensor_state_load(oktopk_comm_t comm, uint64_t tensor_id, const void *buf, size_t len);

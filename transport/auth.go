@@ -29,7 +29,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -52,7 +51,7 @@ func CurveAvailable() bool { return zmq.HasCurve() }
 
 // CurveFromEnv reports whether OKTOPK_CURVE asks for CURVE encryption.
 func CurveFromEnv() bool {
-	switch strings.ToLower(os.Getenv("OKTOPK_CURVE")) {
+	switch strings.ToLower(Getenv("OKTOPK_CURVE")) {
 	case "1", "true", "yes", "on":
 		return true
 	}

@@ -15,7 +15,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"os"
 	"strconv"
 	"strings"
 )
@@ -109,13 +108,13 @@ func InitFromUniqueID(ctx context.Context, id UniqueID, rank, size int, opts ZMQ
 // authenticated — otherwise rank 0 draws one and publishes it in the store.
 func InitFromEnv(ctx context.Context, opts ZMQOptions) (*ZMQ, error) {
 	env := func(k string) (int, error) {
-		v, err := strconv.Atoi(os.Getenv(k))
+		v, err := strconv.Atoi(Getenv(k))
 		if err != nil {
-			return 0, fmt.Errorf("%w: environment %s=%q is not an integer", ErrRendezvous, k, os.Getenv(k))
+			return 0, fmt.Errorf("%w: environment %s=%q is not an integer", ErrRendezvous, k, Getenv(k))
 		}
 		return v, nil
 	}
-	addr := os.Getenv("MASTER_ADDR")
+	addr := Getenv("MASTER_ADDR")
 	if addr == "" {
 		return nil, fmt.Errorf("%w: MASTER_ADDR is not set", ErrRendezvous)
 	}
@@ -132,12 +131,12 @@ func InitFromEnv(ctx context.Context, opts ZMQOptions) (*ZMQ, error) {
 		return nil, err
 	}
 	port++
-	if os.Getenv("OKTOPK_RENDEZVOUS_PORT") != "" {
+	if Getenv("OKTOPK_RENDEZVOUS_PORT") != "" {
 		if port, err = env("OKTOPK_RENDEZVOUS_PORT"); err != nil {
 			return nil, err
 		}
 	}
-	storeToken := os.Getenv("OKTOPK_JOB_TOKEN")
+	storeToken := Getenv("OKTOPK_JOB_TOKEN")
 	var srv *StoreServer
 	if rank == 0 {
 		if srv, err = ServeStore(addr, port, storeToken); err != nil {

@@ -30,7 +30,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -130,7 +129,7 @@ func ResolveBindHost(bindHost, ifname string) (string, error) {
 		return bindHost, nil
 	}
 	if ifname == "" {
-		ifname = os.Getenv("OKTOPK_SOCKET_IFNAME")
+		ifname = Getenv("OKTOPK_SOCKET_IFNAME")
 	}
 	if ifname == "" {
 		return "127.0.0.1", nil

@@ -16,16 +16,23 @@
  *   oktopk_test peerdeath  P processes: the last rank dies without a word;
  *                        the others' next call fails (not hangs) and their
  *                        destroy returns within about a second.
+ *   oktopk_test env      one process: every environment setting the library
+ *                        reads, set with setenv() after the library was
+ *                        loaded, takes effect.
  */
 #define _GNU_SOURCE
 #include "oktopk.h"
 
+#include <arpa/inet.h>
 #include <dirent.h>
+#include <fcntl.h>
 #include <math.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -216,6 +223,44 @@ static void test_tensor_state(oktopk_comm_t comm, int rank) {
   free(a);
   free(b);
   free(buf);
+}
+
+/* A state belongs to one rank of a communicator of one size: rank 0's state
+ * loaded on another rank, or any rank's state loaded into a communicator of
+ * another size, is refused at load, with a message that says so once (no
+ * repeated "oktopk: invalid argument:"). */
+static void test_tensor_state_of_another_rank_or_size(oktopk_comm_t comm, int rank, int size) {
+  size_t sz = 0;
+  OK(oktopk_tensor_state_size(comm, 100, &sz));
+  char *mine = malloc(sz), *rank0 = malloc(sz);
+  OK(oktopk_tensor_state_save(comm, 100, mine, sz));
+  memcpy(rank0, mine, sz);
+  broadcast_bytes(comm, rank, rank0, sz);
+  char msg[512];
+  if (rank != 0) {
+    EXPECT(oktopk_tensor_state_load(comm, 301, rank0, sz), oktopkInvalidArgument);
+    OK(oktopk_get_last_error(comm, msg, sizeof msg, NULL));
+    REQUIRE(strstr(msg, "saved by rank 0") != NULL);
+    REQUIRE(strstr(msg, "oktopk: invalid argument: ") == msg && strstr(msg + 1, "oktopk:") == NULL);
+    EXPECT(oktopk_tensor_state_size(comm, 301, &(size_t){0}), oktopkInvalidArgument); /* nothing installed */
+  }
+  oktopk_config_t cfg;
+  oktopk_config_init(&cfg);
+  oktopk_unique_id_t id;
+  oktopk_comm_t alone;
+  OK(oktopk_get_unique_id(&id, &cfg));
+  OK(oktopk_comm_init_rank(&alone, 1, &id, 0, &cfg));
+  if (size != 1) {
+    EXPECT(oktopk_tensor_state_load(alone, 100, mine, sz), oktopkInvalidArgument);
+    OK(oktopk_get_last_error(alone, msg, sizeof msg, NULL));
+    char want[64];
+    snprintf(want, sizeof want, "communicator of %d ranks, this one has 1", size);
+    REQUIRE(strstr(msg, want) != NULL);
+    REQUIRE(strstr(msg + 1, "oktopk:") == NULL);
+  }
+  OK(oktopk_comm_destroy(alone));
+  free(mine);
+  free(rank0);
 }
 
 /* half-precision encodings of small integers and halves (exact in both). */
@@ -409,6 +454,7 @@ static int run_ranks(void) {
 
   test_sparse_async(id_comm, rank);
   test_tensor_state(id_comm, rank);
+  test_tensor_state_of_another_rank_or_size(id_comm, rank, size);
 
   OK(oktopk_comm_destroy(bound));
   OK(oktopk_comm_destroy(id_comm));
@@ -660,6 +706,8 @@ static int run_errors(void) {
   EXPECT(oktopk_tensor_state_size(comm, 12345, &count), oktopkInvalidArgument); /* no such tensor */
   EXPECT(oktopk_tensor_state_load(comm, 1, NULL, 4), oktopkInvalidArgument);
   EXPECT(oktopk_tensor_state_load(comm, 1, "junk", 4), oktopkInvalidArgument);
+  OK(oktopk_get_last_error(comm, msg, sizeof msg, NULL));
+  REQUIRE(strstr(msg, "oktopk: invalid argument: tensor 1: ") == msg && strstr(msg + 1, "oktopk:") == NULL);
   /* The communicator's own last error holds its detail. */
   OK(oktopk_get_last_error(comm, msg, sizeof msg, NULL));
   REQUIRE(msg[0] != 0);
@@ -834,12 +882,217 @@ static int run_cycles(int cycles) {
   return 0;
 }
 
+/* ------------------------------------------------------------------------ */
+
+/* Every variable the library reads from the environment. */
+static const char *const env_settings[] = {"OKTOPK_CURVE", "OKTOPK_SOCKET_IFNAME", "OKTOPK_STALL_WARN",
+                                           "OKTOPK_JOB_TOKEN", "OKTOPK_RENDEZVOUS_PORT", "MASTER_ADDR",
+                                           "MASTER_PORT", "RANK", "WORLD_SIZE"};
+enum { N_ENV_SETTINGS = sizeof env_settings / sizeof env_settings[0] };
+
+/* A port free a moment ago, below the kernel's ephemeral range (see
+ * launch.sh for why). */
+static int free_port(void) {
+  int low = 32768;
+  FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+  if (f != NULL) {
+    if (fscanf(f, "%d", &low) != 1) low = 32768;
+    fclose(f);
+  }
+  srand((unsigned)getpid() ^ (unsigned)(now() * 1e6));
+  for (int i = 0; i < 100; i++) {
+    int port = 10000 + rand() % (low - 10002);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    int ok = bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
+    close(fd);
+    if (ok) return port;
+  }
+  fprintf(stderr, "env: no free port\n");
+  exit(1);
+}
+
+/* The library's last message for comm (0: the global one). */
+static const char *last_error(oktopk_comm_t comm) {
+  static char msg[1024];
+  OK(oktopk_get_last_error(comm, msg, sizeof msg, NULL));
+  return msg;
+}
+
+struct init_env_arg {
+  oktopk_comm_t comm;
+  oktopk_result_t result;
+};
+
+static void *init_env_thread(void *p) {
+  struct init_env_arg *a = p;
+  oktopk_config_t cfg;
+  oktopk_config_init(&cfg);
+  cfg.timeout_ms = 20000;
+  a->result = oktopk_comm_init_env(&a->comm, &cfg);
+  return NULL;
+}
+
+/* OKTOPK_CURVE=1 makes a communicator advertise a CURVE key in its endpoint
+ * (or, with a libzmq built without CURVE, refuse to bind, saying so); unset,
+ * it does not. */
+static void env_curve(void) {
+  oktopk_comm_t comm;
+  char ep[256];
+  setenv("OKTOPK_CURVE", "1", 1);
+  oktopk_result_t r = oktopk_comm_bind(&comm, 1, 0, "t", NULL, ep, sizeof ep);
+  if (r == oktopkSuccess) {
+    printf("env: OKTOPK_CURVE=1: endpoint %.40s...\n", ep);
+    REQUIRE(strstr(ep, "#curve=") != NULL);
+    OK(oktopk_comm_destroy(comm));
+  } else {
+    printf("env: OKTOPK_CURVE=1: %s\n", last_error(0));
+    REQUIRE(strstr(last_error(0), "CURVE") != NULL);
+  }
+  unsetenv("OKTOPK_CURVE");
+  OK(oktopk_comm_bind(&comm, 1, 0, "t", NULL, ep, sizeof ep));
+  REQUIRE(strstr(ep, "#curve=") == NULL);
+  OK(oktopk_comm_destroy(comm));
+}
+
+/* OKTOPK_SOCKET_IFNAME names the interface whose address a rank binds. */
+static void env_ifname(void) {
+  oktopk_comm_t comm;
+  char ep[256];
+  setenv("OKTOPK_SOCKET_IFNAME", "oktopk-none0", 1);
+  EXPECT(oktopk_comm_bind(&comm, 1, 0, "t", NULL, ep, sizeof ep), oktopkSystemError);
+  printf("env: OKTOPK_SOCKET_IFNAME=oktopk-none0: %s\n", last_error(0));
+  REQUIRE(strstr(last_error(0), "\"oktopk-none0\"") != NULL);
+  setenv("OKTOPK_SOCKET_IFNAME", "lo", 1);
+  OK(oktopk_comm_bind(&comm, 1, 0, "t", NULL, ep, sizeof ep));
+  REQUIRE(strncmp(ep, "tcp://127.0.0.1:", 16) == 0);
+  OK(oktopk_comm_destroy(comm));
+  unsetenv("OKTOPK_SOCKET_IFNAME");
+}
+
+/* OKTOPK_STALL_WARN=0.2: a receive waiting 1 s logs its stall line (the
+ * default would wait 10 s). The library logs to stderr, captured here. */
+static void env_stall_warn(void) {
+  setenv("OKTOPK_STALL_WARN", "0.2", 1);
+  char path[] = "/tmp/oktopk-env-stderr-XXXXXX";
+  int fd = mkstemp(path);
+  REQUIRE(fd >= 0);
+  fflush(stderr);
+  int saved = dup(2);
+  dup2(fd, 2);
+  struct two_ranks t = make_two_ranks(10000);
+  float x[64] = {0};
+  struct abort_arg a = {t.comm[0], 1.0};
+  pthread_t th;
+  pthread_create(&th, NULL, abort_later, &a);
+  EXPECT(oktopk_allreduce(t.comm[0], x, 64, OKTOPK_FLOAT32, 0, OKTOPK_ALGO_DENSE_RING), oktopkAborted);
+  pthread_join(th, NULL);
+  OK(oktopk_comm_destroy(t.comm[0]));
+  OK(oktopk_comm_destroy(t.comm[1]));
+  fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  char log[4096] = {0};
+  REQUIRE(lseek(fd, 0, SEEK_SET) == 0);
+  ssize_t got = read(fd, log, sizeof log - 1);
+  close(fd);
+  unlink(path);
+  REQUIRE(got >= 0);
+  printf("env: OKTOPK_STALL_WARN=0.2: %s", got > 0 ? log : "(nothing logged)\n");
+  REQUIRE(strstr(log, "oktopk: rank 0 waiting") != NULL);
+  unsetenv("OKTOPK_STALL_WARN");
+}
+
+/* The torchrun-style variables: each bad one is named by init_env; then
+ * rank 0 joins by them (OKTOPK_RENDEZVOUS_PORT, OKTOPK_JOB_TOKEN) while this
+ * thread, as rank 1, joins through a unique id naming that port and token:
+ * a wrong token is refused, the right one makes one communicator. */
+static void env_rendezvous(void) {
+  int port = free_port();
+  char port_text[16], master_port[16], token[128], id_text[256];
+  snprintf(port_text, sizeof port_text, "%d", port);
+  snprintf(master_port, sizeof master_port, "%d", port + 7); /* + 1 is not the rendezvous port */
+  OK(oktopk_make_token(token, sizeof token));
+  const char *good[][2] = {{"MASTER_ADDR", "127.0.0.1"}, {"RANK", "0"}, {"WORLD_SIZE", "2"},
+                           {"MASTER_PORT", master_port}, {"OKTOPK_RENDEZVOUS_PORT", port_text}};
+  oktopk_comm_t comm;
+  for (int bad = 0; bad < 5; bad++) {
+    for (int i = 0; i < 5; i++) setenv(good[i][0], i == bad ? "x" : good[i][1], 1);
+    if (bad == 0) unsetenv("MASTER_ADDR");
+    EXPECT(oktopk_comm_init_env(&comm, NULL), oktopkSystemError);
+    REQUIRE(strstr(last_error(0), good[bad][0]) != NULL);
+  }
+  for (int i = 0; i < 5; i++) setenv(good[i][0], good[i][1], 1);
+  setenv("OKTOPK_JOB_TOKEN", token, 1);
+  struct init_env_arg rank0 = {0, 0};
+  pthread_t th;
+  pthread_create(&th, NULL, init_env_thread, &rank0);
+
+  oktopk_config_t cfg;
+  oktopk_config_init(&cfg);
+  cfg.timeout_ms = 20000;
+  oktopk_unique_id_t id;
+  memset(&id, 0, sizeof id);
+  snprintf(id_text, sizeof id_text, "oktopk1:%s@127.0.0.1:%d", "not-the-job-token", port);
+  memcpy(id.internal, id_text, strlen(id_text));
+  oktopk_comm_t rank1;
+  EXPECT(oktopk_comm_init_rank(&rank1, 2, &id, 1, &cfg), oktopkSystemError);
+  printf("env: wrong job token: %s\n", last_error(0));
+  REQUIRE(strstr(last_error(0), "wrong job token") != NULL);
+
+  memset(&id, 0, sizeof id);
+  snprintf(id_text, sizeof id_text, "oktopk1:%s@127.0.0.1:%d", token, port);
+  memcpy(id.internal, id_text, strlen(id_text));
+  OK(oktopk_comm_init_rank(&rank1, 2, &id, 1, &cfg));
+  pthread_join(th, NULL);
+  OK(rank0.result);
+  float x[8] = {1, 1, 1, 1, 1, 1, 1, 1}, y[8] = {2, 2, 2, 2, 2, 2, 2, 2};
+  struct allreduce_arg a = {rank0.comm, x, 8, 0};
+  pthread_create(&th, NULL, allreduce_thread, &a);
+  OK(oktopk_allreduce(rank1, y, 8, OKTOPK_FLOAT32, 0, OKTOPK_ALGO_DENSE_RING));
+  pthread_join(th, NULL);
+  OK(a.result);
+  REQUIRE(x[0] == 3 && y[7] == 3);
+  printf("env: rank 0 by MASTER_ADDR, RANK, WORLD_SIZE, OKTOPK_RENDEZVOUS_PORT=%d, OKTOPK_JOB_TOKEN joined rank 1\n", port);
+  OK(oktopk_comm_destroy(rank1));
+  OK(oktopk_comm_destroy(rank0.comm));
+  for (int i = 0; i < N_ENV_SETTINGS; i++) unsetenv(env_settings[i]);
+}
+
+/* The library must read each setting from the environment as it is when
+ * the setting is used, not as it was when the library was loaded (a Go
+ * runtime in a shared library keeps its own copy from load time). So every
+ * setting here is made with setenv() after load, in a process whose initial
+ * environment has none of them: one that has any is run again without. */
+static int run_env(char **argv) {
+  rank_ = 0;
+  int inherited = 0;
+  for (int i = 0; i < N_ENV_SETTINGS; i++)
+    if (getenv(env_settings[i]) != NULL) {
+      unsetenv(env_settings[i]);
+      inherited = 1;
+    }
+  if (inherited) {
+    execv("/proc/self/exe", argv);
+    perror("env: execv");
+    return 1;
+  }
+  env_curve();
+  env_ifname();
+  env_stall_warn();
+  env_rendezvous();
+  printf("env: ok\n");
+  return 0;
+}
+
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   if (argc >= 2 && strcmp(argv[1], "ranks") == 0) return run_ranks();
   if (argc >= 2 && strcmp(argv[1], "errors") == 0) return run_errors();
   if (argc >= 3 && strcmp(argv[1], "cycles") == 0) return run_cycles(atoi(argv[2]));
   if (argc >= 2 && strcmp(argv[1], "peerdeath") == 0) return run_peer_death();
-  fprintf(stderr, "usage: %s ranks | errors | cycles N | peerdeath\n", argv[0]);
+  if (argc >= 2 && strcmp(argv[1], "env") == 0) return run_env(argv);
+  fprintf(stderr, "usage: %s ranks | errors | cycles N | peerdeath | env\n", argv[0]);
   return 2;
 }

@@ -101,3 +101,12 @@ def test_other_compressions_are_plain_horovod():
     hvd.init()  # a single process: size 1
     opt = oktopk_horovod.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters())
     assert type(opt).__module__.startswith("horovod"), type(opt)
+
+
+def test_oktopk_state_of_another_rank_or_world_size_is_refused_at_load():
+    ckpt = tempfile.mkdtemp(prefix="oktopk-hvd-ckpt-")
+    for r, res in horovodrun(2, "state_of_another_rank_or_size", ckpt).items():
+        assert res["error"] is not None, f"rank {r} accepted rank {1 - r}'s state"
+        assert f"belongs to rank {1 - r}" in res["error"] and f"this process is rank {r} of 2" in res["error"], res["error"]
+    res = horovodrun(1, "state_of_another_rank_or_size", ckpt)[0]
+    assert res["error"] is not None and "saved by a run of 2 ranks, and this run has 1" in res["error"], res["error"]

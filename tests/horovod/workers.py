@@ -170,6 +170,41 @@ def sparse_embedding(out):
     return result
 
 
+def state_of_another_rank_or_size(out, ckpt):
+    """With 2 ranks: train 2 steps, save this rank's oktopk state, then load
+    the other rank's (refused) and this rank's own (accepted). With 1 rank:
+    load rank 0's state of the 2-rank run (refused)."""
+    hvd.init()
+    torch.manual_seed(3)
+    model = small_model()
+    opt = oktopk_horovod.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters(), compression=oktopk_horovod.Compression.oktopk(density=0.05))
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    result = {}
+    if hvd.size() == 2:
+        for step in range(2):
+            g = torch.Generator().manual_seed(1000 * step + hvd.rank())
+            x, y = torch.randn(32, 20, generator=g), torch.randint(0, 5, (32,), generator=g)
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+        own = opt.oktopk_state_dict()
+        torch.save(own, os.path.join(ckpt, f"rank{hvd.rank()}.pt"))
+        hvd.allgather_object(None, name="saved")  # both files are written
+        other = torch.load(os.path.join(ckpt, f"rank{1 - hvd.rank()}.pt"), weights_only=False)
+        load = other
+    else:
+        load = torch.load(os.path.join(ckpt, "rank0.pt"), weights_only=False)
+    try:
+        opt.load_oktopk_state_dict(load)
+        result["error"] = None
+    except ValueError as e:
+        result["error"] = str(e)
+    if hvd.size() == 2:
+        opt.load_oktopk_state_dict(own)
+    opt.close()
+    return result
+
+
 def train_cnn(out, *args):
     import horovod_cnn
 

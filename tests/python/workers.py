@@ -51,7 +51,7 @@ def density_one(rank, world, port, out, device="cpu", dtype="float32"):
     dtype = getattr(torch, dtype)
     a = DDP(small_model().to(device, dtype), device_ids=[0] if device == "cuda" else None)
     b = DDP(small_model().to(device, dtype), device_ids=[0] if device == "cuda" else None)
-    state = OkTopkState(density=1.0, warmup_iters=1)
+    state = OkTopkState(density=1.0, warmup_iters=2)
     a.register_comm_hook(state, oktopk_hook)
     b.register_comm_hook(None, allreduce_hook)
     oa, ob = torch.optim.SGD(a.parameters(), lr=0.1), torch.optim.SGD(b.parameters(), lr=0.1)
@@ -84,7 +84,7 @@ def every_algorithm(rank, world, port, out, algorithms):
     done = []
     for alg in algorithms:
         m = DDP(small_model())
-        state = OkTopkState(density=0.1, algorithm=alg, warmup_iters=1)
+        state = OkTopkState(density=0.1, algorithm=alg, warmup_iters=2)
         m.register_comm_hook(state, oktopk_hook)
         o = torch.optim.SGD(m.parameters(), lr=0.1)
         for step in range(3):
@@ -102,7 +102,7 @@ def every_algorithm(rank, world, port, out, algorithms):
 def dead_peer(rank, world, port, out, timeout):
     setup(rank, world, port)
     m = DDP(small_model())
-    state = OkTopkState(density=0.1, warmup_iters=1, timeout=timeout)
+    state = OkTopkState(density=0.1, warmup_iters=2, timeout=timeout)
     m.register_comm_hook(state, oktopk_hook)
     o = torch.optim.SGD(m.parameters(), lr=0.1)
     for step in range(100):
@@ -130,34 +130,192 @@ def deeper_model(seed=0):
     return nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 5))
 
 
-def checkpoint(rank, world, port, out, phase, ckpt, multi_bucket=False):
-    """phase 'full': train 8 steps, saving everything after step 4.
-    phase 'resume': load that checkpoint in new processes, train steps 5–8.
-    multi_bucket: a deeper model in tiny buckets, so DDP's rebuilt layout
-    (the one saved) has several buckets while its initial layout, which the
-    resumed run's first step uses, has one."""
+def checkpoint(rank, world, port, out, phase, ckpt, multi_bucket, cuts):
+    """phase 'full': train 8 steps, saving everything after each step in cuts.
+    phase 'resume': for each cut, load that checkpoint into a new model,
+    optimizer and OkTopkState and train the remaining steps. multi_bucket: a
+    deeper model in tiny buckets, so DDP's rebuilt layout has several buckets
+    while its initial layout, which the first step after a resume uses, has
+    one."""
     setup(rank, world, port)
-    m = DDP(deeper_model(), bucket_cap_mb=0.001) if multi_bucket else DDP(small_model())
-    state = OkTopkState(density=0.05, warmup_iters=1, tau=2, tau_prime=3)
-    o = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
-    first = 0
-    path = os.path.join(ckpt, f"rank{rank}.pt")
-    if phase == "resume":
-        saved = torch.load(path, weights_only=False)
-        m.module.load_state_dict(saved["model"])
-        o.load_state_dict(saved["optimizer"])
-        state.load_state_dict(saved["oktopk"])
-        first = saved["step"]
+
+    def path(cut):
+        return os.path.join(ckpt, f"rank{rank}-after{cut}.pt")
+
+    def train(first, save):
+        m = DDP(deeper_model(), bucket_cap_mb=0.001) if multi_bucket else DDP(small_model())
+        state = OkTopkState(density=0.05, warmup_iters=2, tau=2, tau_prime=3)
+        o = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+        if first:
+            saved = torch.load(path(first), weights_only=False)
+            m.module.load_state_dict(saved["model"])
+            o.load_state_dict(saved["optimizer"])
+            state.load_state_dict(saved["oktopk"])
+        m.register_comm_hook(state, oktopk_hook)
+        for step in range(first, 8):
+            x, y = batch(rank, step)
+            o.zero_grad()
+            F.cross_entropy(m(x), y).backward()
+            o.step()
+            if save and step + 1 in cuts:
+                torch.save({"model": m.module.state_dict(), "optimizer": o.state_dict(), "oktopk": state.state_dict()}, path(step + 1))
+        result = {"params": b"".join(p.detach().numpy().tobytes() for p in m.parameters()), "groups": len(state._groups)}
+        state.close()
+        return result
+
+    if phase == "full":
+        write(out, rank, train(0, True))
+    else:
+        write(out, rank, {cut: train(cut, False) for cut in cuts})
+    dist.destroy_process_group()
+
+
+def checkpoint_of_another_rank(rank, world, port, out, ckpt):
+    """Train past the warm-up, save this rank's state, then load the other
+    rank's state into a fresh OkTopkState: refused at load."""
+    setup(rank, world, port)
+    m = DDP(small_model())
+    state = OkTopkState(density=0.1, warmup_iters=2)
     m.register_comm_hook(state, oktopk_hook)
-    for step in range(first, 8):
+    o = torch.optim.SGD(m.parameters(), lr=0.1)
+    for step in range(3):
         x, y = batch(rank, step)
         o.zero_grad()
         F.cross_entropy(m(x), y).backward()
         o.step()
-        if phase == "full" and step + 1 == 4:
-            torch.save({"model": m.module.state_dict(), "optimizer": o.state_dict(), "oktopk": state.state_dict(), "step": 4}, path)
-    write(out, rank, {"params": b"".join(p.detach().numpy().tobytes() for p in m.parameters()), "groups": len(state._groups)})
+    saved = state.state_dict()
+    torch.save(saved, os.path.join(ckpt, f"rank{rank}.pt"))
+    dist.barrier()
+    other = torch.load(os.path.join(ckpt, f"rank{1 - rank}.pt"), weights_only=False)
+    fresh = OkTopkState(density=0.1, warmup_iters=2)
+    try:
+        fresh.load_state_dict(other)
+        error = None
+    except ValueError as e:
+        error = str(e)
+    fresh.load_state_dict(saved)  # its own is accepted
+    write(out, rank, {"error": error, "saved": (saved.get("rank"), saved.get("world_size"))})
     state.close()
+    dist.destroy_process_group()
+
+
+def checkpoint_of_another_world_size(rank, world, port, out, ckpt):
+    """One rank loads rank 0's state of a 2-rank run: refused at
+    load_state_dict, or, when loaded before the process group exists, at
+    the first sparse step, before the communicator is set up. Then a
+    malformed tensor state through the library's own check."""
+    saved = torch.load(os.path.join(ckpt, "rank0.pt"), weights_only=False)
+    early = OkTopkState(density=0.1, warmup_iters=2)
+    early.load_state_dict(saved)  # no process group yet: checked at the first sparse step
+    setup(rank, world, port)
+    try:
+        OkTopkState(density=0.1, warmup_iters=2).load_state_dict(saved)
+        at_load = None
+    except ValueError as e:
+        at_load = str(e)
+    m = DDP(small_model())
+    m.register_comm_hook(early, oktopk_hook)
+    at_step = None
+    for step in range(3):
+        x, y = batch(rank, step)
+        try:
+            F.cross_entropy(m(x), y).backward()
+        except Exception as e:  # noqa: BLE001 - what DDP re-raises is checked by the test
+            at_step = (step, str(e), early._comm is None)
+            break
+    from oktopk import Communicator
+
+    comm = Communicator()
+    try:
+        comm.load_tensor_state(5, b"OKTS" + bytes(60))
+        malformed = None
+    except OkTopkError as e:
+        malformed = str(e)
+    comm.destroy()
+    write(out, rank, {"at_load": at_load, "at_step": at_step, "malformed": malformed})
+    dist.destroy_process_group()
+
+
+def env_after_load(rank, world, port, out):
+    """Settings made in os.environ after oktopk is imported and the library
+    loaded take effect. The spawned process first drops any it inherited,
+    so that the library, when loaded, starts without them."""
+    names = ("OKTOPK_CURVE", "OKTOPK_SOCKET_IFNAME", "OKTOPK_STALL_WARN")
+    for name in names:
+        os.environ.pop(name, None)
+    setup(rank, world, port)
+    import oktopk
+    from oktopk import Communicator
+
+    oktopk.library_version()  # loads liboktopk
+    res = {}
+
+    os.environ["OKTOPK_CURVE"] = "1"
+    try:
+        comm = Communicator()
+        res["curve"] = comm.endpoint
+        comm.destroy()
+    except OkTopkError as e:
+        res["curve"] = str(e)
+    del os.environ["OKTOPK_CURVE"]
+    comm = Communicator()
+    res["no_curve"] = comm.endpoint
+    comm.destroy()
+
+    # The plugin leaves the choice of address to the library when
+    # OKTOPK_SOCKET_IFNAME is set; the library must then see it.
+    os.environ["OKTOPK_SOCKET_IFNAME"] = "oktopk-none0"
+    try:
+        Communicator().destroy()
+        res["ifname"] = None
+    except OkTopkError as e:
+        res["ifname"] = str(e)
+    del os.environ["OKTOPK_SOCKET_IFNAME"]
+
+    # Two ranks of one communicator in this process; rank 1 never joins the
+    # call, so rank 0 waits until its timeout, logging a stall line to
+    # stderr (file descriptor 2, captured in a file) after 0.2 s.
+    os.environ["OKTOPK_STALL_WARN"] = "0.2"
+    import tempfile
+    import threading
+
+    exchanged, both = {}, threading.Barrier(2)
+
+    def member(r, comms):
+        def share_token(token):
+            if token is not None:
+                exchanged["token"] = token
+            both.wait()
+            return exchanged["token"]
+
+        def gather_endpoints(endpoint):
+            exchanged[r] = endpoint
+            both.wait()
+            return [exchanged[0], exchanged[1]]
+
+        comms[r] = Communicator.from_exchange(r, 2, share_token, gather_endpoints, timeout=1.0)
+
+    comms = {}
+    threads = [threading.Thread(target=member, args=(r, comms)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    with tempfile.TemporaryFile() as log:
+        saved_stderr = os.dup(2)
+        os.dup2(log.fileno(), 2)
+        try:
+            comms[0].allreduce_(torch.ones(4))
+        except OkTopkError:
+            pass
+        finally:
+            os.dup2(saved_stderr, 2)
+            os.close(saved_stderr)
+        log.seek(0)
+        res["stall"] = log.read().decode(errors="replace")
+    for c in comms.values():
+        c.destroy()
+    write(out, rank, res)
     dist.destroy_process_group()
 
 
@@ -186,7 +344,7 @@ def non_finite_step(rank, world, port, out, bad_rank, bad_step, steps):
     NaN into one entry of one gradient at step bad_step."""
     setup(rank, world, port)
     m = DDP(small_model())
-    state = OkTopkState(density=0.1, algorithm="oktopk", warmup_iters=1)
+    state = OkTopkState(density=0.1, algorithm="oktopk", warmup_iters=2)
     m.register_comm_hook(state, oktopk_hook)
     o = torch.optim.SGD(m.parameters(), lr=0.1)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)

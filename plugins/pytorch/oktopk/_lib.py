@@ -48,7 +48,12 @@ class OkTopkError(RuntimeError):
 
     def __init__(self, code, message):
         self.code = code
-        super().__init__(f"oktopk: {_RESULT_NAMES.get(code, code)}: {message}")
+        # The library's own messages already open with "oktopk: <what
+        # failed>:" (e.g. "oktopk: invalid argument: tensor 7: ..."); only
+        # other messages get the result's name in front.
+        if not message.startswith("oktopk: "):
+            message = f"oktopk: {_RESULT_NAMES.get(code, code)}: {message}"
+        super().__init__(message)
 
 
 class Config(ctypes.Structure):

@@ -65,10 +65,13 @@ class OkTopkState:
         (0, 1].
     :param algorithm: one of ``oktopk.ALGORITHMS`` (``"oktopk"`` by default;
         dense ones, the sparse baselines).
-    :param warmup_iters: iterations reduced densely first. DDP rebuilds its
-        buckets after the first iteration, so per-bucket state is only safe
-        from the second on (PowerSGD keeps a warm-up for the same reason);
-        at least 1.
+    :param warmup_iters: iterations reduced densely first; at least 2.
+        DDP reduces its first iteration in a provisional bucket layout and
+        rebuilds its buckets after it. The hook keeps residuals in the
+        rebuilt layout, which it first sees in the second iteration; only
+        from the third on is that layout known before every step, so that a
+        checkpoint taken at any step holds it (PowerSGD likewise starts after
+        DDP's first two iterations).
     :param tau: Ok-Topk's space repartition period (iterations).
     :param tau_prime: threshold refresh period (iterations).
     :param timeout: seconds a call, or the communicator's setup, may wait for
@@ -101,15 +104,20 @@ class OkTopkState:
         "_pool",
         "_lock",
         "_param_index",
+        "_hook_iters",
+        "_owner",
     ]
 
-    def __init__(self, process_group=None, density=0.01, algorithm="oktopk", warmup_iters=1, tau=64, tau_prime=32, timeout=60.0):
+    def __init__(self, process_group=None, density=0.01, algorithm="oktopk", warmup_iters=2, tau=64, tau_prime=32, timeout=60.0):
         if not _is_real(density) or not 0.0 < density <= 1.0:
             raise ValueError(f"density must be a real number in (0, 1], got {density!r}")
         if algorithm not in ALGORITHMS:
             raise ValueError(f"unknown algorithm {algorithm!r}; one of {', '.join(ALGORITHMS)}")
-        if not _is_int(warmup_iters) or warmup_iters < 1:
-            raise ValueError(f"warmup_iters must be an integer >= 1 (DDP rebuilds buckets after the first iteration), got {warmup_iters!r}")
+        if not _is_int(warmup_iters) or warmup_iters < 2:
+            raise ValueError(
+                f"warmup_iters must be an integer >= 2 (DDP rebuilds its buckets after the first iteration, and the "
+                f"hook learns the rebuilt layout in the second), got {warmup_iters!r}"
+            )
         for name, value in (("tau", tau), ("tau_prime", tau_prime)):
             if not _is_int(value) or not 1 <= value <= _MAX_INT32:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -138,6 +146,14 @@ class OkTopkState:
         self._pool = {}
         self._lock = threading.Lock()
         self._param_index = {}
+        # Iterations this process has run through the hook: DDP's first one
+        # (0 here) uses its provisional bucket layout, every later one the
+        # rebuilt layout, whatever state.iter a checkpoint resumed from.
+        self._hook_iters = 0
+        # (rank, world size) a loaded checkpoint belongs to, until checked
+        # against this process's (at load, or at communicator setup when the
+        # process group did not exist yet at load).
+        self._owner = None
 
     # -- a bucket layout that survives DDP's bucket rebuild ------------------
     #
@@ -148,12 +164,16 @@ class OkTopkState:
     # members, so neither DDP's reordering inside a bucket nor a process
     # restart changes which residual a gradient entry meets.
     #
-    # The groups are the buckets of the first sparse iteration (DDP's rebuilt
-    # layout). A DDP bucket whose members are not one known group (the first
-    # iteration of a resumed run sees DDP's initial layout again) goes to a
-    # pool instead; each group is reduced once all its parameters have
-    # arrived, and a bucket's future completes once all of its parameters
-    # are reduced. Hooks fire in the same order on every rank, so every rank
+    # The groups are DDP's rebuilt buckets, recorded from the first iteration
+    # that is not DDP's first in this process: in a run from the start that
+    # is iteration 1, still in the warm-up (warmup_iters >= 2), so the layout
+    # is in every checkpoint taken at or after the first sparse step; a run
+    # resumed from a checkpoint taken before that learns it the same way. A
+    # DDP bucket whose members are not one known group (the first iteration
+    # of a resumed run sees DDP's initial layout again) goes to a pool
+    # instead; each group is reduced once all its parameters have arrived,
+    # and a bucket's future completes once all of its parameters are
+    # reduced. Hooks fire in the same order on every rank, so every rank
     # issues the same library calls in the same order.
 
     def _members(self, bucket):
@@ -171,10 +191,53 @@ class OkTopkState:
         for i in members:
             self._group_of[i] = group_id
 
+    def _learn_group(self, indices):
+        """Record a rebuilt-layout bucket (sorted canonical indices) as a
+        group unless its parameters already belong to groups; returns its
+        group id."""
+        group_id = _group_id(indices)
+        if group_id not in self._groups and not any(i in self._group_of for i in indices):
+            self._add_group(group_id, tuple(indices))
+        return group_id
+
+    # -- which rank a checkpoint belongs to ---------------------------------
+
+    def _placement(self):
+        """(rank, world size) of this process in the state's group, or None
+        before the process group exists."""
+        if not dist.is_available() or not dist.is_initialized():
+            return None
+        return dist.get_rank(self.process_group), dist.get_world_size(self.process_group)
+
+    def _check_owner(self):
+        """Refuse a checkpoint of another rank or world size: its residuals
+        are another rank's unsent gradients, or a partition among another
+        number of ranks. Loaded anyway it would make the run drift, or fail
+        at the first sparse step."""
+        here = self._placement()
+        if self._owner is None or here is None:
+            return
+        (rank, size), (saved_rank, saved_size) = here, self._owner
+        if saved_size != size:
+            raise ValueError(
+                f"oktopk: this OkTopkState checkpoint was saved by a run of {saved_size} ranks, and this run has {size}: "
+                f"each rank's residuals are its own and cannot be repartitioned. Resume with {saved_size} ranks, or do "
+                f"not load the oktopk state (load only the model and optimizer) and its residuals start afresh."
+            )
+        if saved_rank != rank:
+            raise ValueError(
+                f"oktopk: this OkTopkState checkpoint belongs to rank {saved_rank}, and this process is rank {rank} of "
+                f"{size}: each rank keeps its own residuals and must load its own state. Save every rank's state_dict() "
+                f"(e.g. to a file named with dist.get_rank()), or collect them on rank 0 with dist.gather_object, and "
+                f"load on each rank the state of that rank."
+            )
+        self._owner = None  # checked
+
     # -- communicator and worker, made on first sparse use -----------------
 
     def _communicator(self):
         if self._comm is None:
+            self._check_owner()
             self._comm = Communicator(self.process_group, self.algorithm, self.density, self.tau, self.tau_prime, self.timeout)
             for bucket_id, blob in self._pending_state.items():
                 self._comm.load_tensor_state(bucket_id, blob)
@@ -296,9 +359,10 @@ class OkTopkState:
     # -- checkpointing -----------------------------------------------------
 
     def state_dict(self):
-        """Iteration counter, the parameter groups residuals are kept in, and
-        every group's residual and thresholds, so a resumed run continues
-        where this one stopped (also into DDP's initial bucket layout)."""
+        """Iteration counter, the parameter groups residuals are kept in,
+        every group's residual and thresholds, and the rank and world size
+        they belong to, so a resumed run continues where this one stopped
+        (also into DDP's initial bucket layout). Every rank saves its own."""
         tensors = dict(self._pending_state)
         if self._comm is not None:
             if self._worker is not None:
@@ -306,11 +370,31 @@ class OkTopkState:
             for group_id in sorted(self._groups):
                 tensors[group_id] = self._comm.save_tensor_state(group_id)
         layout = {group_id: list(members) for group_id, members in self._groups.items()}
-        return {"iter": self.iter, "density": self.density, "algorithm": self.algorithm, "tensors": tensors, "layout": layout}
+        rank, size = self._placement() or self._owner or (None, None)
+        return {
+            "iter": self.iter,
+            "density": self.density,
+            "algorithm": self.algorithm,
+            "tensors": tensors,
+            "layout": layout,
+            "rank": rank,
+            "world_size": size,
+        }
 
     def load_state_dict(self, state):
+        """Restore a state_dict() saved by this same rank of a run of the same
+        world size; another rank's or another size's raises ValueError (here,
+        or at the first sparse step when the process group does not exist
+        yet), saying what to do."""
         if state.get("algorithm", self.algorithm) != self.algorithm:
             raise ValueError(f"checkpoint was made with algorithm {state['algorithm']!r}, this state uses {self.algorithm!r}")
+        previous = self._owner
+        self._owner = None if state.get("world_size") is None else (int(state["rank"]), int(state["world_size"]))
+        try:
+            self._check_owner()
+        except ValueError:
+            self._owner = previous
+            raise
         self.iter = int(state["iter"])
         tensors = dict(state.get("tensors", {}))
         self._groups, self._group_of = {}, {}
@@ -331,7 +415,10 @@ class OkTopkState:
         }
 
     def __setstate__(self, state):
-        OkTopkState.__init__(self, None, state["density"], state["algorithm"], state["warmup_iters"], state["tau"], state["tau_prime"], state["timeout"])
+        # A state pickled before warm-ups of 1 were refused: its iterations
+        # past the warm-up are unaffected by the longer one.
+        warmup_iters = max(state["warmup_iters"], 2)
+        OkTopkState.__init__(self, None, state["density"], state["algorithm"], warmup_iters, state["tau"], state["tau_prime"], state["timeout"])
         self.load_state_dict(state)
 
     def close(self):
@@ -371,10 +458,14 @@ def oktopk_hook(state: OkTopkState, bucket: dist.GradBucket) -> torch.futures.Fu
     # Every bucket of one iteration is in the same phase: they were all
     # fired with the same state.iter, which the last one advances.
     phase_iter = state.iter
+    rebuilt = state._hook_iters > 0  # not DDP's first, provisional, layout
     if is_last:
         state.iter += 1
+        state._hook_iters += 1
     members = state._members(bucket)  # numbers the parameters in the first layout
     if phase_iter < state.warmup_iters:
+        if rebuilt:
+            state._learn_group(sorted(i for i, _, _ in members))
         group = state.process_group
         world = dist.get_world_size(group)
         fut = dist.all_reduce(tensor, group=group, async_op=True).get_future()
@@ -388,10 +479,8 @@ def oktopk_hook(state: OkTopkState, bucket: dist.GradBucket) -> torch.futures.Fu
     else:
         fut, stream = torch.futures.Future(), None
     indices = sorted(i for i, _, _ in members)
-    group_id = _group_id(indices)
-    if group_id in state._groups or not any(i in state._group_of for i in indices):
-        if group_id not in state._groups:
-            state._add_group(group_id, tuple(indices))
+    group_id = state._learn_group(indices)
+    if group_id in state._groups:
         slices = [(a, b) for _, a, b in sorted(members)]  # canonical order
         state._worker.submit(state._reduce_bucket, group_id, tensor, slices, fut, stream)
     else:
