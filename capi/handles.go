@@ -86,7 +86,8 @@ func (t *table[T]) peek(h int64) T {
 }
 
 // maxOutstanding bounds the requests queued on one communicator; a caller
-// that starts more without waiting gets ErrInvalidUsage instead of a hang.
+// that starts more without waiting gets ErrInvalidUsage instead of a hang,
+// and the communicator is aborted (see start).
 const maxOutstanding = 4096
 
 // communicator is what a C oktopk_comm_t names: a core.Communicator over a
@@ -246,16 +247,20 @@ func (c *communicator) start(local bool, run operation) (*request, error) {
 			"collective calls on one communicator must come from one thread at a time, " +
 			"since their order must be the same on every rank (this call was not made)")
 	}
-	select {
-	case c.ops <- r:
-		c.pending.Add(1)
-		if !local {
-			c.issuer = thread
-			c.collectives++
+	// pending (queued or running) only falls meanwhile, so below the bound
+	// the queue, as long as the bound, has room.
+	if c.pending.Load() < maxOutstanding {
+		select {
+		case c.ops <- r:
+			c.pending.Add(1)
+			if !local {
+				c.issuer = thread
+				c.collectives++
+			}
+			c.mu.Unlock()
+			return r, nil
+		default:
 		}
-		c.mu.Unlock()
-		return r, nil
-	default:
 	}
 	c.mu.Unlock()
 	// This rank cannot make the call, and its peers will: aborting makes
@@ -263,7 +268,7 @@ func (c *communicator) start(local bool, run operation) (*request, error) {
 	// pair this rank's next call with their call.
 	err := invalidUsage("more than %d requests outstanding on one communicator (wait on some first); "+
 		"the communicator is aborted", maxOutstanding)
-	c.abort(fmt.Errorf("%w: %w", transport.ErrAborted, err))
+	c.abort(fmt.Errorf("%w: a call beyond %d requests outstanding could not be made", transport.ErrAborted, maxOutstanding))
 	return nil, err
 }
 

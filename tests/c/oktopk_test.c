@@ -650,6 +650,31 @@ static void test_concurrent_threads(void) {
   OK(oktopk_comm_destroy(t.comm[1]));
 }
 
+/* 4096 requests outstanding (rank 1 never calls, so none completes): one
+ * more is refused with oktopkInvalidUsage and aborts the communicator, so
+ * the queued requests fail at once instead of this rank skipping a call its
+ * peers will make. */
+static void test_too_many_outstanding(void) {
+  enum { MAX = 4096 };
+  struct two_ranks t = make_two_ranks(30000);
+  static float x[MAX + 1][2];
+  static oktopk_request_t req[MAX];
+  for (int i = 0; i < MAX; i++)
+    OK(oktopk_allreduce_start(t.comm[0], x[i], 2, OKTOPK_FLOAT32, 0, OKTOPK_ALGO_DENSE_RING, &req[i]));
+  oktopk_request_t extra;
+  EXPECT(oktopk_allreduce_start(t.comm[0], x[MAX], 2, OKTOPK_FLOAT32, 0, OKTOPK_ALGO_DENSE_RING, &extra),
+         oktopkInvalidUsage);
+  double t0 = now();
+  for (int i = 0; i < MAX; i++) {
+    EXPECT(oktopk_wait(req[i], NULL), oktopkAborted);
+    OK(oktopk_request_free(req[i]));
+  }
+  printf("request %d: refused; the %d queued ones aborted within %.3f s\n", MAX + 1, MAX, now() - t0);
+  REQUIRE(now() - t0 < 5.0);
+  OK(oktopk_comm_destroy(t.comm[0]));
+  OK(oktopk_comm_destroy(t.comm[1]));
+}
+
 static void test_destroy_after_peer_died(void) {
   struct two_ranks t = make_two_ranks(30000);
   OK(oktopk_comm_destroy(t.comm[1])); /* the peer is gone */
@@ -819,6 +844,7 @@ static int run_errors(void) {
   test_dtype_mismatch();
   test_refusal_reaches_peer();
   test_concurrent_threads();
+  test_too_many_outstanding();
 
   printf("errors: ok\n");
   return 0;
