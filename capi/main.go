@@ -289,7 +289,7 @@ func oktopk_allreduce(comm C.oktopk_comm_t, data unsafe.Pointer, count C.size_t,
 	return call(int64(comm), func() error {
 		c, op, err := allreduceOp(comm, data, count, dtype, average, algorithm)
 		if err != nil {
-			return err
+			return refused(c, err, true)
 		}
 		_, err = c.do(false, op)
 		return err
@@ -299,28 +299,40 @@ func oktopk_allreduce(comm C.oktopk_comm_t, data unsafe.Pointer, count C.size_t,
 //export oktopk_allreduce_start
 func oktopk_allreduce_start(comm C.oktopk_comm_t, data unsafe.Pointer, count C.size_t, dtype C.oktopk_dtype_t, average C.int, algorithm C.int, request *C.oktopk_request_t) C.oktopk_result_t {
 	return call(int64(comm), func() error {
-		if request == nil {
-			return invalidArgument("request is NULL")
-		}
 		c, op, err := allreduceOp(comm, data, count, dtype, average, algorithm)
+		if err == nil && request == nil {
+			err = invalidArgument("request is NULL")
+		}
 		if err != nil {
-			return err
+			return refused(c, err, false)
 		}
 		return startRequest(c, op, request)
 	})
 }
 
+// refused returns err, the refusal of a collective call's arguments; on a
+// live communicator c the refusal first takes the call's place in the
+// sequence and tells the peers (communicator.refuse).
+func refused(c *communicator, err error, wait bool) error {
+	if c == nil {
+		return err
+	}
+	return c.refuse(err, wait)
+}
+
+// allreduceOp checks a dense allreduce's arguments and builds its operation.
+// A bad argument comes back with the communicator, for refused.
 func allreduceOp(comm C.oktopk_comm_t, data unsafe.Pointer, count C.size_t, dtype C.oktopk_dtype_t, average C.int, algorithm C.int) (*communicator, operation, error) {
 	c, err := comms.get("communicator", int64(comm))
 	if err != nil {
 		return nil, nil, err
 	}
 	if err := checkBuffer(data, count, dtype); err != nil {
-		return nil, nil, err
+		return c, nil, err
 	}
 	alg := core.Algorithm(algorithm)
 	if !alg.Dense() {
-		return nil, nil, invalidArgument("algorithm %v is not a dense allreduce (use OKTOPK_ALGO_DENSE_RING or OKTOPK_ALGO_DENSE_RABENSEIFNER)", alg)
+		return c, nil, invalidArgument("algorithm %v is not a dense allreduce (use OKTOPK_ALGO_DENSE_RING or OKTOPK_ALGO_DENSE_RABENSEIFNER)", alg)
 	}
 	return c, denseOp(c, data, int(count), dtype, average != 0, alg), nil
 }
@@ -333,10 +345,10 @@ func oktopk_sparse_allreduce(comm C.oktopk_comm_t, tensorID C.uint64_t, data uns
 			return err
 		}
 		if err := checkBuffer(data, count, dtype); err != nil {
-			return err
+			return c.refuse(err, true)
 		}
 		if err := checkStats(stats); err != nil {
-			return err
+			return c.refuse(err, true)
 		}
 		st, err := c.do(false, sparseOp(c, uint64(tensorID), data, int(count), dtype))
 		if werr := writeStats(stats, st); err == nil {
@@ -354,10 +366,10 @@ func oktopk_sparse_allreduce_start(comm C.oktopk_comm_t, tensorID C.uint64_t, da
 			return err
 		}
 		if request == nil {
-			return invalidArgument("request is NULL")
+			return c.refuse(invalidArgument("request is NULL"), false)
 		}
 		if err := checkBuffer(data, count, dtype); err != nil {
-			return err
+			return c.refuse(err, false)
 		}
 		return startRequest(c, sparseOp(c, uint64(tensorID), data, int(count), dtype), request)
 	})
@@ -373,18 +385,18 @@ func oktopk_sparse_allreduce_sparse(comm C.oktopk_comm_t, n C.size_t, inIndices 
 		}
 		switch {
 		case n == 0 || uint64(n) > maxElements:
-			return invalidArgument("n = %d is not in 1..%d", uint64(n), uint64(maxElements))
+			return c.refuse(invalidArgument("n = %d is not in 1..%d", uint64(n), uint64(maxElements)), true)
 		case inCount > n:
-			return invalidArgument("in_count %d > n %d", uint64(inCount), uint64(n))
+			return c.refuse(invalidArgument("in_count %d > n %d", uint64(inCount), uint64(n)), true)
 		case inCount > 0 && (inIndices == nil || inValues == nil):
-			return invalidArgument("in_indices or in_values is NULL")
+			return c.refuse(invalidArgument("in_indices or in_values is NULL"), true)
 		case outCapacity > 0 && (outIndices == nil || outValues == nil):
-			return invalidArgument("out_indices or out_values is NULL")
+			return c.refuse(invalidArgument("out_indices or out_values is NULL"), true)
 		case outCount == nil:
-			return invalidArgument("out_count is NULL")
+			return c.refuse(invalidArgument("out_count is NULL"), true)
 		}
 		if err := checkStats(stats); err != nil {
-			return err
+			return c.refuse(err, true)
 		}
 		in := core.Sparse{
 			Idx: unsafe.Slice((*uint32)(unsafe.Pointer(inIndices)), int(inCount)),

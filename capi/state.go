@@ -10,8 +10,10 @@ import (
 
 // Tensor state save and load go through the communicator's queue, so a save
 // sees every call issued before it, and a load applies before every call
-// issued after it. They are local: they still work after an abort, so a
-// failed job can be checkpointed.
+// issued after it. They are local: they still work after an abort, and from
+// any thread. A save after a failure holds this rank's state, which may
+// differ by the failed call from its peers' (the call may have completed on
+// some ranks); include/oktopk.h says what to restart from instead.
 
 func (c *communicator) saveState(id uint64) ([]byte, error) {
 	var out []byte

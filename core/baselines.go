@@ -87,7 +87,8 @@ const stepAgreement uint32 = 0xffff0000
 // ranks stay in step (the communicator remains usable). nonFinite counts this
 // rank's NaN/Inf entries; invalid, when not nil, is why its input is
 // malformed. A malformed input anywhere is ErrInvalidArgument on every rank,
-// else NaN/Inf anywhere is ErrNonFinite marked as skipped everywhere.
+// else NaN/Inf anywhere is ErrNonFinite; either is marked as skipped
+// everywhere.
 //
 // The flags are OR-ed by dissemination: in round i = 0…⌈log P⌉−1 rank r sends
 // what it knows to r+2^i and ORs in what r−2^i knows, so after the last
@@ -117,9 +118,9 @@ func agreeOnInput(ctx context.Context, call *Call, nonFinite int, invalid error)
 	}
 	switch {
 	case invalid != nil:
-		return invalid
+		return fmt.Errorf("%w (%w)", invalid, errStepSkipped)
 	case all&inputInvalid != 0:
-		return fmt.Errorf("%w: another rank's sparse input is malformed; every rank skipped this call", ErrInvalidArgument)
+		return fmt.Errorf("%w: another rank's sparse input is malformed (%w)", ErrInvalidArgument, errStepSkipped)
 	case nonFinite > 0:
 		return fmt.Errorf("%w: %d entries here: %w", ErrNonFinite, nonFinite, errStepSkipped)
 	case all&inputNonFinite != 0:

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/oktopk/oktopk/transport"
@@ -40,13 +41,21 @@ func registerSparseInput(a Algorithm, f sparseInputFunc) {
 
 // Communicator runs collectives over one transport in the order they are
 // issued, which must be the same on every rank: each call takes the next
-// sequence number, and the sequence number tags its messages. After any
-// failure that may have left peers mid-call, the communicator is poisoned:
-// every later call fails fast with the first error.
+// sequence number, and the sequence number tags its messages. One call runs
+// at a time: a call made while another runs is refused with ErrInvalidUsage
+// and takes no sequence number (two goroutines' calls would be numbered in
+// whichever order they happened to come, which differs from rank to rank).
+//
+// A call this rank refuses for its arguments still takes its sequence number
+// and tells the peers (transport.Transport.RefuseCall): a peer that made the
+// call fails it with ErrMismatch, and none pairs it with this rank's next
+// call. After any failure that may have left peers mid-call, the
+// communicator is poisoned: every later call fails fast with the first error.
 type Communicator struct {
 	T transport.Transport
 
-	mu       sync.Mutex // held for a whole call: calls run one at a time, in issue order
+	busy     atomic.Bool // a call is running; see begin
+	mu       sync.Mutex  // held for a whole call, and by the tensor state accessors
 	seq      uint64
 	states   map[uint64]*TensorState
 	poisoned error
@@ -66,42 +75,87 @@ func (c *Communicator) Abort(cause error) {
 	c.T.Abort(cause)
 }
 
-// begin takes the communicator for one call and its sequence number.
+// errConcurrentCall refuses a call made while another runs.
+var errConcurrentCall = fmt.Errorf("%w: another call is running on this communicator; "+
+	"calls on one communicator must be made one at a time, in the same order on every rank", ErrInvalidUsage)
+
+// begin takes the communicator for one call and its sequence number. A call
+// made while another runs is refused before it takes a number, so the
+// running call and the ranks' numbering are untouched.
 func (c *Communicator) begin() (uint64, error) {
+	if !c.busy.CompareAndSwap(false, true) {
+		return 0, errConcurrentCall
+	}
 	c.mu.Lock()
 	if c.poisoned != nil {
-		c.mu.Unlock()
-		return 0, fmt.Errorf("%w: earlier failure: %w", transport.ErrAborted, c.poisoned)
+		err := fmt.Errorf("%w: earlier failure: %w", transport.ErrAborted, c.poisoned)
+		c.release()
+		return 0, err
 	}
 	c.seq++
 	return c.seq, nil
 }
 
-// end releases the communicator; a communication error poisons it, because
-// peers may be stranded mid-call and the sequence numbers no longer agree.
+func (c *Communicator) release() {
+	c.mu.Unlock()
+	c.busy.Store(false)
+}
+
+// end releases the communicator. Any error poisons it, except a step that
+// every rank agreed to skip (NaN/Inf, or a malformed sparse input,
+// somewhere): anything else may have stranded a peer mid-call, or may have
+// completed on some ranks and not on others.
 func (c *Communicator) end(err error) error {
-	// A step that every rank agreed to skip (NaN/Inf somewhere) leaves the
-	// ranks in step; anything else may have stranded a peer mid-call.
-	if err != nil && !errors.Is(err, ErrInvalidArgument) && !errors.Is(err, ErrInvalidUsage) && !errors.Is(err, errStepSkipped) {
+	if err != nil && !errors.Is(err, errStepSkipped) {
 		c.poisoned = err
 		c.T.Abort(err)
 	}
-	c.mu.Unlock()
+	c.release()
 	return err
+}
+
+// refuse ends call seq, which this rank refuses for err before sending
+// anything: the peers are told, and err is returned. The communicator is not
+// poisoned here: when every rank refuses the call (the same bad argument
+// everywhere) the ranks are still in step. A peer that made the call fails
+// with ErrMismatch and aborts, and its abort reaches this rank.
+func (c *Communicator) refuse(ctx context.Context, seq uint64, err error) error {
+	c.T.RefuseCall(ctx, seq, err.Error())
+	c.release()
+	return err
+}
+
+// Refuse is for a caller that refuses a call before it reaches the
+// communicator (the C ABI's checks of pointers and sizes): the refusal takes
+// the call's sequence number and tells the peers, as a refusal by the
+// communicator's own checks does. It returns err. On a poisoned
+// communicator, or while another call runs, it only returns err.
+func (c *Communicator) Refuse(ctx context.Context, err error) error {
+	seq, berr := c.begin()
+	if berr != nil {
+		return err
+	}
+	return c.refuse(ctx, seq, err)
 }
 
 // Allreduce sums (or averages) data over every rank with a dense algorithm.
 // A failed call leaves data as it was, so nothing of the caller's is lost.
 func (c *Communicator) Allreduce(ctx context.Context, data []float32, average bool, alg Algorithm) (Stats, error) {
-	var st Stats
-	f, ok := denseAlgorithms[alg]
-	if !ok {
-		return st, fmt.Errorf("%w: %v is not a dense allreduce", ErrInvalidArgument, alg)
-	}
 	seq, err := c.begin()
 	if err != nil {
-		return st, err
+		return Stats{}, err
 	}
+	if _, ok := denseAlgorithms[alg]; !ok {
+		return Stats{}, c.refuse(ctx, seq, fmt.Errorf("%w: %v is not a dense allreduce", ErrInvalidArgument, alg))
+	}
+	return c.allreduce(ctx, seq, 0, data, average, alg)
+}
+
+// allreduce runs call seq, taken by begin, as a dense allreduce of data;
+// tensor (0 if none) goes into the call's descriptor.
+func (c *Communicator) allreduce(ctx context.Context, seq, tensor uint64, data []float32, average bool, alg Algorithm) (Stats, error) {
+	var st Stats
+	f := denseAlgorithms[alg]
 	start := time.Now()
 	// Rabenseifner reduces in place, so a failure midway would leave partial
 	// sums; one copy (kept for the next call) puts the input back. The ring
@@ -113,7 +167,7 @@ func (c *Communicator) Allreduce(ctx context.Context, data []float32, average bo
 		}
 		copy(c.before[:len(data)], data)
 	}
-	err = f(ctx, NewCall(c.T, alg.Op(), seq, &st, WithDesc(DescribeCall(ctx, 0, len(data), len(data)))), data)
+	err := f(ctx, NewCall(c.T, alg.Op(), seq, &st, WithDesc(DescribeCall(ctx, tensor, len(data), len(data)))), data)
 	if err != nil && backup {
 		copy(data, c.before[:len(data)])
 	}
@@ -165,6 +219,9 @@ func (c *Communicator) state(id uint64, n int, cfg Config) (*TensorState, error)
 	if st.N != n {
 		return nil, fmt.Errorf("%w: tensor %d has %d elements, earlier calls had %d", ErrInvalidArgument, id, n, st.N)
 	}
+	if len(st.Residual) != n {
+		return nil, fmt.Errorf("%w: tensor %d's state holds a residual of %d elements for n=%d", ErrInvalidArgument, id, len(st.Residual), n)
+	}
 	st.Config = cfg
 	return st, nil
 }
@@ -176,35 +233,37 @@ func (c *Communicator) state(id uint64, n int, cfg Config) (*TensorState, error)
 // A failed call leaves grad and the tensor's state (residual, thresholds,
 // region boundaries, call count) as they were. NaN or Inf in grad+residual on
 // any rank makes every rank return ErrNonFinite for the step (skipped
-// everywhere, the communicator stays usable).
+// everywhere, the communicator stays usable). Bad arguments are
+// ErrInvalidArgument here and ErrMismatch on every peer that made the call.
 func (c *Communicator) SparseAllreduce(ctx context.Context, id uint64, grad []float32, cfg Config) (Stats, error) {
 	var stats Stats
-	if err := cfg.Validate(); err != nil {
-		return stats, err
-	}
-	if uint64(len(grad)) > maxElements {
-		return stats, fmt.Errorf("%w: %d elements, at most 2^32-1", ErrInvalidArgument, len(grad))
-	}
-	if cfg.Algorithm.Dense() {
-		return c.Allreduce(ctx, grad, true, cfg.Algorithm)
-	}
-	f, ok := sparseAlgorithms[cfg.Algorithm]
-	if !ok {
-		return stats, fmt.Errorf("%w: %v is not built into this library", ErrInvalidArgument, cfg.Algorithm)
-	}
 	seq, err := c.begin()
 	if err != nil {
 		return stats, err
 	}
+	if err := cfg.Validate(); err != nil {
+		return stats, c.refuse(ctx, seq, err)
+	}
+	if uint64(len(grad)) > maxElements {
+		return stats, c.refuse(ctx, seq, fmt.Errorf("%w: %d elements, at most 2^32-1", ErrInvalidArgument, len(grad)))
+	}
+	if cfg.Algorithm.Dense() {
+		return c.allreduce(ctx, seq, id, grad, true, cfg.Algorithm)
+	}
+	f, ok := sparseAlgorithms[cfg.Algorithm]
+	if !ok {
+		return stats, c.refuse(ctx, seq, fmt.Errorf("%w: %v is not built into this library", ErrInvalidArgument, cfg.Algorithm))
+	}
 	st, err := c.state(id, len(grad), cfg)
 	if err != nil {
-		c.seq-- // nothing was sent: the number goes back, so ranks stay in step
-		return stats, c.end(err)
+		return stats, c.refuse(ctx, seq, err)
 	}
 	before := snapshotOf(st)
 	start := time.Now()
 	stats.K = cfg.K(len(grad))
-	err = f(ctx, NewCall(c.T, cfg.Algorithm.Op(), seq, &stats, WithDesc(DescribeCall(ctx, id, len(grad), stats.K))), st, grad)
+	desc := DescribeCall(ctx, id, len(grad), stats.K)
+	desc.Completed = uint32(st.Iter)
+	err = f(ctx, NewCall(c.T, cfg.Algorithm.Op(), seq, &stats, WithDesc(desc)), st, grad)
 	if err != nil {
 		before.restore(st)
 	}
@@ -216,25 +275,26 @@ func (c *Communicator) SparseAllreduce(ctx context.Context, id uint64, grad []fl
 // averaged sparse global result. The ranks first agree on their inputs: a
 // malformed input on any rank is ErrInvalidArgument on every rank, NaN or Inf
 // on any rank ErrNonFinite (skipped) on every rank, and the communicator
-// stays usable. Memory and time follow the pairs and P, not n: no algorithm
+// stays usable. Bad settings or n are refused as in SparseAllreduce.
+// Memory and time follow the pairs and P, not n: no algorithm
 // holds an array over the index space, only the dense form of a region
 // (SparCML's, TopkDSA's), which is taken where the region holds pairs at a
 // third or more of its indices: an array of at most a few words per pair.
 func (c *Communicator) SparseAllreduceSparse(ctx context.Context, n int, in Sparse, cfg Config) (Sparse, Stats, error) {
 	var stats Stats
-	if err := cfg.Validate(); err != nil {
-		return Sparse{}, stats, err
-	}
-	if n < 0 || uint64(n) > maxElements {
-		return Sparse{}, stats, fmt.Errorf("%w: n=%d not in 0…2^32-1", ErrInvalidArgument, n)
-	}
-	f, ok := sparseInputAlgorithms[cfg.Algorithm]
-	if !ok {
-		return Sparse{}, stats, fmt.Errorf("%w: %v has no sparse-input form", ErrInvalidArgument, cfg.Algorithm)
-	}
 	seq, err := c.begin()
 	if err != nil {
 		return Sparse{}, stats, err
+	}
+	if err := cfg.Validate(); err != nil {
+		return Sparse{}, stats, c.refuse(ctx, seq, err)
+	}
+	if n < 0 || uint64(n) > maxElements {
+		return Sparse{}, stats, c.refuse(ctx, seq, fmt.Errorf("%w: n=%d not in 0…2^32-1", ErrInvalidArgument, n))
+	}
+	f, ok := sparseInputAlgorithms[cfg.Algorithm]
+	if !ok {
+		return Sparse{}, stats, c.refuse(ctx, seq, fmt.Errorf("%w: %v has no sparse-input form", ErrInvalidArgument, cfg.Algorithm))
 	}
 	start := time.Now()
 	stats.K = cfg.K(n)

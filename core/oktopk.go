@@ -120,8 +120,9 @@ type okTopkScratch struct {
 	histogramWords int // words this rank sent in the last call's histogram exchanges
 }
 
-// errStepSkipped marks ErrNonFinite when every rank agreed to skip the step:
-// the communicator stays usable.
+// errStepSkipped marks an error that every rank agreed on before any data
+// moved (NaN/Inf, or a malformed sparse input, somewhere): every rank skipped
+// the step, and the communicator stays usable.
 var errStepSkipped = fmt.Errorf("every rank skipped this step")
 
 func okTopkAllreduce(ctx context.Context, call *Call, st *TensorState, grad []float32) error {

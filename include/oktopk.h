@@ -11,6 +11,48 @@
  * Handles are integers, never pointers. Operations on one communicator run in
  * the order they are issued, which must be the same on every rank.
  *
+ * Threads: the collective calls on one communicator (the blocking ones and
+ * the _start ones) come from one thread at a time. While calls of one thread
+ * are queued or running, a collective call from another thread is refused at
+ * once with oktopkInvalidUsage and is not made (it takes no place in the
+ * call order, its buffer is untouched); once they have completed, any thread
+ * may make the next call. One thread may queue many requests; any thread may
+ * test, wait on or free them, save or load tensor state, or abort.
+ *
+ * Failures, on every rank of a communicator:
+ *  - A call refused for its arguments (oktopkInvalidArgument: a NULL or bad
+ *    buffer, count, dtype, algorithm or stats size, a tensor whose size
+ *    changed, bad sparse-input sizes) still takes its place in the call
+ *    order, and the peers are told: a peer that made that call fails it with
+ *    oktopkMismatch, naming this rank and the reason, and aborts, so this
+ *    rank's next call fails too. When every rank refuses the same call, that
+ *    is all: the communicator stays usable. (Refusals that take no place:
+ *    an unknown or destroyed handle, another thread's call, a forked child,
+ *    a communicator not yet connected. A call beyond 4096 outstanding
+ *    requests is oktopkInvalidUsage and aborts the communicator instead.)
+ *  - oktopkNonFinite (NaN/Inf on some rank) and a malformed sparse input
+ *    (oktopkInvalidArgument on every rank) are agreed by every rank before
+ *    data moves: every rank skips the call, and the communicator stays
+ *    usable.
+ *  - Any other failure (oktopkMismatch, oktopkRemoteError, oktopkTimeout,
+ *    oktopkAborted, oktopkInternalError) poisons the communicator on every
+ *    rank: every later collective call fails. A rank whose call failed
+ *    fails the later ones at once with oktopkAborted; a rank whose copy of
+ *    the call completed fails its next call with the cause
+ *    (oktopkRemoteError, oktopkMismatch or oktopkTimeout), then oktopkAborted.
+ *  - A failed call leaves the caller's buffer and the tensor's state
+ *    (residual, thresholds, call count) as they were, on the rank where it
+ *    failed. The ranks need not agree on whether it happened: a call that
+ *    fails on one rank (aborted, timed out, a peer died, destroyed with
+ *    requests in flight) may have completed on others, whose buffers and
+ *    tensor states then include it. So after such a failure do not retry
+ *    on that communicator, and do not carry on with states saved after the
+ *    failure: destroy the communicator on every rank, make a new one, and
+ *    load every tensor's state from a checkpoint saved on every rank after
+ *    the same successful call (with the model and optimizer of that step).
+ *    Loading states that differ by a call is caught, not silent: the first
+ *    call on such a tensor fails with oktopkMismatch on "completed calls".
+ *
  * The library embeds a Go runtime: load it once per process, never unload it,
  * and never call it from a child created by fork() after it was loaded.
  *
@@ -39,7 +81,7 @@ extern "C" {
 typedef enum {
   oktopkSuccess = 0,
   oktopkInvalidArgument = 1, /* null pointer, bad size, k > n, unknown dtype... */
-  oktopkInvalidUsage = 2,    /* destroyed handle, call in a forked child...     */
+  oktopkInvalidUsage = 2,    /* destroyed handle, another thread's call, fork... */
   oktopkSystemError = 3,     /* socket, bind or resolve failure                 */
   oktopkRemoteError = 4,     /* a peer died or reported an error                */
   oktopkTimeout = 5,         /* a peer did not answer within the timeout        */
@@ -164,7 +206,8 @@ oktopk_result_t oktopk_comm_connect(oktopk_comm_t comm, const char *const *endpo
 oktopk_result_t oktopk_comm_rank(oktopk_comm_t comm, int *rank);
 oktopk_result_t oktopk_comm_size(oktopk_comm_t comm, int *size);
 /* Fails every blocked and future call on comm with oktopkAborted; callable
- * from any thread. The handle must still be destroyed. */
+ * from any thread. The handle must still be destroyed. Peers' calls fail
+ * too; the running call may still complete on some of them (see Failures). */
 oktopk_result_t oktopk_comm_abort(oktopk_comm_t comm);
 /* Releases the communicator; returns within about a second even when peers
  * are dead. Destroying a handle twice is oktopkInvalidUsage. */
@@ -186,10 +229,12 @@ oktopk_result_t oktopk_sparse_allreduce(oktopk_comm_t comm, uint64_t tensor_id, 
 
 /* Sparse in, sparse out, no state: in_count (index, value) pairs of a vector
  * of length n, indices strictly increasing and < n. The averaged global
- * result (at most out_capacity pairs, or oktopkInvalidArgument) is written to
- * out_indices/out_values and its length to *out_count. Uses the
- * communicator's algorithm and density. Memory and time follow in_count and
- * the number of ranks, not n (any n up to 2^32 - 1). */
+ * result is written to out_indices/out_values and its length to *out_count.
+ * A result longer than out_capacity is oktopkInvalidArgument with *out_count
+ * set and nothing written; the call itself completed on every rank, and the
+ * communicator stays usable. Uses the communicator's algorithm and density.
+ * Memory and time follow in_count and the number of ranks, not n (any n up
+ * to 2^32 - 1). */
 oktopk_result_t oktopk_sparse_allreduce_sparse(oktopk_comm_t comm, size_t n, const uint32_t *in_indices,
                                                const float *in_values, size_t in_count,
                                                uint32_t *out_indices, float *out_values,
@@ -198,7 +243,8 @@ oktopk_result_t oktopk_sparse_allreduce_sparse(oktopk_comm_t comm, size_t n, con
 
 /* ---- collectives (asynchronous) -------------------------------------- */
 /* Same as the blocking forms; data must stay valid until the request is
- * waited on. Requests of one communicator complete in issue order. */
+ * waited on. Requests of one communicator complete in issue order. At most
+ * 4096 may be outstanding (see Failures at the top). */
 oktopk_result_t oktopk_allreduce_start(oktopk_comm_t comm, void *data, size_t count, oktopk_dtype_t dtype,
                                        int average, int algorithm, oktopk_request_t *request);
 oktopk_result_t oktopk_sparse_allreduce_start(oktopk_comm_t comm, uint64_t tensor_id, void *data,
@@ -217,7 +263,10 @@ oktopk_result_t oktopk_request_free(oktopk_request_t request);
  * that saved it and to its communicator's size (the blob records both):
  * every rank saves and loads its own, and loading one saved by another rank
  * or by a communicator of another size is oktopkInvalidArgument (nothing is
- * installed). */
+ * installed). Save and load run in issue order with this thread's calls,
+ * and still work after a failure: each rank then holds the state of the
+ * calls it completed, which may differ by the failed call from rank to rank
+ * (see Failures at the top). */
 oktopk_result_t oktopk_tensor_state_size(oktopk_comm_t comm, uint64_t tensor_id, size_t *size);
 oktopk_result_t oktopk_tensor_state_save(oktopk_comm_t comm, uint64_t tensor_id, void *buf, size_t len);
 oktopk_result_t oktopk_tensor_state_load(oktopk_comm_t comm, uint64_t tensor_id, const void *buf, size_t len);

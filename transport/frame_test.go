@@ -5,7 +5,7 @@ import (
 	"testing"
 )
 
-var testCall = CallDesc{Tensor: 9, N: 1000, K: 10, Dtype: DtypeBFloat16}
+var testCall = CallDesc{Tensor: 9, N: 1000, K: 10, Dtype: DtypeBFloat16, Completed: 1<<32 - 3}
 
 func validHeader(kind frameKind, dtype Dtype, count, length uint64) []byte {
 	h := frameHeader{kind: kind, token: digestToken("tok"), generation: 3, sender: 1,
@@ -37,6 +37,17 @@ func TestFrameHeaderRoundTripAndRejections(t *testing.T) {
 	long.count, long.payloadLen = maxAbortText+1, maxAbortText+1
 	longB := make([]byte, headerSize)
 	long.encode(longB)
+	refuse := frameHeader{kind: kindRefuse, token: digestToken("tok"), generation: 3, tag: Tag{Seq: 7}, dtype: DtypeBytes, count: 5, payloadLen: 5}
+	rb := make([]byte, headerSize)
+	refuse.encode(rb)
+	if h, err := decodeFrameHeader(rb, digestToken("tok"), 3, 4); err != nil || h.kind != kindRefuse || h.tag.Seq != 7 {
+		t.Fatalf("refuse round trip: %+v, %v", h, err)
+	}
+	longRefuse := refuse
+	longRefuse.count, longRefuse.payloadLen = maxAbortText+1, maxAbortText+1
+	longRefuseB := make([]byte, headerSize)
+	longRefuse.encode(longRefuseB)
+	v2 := withByte(b, 4, 2)
 	v1 := append([]byte(nil), b[:64]...)
 	v1[4] = 1
 	cases := map[string]struct {
@@ -57,6 +68,9 @@ func TestFrameHeaderRoundTripAndRejections(t *testing.T) {
 		"unknown abort code":  {withByte(b, 89, 7), "tok", 3, 4, ErrBadFrame},
 		"reserved byte set":   {withByte(b, 95, 1), "tok", 3, 4, ErrBadFrame},
 		"long abort text":     {longB, "tok", 3, 4, ErrBadFrame},
+		"long refusal text":   {longRefuseB, "tok", 3, 4, ErrBadFrame},
+		"unknown kind":        {withByte(b, 6, byte(kindRefuse+1)), "tok", 3, 4, ErrBadFrame},
+		"version 2 header":    {v2, "tok", 3, 4, ErrBadFrame},
 		"version 1 header":    {v1, "tok", 3, 4, ErrBadFrame},
 	}
 	for name, c := range cases {

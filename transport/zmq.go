@@ -560,6 +560,8 @@ func (z *ZMQ) handle(parts [][]byte, keyRank int) {
 		z.box.failPeer(peer, fmt.Errorf("%w: peer %d closed its communicator", ErrRemote, peer))
 	case kindAbort:
 		z.box.peerAborted(peer, h.reason, strings.ToValidUTF8(string(parts[2]), "?"))
+	case kindRefuse:
+		z.box.peerRefused(peer, h.tag.Seq, strings.ToValidUTF8(string(parts[2]), "?"))
 	}
 }
 

@@ -571,6 +571,192 @@ static void test_dtype_mismatch(void) {
   OK(oktopk_comm_destroy(t.comm[1]));
 }
 
+/* Rank 1 of a two-rank communicator, for the refusal test: one agreed
+ * call, one refused for a NULL buffer, then a valid one that must fail. */
+struct refusal_arg {
+  oktopk_comm_t comm;
+  oktopk_result_t refused, after;
+};
+
+static void *refusing_rank(void *p) {
+  struct refusal_arg *a = p;
+  float x[64];
+  for (int i = 0; i < 64; i++) x[i] = (float)i;
+  OK(oktopk_sparse_allreduce(a->comm, 3, x, 64, OKTOPK_FLOAT32, NULL));
+  a->refused = oktopk_sparse_allreduce(a->comm, 3, NULL, 64, OKTOPK_FLOAT32, NULL);
+  a->after = oktopk_sparse_allreduce(a->comm, 3, x, 64, OKTOPK_FLOAT32, NULL);
+  return NULL;
+}
+
+/* A call refused at the C ABI on one rank only (a NULL buffer) still takes
+ * its place in the call sequence and tells the peer: rank 0's call fails
+ * with oktopkMismatch naming rank 1, the call and the reason, and rank 1's
+ * next call fails too. (Before, rank 1's next call met rank 0's call and
+ * both returned success.) */
+static void test_refusal_reaches_peer(void) {
+  struct two_ranks t = make_two_ranks(10000);
+  struct refusal_arg a = {t.comm[1], 0, 0};
+  pthread_t th;
+  pthread_create(&th, NULL, refusing_rank, &a);
+  float x[64];
+  for (int i = 0; i < 64; i++) x[i] = (float)i;
+  OK(oktopk_sparse_allreduce(t.comm[0], 3, x, 64, OKTOPK_FLOAT32, NULL));
+  for (int i = 0; i < 64; i++) x[i] = (float)i;
+  double t0 = now();
+  oktopk_result_t r0 = oktopk_sparse_allreduce(t.comm[0], 3, x, 64, OKTOPK_FLOAT32, NULL);
+  double took = now() - t0;
+  char msg[512];
+  OK(oktopk_get_last_error(t.comm[0], msg, sizeof msg, NULL));
+  pthread_join(th, NULL);
+  printf("refusal on rank 1: rank 0 %s after %.3f s (%s); rank 1 %s, then %s\n", oktopk_get_error_string(r0), took, msg,
+         oktopk_get_error_string(a.refused), oktopk_get_error_string(a.after));
+  REQUIRE(r0 == oktopkMismatch && took < 5.0);
+  REQUIRE(strstr(msg, "rank 1 refused call 2: invalid argument: data is NULL") != NULL);
+  REQUIRE(a.refused == oktopkInvalidArgument);
+  REQUIRE(a.after != oktopkSuccess);
+  for (int i = 0; i < 64; i++) REQUIRE(x[i] == (float)i); /* the failed call left the buffer alone */
+  OK(oktopk_comm_destroy(t.comm[0]));
+  OK(oktopk_comm_destroy(t.comm[1]));
+}
+
+/* Rank 1 of the concurrency test, on one thread: starts late, then makes
+ * three sparse calls and two dense ones, as rank 0's threads do in turn. */
+struct steady_arg {
+  oktopk_comm_t comm;
+  float x[3][64];
+  float d[2][8];
+};
+
+static void *steady_rank(void *p) {
+  struct steady_arg *a = p;
+  usleep(400000); /* rank 0's first call waits for this rank meanwhile */
+  for (int c = 0; c < 3; c++) OK(oktopk_sparse_allreduce(a->comm, 4, a->x[c], 64, OKTOPK_FLOAT32, NULL));
+  usleep(300000); /* rank 0's requests stay queued meanwhile */
+  for (int c = 0; c < 2; c++) OK(oktopk_allreduce(a->comm, a->d[c], 8, OKTOPK_FLOAT32, 0, OKTOPK_ALGO_DENSE_RING));
+  return NULL;
+}
+
+struct thread_call_arg {
+  oktopk_comm_t comm;
+  float *x;
+  oktopk_request_t req;
+  oktopk_result_t result;
+  double took;
+};
+
+static void *sparse_call_thread(void *p) {
+  struct thread_call_arg *a = p;
+  double t0 = now();
+  a->result = oktopk_sparse_allreduce(a->comm, 4, a->x, 64, OKTOPK_FLOAT32, NULL);
+  a->took = now() - t0;
+  return NULL;
+}
+
+static void *dense_call_thread(void *p) {
+  struct thread_call_arg *a = p;
+  double t0 = now();
+  a->result = oktopk_allreduce(a->comm, a->x, 8, OKTOPK_FLOAT32, 0, OKTOPK_ALGO_DENSE_RING);
+  a->took = now() - t0;
+  return NULL;
+}
+
+static void *wait_thread(void *p) {
+  struct thread_call_arg *a = p;
+  a->result = oktopk_wait(a->req, NULL);
+  return NULL;
+}
+
+/* Two threads on one communicator: while thread A's call runs, thread B's
+ * call on the same tensor is refused at once with oktopkInvalidUsage and
+ * takes no sequence number (A's call, and B's call made after A's returned,
+ * meet rank 1's first and second calls, bitwise). While one thread's
+ * asynchronous requests are queued another thread's call is refused too;
+ * any thread may wait on them. (Before, B's call was queued behind A's and
+ * met whichever call rank 1 made next.) */
+static void test_concurrent_threads(void) {
+  struct two_ranks t = make_two_ranks(10000);
+  struct steady_arg r1;
+  float x[3][64];
+  for (int c = 0; c < 3; c++)
+    for (int i = 0; i < 64; i++) {
+      x[c][i] = (float)((i * (c + 3)) % 11) - 5;
+      r1.x[c][i] = (float)((i * (c + 5)) % 13) - 6;
+    }
+  for (int c = 0; c < 2; c++)
+    for (int i = 0; i < 8; i++) r1.d[c][i] = (float)(100 * (c + 1) + i);
+  r1.comm = t.comm[1];
+  pthread_t th1, tha, thb;
+  pthread_create(&th1, NULL, steady_rank, &r1);
+  float bx[64];
+  memcpy(bx, x[2], sizeof bx);
+  struct thread_call_arg a = {t.comm[0], x[0], 0, 0, 0}, b = {t.comm[0], bx, 0, 0, 0};
+  pthread_create(&tha, NULL, sparse_call_thread, &a);
+  usleep(100000);
+  pthread_create(&thb, NULL, sparse_call_thread, &b);
+  pthread_join(thb, NULL);
+  char msg[512];
+  OK(oktopk_get_last_error(t.comm[0], msg, sizeof msg, NULL));
+  printf("concurrent call on another thread: %s after %.3f s (%s)\n", oktopk_get_error_string(b.result), b.took, msg);
+  REQUIRE(b.result == oktopkInvalidUsage && b.took < 0.2);
+  REQUIRE(strstr(msg, "another thread") != NULL);
+  REQUIRE(memcmp(bx, x[2], sizeof bx) == 0); /* the refused call left its buffer alone */
+  pthread_join(tha, NULL);
+  OK(a.result);
+  /* One call after the other from two threads is fine: this thread now. */
+  OK(oktopk_sparse_allreduce(t.comm[0], 4, x[1], 64, OKTOPK_FLOAT32, NULL));
+  OK(oktopk_sparse_allreduce(t.comm[0], 4, x[2], 64, OKTOPK_FLOAT32, NULL));
+  /* Asynchronous requests of this thread, then a call of another thread
+   * while they are queued (rank 1 is late), which waits on one of them. */
+  float d[2][8];
+  for (int c = 0; c < 2; c++)
+    for (int i = 0; i < 8; i++) d[c][i] = (float)(c + 1);
+  oktopk_request_t req[2];
+  for (int c = 0; c < 2; c++)
+    OK(oktopk_allreduce_start(t.comm[0], d[c], 8, OKTOPK_FLOAT32, 0, OKTOPK_ALGO_DENSE_RING, &req[c]));
+  float other[8] = {0};
+  struct thread_call_arg o = {t.comm[0], other, 0, 0, 0}, w = {t.comm[0], NULL, req[0], 0, 0};
+  pthread_create(&thb, NULL, dense_call_thread, &o);
+  pthread_join(thb, NULL);
+  REQUIRE(o.result == oktopkInvalidUsage && o.took < 0.2);
+  pthread_create(&thb, NULL, wait_thread, &w);
+  pthread_join(thb, NULL);
+  OK(w.result);
+  OK(oktopk_wait(req[1], NULL));
+  for (int c = 0; c < 2; c++) OK(oktopk_request_free(req[c]));
+  pthread_join(th1, NULL);
+  /* Rank 0's three sparse calls met rank 1's three, in order. */
+  for (int c = 0; c < 3; c++) REQUIRE(memcmp(x[c], r1.x[c], sizeof x[c]) == 0);
+  for (int c = 0; c < 2; c++)
+    for (int i = 0; i < 8; i++) REQUIRE(d[c][i] == (float)(c + 1) + (float)(100 * (c + 1) + i) && r1.d[c][i] == d[c][i]);
+  OK(oktopk_comm_destroy(t.comm[0]));
+  OK(oktopk_comm_destroy(t.comm[1]));
+}
+
+/* 4096 requests outstanding (rank 1 never calls, so none completes): one
+ * more is refused with oktopkInvalidUsage and aborts the communicator, so
+ * the queued requests fail at once instead of this rank skipping a call its
+ * peers will make. */
+static void test_too_many_outstanding(void) {
+  enum { MAX = 4096 };
+  struct two_ranks t = make_two_ranks(30000);
+  static float x[MAX + 1][2];
+  static oktopk_request_t req[MAX];
+  for (int i = 0; i < MAX; i++)
+    OK(oktopk_allreduce_start(t.comm[0], x[i], 2, OKTOPK_FLOAT32, 0, OKTOPK_ALGO_DENSE_RING, &req[i]));
+  oktopk_request_t extra;
+  EXPECT(oktopk_allreduce_start(t.comm[0], x[MAX], 2, OKTOPK_FLOAT32, 0, OKTOPK_ALGO_DENSE_RING, &extra),
+         oktopkInvalidUsage);
+  double t0 = now();
+  for (int i = 0; i < MAX; i++) {
+    EXPECT(oktopk_wait(req[i], NULL), oktopkAborted);
+    OK(oktopk_request_free(req[i]));
+  }
+  printf("request %d: refused; the %d queued ones aborted within %.3f s\n", MAX + 1, MAX, now() - t0);
+  REQUIRE(now() - t0 < 5.0);
+  OK(oktopk_comm_destroy(t.comm[0]));
+  OK(oktopk_comm_destroy(t.comm[1]));
+}
+
 static void test_destroy_after_peer_died(void) {
   struct two_ranks t = make_two_ranks(30000);
   OK(oktopk_comm_destroy(t.comm[1])); /* the peer is gone */
@@ -740,6 +926,9 @@ static int run_errors(void) {
   test_abort_unblocks();
   test_destroy_after_peer_died();
   test_dtype_mismatch();
+  test_refusal_reaches_peer();
+  test_concurrent_threads();
+  test_too_many_outstanding();
 
   printf("errors: ok\n");
   return 0;

@@ -160,6 +160,17 @@ def test_environment_settings_made_after_the_library_is_loaded_take_effect():
     assert "oktopk: rank 0 waiting" in res["stall"], f"OKTOPK_STALL_WARN=0.2 ignored: {res['stall']!r}"
 
 
+def test_concurrent_call_from_another_thread_is_refused():
+    # A second thread's call while the first thread's runs is refused with
+    # invalid usage (2), its tensor untouched; the calls that ran met in
+    # order, so both ranks hold the same results.
+    results = run(workers.two_threads_one_comm, 2)
+    code, message, untouched = results[0]["refused"]
+    assert code == 2 and "another thread" in message and untouched, results[0]["refused"]
+    assert results[1]["refused"] is None
+    assert results[0]["outputs"] == results[1]["outputs"]
+
+
 def test_non_finite_gradient_on_one_rank_is_nan_on_every_rank_and_training_goes_on():
     # algorithm="oktopk": its ranks agree on skipping a non-finite step in
     # the library itself.

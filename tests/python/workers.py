@@ -339,6 +339,39 @@ def fork_child(rank, world, port, out):
     dist.destroy_process_group()
 
 
+def two_threads_one_comm(rank, world, port, out):
+    """Rank 0 calls sparse_allreduce_ on one communicator from two Python
+    threads at once (rank 1 is late, so the first call is still running);
+    rank 1 makes its calls from one thread."""
+    import threading
+
+    setup(rank, world, port)
+    from oktopk import Communicator
+
+    comm = Communicator(density=0.1)
+    inputs = [torch.arange(200, dtype=torch.float32) * (rank + 1) + 7 * c for c in range(2)]
+    outputs = [t.clone() for t in inputs]
+    refused = None
+    if rank == 1:
+        time.sleep(0.5)
+        for t in outputs:
+            comm.sparse_allreduce_(5, t)
+    else:
+        first = threading.Thread(target=comm.sparse_allreduce_, args=(5, outputs[0]))
+        first.start()
+        time.sleep(0.1)
+        other = inputs[1].clone()
+        try:
+            comm.sparse_allreduce_(5, other)
+        except OkTopkError as e:
+            refused = (e.code, str(e), bool(torch.equal(other, inputs[1])))
+        first.join()
+        comm.sparse_allreduce_(5, outputs[1])  # after the first returned: fine from any thread
+    write(out, rank, {"refused": refused, "outputs": [t.numpy().tobytes() for t in outputs]})
+    comm.destroy()
+    dist.destroy_process_group()
+
+
 def non_finite_step(rank, world, port, out, bad_rank, bad_step, steps):
     """AMP-style training under torch.amp.GradScaler; rank bad_rank puts a
     NaN into one entry of one gradient at step bad_step."""

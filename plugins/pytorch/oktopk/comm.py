@@ -112,7 +112,11 @@ class Communicator:
 
     Setup waits on the store for at most ``timeout`` seconds. ``bind_host``
     is the address to bind and advertise; by default the one on the route to
-    the store's host (see :func:`default_bind_host`)."""
+    the store's host (see :func:`default_bind_host`).
+
+    Calls must come from one thread at a time: a call made from another
+    thread while one runs raises ``OkTopkError`` (invalid usage, code 2)
+    and is not made."""
 
     def __init__(self, group=None, algorithm="oktopk", density=0.01, tau=64, tau_prime=32, timeout=60.0, bind_host=None):
         store = dist.PrefixStore(f"c{next(_instance_counter)}/", _store_for(group))
