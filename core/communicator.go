@@ -103,9 +103,11 @@ func (c *Communicator) Allreduce(ctx context.Context, data []float32, average bo
 		return st, err
 	}
 	start := time.Now()
+	call := NewCall(c.T, alg.Op(), seq, &st, WithDesc(DescribeCall(ctx, 0, len(data), len(data))))
 	// Rabenseifner reduces in place, so a failure midway would leave partial
 	// sums; one copy (kept for the next call) puts the input back. The ring
 	// writes data only once every message has arrived.
+	call.Phase(PhaseOutput)
 	backup := c.Size() > 1 && alg != DenseRing
 	if backup {
 		if cap(c.before) < len(data) {
@@ -113,13 +115,15 @@ func (c *Communicator) Allreduce(ctx context.Context, data []float32, average bo
 		}
 		copy(c.before[:len(data)], data)
 	}
-	err = f(ctx, NewCall(c.T, alg.Op(), seq, &st, WithDesc(DescribeCall(ctx, 0, len(data), len(data)))), data)
+	err = f(ctx, call, data)
+	call.Phase(PhaseOutput)
 	if err != nil && backup {
 		copy(data, c.before[:len(data)])
 	}
 	if err == nil && average {
 		scale(data, c.Size())
 	}
+	call.EndPhases()
 	st.Total = time.Since(start)
 	return st, c.end(err)
 }
@@ -203,7 +207,9 @@ func (c *Communicator) SparseAllreduce(ctx context.Context, id uint64, grad []fl
 	before := snapshotOf(st)
 	start := time.Now()
 	stats.K = cfg.K(len(grad))
-	err = f(ctx, NewCall(c.T, cfg.Algorithm.Op(), seq, &stats, WithDesc(DescribeCall(ctx, id, len(grad), stats.K))), st, grad)
+	call := NewCall(c.T, cfg.Algorithm.Op(), seq, &stats, WithDesc(DescribeCall(ctx, id, len(grad), stats.K)))
+	err = f(ctx, call, st, grad)
+	call.EndPhases()
 	if err != nil {
 		before.restore(st)
 	}
@@ -235,19 +241,23 @@ func (c *Communicator) SparseAllreduceSparse(ctx context.Context, n int, in Spar
 	start := time.Now()
 	stats.K = cfg.K(n)
 	call := NewCall(c.T, cfg.Algorithm.Op(), seq, &stats, WithDesc(DescribeCall(ctx, 0, n, stats.K)))
+	call.Phase(PhaseAgree) // the input's checks and the agreement on them
 	invalid := checkSparse(in, n)
 	nonFinite := 0
 	if invalid == nil {
 		nonFinite = countNonFinite(in.Val)
 	}
 	if err := agreeOnInput(ctx, call, nonFinite, invalid); err != nil {
+		call.EndPhases()
 		stats.Total = time.Since(start)
 		return Sparse{}, stats, c.end(err)
 	}
 	out, err := f(ctx, call, n, in, stats.K)
+	call.Phase(PhaseOutput)
 	if err == nil {
 		scale(out.Val, c.Size())
 	}
+	call.EndPhases()
 	stats.Total = time.Since(start)
 	return out, stats, c.end(err)
 }

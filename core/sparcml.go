@@ -46,7 +46,6 @@ import (
 	"context"
 	"fmt"
 	"math/bits"
-	"time"
 
 	"github.com/oktopk/oktopk/transport"
 )
@@ -67,8 +66,7 @@ func init() {
 // ssarRecursiveDouble sums the ranks' sparse inputs by recursive doubling.
 func ssarRecursiveDouble(ctx context.Context, call *Call, n int, in Sparse, _ int) (Sparse, error) {
 	p, r := call.Size(), call.Rank()
-	start := time.Now()
-	defer func() { call.Stats.Reduce = time.Since(start) }()
+	call.Phase(PhaseReduce) // recursive doubling reduces and gathers at once
 	if p == 1 {
 		return sparseSumInRankOrder([]Sparse{in}), nil // a copy: never hand back the caller's storage
 	}
@@ -107,6 +105,7 @@ func ssarRecursiveDouble(ctx context.Context, call *Call, n int, in Sparse, _ in
 		if err := send(r-1, foldStep, in, "fold"); err != nil {
 			return Sparse{}, err
 		}
+		call.Phase(PhaseAllgather)
 		return recv(r-1, unfoldStep, "unfold")
 	case r < 2*extra:
 		odd, err := recv(r+1, foldStep, "fold")
@@ -145,6 +144,7 @@ func ssarRecursiveDouble(ctx context.Context, call *Call, n int, in Sparse, _ in
 	}
 
 	// Step 3: hand the result to the folded-in neighbour.
+	call.Phase(PhaseAllgather)
 	if r < 2*extra {
 		if err := send(r+1, unfoldStep, partial, "unfold"); err != nil {
 			return Sparse{}, err
@@ -172,7 +172,7 @@ func splitReduceAllgather(ctx context.Context, call *Call, n int, in Sparse, den
 	lo, hi := regionBounds(n, p, r)
 
 	// Steps 1 and 2: rotated exchange of the regions, the owner reduces.
-	start := time.Now()
+	call.Phase(PhaseReduce)
 	parts := make([]Sparse, p)
 	parts[r] = sparseWithin(in, lo, hi)
 	for i := 1; i < p; i++ {
@@ -189,11 +189,10 @@ func splitReduceAllgather(ctx context.Context, call *Call, n int, in Sparse, den
 		}
 	}
 	reduced := sparseSumInRankOrder(parts)
-	call.Stats.Reduce = time.Since(start)
 
 	// Step 3: gather the reduced regions. The owner reads its own block back
 	// like everyone else, so a region sent dense means the same on every rank.
-	start = time.Now()
+	call.Phase(PhaseAllgather)
 	own := regionBlock(reduced, lo, hi, denseResult(reduced.Len(), int(hi-lo)))
 	blocks, err := Allgatherv(ctx, call, uint32(p-1), own)
 	if err != nil {
@@ -209,6 +208,5 @@ func splitReduceAllgather(ctx context.Context, call *Call, n int, in Sparse, den
 		global.Idx = append(global.Idx, s.Idx...)
 		global.Val = append(global.Val, s.Val...)
 	}
-	call.Stats.Allgather = time.Since(start)
 	return global, nil
 }

@@ -19,10 +19,7 @@ package core
 // DESIGN.md gives the log P α of a recursive-doubling allgather; the ring
 // keeps the bandwidth term, which is what dominates here).
 
-import (
-	"context"
-	"time"
-)
+import "context"
 
 func init() {
 	registerSparse(TopkA, func(ctx context.Context, call *Call, st *TensorState, grad []float32) error {
@@ -35,12 +32,10 @@ func init() {
 // their sum. A sparse input with more than k entries is cut to its top k
 // first, as a dense gradient would be.
 func topkAReduce(ctx context.Context, call *Call, n int, in Sparse, k int) (Sparse, error) {
+	call.Phase(PhaseSelect)
 	local, err := sparseTopK(in, k)
 	if err != nil {
 		return Sparse{}, err
 	}
-	start := time.Now()
-	global, err := allgatherSparseSum(ctx, call, 0, n, local)
-	call.Stats.Allgather = time.Since(start)
-	return global, err
+	return allgatherSparseSum(ctx, call, 0, n, local)
 }

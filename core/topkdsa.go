@@ -37,6 +37,7 @@ func init() {
 // topkDSAReduce sums the ranks' (at most k) selected entries; a sparse input
 // with more than k entries is cut to its top k first.
 func topkDSAReduce(ctx context.Context, call *Call, n int, in Sparse, k int) (Sparse, error) {
+	call.Phase(PhaseSelect)
 	local, err := sparseTopK(in, k)
 	if err != nil {
 		return Sparse{}, err

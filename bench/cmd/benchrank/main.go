@@ -236,13 +236,13 @@ func runAlgorithm(ctx context.Context, comm *core.Communicator, alg core.Algorit
 			// calls are slow: refreshes (c mod τ′ = 0), repartitions
 			// (c mod τ = 0) or reuse calls.
 			fmt.Fprintf(os.Stderr, "trace %v call %d reuse %v: %.2f ms (select %.2f), %d words sent, %d local, %d global\n",
-				alg, c, reuseCall(c, o.tau, o.tauPrime), ms(el), ms(st.Select), st.WordsSent(), st.LocalSelected, st.GlobalSelected)
+				alg, c, reuseCall(c, o.tau, o.tauPrime), ms(el), ms(st.Time(core.PhaseSelect)), st.WordsSent(), st.LocalSelected, st.GlobalSelected)
 		}
 		if c >= o.warmup {
 			samples = append(samples, sample{
 				ms:       ms(el),
-				selectMs: ms(st.Select),
-				commMs:   ms(el - st.Select),
+				selectMs: ms(st.Time(core.PhaseSelect)),
+				commMs:   ms(el - st.Time(core.PhaseSelect)),
 				words:    float64(st.WordsSent()),
 				selected: float64(st.GlobalSelected),
 				reuse:    reuseCall(c, o.tau, o.tauPrime),
