@@ -245,10 +245,13 @@ func decodeRegionBlock(dtype transport.Dtype, count uint64, payload []byte, lo, 
 
 // allgatherSparseSum gathers every rank's sparse vector (indices below n)
 // and sums them in rank order: the global result of TopkA and Gaussiank.
+// The vectors are of about one size (k, or Gaussiank's estimate of it), so
+// Bruck's allgather moves the ring's words in ⌈log₂ P⌉ rounds instead of
+// P−1: the log P α of these algorithms' papers.
 func allgatherSparseSum(ctx context.Context, call *Call, firstStep uint32, n int, local Sparse) (Sparse, error) {
 	own := regionBlock(local, 0, uint32(n), false)
 	call.Phase(PhaseAllgather)
-	blocks, err := Allgatherv(ctx, call, firstStep, own)
+	blocks, err := AllgathervBruck(ctx, call, firstStep, own)
 	if err != nil {
 		return Sparse{}, fmt.Errorf("oktopk: allgather of selected entries: %w", err)
 	}

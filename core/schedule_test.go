@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/bits"
 	"slices"
 	"sync"
 	"testing"
@@ -77,6 +78,50 @@ func medianDuration(v []time.Duration) time.Duration {
 	return s[len(s)/2]
 }
 
+// runWrapped runs one SparseAllreduce of in[r] with cfg on every rank r, in
+// process, each rank's transport wrapped by wrap.
+func runWrapped(t *testing.T, in [][]float32, cfg Config, wrap func(transport.Transport) transport.Transport) {
+	t.Helper()
+	p := len(in)
+	inner := transport.NewInProc(p)
+	ctx, cancel := context.WithTimeout(context.Background(), inProcTimeout)
+	defer cancel()
+	errs := make([]error, p)
+	var wg sync.WaitGroup
+	for r := range p {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := NewCommunicator(wrap(inner[r]))
+			_, errs[r] = c.SparseAllreduce(ctx, 1, append([]float32(nil), in[r]...), cfg)
+			if errs[r] != nil {
+				for _, tr := range inner {
+					tr.Abort(errs[r])
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	for _, tr := range inner {
+		tr.Close()
+	}
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// dataMessage reports whether a message of op with dtype is one of the
+// algorithm's payload messages: not the NaN/Inf agreement's words, not
+// gTopk's acknowledgements (both DtypeBytes).
+func dataMessage(op transport.Op, tag transport.Tag, dtype transport.Dtype) bool {
+	return tag.Op == op && (dtype == transport.DtypeSparseF32 || dtype == transport.DtypeFloat32)
+}
+
+type flightKey struct {
+	from, to int
+	tag      transport.Tag
+}
+
 // gTopk's broadcast is a binomial tree in which a rank sends one message at
 // a time: it sends to its next child only once the child before has
 // received. A transport in between records every gTopk data message from
@@ -90,43 +135,15 @@ func TestGTopkBroadcastSendsOneMessageAtATime(t *testing.T) {
 	const n, flightDelay = 4096, 20 * time.Millisecond
 	for _, p := range []int{4, 5, 8} {
 		t.Run(fmt.Sprint("P=", p), func(t *testing.T) {
-			in := gaussianInputs(p, n, 11)
-			ledger := &flightLedger{delay: flightDelay, inFlight: map[int]map[flightKey]bool{}}
-			inner := transport.NewInProc(p)
-			ctx, cancel := context.WithTimeout(context.Background(), inProcTimeout)
-			defer cancel()
-			errs := make([]error, p)
-			var wg sync.WaitGroup
-			for r := range p {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					c := NewCommunicator(&ledgerTransport{Transport: inner[r], ledger: ledger})
-					_, errs[r] = c.SparseAllreduce(ctx, 1, append([]float32(nil), in[r]...), baselineConfig(GTopk, 0.05))
-					if errs[r] != nil {
-						for _, tr := range inner {
-							tr.Abort(errs[r])
-						}
-					}
-				}()
-			}
-			wg.Wait()
-			for _, tr := range inner {
-				tr.Close()
-			}
-			if err := errors.Join(errs...); err != nil {
-				t.Fatal(err)
-			}
-			for _, v := range ledger.violations {
+			g := &flightLedger{delay: flightDelay, inFlight: map[int]map[flightKey]bool{}}
+			runWrapped(t, gaussianInputs(p, n, 11), baselineConfig(GTopk, 0.05), func(tr transport.Transport) transport.Transport {
+				return &flightTransport{Transport: tr, ledger: g}
+			})
+			for _, v := range g.violations {
 				t.Error(v)
 			}
 		})
 	}
-}
-
-type flightKey struct {
-	to  int
-	tag transport.Tag
 }
 
 // flightLedger holds, per sending rank, its gTopk data messages not yet
@@ -138,17 +155,13 @@ type flightLedger struct {
 	violations []string
 }
 
-type ledgerTransport struct {
+type flightTransport struct {
 	transport.Transport
 	ledger *flightLedger
 }
 
-func tracked(tag transport.Tag, dtype transport.Dtype) bool {
-	return tag.Op == transport.OpGTopk && dtype == transport.DtypeSparseF32
-}
-
-func (l *ledgerTransport) Send(ctx context.Context, peer int, tag transport.Tag, dtype transport.Dtype, count uint64, payload []byte) error {
-	if tracked(tag, dtype) {
+func (l *flightTransport) Send(ctx context.Context, peer int, tag transport.Tag, dtype transport.Dtype, count uint64, payload []byte) error {
+	if dataMessage(transport.OpGTopk, tag, dtype) {
 		g, me := l.ledger, l.Rank()
 		g.mu.Lock()
 		for k := range g.inFlight[me] {
@@ -157,20 +170,96 @@ func (l *ledgerTransport) Send(ctx context.Context, peer int, tag transport.Tag,
 		if g.inFlight[me] == nil {
 			g.inFlight[me] = map[flightKey]bool{}
 		}
-		g.inFlight[me][flightKey{peer, tag}] = true
+		g.inFlight[me][flightKey{me, peer, tag}] = true
 		g.mu.Unlock()
 	}
 	return l.Transport.Send(ctx, peer, tag, dtype, count, payload)
 }
 
-func (l *ledgerTransport) Recv(ctx context.Context, peer int, tag transport.Tag) (transport.Message, error) {
+func (l *flightTransport) Recv(ctx context.Context, peer int, tag transport.Tag) (transport.Message, error) {
 	m, err := l.Transport.Recv(ctx, peer, tag)
-	if err == nil && tracked(tag, m.Dtype) {
+	if err == nil && dataMessage(transport.OpGTopk, tag, m.Dtype) {
 		time.Sleep(l.ledger.delay) // the message is still on the wire
 		g := l.ledger
 		g.mu.Lock()
-		delete(g.inFlight[peer], flightKey{l.Rank(), tag})
+		delete(g.inFlight[peer], flightKey{peer, l.Rank(), tag})
 		g.mu.Unlock()
+	}
+	return m, err
+}
+
+// Every baseline's payload messages form chains of the length its cost
+// formula's latency term counts: a message's depth is one more than the
+// deepest payload message its sender had received before sending it, and
+// the call's rounds are the deepest message's (the NaN/Inf agreement's
+// ⌈log P⌉ words and gTopk's acknowledgements are not counted). The
+// formulas: dense ring 2(P−1); Rabenseifner 2 log P; TopkA and Gaussiank
+// log P (their papers' allgather); TopkDSA and SparCML's split-allgather
+// P−1 for the split plus log P for the allgather (the table's ≈ P + log P);
+// SSAR_Recursive_double log P; gTopk 2 log P. With a ring allgather TopkA,
+// Gaussiank and the split-allgathers took P−1 rounds for it.
+func TestBaselinesCriticalPathRounds(t *testing.T) {
+	const n = 4096
+	for _, p := range []int{4, 8} {
+		logP := bits.Len(uint(p - 1))
+		want := map[Algorithm]int{
+			DenseRing: 2 * (p - 1), DenseRabenseifner: 2 * logP,
+			TopkA: logP, Gaussiank: logP,
+			TopkDSA: p - 1 + logP, SSARSplitAllgather: p - 1 + logP, DSARSplitAllgather: p - 1 + logP,
+			SSARRecursiveDouble: logP, GTopk: 2 * logP,
+		}
+		in := gaussianInputs(p, n, 13)
+		for _, alg := range Algorithms() {
+			if alg == OkTopk {
+				continue // not a baseline: its refinement rounds vary from call to call
+			}
+			t.Run(fmt.Sprintf("%v/P=%d", alg, p), func(t *testing.T) {
+				d := &depthLedger{op: alg.Op(), clock: make([]int, p), stamps: map[flightKey]int{}}
+				runWrapped(t, in, baselineConfig(alg, 0.01), func(tr transport.Transport) transport.Transport {
+					return &depthTransport{Transport: tr, ledger: d}
+				})
+				if d.deepest != want[alg] {
+					t.Errorf("%d rounds of payload messages in a row, the formula's %d", d.deepest, want[alg])
+				}
+			})
+		}
+	}
+}
+
+// depthLedger is a logical clock over one call's payload messages: clock[r]
+// is the depth of the deepest message rank r has received.
+type depthLedger struct {
+	op      transport.Op
+	mu      sync.Mutex
+	clock   []int
+	stamps  map[flightKey]int
+	deepest int
+}
+
+type depthTransport struct {
+	transport.Transport
+	ledger *depthLedger
+}
+
+func (l *depthTransport) Send(ctx context.Context, peer int, tag transport.Tag, dtype transport.Dtype, count uint64, payload []byte) error {
+	if d := l.ledger; dataMessage(d.op, tag, dtype) {
+		me := l.Rank()
+		d.mu.Lock()
+		depth := d.clock[me] + 1
+		d.stamps[flightKey{me, peer, tag}] = depth
+		d.deepest = max(d.deepest, depth)
+		d.mu.Unlock()
+	}
+	return l.Transport.Send(ctx, peer, tag, dtype, count, payload)
+}
+
+func (l *depthTransport) Recv(ctx context.Context, peer int, tag transport.Tag) (transport.Message, error) {
+	m, err := l.Transport.Recv(ctx, peer, tag)
+	if d := l.ledger; err == nil && dataMessage(d.op, tag, m.Dtype) {
+		me := l.Rank()
+		d.mu.Lock()
+		d.clock[me] = max(d.clock[me], d.stamps[flightKey{peer, me, tag}])
+		d.mu.Unlock()
 	}
 	return m, err
 }

@@ -24,11 +24,14 @@ package core
 //     j. In step i = 1…P−1 rank r sends its entries of region (r+i) mod P to
 //     that rank and receives region r's entries of rank (r−i) mod P.
 //  2. Reduce: the owner sums the P parts of its region in rank order.
-//  3. Allgather: the reduced regions are gathered on every rank (ring
-//     Allgatherv), indices region-relative, always as pairs.
+//  3. Allgather: the reduced regions are gathered on every rank by Bruck's
+//     algorithm (AllgathervBruck, ⌈log₂ P⌉ rounds), indices region-relative,
+//     always as pairs.
 //
-// Cost: 2(P−1)α; 2k(P−1)/P words to split (for evenly spread entries) and
-// 2K(P−1)/P to gather, where K, between k and kP, is the size of the sum.
+// Cost: (P−1+⌈log P⌉)α; 2k(P−1)/P words to split (for evenly spread
+// entries) and 2K(P−1)/P to gather, where K, between k and kP, is the size
+// of the sum (Bruck's words per rank vary with the regions' sizes; their
+// mean is the ring's).
 //
 // DSAR_Split_allgather is SSAR_Split_allgather with SparCML's dense switch
 // on every stream: a region whose values would be no larger than its pairs
@@ -190,11 +193,12 @@ func splitReduceAllgather(ctx context.Context, call *Call, n int, in Sparse, den
 	}
 	reduced := sparseSumInRankOrder(parts)
 
-	// Step 3: gather the reduced regions. The owner reads its own block back
+	// Step 3: gather the reduced regions (Bruck: ⌈log₂ P⌉ rounds, as the
+	// tree allgather of the cost tables). The owner reads its own block back
 	// like everyone else, so a region sent dense means the same on every rank.
 	call.Phase(PhaseAllgather)
 	own := regionBlock(reduced, lo, hi, denseResult(reduced.Len(), int(hi-lo)))
-	blocks, err := Allgatherv(ctx, call, uint32(p-1), own)
+	blocks, err := AllgathervBruck(ctx, call, uint32(p-1), own)
 	if err != nil {
 		return Sparse{}, fmt.Errorf("oktopk: allgather of reduced regions: %w", err)
 	}
