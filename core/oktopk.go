@@ -123,6 +123,7 @@ var errStepSkipped = fmt.Errorf("every rank skipped this step")
 
 func okTopkAllreduce(ctx context.Context, call *Call, st *TensorState, grad []float32) error {
 	n, p := len(grad), call.Size()
+	call.Phase(PhaseSelect) // the accumulator's first allocation counts as selection, as in the baselines
 	k := st.Config.K(n)
 	sc := &st.scratch
 	if cap(sc.acc) < n {
@@ -138,7 +139,6 @@ func okTopkAllreduce(ctx context.Context, call *Call, st *TensorState, grad []fl
 	savedLocal, savedGlobal := st.LocalThreshold, st.GlobalThreshold
 
 	// Step 1: local threshold and selection.
-	call.Phase(PhaseSelect)
 	local := sc.local
 	local.Reset()
 	var nonFinite bool
@@ -209,8 +209,7 @@ func okTopkAllreduce(ctx context.Context, call *Call, st *TensorState, grad []fl
 // tensor's scratch).
 func okTopkDense(ctx context.Context, call *Call, st *TensorState, grad, acc []float32) error {
 	n, p := len(grad), call.Size()
-	call.Phase(PhaseSelect)
-	bad := Accumulate(acc, grad, st.Residual)
+	bad := Accumulate(acc, grad, st.Residual) // in the select phase, as the sparse path's
 	call.Phase(PhaseAgree)
 	if err := agreeOnInput(ctx, call, bad, nil); err != nil {
 		return err
