@@ -164,11 +164,11 @@ bench-quick: $(LIB) venv $(BUILD)/benchrank
 	BENCH_P="2 4" BENCH_N=262144 BENCH_DENSITY=0.01 BENCH_E2E=0 bench/run.sh $(BUILD)/benchrank $(PY) $(BUILD)/bench-quick
 
 # Seconds: loopback (no root), n = 65536, P = 2, every algorithm and gloo,
-# three timed calls with τ′ = 2, τ = 3 so reuse, refresh and repartition all
-# run; fails unless the CSV has a numeric row per algorithm. Never touches
-# results/.
+# two repetitions in shuffled orders, three timed calls with τ′ = 2, τ = 3 so
+# reuse, refresh and repartition all run; fails unless the CSV has a numeric
+# row per algorithm out of a row per repetition. Never touches results/.
 bench-smoke: venv $(BUILD)/benchrank
-	BENCH_MODE=loopback BENCH_CONFIGS=2:65536:0.01 BENCH_ITERS=3 BENCH_WARMUP=1 BENCH_DENSE_ITERS=2 \
+	BENCH_MODE=loopback BENCH_CONFIGS=2:65536:0.01 BENCH_REPS=2 BENCH_ITERS=3 BENCH_WARMUP=1 BENCH_DENSE_ITERS=2 \
 		BENCH_TAU=3 BENCH_TAU_PRIME=2 BENCH_E2E=0 BENCH_LOGS=$(BUILD)/bench-smoke/logs \
 		timeout 300 bench/run.sh $(BUILD)/benchrank $(PY) $(BUILD)/bench-smoke
 

@@ -154,10 +154,14 @@ func writeStats(out *C.oktopk_stats_t, st core.Stats) error {
 	i64(&out.global_selected, st.GlobalSelected)
 	f32(&out.local_threshold, st.LocalThreshold)
 	f32(&out.global_threshold, st.GlobalThreshold)
-	sec(&out.select_seconds, st.Select)
-	sec(&out.reduce_seconds, st.Reduce)
-	sec(&out.allgather_seconds, st.Allgather)
+	sec(&out.select_seconds, st.Time(core.PhaseSelect))
+	sec(&out.reduce_seconds, st.Time(core.PhaseReduce))
+	sec(&out.allgather_seconds, st.Time(core.PhaseBalance)+st.Time(core.PhaseAllgather))
 	sec(&out.total_seconds, st.Total)
+	sec(&out.agree_seconds, st.Time(core.PhaseAgree))
+	sec(&out.global_select_seconds, st.Time(core.PhaseGlobalSelect))
+	sec(&out.balance_seconds, st.Time(core.PhaseBalance))
+	sec(&out.output_seconds, st.Time(core.PhaseOutput))
 	return nil
 }
 

@@ -11,7 +11,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"sort"
-	"time"
 
 	"github.com/oktopk/oktopk/transport"
 )
@@ -45,26 +44,28 @@ func reduceWithErrorFeedback(ctx context.Context, call *Call, st *TensorState, g
 	}
 	// The accumulator is kept in the tensor's state: no per-call allocation
 	// proportional to n.
+	call.Phase(PhaseSelect) // the accumulate pass counts as selection, as in Ok-Topk's fused pass
 	if cap(st.scratch.acc) < n {
 		st.scratch.acc = make([]float32, n)
 	}
 	acc := st.scratch.acc[:n]
 	bad := Accumulate(acc, grad, st.Residual)
+	call.Phase(PhaseAgree)
 	if err := agreeOnInput(ctx, call, bad, nil); err != nil {
 		return err
 	}
+	call.Phase(PhaseSelect)
 	k := st.Config.K(n)
-	start := time.Now()
 	local, err := selectLocal(acc, k)
 	if err != nil {
 		return err
 	}
-	call.Stats.Select = time.Since(start)
 	call.Stats.LocalSelected = local.Len()
-	global, err := reduce(ctx, call, n, local, k)
+	global, err := reduce(ctx, call, n, local, k) // it times its own phases
 	if err != nil {
 		return err
 	}
+	call.Phase(PhaseOutput)
 	call.Stats.GlobalSelected = global.Len()
 	UpdateResidual(st.Residual, acc, local, global)
 	ScatterAverage(grad, global, call.Size())
@@ -245,12 +246,17 @@ func decodeRegionBlock(dtype transport.Dtype, count uint64, payload []byte, lo, 
 
 // allgatherSparseSum gathers every rank's sparse vector (indices below n)
 // and sums them in rank order: the global result of TopkA and Gaussiank.
+// The vectors are of about one size (k, or Gaussiank's estimate of it), so
+// Bruck's allgather moves the ring's words in ⌈log₂ P⌉ rounds instead of
+// P−1: the log P α of these algorithms' papers.
 func allgatherSparseSum(ctx context.Context, call *Call, firstStep uint32, n int, local Sparse) (Sparse, error) {
 	own := regionBlock(local, 0, uint32(n), false)
-	blocks, err := Allgatherv(ctx, call, firstStep, own)
+	call.Phase(PhaseAllgather)
+	blocks, err := AllgathervBruck(ctx, call, firstStep, own)
 	if err != nil {
 		return Sparse{}, fmt.Errorf("oktopk: allgather of selected entries: %w", err)
 	}
+	call.Phase(PhaseReduce) // the sum of the gathered selections
 	parts := make([]Sparse, len(blocks))
 	for r, b := range blocks {
 		if r == call.Rank() {

@@ -157,9 +157,11 @@ func (c *Communicator) allreduce(ctx context.Context, seq, tensor uint64, data [
 	var st Stats
 	f := denseAlgorithms[alg]
 	start := time.Now()
+	call := NewCall(c.T, alg.Op(), seq, &st, WithDesc(DescribeCall(ctx, tensor, len(data), len(data))))
 	// Rabenseifner reduces in place, so a failure midway would leave partial
 	// sums; one copy (kept for the next call) puts the input back. The ring
 	// writes data only once every message has arrived.
+	call.Phase(PhaseOutput)
 	backup := c.Size() > 1 && alg != DenseRing
 	if backup {
 		if cap(c.before) < len(data) {
@@ -167,13 +169,15 @@ func (c *Communicator) allreduce(ctx context.Context, seq, tensor uint64, data [
 		}
 		copy(c.before[:len(data)], data)
 	}
-	err := f(ctx, NewCall(c.T, alg.Op(), seq, &st, WithDesc(DescribeCall(ctx, tensor, len(data), len(data)))), data)
+	err := f(ctx, call, data)
+	call.Phase(PhaseOutput)
 	if err != nil && backup {
 		copy(data, c.before[:len(data)])
 	}
 	if err == nil && average {
 		scale(data, c.Size())
 	}
+	call.EndPhases()
 	st.Total = time.Since(start)
 	return st, c.end(err)
 }
@@ -263,7 +267,9 @@ func (c *Communicator) SparseAllreduce(ctx context.Context, id uint64, grad []fl
 	stats.K = cfg.K(len(grad))
 	desc := DescribeCall(ctx, id, len(grad), stats.K)
 	desc.Completed = uint32(st.Iter)
-	err = f(ctx, NewCall(c.T, cfg.Algorithm.Op(), seq, &stats, WithDesc(desc)), st, grad)
+	call := NewCall(c.T, cfg.Algorithm.Op(), seq, &stats, WithDesc(desc))
+	err = f(ctx, call, st, grad)
+	call.EndPhases()
 	if err != nil {
 		before.restore(st)
 	}
@@ -299,19 +305,23 @@ func (c *Communicator) SparseAllreduceSparse(ctx context.Context, n int, in Spar
 	start := time.Now()
 	stats.K = cfg.K(n)
 	call := NewCall(c.T, cfg.Algorithm.Op(), seq, &stats, WithDesc(DescribeCall(ctx, 0, n, stats.K)))
+	call.Phase(PhaseAgree) // the input's checks and the agreement on them
 	invalid := checkSparse(in, n)
 	nonFinite := 0
 	if invalid == nil {
 		nonFinite = countNonFinite(in.Val)
 	}
 	if err := agreeOnInput(ctx, call, nonFinite, invalid); err != nil {
+		call.EndPhases()
 		stats.Total = time.Since(start)
 		return Sparse{}, stats, c.end(err)
 	}
 	out, err := f(ctx, call, n, in, stats.K)
+	call.Phase(PhaseOutput)
 	if err == nil {
 		scale(out.Val, c.Size())
 	}
+	call.EndPhases()
 	stats.Total = time.Since(start)
 	return out, stats, c.end(err)
 }

@@ -83,7 +83,6 @@ import (
 	"fmt"
 	"math"
 	"sort"
-	"time"
 
 	"github.com/oktopk/oktopk/transport"
 	"golang.org/x/sync/errgroup"
@@ -127,6 +126,7 @@ var errStepSkipped = fmt.Errorf("every rank skipped this step")
 
 func okTopkAllreduce(ctx context.Context, call *Call, st *TensorState, grad []float32) error {
 	n, p := len(grad), call.Size()
+	call.Phase(PhaseSelect) // the accumulator's first allocation counts as selection, as in the baselines
 	k := st.Config.K(n)
 	sc := &st.scratch
 	if cap(sc.acc) < n {
@@ -142,7 +142,6 @@ func okTopkAllreduce(ctx context.Context, call *Call, st *TensorState, grad []fl
 	savedLocal, savedGlobal := st.LocalThreshold, st.GlobalThreshold
 
 	// Step 1: local threshold and selection.
-	start := time.Now()
 	local := sc.local
 	local.Reset()
 	var nonFinite bool
@@ -170,10 +169,9 @@ func okTopkAllreduce(ctx context.Context, call *Call, st *TensorState, grad []fl
 	}
 	sc.local = local
 	call.Stats.LocalSelected = local.Len()
-	call.Stats.Select = time.Since(start)
 
 	// Step 2: space repartition.
-	start = time.Now()
+	call.Phase(PhaseReduce)
 	if st.Iter%st.Config.Tau == 0 || len(st.Boundaries) != p+1 {
 		b, err := repartition(ctx, call, local, n)
 		if err != nil {
@@ -188,12 +186,9 @@ func okTopkAllreduce(ctx context.Context, call *Call, st *TensorState, grad []fl
 	if err != nil {
 		return err
 	}
-	call.Stats.Reduce = time.Since(start)
 
 	// Step 4 and 5: global selection, balance and allgatherv.
-	start = time.Now()
 	global, skip, err := globalSelection(ctx, call, st, reduced, k, exact, nonFinite)
-	call.Stats.Allgather = time.Since(start)
 	if err != nil {
 		return err
 	}
@@ -205,6 +200,7 @@ func okTopkAllreduce(ctx context.Context, call *Call, st *TensorState, grad []fl
 	call.Stats.LocalThreshold, call.Stats.GlobalThreshold = st.LocalThreshold, st.GlobalThreshold
 
 	// Step 6: residual, then the averaged result into the caller's buffer.
+	call.Phase(PhaseOutput)
 	UpdateResidual(st.Residual, acc, local, global)
 	ScatterAverage(grad, global, p)
 	st.Iter++
@@ -217,17 +213,15 @@ func okTopkAllreduce(ctx context.Context, call *Call, st *TensorState, grad []fl
 // tensor's scratch).
 func okTopkDense(ctx context.Context, call *Call, st *TensorState, grad, acc []float32) error {
 	n, p := len(grad), call.Size()
-	start := time.Now()
-	bad := Accumulate(acc, grad, st.Residual)
-	call.Stats.Select = time.Since(start)
+	bad := Accumulate(acc, grad, st.Residual) // in the select phase, as the sparse path's
+	call.Phase(PhaseAgree)
 	if err := agreeOnInput(ctx, call, bad, nil); err != nil {
 		return err
 	}
-	start = time.Now()
-	if err := RingAllreduce(ctx, call, acc); err != nil {
+	if err := RingAllreduce(ctx, call, acc); err != nil { // it times its own phases
 		return err
 	}
-	call.Stats.Reduce = time.Since(start)
+	call.Phase(PhaseOutput)
 	scale(acc, p)
 	copy(grad, acc)
 	clear(st.Residual)
@@ -458,6 +452,7 @@ func splitAndReduce(ctx context.Context, call *Call, bounds []uint32, local Spar
 func globalSelection(ctx context.Context, call *Call, st *TensorState, reduced Sparse, k int, exact, nonFinite bool) (Sparse, bool, error) {
 	// Every owner announces a magnitude histogram of its reduced entries
 	// (and whether it saw NaN/Inf); every rank sums them identically.
+	call.Phase(PhaseGlobalSelect)
 	sc := &st.scratch
 	sc.histogramWords = 0
 	base := histogramBase(st.GlobalThreshold)
@@ -480,10 +475,12 @@ func globalSelection(ctx context.Context, call *Call, st *TensorState, reduced S
 		return Sparse{}, false, err
 	}
 	kept := cut.keep(reduced, call.Rank())
+	call.Phase(PhaseBalance)
 	balanced, err := balance(ctx, call, kept, cut.counts)
 	if err != nil {
 		return Sparse{}, false, err
 	}
+	call.Phase(PhaseAllgather)
 	global, err := gatherSparse(ctx, call, stepAllgather, balanced, uint32(st.N))
 	if err != nil {
 		return Sparse{}, false, err
@@ -887,19 +884,16 @@ func okTopkSparseInput(ctx context.Context, call *Call, n int, in Sparse, k int)
 	st := NewTensorState(0, Config{Algorithm: OkTopk, Density: 1, Tau: 1, TauPrime: 1})
 	st.N = n
 	call.Stats.LocalSelected = in.Len()
-	start := time.Now()
+	call.Phase(PhaseReduce)
 	b, err := repartition(ctx, call, in, n)
 	if err != nil {
 		return Sparse{}, err
 	}
 	reduced, err := splitAndReduce(ctx, call, b, in, &mergedRegionSum{})
-	call.Stats.Reduce = time.Since(start)
 	if err != nil {
 		return Sparse{}, err
 	}
-	start = time.Now()
 	global, _, err := globalSelection(ctx, call, st, reduced, k, true, false)
-	call.Stats.Allgather = time.Since(start)
 	if err != nil {
 		return Sparse{}, err
 	}

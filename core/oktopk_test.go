@@ -694,8 +694,8 @@ func TestOkTopkSparseInputEqualsExactTopKOfSumAndFillsStats(t *testing.T) {
 		if st.LocalSelected != in[rank].Len() || st.GlobalSelected != k || st.K != k {
 			return fmt.Errorf("stats: local %d, global %d, k %d; want %d, %d, %d", st.LocalSelected, st.GlobalSelected, st.K, in[rank].Len(), k, k)
 		}
-		if st.Reduce <= 0 || st.Allgather <= 0 || st.WordsSent() == 0 {
-			return fmt.Errorf("stats: reduce %v, allgather %v, %d words sent", st.Reduce, st.Allgather, st.WordsSent())
+		if st.Time(PhaseReduce) <= 0 || st.Time(PhaseAllgather) <= 0 || st.WordsSent() == 0 {
+			return fmt.Errorf("stats: reduce %v, allgather %v, %d words sent", st.Time(PhaseReduce), st.Time(PhaseAllgather), st.WordsSent())
 		}
 		if out.Len() != top.Len() {
 			return fmt.Errorf("%d entries, want %d", out.Len(), top.Len())

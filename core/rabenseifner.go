@@ -78,16 +78,19 @@ func RabenseifnerAllreduce(ctx context.Context, call *Call, data []float32) erro
 	}
 
 	// Step 1: fold the extra ranks into their even neighbours.
+	call.Phase(PhaseReduce)
 	var v int
 	switch {
 	case r < 2*extra && r%2 == 1:
 		if err := call.Send(ctx, r-1, foldStep, transport.DtypeFloat32, uint64(n), float32Bytes(data)); err != nil {
 			return fmt.Errorf("oktopk: rabenseifner fold to rank %d: %w", r-1, err)
 		}
+		call.Phase(PhaseAllgather)
 		vals, err := recvInto(r-1, unfoldStep, "unfold")
 		if err != nil {
 			return err
 		}
+		call.Phase(PhaseOutput)
 		copy(data, vals)
 		return nil
 	case r < 2*extra:
@@ -129,6 +132,7 @@ func RabenseifnerAllreduce(ctx context.Context, call *Call, data []float32) erro
 	}
 
 	// Step 3: recursive doubling; [lo, hi) is the chunk range complete here.
+	call.Phase(PhaseAllgather)
 	for j, d := 0, 1; d < pow2; j, d = j+1, d*2 {
 		width := hi - lo
 		sibLo, sibHi := hi, hi+width

@@ -50,6 +50,7 @@ func RingAllreduce(ctx context.Context, call *Call, data []float32) error {
 	// Step 1: reduce-scatter; afterwards chunk r+1 is complete here. At step
 	// i > 0 the chunk sent is the partial sum received at step i−1 plus this
 	// rank's own values, kept in that received buffer.
+	call.Phase(PhaseReduce)
 	send := chunk(index(r))
 	for i := 0; i < p-1; i++ {
 		c := index(r - i - 1)
@@ -67,6 +68,7 @@ func RingAllreduce(ctx context.Context, call *Call, data []float32) error {
 	final[index(r+1)] = send
 
 	// Step 2: allgather of the complete chunks, each forwarded as received.
+	call.Phase(PhaseAllgather)
 	for i := 0; i < p-1; i++ {
 		c := index(r - i)
 		step := uint32(p - 1 + i)
@@ -79,6 +81,7 @@ func RingAllreduce(ctx context.Context, call *Call, data []float32) error {
 		}
 		final[c] = send
 	}
+	call.Phase(PhaseOutput)
 	for c, sum := range final {
 		copy(chunk(c), sum)
 	}

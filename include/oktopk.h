@@ -73,7 +73,7 @@ extern "C" {
 
 /* ABI version: major changes break callers, minor ones only add. */
 #define OKTOPK_VERSION_MAJOR 0
-#define OKTOPK_VERSION_MINOR 3
+#define OKTOPK_VERSION_MINOR 4
 #define OKTOPK_VERSION_PATCH 0
 #define OKTOPK_VERSION_CODE \
   (OKTOPK_VERSION_MAJOR * 10000 + OKTOPK_VERSION_MINOR * 100 + OKTOPK_VERSION_PATCH)
@@ -144,7 +144,16 @@ typedef struct {
 } oktopk_config_t;
 
 /* Per-call statistics (one rank's view). `size` must be set by the caller to
- * sizeof(oktopk_stats_t); pass NULL where not wanted. */
+ * sizeof(oktopk_stats_t); pass NULL where not wanted. The library writes only
+ * the fields that fit in `size`, so a caller built against an older header
+ * gets the fields it knows.
+ *
+ * The *_seconds fields cut the call into phases that run back to back and
+ * mean the same work in every algorithm (a phase an algorithm lacks is 0):
+ * select (acc = grad + residual, then the local selection), agree (the
+ * NaN/Inf agreement), reduce, global_select, balance, allgather and output
+ * (the caller's buffer and the residual). Together they add up to
+ * total_seconds, less the few microseconds before the algorithm starts. */
 typedef struct {
   uint32_t size;
   uint64_t bytes_sent;
@@ -156,10 +165,17 @@ typedef struct {
   int64_t global_selected; /* entries in the global result             */
   float local_threshold;
   float global_threshold;
-  double select_seconds;
+  double select_seconds;    /* accumulate + local selection             */
   double reduce_seconds;    /* split-and-reduce / reduction phase       */
-  double allgather_seconds; /* balance + allgatherv / broadcast phase   */
+  double allgather_seconds; /* balance + allgatherv / broadcast phase
+                             * (before 0.4 it held Ok-Topk's global
+                             * selection too, now global_select_seconds) */
   double total_seconds;
+  /* Added in 0.4: the phases the fields above leave out. */
+  double agree_seconds;         /* NaN/Inf agreement among the ranks        */
+  double global_select_seconds; /* Ok-Topk's histogram cut                  */
+  double balance_seconds;       /* Ok-Topk's balance (in allgather_seconds) */
+  double output_seconds;        /* result into the buffer, residual         */
 } oktopk_stats_t;
 
 /* ---- library ---------------------------------------------------------- */

@@ -322,6 +322,22 @@ static void test_sparse_in_largest_n(oktopk_comm_t comm, int rank, int size, int
  * float16 and bfloat16: at density 1.0 each must return the exact average
  * of integer-valued inputs (sums of small integers, and their halves and
  * quarters for P <= 4, are exact in every one of these precisions). */
+/* The phase fields (0.4) cut the call into parts that run back to back:
+ * none negative, balance inside allgather, together no more than the call
+ * and (the few microseconds before the algorithm starts aside) most of it. */
+static void check_phases(const oktopk_stats_t *st) {
+  const double phases[] = {st->select_seconds, st->agree_seconds,  st->reduce_seconds,
+                           st->global_select_seconds, st->allgather_seconds, st->output_seconds};
+  double sum = 0;
+  for (size_t i = 0; i < sizeof phases / sizeof phases[0]; i++) {
+    REQUIRE(phases[i] >= 0);
+    sum += phases[i];
+  }
+  REQUIRE(st->balance_seconds >= 0 && st->balance_seconds <= st->allgather_seconds);
+  REQUIRE(st->total_seconds > 0);
+  REQUIRE(sum <= st->total_seconds * (1 + 1e-9) && sum >= 0.5 * st->total_seconds); /* 1e-9: rounding to double */
+}
+
 static void test_sparse_every_algorithm(oktopk_comm_t env_comm, int rank, int size) {
   const size_t n = 1001;
   float *x = malloc(n * sizeof *x);
@@ -343,7 +359,9 @@ static void test_sparse_every_algorithm(oktopk_comm_t env_comm, int rank, int si
     float ranks_sum = (float)(size * (size + 1) / 2);
     for (int it = 0; it < 2; it++) {
       for (size_t i = 0; i < n; i++) x[i] = (float)((rank + 1) * ((int)((i + it) % 7) - 3));
-      OK(oktopk_sparse_allreduce(comm, 1, x, n, OKTOPK_FLOAT32, NULL));
+      oktopk_stats_t st = {.size = sizeof st};
+      OK(oktopk_sparse_allreduce(comm, 1, x, n, OKTOPK_FLOAT32, &st));
+      check_phases(&st);
       for (size_t i = 0; i < n; i++) REQUIRE(x[i] == ranks_sum * (float)((int)((i + it) % 7) - 3) / (float)size);
     }
     printf("HASH sparse_f32_alg%d %016llx\n", alg, (unsigned long long)hash_bytes(x, n * 4, HASH_SEED));

@@ -88,6 +88,11 @@ class Stats(ctypes.Structure):
         ("reduce_seconds", ctypes.c_double),
         ("allgather_seconds", ctypes.c_double),
         ("total_seconds", ctypes.c_double),
+        # 0.4: the phases the fields above leave out
+        ("agree_seconds", ctypes.c_double),
+        ("global_select_seconds", ctypes.c_double),
+        ("balance_seconds", ctypes.c_double),
+        ("output_seconds", ctypes.c_double),
     ]
 
 
