@@ -3,6 +3,8 @@ package core
 import (
 	"fmt"
 	"math"
+	"math/big"
+	"strconv"
 	"strings"
 
 	"github.com/oktopk/oktopk/transport"
@@ -95,11 +97,25 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// K is the number of entries selected from n: ceil(density·n), at most n.
+// K is the number of entries selected from n: ⌈density·n⌉, at most n, with
+// density read as the shortest decimal that parses back to the same float64
+// (what the user wrote) and the product taken exactly. A float product
+// would round 0.07·100 up to 7.000000000000001, whose ceiling is 8.
 func (c Config) K(n int) int {
-	k := int(math.Ceil(c.Density * float64(n)))
-	if k > n {
-		k = n
+	if n <= 0 || c.Density <= 0 {
+		return 0
 	}
-	return k
+	if c.Density >= 1 {
+		return n
+	}
+	d, ok := new(big.Rat).SetString(strconv.FormatFloat(c.Density, 'g', -1, 64))
+	if !ok { // unreachable: FormatFloat of a finite float always parses
+		return min(int(math.Ceil(c.Density*float64(n))), n)
+	}
+	prod := d.Mul(d, new(big.Rat).SetInt64(int64(n)))
+	k := new(big.Int).Quo(prod.Num(), prod.Denom()) // floor: both are positive
+	if !prod.IsInt() {
+		k.Add(k, big.NewInt(1))
+	}
+	return min(int(k.Int64()), n)
 }
