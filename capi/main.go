@@ -1,8 +1,10 @@
 // Package main is liboktopk's C ABI: //export shims over packages core and
 // transport. Nothing else lives here. See include/oktopk.h for the contract.
 //
-// Every export starts with call(), which refuses a forked child, recovers
-// panics into oktopkInternalError and maps errors to result codes once.
+// The exported names are abi.c's, which refuses a child made by fork()
+// before any Go code runs and then calls the go_oktopk_* export here. Every
+// export starts with call(), which recovers panics into oktopkInternalError
+// and maps errors to result codes once.
 package main
 
 /*
@@ -33,37 +35,15 @@ import (
 
 func main() {}
 
-//export oktopk_get_version
-func oktopk_get_version() C.int { return C.OKTOPK_VERSION_CODE }
-
-//export oktopk_get_error_string
-func oktopk_get_error_string(result C.oktopk_result_t) *C.oktopk_const_char {
-	if int(result) < len(resultStrings) {
-		return (*C.oktopk_const_char)(resultStrings[result])
-	}
-	return (*C.oktopk_const_char)(unknownResultString)
-}
-
-//export oktopk_config_init
-func oktopk_config_init(config *C.oktopk_config_t) {
-	if config == nil || forked() {
-		return
-	}
+//export go_oktopk_config_init
+func go_oktopk_config_init(config *C.oktopk_config_t) {
 	writeDefaultConfig(config)
 }
 
-//export oktopk_get_last_error
-func oktopk_get_last_error(comm C.oktopk_comm_t, buf *C.char, n C.size_t, truncated *C.int) C.oktopk_result_t {
+//export go_oktopk_get_last_error
+func go_oktopk_get_last_error(comm C.oktopk_comm_t, buf *C.char, n C.size_t, truncated *C.int) C.oktopk_result_t {
 	if buf == nil || n == 0 {
 		return C.oktopkInvalidArgument
-	}
-	if forked() {
-		// No Go state is safe here; the message needs none.
-		cut := copyMessage(forkedMessage, buf, n)
-		if truncated != nil {
-			*truncated = boolInt(cut)
-		}
-		return C.oktopkSuccess
 	}
 	var msg string
 	if comm != 0 {
@@ -88,8 +68,8 @@ func oktopk_get_last_error(comm C.oktopk_comm_t, buf *C.char, n C.size_t, trunca
 
 // ---- communicator lifecycle ----------------------------------------------
 
-//export oktopk_get_unique_id
-func oktopk_get_unique_id(id *C.oktopk_unique_id_t, config *C.oktopk_const_config) C.oktopk_result_t {
+//export go_oktopk_get_unique_id
+func go_oktopk_get_unique_id(id *C.oktopk_unique_id_t, config *C.oktopk_const_config) C.oktopk_result_t {
 	return call(0, func() error {
 		if id == nil {
 			return invalidArgument("id is NULL")
@@ -109,8 +89,8 @@ func oktopk_get_unique_id(id *C.oktopk_unique_id_t, config *C.oktopk_const_confi
 	})
 }
 
-//export oktopk_comm_init_rank
-func oktopk_comm_init_rank(comm *C.oktopk_comm_t, nranks C.int, id *C.oktopk_const_unique_id, rank C.int, config *C.oktopk_const_config) C.oktopk_result_t {
+//export go_oktopk_comm_init_rank
+func go_oktopk_comm_init_rank(comm *C.oktopk_comm_t, nranks C.int, id *C.oktopk_const_unique_id, rank C.int, config *C.oktopk_const_config) C.oktopk_result_t {
 	return call(0, func() error {
 		if comm == nil || id == nil {
 			return invalidArgument("comm or id is NULL")
@@ -139,8 +119,8 @@ func oktopk_comm_init_rank(comm *C.oktopk_comm_t, nranks C.int, id *C.oktopk_con
 	})
 }
 
-//export oktopk_comm_init_env
-func oktopk_comm_init_env(comm *C.oktopk_comm_t, config *C.oktopk_const_config) C.oktopk_result_t {
+//export go_oktopk_comm_init_env
+func go_oktopk_comm_init_env(comm *C.oktopk_comm_t, config *C.oktopk_const_config) C.oktopk_result_t {
 	return call(0, func() error {
 		if comm == nil {
 			return invalidArgument("comm is NULL")
@@ -158,8 +138,8 @@ func oktopk_comm_init_env(comm *C.oktopk_comm_t, config *C.oktopk_const_config) 
 	})
 }
 
-//export oktopk_make_token
-func oktopk_make_token(buf *C.char, n C.size_t) C.oktopk_result_t {
+//export go_oktopk_make_token
+func go_oktopk_make_token(buf *C.char, n C.size_t) C.oktopk_result_t {
 	return call(0, func() error {
 		if buf == nil || n == 0 {
 			return invalidArgument("buf is NULL or len is 0")
@@ -173,8 +153,8 @@ func oktopk_make_token(buf *C.char, n C.size_t) C.oktopk_result_t {
 	})
 }
 
-//export oktopk_comm_bind
-func oktopk_comm_bind(comm *C.oktopk_comm_t, nranks C.int, rank C.int, token *C.oktopk_const_char, config *C.oktopk_const_config, endpoint *C.char, endpointLen C.size_t) C.oktopk_result_t {
+//export go_oktopk_comm_bind
+func go_oktopk_comm_bind(comm *C.oktopk_comm_t, nranks C.int, rank C.int, token *C.oktopk_const_char, config *C.oktopk_const_config, endpoint *C.char, endpointLen C.size_t) C.oktopk_result_t {
 	return call(0, func() error {
 		if comm == nil || token == nil || endpoint == nil || endpointLen == 0 {
 			return invalidArgument("comm, job_token or endpoint is NULL, or endpoint_len is 0")
@@ -201,8 +181,8 @@ func oktopk_comm_bind(comm *C.oktopk_comm_t, nranks C.int, rank C.int, token *C.
 	})
 }
 
-//export oktopk_comm_connect
-func oktopk_comm_connect(comm C.oktopk_comm_t, endpoints *C.oktopk_const_string, nranks C.int) C.oktopk_result_t {
+//export go_oktopk_comm_connect
+func go_oktopk_comm_connect(comm C.oktopk_comm_t, endpoints *C.oktopk_const_string, nranks C.int) C.oktopk_result_t {
 	return call(int64(comm), func() error {
 		c, err := comms.get("communicator", int64(comm))
 		if err != nil {
@@ -229,8 +209,8 @@ func oktopk_comm_connect(comm C.oktopk_comm_t, endpoints *C.oktopk_const_string,
 	})
 }
 
-//export oktopk_comm_rank
-func oktopk_comm_rank(comm C.oktopk_comm_t, rank *C.int) C.oktopk_result_t {
+//export go_oktopk_comm_rank
+func go_oktopk_comm_rank(comm C.oktopk_comm_t, rank *C.int) C.oktopk_result_t {
 	return call(int64(comm), func() error {
 		c, err := comms.get("communicator", int64(comm))
 		if err != nil {
@@ -244,8 +224,8 @@ func oktopk_comm_rank(comm C.oktopk_comm_t, rank *C.int) C.oktopk_result_t {
 	})
 }
 
-//export oktopk_comm_size
-func oktopk_comm_size(comm C.oktopk_comm_t, size *C.int) C.oktopk_result_t {
+//export go_oktopk_comm_size
+func go_oktopk_comm_size(comm C.oktopk_comm_t, size *C.int) C.oktopk_result_t {
 	return call(int64(comm), func() error {
 		c, err := comms.get("communicator", int64(comm))
 		if err != nil {
@@ -259,8 +239,8 @@ func oktopk_comm_size(comm C.oktopk_comm_t, size *C.int) C.oktopk_result_t {
 	})
 }
 
-//export oktopk_comm_abort
-func oktopk_comm_abort(comm C.oktopk_comm_t) C.oktopk_result_t {
+//export go_oktopk_comm_abort
+func go_oktopk_comm_abort(comm C.oktopk_comm_t) C.oktopk_result_t {
 	return call(int64(comm), func() error {
 		c, err := comms.get("communicator", int64(comm))
 		if err != nil {
@@ -271,8 +251,8 @@ func oktopk_comm_abort(comm C.oktopk_comm_t) C.oktopk_result_t {
 	})
 }
 
-//export oktopk_comm_destroy
-func oktopk_comm_destroy(comm C.oktopk_comm_t) C.oktopk_result_t {
+//export go_oktopk_comm_destroy
+func go_oktopk_comm_destroy(comm C.oktopk_comm_t) C.oktopk_result_t {
 	return call(0, func() error {
 		c, err := comms.remove("communicator", int64(comm))
 		if err != nil {
@@ -284,8 +264,8 @@ func oktopk_comm_destroy(comm C.oktopk_comm_t) C.oktopk_result_t {
 
 // ---- collectives ---------------------------------------------------------
 
-//export oktopk_allreduce
-func oktopk_allreduce(comm C.oktopk_comm_t, data unsafe.Pointer, count C.size_t, dtype C.oktopk_dtype_t, average C.int, algorithm C.int) C.oktopk_result_t {
+//export go_oktopk_allreduce
+func go_oktopk_allreduce(comm C.oktopk_comm_t, data unsafe.Pointer, count C.size_t, dtype C.oktopk_dtype_t, average C.int, algorithm C.int) C.oktopk_result_t {
 	return call(int64(comm), func() error {
 		c, op, err := allreduceOp(comm, data, count, dtype, average, algorithm)
 		if err != nil {
@@ -296,8 +276,8 @@ func oktopk_allreduce(comm C.oktopk_comm_t, data unsafe.Pointer, count C.size_t,
 	})
 }
 
-//export oktopk_allreduce_start
-func oktopk_allreduce_start(comm C.oktopk_comm_t, data unsafe.Pointer, count C.size_t, dtype C.oktopk_dtype_t, average C.int, algorithm C.int, request *C.oktopk_request_t) C.oktopk_result_t {
+//export go_oktopk_allreduce_start
+func go_oktopk_allreduce_start(comm C.oktopk_comm_t, data unsafe.Pointer, count C.size_t, dtype C.oktopk_dtype_t, average C.int, algorithm C.int, request *C.oktopk_request_t) C.oktopk_result_t {
 	return call(int64(comm), func() error {
 		c, op, err := allreduceOp(comm, data, count, dtype, average, algorithm)
 		if err == nil && request == nil {
@@ -337,8 +317,8 @@ func allreduceOp(comm C.oktopk_comm_t, data unsafe.Pointer, count C.size_t, dtyp
 	return c, denseOp(c, data, int(count), dtype, average != 0, alg), nil
 }
 
-//export oktopk_sparse_allreduce
-func oktopk_sparse_allreduce(comm C.oktopk_comm_t, tensorID C.uint64_t, data unsafe.Pointer, count C.size_t, dtype C.oktopk_dtype_t, stats *C.oktopk_stats_t) C.oktopk_result_t {
+//export go_oktopk_sparse_allreduce
+func go_oktopk_sparse_allreduce(comm C.oktopk_comm_t, tensorID C.uint64_t, data unsafe.Pointer, count C.size_t, dtype C.oktopk_dtype_t, stats *C.oktopk_stats_t) C.oktopk_result_t {
 	return call(int64(comm), func() error {
 		c, err := comms.get("communicator", int64(comm))
 		if err != nil {
@@ -358,8 +338,8 @@ func oktopk_sparse_allreduce(comm C.oktopk_comm_t, tensorID C.uint64_t, data uns
 	})
 }
 
-//export oktopk_sparse_allreduce_start
-func oktopk_sparse_allreduce_start(comm C.oktopk_comm_t, tensorID C.uint64_t, data unsafe.Pointer, count C.size_t, dtype C.oktopk_dtype_t, request *C.oktopk_request_t) C.oktopk_result_t {
+//export go_oktopk_sparse_allreduce_start
+func go_oktopk_sparse_allreduce_start(comm C.oktopk_comm_t, tensorID C.uint64_t, data unsafe.Pointer, count C.size_t, dtype C.oktopk_dtype_t, request *C.oktopk_request_t) C.oktopk_result_t {
 	return call(int64(comm), func() error {
 		c, err := comms.get("communicator", int64(comm))
 		if err != nil {
@@ -375,8 +355,8 @@ func oktopk_sparse_allreduce_start(comm C.oktopk_comm_t, tensorID C.uint64_t, da
 	})
 }
 
-//export oktopk_sparse_allreduce_sparse
-func oktopk_sparse_allreduce_sparse(comm C.oktopk_comm_t, n C.size_t, inIndices *C.oktopk_const_uint32, inValues *C.oktopk_const_float, inCount C.size_t,
+//export go_oktopk_sparse_allreduce_sparse
+func go_oktopk_sparse_allreduce_sparse(comm C.oktopk_comm_t, n C.size_t, inIndices *C.oktopk_const_uint32, inValues *C.oktopk_const_float, inCount C.size_t,
 	outIndices *C.uint32_t, outValues *C.float, outCapacity C.size_t, outCount *C.size_t, stats *C.oktopk_stats_t) C.oktopk_result_t {
 	return call(int64(comm), func() error {
 		c, err := comms.get("communicator", int64(comm))
@@ -439,8 +419,8 @@ func startRequest(c *communicator, op operation, out *C.oktopk_request_t) error 
 	return nil
 }
 
-//export oktopk_test
-func oktopk_test(request C.oktopk_request_t) C.oktopk_result_t {
+//export go_oktopk_test
+func go_oktopk_test(request C.oktopk_request_t) C.oktopk_result_t {
 	return call(0, func() error {
 		r, err := requests.get("request", int64(request))
 		if err != nil {
@@ -455,8 +435,8 @@ func oktopk_test(request C.oktopk_request_t) C.oktopk_result_t {
 	})
 }
 
-//export oktopk_wait
-func oktopk_wait(request C.oktopk_request_t, stats *C.oktopk_stats_t) C.oktopk_result_t {
+//export go_oktopk_wait
+func go_oktopk_wait(request C.oktopk_request_t, stats *C.oktopk_stats_t) C.oktopk_result_t {
 	return call(0, func() error {
 		r, err := requests.get("request", int64(request))
 		if err != nil {
@@ -474,8 +454,8 @@ func oktopk_wait(request C.oktopk_request_t, stats *C.oktopk_stats_t) C.oktopk_r
 	})
 }
 
-//export oktopk_request_free
-func oktopk_request_free(request C.oktopk_request_t) C.oktopk_result_t {
+//export go_oktopk_request_free
+func go_oktopk_request_free(request C.oktopk_request_t) C.oktopk_result_t {
 	return call(0, func() error {
 		r, err := requests.remove("request", int64(request))
 		if err != nil {
@@ -488,8 +468,8 @@ func oktopk_request_free(request C.oktopk_request_t) C.oktopk_result_t {
 
 // ---- per-tensor state ----------------------------------------------------
 
-//export oktopk_tensor_state_size
-func oktopk_tensor_state_size(comm C.oktopk_comm_t, tensorID C.uint64_t, size *C.size_t) C.oktopk_result_t {
+//export go_oktopk_tensor_state_size
+func go_oktopk_tensor_state_size(comm C.oktopk_comm_t, tensorID C.uint64_t, size *C.size_t) C.oktopk_result_t {
 	return call(int64(comm), func() error {
 		c, err := comms.get("communicator", int64(comm))
 		if err != nil {
@@ -507,8 +487,8 @@ func oktopk_tensor_state_size(comm C.oktopk_comm_t, tensorID C.uint64_t, size *C
 	})
 }
 
-//export oktopk_tensor_state_save
-func oktopk_tensor_state_save(comm C.oktopk_comm_t, tensorID C.uint64_t, buf unsafe.Pointer, n C.size_t) C.oktopk_result_t {
+//export go_oktopk_tensor_state_save
+func go_oktopk_tensor_state_save(comm C.oktopk_comm_t, tensorID C.uint64_t, buf unsafe.Pointer, n C.size_t) C.oktopk_result_t {
 	return call(int64(comm), func() error {
 		c, err := comms.get("communicator", int64(comm))
 		if err != nil {
@@ -529,8 +509,8 @@ func oktopk_tensor_state_save(comm C.oktopk_comm_t, tensorID C.uint64_t, buf uns
 	})
 }
 
-//export oktopk_tensor_state_load
-func oktopk_tensor_state_load(comm C.oktopk_comm_t, tensorID C.uint64_t, buf *C.oktopk_const_void, n C.size_t) C.oktopk_result_t {
+//export go_oktopk_tensor_state_load
+func go_oktopk_tensor_state_load(comm C.oktopk_comm_t, tensorID C.uint64_t, buf *C.oktopk_const_void, n C.size_t) C.oktopk_result_t {
 	return call(int64(comm), func() error {
 		c, err := comms.get("communicator", int64(comm))
 		if err != nil {
@@ -548,8 +528,8 @@ func oktopk_tensor_state_load(comm C.oktopk_comm_t, tensorID C.uint64_t, buf *C.
 
 // ---- selection -----------------------------------------------------------
 
-//export oktopk_topk
-func oktopk_topk(x *C.oktopk_const_float, n C.size_t, k C.size_t, indices *C.uint32_t, values *C.float) C.oktopk_result_t {
+//export go_oktopk_topk
+func go_oktopk_topk(x *C.oktopk_const_float, n C.size_t, k C.size_t, indices *C.uint32_t, values *C.float) C.oktopk_result_t {
 	return call(0, func() error {
 		switch {
 		case uint64(n) > maxElements:
@@ -571,8 +551,8 @@ func oktopk_topk(x *C.oktopk_const_float, n C.size_t, k C.size_t, indices *C.uin
 	})
 }
 
-//export oktopk_threshold_select
-func oktopk_threshold_select(x *C.oktopk_const_float, n C.size_t, threshold C.float, indices *C.uint32_t, values *C.float, capacity C.size_t, count *C.size_t) C.oktopk_result_t {
+//export go_oktopk_threshold_select
+func go_oktopk_threshold_select(x *C.oktopk_const_float, n C.size_t, threshold C.float, indices *C.uint32_t, values *C.float, capacity C.size_t, count *C.size_t) C.oktopk_result_t {
 	return call(0, func() error {
 		switch {
 		case uint64(n) > maxElements:
@@ -609,10 +589,7 @@ func oktopk_threshold_select(x *C.oktopk_const_float, n C.size_t, threshold C.fl
 
 // ---- diagnostics ---------------------------------------------------------
 
-//export oktopk_debug_goroutines
-func oktopk_debug_goroutines() C.int {
-	if forked() {
-		return -1
-	}
+//export go_oktopk_debug_goroutines
+func go_oktopk_debug_goroutines() C.int {
 	return C.int(runtime.NumGoroutine())
 }
