@@ -3,8 +3,6 @@ package core
 import (
 	"fmt"
 	"math"
-	"math/big"
-	"strconv"
 	"strings"
 
 	"github.com/oktopk/oktopk/transport"
@@ -97,25 +95,13 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// K is the number of entries selected from n: ⌈density·n⌉, at most n, with
-// density read as the shortest decimal that parses back to the same float64
-// (what the user wrote) and the product taken exactly. A float product
-// would round 0.07·100 up to 7.000000000000001, whose ceiling is 8.
+// K is the number of entries selected from n: ⌈density·n⌉, at most n, where
+// a product within a relative 2^-40 above an integer counts as that integer.
+// density is a float64, so density·n carries rounding: 0.07·100 comes out
+// as 7.000000000000001, and a density computed as k/n need not give k back;
+// a plain ceiling would select one entry more than meant.
 func (c Config) K(n int) int {
-	if n <= 0 || c.Density <= 0 {
-		return 0
-	}
-	if c.Density >= 1 {
-		return n
-	}
-	d, ok := new(big.Rat).SetString(strconv.FormatFloat(c.Density, 'g', -1, 64))
-	if !ok { // unreachable: FormatFloat of a finite float always parses
-		return min(int(math.Ceil(c.Density*float64(n))), n)
-	}
-	prod := d.Mul(d, new(big.Rat).SetInt64(int64(n)))
-	k := new(big.Int).Quo(prod.Num(), prod.Denom()) // floor: both are positive
-	if !prod.IsInt() {
-		k.Add(k, big.NewInt(1))
-	}
-	return min(int(k.Int64()), n)
+	x := c.Density * float64(n)
+	k := int(math.Ceil(x - x*0x1p-40))
+	return max(0, min(k, n))
 }

@@ -2,9 +2,9 @@ package core
 
 import "testing"
 
-// K is ⌈density·n⌉ with density as written in decimal: a float product
-// rounds some exact integers up (0.07·100 → 7.000000000000001) and its
-// ceiling would select one entry too many.
+// K is ⌈density·n⌉ without the float product's rounding: 0.07·100 is
+// 7.000000000000001 in float64, whose ceiling would select one entry too
+// many, and so can k/n·n be for a density computed as k/n.
 func TestKIsTheCeilingOfTheDecimalDensityTimesN(t *testing.T) {
 	cases := []struct {
 		density float64
@@ -21,6 +21,9 @@ func TestKIsTheCeilingOfTheDecimalDensityTimesN(t *testing.T) {
 		{0, 100, 0},
 		{1, 100, 100},
 		{0.3, 0, 0},
+		{40.0 / 3000, 3000, 40},
+		{0.1, 30, 3}, // 0.1·30 = 3.0000000000000004
+		{2.0 / 3, 3, 2},
 	}
 	for _, c := range cases {
 		if got := (Config{Density: c.density}).K(c.n); got != c.want {

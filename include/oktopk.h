@@ -132,8 +132,8 @@ typedef struct {
   const char *ifname;    /* interface whose address to use; NULL: OKTOPK_SOCKET_IFNAME, else 127.0.0.1 */
   int32_t algorithm;     /* oktopk_algorithm_t for oktopk_sparse_allreduce (default OKTOPK) */
   double density;        /* k = ceil(density * n), 0 <= density <= 1 (default 0.01; 0 sends nothing);
-                          * the product is exact for density as written in decimal (the shortest
-                          * decimal that reads back as the same double): 0.07 * 100 is 7 */
+                          * a product within a relative 2^-40 above an integer counts as that
+                          * integer, so rounding in a double never adds an entry: 0.07 * 100 is 7 */
   int32_t tau;           /* Ok-Topk space repartition period (default 64)      */
   int32_t tau_prime;     /* threshold refresh period (default 32)              */
   int32_t value_dtype;   /* precision of sparse values on the wire (default FLOAT32) */
