@@ -19,9 +19,13 @@ HOROVOD_VERSION := 0.28.1
 HVD_REQ := plugins/horovod/requirements.txt
 HVD_VENV := $(OKTOPK_CACHE)/venv-horovod-$(shell (cat $(HVD_REQ); echo $(HOROVOD_VERSION)) | sha256sum | cut -c1-12)
 HVD_PY := $(HVD_VENV)/bin/python
+# Tools for `make wheel` (auditwheel), keyed the same way.
+WHEEL_REQ := plugins/wheel-requirements.txt
+WHEEL_VENV := $(OKTOPK_CACHE)/venv-wheel-$(shell sha256sum $(WHEEL_REQ) | cut -c1-12)
+WHEEL_PY := $(WHEEL_VENV)/bin/python
 GO_SOURCES := $(shell find core transport capi -name '*.go' -not -name '*_test.go') go.mod go.sum
 
-.PHONY: all deps deps-launch build test test-go test-c test-launch test-python test-wheel test-venvs test-horovod wheel demo bench bench-quick bench-smoke bench-go examples header-check clean venv venv-horovod print-py
+.PHONY: all deps deps-launch venv-wheel build test test-go test-c test-launch test-python test-wheel test-venvs test-horovod wheel demo bench bench-quick bench-smoke bench-go examples header-check clean venv venv-horovod print-py
 
 all: build
 
@@ -35,15 +39,13 @@ $(BUILD)/.deps: go.mod go.sum
 	$(GO) mod download
 	@touch $@
 
-# What the launch tests and the wheel need besides libzmq: Open MPI (mpirun,
-# mpicxx), a single-node Slurm (slurmctld, slurmd, srun) with munge, and
-# patchelf for auditwheel. Installed the same way, only what is missing.
-LAUNCH_DEPS := mpicxx:openmpi-bin:libopenmpi-dev mpirun:openmpi-bin slurmctld:slurmctld slurmd:slurmd \
-	srun:slurm-client munged:munge patchelf:patchelf
-deps-launch: $(BUILD)/.deps-launch
-$(BUILD)/.deps-launch:
-	@mkdir -p $(BUILD)
-	@missing=""; for pair in $(LAUNCH_DEPS); do \
+# What the launch tests need besides libzmq: Open MPI (mpirun, mpicxx) and a
+# single-node Slurm (slurmctld, slurmd, srun) with munge. Installed the same
+# way, only what is missing:
+# $(call apt-missing,tool:package[:package] ...) installs a tool's packages
+# when the tool is not on PATH.
+define apt-missing
+	@missing=""; for pair in $(1); do \
 		IFS=: read -r tool packages <<<"$$pair"; \
 		command -v $$tool >/dev/null 2>&1 || missing="$$missing $${packages//:/ }"; \
 	done; \
@@ -52,6 +54,13 @@ $(BUILD)/.deps-launch:
 		echo "installing $$missing"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
+endef
+LAUNCH_DEPS := mpicxx:openmpi-bin:libopenmpi-dev mpirun:openmpi-bin slurmctld:slurmctld slurmd:slurmd \
+	srun:slurm-client munged:munge
+deps-launch: $(BUILD)/.deps-launch
+$(BUILD)/.deps-launch:
+	@mkdir -p $(BUILD)
+	$(call apt-missing,$(LAUNCH_DEPS))
 	@touch $@
 
 build: $(LIB)
@@ -182,14 +191,21 @@ PYENV := PYTHONPATH=$(CURDIR)/plugins/pytorch OMP_NUM_THREADS=1
 test-python: $(LIB) venv
 	$(PYENV) $(PY) -m pytest -q -rs tests/python
 
+# The wheels in fresh virtualenvs, with the system libzmq hidden: a 2-rank
+# DDP step through the PyTorch plugin's, an import of the Horovod plugin's
+# (tests/wheel/test_wheel.py says how).
+test-wheel: wheel venv venv-horovod
+	OKTOPK_HOROVOD_VENV=$(HVD_VENV) OMP_NUM_THREADS=1 $(PY) -m pytest -q -rs tests/wheel
+
 # The Horovod integration under real horovodrun --gloo (2 and 4 ranks).
 test-horovod: $(LIB) venv-horovod
 	OMP_NUM_THREADS=1 $(HVD_PY) -m pytest -q -rs tests/horovod
 
-# Every script in both cached virtualenvs' bin/ runs (pip, torchrun,
-# horovodrun, ...): their first lines name interpreters that exist.
-test-venvs: venv venv-horovod
-	tests/venv_scripts.sh $(TORCH_VENV) $(HVD_VENV)
+# Every script in the cached virtualenvs' bin/ runs (pip, torchrun,
+# horovodrun, auditwheel, ...): their first lines name interpreters that
+# exist.
+test-venvs: venv venv-horovod venv-wheel
+	tests/venv_scripts.sh $(TORCH_VENV) $(HVD_VENV) $(WHEEL_VENV)
 
 # A 4-rank torchrun training of the CNN example, dense then Ok-Topk.
 DEMO_RANKS ?= 4
@@ -233,6 +249,34 @@ bench-go: $(BUILD)/.deps
 
 print-py:
 	@echo $(PY)
+
+# The wheels a user installs with pip: the PyTorch plugin's, carrying
+# liboktopk.so and, grafted in by auditwheel (which renames them and points
+# the library at them), libzmq and the libraries it links, so
+# it needs no system libzmq and is tagged manylinux; and the Horovod
+# plugin's (pure Python). Written to build/wheels/. Both are built from a
+# copy of the plugin folders, so the source tree gets no build/ or
+# egg-info. tests/wheel/ installs them into a fresh virtualenv.
+WHEEL_DIR := $(BUILD)/wheels
+PLUGIN_FILES := $(shell find plugins/pytorch plugins/horovod -type f \( -name '*.py' -o -name '*.toml' \) -not -path '*/__pycache__/*')
+venv-wheel:
+	@if [ ! -f $(WHEEL_VENV)/.ok ]; then \
+		set -e; mkdir -p $(OKTOPK_CACHE); rm -rf $(WHEEL_VENV); \
+		echo "creating $(WHEEL_VENV) from $(WHEEL_REQ)"; \
+		python3 -m venv $(WHEEL_VENV); \
+		$(WHEEL_PY) -m pip install -q -r $(WHEEL_REQ); \
+		touch $(WHEEL_VENV)/.ok; \
+	fi
+wheel: $(WHEEL_DIR)/.ok
+$(WHEEL_DIR)/.ok: $(LIB) $(PLUGIN_FILES) $(WHEEL_REQ) | venv-wheel
+	rm -rf $(WHEEL_DIR) $(BUILD)/wheel-src && mkdir -p $(BUILD)/wheel-src
+	cp -r plugins/pytorch plugins/horovod $(BUILD)/wheel-src/
+	OKTOPK_LIBRARY=$(CURDIR)/$(LIB) $(WHEEL_PY) -m pip wheel -q --no-deps --no-build-isolation \
+		-w $(BUILD)/wheel-src/raw $(BUILD)/wheel-src/pytorch
+	PATH=$(WHEEL_VENV)/bin:$$PATH $(WHEEL_PY) -m auditwheel repair -w $(WHEEL_DIR) $(BUILD)/wheel-src/raw/oktopk-*.whl
+	$(WHEEL_PY) -m pip wheel -q --no-deps --no-build-isolation -w $(WHEEL_DIR) $(BUILD)/wheel-src/horovod
+	@ls $(WHEEL_DIR)
+	@touch $@
 
 # Builds liboktopk.so and pip-installs the PyTorch plugin with the library
 # inside it, into INSTALL_PY's environment (the python on PATH by default:
