@@ -129,7 +129,8 @@ typedef struct {
   uint32_t version;      /* OKTOPK_VERSION_CODE the caller was built against   */
   int32_t timeout_ms;    /* per-call limit on waiting for a peer (default 60000; 0: none) */
   const char *bind_host; /* address to bind and advertise; NULL: see ifname    */
-  const char *ifname;    /* interface whose address to use; NULL: OKTOPK_SOCKET_IFNAME, else 127.0.0.1 */
+  const char *ifname;    /* interface whose address to use; NULL: OKTOPK_SOCKET_IFNAME, else (init_env,
+                          * init_rank) the address on the route to the rendezvous host, else 127.0.0.1 */
   int32_t algorithm;     /* oktopk_algorithm_t for oktopk_sparse_allreduce (default OKTOPK) */
   double density;        /* k = ceil(density * n), 0 <= density <= 1 (default 0.01; 0 sends nothing);
                           * a product within a relative 2^-40 above an integer counts as that
@@ -201,9 +202,18 @@ oktopk_result_t oktopk_get_unique_id(oktopk_unique_id_t *id, const oktopk_config
 oktopk_result_t oktopk_comm_init_rank(oktopk_comm_t *comm, int nranks, const oktopk_unique_id_t *id,
                                       int rank, const oktopk_config_t *config);
 
-/* torchrun style: MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE from the
- * environment; rank 0 serves rendezvous on MASTER_PORT + 1 unless
- * OKTOPK_RENDEZVOUS_PORT is set. Without OKTOPK_JOB_TOKEN that rendezvous
+/* From the launcher's environment: torchrun (RANK, WORLD_SIZE, MASTER_ADDR,
+ * MASTER_PORT), Open MPI's mpirun (OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK),
+ * MPICH/PMI (PMI_RANK, PMI_SIZE) or Slurm's srun (SLURM_PROCID, SLURM_NTASKS,
+ * SLURM_LOCALID), the first of these whose rank variable is set. Rank 0
+ * serves rendezvous on MASTER_ADDR; without it, on the first host of Slurm's
+ * SLURM_STEP_NODELIST, or on 127.0.0.1 when mpirun says every rank is on
+ * this host; otherwise set MASTER_ADDR (mpirun -x MASTER_ADDR=host). The
+ * port is OKTOPK_RENDEZVOUS_PORT, else MASTER_PORT + 1, else 20000 +
+ * SLURM_JOB_ID mod 9000 under Slurm, else 29501. With no bind host or
+ * interface configured, each rank binds its address on the route to the
+ * rendezvous host. A failure names the launcher and the address it used.
+ * Without OKTOPK_JOB_TOKEN that rendezvous
  * hands the job token to anyone who can reach the port; have the launcher
  * set OKTOPK_JOB_TOKEN to the same random secret on every rank (e.g. 64 hex
  * digits) and the rendezvous refuses everyone else. OKTOPK_CURVE=1 on every

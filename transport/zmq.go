@@ -86,7 +86,8 @@ type ZMQ struct {
 	peers    []*peerSender // index = rank; nil for this rank
 	lastSeen []atomic.Int64
 	hello    []atomic.Bool
-	helloCh  chan struct{} // signalled on every first hello
+	reached  []atomic.Bool // this rank's DEALER to each peer has completed a handshake
+	helloCh  chan struct{} // signalled on every first hello and first handshake
 	watching atomic.Bool   // liveness checks start after Connect
 
 	curve       *curveState     // nil unless CURVE is on
@@ -215,7 +216,8 @@ func ListenZMQ(opts ZMQOptions) (*ZMQ, error) {
 		peers:    make([]*peerSender, opts.Size),
 		lastSeen: make([]atomic.Int64, opts.Size),
 		hello:    make([]atomic.Bool, opts.Size),
-		helloCh:  make(chan struct{}, opts.Size),
+		reached:  make([]atomic.Bool, opts.Size),
+		helloCh:  make(chan struct{}, 2*opts.Size),
 		closing:  make(chan struct{}),
 	}
 	z.box.silence = z.silence
@@ -256,8 +258,10 @@ func (z *ZMQ) Size() int { return z.opts.Size }
 func (z *ZMQ) Dropped() uint64 { return z.dropped.Load() }
 
 // Connect opens one sender per peer (endpoints in rank order, this rank's
-// own entry ignored) and waits until every peer has said hello, so that a
-// successful Connect means the whole job is reachable.
+// own entry ignored) and waits until every peer has said hello and this
+// rank's own connection to every peer is up, so that a successful Connect
+// means the whole job is reachable both ways: a peer that advertised an
+// address this rank cannot reach fails Connect here, naming the address.
 func (z *ZMQ) Connect(ctx context.Context, endpoints []string) error {
 	if len(endpoints) != z.opts.Size {
 		return fmt.Errorf("oktopk: invalid argument: %d endpoints for %d ranks", len(endpoints), z.opts.Size)
@@ -336,7 +340,7 @@ func (z *ZMQ) Connect(ctx context.Context, endpoints []string) error {
 	for {
 		missing := []int{}
 		for r := range z.hello {
-			if r != z.opts.Rank && !z.hello[r].Load() {
+			if r != z.opts.Rank && (!z.hello[r].Load() || !z.reached[r].Load()) {
 				missing = append(missing, r)
 			}
 		}
@@ -346,7 +350,7 @@ func (z *ZMQ) Connect(ctx context.Context, endpoints []string) error {
 		select {
 		case <-z.helloCh:
 		case <-ctx.Done():
-			return fmt.Errorf("%w: ranks %v never said hello", ContextError(ctx, "connecting"), missing)
+			return fmt.Errorf("%w: %s", ContextError(ctx, "connecting"), z.connectProblem(addrs))
 		case <-z.closing:
 			return z.closedErr()
 		}
@@ -654,6 +658,12 @@ func (z *ZMQ) monitorLoop(monitors []*zmq.Socket) {
 					}
 				case zmq.EVENT_HANDSHAKE_SUCCEEDED:
 					down[r] = time.Time{}
+					if !z.reached[r].Swap(true) {
+						select {
+						case z.helloCh <- struct{}{}:
+						default: // full: Connect has wake-ups pending anyway
+						}
+					}
 				}
 			}
 		}

@@ -19,6 +19,13 @@
  *   oktopk_test env      one process: every environment setting the library
  *                        reads, set with setenv() after the library was
  *                        loaded, takes effect.
+ *   oktopk_test join MS  one of P processes started by any launcher
+ *                        oktopk_comm_init_env understands, with a timeout of
+ *                        MS milliseconds: joins, checks its rank and size and
+ *                        one dense allreduce of the ranks' numbers, and
+ *                        prints "joined"; or prints "JOIN FAILED after N ms:"
+ *                        and the error, and exits 3 (tests/launch/twohosts.sh
+ *                        reads both).
  */
 #define _GNU_SOURCE
 #include "oktopk.h"
@@ -1307,6 +1314,28 @@ static int run_env(char **argv) {
   env_stall_warn();
   env_rendezvous();
   printf("env: ok\n");
+static int run_join(int timeout_ms) {
+  oktopk_config_t cfg;
+  oktopk_config_init(&cfg);
+  cfg.timeout_ms = timeout_ms;
+  oktopk_comm_t comm;
+  double t0 = now();
+  oktopk_result_t rc = oktopk_comm_init_env(&comm, &cfg);
+  if (rc != oktopkSuccess) {
+    char msg[1024];
+    oktopk_get_last_error(0, msg, sizeof msg, NULL);
+    printf("JOIN FAILED after %.0f ms: %s: %s\n", (now() - t0) * 1000, oktopk_get_error_string(rc), msg);
+    return 3;
+  }
+  int rank, size;
+  OK(oktopk_comm_rank(comm, &rank));
+  OK(oktopk_comm_size(comm, &size));
+  rank_ = rank;
+  float x[4] = {(float)rank, 1, 2, 3};
+  OK(oktopk_allreduce(comm, x, 4, OKTOPK_FLOAT32, 0, OKTOPK_ALGO_DENSE_RING));
+  REQUIRE(x[0] == (float)(size * (size - 1) / 2) && x[1] == (float)size);
+  OK(oktopk_comm_destroy(comm));
+  printf("joined: rank %d of %d in %.0f ms\n", rank, size, (now() - t0) * 1000);
   return 0;
 }
 
@@ -1317,6 +1346,7 @@ int main(int argc, char **argv) {
   if (argc >= 3 && strcmp(argv[1], "cycles") == 0) return run_cycles(atoi(argv[2]));
   if (argc >= 2 && strcmp(argv[1], "peerdeath") == 0) return run_peer_death();
   if (argc >= 2 && strcmp(argv[1], "env") == 0) return run_env(argv);
-  fprintf(stderr, "usage: %s ranks | errors | cycles N | peerdeath | env\n", argv[0]);
+  if (argc >= 3 && strcmp(argv[1], "join") == 0) return run_join(atoi(argv[2]));
+  fprintf(stderr, "usage: %s ranks | errors | cycles N | peerdeath | env | join MS\n", argv[0]);
   return 2;
 }

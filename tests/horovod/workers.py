@@ -72,6 +72,7 @@ def density_one(out, steps="5"):
         "grad_digests": grads_digests,
         "bytes_sent": opt.bytes_sent,
         "horovod_reductions": horovod_reductions,
+        "endpoint": opt._comm.endpoint,  # what this rank advertised, tcp://host:port
     }
     opt.close()
     return result
