@@ -172,6 +172,13 @@ func detectLaunch(getenv func(string) string) (launchEnv, error) {
 		l.port = p + plus
 		return nil
 	}
+	// A malformed MASTER_PORT is a launch gone wrong even where
+	// OKTOPK_RENDEZVOUS_PORT overrides it: say so rather than carry on.
+	if strings.TrimSpace(getenv("MASTER_PORT")) != "" {
+		if _, err := integer("MASTER_PORT"); err != nil {
+			return l, err
+		}
+	}
 	switch {
 	case strings.TrimSpace(getenv("OKTOPK_RENDEZVOUS_PORT")) != "":
 		l.portFrom = "OKTOPK_RENDEZVOUS_PORT"

@@ -1314,6 +1314,11 @@ static int run_env(char **argv) {
   env_stall_warn();
   env_rendezvous();
   printf("env: ok\n");
+  return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+
 static int run_join(int timeout_ms) {
   oktopk_config_t cfg;
   oktopk_config_init(&cfg);
