@@ -146,18 +146,16 @@ func hashBytes(bs ...[]byte) string {
 // settings. A tensor with no state yet hashes as a fresh state of n elements,
 // which is what the first call on it creates.
 func stateHash(comm *core.Communicator, id uint64, n int) string {
-	st := comm.TensorStateOf(id)
-	if st == nil {
-		st = core.NewTensorState(n, core.DefaultConfig())
+	var st core.TensorState
+	if live := comm.TensorStateOf(id); live != nil {
+		st = *live
+	} else {
+		st = *core.NewTensorState(n, core.DefaultConfig())
 	}
+	st.Config = core.DefaultConfig()
 	b, err := st.MarshalBinary()
 	if err != nil {
 		return "unserialisable: " + err.Error()
-	}
-	const cfgFrom, cfgTo = 24, 44 // algorithm, density, tau, tau' (core/state.go's layout)
-	if len(b) >= cfgTo {
-		b = append([]byte(nil), b...)
-		clear(b[cfgFrom:cfgTo])
 	}
 	return hashBytes(b)
 }

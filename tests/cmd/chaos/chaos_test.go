@@ -25,7 +25,7 @@ import (
 func TestPlanInjectsEveryKindOverEveryAlgorithmAndDtype(t *testing.T) {
 	for _, netns := range []bool{true, false} {
 		for _, total := range []int{30, 500} {
-			plan := makePlan(1, total, netns, 4, 2*time.Second)
+			plan := makePlan(1, total, netns, true, 4, 2*time.Second)
 			counts := map[string]int{}
 			combos := map[string]bool{}
 			n := 0
@@ -73,10 +73,10 @@ func TestPlanInjectsEveryKindOverEveryAlgorithmAndDtype(t *testing.T) {
 			}
 		}
 	}
-	if a, b := makePlan(9, 100, true, 4, time.Second), makePlan(9, 100, true, 4, time.Second); !reflect.DeepEqual(a, b) {
+	if a, b := makePlan(9, 100, true, true, 4, time.Second), makePlan(9, 100, true, true, 4, time.Second); !reflect.DeepEqual(a, b) {
 		t.Error("the same seed made two plans")
 	}
-	if a, b := makePlan(9, 100, true, 4, time.Second), makePlan(10, 100, true, 4, time.Second); reflect.DeepEqual(a, b) {
+	if a, b := makePlan(9, 100, true, true, 4, time.Second), makePlan(10, 100, true, true, 4, time.Second); reflect.DeepEqual(a, b) {
 		t.Error("two seeds made the same plan")
 	}
 }
@@ -217,8 +217,14 @@ func TestCheckOutcomeCountsEveryViolation(t *testing.T) {
 	slow := good
 	slow.EndNs = slow.StartNs + int64(2*time.Second)
 	flipOut, flipState := good, good
-	flipOut.Out = "0" + flipOut.Out[1:]
-	flipState.State = "0" + flipState.State[1:]
+	flip := func(h string) string { // another hash, one digit off
+		if h[0] == '0' {
+			return "1" + h[1:]
+		}
+		return "0" + h[1:]
+	}
+	flipOut.Out = flip(flipOut.Out)
+	flipState.State = flip(flipState.State)
 	failed := Outcome{Index: good.Index, Class: "remote", Err: "peer 2 disconnected", StartNs: good.StartNs, EndNs: good.EndNs, Intact: true}
 	changed := failed
 	changed.Intact = false

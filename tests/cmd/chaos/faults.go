@@ -31,6 +31,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/oktopk/oktopk/core"
 )
 
 // faultResult is what one injected fault did.
@@ -165,6 +167,7 @@ func (st *jobState) checkOutcome(res *faultResult, r int, o Outcome, strict, exe
 	}
 	ref := st.reference(o.Index)
 	if o.OK {
+		st.h.count(&st.h.okChecked)
 		switch {
 		case ref == nil:
 			res.problem(&res.wrong, "rank %d: call %d returned success although the ranks' calls disagree", r, o.Index)
@@ -177,6 +180,7 @@ func (st *jobState) checkOutcome(res *faultResult, r int, o Outcome, strict, exe
 		}
 		return
 	}
+	st.h.count(&st.h.failChecked)
 	if !o.Intact {
 		res.problem(&res.stateChanged, "rank %d: call %d failed (%s) but changed the caller's buffer or the tensor's state", r, o.Index, o.Class)
 	}
@@ -589,7 +593,8 @@ func kOf(density float64, n int) int { return min(n, int(math.Ceil(density*float
 
 // refused: rank v refuses the call itself (its tensor resized, or an invalid
 // density); the others must not wait out their timeout for it: they fail
-// with an invalid-argument or mismatch error naming v.
+// with an invalid-argument or mismatch error (or a remote one carrying v's
+// invalid argument) naming v.
 func (st *jobState) refused(res *faultResult) bool {
 	v := st.rng.IntN(st.plan.p)
 	res.victim = v
@@ -614,7 +619,14 @@ func (st *jobState) refused(res *faultResult) bool {
 			expectFailure(res, r, b, []string{"invalid"}, -2)
 			continue
 		}
-		if f := expectFailure(res, r, b, []string{"invalid", "mismatch"}, v); f != nil {
+		// The others learn of the refusal as an invalid call or a mismatch,
+		// or from the refusing rank's abort (a remote error that passes on
+		// its invalid argument).
+		classes := []string{"invalid", "mismatch"}
+		if f := b.failed(); f != nil && f.Class == "remote" && strings.Contains(f.Err, core.ErrInvalidArgument.Error()) {
+			classes = append(classes, "remote")
+		}
+		if f := expectFailure(res, r, b, classes, v); f != nil {
 			res.detected(f.Took())
 		}
 	}

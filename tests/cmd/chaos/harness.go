@@ -8,12 +8,15 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/oktopk/oktopk/transport"
 )
 
 type config struct {
@@ -46,6 +49,15 @@ type harness struct {
 	live     map[*rankProc]struct{}
 	problems []string // the harness's own failures
 	results  []*faultResult
+
+	okChecked   int // successful calls compared with the reference
+	failChecked int // failed calls whose buffer and state were checked
+}
+
+func (h *harness) count(n *int) {
+	h.mu.Lock()
+	*n++
+	h.mu.Unlock()
 }
 
 func (h *harness) track(p *rankProc) {
@@ -95,6 +107,13 @@ func runCampaign(cfg config) int {
 		return 2
 	}
 	defer h.cluster.close()
+	if cfg.logs != "" {
+		// Logs of an earlier campaign would read as this one's.
+		old, _ := filepath.Glob(filepath.Join(cfg.logs, "job*.rank*.log"))
+		for _, f := range old {
+			os.Remove(f)
+		}
+	}
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 	go func() {
@@ -112,7 +131,7 @@ func runCampaign(cfg config) int {
 	for _, k := range cfg.kinds {
 		kindByName(k)
 	}
-	plan := makePlan(cfg.seed, cfg.faults, h.cluster.netns, cfg.maxP, cfg.timeout, cfg.kinds...)
+	plan := makePlan(cfg.seed, cfg.faults, h.cluster.netns, transport.CurveAvailable(), cfg.maxP, cfg.timeout, cfg.kinds...)
 	total := 0
 	for _, jp := range plan {
 		total += len(jp.faults)

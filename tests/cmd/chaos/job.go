@@ -172,7 +172,7 @@ func (h *harness) startJob(plan *jobPlan, skip, wrongToken int) *job {
 			"MASTER_ADDR="+h.cluster.masterAddr(), "MASTER_PORT="+strconv.Itoa(j.port),
 			"RANK="+strconv.Itoa(r), "WORLD_SIZE="+strconv.Itoa(plan.p),
 			"OKTOPK_JOB_TOKEN="+token, "OKTOPK_SOCKET_IFNAME="+h.cluster.ifname(),
-			"OKTOPK_RENDEZVOUS_PORT=", "OKTOPK_CURVE=", "GOTRACEBACK=all")
+			"OKTOPK_RENDEZVOUS_PORT=", "OKTOPK_CURVE="+map[bool]string{true: "1"}[plan.curve], "GOTRACEBACK=all")
 		cmd.Stderr = p.stderr
 		cmd.WaitDelay = 2 * time.Second // a dead rank's pipes cannot hold Wait up
 		stdin, err := cmd.StdinPipe()

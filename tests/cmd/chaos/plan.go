@@ -77,11 +77,16 @@ type jobPlan struct {
 	tau      int
 	tauPrime int
 	timeout  time.Duration
+	curve    bool     // OKTOPK_CURVE=1 on every rank (where libzmq has CURVE)
 	faults   []string // in order; a fatal or init one is last
 }
 
 func (jp *jobPlan) String() string {
-	return fmt.Sprintf("%s %s P=%d n=%d density=%g tau=%d tau'=%d", jp.alg, jp.dtype, jp.p, jp.n, jp.density, jp.tau, jp.tauPrime)
+	s := fmt.Sprintf("%s %s P=%d n=%d density=%g tau=%d tau'=%d", jp.alg, jp.dtype, jp.p, jp.n, jp.density, jp.tau, jp.tauPrime)
+	if jp.curve {
+		s += " CURVE"
+	}
+	return s
 }
 
 // faultCounts splits total over the kinds available, by weight, every kind
@@ -127,8 +132,8 @@ const maxRidersPerJob = 4
 
 // makePlan draws the campaign: total faults of the kinds available (link
 // faults need namespaces; only, when given, narrows them), packed into
-// jobs.
-func makePlan(seed uint64, total int, netns bool, maxP int, timeout time.Duration, only ...string) []*jobPlan {
+// jobs, a quarter of them with CURVE on where curve says libzmq has it.
+func makePlan(seed uint64, total int, netns, curve bool, maxP int, timeout time.Duration, only ...string) []*jobPlan {
 	rng := rand.New(rand.NewPCG(seed, 0x6f6b746f706b))
 	var avail []kind
 	for _, k := range kinds {
@@ -216,6 +221,7 @@ func makePlan(seed uint64, total int, netns bool, maxP int, timeout time.Duratio
 		jp.tau = 2 + rng.IntN(7)
 		jp.tauPrime = 1 + rng.IntN(4)
 		jp.timeout = timeout
+		jp.curve = curve && rng.IntN(4) == 0
 	}
 	return jobs
 }

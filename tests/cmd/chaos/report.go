@@ -54,6 +54,15 @@ func (h *harness) report() string {
 	fmt.Fprintf(&b, "Seed %d, %d faults injected in %s; ranks %s; call timeout %v, join timeout %v, RSS bound during floods %s; %d:%02d min.\n",
 		cfg.seed, len(h.results), plural(h.jobsRun(), "job"), where, cfg.timeout, cfg.initTimeout, mib(cfg.rssBound),
 		int(time.Since(h.began).Minutes()), int(time.Since(h.began).Seconds())%60)
+	curveJobs := map[int]bool{}
+	for _, f := range h.results {
+		if f.plan.curve {
+			curveJobs[f.plan.id] = true
+		}
+	}
+	fmt.Fprintf(&b, "%d of the jobs with CURVE encryption on (OKTOPK_CURVE=1).\n", len(curveJobs))
+	fmt.Fprintf(&b, "%d successful calls compared bit for bit with the fault-free reference (buffer and tensor state); %d failed calls checked for an untouched buffer and state.\n",
+		h.okChecked, h.failChecked)
 	fmt.Fprintf(&b, "Replay: `make chaos CHAOS_SEED=%d CHAOS_FAULTS=%d`; one job: `build/chaos run -seed %d -faults %d -job N`.\n\n",
 		cfg.seed, cfg.faults, cfg.seed, cfg.faults)
 
