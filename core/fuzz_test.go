@@ -172,6 +172,7 @@ func (r *replay) Rank() int                                          { return 0 
 func (r *replay) Size() int                                          { return r.size }
 func (r *replay) StartCall(transport.Op, uint64, transport.CallDesc) {}
 func (r *replay) Abort(error)                                        {}
+func (r *replay) RefuseCall(context.Context, uint64, string)         {}
 func (r *replay) Close() error                                       { return nil }
 func (r *replay) Send(context.Context, int, transport.Tag, transport.Dtype, uint64, []byte) error {
 	return nil
