@@ -424,3 +424,40 @@ func TestHeldEntriesStayInResidual(t *testing.T) {
 		}
 	}
 }
+
+// A hand-built 2-rank case with float16 values (k = 2 of n = 6). Rank 0
+// selects {0, 1}, rank 1 selects {0, 4}; the regions are [0, 2) for rank 0
+// and [2, 6) for rank 1. Sent: rank 0 1000.5 (for 1000.3) and 700.5 (for
+// 700.7), rank 1 1000 (for 999.9) and -1500 (for -1500.2). Rank 0 sums
+// index 0 to 2000.5 and rounds it to 2000 (a tie, to even): the global
+// result is {0: 2000, 4: -1500}. Each rank's residual keeps acc − sent where
+// its value made it into the result, rank 0's also the 0.5 its sum lost,
+// and all of acc elsewhere (index 1: selected, not kept).
+func TestReducedPrecisionResidualKeepsRoundingErrorsTwoRanks(t *testing.T) {
+	in := [][]float32{
+		{1000.3, 700.7, 0.5, -0.25, 0, 1},
+		{999.9, -1, 0.5, 0, -1500.2, 0.75},
+	}
+	wantOut := []float32{1000, 0, 0, 0, -750, 0}
+	wantResidual := [][]float32{
+		{in[0][0] - 1000.5 + 0.5, 700.7, 0.5, -0.25, 0, 1},
+		{in[1][0] - 1000, -1, 0.5, 0, in[1][4] + 1500, 0.75},
+	}
+	runInProc(t, 2, func(ctx context.Context, rank int, c *Communicator) error {
+		g := append([]float32(nil), in[rank]...)
+		cfg := Config{Algorithm: OkTopk, Density: 2.0 / 6.0, Tau: 1, TauPrime: 1, Values: ValuesFloat16}
+		if _, err := c.SparseAllreduce(ctx, 1, g, cfg); err != nil {
+			return err
+		}
+		res := c.TensorStateOf(1).Residual
+		for i := range g {
+			if g[i] != wantOut[i] {
+				return fmt.Errorf("rank %d output[%d] = %v, want %v", rank, i, g[i], wantOut[i])
+			}
+			if res[i] != wantResidual[rank][i] {
+				return fmt.Errorf("rank %d residual[%d] = %v, want %v", rank, i, res[i], wantResidual[rank][i])
+			}
+		}
+		return nil
+	})
+}
