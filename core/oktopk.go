@@ -56,9 +56,10 @@ package core
 // values.go): each rank rounds its selection before step 3, each owner its
 // kept sums before step 5, and every rank uses the owner's rounded sums. In
 // step 6 a rank's residual keeps acc − what it sent, and an owner's also
-// takes its sums' rounding errors, so nothing is lost. Entries the caller
-// holds back (SparseAllreduceHolding) are left out of step 1's selection
-// and stay in the residual.
+// takes its sums' rounding errors, so nothing is lost; a pair is then 1.5
+// words instead of 2. Entries the caller holds back
+// (SparseAllreduceHolding) are left out of step 1's selection and stay in
+// the residual.
 //
 // NaN or Inf in acc on any rank is caught in step 1 and announced in step 4's
 // histogram exchange, which every rank makes anyway: then every rank skips
@@ -70,7 +71,7 @@ package core
 // (⌈log P⌉ rounds, as the baselines'), and the residual becomes zero.
 //
 // Cost per call, in words per rank. Payload, in reuse iterations: step 3
-// moves the ~k selected entries (2 words each; 1.5 with 16-bit values) once, 2k(P−1)/P; step 5's
+// moves the ~k selected entries (2 words each) once, 2k(P−1)/P; step 5's
 // allgatherv 2k(P−1)/P and its balance at most the same again, so at most
 // 6k(P−1)/P, the paper's bound (the lower bound of any sparse allreduce is
 // 2k(P−1)/P). Control, beside it: the histogram allgather, 81(P−1) words
