@@ -69,10 +69,20 @@ func readConfig(cfg *C.oktopk_config_t) (settings, error) {
 	if has(unsafe.Offsetof(cfg.tau_prime), 4) {
 		s.sparse.TauPrime = int(cfg.tau_prime)
 	}
-	if has(unsafe.Offsetof(cfg.value_dtype), 4) && cfg.value_dtype != C.OKTOPK_FLOAT32 {
-		// Reduced-precision sparse values on the wire are not implemented:
-		// refusing is better than silently sending float32.
-		return s, invalidArgument("config.value_dtype %d: only OKTOPK_FLOAT32 values are sent in this version", cfg.value_dtype)
+	if has(unsafe.Offsetof(cfg.value_dtype), 4) {
+		v := cfg.value_dtype
+		s.sparse.Stochastic = v&C.OKTOPK_STOCHASTIC_ROUNDING != 0
+		switch v &^ C.OKTOPK_STOCHASTIC_ROUNDING {
+		case C.OKTOPK_FLOAT32:
+			s.sparse.Values = core.ValuesFloat32
+		case C.OKTOPK_FLOAT16:
+			s.sparse.Values = core.ValuesFloat16
+		case C.OKTOPK_BFLOAT16:
+			s.sparse.Values = core.ValuesBFloat16
+		default:
+			return s, invalidArgument("config.value_dtype %#x: want OKTOPK_FLOAT32, OKTOPK_FLOAT16 or OKTOPK_BFLOAT16, "+
+				"optionally | OKTOPK_STOCHASTIC_ROUNDING", int32(v))
+		}
 	}
 	if has(unsafe.Offsetof(cfg.curve), 4) {
 		switch cfg.curve {
@@ -257,12 +267,38 @@ func denseOp(c *communicator, data unsafe.Pointer, count int, dtype C.oktopk_dty
 	}
 }
 
-func sparseOp(c *communicator, id uint64, data unsafe.Pointer, count int, dtype C.oktopk_dtype_t) operation {
+func sparseOp(c *communicator, id uint64, data unsafe.Pointer, count int, dtype C.oktopk_dtype_t, hold []core.Span) operation {
 	cfg := c.settings.sparse
 	return func(ctx context.Context, cc *core.Communicator) (core.Stats, error) {
 		ctx = callerDtype(ctx, dtype)
 		return c.withFloat32(data, count, dtype, func(x []float32) (core.Stats, error) {
-			return cc.SparseAllreduce(ctx, id, x, cfg)
+			return cc.SparseAllreduceHolding(ctx, id, x, cfg, hold)
 		})
 	}
+}
+
+// readHold copies the caller's held ranges (pairs of size_t) and checks
+// them against count, so that the call keeps nothing of the caller's.
+func readHold(hold unsafe.Pointer, n C.size_t, count C.size_t) ([]core.Span, error) {
+	if n == 0 {
+		return nil, nil
+	}
+	if hold == nil {
+		return nil, invalidArgument("hold is NULL with hold_count %d", uint64(n))
+	}
+	if uint64(n) > uint64(count) {
+		return nil, invalidArgument("hold_count %d exceeds count %d (ranges are disjoint and not empty)", uint64(n), uint64(count))
+	}
+	pairs := unsafe.Slice((*C.size_t)(hold), 2*int(n))
+	spans := make([]core.Span, n)
+	prev := uint64(0)
+	for i := range spans {
+		lo, hi := uint64(pairs[2*i]), uint64(pairs[2*i+1])
+		if lo < prev || hi <= lo || hi > uint64(count) {
+			return nil, invalidArgument("hold range %d [%d, %d) is empty, overlaps the one before, or is not inside count %d", i, lo, hi, uint64(count))
+		}
+		spans[i] = core.Span{Start: int(lo), End: int(hi)}
+		prev = hi
+	}
+	return spans, nil
 }

@@ -20,6 +20,7 @@ typedef const float oktopk_const_float;
 typedef const oktopk_config_t oktopk_const_config;
 typedef const oktopk_unique_id_t oktopk_const_unique_id;
 typedef const void oktopk_const_void;
+typedef const size_t oktopk_const_size_t;
 */
 import "C"
 
@@ -330,7 +331,33 @@ func go_oktopk_sparse_allreduce(comm C.oktopk_comm_t, tensorID C.uint64_t, data 
 		if err := checkStats(stats); err != nil {
 			return c.refuse(err, true)
 		}
-		st, err := c.do(false, sparseOp(c, uint64(tensorID), data, int(count), dtype))
+		st, err := c.do(false, sparseOp(c, uint64(tensorID), data, int(count), dtype, nil))
+		if werr := writeStats(stats, st); err == nil {
+			err = werr
+		}
+		return err
+	})
+}
+
+//export oktopk_sparse_allreduce_hold
+func oktopk_sparse_allreduce_hold(comm C.oktopk_comm_t, tensorID C.uint64_t, data unsafe.Pointer, count C.size_t, dtype C.oktopk_dtype_t,
+	hold *C.oktopk_const_size_t, holdCount C.size_t, stats *C.oktopk_stats_t) C.oktopk_result_t {
+	return call(int64(comm), func() error {
+		c, err := comms.get("communicator", int64(comm))
+		if err != nil {
+			return err
+		}
+		if err := checkBuffer(data, count, dtype); err != nil {
+			return c.refuse(err, true)
+		}
+		if err := checkStats(stats); err != nil {
+			return c.refuse(err, true)
+		}
+		spans, err := readHold(unsafe.Pointer(hold), holdCount, count)
+		if err != nil {
+			return c.refuse(err, true)
+		}
+		st, err := c.do(false, sparseOp(c, uint64(tensorID), data, int(count), dtype, spans))
 		if werr := writeStats(stats, st); err == nil {
 			err = werr
 		}
@@ -351,7 +378,7 @@ func go_oktopk_sparse_allreduce_start(comm C.oktopk_comm_t, tensorID C.uint64_t,
 		if err := checkBuffer(data, count, dtype); err != nil {
 			return c.refuse(err, false)
 		}
-		return startRequest(c, sparseOp(c, uint64(tensorID), data, int(count), dtype), request)
+		return startRequest(c, sparseOp(c, uint64(tensorID), data, int(count), dtype, nil), request)
 	})
 }
 

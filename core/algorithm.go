@@ -73,6 +73,12 @@ type Config struct {
 	Density   float64 // k = ceil(Density·n), 0 ≤ Density ≤ 1 (0: k = 0, nothing selected)
 	Tau       int     // Ok-Topk: repartition the index space every Tau calls
 	TauPrime  int     // exact thresholds every TauPrime calls, reused in between
+
+	// Values is the precision selected values travel in (values.go):
+	// float16 and bfloat16 halve a value's bytes, the rounding error going
+	// back into the residuals. OkTopk, TopkA and Gaussiank only.
+	Values     ValueType
+	Stochastic bool // round Values stochastically (unbiased) instead of to nearest
 }
 
 // DefaultConfig is the reference implementation's setting for CNNs.
@@ -91,6 +97,12 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: tau %d < 1", ErrInvalidArgument, c.Tau)
 	case c.TauPrime < 1:
 		return fmt.Errorf("%w: tau_prime %d < 1", ErrInvalidArgument, c.TauPrime)
+	case !c.Values.Valid():
+		return fmt.Errorf("%w: %v (float32, float16 or bfloat16)", ErrInvalidArgument, c.Values)
+	case c.Values != ValuesFloat32 && !c.Algorithm.takesReducedValues():
+		return fmt.Errorf("%w: %v values need algorithm oktopk, topka or gaussiank: %s", ErrInvalidArgument, c.Values, c.Algorithm.whyNoReducedValues())
+	case c.Stochastic && c.Values == ValuesFloat32:
+		return fmt.Errorf("%w: stochastic rounding needs float16 or bfloat16 values", ErrInvalidArgument)
 	}
 	return nil
 }

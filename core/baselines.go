@@ -56,10 +56,14 @@ func reduceWithErrorFeedback(ctx context.Context, call *Call, st *TensorState, g
 	}
 	call.Phase(PhaseSelect)
 	k := st.Config.K(n)
-	local, err := selectLocal(acc, k)
+	local, held, err := selectHolding(acc, call.Hold, st.scratch.held, func() (Sparse, error) { return selectLocal(acc, k) })
+	st.scratch.held = held
 	if err != nil {
 		return err
 	}
+	// The values leave this rank in the wire's precision; UpdateResidual
+	// keeps what the rounding took off.
+	roundingOf(call, st.Config, st.Iter, roundContribution).apply(local)
 	call.Stats.LocalSelected = local.Len()
 	global, err := reduce(ctx, call, n, local, k) // it times its own phases
 	if err != nil {
@@ -248,9 +252,10 @@ func decodeRegionBlock(dtype transport.Dtype, count uint64, payload []byte, lo, 
 // and sums them in rank order: the global result of TopkA and Gaussiank.
 // The vectors are of about one size (k, or Gaussiank's estimate of it), so
 // Bruck's allgather moves the ring's words in ⌈log₂ P⌉ rounds instead of
-// P−1: the log P α of these algorithms' papers.
+// P−1: the log P α of these algorithms' papers. The entries travel in the
+// call's value type (local's values must already be of that type).
 func allgatherSparseSum(ctx context.Context, call *Call, firstStep uint32, n int, local Sparse) (Sparse, error) {
-	own := regionBlock(local, 0, uint32(n), false)
+	own := Block{Dtype: call.Values.sparseDtype(), Count: uint64(local.Len()), Payload: encodeSparseAs(nil, local, 0, call.Values)}
 	call.Phase(PhaseAllgather)
 	blocks, err := AllgathervBruck(ctx, call, firstStep, own)
 	if err != nil {
@@ -263,7 +268,10 @@ func allgatherSparseSum(ctx context.Context, call *Call, firstStep uint32, n int
 			parts[r] = local
 			continue
 		}
-		if parts[r], err = decodeRegionBlock(b.Dtype, b.Count, b.Payload, 0, uint32(n)); err != nil {
+		if b.Dtype != own.Dtype {
+			return Sparse{}, fmt.Errorf("%w: rank %d sent %v entries, this rank %v (another value type configured?)", ErrMismatch, r, b.Dtype, own.Dtype)
+		}
+		if parts[r], err = decodeSparseAs(Sparse{}, b.Payload, b.Count, 0, uint32(n), call.Values); err != nil {
 			return Sparse{}, fmt.Errorf("oktopk: entries from rank %d: %w", r, err)
 		}
 	}

@@ -23,6 +23,12 @@ type Call struct {
 	Desc  transport.CallDesc // what this rank was asked to do; every rank must agree
 	Stats *Stats
 
+	// Values is the type selected values travel in (the tensor's
+	// Config.Values; float32 for calls without state), Hold the ranges of
+	// the caller's buffer this rank holds back (SparseAllreduceHolding).
+	Values ValueType
+	Hold   []Span
+
 	mu         sync.Mutex // Stats is updated by concurrent exchanges of one call
 	phase      Phase      // the phase running, whose Stats.Phases entry counts the bytes moved
 	phaseStart time.Time  // when it started; zero before the first Phase

@@ -240,6 +240,18 @@ func (c *Communicator) state(id uint64, n int, cfg Config) (*TensorState, error)
 // everywhere, the communicator stays usable). Bad arguments are
 // ErrInvalidArgument here and ErrMismatch on every peer that made the call.
 func (c *Communicator) SparseAllreduce(ctx context.Context, id uint64, grad []float32, cfg Config) (Stats, error) {
+	return c.SparseAllreduceHolding(ctx, id, grad, cfg, nil)
+}
+
+// SparseAllreduceHolding is SparseAllreduce with the entries of grad in the
+// ranges hold (ascending, disjoint) held back by this rank for this call:
+// none of them is selected or sent, and their grad + residual stays in the
+// residual. Other ranks' entries there are reduced as usual. It is for
+// entries whose result the caller will discard — a parameter a framework
+// found unused at this step (PyTorch DDP leaves the gradient of a
+// parameter unused on every rank untouched) — so that error feedback loses
+// nothing of them. Dense algorithms keep no residual and ignore hold.
+func (c *Communicator) SparseAllreduceHolding(ctx context.Context, id uint64, grad []float32, cfg Config, hold []Span) (Stats, error) {
 	var stats Stats
 	seq, err := c.begin()
 	if err != nil {
@@ -250,6 +262,9 @@ func (c *Communicator) SparseAllreduce(ctx context.Context, id uint64, grad []fl
 	}
 	if uint64(len(grad)) > maxElements {
 		return stats, c.refuse(ctx, seq, fmt.Errorf("%w: %d elements, at most 2^32-1", ErrInvalidArgument, len(grad)))
+	}
+	if err := checkHold(hold, len(grad)); err != nil {
+		return stats, c.refuse(ctx, seq, err)
 	}
 	if cfg.Algorithm.Dense() {
 		return c.allreduce(ctx, seq, id, grad, true, cfg.Algorithm)
@@ -268,6 +283,7 @@ func (c *Communicator) SparseAllreduce(ctx context.Context, id uint64, grad []fl
 	desc := DescribeCall(ctx, id, len(grad), stats.K)
 	desc.Completed = uint32(st.Iter)
 	call := NewCall(c.T, cfg.Algorithm.Op(), seq, &stats, WithDesc(desc))
+	call.Values, call.Hold = cfg.Values, hold
 	err = f(ctx, call, st, grad)
 	call.EndPhases()
 	if err != nil {
@@ -301,6 +317,10 @@ func (c *Communicator) SparseAllreduceSparse(ctx context.Context, n int, in Spar
 	f, ok := sparseInputAlgorithms[cfg.Algorithm]
 	if !ok {
 		return Sparse{}, stats, c.refuse(ctx, seq, fmt.Errorf("%w: %v has no sparse-input form", ErrInvalidArgument, cfg.Algorithm))
+	}
+	if cfg.Values != ValuesFloat32 {
+		return Sparse{}, stats, c.refuse(ctx, seq, fmt.Errorf("%w: %v values: a sparse-input call keeps no residual to take the rounding error back; "+
+			"it sends float32 values only", ErrInvalidArgument, cfg.Values))
 	}
 	start := time.Now()
 	stats.K = cfg.K(n)

@@ -52,6 +52,15 @@ package core
 //  6. Residual (error feedback). residual = acc with exactly the entries
 //     zeroed that were selected locally and are in the global result.
 //
+// Values travel as float32, or as float16 or bfloat16 (Config.Values,
+// values.go): each rank rounds its selection before step 3, each owner its
+// kept sums before step 5, and every rank uses the owner's rounded sums. In
+// step 6 a rank's residual keeps acc − what it sent, and an owner's also
+// takes its sums' rounding errors, so nothing is lost; a pair is then 1.5
+// words instead of 2. Entries the caller holds back
+// (SparseAllreduceHolding) are left out of step 1's selection and stay in
+// the residual.
+//
 // NaN or Inf in acc on any rank is caught in step 1 and announced in step 4's
 // histogram exchange, which every rank makes anyway: then every rank skips
 // the step, leaving its gradient, residual and thresholds as they were.
@@ -115,6 +124,8 @@ type okTopkScratch struct {
 	local     Sparse
 	regionSum []float32
 	touched   []bool
+	held      []float32 // entries held back (selectHolding)
+	ownerErr  Sparse    // rounding errors of this owner's sums, for its residual
 
 	histogramWords int // words this rank sent in the last call's histogram exchanges
 }
@@ -145,7 +156,7 @@ func okTopkAllreduce(ctx context.Context, call *Call, st *TensorState, grad []fl
 	local := sc.local
 	local.Reset()
 	var nonFinite bool
-	if !exact && k > 0 && st.LocalThreshold > 0 {
+	if !exact && k > 0 && st.LocalThreshold > 0 && len(call.Hold) == 0 {
 		// A reuse call: error feedback's accumulation and the threshold
 		// selection share one pass over memory.
 		chunks := selectionChunks(n)
@@ -161,12 +172,19 @@ func okTopkAllreduce(ctx context.Context, call *Call, st *TensorState, grad []fl
 		}
 	} else if nonFinite = Accumulate(acc, grad, st.Residual) > 0; !nonFinite {
 		var err error
-		if k == n {
-			local = selectAll(local, acc) // density 1: everything is selected
-		} else if local, err = SelectByThreshold(local, acc, k, &st.LocalThreshold, exact); err != nil {
+		local, sc.held, err = selectHolding(acc, call.Hold, sc.held, func() (Sparse, error) {
+			if k == n {
+				return selectAll(local, acc), nil // density 1: everything is selected
+			}
+			return SelectByThreshold(local, acc, k, &st.LocalThreshold, exact)
+		})
+		if err != nil {
 			return err
 		}
 	}
+	// The values leave this rank in the wire's precision; the residual keeps
+	// what the rounding took off (step 6).
+	roundingOf(call, st.Config, st.Iter, roundContribution).apply(local)
 	sc.local = local
 	call.Stats.LocalSelected = local.Len()
 
@@ -201,15 +219,21 @@ func okTopkAllreduce(ctx context.Context, call *Call, st *TensorState, grad []fl
 
 	// Step 6: residual, then the averaged result into the caller's buffer.
 	call.Phase(PhaseOutput)
+	// An owner's residual also takes the rounding errors of its sums.
 	UpdateResidual(st.Residual, acc, local, global)
+	for j, i := range sc.ownerErr.Idx {
+		st.Residual[i] += sc.ownerErr.Val[j]
+	}
 	ScatterAverage(grad, global, p)
 	st.Iter++
 	return nil
 }
 
 // okTopkDense is Ok-Topk at density 1: the dense ring allreduce of acc =
-// grad + residual, averaged into grad. A failed call leaves grad, the
-// residual and the state as they were (the ring writes only acc, this
+// grad + residual, averaged into grad, in float32 whatever Config.Values
+// (a ring's partial sums are rounded at every hop). Held entries go into
+// the ring as zeros and stay in the residual. A failed call leaves grad,
+// the residual and the state as they were (the ring writes only acc, this
 // tensor's scratch).
 func okTopkDense(ctx context.Context, call *Call, st *TensorState, grad, acc []float32) error {
 	n, p := len(grad), call.Size()
@@ -218,6 +242,12 @@ func okTopkDense(ctx context.Context, call *Call, st *TensorState, grad, acc []f
 	if err := agreeOnInput(ctx, call, bad, nil); err != nil {
 		return err
 	}
+	held := st.scratch.held[:0]
+	for _, h := range call.Hold {
+		held = append(held, acc[h.Start:h.End]...)
+		clear(acc[h.Start:h.End])
+	}
+	st.scratch.held = held
 	if err := RingAllreduce(ctx, call, acc); err != nil { // it times its own phases
 		return err
 	}
@@ -225,7 +255,11 @@ func okTopkDense(ctx context.Context, call *Call, st *TensorState, grad, acc []f
 	scale(acc, p)
 	copy(grad, acc)
 	clear(st.Residual)
-	call.Stats.LocalSelected, call.Stats.GlobalSelected = n, n
+	at := 0
+	for _, h := range call.Hold {
+		at += copy(st.Residual[h.Start:h.End], held[at:])
+	}
+	call.Stats.LocalSelected, call.Stats.GlobalSelected = n-len(held), n
 	st.Iter++
 	return nil
 }
@@ -405,15 +439,15 @@ func splitAndReduce(ctx context.Context, call *Call, bounds []uint32, local Spar
 			goSafe(g, func() error {
 				defer func() { <-slots }()
 				out := regionOf(local, bounds[to], bounds[to+1])
-				payload := EncodeSparse(nil, out, bounds[to])
-				m, err := call.SendRecv(gctx, to, stepSplit, transport.DtypeSparseF32, uint64(out.Len()), payload, from)
+				payload := encodeSparseAs(nil, out, bounds[to], call.Values)
+				m, err := call.SendRecv(gctx, to, stepSplit, call.Values.sparseDtype(), uint64(out.Len()), payload, from)
 				if err != nil {
 					return err
 				}
-				if m.Dtype != transport.DtypeSparseF32 {
-					return fmt.Errorf("%w: rank %d sent %s in split-and-reduce", ErrMismatch, from, m.Dtype)
+				if m.Dtype != call.Values.sparseDtype() {
+					return fmt.Errorf("%w: rank %d sent %s in split-and-reduce, this rank %s (another value type configured?)", ErrMismatch, from, m.Dtype, call.Values.sparseDtype())
 				}
-				in, err := DecodeSparse(Sparse{}, m.Payload, m.Count, lo, hi)
+				in, err := decodeSparseAs(Sparse{}, m.Payload, m.Count, lo, hi, call.Values)
 				if err != nil {
 					return fmt.Errorf("from rank %d: %w", from, err)
 				}
@@ -475,6 +509,13 @@ func globalSelection(ctx context.Context, call *Call, st *TensorState, reduced S
 		return Sparse{}, false, err
 	}
 	kept := cut.keep(reduced, call.Rank())
+	// Each owner rounds its sums once to the wire's precision; every rank,
+	// this one too, uses the rounded sums, and this owner's residual takes
+	// the rounding errors (values.go).
+	sc.ownerErr.Reset()
+	if call.Values != ValuesFloat32 {
+		sc.ownerErr = roundingOf(call, st.Config, st.Iter, roundOwnerSum).applyKeepingErrors(kept, sc.ownerErr)
+	}
 	call.Phase(PhaseBalance)
 	balanced, err := balance(ctx, call, kept, cut.counts)
 	if err != nil {
@@ -811,7 +852,7 @@ func balance(ctx context.Context, call *Call, kept Sparse, counts []int) (Sparse
 		}
 		part := Sparse{Idx: kept.Idx[lo-starts[r] : hi-starts[r]], Val: kept.Val[lo-starts[r] : hi-starts[r]]}
 		goSafe(g, func() error {
-			return call.Send(gctx, j, stepBalance, transport.DtypeSparseF32, uint64(part.Len()), EncodeSparse(nil, part, 0))
+			return call.Send(gctx, j, stepBalance, call.Values.sparseDtype(), uint64(part.Len()), encodeSparseAs(nil, part, 0, call.Values))
 		})
 	}
 	// Receive the parts of my share that other owners hold, in owner order.
@@ -830,10 +871,10 @@ func balance(ctx context.Context, call *Call, kept Sparse, counts []int) (Sparse
 			if err != nil {
 				return err
 			}
-			if m.Count != uint64(hi-lo) {
-				return fmt.Errorf("%w: rank %d moved %d entries, want %d", ErrMismatch, o, m.Count, hi-lo)
+			if m.Count != uint64(hi-lo) || m.Dtype != call.Values.sparseDtype() {
+				return fmt.Errorf("%w: rank %d moved %d entries of %s, want %d of %s", ErrMismatch, o, m.Count, m.Dtype, hi-lo, call.Values.sparseDtype())
 			}
-			s, err := DecodeSparse(Sparse{}, m.Payload, m.Count, 0, ^uint32(0))
+			s, err := decodeSparseAs(Sparse{}, m.Payload, m.Count, 0, ^uint32(0), call.Values)
 			parts[o] = s
 			return err
 		})
@@ -854,16 +895,17 @@ func balance(ctx context.Context, call *Call, kept Sparse, counts []int) (Sparse
 // order; blocks must be disjoint and ascending across ranks, which
 // DecodeSparse and the order check enforce.
 func gatherSparse(ctx context.Context, call *Call, step uint32, mine Sparse, n uint32) (Sparse, error) {
-	blocks, err := AllgathervBruck(ctx, call, step, Block{Dtype: transport.DtypeSparseF32, Count: uint64(mine.Len()), Payload: EncodeSparse(nil, mine, 0)})
+	dtype := call.Values.sparseDtype()
+	blocks, err := AllgathervBruck(ctx, call, step, Block{Dtype: dtype, Count: uint64(mine.Len()), Payload: encodeSparseAs(nil, mine, 0, call.Values)})
 	if err != nil {
 		return Sparse{}, err
 	}
 	var out Sparse
 	for r, b := range blocks {
-		if b.Dtype != transport.DtypeSparseF32 {
-			return Sparse{}, fmt.Errorf("%w: rank %d sent %s in the allgather", ErrMismatch, r, b.Dtype)
+		if b.Dtype != dtype {
+			return Sparse{}, fmt.Errorf("%w: rank %d sent %s in the allgather, this rank %s", ErrMismatch, r, b.Dtype, dtype)
 		}
-		s, err := DecodeSparse(Sparse{}, b.Payload, b.Count, 0, n)
+		s, err := decodeSparseAs(Sparse{}, b.Payload, b.Count, 0, n, call.Values)
 		if err != nil {
 			return Sparse{}, fmt.Errorf("from rank %d: %w", r, err)
 		}

@@ -98,6 +98,26 @@ typedef enum {
   OKTOPK_BFLOAT16 = 2
 } oktopk_dtype_t;
 
+/* oktopk_config_t.value_dtype: the precision selected values travel in.
+ * OKTOPK_FLOAT16 or OKTOPK_BFLOAT16 make an (index, value) pair 6 bytes
+ * instead of 8. Each rank rounds the values it sends once, each Ok-Topk
+ * region owner its sums once (every rank uses the owner's rounded sums, so
+ * results stay bitwise identical), and the rounding errors go into the
+ * residuals (a sum's into its owner's): over any number of calls the
+ * gradients' sum equals P x the results plus the residuals' change, up to
+ * float32 rounding. Values beyond the format's range saturate and the rest
+ * waits in the residual. Or-ing in OKTOPK_STOCHASTIC_ROUNDING rounds
+ * unbiasedly at random instead of to nearest; its random bits are a hash of
+ * (tensor id, call number on the tensor, rank, index), so reruns are
+ * bitwise reproducible. Only OKTOPK_ALGO_OKTOPK, _TOPKA and _GAUSSIANK take
+ * 16-bit values (the others forward partial sums whose rounding no one
+ * residual could take back, or keep no residual): config init refuses
+ * other algorithms with them, and oktopk_sparse_allreduce_sparse (no
+ * residual) refuses them. At density 1 Ok-Topk is a dense ring allreduce
+ * in float32. Every rank must use the same value_dtype (else
+ * oktopkMismatch). */
+#define OKTOPK_STOCHASTIC_ROUNDING 0x100
+
 typedef enum {
   OKTOPK_ALGO_DENSE_RING = 0,
   OKTOPK_ALGO_DENSE_RABENSEIFNER = 1,
@@ -137,7 +157,8 @@ typedef struct {
                           * integer, so rounding in a double never adds an entry: 0.07 * 100 is 7 */
   int32_t tau;           /* Ok-Topk space repartition period (default 64)      */
   int32_t tau_prime;     /* threshold refresh period (default 32)              */
-  int32_t value_dtype;   /* precision of sparse values on the wire (default FLOAT32) */
+  int32_t value_dtype;   /* precision of sparse values on the wire: an oktopk_dtype_t, optionally
+                          * | OKTOPK_STOCHASTIC_ROUNDING (default FLOAT32; see above) */
   /* Added in 0.3: it fills what was tail padding, so sizeof(oktopk_config_t)
    * is unchanged and oktopk_config_init never writes past an older caller's
    * struct (which it zeroes). */
@@ -254,6 +275,19 @@ oktopk_result_t oktopk_allreduce(oktopk_comm_t comm, void *data, size_t count, o
  * tensor on every rank and every iteration. */
 oktopk_result_t oktopk_sparse_allreduce(oktopk_comm_t comm, uint64_t tensor_id, void *data, size_t count,
                                         oktopk_dtype_t dtype, oktopk_stats_t *stats);
+
+/* oktopk_sparse_allreduce with hold_count ranges of data held back by this
+ * rank for this call: range i is [hold[2i], hold[2i+1]), ascending and
+ * disjoint, inside count. Held entries are not selected or sent, and this
+ * rank's gradient there is added to its residual; other ranks' entries there
+ * are reduced as usual. For entries whose result the caller discards, such
+ * as a parameter a framework found unused at this step (PyTorch DDP leaves
+ * the gradient of a parameter unused on every rank untouched): error
+ * feedback then loses nothing of them. hold may be NULL when hold_count is
+ * 0. Dense algorithms keep no residual and reduce held entries as usual. */
+oktopk_result_t oktopk_sparse_allreduce_hold(oktopk_comm_t comm, uint64_t tensor_id, void *data, size_t count,
+                                             oktopk_dtype_t dtype, const size_t *hold, size_t hold_count,
+                                             oktopk_stats_t *stats);
 
 /* Sparse in, sparse out, no state: in_count (index, value) pairs of a vector
  * of length n, indices strictly increasing and < n. The averaged global

@@ -195,6 +195,8 @@ func checkPayloadSize(dtype Dtype, count, payloadLen uint64) error {
 		width = 4
 	case DtypeSparseF32, DtypeUint64:
 		width = 8
+	case DtypeSparseF16, DtypeSparseBF16:
+		width = 6
 	default:
 		return fmt.Errorf("%w: unknown dtype %d", ErrBadFrame, dtype)
 	}

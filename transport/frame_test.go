@@ -27,6 +27,15 @@ func TestFrameHeaderRoundTripAndRejections(t *testing.T) {
 	if err != nil || h.tag != (Tag{OpOkTopk, 42, 7}) || h.call != testCall || h.count != 3 || h.payloadLen != 24 || h.sender != 1 {
 		t.Fatalf("round trip: %+v, %v", h, err)
 	}
+	// Sparse pairs with 16-bit values are 6 bytes each.
+	for _, dt := range []Dtype{DtypeSparseF16, DtypeSparseBF16} {
+		if h, err := decodeFrameHeader(validHeader(kindData, dt, 3, 18), digestToken("tok"), 3, 4); err != nil || h.dtype != dt {
+			t.Fatalf("%v round trip: %+v, %v", dt, h, err)
+		}
+		if _, err := decodeFrameHeader(validHeader(kindData, dt, 3, 24), digestToken("tok"), 3, 4); !errors.Is(err, ErrBadFrame) {
+			t.Fatalf("%v with 8-byte pairs accepted: %v", dt, err)
+		}
+	}
 	abort := frameHeader{kind: kindAbort, token: digestToken("tok"), generation: 3, reason: abortMismatch, dtype: DtypeBytes, count: 5, payloadLen: 5}
 	ab := make([]byte, headerSize)
 	abort.encode(ab)

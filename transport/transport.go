@@ -58,9 +58,11 @@ const (
 	DtypeBFloat16
 	DtypeSparseF32 // count uint32 indices followed by count float32 values
 	DtypeUint64
+	DtypeSparseF16  // count uint32 indices followed by count float16 values
+	DtypeSparseBF16 // count uint32 indices followed by count bfloat16 values
 )
 
-var dtypeNames = [...]string{"bytes", "float32", "float16", "bfloat16", "sparse_f32", "uint64"}
+var dtypeNames = [...]string{"bytes", "float32", "float16", "bfloat16", "sparse_f32", "uint64", "sparse_f16", "sparse_bf16"}
 
 func (d Dtype) String() string {
 	if int(d) < len(dtypeNames) {

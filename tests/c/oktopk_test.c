@@ -385,6 +385,55 @@ static void test_sparse_every_algorithm(oktopk_comm_t env_comm, int rank, int si
   free(x);
 }
 
+/* 16-bit values on the wire (config.value_dtype): the same gradient through
+ * a float32 and a float16 communicator; the float16 one sends fewer bytes,
+ * every rank ends with the same result (HASH), each result x P (exact for
+ * P = 2, 4) is a float16 value, and the sparse-input call is refused there
+ * (no residual to take its rounding error) while the communicator stays
+ * usable. Then float16 | OKTOPK_STOCHASTIC_ROUNDING is accepted. */
+static void test_float16_values(oktopk_comm_t env_comm, int rank, int size) {
+  const size_t n = 4000;
+  float *x = malloc(n * sizeof *x), *y = malloc(n * sizeof *y);
+  uint64_t bytes[2] = {0, 0};
+  int dtypes[3] = {OKTOPK_FLOAT32, OKTOPK_FLOAT16, OKTOPK_FLOAT16 | OKTOPK_STOCHASTIC_ROUNDING};
+  for (int c = 0; c < 3; c++) {
+    oktopk_config_t cfg;
+    oktopk_config_init(&cfg);
+    cfg.timeout_ms = 20000;
+    cfg.value_dtype = dtypes[c];
+    oktopk_unique_id_t id;
+    memset(&id, 0, sizeof id);
+    if (rank == 0) OK(oktopk_get_unique_id(&id, &cfg));
+    broadcast_bytes(env_comm, rank, id.internal, sizeof id.internal);
+    oktopk_comm_t comm;
+    OK(oktopk_comm_init_rank(&comm, size, &id, rank, &cfg));
+    for (size_t i = 0; i < n; i++) x[i] = sinf((float)(i * (size_t)(rank + 3))) * (float)(1 + i % 97);
+    oktopk_stats_t st = {.size = sizeof st};
+    OK(oktopk_sparse_allreduce(comm, 9, x, n, OKTOPK_FLOAT32, &st));
+    if (c < 2) bytes[c] = st.bytes_sent;
+    if (c == 1) {
+      printf("HASH sparse_values_f16 %016llx\n", (unsigned long long)hash_bytes(x, n * 4, HASH_SEED));
+      for (size_t i = 0; i < n && (size == 2 || size == 4); i++) {
+        uint16_t h = to_half(x[i] * (float)size, OKTOPK_FLOAT16);
+        REQUIRE(from_half(h, OKTOPK_FLOAT16) == x[i] * (float)size);
+      }
+      uint32_t in_idx[1] = {(uint32_t)rank}, out_idx[8];
+      float in_val[1] = {1}, out_val[8];
+      size_t out_count;
+      EXPECT(oktopk_sparse_allreduce_sparse(comm, n, in_idx, in_val, 1, out_idx, out_val, 8, &out_count, NULL),
+             oktopkInvalidArgument);
+      for (size_t i = 0; i < n; i++) y[i] = 1;
+      OK(oktopk_sparse_allreduce(comm, 9, y, n, OKTOPK_FLOAT32, NULL)); /* still usable */
+    }
+    OK(oktopk_comm_destroy(comm));
+  }
+  printf("rank %d: float16 values: %llu bytes sent, float32 values: %llu\n", rank, (unsigned long long)bytes[1],
+         (unsigned long long)bytes[0]);
+  REQUIRE(size == 1 || bytes[1] < bytes[0]);
+  free(x);
+  free(y);
+}
+
 /* Sparse in, sparse out on a density-1.0 communicator: each rank sends every
  * third index (shifted by its rank); the result is exactly the union of the
  * indices with the average of the contributions (absent ones count as 0). */
@@ -444,6 +493,7 @@ static int run_ranks(void) {
   test_sparse_full_density(env_comm, rank, size);
   test_sparse_in_sparse_out(env_comm, rank, size);
   test_sparse_every_algorithm(env_comm, rank, size);
+  test_float16_values(env_comm, rank, size);
 
   /* A second communicator, NCCL style: rank 0 makes the id, hands it out. */
   oktopk_config_init(&cfg);
@@ -874,8 +924,17 @@ static int run_errors(void) {
   bad.density = 1.5;
   EXPECT(oktopk_comm_bind(&comm, 1, 0, "t", &bad, ep, sizeof ep), oktopkInvalidArgument);
   bad = cfg;
-  bad.value_dtype = OKTOPK_FLOAT16;
+  bad.value_dtype = 7;
   EXPECT(oktopk_comm_bind(&comm, 1, 0, "t", &bad, ep, sizeof ep), oktopkInvalidArgument);
+  OK(oktopk_get_last_error(0, msg, sizeof msg, NULL));
+  REQUIRE(strstr(msg, "value_dtype") != NULL);
+  bad.value_dtype = OKTOPK_FLOAT32 | OKTOPK_STOCHASTIC_ROUNDING; /* nothing to round */
+  EXPECT(oktopk_comm_bind(&comm, 1, 0, "t", &bad, ep, sizeof ep), oktopkInvalidArgument);
+  bad.value_dtype = OKTOPK_BFLOAT16;
+  bad.algorithm = OKTOPK_ALGO_SSAR_SPLIT_ALLGATHER; /* forwards partial sums: no owner for their rounding */
+  EXPECT(oktopk_comm_bind(&comm, 1, 0, "t", &bad, ep, sizeof ep), oktopkInvalidArgument);
+  OK(oktopk_get_last_error(0, msg, sizeof msg, NULL));
+  REQUIRE(strstr(msg, "bfloat16 values need algorithm oktopk, topka or gaussiank") != NULL);
   /* An older caller's shorter config: the fields past its size are not read. */
   bad = cfg;
   bad.size = (uint32_t)offsetof(oktopk_config_t, density);
@@ -923,6 +982,23 @@ static int run_errors(void) {
   oktopk_stats_t st = {.size = 0};
   EXPECT(oktopk_sparse_allreduce(comm, 1, data, 16, OKTOPK_FLOAT32, &st), oktopkInvalidArgument);
   EXPECT(oktopk_sparse_allreduce_start(comm, 1, data, 16, OKTOPK_FLOAT32, NULL), oktopkInvalidArgument);
+  /* Held ranges: refused when out of order, empty, outside count, or NULL. */
+  size_t overlapping[4] = {2, 5, 4, 8}, empty[2] = {3, 3}, outside[2] = {10, 17};
+  EXPECT(oktopk_sparse_allreduce_hold(comm, 2, data, 16, OKTOPK_FLOAT32, overlapping, 2, NULL), oktopkInvalidArgument);
+  EXPECT(oktopk_sparse_allreduce_hold(comm, 2, data, 16, OKTOPK_FLOAT32, empty, 1, NULL), oktopkInvalidArgument);
+  EXPECT(oktopk_sparse_allreduce_hold(comm, 2, data, 16, OKTOPK_FLOAT32, outside, 1, NULL), oktopkInvalidArgument);
+  EXPECT(oktopk_sparse_allreduce_hold(comm, 2, data, 16, OKTOPK_FLOAT32, NULL, 1, NULL), oktopkInvalidArgument);
+  /* A held entry is not sent but kept: the largest entry, held, comes back
+   * 0, and the next call (gradient 0, nothing held) sends it. k = 1 here. */
+  float g[16] = {0};
+  g[3] = 1;
+  g[9] = 100;
+  size_t hold9[2] = {9, 10};
+  OK(oktopk_sparse_allreduce_hold(comm, 3, g, 16, OKTOPK_FLOAT32, hold9, 1, NULL));
+  REQUIRE(g[9] == 0 && g[3] == 1);
+  memset(g, 0, sizeof g);
+  OK(oktopk_sparse_allreduce_hold(comm, 3, g, 16, OKTOPK_FLOAT32, NULL, 0, NULL));
+  REQUIRE(g[9] == 100 && g[3] == 0);
   EXPECT(oktopk_comm_rank(comm, NULL), oktopkInvalidArgument);
   size_t out_count;
   uint32_t in_idx[2] = {3, 1}; /* not increasing */

@@ -56,6 +56,18 @@ def test_sparse_cnn_within_one_point_of_dense_and_ranks_agree(np):
     assert acc_sparse >= acc_dense - 1.0, (acc_dense, acc_sparse)
 
 
+def test_fp16_allreduce_with_oktopk_sends_float16_values():
+    # The example's --fp16-allreduce --oktopk: the same training with float16
+    # values sends fewer bytes (6 instead of 8 per pair), and the ranks agree.
+    common = ["--epochs", 2, "--oktopk", "--density", "0.01"]
+    f32 = horovodrun(2, "train_cnn", *common)
+    f16 = horovodrun(2, "train_cnn", *common, "--fp16-allreduce")
+    assert all(r["params"] == f16[0]["params"] for r in f16.values()), "ranks ended with different parameters"
+    ratio = f16[0]["bytes_sent"] / f32[0]["bytes_sent"]
+    print(f"digits CNN, horovodrun -np 2, 2 epochs, Ok-Topk 1%: float16 values sent {ratio:.3f}x the bytes of float32 ones")
+    assert ratio < 0.85, ratio
+
+
 def test_nan_on_one_rank_is_a_skipped_step_on_every_rank():
     results = horovodrun(2, "nan_on_one_rank")
     for r, res in results.items():
@@ -81,7 +93,9 @@ def test_plain_horovod_optimizer_refuses_oktopk_compression():
 
 @pytest.mark.parametrize(
     "kwargs",
-    [dict(density=0.0), dict(density=1.5), dict(algorithm="nope"), dict(tau=0), dict(tau_prime=-1), dict(timeout=0)],
+    [dict(density=0.0), dict(density=1.5), dict(algorithm="nope"), dict(tau=0), dict(tau_prime=-1), dict(timeout=0),
+     dict(value_dtype="float64"), dict(value_dtype="float16", algorithm="sparcml"), dict(value_dtype="float16", algorithm="gtopk"),
+     dict(stochastic_rounding=True)],
 )
 def test_bad_settings_raise_value_error(kwargs):
     import oktopk_horovod

@@ -90,6 +90,11 @@ def test_every_algorithm_selectable_by_name():
         {"timeout": "5"},
         {"timeout": float("inf")},
         {"timeout": float("nan")},
+        {"value_dtype": "float64"},
+        {"value_dtype": "float16", "algorithm": "gtopk"},
+        {"value_dtype": "bfloat16", "algorithm": "dense_ring"},
+        {"stochastic_rounding": True},
+        {"stochastic_rounding": 1, "value_dtype": "float16"},
     ],
 )
 def test_bad_settings_raise_value_error(kwargs):
@@ -202,3 +207,32 @@ def test_forked_child_cannot_call_the_library():
     res = run(workers.fork_child, 1)[0]
     assert res["child_exit"] == 0, "a forked child's call did not raise OkTopkError naming fork"
     assert res["parent_result"] == [1.0] * 4
+
+
+def test_error_feedback_is_exact_with_unused_parameters_and_16_bit_values():
+    # find_unused_parameters=True, a parameter unused on every rank at two
+    # steps of three (DDP then keeps its .grad and discards the hook's result
+    # for it) and one used on rank 0 only, at every other step. Over the
+    # sparse steps, per parameter, the gradients given to the hook summed
+    # over the ranks must equal P x what DDP applied plus the residuals left:
+    # nothing a rank selected for a discarded parameter may vanish, and with
+    # float16 values the rounding errors stay in the residuals too.
+    world, warmup, steps, value_dtypes = 3, 2, 14, ["float32", "float16"]
+    runs = run(workers.unused_parameters, world, value_dtypes, warmup, steps)
+    for value_dtype in value_dtypes:
+        results = {r: runs[r][value_dtype] for r in range(world)}
+        assert all(r["globally_unused"] == results[0]["globally_unused"] for r in results.values())
+        unused_steps = [u for u in results[0]["globally_unused"] if "sometimes.weight" in u]
+        assert len(unused_steps) >= 7, results[0]["globally_unused"]  # the case under test did occur
+        for name in results[0]["local"]:
+            for r in range(1, world):
+                assert (results[r]["applied"][name] == results[0]["applied"][name]).all(), f"{value_dtype} {name}: ranks differ"
+            local = sum(results[r]["local"][name].astype("float64") for r in range(world))
+            left = sum(results[r]["residual"][name].astype("float64") for r in range(world))
+            applied = world * results[0]["applied"][name].astype("float64")
+            scale = sum(abs(results[r]["local"][name].astype("float64")).sum() for r in range(world))
+            lost = abs(local - applied - left).sum() / scale
+            assert lost <= 1e-5, f"{value_dtype} {name}: {lost:.3%} of its gradient mass lost"
+            # Not by holding everything back: every parameter, used at some
+            # sparse steps, got values through.
+            assert (applied != 0).any(), f"{value_dtype} {name}: nothing was ever applied"

@@ -454,3 +454,97 @@ def unsupported_dtype(rank, world, port, out):
         error = f"{type(e).__name__}: {e}"
     write(out, rank, {"error": error})
     dist.destroy_process_group()
+
+
+class Branchy(nn.Module):
+    """A trunk and head always used; `sometimes` used at some steps on every
+    rank (globally unused at the others), `rank0` used on rank 0 only at
+    even steps (used on some ranks only then, unused everywhere at odd
+    steps)."""
+
+    def __init__(self):
+        super().__init__()
+        self.trunk = nn.Linear(20, 32)
+        self.head = nn.Linear(32, 5)
+        self.sometimes = nn.Linear(32, 5)
+        self.rank0 = nn.Linear(32, 5)
+
+    def forward(self, x, use_sometimes, use_rank0):
+        h = F.relu(self.trunk(x))
+        out = self.head(h)
+        if use_sometimes:
+            out = out + 3 * self.sometimes(h)
+        if use_rank0:
+            out = out + self.rank0(h)
+        return out
+
+
+def residuals_by_parameter(state, model):
+    """Each parameter's residual, from the state's checkpoint: a tensor
+    state's residual is its last n float32 (format in core/state.go), laid
+    out in the group's canonical parameter order."""
+    sd = state.state_dict()
+    index_of = {id(p): i for i, p in enumerate(model.parameters())}
+    canonical = {state._param_index[id(p)]: (name, p) for name, p in model.named_parameters()}
+    out = {}
+    for group_id, members in sd["layout"].items():
+        blob = sd["tensors"][group_id]
+        n = int.from_bytes(blob[8:16], "little")
+        residual = torch.frombuffer(bytearray(blob[len(blob) - 4 * n :]), dtype=torch.float32)
+        at = 0
+        for i in members:
+            name, p = canonical[i]
+            assert index_of[id(p)] is not None
+            out[name] = residual[at : at + p.numel()].view_as(p).clone()
+            at += p.numel()
+    return out
+
+
+def unused_parameters(rank, world, port, out, value_dtypes, warmup, steps):
+    """DDP(find_unused_parameters=True) through the hook, once per value
+    dtype. Per parameter, over the sparse steps: the local gradients the hook
+    was given (the bucket's slots: zeros where DDP found the parameter
+    unused), the gradient DDP applied (p.grad after backward; none where no
+    rank used it, since DDP then discards the hook's result), and the final
+    residual."""
+    setup(rank, world, port)
+    results = {}
+    for value_dtype in value_dtypes:
+        torch.manual_seed(0)
+        m = DDP(Branchy(), find_unused_parameters=True)
+        state = OkTopkState(density=0.05, warmup_iters=warmup, value_dtype=value_dtype)
+        names = {id(p): name for name, p in m.module.named_parameters()}
+        local = {name: torch.zeros_like(p) for name, p in m.module.named_parameters()}
+        applied = {name: torch.zeros_like(p) for name, p in m.module.named_parameters()}
+        sparse = {"on": False}
+
+        def recording_hook(st, bucket):
+            if sparse["on"]:
+                for p, g in zip(bucket.parameters(), bucket.gradients()):
+                    local[names[id(p)]] += g.reshape(p.shape)
+            return oktopk_hook(st, bucket)
+
+        m.register_comm_hook(state, recording_hook)
+        o = torch.optim.SGD(m.parameters(), lr=0.05)
+        globally_unused = []
+        for step in range(steps):
+            sparse["on"] = step >= warmup
+            g = torch.Generator().manual_seed(1000 * step + rank)
+            x, y = torch.randn(8, 20, generator=g), torch.randint(0, 5, (8,), generator=g)
+            o.zero_grad(set_to_none=True)
+            F.cross_entropy(m(x, step % 3 == 0, rank == 0 and step % 2 == 0), y).backward()
+            if sparse["on"]:
+                for name, p in m.module.named_parameters():
+                    if p.grad is not None:
+                        applied[name] += p.grad
+                globally_unused.append(sorted(name for name, p in m.module.named_parameters() if p.grad is None))
+            o.step()
+        results[value_dtype] = {
+            "local": {k: v.numpy() for k, v in local.items()},
+            "applied": {k: v.numpy() for k, v in applied.items()},
+            "residual": {k: v.numpy() for k, v in residuals_by_parameter(state, m.module).items()},
+            "globally_unused": globally_unused,
+        }
+        state.close()
+    write(out, rank, results)
+    dist.destroy_process_group()

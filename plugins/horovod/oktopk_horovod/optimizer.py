@@ -131,6 +131,8 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
             compressor.tau_prime,
             compressor.timeout,
             bind_host=_default_bind_host(),
+            value_dtype=compressor.value_dtype,
+            stochastic_rounding=compressor.stochastic_rounding,
         )
         # One worker: buckets reach the library in bucket order on every
         # rank; the calls release the GIL, so backward goes on meanwhile.

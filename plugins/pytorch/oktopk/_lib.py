@@ -26,6 +26,8 @@ _ALGORITHMS = [
 ALGORITHMS = tuple(_ALGORITHMS)
 
 FLOAT32, FLOAT16, BFLOAT16 = 0, 1, 2
+STOCHASTIC_ROUNDING = 0x100  # or-ed into config.value_dtype
+VALUE_DTYPES = {"float32": FLOAT32, "float16": FLOAT16, "bfloat16": BFLOAT16}
 
 _RESULT_NAMES = {
     0: "success",
@@ -171,6 +173,7 @@ def _declare(lib):
         "oktopk_comm_destroy": (c.c_int, [i64]),
         "oktopk_allreduce": (c.c_int, [i64, c.c_void_p, sz, c.c_int, c.c_int, c.c_int]),
         "oktopk_sparse_allreduce": (c.c_int, [i64, u64, c.c_void_p, sz, c.c_int, P(Stats)]),
+        "oktopk_sparse_allreduce_hold": (c.c_int, [i64, u64, c.c_void_p, sz, c.c_int, P(sz), sz, P(Stats)]),
         "oktopk_tensor_state_size": (c.c_int, [i64, u64, P(sz)]),
         "oktopk_tensor_state_save": (c.c_int, [i64, u64, c.c_void_p, sz]),
         "oktopk_tensor_state_load": (c.c_int, [i64, u64, c.c_void_p, sz]),
@@ -213,15 +216,18 @@ def check(code, comm=0):
         raise OkTopkError(code, last_error(comm))
 
 
-def default_config(algorithm="oktopk", density=0.01, tau=64, tau_prime=32, timeout=60.0, bind_host=None):
+def default_config(algorithm="oktopk", density=0.01, tau=64, tau_prime=32, timeout=60.0, bind_host=None,
+                   value_dtype="float32", stochastic_rounding=False):
     """A config with the library's defaults and these settings. bind_host
-    (bytes) must outlive the config: ctypes keeps only a pointer."""
+    (bytes) must outlive the config: ctypes keeps only a pointer.
+    value_dtype is a name in VALUE_DTYPES."""
     cfg = Config()
     lib().oktopk_config_init(ctypes.byref(cfg))
     cfg.algorithm = _ALGORITHMS.index(algorithm)
     cfg.density = density
     cfg.tau = tau
     cfg.tau_prime = tau_prime
+    cfg.value_dtype = VALUE_DTYPES[value_dtype] | (STOCHASTIC_ROUNDING if stochastic_rounding else 0)
     cfg.timeout_ms = int(timeout * 1000)
     if bind_host is not None:
         cfg.bind_host = bind_host

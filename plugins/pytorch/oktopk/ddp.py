@@ -23,13 +23,16 @@ import torch.distributed as dist
 
 from . import _lib
 from ._lib import ALGORITHMS, OkTopkError
-from .comm import Communicator
+from .comm import Communicator, value_dtype_name
 
 # The bucket dtypes liboktopk reduces; the dense warm-up would take others,
 # so they are refused on the first hook call rather than at the first sparse
 # step.
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _MAX_INT32 = 2**31 - 1
+# The algorithms that send float16 or bfloat16 values: each of their roundings
+# has one rank whose residual takes its error (the others forward partial sums).
+_REDUCED_VALUE_ALGORITHMS = ("oktopk", "topka", "gaussiank")
 
 
 def _is_real(x):
@@ -76,6 +79,23 @@ class OkTopkState:
     :param tau_prime: threshold refresh period (iterations).
     :param timeout: seconds a call, or the communicator's setup, may wait for
         a peer before it raises :class:`OkTopkError` instead of hanging.
+    :param value_dtype: the precision selected values travel in:
+        ``"float32"`` (default), ``"float16"`` or ``"bfloat16"`` (or the torch
+        dtype), for the algorithms ``oktopk``, ``topka`` and ``gaussiank``.
+        16-bit values make each sent (index, value) pair 6 bytes instead of
+        8; the rounding errors stay in the residuals, so nothing is lost.
+    :param stochastic_rounding: round 16-bit values up or down at random,
+        unbiasedly, instead of to nearest (reproducible: the random bits are
+        a hash of the bucket, step, rank and index).
+
+    With ``find_unused_parameters=True``, a parameter that DDP found unused
+    on this rank at a step is held back: its residual is kept, not sent, and
+    DDP's result for it (discarded when no rank used it) loses nothing of
+    it. The hook learns which parameters were used from
+    post-accumulate-grad hooks it registers on the bucket parameters (until
+    :meth:`close`); before those are in place, and on torch without them, a
+    parameter whose bucket slot is all zeros (which is what DDP leaves for
+    an unused one) counts as unused.
 
     Buckets may be float32, float16 or bfloat16, on CPU or CUDA; CUDA buckets
     are staged through pinned host memory. A step whose gradient holds NaN or
@@ -91,6 +111,8 @@ class OkTopkState:
         "tau",
         "tau_prime",
         "timeout",
+        "value_dtype",
+        "stochastic_rounding",
         "process_group",
         "iter",
         "bytes_sent",
@@ -106,9 +128,12 @@ class OkTopkState:
         "_param_index",
         "_hook_iters",
         "_owner",
+        "_used",
+        "_grad_hooks",
     ]
 
-    def __init__(self, process_group=None, density=0.01, algorithm="oktopk", warmup_iters=2, tau=64, tau_prime=32, timeout=60.0):
+    def __init__(self, process_group=None, density=0.01, algorithm="oktopk", warmup_iters=2, tau=64, tau_prime=32, timeout=60.0,
+                 value_dtype="float32", stochastic_rounding=False):
         if not _is_real(density) or not 0.0 < density <= 1.0:
             raise ValueError(f"density must be a real number in (0, 1], got {density!r}")
         if algorithm not in ALGORITHMS:
@@ -123,12 +148,22 @@ class OkTopkState:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if not _is_real(timeout) or not 0.0 < timeout <= _MAX_INT32 / 1000:
             raise ValueError(f"timeout must be a positive number of seconds (at most {_MAX_INT32 // 1000}), got {timeout!r}")
+        value_dtype = value_dtype_name(value_dtype)
+        if value_dtype != "float32" and algorithm not in _REDUCED_VALUE_ALGORITHMS:
+            raise ValueError(
+                f"value_dtype {value_dtype} needs algorithm oktopk, topka or gaussiank; {algorithm!r} keeps no residual or "
+                f"sends partial sums, whose rounding errors no rank's residual could take back"
+            )
+        if not isinstance(stochastic_rounding, bool) or stochastic_rounding and value_dtype == "float32":
+            raise ValueError(f"stochastic_rounding must be a bool, and True only with float16 or bfloat16 values, got {stochastic_rounding!r}")
         self.density = float(density)
         self.algorithm = algorithm
         self.warmup_iters = int(warmup_iters)
         self.tau = int(tau)
         self.tau_prime = int(tau_prime)
         self.timeout = float(timeout)
+        self.value_dtype = value_dtype
+        self.stochastic_rounding = stochastic_rounding
         self.process_group = process_group
         self.iter = 0
         self.bytes_sent = 0
@@ -154,6 +189,11 @@ class OkTopkState:
         # against this process's (at load, or at communicator setup when the
         # process group did not exist yet at load).
         self._owner = None
+        # Canonical index -> whether the parameter's gradient was accumulated
+        # since its bucket was last reduced (None: not known, its hook was
+        # registered since), and the hooks' handles.
+        self._used = {}
+        self._grad_hooks = []
 
     # -- a bucket layout that survives DDP's bucket rebuild ------------------
     #
@@ -181,10 +221,48 @@ class OkTopkState:
         the bucket's parameters, in bucket order."""
         at, members = 0, []
         for p in bucket.parameters():
-            index = self._param_index.setdefault(id(p), len(self._param_index))
+            index = self._param_index.get(id(p))
+            if index is None:
+                index = self._param_index[id(p)] = len(self._param_index)
+                self._watch(p, index)
             members.append((index, at, at + p.numel()))
             at += p.numel()
         return members
+
+    # -- parameters DDP found unused ----------------------------------------
+    #
+    # With find_unused_parameters=True, DDP zeroes an unused parameter's slot
+    # in the bucket before the hook runs, and when no rank used it, leaves
+    # its .grad untouched, discarding what the hook returns for it. A residual
+    # the library sent for it would then be lost. So each rank holds back the
+    # parameters it did not use at this step (the library keeps their
+    # residual); where another rank used one, that rank's values still arrive
+    # and DDP applies the average, as without oktopk.
+    #
+    # A post-accumulate-grad hook marks a parameter used; it runs before
+    # DDP's own hook on the same gradient accumulator, so before the bucket
+    # is reduced. Under no_sync() the marks accumulate until the synchronised
+    # step, as DDP's own record of used parameters does.
+
+    def _watch(self, p, index):
+        self._used[index] = None
+        if hasattr(p, "register_post_accumulate_grad_hook"):  # torch >= 2.1
+            self._grad_hooks.append(p.register_post_accumulate_grad_hook(lambda _, i=index: self._used.__setitem__(i, True)))
+
+    def _take_unused(self, members, tensor):
+        """Canonical indices of the bucket's parameters unused on this rank
+        since its last reduction; resets the marks. A parameter without a
+        mark yet counts as unused when its slot in tensor is all zeros
+        (tensor None: only reset the marks)."""
+        unused = set()
+        for i, a, b in members:
+            used = self._used.get(i)
+            if used is None:
+                used = tensor is None or bool(tensor[a:b].any())
+            self._used[i] = False
+            if not used:
+                unused.add(i)
+        return unused
 
     def _add_group(self, group_id, members):
         self._groups[group_id] = members
@@ -238,7 +316,8 @@ class OkTopkState:
     def _communicator(self):
         if self._comm is None:
             self._check_owner()
-            self._comm = Communicator(self.process_group, self.algorithm, self.density, self.tau, self.tau_prime, self.timeout)
+            self._comm = Communicator(self.process_group, self.algorithm, self.density, self.tau, self.tau_prime, self.timeout,
+                                      value_dtype=self.value_dtype, stochastic_rounding=self.stochastic_rounding)
             for bucket_id, blob in self._pending_state.items():
                 self._comm.load_tensor_state(bucket_id, blob)
             self._pending_state = {}
@@ -250,9 +329,19 @@ class OkTopkState:
 
     def _reduce_pieces(self, group_id, pieces):
         """Sparse allreduce of the concatenation of pieces ((tensor, start,
-        end), canonical order), written back into them. A step the library
-        skipped for a non-finite gradient (on any rank, so on every rank)
-        comes back as NaN."""
+        end, held), canonical order), written back into them; the held ones
+        (parameters unused on this rank) are held back in the library. A step
+        the library skipped for a non-finite gradient (on any rank, so on
+        every rank) comes back as NaN."""
+        hold, at = [], 0
+        for _, a, b, held in pieces:
+            if held:
+                if hold and hold[-1][1] == at:
+                    hold[-1] = (hold[-1][0], at + b - a)
+                else:
+                    hold.append((at, at + b - a))
+            at += b - a
+        pieces = [piece[:3] for piece in pieces]
         merged = [pieces[0]]
         for t, a, b in pieces[1:]:
             if t is merged[-1][0] and a == merged[-1][2]:
@@ -273,7 +362,7 @@ class OkTopkState:
                 host[at : at + b - a].copy_(t[a:b])
                 at += b - a
         try:
-            stats = self._comm.sparse_allreduce_(group_id, host)
+            stats = self._comm.sparse_allreduce_(group_id, host, hold)
         except OkTopkError as e:
             if e.code != _lib.NON_FINITE:
                 raise
@@ -291,19 +380,20 @@ class OkTopkState:
                 self.comm_seconds += stats.total_seconds
 
     def _reduce_bucket(self, group_id, tensor, slices, fut, stream):
-        # Worker thread: one DDP bucket that is exactly one group.
+        # Worker thread: one DDP bucket that is exactly one group; slices are
+        # (start, end, held).
         try:
             with _on_stream(stream):
-                self._reduce_pieces(group_id, [(tensor, a, b) for a, b in slices])
+                self._reduce_pieces(group_id, [(tensor, a, b, held) for a, b, held in slices])
                 fut.set_result(tensor)
         except BaseException as e:  # noqa: BLE001 - the future carries it to DDP
             fut.set_exception(e)
 
-    def _pool_bucket(self, tensor, members, fut, stream):
+    def _pool_bucket(self, tensor, members, unused, fut, stream):
         # Worker thread: a DDP bucket that is not one group (see above).
         pending = _PendingBucket(tensor, fut, stream, {i for i, _, _ in members})
         for i, a, b in members:
-            self._pool[i] = (pending, a, b)
+            self._pool[i] = (pending, a, b, i in unused)
 
         def reduce_complete_groups():
             for group_id in sorted({self._group_of[i] for i, _, _ in members if i in self._group_of}):
@@ -332,7 +422,7 @@ class OkTopkState:
         try:
             work()
         except BaseException as e:  # noqa: BLE001 - every waiting future carries it to DDP
-            waiting = {id(p): p for p, _, _ in self._pool.values()}
+            waiting = {id(p): p for p, _, _, _ in self._pool.values()}
             self._pool.clear()
             for p in waiting.values():
                 if not p.future.done():
@@ -343,13 +433,13 @@ class OkTopkState:
         entries = [self._pool[i] for i in members]
         try:
             with _on_stream(entries[0][0].stream):
-                self._reduce_pieces(group_id, [(p.tensor, a, b) for p, a, b in entries])
+                self._reduce_pieces(group_id, [(p.tensor, a, b, held) for p, a, b, held in entries])
         except BaseException as e:  # noqa: BLE001
-            for p, _, _ in entries:
+            for p, _, _, _ in entries:
                 if not p.future.done():
                     p.future.set_exception(e)
             raise
-        for i, (p, _, _) in zip(members, entries):
+        for i, (p, _, _, _) in zip(members, entries):
             del self._pool[i]
             p.remaining.discard(i)
             if not p.remaining:
@@ -412,13 +502,16 @@ class OkTopkState:
             "tau": self.tau,
             "tau_prime": self.tau_prime,
             "timeout": self.timeout,
+            "value_dtype": self.value_dtype,
+            "stochastic_rounding": self.stochastic_rounding,
         }
 
     def __setstate__(self, state):
         # A state pickled before warm-ups of 1 were refused: its iterations
         # past the warm-up are unaffected by the longer one.
         warmup_iters = max(state["warmup_iters"], 2)
-        OkTopkState.__init__(self, None, state["density"], state["algorithm"], warmup_iters, state["tau"], state["tau_prime"], state["timeout"])
+        OkTopkState.__init__(self, None, state["density"], state["algorithm"], warmup_iters, state["tau"], state["tau_prime"], state["timeout"],
+                             state.get("value_dtype", "float32"), state.get("stochastic_rounding", False))
         self.load_state_dict(state)
 
     def close(self):
@@ -432,6 +525,10 @@ class OkTopkState:
         if self._comm is not None:
             self._comm.destroy()
             self._comm = None
+        for handle in self._grad_hooks:
+            handle.remove()
+        self._grad_hooks = []
+        self._used = {i: None for i in self._used}
 
 
 def _on_stream(stream):
@@ -463,7 +560,9 @@ def oktopk_hook(state: OkTopkState, bucket: dist.GradBucket) -> torch.futures.Fu
         state.iter += 1
         state._hook_iters += 1
     members = state._members(bucket)  # numbers the parameters in the first layout
-    if phase_iter < state.warmup_iters:
+    sparse = phase_iter >= state.warmup_iters
+    unused = state._take_unused(members, tensor if sparse else None)
+    if not sparse:
         if rebuilt:
             state._learn_group(sorted(i for i, _, _ in members))
         group = state.process_group
@@ -481,10 +580,10 @@ def oktopk_hook(state: OkTopkState, bucket: dist.GradBucket) -> torch.futures.Fu
     indices = sorted(i for i, _, _ in members)
     group_id = state._learn_group(indices)
     if group_id in state._groups:
-        slices = [(a, b) for _, a, b in sorted(members)]  # canonical order
+        slices = [(a, b, i in unused) for i, a, b in sorted(members)]  # canonical order
         state._worker.submit(state._reduce_bucket, group_id, tensor, slices, fut, stream)
     else:
-        state._worker.submit(state._pool_bucket, tensor, members, fut, stream)
+        state._worker.submit(state._pool_bucket, tensor, members, unused, fut, stream)
     if is_last:
         state._worker.submit(state._flush_pool)
     return fut
