@@ -339,8 +339,8 @@ func go_oktopk_sparse_allreduce(comm C.oktopk_comm_t, tensorID C.uint64_t, data 
 	})
 }
 
-//export oktopk_sparse_allreduce_hold
-func oktopk_sparse_allreduce_hold(comm C.oktopk_comm_t, tensorID C.uint64_t, data unsafe.Pointer, count C.size_t, dtype C.oktopk_dtype_t,
+//export go_oktopk_sparse_allreduce_hold
+func go_oktopk_sparse_allreduce_hold(comm C.oktopk_comm_t, tensorID C.uint64_t, data unsafe.Pointer, count C.size_t, dtype C.oktopk_dtype_t,
 	hold *C.oktopk_const_size_t, holdCount C.size_t, stats *C.oktopk_stats_t) C.oktopk_result_t {
 	return call(int64(comm), func() error {
 		c, err := comms.get("communicator", int64(comm))
