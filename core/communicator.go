@@ -190,17 +190,19 @@ const maxElements = math.MaxUint32
 // skipped step) starts from exactly the state before it. The residual needs
 // no copy: every algorithm writes it only after all communication succeeded.
 type tensorSnapshot struct {
+	config        Config
 	iter          int
 	local, global float32
 	boundaries    []uint32
 }
 
-func snapshotOf(st *TensorState) tensorSnapshot {
-	return tensorSnapshot{iter: st.Iter, local: st.LocalThreshold, global: st.GlobalThreshold,
+func snapshotOf(st *TensorState, cfg Config) tensorSnapshot {
+	return tensorSnapshot{config: cfg, iter: st.Iter, local: st.LocalThreshold, global: st.GlobalThreshold,
 		boundaries: append([]uint32(nil), st.Boundaries...)}
 }
 
 func (s tensorSnapshot) restore(st *TensorState) {
+	st.Config = s.config
 	st.Iter, st.LocalThreshold, st.GlobalThreshold = s.iter, s.local, s.global
 	if s.boundaries == nil {
 		st.Boundaries = nil
@@ -273,11 +275,16 @@ func (c *Communicator) SparseAllreduceHolding(ctx context.Context, id uint64, gr
 	if !ok {
 		return stats, c.refuse(ctx, seq, fmt.Errorf("%w: %v is not built into this library", ErrInvalidArgument, cfg.Algorithm))
 	}
+	old, existed := c.states[id]
+	var oldConfig Config
+	if existed {
+		oldConfig = old.Config
+	}
 	st, err := c.state(id, len(grad), cfg)
 	if err != nil {
 		return stats, c.refuse(ctx, seq, err)
 	}
-	before := snapshotOf(st)
+	before := snapshotOf(st, oldConfig)
 	start := time.Now()
 	stats.K = cfg.K(len(grad))
 	desc := DescribeCall(ctx, id, len(grad), stats.K)
@@ -288,6 +295,9 @@ func (c *Communicator) SparseAllreduceHolding(ctx context.Context, id uint64, gr
 	call.EndPhases()
 	if err != nil {
 		before.restore(st)
+		if !existed { // a failed first call leaves no state behind either
+			delete(c.states, id)
+		}
 	}
 	stats.Total = time.Since(start)
 	return stats, c.end(err)

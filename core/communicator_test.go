@@ -285,3 +285,34 @@ func TestStatesFromDifferentStepsAreAMismatch(t *testing.T) {
 		}
 	}
 }
+
+// A failed call leaves no trace in the tensor states: a tensor's first call
+// failing (here a mismatch of tensor ids) leaves no state for it, and a
+// failing call with other settings leaves the earlier settings in place.
+func TestFailedCallLeavesNoNewStateAndTheOldSettings(t *testing.T) {
+	const n = 1000
+	base := Config{Algorithm: OkTopk, Density: 0.01, Tau: 4, TauPrime: 2}
+	runInProc(t, 2, func(ctx context.Context, rank int, c *Communicator) error {
+		grad := make([]float32, n)
+		for i := range grad {
+			grad[i] = float32((i*7+rank)%13) - 6
+		}
+		if _, err := c.SparseAllreduce(ctx, 1, grad, base); err != nil {
+			return err
+		}
+		other := base
+		other.Algorithm, other.Density = TopkA, 0.05
+		// Rank 0 calls tensor 1 with other settings, rank 1 a new tensor 2.
+		id := uint64(1 + rank)
+		if _, err := c.SparseAllreduce(ctx, id, grad, other); !errors.Is(err, ErrMismatch) {
+			return fmt.Errorf("mismatched call: %v, want a mismatch", err)
+		}
+		if c.TensorStateOf(2) != nil {
+			return fmt.Errorf("tensor 2's failed first call left a state")
+		}
+		if got := c.TensorStateOf(1).Config; got != base {
+			return fmt.Errorf("tensor 1's settings after a failed call: %+v, want %+v", got, base)
+		}
+		return nil
+	})
+}
