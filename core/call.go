@@ -170,6 +170,12 @@ type Stats struct {
 	Reduce           time.Duration // split-and-reduce or the reduction phase
 	Allgather        time.Duration // balance + allgatherv, or the broadcast phase
 	Total            time.Duration
+
+	// Which algorithm ran (Auto's choice, for a call with Auto), and the
+	// time the communicator's cost model predicted for it (0 while the
+	// communicator has no link model: see Communicator.MeasureLink).
+	Algorithm Algorithm
+	Predicted time.Duration
 }
 
 // WordsSent is the volume the cost model counts: 4-byte words (an index and
@@ -189,4 +195,5 @@ func (s *Stats) Add(o Stats) {
 	s.Reduce += o.Reduce
 	s.Allgather += o.Allgather
 	s.Total += o.Total
+	s.Predicted += o.Predicted
 }

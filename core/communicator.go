@@ -59,7 +59,8 @@ type Communicator struct {
 	seq      uint64
 	states   map[uint64]*TensorState
 	poisoned error
-	before   []float32 // the caller's data before a dense allreduce, put back if it fails
+	before   []float32  // the caller's data before a dense allreduce, put back if it fails
+	link     *LinkModel // Auto's link model, the same on every rank; nil until measured or set
 }
 
 // NewCommunicator wraps a connected transport.
@@ -145,8 +146,15 @@ func (c *Communicator) Allreduce(ctx context.Context, data []float32, average bo
 	if err != nil {
 		return Stats{}, err
 	}
-	if _, ok := denseAlgorithms[alg]; !ok {
+	if _, ok := denseAlgorithms[alg]; !ok && alg != Auto {
 		return Stats{}, c.refuse(ctx, seq, fmt.Errorf("%w: %v is not a dense allreduce", ErrInvalidArgument, alg))
+	}
+	if alg == Auto {
+		ch, next, err := c.autoChoose(ctx, seq, len(data), DefaultConfig(), false)
+		if err != nil {
+			return Stats{}, c.end(err)
+		}
+		seq, alg = next, ch.alg
 	}
 	return c.allreduce(ctx, seq, 0, data, average, alg)
 }
@@ -154,7 +162,7 @@ func (c *Communicator) Allreduce(ctx context.Context, data []float32, average bo
 // allreduce runs call seq, taken by begin, as a dense allreduce of data;
 // tensor (0 if none) goes into the call's descriptor.
 func (c *Communicator) allreduce(ctx context.Context, seq, tensor uint64, data []float32, average bool, alg Algorithm) (Stats, error) {
-	var st Stats
+	st := Stats{Algorithm: alg, Predicted: c.predicted(alg, len(data), DefaultConfig())}
 	f := denseAlgorithms[alg]
 	start := time.Now()
 	// Rabenseifner reduces in place, so a failure midway would leave partial
@@ -209,12 +217,23 @@ func (s tensorSnapshot) restore(st *TensorState) {
 // elements; a later call with a different n is misuse, reported as
 // ErrInvalidArgument.
 func (c *Communicator) state(id uint64, n int, cfg Config) (*TensorState, error) {
+	st, err := c.lookupState(id, n)
+	if err != nil {
+		return nil, err
+	}
+	if st == nil {
+		return c.newState(id, n, cfg), nil
+	}
+	st.Config = cfg
+	return st, nil
+}
+
+// lookupState returns tensor id's state (nil when there is none yet), or
+// ErrInvalidArgument when it does not fit a call on n elements.
+func (c *Communicator) lookupState(id uint64, n int) (*TensorState, error) {
 	st := c.states[id]
 	if st == nil {
-		st = NewTensorState(n, cfg)
-		st.Rank, st.Size = c.Rank(), c.Size()
-		c.states[id] = st
-		return st, nil
+		return nil, nil
 	}
 	if st.N != n {
 		return nil, fmt.Errorf("%w: tensor %d has %d elements, earlier calls had %d", ErrInvalidArgument, id, n, st.N)
@@ -222,8 +241,14 @@ func (c *Communicator) state(id uint64, n int, cfg Config) (*TensorState, error)
 	if len(st.Residual) != n {
 		return nil, fmt.Errorf("%w: tensor %d's state holds a residual of %d elements for n=%d", ErrInvalidArgument, id, len(st.Residual), n)
 	}
-	st.Config = cfg
 	return st, nil
+}
+
+func (c *Communicator) newState(id uint64, n int, cfg Config) *TensorState {
+	st := NewTensorState(n, cfg)
+	st.Rank, st.Size = c.Rank(), c.Size()
+	c.states[id] = st
+	return st
 }
 
 // SparseAllreduce reduces grad (this rank's gradient) in place into the
@@ -247,28 +272,39 @@ func (c *Communicator) SparseAllreduce(ctx context.Context, id uint64, grad []fl
 	if uint64(len(grad)) > maxElements {
 		return stats, c.refuse(ctx, seq, fmt.Errorf("%w: %d elements, at most 2^32-1", ErrInvalidArgument, len(grad)))
 	}
+	if cfg.Algorithm == Auto {
+		return c.autoSparseAllreduce(ctx, seq, id, grad, cfg)
+	}
 	if cfg.Algorithm.Dense() {
 		return c.allreduce(ctx, seq, id, grad, true, cfg.Algorithm)
 	}
-	f, ok := sparseAlgorithms[cfg.Algorithm]
-	if !ok {
+	if _, ok := sparseAlgorithms[cfg.Algorithm]; !ok {
 		return stats, c.refuse(ctx, seq, fmt.Errorf("%w: %v is not built into this library", ErrInvalidArgument, cfg.Algorithm))
 	}
 	st, err := c.state(id, len(grad), cfg)
 	if err != nil {
 		return stats, c.refuse(ctx, seq, err)
 	}
+	stats.Predicted = c.predicted(cfg.Algorithm, len(grad), cfg)
+	err = c.sparseCall(ctx, seq, id, st, grad, cfg.Algorithm, &stats)
+	return stats, c.end(err)
+}
+
+// sparseCall runs call seq on tensor id, whose state is st, with the sparse
+// algorithm alg; a failure restores the state as it was.
+func (c *Communicator) sparseCall(ctx context.Context, seq, id uint64, st *TensorState, grad []float32, alg Algorithm, stats *Stats) error {
 	before := snapshotOf(st)
 	start := time.Now()
-	stats.K = cfg.K(len(grad))
+	stats.Algorithm = alg
+	stats.K = st.Config.K(len(grad))
 	desc := DescribeCall(ctx, id, len(grad), stats.K)
 	desc.Completed = uint32(st.Iter)
-	err = f(ctx, NewCall(c.T, cfg.Algorithm.Op(), seq, &stats, WithDesc(desc)), st, grad)
+	err := sparseAlgorithms[alg](ctx, NewCall(c.T, alg.Op(), seq, stats, WithDesc(desc)), st, grad)
 	if err != nil {
 		before.restore(st)
 	}
 	stats.Total = time.Since(start)
-	return stats, c.end(err)
+	return err
 }
 
 // SparseAllreduceSparse reduces sparse inputs without state and returns the
@@ -292,13 +328,22 @@ func (c *Communicator) SparseAllreduceSparse(ctx context.Context, n int, in Spar
 	if n < 0 || uint64(n) > maxElements {
 		return Sparse{}, stats, c.refuse(ctx, seq, fmt.Errorf("%w: n=%d not in 0…2^32-1", ErrInvalidArgument, n))
 	}
-	f, ok := sparseInputAlgorithms[cfg.Algorithm]
-	if !ok {
-		return Sparse{}, stats, c.refuse(ctx, seq, fmt.Errorf("%w: %v has no sparse-input form", ErrInvalidArgument, cfg.Algorithm))
+	alg := cfg.Algorithm
+	if _, ok := sparseInputAlgorithms[alg]; !ok && alg != Auto {
+		return Sparse{}, stats, c.refuse(ctx, seq, fmt.Errorf("%w: %v has no sparse-input form", ErrInvalidArgument, alg))
 	}
+	if alg == Auto {
+		ch, next, err := c.autoChoose(ctx, seq, n, cfg, true)
+		if err != nil {
+			return Sparse{}, stats, c.end(err)
+		}
+		seq, alg, stats.Predicted = next, ch.alg, duration(ch.predicted)
+	}
+	f := sparseInputAlgorithms[alg]
 	start := time.Now()
+	stats.Algorithm = alg
 	stats.K = cfg.K(n)
-	call := NewCall(c.T, cfg.Algorithm.Op(), seq, &stats, WithDesc(DescribeCall(ctx, 0, n, stats.K)))
+	call := NewCall(c.T, alg.Op(), seq, &stats, WithDesc(DescribeCall(ctx, 0, n, stats.K)))
 	invalid := checkSparse(in, n)
 	nonFinite := 0
 	if invalid == nil {
