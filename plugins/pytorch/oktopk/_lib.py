@@ -11,20 +11,6 @@ import ctypes
 import os
 import threading
 
-_ALGORITHMS = [
-    "dense_ring",
-    "dense_rabenseifner",
-    "oktopk",
-    "topka",
-    "topkdsa",
-    "ssar_recursive_double",
-    "ssar_split_allgather",
-    "dsar_split_allgather",
-    "gtopk",
-    "gaussiank",
-]
-ALGORITHMS = tuple(_ALGORITHMS)
-
 FLOAT32, FLOAT16, BFLOAT16 = 0, 1, 2
 
 _RESULT_NAMES = {
@@ -88,6 +74,18 @@ class Stats(ctypes.Structure):
         ("reduce_seconds", ctypes.c_double),
         ("allgather_seconds", ctypes.c_double),
         ("total_seconds", ctypes.c_double),
+        # ---- added in 0.4: which algorithm ran ("auto"'s choice) ----
+        ("algorithm", ctypes.c_int32),
+        ("predicted_seconds", ctypes.c_double),
+    ]
+
+
+class LinkModel(ctypes.Structure):
+    _fields_ = [
+        ("size", ctypes.c_uint32),
+        ("latency_seconds", ctypes.c_double),
+        ("seconds_per_byte", ctypes.c_double),
+        ("pass_seconds_per_byte", ctypes.c_double),
     ]
 
 
@@ -157,6 +155,8 @@ def _declare(lib):
     sig = {
         "oktopk_get_version": (c.c_int, []),
         "oktopk_get_error_string": (c.c_char_p, [c.c_int]),
+        "oktopk_algorithm_name": (c.c_char_p, [c.c_int]),
+        "oktopk_comm_measure_link": (c.c_int, [i64, P(LinkModel)]),
         "oktopk_config_init": (None, [P(Config)]),
         "oktopk_get_last_error": (c.c_int, [i64, c.c_char_p, sz, P(c.c_int)]),
         "oktopk_make_token": (c.c_int, [c.c_char_p, sz]),
@@ -208,12 +208,60 @@ def check(code, comm=0):
         raise OkTopkError(code, last_error(comm))
 
 
-def default_config(algorithm="oktopk", density=0.01, tau=64, tau_prime=32, timeout=60.0, bind_host=None):
-    """A config with the library's defaults and these settings. bind_host
-    (bytes) must outlive the config: ctypes keeps only a pointer."""
+_algorithms = None
+
+
+def algorithms():
+    """The algorithm names the loaded library knows, in the order of its
+    oktopk_algorithm_t values (loading the library on first use)."""
+    global _algorithms
+    if _algorithms is None:
+        names, code = [], 0
+        while (name := lib().oktopk_algorithm_name(code)) is not None:
+            names.append(name.decode())
+            code += 1
+        _algorithms = tuple(names)
+    return _algorithms
+
+
+def __getattr__(name):
+    # ALGORITHMS comes from the library, loaded only when first asked for:
+    # importing the package must work without it (it says what to do then).
+    if name == "ALGORITHMS":
+        return algorithms()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def algorithm_code(name):
+    """The oktopk_algorithm_t value of an algorithm name; ValueError naming
+    the choices for an unknown one."""
+    names = algorithms()
+    if name not in names:
+        raise ValueError(f"unknown algorithm {name!r}; one of {', '.join(names)}")
+    return names.index(name)
+
+
+def algorithm_name(code):
+    """The name of an oktopk_algorithm_t value (as stats report it)."""
+    names = algorithms()
+    return names[code] if 0 <= code < len(names) else f"algorithm({code})"
+
+
+def default_algorithm():
+    """The algorithm the library uses when none is named."""
     cfg = Config()
     lib().oktopk_config_init(ctypes.byref(cfg))
-    cfg.algorithm = _ALGORITHMS.index(algorithm)
+    return algorithm_name(cfg.algorithm)
+
+
+def default_config(algorithm=None, density=0.01, tau=64, tau_prime=32, timeout=60.0, bind_host=None):
+    """A config with the library's defaults and these settings (algorithm
+    None: the library's default). bind_host (bytes) must outlive the config:
+    ctypes keeps only a pointer."""
+    cfg = Config()
+    lib().oktopk_config_init(ctypes.byref(cfg))
+    if algorithm is not None:
+        cfg.algorithm = algorithm_code(algorithm)
     cfg.density = density
     cfg.tau = tau
     cfg.tau_prime = tau_prime
@@ -227,3 +275,9 @@ def new_stats():
     s = Stats()
     s.size = ctypes.sizeof(Stats)
     return s
+
+
+def new_link_model():
+    m = LinkModel()
+    m.size = ctypes.sizeof(LinkModel)
+    return m

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from . import _lib
-from ._lib import ALGORITHMS, OkTopkError
+from ._lib import OkTopkError
 from .comm import Communicator
 
 # The bucket dtypes liboktopk reduces; the dense warm-up would take others,
@@ -63,8 +63,10 @@ class OkTopkState:
     :param process_group: the group to reduce over (``None``: the default).
     :param density: fraction of each bucket's entries sent, a real number in
         (0, 1].
-    :param algorithm: one of ``oktopk.ALGORITHMS`` (``"oktopk"`` by default;
-        dense ones, the sparse baselines).
+    :param algorithm: one of ``oktopk.ALGORITHMS``: ``"auto"`` (the library
+        picks per bucket and call from a cost model and the measured link),
+        ``"oktopk"``, the dense ones, the sparse baselines. ``None`` (the
+        default) is the library's default, ``"oktopk"`` in this version.
     :param warmup_iters: iterations reduced densely first; at least 2.
         DDP reduces its first iteration in a provisional bucket layout and
         rebuilds its buckets after it. The hook keeps residuals in the
@@ -76,6 +78,9 @@ class OkTopkState:
     :param tau_prime: threshold refresh period (iterations).
     :param timeout: seconds a call, or the communicator's setup, may wait for
         a peer before it raises :class:`OkTopkError` instead of hanging.
+
+    ``algorithm_counts`` counts the library calls per algorithm that ran
+    (with ``"auto"``, the one it chose for each bucket and step).
 
     Buckets may be float32, float16 or bfloat16, on CPU or CUDA; CUDA buckets
     are staged through pinned host memory. A step whose gradient holds NaN or
@@ -96,6 +101,7 @@ class OkTopkState:
         "bytes_sent",
         "bytes_received",
         "comm_seconds",
+        "algorithm_counts",
         "_comm",
         "_worker",
         "_pending_state",
@@ -108,11 +114,12 @@ class OkTopkState:
         "_owner",
     ]
 
-    def __init__(self, process_group=None, density=0.01, algorithm="oktopk", warmup_iters=2, tau=64, tau_prime=32, timeout=60.0):
+    def __init__(self, process_group=None, density=0.01, algorithm=None, warmup_iters=2, tau=64, tau_prime=32, timeout=60.0):
         if not _is_real(density) or not 0.0 < density <= 1.0:
             raise ValueError(f"density must be a real number in (0, 1], got {density!r}")
-        if algorithm not in ALGORITHMS:
-            raise ValueError(f"unknown algorithm {algorithm!r}; one of {', '.join(ALGORITHMS)}")
+        if algorithm is None:
+            algorithm = _lib.default_algorithm()
+        _lib.algorithm_code(algorithm)  # ValueError naming the choices
         if not _is_int(warmup_iters) or warmup_iters < 2:
             raise ValueError(
                 f"warmup_iters must be an integer >= 2 (DDP rebuilds its buckets after the first iteration, and the "
@@ -134,6 +141,9 @@ class OkTopkState:
         self.bytes_sent = 0
         self.bytes_received = 0
         self.comm_seconds = 0.0
+        # Sparse library calls per algorithm that ran (with "auto", what it
+        # chose), e.g. {"oktopk": 120, "dense_rabenseifner": 40}.
+        self.algorithm_counts = {}
         self._comm = None
         self._worker = None
         self._pending_state = {}
@@ -289,6 +299,8 @@ class OkTopkState:
                 self.bytes_sent += stats.bytes_sent
                 self.bytes_received += stats.bytes_received
                 self.comm_seconds += stats.total_seconds
+                ran = _lib.algorithm_name(stats.algorithm)
+                self.algorithm_counts[ran] = self.algorithm_counts.get(ran, 0) + 1
 
     def _reduce_bucket(self, group_id, tensor, slices, fut, stream):
         # Worker thread: one DDP bucket that is exactly one group.
