@@ -30,13 +30,13 @@ package core
 //     mass — a rank whose partial sum was cut on the way up the tree still
 //     zeroes its selected entry when another subtree brings that index to
 //     the root — and Auto must never lose mass whatever it switches to.
-//  4. Run the choice on the tensor's state. Residuals are per tensor
-//     whatever the algorithm. A dense choice on a tensor with a state
+//  4. Run the choice on the tensor's state, which every Auto call keeps
+//     (so that a checkpoint holds every tensor, whatever was chosen).
+//     Residuals are per tensor whatever the algorithm. A dense choice
 //     reduces gradient + residual and empties the residual, so switching
-//     never strands gradient mass; without a state it reduces the gradient
-//     alone and makes none. Either way NaN or Inf on any rank shows in the
-//     sum, which every rank holds bitwise alike, so every rank skips the
-//     step (ErrNonFinite) with its buffer and state as before, without an
+//     never strands gradient mass. NaN or Inf on any rank shows in the sum,
+//     which every rank holds bitwise alike, so every rank skips the step
+//     (ErrNonFinite) with its buffer and state as before, without an
 //     agreement round. Ok-Topk's state stays valid across other
 //     algorithms: its region boundaries and global threshold are values
 //     every rank agreed on, and its reused local threshold, stale after
@@ -72,10 +72,11 @@ const okTopkReuseVolume = 2.2
 // Passes over an n-element float32 array (4n bytes each, read or written)
 // of one call, counted from the implementations.
 const (
-	// Dense under Auto: a copy kept to undo a skipped step (2), the
-	// reduction's adds and copies (5(P−1)/P, added where used), the check
-	// for NaN/Inf fused with the average (2).
-	denseAutoPasses = 4.0
+	// Dense under Auto: a copy kept to undo a failed or skipped step (2),
+	// gradient + residual (3), the reduction's adds and copies (5(P−1)/P,
+	// added where used), the check for NaN/Inf fused with the average (2),
+	// the residual emptied (1).
+	denseAutoPasses = 8.0
 	// Exact top-k baselines: accumulate grad + residual (3), exact top-k
 	// (1.8, the radix select's measured cost over one read), residual update
 	// (2), scatter of the result (1).
@@ -147,10 +148,10 @@ func predictTerms(alg Algorithm, n, k, p int, cfg Config, sparseInput bool) cost
 		t = costTerms{rounds: 3 * L, bytes: mul(16*K, L), passes: exactSelectPasses, entries: mul(4*K, L)}
 	case OkTopk:
 		if k == n && !sparseInput {
-			// Density 1: its NaN agreement, then a dense ring.
+			// Density 1: its NaN agreement, then a dense ring (accumulated
+			// into a scratch array: no copy kept, one copied back).
 			t = predictTerms(DenseRing, n, k, p, cfg, false)
 			t.rounds += L
-			t.passes += 4 // accumulate, and the residual emptied
 			break
 		}
 		tau, tauPrime := float64(cfg.Tau), float64(cfg.TauPrime)
@@ -263,7 +264,7 @@ func (c *Communicator) predicted(alg Algorithm, n int, cfg Config) time.Duration
 func (c *Communicator) autoSparseAllreduce(ctx context.Context, seq, id uint64, grad []float32, cfg Config) (Stats, error) {
 	var stats Stats
 	n := len(grad)
-	st, err := c.lookupState(id, n)
+	st, err := c.state(id, n, cfg)
 	if err != nil {
 		return stats, c.refuse(ctx, seq, err)
 	}
@@ -271,15 +272,9 @@ func (c *Communicator) autoSparseAllreduce(ctx context.Context, seq, id uint64, 
 		return stats, c.end(err)
 	}
 	ch := c.link.choose(n, c.Size(), cfg, false)
-	if st != nil {
-		st.Config = cfg
-	}
 	if ch.alg.Dense() {
 		err = c.autoDense(ctx, seq, id, st, grad, ch.alg, &stats)
 	} else {
-		if st == nil {
-			st = c.newState(id, n, cfg)
-		}
 		err = c.sparseCall(ctx, seq, id, st, grad, ch.alg, &stats)
 	}
 	stats.Predicted = duration(ch.predicted)
@@ -287,53 +282,38 @@ func (c *Communicator) autoSparseAllreduce(ctx context.Context, seq, id uint64, 
 	return stats, c.end(err)
 }
 
-// autoDense runs a dense choice of Auto as call seq. With a state it reduces
-// grad + residual and empties the residual; without one it reduces grad and
-// makes none. A failure, or NaN/Inf in the sum (so on some rank, and seen
-// alike by every rank), leaves grad and the state as they were.
+// autoDense runs a dense choice of Auto as call seq: it reduces grad +
+// residual in grad and empties the residual. A failure, or NaN/Inf in the
+// sum (so on some rank, and seen alike by every rank), leaves grad and the
+// state as they were: grad is copied first into the communicator's scratch
+// (one array for every tensor, where a per-tensor accumulator would double
+// the memory of tensors that Auto keeps dense).
 func (c *Communicator) autoDense(ctx context.Context, seq, id uint64, st *TensorState, grad []float32, alg Algorithm, stats *Stats) error {
 	n, p := len(grad), c.Size()
 	start := time.Now()
 	stats.Algorithm, stats.K = alg, n
 	desc := DescribeCall(ctx, id, n, n)
-	if st != nil {
-		desc.Completed = uint32(st.Iter)
-	}
+	desc.Completed = uint32(st.Iter)
 	call := NewCall(c.T, alg.Op(), seq, stats, WithDesc(desc))
-	var buf []float32
-	if st != nil {
-		if cap(st.scratch.acc) < n {
-			st.scratch.acc = make([]float32, n)
-		}
-		buf = st.scratch.acc[:n]
-		Accumulate(buf, grad, st.Residual) // NaN/Inf show in the sum
-	} else {
-		if cap(c.before) < n {
-			c.before = make([]float32, n)
-		}
-		copy(c.before[:n], grad)
-		buf = grad
+	if cap(c.before) < n {
+		c.before = make([]float32, n)
 	}
-	err := denseAlgorithms[alg](ctx, call, buf)
+	copy(c.before[:n], grad)
+	Accumulate(grad, grad, st.Residual) // NaN/Inf show in the sum
+	err := denseAlgorithms[alg](ctx, call, grad)
 	if err == nil {
-		if bad := scaleCountingNonFinite(buf, p); bad > 0 {
+		if bad := scaleCountingNonFinite(grad, p); bad > 0 {
 			err = fmt.Errorf("%w: %d entries of the sum over the ranks: %w", ErrNonFinite, bad, errStepSkipped)
 		}
 	}
+	stats.Total = time.Since(start)
 	if err != nil {
-		if st == nil {
-			copy(grad, c.before[:n])
-		}
-		stats.Total = time.Since(start)
+		copy(grad, c.before[:n])
 		return err
 	}
-	if st != nil {
-		copy(grad, buf)
-		clear(st.Residual)
-		st.Iter++
-	}
+	clear(st.Residual)
+	st.Iter++
 	stats.LocalSelected, stats.GlobalSelected = n, n
-	stats.Total = time.Since(start)
 	return nil
 }
 

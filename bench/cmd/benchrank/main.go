@@ -209,6 +209,7 @@ func runAlgorithm(ctx context.Context, comm *core.Communicator, alg core.Algorit
 	var samples []sample
 	var acc []float32 // the last call's accumulator, for the error
 	var peakRSS float64
+	ran := alg // the algorithm that ran: auto's choice, for auto
 	total := o.warmup + o.iters
 	for c := 0; c < total; c++ {
 		w.next(grad)
@@ -216,7 +217,7 @@ func runAlgorithm(ctx context.Context, comm *core.Communicator, alg core.Algorit
 		if last {
 			peakRSS = rssMiB("VmHWM") // before the reference's extra buffers
 			acc = slices.Clone(grad)
-			if st := comm.TensorStateOf(id); st != nil && !alg.Dense() {
+			if st := comm.TensorStateOf(id); st != nil && !ran.Dense() {
 				for i, r := range st.Residual {
 					acc[i] += r
 				}
@@ -231,12 +232,17 @@ func runAlgorithm(ctx context.Context, comm *core.Communicator, alg core.Algorit
 			return "", err
 		}
 		el := time.Since(start)
+		if alg == core.Auto && rank == 0 && st.Algorithm != ran {
+			fmt.Fprintf(os.Stderr, "benchrank: auto chose %v at P=%d, n=%d, density %g (predicted %.2f ms)\n",
+				st.Algorithm, p, n, o.density, ms(st.Predicted))
+		}
+		ran = st.Algorithm
 		if trace && rank == 0 {
 			// One line per call on stderr (BENCH_TRACE=1), to see which
 			// calls are slow: refreshes (c mod τ′ = 0), repartitions
 			// (c mod τ = 0) or reuse calls.
-			fmt.Fprintf(os.Stderr, "trace %v call %d reuse %v: %.2f ms (select %.2f), %d words sent, %d local, %d global\n",
-				alg, c, reuseCall(c, o.tau, o.tauPrime), ms(el), ms(st.Select), st.WordsSent(), st.LocalSelected, st.GlobalSelected)
+			fmt.Fprintf(os.Stderr, "trace %v call %d reuse %v: %.2f ms (select %.2f, predicted %.2f, ran %v), %d words sent, %d local, %d global\n",
+				alg, c, reuseCall(c, o.tau, o.tauPrime), ms(el), ms(st.Select), ms(st.Predicted), st.Algorithm, st.WordsSent(), st.LocalSelected, st.GlobalSelected)
 		}
 		if c >= o.warmup {
 			samples = append(samples, sample{
@@ -250,7 +256,7 @@ func runAlgorithm(ctx context.Context, comm *core.Communicator, alg core.Algorit
 		}
 	}
 	peakRSS = math.Max(peakRSS, rssMiB("VmHWM"))
-	relErr, err := relativeError(ctx, comm, alg, acc, grad, k)
+	relErr, err := relativeError(ctx, comm, ran, acc, grad, k)
 	if err != nil {
 		return "", err
 	}
@@ -283,7 +289,7 @@ func runAlgorithm(ctx context.Context, comm *core.Communicator, alg core.Algorit
 	peak, base := maxOver(all, p, 3), maxOver(all, p, 4)
 
 	kk := k
-	if alg.Dense() {
+	if ran.Dense() {
 		kk = n // a dense allreduce sends everything: its bound is 2n(P−1)/P
 	}
 	lower := 2 * float64(kk) * float64(p-1) / float64(p)
@@ -293,14 +299,14 @@ func runAlgorithm(ctx context.Context, comm *core.Communicator, alg core.Algorit
 	}
 	times := col(func(s sample) float64 { return s.ms }, false)
 	selected := median(col(func(s sample) float64 { return s.selected }, false))
-	if alg.Dense() {
+	if ran.Dense() {
 		selected = float64(n)
 	}
 	return fmt.Sprintf("%v,%d,%d,%g,%d,%d,%.2f,%.2f,%.2f,%.2f,%.2f,%.0f,%.0f,%.0f,%.0f,%.0f,%.3f,%.2f,%.0f,%.3g,%.0f,%.0f",
 		alg, p, n, o.density, k, o.iters, median(times), slices.Min(times), slices.Max(times),
 		median(col(func(s sample) float64 { return s.selectMs }, false)),
 		median(col(func(s sample) float64 { return s.commMs }, false)),
-		wMedian, wMean, wReuse, formula(alg, p, n, k), lower, wReuse/lower, lowerMs,
+		wMedian, wMean, wReuse, formula(ran, p, n, k), lower, wReuse/lower, lowerMs,
 		selected, relErr, peak, base), nil
 }
 
