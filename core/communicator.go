@@ -217,23 +217,12 @@ func (s tensorSnapshot) restore(st *TensorState) {
 // elements; a later call with a different n is misuse, reported as
 // ErrInvalidArgument.
 func (c *Communicator) state(id uint64, n int, cfg Config) (*TensorState, error) {
-	st, err := c.lookupState(id, n)
-	if err != nil {
-		return nil, err
-	}
-	if st == nil {
-		return c.newState(id, n, cfg), nil
-	}
-	st.Config = cfg
-	return st, nil
-}
-
-// lookupState returns tensor id's state (nil when there is none yet), or
-// ErrInvalidArgument when it does not fit a call on n elements.
-func (c *Communicator) lookupState(id uint64, n int) (*TensorState, error) {
 	st := c.states[id]
 	if st == nil {
-		return nil, nil
+		st = NewTensorState(n, cfg)
+		st.Rank, st.Size = c.Rank(), c.Size()
+		c.states[id] = st
+		return st, nil
 	}
 	if st.N != n {
 		return nil, fmt.Errorf("%w: tensor %d has %d elements, earlier calls had %d", ErrInvalidArgument, id, n, st.N)
@@ -241,19 +230,14 @@ func (c *Communicator) lookupState(id uint64, n int) (*TensorState, error) {
 	if len(st.Residual) != n {
 		return nil, fmt.Errorf("%w: tensor %d's state holds a residual of %d elements for n=%d", ErrInvalidArgument, id, len(st.Residual), n)
 	}
+	st.Config = cfg
 	return st, nil
-}
-
-func (c *Communicator) newState(id uint64, n int, cfg Config) *TensorState {
-	st := NewTensorState(n, cfg)
-	st.Rank, st.Size = c.Rank(), c.Size()
-	c.states[id] = st
-	return st
 }
 
 // SparseAllreduce reduces grad (this rank's gradient) in place into the
 // averaged sparse global result, keeping tensor id's residual and thresholds.
-// Dense algorithms in cfg are allowed and average without state.
+// Dense algorithms in cfg are allowed and average without state; Auto
+// chooses the algorithm of every call (auto.go).
 //
 // A failed call leaves grad and the tensor's state (residual, thresholds,
 // region boundaries, call count) as they were. NaN or Inf in grad+residual on
