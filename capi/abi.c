@@ -45,6 +45,11 @@ const char *oktopk_get_error_string(oktopk_result_t result) {
   return "unknown result code";
 }
 
+const char *oktopk_algorithm_name(int algorithm) {
+  if (forked_child()) return NULL;
+  return go_oktopk_algorithm_name(algorithm);
+}
+
 void oktopk_config_init(oktopk_config_t *config) {
   if (config == NULL || forked_child()) return;
   go_oktopk_config_init(config);
@@ -115,6 +120,11 @@ oktopk_result_t oktopk_comm_abort(oktopk_comm_t comm) {
 oktopk_result_t oktopk_comm_destroy(oktopk_comm_t comm) {
   REFUSE_IN_CHILD;
   return go_oktopk_comm_destroy(comm);
+}
+
+oktopk_result_t oktopk_comm_measure_link(oktopk_comm_t comm, oktopk_link_model_t *link) {
+  REFUSE_IN_CHILD;
+  return go_oktopk_comm_measure_link(comm, link);
 }
 
 oktopk_result_t oktopk_allreduce(oktopk_comm_t comm, void *data, size_t count, oktopk_dtype_t dtype, int average,

@@ -145,6 +145,11 @@ func writeStats(out *C.oktopk_stats_t, st core.Stats) error {
 			*p = C.int64_t(v)
 		}
 	}
+	i32 := func(p *C.int32_t, v int) {
+		if has(uintptr(unsafe.Pointer(p))-uintptr(unsafe.Pointer(out)), 4) {
+			*p = C.int32_t(v)
+		}
+	}
 	f32 := func(p *C.float, v float32) {
 		if has(uintptr(unsafe.Pointer(p))-uintptr(unsafe.Pointer(out)), 4) {
 			*p = C.float(v)
@@ -172,7 +177,23 @@ func writeStats(out *C.oktopk_stats_t, st core.Stats) error {
 	sec(&out.global_select_seconds, st.Time(core.PhaseGlobalSelect))
 	sec(&out.balance_seconds, st.Time(core.PhaseBalance))
 	sec(&out.output_seconds, st.Time(core.PhaseOutput))
+	// Added in 0.4: Auto's choice.
+	i32(&out.algorithm, int(st.Algorithm))
+	sec(&out.predicted_seconds, st.Predicted)
 	return nil
+}
+
+// writeLinkModel fills the fields of out that fit in out.size.
+func writeLinkModel(out *C.oktopk_link_model_t, m core.LinkModel) {
+	size := uintptr(out.size)
+	put := func(p *C.double, v float64) {
+		if uintptr(unsafe.Pointer(p))-uintptr(unsafe.Pointer(out))+8 <= size {
+			*p = C.double(v)
+		}
+	}
+	put(&out.latency_seconds, m.Alpha)
+	put(&out.seconds_per_byte, m.Beta)
+	put(&out.pass_seconds_per_byte, m.Gamma)
 }
 
 func checkStats(out *C.oktopk_stats_t) error {

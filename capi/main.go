@@ -36,6 +36,23 @@ import (
 
 func main() {}
 
+//export go_oktopk_algorithm_name
+func go_oktopk_algorithm_name(algorithm C.int) *C.oktopk_const_char {
+	if algorithm < 0 || int(algorithm) >= len(algorithmNames) {
+		return nil
+	}
+	return (*C.oktopk_const_char)(algorithmNames[algorithm])
+}
+
+// algorithmNames are oktopk_algorithm_name's answers, allocated once.
+var algorithmNames = func() []*C.char {
+	var names []*C.char
+	for _, a := range core.Algorithms() {
+		names = append(names, C.CString(a.String()))
+	}
+	return names
+}()
+
 //export go_oktopk_config_init
 func go_oktopk_config_init(config *C.oktopk_config_t) {
 	writeDefaultConfig(config)
@@ -263,6 +280,29 @@ func go_oktopk_comm_destroy(comm C.oktopk_comm_t) C.oktopk_result_t {
 	})
 }
 
+//export go_oktopk_comm_measure_link
+func go_oktopk_comm_measure_link(comm C.oktopk_comm_t, link *C.oktopk_link_model_t) C.oktopk_result_t {
+	return call(int64(comm), func() error {
+		c, err := comms.get("communicator", int64(comm))
+		if err != nil {
+			return err
+		}
+		if link != nil && link.size < 4 {
+			return c.refuse(invalidArgument("link.size is %d; set it to sizeof(oktopk_link_model_t)", link.size), true)
+		}
+		var m core.LinkModel
+		_, err = c.do(false, func(ctx context.Context, cc *core.Communicator) (core.Stats, error) {
+			var err error
+			m, err = cc.MeasureLink(ctx)
+			return core.Stats{}, err
+		})
+		if err == nil && link != nil {
+			writeLinkModel(link, m)
+		}
+		return err
+	})
+}
+
 // ---- collectives ---------------------------------------------------------
 
 //export go_oktopk_allreduce
@@ -312,8 +352,8 @@ func allreduceOp(comm C.oktopk_comm_t, data unsafe.Pointer, count C.size_t, dtyp
 		return c, nil, err
 	}
 	alg := core.Algorithm(algorithm)
-	if !alg.Dense() {
-		return c, nil, invalidArgument("algorithm %v is not a dense allreduce (use OKTOPK_ALGO_DENSE_RING or OKTOPK_ALGO_DENSE_RABENSEIFNER)", alg)
+	if !alg.Dense() && alg != core.Auto {
+		return c, nil, invalidArgument("algorithm %v is not a dense allreduce (use OKTOPK_ALGO_DENSE_RING, OKTOPK_ALGO_DENSE_RABENSEIFNER or OKTOPK_ALGO_AUTO)", alg)
 	}
 	return c, denseOp(c, data, int(count), dtype, average != 0, alg), nil
 }

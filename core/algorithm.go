@@ -23,15 +23,24 @@ const (
 	DSARSplitAllgather
 	GTopk
 	Gaussiank
+	// Auto picks one of the others for every call from a cost model and
+	// the communicator's measured link (see auto.go). It has no messages
+	// of its own: every frame carries the algorithm it chose.
+	Auto
 	numAlgorithms
 )
 
+// DefaultAlgorithm is what DefaultConfig (and so the C ABI's
+// oktopk_config_init and the Python plugins) uses.
+const DefaultAlgorithm = OkTopk
+
 var algorithmNames = [...]string{"dense_ring", "dense_rabenseifner", "oktopk", "topka", "topkdsa",
-	"ssar_recursive_double", "ssar_split_allgather", "dsar_split_allgather", "gtopk", "gaussiank"}
+	"ssar_recursive_double", "ssar_split_allgather", "dsar_split_allgather", "gtopk", "gaussiank", "auto"}
 
 var algorithmOps = [...]transport.Op{transport.OpAllreduceRing, transport.OpAllreduceRabenseifner,
 	transport.OpOkTopk, transport.OpTopkA, transport.OpTopkDSA, transport.OpSSARRecursiveDouble,
-	transport.OpSSARSplitAllgather, transport.OpDSARSplitAllgather, transport.OpGTopk, transport.OpGaussiank}
+	transport.OpSSARSplitAllgather, transport.OpDSARSplitAllgather, transport.OpGTopk, transport.OpGaussiank,
+	transport.OpNone} // Auto: never on the wire
 
 func (a Algorithm) String() string {
 	if a.Valid() {
@@ -83,7 +92,7 @@ type Config struct {
 
 // DefaultConfig is the reference implementation's setting for CNNs.
 func DefaultConfig() Config {
-	return Config{Algorithm: OkTopk, Density: 0.01, Tau: 64, TauPrime: 32}
+	return Config{Algorithm: DefaultAlgorithm, Density: 0.01, Tau: 64, TauPrime: 32}
 }
 
 // Validate reports a bad setting as ErrInvalidArgument.

@@ -267,6 +267,12 @@ type Stats struct {
 	GlobalThreshold  float32
 	Phases           [NumPhases]PhaseStats // the call cut into its phases (Phase)
 	Total            time.Duration
+
+	// Which algorithm ran (Auto's choice, for a call with Auto), and the
+	// time the communicator's cost model predicted for it (0 while the
+	// communicator has no link model: see Communicator.MeasureLink).
+	Algorithm Algorithm
+	Predicted time.Duration
 }
 
 // Time is the time phase p took in the call.
@@ -291,4 +297,5 @@ func (s *Stats) Add(o Stats) {
 		s.Phases[p].BytesReceived += o.Phases[p].BytesReceived
 	}
 	s.Total += o.Total
+	s.Predicted += o.Predicted
 }

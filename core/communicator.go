@@ -59,7 +59,8 @@ type Communicator struct {
 	seq      uint64
 	states   map[uint64]*TensorState
 	poisoned error
-	before   []float32 // the caller's data before a dense allreduce, put back if it fails
+	before   []float32  // the caller's data before a dense allreduce, put back if it fails
+	link     *LinkModel // Auto's link model, the same on every rank; nil until measured or set
 }
 
 // NewCommunicator wraps a connected transport.
@@ -145,8 +146,15 @@ func (c *Communicator) Allreduce(ctx context.Context, data []float32, average bo
 	if err != nil {
 		return Stats{}, err
 	}
-	if _, ok := denseAlgorithms[alg]; !ok {
+	if _, ok := denseAlgorithms[alg]; !ok && alg != Auto {
 		return Stats{}, c.refuse(ctx, seq, fmt.Errorf("%w: %v is not a dense allreduce", ErrInvalidArgument, alg))
+	}
+	if alg == Auto {
+		ch, next, err := c.autoChoose(ctx, seq, len(data), DefaultConfig(), false)
+		if err != nil {
+			return Stats{}, c.end(err)
+		}
+		seq, alg = next, ch.alg
 	}
 	return c.allreduce(ctx, seq, 0, data, average, alg)
 }
@@ -154,7 +162,7 @@ func (c *Communicator) Allreduce(ctx context.Context, data []float32, average bo
 // allreduce runs call seq, taken by begin, as a dense allreduce of data;
 // tensor (0 if none) goes into the call's descriptor.
 func (c *Communicator) allreduce(ctx context.Context, seq, tensor uint64, data []float32, average bool, alg Algorithm) (Stats, error) {
-	var st Stats
+	st := Stats{Algorithm: alg, Predicted: c.predicted(alg, len(data), DefaultConfig())}
 	f := denseAlgorithms[alg]
 	start := time.Now()
 	call := NewCall(c.T, alg.Op(), seq, &st, WithDesc(DescribeCall(ctx, tensor, len(data), len(data))))
@@ -234,7 +242,8 @@ func (c *Communicator) state(id uint64, n int, cfg Config) (*TensorState, error)
 
 // SparseAllreduce reduces grad (this rank's gradient) in place into the
 // averaged sparse global result, keeping tensor id's residual and thresholds.
-// Dense algorithms in cfg are allowed and average without state.
+// Dense algorithms in cfg are allowed and average without state; Auto
+// chooses the algorithm of every call (auto.go).
 //
 // A failed call leaves grad and the tensor's state (residual, thresholds,
 // region boundaries, call count) as they were. NaN or Inf in grad+residual on
@@ -268,39 +277,66 @@ func (c *Communicator) SparseAllreduceHolding(ctx context.Context, id uint64, gr
 	if err := checkHold(hold, len(grad)); err != nil {
 		return stats, c.refuse(ctx, seq, err)
 	}
+	if cfg.Algorithm == Auto {
+		return c.autoSparseAllreduce(ctx, seq, id, grad, cfg, hold)
+	}
 	if cfg.Algorithm.Dense() {
 		return c.allreduce(ctx, seq, id, grad, true, cfg.Algorithm)
 	}
-	f, ok := sparseAlgorithms[cfg.Algorithm]
-	if !ok {
+	if _, ok := sparseAlgorithms[cfg.Algorithm]; !ok {
 		return stats, c.refuse(ctx, seq, fmt.Errorf("%w: %v is not built into this library", ErrInvalidArgument, cfg.Algorithm))
 	}
+	st, undo, err := c.callState(id, len(grad), cfg)
+	if err != nil {
+		return stats, c.refuse(ctx, seq, err)
+	}
+	stats.Predicted = c.predicted(cfg.Algorithm, len(grad), cfg)
+	err = c.sparseCall(ctx, seq, id, st, undo, grad, cfg.Algorithm, hold, &stats)
+	return stats, c.end(err)
+}
+
+// callState is state for a call that may fail: it also returns how to undo
+// what taking the state did (a new state removed, the tensor's earlier
+// settings put back) together with what the call itself changes before it
+// knows it succeeded (snapshotOf). A failed call leaves no trace.
+func (c *Communicator) callState(id uint64, n int, cfg Config) (*TensorState, func(), error) {
 	old, existed := c.states[id]
 	var oldConfig Config
 	if existed {
 		oldConfig = old.Config
 	}
-	st, err := c.state(id, len(grad), cfg)
+	st, err := c.state(id, n, cfg)
 	if err != nil {
-		return stats, c.refuse(ctx, seq, err)
+		return nil, nil, err
 	}
 	before := snapshotOf(st, oldConfig)
-	start := time.Now()
-	stats.K = cfg.K(len(grad))
-	desc := DescribeCall(ctx, id, len(grad), stats.K)
-	desc.Completed = uint32(st.Iter)
-	call := NewCall(c.T, cfg.Algorithm.Op(), seq, &stats, WithDesc(desc))
-	call.Values, call.Hold = cfg.Values, hold
-	err = f(ctx, call, st, grad)
-	call.EndPhases()
-	if err != nil {
+	undo := func() {
 		before.restore(st)
-		if !existed { // a failed first call leaves no state behind either
+		if !existed {
 			delete(c.states, id)
 		}
 	}
+	return st, undo, nil
+}
+
+// sparseCall runs call seq on tensor id, whose state is st, with the sparse
+// algorithm alg and this rank's held ranges; a failure undoes what the call
+// did to the states.
+func (c *Communicator) sparseCall(ctx context.Context, seq, id uint64, st *TensorState, undo func(), grad []float32, alg Algorithm, hold []Span, stats *Stats) error {
+	start := time.Now()
+	stats.Algorithm = alg
+	stats.K = st.Config.K(len(grad))
+	desc := DescribeCall(ctx, id, len(grad), stats.K)
+	desc.Completed = uint32(st.Iter)
+	call := NewCall(c.T, alg.Op(), seq, stats, WithDesc(desc))
+	call.Values, call.Hold = st.Config.Values, hold
+	err := sparseAlgorithms[alg](ctx, call, st, grad)
+	call.EndPhases()
+	if err != nil {
+		undo()
+	}
 	stats.Total = time.Since(start)
-	return stats, c.end(err)
+	return err
 }
 
 // SparseAllreduceSparse reduces sparse inputs without state and returns the
@@ -324,17 +360,26 @@ func (c *Communicator) SparseAllreduceSparse(ctx context.Context, n int, in Spar
 	if n < 0 || uint64(n) > maxElements {
 		return Sparse{}, stats, c.refuse(ctx, seq, fmt.Errorf("%w: n=%d not in 0…2^32-1", ErrInvalidArgument, n))
 	}
-	f, ok := sparseInputAlgorithms[cfg.Algorithm]
-	if !ok {
-		return Sparse{}, stats, c.refuse(ctx, seq, fmt.Errorf("%w: %v has no sparse-input form", ErrInvalidArgument, cfg.Algorithm))
+	alg := cfg.Algorithm
+	if _, ok := sparseInputAlgorithms[alg]; !ok && alg != Auto {
+		return Sparse{}, stats, c.refuse(ctx, seq, fmt.Errorf("%w: %v has no sparse-input form", ErrInvalidArgument, alg))
 	}
 	if cfg.Values != ValuesFloat32 {
 		return Sparse{}, stats, c.refuse(ctx, seq, fmt.Errorf("%w: %v values: a sparse-input call keeps no residual to take the rounding error back; "+
 			"it sends float32 values only", ErrInvalidArgument, cfg.Values))
 	}
+	if alg == Auto {
+		ch, next, err := c.autoChoose(ctx, seq, n, cfg, true)
+		if err != nil {
+			return Sparse{}, stats, c.end(err)
+		}
+		seq, alg, stats.Predicted = next, ch.alg, duration(ch.predicted)
+	}
+	f := sparseInputAlgorithms[alg]
 	start := time.Now()
+	stats.Algorithm = alg
 	stats.K = cfg.K(n)
-	call := NewCall(c.T, cfg.Algorithm.Op(), seq, &stats, WithDesc(DescribeCall(ctx, 0, n, stats.K)))
+	call := NewCall(c.T, alg.Op(), seq, &stats, WithDesc(DescribeCall(ctx, 0, n, stats.K)))
 	call.Phase(PhaseAgree) // the input's checks and the agreement on them
 	invalid := checkSparse(in, n)
 	nonFinite := 0

@@ -57,7 +57,8 @@
  * and never call it from a child created by fork() after it was loaded.
  *
  * Environment settings (OKTOPK_SOCKET_IFNAME, OKTOPK_CURVE, OKTOPK_STALL_WARN,
- * and oktopk_comm_init_env's variables) are read when a call uses them, from
+ * OKTOPK_DEBUG_AUTO, and oktopk_comm_init_env's variables) are read when a
+ * call uses them, from
  * the process's environment at that moment: a setenv() made after the
  * library was loaded takes effect.
  */
@@ -128,7 +129,14 @@ typedef enum {
   OKTOPK_ALGO_SSAR_SPLIT_ALLGATHER = 6,
   OKTOPK_ALGO_DSAR_SPLIT_ALLGATHER = 7,
   OKTOPK_ALGO_GTOPK = 8,
-  OKTOPK_ALGO_GAUSSIANK = 9
+  OKTOPK_ALGO_GAUSSIANK = 9,
+  /* 0.4: per call, the algorithm a cost model predicts fastest from n, k,
+   * the number of ranks and the link measured (oktopk_comm_measure_link) —
+   * the same choice on every rank. The first call with it on a
+   * communicator measures the link first, as a collective step of its own.
+   * Accepted by oktopk_allreduce too (ring or Rabenseifner).
+   * OKTOPK_DEBUG_AUTO=1 logs every choice to stderr. */
+  OKTOPK_ALGO_AUTO = 10
 } oktopk_algorithm_t;
 
 typedef int64_t oktopk_comm_t;    /* 0 is never a valid communicator */
@@ -200,11 +208,27 @@ typedef struct {
   double global_select_seconds; /* Ok-Topk's histogram cut                  */
   double balance_seconds;       /* Ok-Topk's balance (in allgather_seconds) */
   double output_seconds;        /* result into the buffer, residual         */
+  /* ---- added in 0.4: which algorithm ran (OKTOPK_ALGO_AUTO's choice) ---- */
+  int32_t algorithm;        /* oktopk_algorithm_t that ran; never OKTOPK_ALGO_AUTO */
+  double predicted_seconds; /* the cost model's time for it (compare total_seconds);
+                             * 0 while the communicator's link is unmeasured */
 } oktopk_stats_t;
+
+/* The link model behind OKTOPK_ALGO_AUTO, the same on every rank. `size`
+ * must be set by the caller to sizeof(oktopk_link_model_t). */
+typedef struct {
+  uint32_t size;
+  double latency_seconds;       /* alpha: per message                         */
+  double seconds_per_byte;      /* beta: per byte one rank sends              */
+  double pass_seconds_per_byte; /* gamma: per byte a pass over memory touches */
+} oktopk_link_model_t;
 
 /* ---- library ---------------------------------------------------------- */
 int oktopk_get_version(void); /* OKTOPK_VERSION_CODE of the loaded library */
 const char *oktopk_get_error_string(oktopk_result_t result);
+/* The name of an oktopk_algorithm_t ("oktopk", "auto", ...), or NULL for a
+ * value this library does not know; the string is static. */
+const char *oktopk_algorithm_name(int algorithm);
 void oktopk_config_init(oktopk_config_t *config);
 
 /* Copies the message of the most recent failed call on `comm` (comm 0: of
@@ -261,10 +285,19 @@ oktopk_result_t oktopk_comm_abort(oktopk_comm_t comm);
 /* Releases the communicator; returns within about a second even when peers
  * are dead. Destroying a handle twice is oktopkInvalidUsage. */
 oktopk_result_t oktopk_comm_destroy(oktopk_comm_t comm);
+/* Measures the link (latency, time per byte, cost of a memory pass) with a
+ * few ping-pongs between ranks half the communicator apart, agrees on one
+ * model with every rank and keeps it for OKTOPK_ALGO_AUTO; fills *link when
+ * not NULL. A collective call: every rank makes it at the same point of its
+ * call order (it fails like one, see Failures). The first OKTOPK_ALGO_AUTO
+ * call measures by itself; call this to measure again (the network changed,
+ * or before timing calls). Takes well under a second. */
+oktopk_result_t oktopk_comm_measure_link(oktopk_comm_t comm, oktopk_link_model_t *link);
 
 /* ---- collectives (blocking) ------------------------------------------ */
 /* Dense allreduce in place; average != 0 divides by the number of ranks.
- * algorithm is OKTOPK_ALGO_DENSE_RING or OKTOPK_ALGO_DENSE_RABENSEIFNER. */
+ * algorithm is OKTOPK_ALGO_DENSE_RING, OKTOPK_ALGO_DENSE_RABENSEIFNER or
+ * OKTOPK_ALGO_AUTO (the faster of the two by the link model). */
 oktopk_result_t oktopk_allreduce(oktopk_comm_t comm, void *data, size_t count, oktopk_dtype_t dtype,
                                  int average, int algorithm);
 

@@ -34,11 +34,12 @@ const (
 	OpBroadcast
 	OpBarrier
 	OpControl
+	OpLinkProbe // the link measurement of core's auto algorithm choice
 )
 
 var opNames = [...]string{"none", "allreduce_ring", "allreduce_rabenseifner", "allgather",
 	"oktopk", "topka", "topkdsa", "ssar_recursive_double", "ssar_split_allgather",
-	"dsar_split_allgather", "gtopk", "gaussiank", "broadcast", "barrier", "control"}
+	"dsar_split_allgather", "gtopk", "gaussiank", "broadcast", "barrier", "control", "link_probe"}
 
 func (o Op) String() string {
 	if int(o) < len(opNames) {

@@ -324,6 +324,34 @@ static void test_sparse_in_largest_n(oktopk_comm_t comm, int rank, int size, int
          (unsigned long long)hash_bytes(out_val, out_count * 4, hash_bytes(out_idx, out_count * 4, HASH_SEED)));
 }
 
+/* OKTOPK_ALGO_AUTO on a communicator whose first auto call has measured the
+ * link: every call's stats name a concrete algorithm (the same on every
+ * rank: a HASH line) with a prediction; a re-measured link model is the
+ * same on every rank; and dense auto allreduces sum exactly. */
+static void test_auto(oktopk_comm_t comm, int rank, int size) {
+  enum { N = 5000 };
+  static float x[N];
+  const size_t sizes[] = {1, 21, 1000, N};
+  oktopk_stats_t st = {.size = sizeof st};
+  for (int i = 0; i < 4; i++) {
+    size_t n = sizes[i];
+    for (size_t j = 0; j < n; j++) x[j] = (float)((rank + 1) * ((int)(j % 9) - 4));
+    OK(oktopk_sparse_allreduce(comm, 100 + (uint64_t)i, x, n, OKTOPK_FLOAT32, &st));
+    REQUIRE(st.algorithm >= OKTOPK_ALGO_DENSE_RING && st.algorithm < OKTOPK_ALGO_AUTO);
+    REQUIRE(st.predicted_seconds > 0 && st.total_seconds > 0);
+    printf("HASH auto_choice_%d %s\n", i, oktopk_algorithm_name(st.algorithm));
+  }
+  oktopk_link_model_t link = {.size = sizeof link};
+  OK(oktopk_comm_measure_link(comm, &link));
+  REQUIRE(link.latency_seconds > 0 && link.seconds_per_byte > 0 && link.pass_seconds_per_byte > 0);
+  printf("HASH auto_link %016llx\n", (unsigned long long)hash_bytes(&link.latency_seconds, 3 * sizeof(double), HASH_SEED));
+  oktopk_link_model_t bad = {.size = 2};
+  EXPECT(oktopk_comm_measure_link(comm, &bad), oktopkInvalidArgument);
+  float ones[3] = {1, 2, 3};
+  OK(oktopk_allreduce(comm, ones, 3, OKTOPK_FLOAT32, 0, OKTOPK_ALGO_AUTO));
+  for (int j = 0; j < 3; j++) REQUIRE(ones[j] == (float)((j + 1) * size));
+}
+
 /* Every algorithm of the enum through oktopk_sparse_allreduce, on its own
  * communicator (the algorithm is a communicator setting), in float32,
  * float16 and bfloat16: at density 1.0 each must return the exact average
@@ -349,7 +377,7 @@ static void test_sparse_every_algorithm(oktopk_comm_t env_comm, int rank, int si
   const size_t n = 1001;
   float *x = malloc(n * sizeof *x);
   uint16_t *h = malloc(n * sizeof *h);
-  for (int alg = OKTOPK_ALGO_DENSE_RING; alg <= OKTOPK_ALGO_GAUSSIANK; alg++) {
+  for (int alg = OKTOPK_ALGO_DENSE_RING; alg <= OKTOPK_ALGO_AUTO; alg++) {
     oktopk_config_t cfg;
     oktopk_config_init(&cfg);
     cfg.timeout_ms = 20000;
@@ -379,6 +407,7 @@ static void test_sparse_every_algorithm(oktopk_comm_t env_comm, int rank, int si
         for (size_t i = 0; i < n; i++) REQUIRE(from_half(h[i], dt) == ranks_sum * (float)((int)(i % 5) - 2) / (float)size);
       }
     }
+    if (alg == OKTOPK_ALGO_AUTO) test_auto(comm, rank, size);
     OK(oktopk_comm_destroy(comm));
   }
   free(h);
@@ -888,6 +917,10 @@ static int run_errors(void) {
   REQUIRE(oktopk_get_version() == OKTOPK_VERSION_CODE);
   REQUIRE(strcmp(oktopk_get_error_string(oktopkTimeout), "timeout") == 0);
   REQUIRE(oktopk_get_error_string((oktopk_result_t)999) != NULL);
+  REQUIRE(strcmp(oktopk_algorithm_name(OKTOPK_ALGO_OKTOPK), "oktopk") == 0);
+  REQUIRE(strcmp(oktopk_algorithm_name(OKTOPK_ALGO_AUTO), "auto") == 0);
+  for (int a = OKTOPK_ALGO_DENSE_RING; a <= OKTOPK_ALGO_AUTO; a++) REQUIRE(oktopk_algorithm_name(a) != NULL);
+  REQUIRE(oktopk_algorithm_name(OKTOPK_ALGO_AUTO + 1) == NULL && oktopk_algorithm_name(-1) == NULL);
   oktopk_config_init(NULL); /* must not crash */
   EXPECT(oktopk_get_last_error(0, NULL, 10, NULL), oktopkInvalidArgument);
   char small[4];

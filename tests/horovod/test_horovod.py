@@ -91,6 +91,18 @@ def test_plain_horovod_optimizer_refuses_oktopk_compression():
         assert "oktopk_horovod.DistributedOptimizer" in res["error"]
 
 
+def test_auto_counts_the_algorithm_of_every_call_alike_on_every_rank():
+    steps = 6
+    results = horovodrun(3, "auto_counts", steps)
+    counts = results[0]["counts"]
+    assert counts and "auto" not in counts and set(counts) <= set(results[0]["algorithms"]), counts
+    assert sum(counts.values()) == steps * results[0]["buckets"], counts
+    for r, res in results.items():
+        assert res["counts"] == counts, f"rank {r} counted {res['counts']}, rank 0 {counts}"
+        assert res["digest"] == results[0]["digest"], f"rank {r} ended with another model"
+    print(f"auto under Horovod, 3 ranks, {results[0]['buckets']} buckets: {counts}")
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [dict(density=0.0), dict(density=1.5), dict(algorithm="nope"), dict(tau=0), dict(tau_prime=-1), dict(timeout=0),

@@ -78,6 +78,29 @@ def density_one(out, steps="5"):
     return result
 
 
+def auto_counts(out, steps="6"):
+    """algorithm="auto" over buckets of 5 to 1,280 parameters: what the
+    optimizer counted per algorithm, and the model after training."""
+    hvd.init()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = small_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    opt = oktopk_horovod.DistributedOptimizer(
+        opt, named_parameters=model.named_parameters(), bucket_bytes=4096,
+        compression=oktopk_horovod.Compression.oktopk(density=0.05, algorithm="auto"))
+    for step in range(int(steps)):
+        g = torch.Generator().manual_seed(1000 * step + hvd.rank())
+        x, y = torch.randn(32, 20, generator=g), torch.randint(0, 5, (32,), generator=g)
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    result = {"counts": dict(opt.algorithm_counts), "buckets": len(opt._buckets), "digest": digest(model),
+              "algorithms": list(oktopk_horovod.ALGORITHMS)}
+    opt.close()
+    return result
+
+
 @contextlib.contextmanager
 def counting_horovod_reductions():
     """Counts every call into Horovod's own reductions (the entry points

@@ -72,6 +72,21 @@ def test_every_algorithm_selectable_by_name():
         assert sent > 0, f"{alg}: nothing sent through oktopk"
 
 
+def test_auto_counts_the_algorithm_of_every_call_alike_on_every_rank():
+    # Three ranks (the link measurement leaves one unpaired), buckets of a
+    # few to thousands of parameters, 6 sparse steps.
+    world, steps = 3, 8
+    results = run(workers.auto_counts, world, steps)
+    counts = results[0]["counts"]
+    assert "auto" in ALGORITHMS and counts and "auto" not in counts, counts
+    assert set(counts) <= set(ALGORITHMS), counts
+    assert sum(counts.values()) == (steps - 2) * results[0]["buckets"], counts
+    for r in range(1, world):
+        assert results[r]["counts"] == counts, f"rank {r} counted {results[r]['counts']}, rank 0 {counts}"
+        assert results[r]["params"] == results[0]["params"], f"rank {r} ended with other parameters"
+    print(f"auto, {world} ranks, {results[0]['buckets']} buckets: {counts}")
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [

@@ -99,6 +99,29 @@ def every_algorithm(rank, world, port, out, algorithms):
     dist.destroy_process_group()
 
 
+def auto_counts(rank, world, port, out, steps):
+    """algorithm="auto" on a model whose DDP buckets range from a few
+    parameters to thousands: what each rank's state counted, and its
+    parameters after training."""
+    setup(rank, world, port)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 4), nn.ReLU(), nn.Linear(4, 1))
+    m = DDP(model, bucket_cap_mb=0.02)
+    state = OkTopkState(density=0.05, algorithm="auto", warmup_iters=2)
+    m.register_comm_hook(state, oktopk_hook)
+    o = torch.optim.SGD(m.parameters(), lr=0.05)
+    for step in range(steps):
+        g = torch.Generator().manual_seed(1000 * step + rank)
+        x, y = torch.randn(16, 64, generator=g), torch.randn(16, 1, generator=g)
+        o.zero_grad()
+        F.mse_loss(m(x), y).backward()
+        o.step()
+    params = b"".join(p.detach().numpy().tobytes() for p in m.parameters())
+    write(out, rank, {"counts": dict(state.algorithm_counts), "params": params, "buckets": len(state._groups)})
+    state.close()
+    dist.destroy_process_group()
+
+
 def dead_peer(rank, world, port, out, timeout):
     setup(rank, world, port)
     m = DDP(small_model())

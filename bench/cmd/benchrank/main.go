@@ -306,6 +306,7 @@ func runAlgorithm(ctx context.Context, comm *core.Communicator, alg core.Algorit
 	var samples []sample
 	var acc []float32 // the last call's accumulator, for the error
 	var peakRSS float64
+	ran := alg // the algorithm that ran: auto's choice, for auto
 	total := o.warmup + o.iters
 	for c := 0; c < total; c++ {
 		w.next(grad)
@@ -313,7 +314,7 @@ func runAlgorithm(ctx context.Context, comm *core.Communicator, alg core.Algorit
 		if last {
 			peakRSS = rssMiB("VmHWM") // before the reference's extra buffers
 			acc = slices.Clone(grad)
-			if st := comm.TensorStateOf(id); st != nil && !alg.Dense() {
+			if st := comm.TensorStateOf(id); st != nil && !ran.Dense() {
 				for i, r := range st.Residual {
 					acc[i] += r
 				}
@@ -328,6 +329,11 @@ func runAlgorithm(ctx context.Context, comm *core.Communicator, alg core.Algorit
 			return "", err
 		}
 		end := time.Now()
+		if alg == core.Auto && rank == 0 && st.Algorithm != ran {
+			fmt.Fprintf(os.Stderr, "benchrank: auto chose %v at P=%d, n=%d, density %g (predicted %.2f ms)\n",
+				st.Algorithm, p, n, o.density, ms(st.Predicted))
+		}
+		ran = st.Algorithm
 		if trace {
 			// One line per call and rank on stderr (BENCH_TRACE=1), to see
 			// which calls are slow: refreshes (c mod τ′ = 0), repartitions
@@ -336,8 +342,8 @@ func runAlgorithm(ctx context.Context, comm *core.Communicator, alg core.Algorit
 			for p := range core.NumPhases {
 				fmt.Fprintf(&phases, " %v %.2f", p, ms(st.Time(p)))
 			}
-			fmt.Fprintf(os.Stderr, "trace %v rank %d call %d reuse %v: %.2f ms (%s), %d words sent, %d local, %d global\n",
-				alg, rank, c, reuseCall(c, o.tau, o.tauPrime), ms(end.Sub(start)), strings.TrimSpace(phases.String()), st.WordsSent(), st.LocalSelected, st.GlobalSelected)
+			fmt.Fprintf(os.Stderr, "trace %v rank %d call %d reuse %v: %.2f ms (%s, predicted %.2f, ran %v), %d words sent, %d local, %d global\n",
+				alg, rank, c, reuseCall(c, o.tau, o.tauPrime), ms(end.Sub(start)), strings.TrimSpace(phases.String()), ms(st.Predicted), st.Algorithm, st.WordsSent(), st.LocalSelected, st.GlobalSelected)
 		}
 		if c >= o.warmup {
 			t := callTiming{start: uint64(start.UnixNano()), end: uint64(end.UnixNano())}
@@ -353,7 +359,7 @@ func runAlgorithm(ctx context.Context, comm *core.Communicator, alg core.Algorit
 		}
 	}
 	peakRSS = math.Max(peakRSS, rssMiB("VmHWM"))
-	relErr, err := relativeError(ctx, comm, alg, acc, grad, k)
+	relErr, err := relativeError(ctx, comm, ran, acc, grad, k)
 	if err != nil {
 		return "", err
 	}
@@ -409,7 +415,7 @@ func runAlgorithm(ctx context.Context, comm *core.Communicator, alg core.Algorit
 	peak, base := maxOver(all, p, 3), maxOver(all, p, 4)
 
 	kk := k
-	if alg.Dense() {
+	if ran.Dense() {
 		kk = n // a dense allreduce sends everything: its bound is 2n(P−1)/P
 	}
 	lower := 2 * float64(kk) * float64(p-1) / float64(p)
@@ -419,7 +425,7 @@ func runAlgorithm(ctx context.Context, comm *core.Communicator, alg core.Algorit
 	}
 	times := callCol(func(s callSummary) float64 { return s.ms })
 	selected := median(col(func(s sample) float64 { return s.selected }, false))
-	if alg.Dense() {
+	if ran.Dense() {
 		selected = float64(n)
 	}
 	var phases, wires []string
@@ -432,7 +438,7 @@ func runAlgorithm(ctx context.Context, comm *core.Communicator, alg core.Algorit
 		median(callCol(func(s callSummary) float64 { return s.rank0Ms })),
 		median(callCol(func(s callSummary) float64 { return s.skewMs })),
 		strings.Join(phases, ","), strings.Join(wires, ","),
-		wMedian, wMean, wReuse, formula(alg, p, n, k), lower, wReuse/lower, lowerMs,
+		wMedian, wMean, wReuse, formula(ran, p, n, k), lower, wReuse/lower, lowerMs,
 		selected, relErr, peak, base), nil
 }
 

@@ -35,7 +35,7 @@ import horovod.torch as hvd
 import torch
 
 from oktopk import Communicator, OkTopkError
-from oktopk._lib import NON_FINITE
+from oktopk._lib import NON_FINITE, algorithm_name
 from oktopk.comm import route_source_address
 
 from .compression import OkTopkCompressor
@@ -120,6 +120,9 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
         self.bytes_sent = 0
         self.bytes_received = 0
         self.comm_seconds = 0.0
+        # Library calls per algorithm that ran (with "auto", what it chose
+        # for each bucket and step).
+        self.algorithm_counts = {}
         self._comm = Communicator.from_exchange(
             hvd.rank(),
             hvd.size(),
@@ -228,6 +231,8 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
                 self.bytes_sent += stats.bytes_sent
                 self.bytes_received += stats.bytes_received
                 self.comm_seconds += stats.total_seconds
+                ran = algorithm_name(stats.algorithm)
+                self.algorithm_counts[ran] = self.algorithm_counts.get(ran, 0) + 1
 
     # -- Horovod's optimizer interface --------------------------------------
 

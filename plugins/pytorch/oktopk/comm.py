@@ -136,7 +136,7 @@ class Communicator:
     thread while one runs raises ``OkTopkError`` (invalid usage, code 2)
     and is not made."""
 
-    def __init__(self, group=None, algorithm="oktopk", density=0.01, tau=64, tau_prime=32, timeout=60.0, bind_host=None,
+    def __init__(self, group=None, algorithm=None, density=0.01, tau=64, tau_prime=32, timeout=60.0, bind_host=None,
                  value_dtype="float32", stochastic_rounding=False):
         store = dist.PrefixStore(f"c{next(_instance_counter)}/", _store_for(group))
         rank, size = dist.get_rank(group), dist.get_world_size(group)
@@ -161,13 +161,14 @@ class Communicator:
                       value_dtype, stochastic_rounding)
 
     @classmethod
-    def from_exchange(cls, rank, size, share_token, gather_endpoints, algorithm="oktopk", density=0.01, tau=64, tau_prime=32, timeout=60.0, bind_host=None,
+    def from_exchange(cls, rank, size, share_token, gather_endpoints, algorithm=None, density=0.01, tau=64, tau_prime=32, timeout=60.0, bind_host=None,
                       value_dtype="float32", stochastic_rounding=False):
         """A communicator whose rendezvous goes through the caller's own
         collectives (Horovod's, say): ``share_token(token_or_None)`` returns
         rank 0's token bytes on every rank, ``gather_endpoints(endpoint)``
         returns every rank's endpoint bytes in rank order. ``bind_host``:
-        None is the library's default (OKTOPK_SOCKET_IFNAME, else loopback)."""
+        None is the library's default (OKTOPK_SOCKET_IFNAME, else loopback).
+        ``algorithm`` None is the library's default algorithm."""
         self = cls.__new__(cls)
         self.group = None
         self._connect(rank, size, share_token, gather_endpoints, algorithm, density, tau, tau_prime, timeout, bind_host,
@@ -227,13 +228,26 @@ class Communicator:
         return stats
 
     def allreduce_(self, tensor, average=True, algorithm="dense_ring"):
-        """Dense allreduce of a contiguous CPU tensor, in place."""
+        """Dense allreduce of a contiguous CPU tensor, in place
+        (``algorithm``: "dense_ring", "dense_rabenseifner" or "auto")."""
         dtype = _DTYPES.get(tensor.dtype)
         if dtype is None:
             raise TypeError(f"oktopk: unsupported dtype {tensor.dtype}")
         self._check(_lib.lib().oktopk_allreduce(
-            self.handle, tensor.data_ptr(), tensor.numel(), dtype, int(average), _lib.ALGORITHMS.index(algorithm)))
+            self.handle, tensor.data_ptr(), tensor.numel(), dtype, int(average), _lib.algorithm_code(algorithm)))
         return tensor
+
+    def measure_link(self):
+        """Measure the link again (a collective: every rank calls it at the
+        same point) for the "auto" algorithm's choices; returns the agreed
+        model, the same on every rank, as a dict of seconds."""
+        link = _lib.new_link_model()
+        self._check(_lib.lib().oktopk_comm_measure_link(self.handle, ctypes.byref(link)))
+        return {
+            "latency_seconds": link.latency_seconds,
+            "seconds_per_byte": link.seconds_per_byte,
+            "pass_seconds_per_byte": link.pass_seconds_per_byte,
+        }
 
     def save_tensor_state(self, tensor_id):
         lib = _lib.lib()

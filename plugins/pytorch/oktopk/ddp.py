@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from . import _lib
-from ._lib import ALGORITHMS, OkTopkError
+from ._lib import OkTopkError
 from .comm import Communicator, value_dtype_name
 
 # The bucket dtypes liboktopk reduces; the dense warm-up would take others,
@@ -66,8 +66,10 @@ class OkTopkState:
     :param process_group: the group to reduce over (``None``: the default).
     :param density: fraction of each bucket's entries sent, a real number in
         (0, 1].
-    :param algorithm: one of ``oktopk.ALGORITHMS`` (``"oktopk"`` by default;
-        dense ones, the sparse baselines).
+    :param algorithm: one of ``oktopk.ALGORITHMS``: ``"auto"`` (the library
+        picks per bucket and call from a cost model and the measured link),
+        ``"oktopk"``, the dense ones, the sparse baselines. ``None`` (the
+        default) is the library's default, ``"oktopk"`` in this version.
     :param warmup_iters: iterations reduced densely first; at least 2.
         DDP reduces its first iteration in a provisional bucket layout and
         rebuilds its buckets after it. The hook keeps residuals in the
@@ -97,6 +99,9 @@ class OkTopkState:
     parameter whose bucket slot is all zeros (which is what DDP leaves for
     an unused one) counts as unused.
 
+    ``algorithm_counts`` counts the library calls per algorithm that ran
+    (with ``"auto"``, the one it chose for each bucket and step).
+
     Buckets may be float32, float16 or bfloat16, on CPU or CUDA; CUDA buckets
     are staged through pinned host memory. A step whose gradient holds NaN or
     Inf on any rank comes back as NaN on every rank (the library skips it and
@@ -118,6 +123,7 @@ class OkTopkState:
         "bytes_sent",
         "bytes_received",
         "comm_seconds",
+        "algorithm_counts",
         "_comm",
         "_worker",
         "_pending_state",
@@ -132,12 +138,13 @@ class OkTopkState:
         "_grad_hooks",
     ]
 
-    def __init__(self, process_group=None, density=0.01, algorithm="oktopk", warmup_iters=2, tau=64, tau_prime=32, timeout=60.0,
+    def __init__(self, process_group=None, density=0.01, algorithm=None, warmup_iters=2, tau=64, tau_prime=32, timeout=60.0,
                  value_dtype="float32", stochastic_rounding=False):
         if not _is_real(density) or not 0.0 < density <= 1.0:
             raise ValueError(f"density must be a real number in (0, 1], got {density!r}")
-        if algorithm not in ALGORITHMS:
-            raise ValueError(f"unknown algorithm {algorithm!r}; one of {', '.join(ALGORITHMS)}")
+        if algorithm is None:
+            algorithm = _lib.default_algorithm()
+        _lib.algorithm_code(algorithm)  # ValueError naming the choices
         if not _is_int(warmup_iters) or warmup_iters < 2:
             raise ValueError(
                 f"warmup_iters must be an integer >= 2 (DDP rebuilds its buckets after the first iteration, and the "
@@ -169,6 +176,9 @@ class OkTopkState:
         self.bytes_sent = 0
         self.bytes_received = 0
         self.comm_seconds = 0.0
+        # Sparse library calls per algorithm that ran (with "auto", what it
+        # chose), e.g. {"oktopk": 120, "dense_rabenseifner": 40}.
+        self.algorithm_counts = {}
         self._comm = None
         self._worker = None
         self._pending_state = {}
@@ -378,6 +388,8 @@ class OkTopkState:
                 self.bytes_sent += stats.bytes_sent
                 self.bytes_received += stats.bytes_received
                 self.comm_seconds += stats.total_seconds
+                ran = _lib.algorithm_name(stats.algorithm)
+                self.algorithm_counts[ran] = self.algorithm_counts.get(ran, 0) + 1
 
     def _reduce_bucket(self, group_id, tensor, slices, fut, stream):
         # Worker thread: one DDP bucket that is exactly one group; slices are
