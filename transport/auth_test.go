@@ -19,7 +19,8 @@ type rawDealer struct {
 	token tokenDigest
 }
 
-// dialInbox connects a raw DEALER to endpoint; curveKeys, when given, are
+// dialInbox connects a raw DEALER to endpoint, as a PLAIN client holding
+// token's password or, when curveKeys are given, as a CURVE client with
 // (server public key, own public key, own secret key).
 func dialInbox(t *testing.T, endpoint, token string, curveKeys ...string) *rawDealer {
 	t.Helper()
@@ -37,6 +38,8 @@ func dialInbox(t *testing.T, endpoint, token string, curveKeys ...string) *rawDe
 		if err := sock.ClientAuthCurve(curveKeys[0], curveKeys[1], curveKeys[2]); err != nil {
 			t.Fatal(err)
 		}
+	} else if err := sock.ClientAuthPlain(plainUser, plainPassword(token)); err != nil {
+		t.Fatal(err)
 	}
 	addr, _, err := splitEndpoint(endpoint)
 	if err != nil {
