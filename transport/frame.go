@@ -6,9 +6,8 @@ import (
 	"fmt"
 )
 
-// Every message on the wire is a fixed 96-byte header frame followed by the
-// raw payload in ZeroMQ frames of frameChunkBytes (the last one shorter; a
-// single empty frame for an empty payload). The header is little-endian:
+// Every message on the wire is two ZeroMQ frames: a fixed 96-byte header and
+// the raw payload. The header is little-endian:
 //
 //	off size field
 //	  0    4 magic "OKTK"

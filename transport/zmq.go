@@ -27,8 +27,12 @@ package transport
 // pass a PLAIN handshake with the job's password, or CURVE with the job's
 // keys (auth.go), before it may send any frame at all. What a connection
 // that has not authenticated can make a rank hold is one handshake frame of
-// at most outboxFrameLimit plus ZeroMQ's fixed per-connection buffers (about
-// 50 KiB in all, measured), for at most handshakeLimit. Large messages
+// at most outboxFrameLimit plus ZeroMQ's fixed per-connection buffers (20
+// KiB in all, measured with 400 such connections), for at most
+// handshakeLimit; the kernel's socket buffers come on top, as for any TCP
+// port. How many such connections a stranger keeps open at once is bounded
+// only by how fast it can open them and by the process's file limit: this
+// layer cannot close one before ZeroMQ does. Large messages
 // arrive only on the inbox's own connections, which accept frames of up to
 // MaxMessageBytes. Refused connections and frames are counted (Dropped).
 //

@@ -16,8 +16,8 @@ import (
 // The tests below attack a rank of this test process and measure the
 // process's own resident memory (VmRSS), so each bound covers both ranks,
 // the attacker's few buffers and the Go heap's noise: 24 MiB, against the
-// hundreds of MiB the same attacks cost before the inbox required
-// authentication and capped its frame size.
+// hundreds of MiB the same attacks cost when the port a rank advertises
+// took frames of up to 1 GiB from anyone that finished a NULL handshake.
 const strangerRSSBound = 24 << 20
 
 // vmRSS is this process's resident set size in bytes.
@@ -67,9 +67,9 @@ func longFrameHeader(flags byte, size uint64) []byte {
 	return b
 }
 
-// stranger opens a TCP connection to z's inbox, writes opening, then writes
-// pattern repeatedly until limit bytes are sent, the rank closes the
-// connection, or until passes. It returns the bytes written; the connection
+// stranger opens a TCP connection to the port z advertises (its outbox),
+// writes opening, then writes pattern repeatedly until limit bytes are
+// sent, the rank closes the connection, or until passes. It returns the bytes written; the connection
 // stays open until the test ends, so that whatever the rank holds for it is
 // still held when the test measures.
 func stranger(t *testing.T, z *ZMQ, opening []byte, pattern []byte, limit int, until time.Time) int {
@@ -109,7 +109,7 @@ func refusedSoon(z *ZMQ, before, want uint64) uint64 {
 	return z.Dropped() - before
 }
 
-// A stranger completes a ZMTP 3.0 NULL greeting with a rank's inbox and then
+// A stranger completes a ZMTP 3.0 NULL greeting with a rank's port and then
 // streams zero bytes (an empty frame every two bytes) or 0x01 0x00 pairs
 // (empty frames that each announce one more part, a message that never
 // ends: no ZeroMQ high-water mark bounds it). The rank's memory stays within

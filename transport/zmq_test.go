@@ -215,7 +215,7 @@ func TestZMQSilentPeerIsDeclaredDead(t *testing.T) {
 
 func TestZMQOtherJobsFramesAreRefused(t *testing.T) {
 	zs := startZMQ(t, 2, nil)
-	// A rank of another job (other token) connects to rank 1's inbox and
+	// A rank of another job (other token) connects to rank 1's outbox and
 	// sends a perfectly formed frame.
 	intruder, err := ListenZMQ(ZMQOptions{Rank: 0, Size: 2, Token: NewToken()})
 	if err != nil {
@@ -229,13 +229,11 @@ func TestZMQOtherJobsFramesAreRefused(t *testing.T) {
 	defer other.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	// Connect fails: rank 1's inbox refuses the intruder's connection at
+	// Connect fails: rank 1's outbox refuses the intruder's connection at
 	// its handshake (another job's password), and counts it; no frame of
 	// the intruder's ever reaches it.
 	intruder.Connect(ctx, []string{intruder.Endpoint(), zs[1].Endpoint()})
-	ctx, cancel = context.WithTimeout(context.Background(), 200*time.Millisecond)
-	defer cancel()
-	intruder.Send(ctx, 1, Tag{OpAllgather, 1, 0}, DtypeBytes, 3, []byte("bad"))
+	intruder.Send(context.Background(), 1, Tag{OpAllgather, 1, 0}, DtypeBytes, 3, []byte("bad"))
 	if zs[1].Refusals().Connections == 0 {
 		t.Fatal("a connection with another job's token was not refused")
 	}
