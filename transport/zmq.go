@@ -139,6 +139,7 @@ type ZMQ struct {
 	hello    []atomic.Bool
 	bound    []atomic.Bool
 	helloCh  chan struct{} // signalled on every first hello and binding
+	gone     chan int      // peers the inbox should stop dialing (receiveLoop)
 	watching atomic.Bool   // liveness checks start after Connect
 
 	curve       *curveState     // nil unless CURVE is on
@@ -311,6 +312,7 @@ func ListenZMQ(opts ZMQOptions) (*ZMQ, error) {
 		hello:    make([]atomic.Bool, opts.Size),
 		bound:    make([]atomic.Bool, opts.Size),
 		helloCh:  make(chan struct{}, 2*opts.Size),
+		gone:     make(chan int, opts.Size),
 		closing:  make(chan struct{}),
 	}
 	z.box.silence = z.silence
@@ -501,7 +503,7 @@ func (z *ZMQ) openInbox(addrs, serverKeys []string) error {
 		}
 	}
 	z.owners.Add(2)
-	go z.receiveLoop(inbox)
+	go z.receiveLoop(inbox, addrs)
 	go z.monitorLoop(monitor, addrs)
 	return nil
 }
@@ -816,9 +818,18 @@ func (z *ZMQ) readOutbox(o *outboxState) {
 
 // receiveLoop owns the inbox: it validates each message, files data in the
 // mailbox, records liveness, and fails peers that fell silent.
-func (z *ZMQ) receiveLoop(inbox *zmq.Socket) {
+//
+// It stops dialing a peer once that peer is gone (declared dead, or said
+// bye or abort): ZeroMQ would otherwise redial its address for as long as
+// the communicator lives, and without CURVE nothing tells this rank that
+// whoever answers there later is still that rank.
+func (z *ZMQ) receiveLoop(inbox *zmq.Socket, addrs []string) {
 	defer z.owners.Done()
 	defer inbox.Close()
+	dialing := make([]bool, len(addrs))
+	for r := range dialing {
+		dialing[r] = r != z.opts.Rank
+	}
 	for {
 		select {
 		case <-z.closing:
@@ -829,6 +840,25 @@ func (z *ZMQ) receiveLoop(inbox *zmq.Socket) {
 			z.handle(parts)
 		}
 		z.checkLiveness()
+		for more := true; more; {
+			select {
+			case r := <-z.gone:
+				if dialing[r] {
+					dialing[r] = false
+					inbox.Disconnect(addrs[r])
+				}
+			default:
+				more = false
+			}
+		}
+	}
+}
+
+// forget tells the inbox to stop dialing peer (see receiveLoop).
+func (z *ZMQ) forget(peer int) {
+	select {
+	case z.gone <- peer:
+	default: // full of repeats; the peer is in there already
 	}
 }
 
@@ -858,8 +888,10 @@ func (z *ZMQ) handle(parts [][]byte) {
 		z.box.noteStarted(peer, h.tag.Seq)
 	case kindBye:
 		z.box.failPeer(peer, fmt.Errorf("%w: peer %d closed its communicator", ErrRemote, peer))
+		z.forget(peer)
 	case kindAbort:
 		z.box.peerAborted(peer, h.reason, strings.ToValidUTF8(string(parts[2]), "?"))
+		z.forget(peer)
 	}
 }
 
@@ -882,6 +914,7 @@ func (z *ZMQ) checkLiveness() {
 		}
 		if silent := time.Duration(now - z.lastSeen[r].Load()); silent > z.opts.PeerTimeout {
 			z.box.failPeer(r, fmt.Errorf("%w: peer %d silent for %v", ErrRemote, r, silent.Round(time.Millisecond)))
+			z.forget(r)
 		}
 	}
 }
@@ -985,6 +1018,7 @@ func (z *ZMQ) monitorLoop(m *zmq.Socket, addrs []string) {
 				declared[r] = true
 				z.box.failPeer(r, fmt.Errorf("%w: peer %d disconnected (connection lost %v ago, not re-established)",
 					ErrRemote, r, now.Sub(since).Round(time.Millisecond)))
+				z.forget(r)
 			}
 		}
 	}

@@ -439,6 +439,7 @@ func senderRig(t *testing.T) *ZMQ {
 		hello:    make([]atomic.Bool, 2),
 		bound:    make([]atomic.Bool, 2),
 		helloCh:  make(chan struct{}, 4),
+		gone:     make(chan int, 2),
 		closing:  make(chan struct{}),
 	}
 	z.connected.Store(true)
