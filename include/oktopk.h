@@ -26,7 +26,7 @@ extern "C" {
 
 /* ABI version: major changes break callers, minor ones only add. */
 #define OKTOPK_VERSION_MAJOR 0
-#define OKTOPK_VERSION_MINOR 3
+#define OKTOPK_VERSION_MINOR 4
 #define OKTOPK_VERSION_PATCH 0
 #define OKTOPK_VERSION_CODE \
   (OKTOPK_VERSION_MAJOR * 10000 + OKTOPK_VERSION_MINOR * 100 + OKTOPK_VERSION_PATCH)
@@ -161,9 +161,23 @@ oktopk_result_t oktopk_comm_size(oktopk_comm_t comm, int *size);
 /* Fails every blocked and future call on comm with oktopkAborted; callable
  * from any thread. The handle must still be destroyed. */
 oktopk_result_t oktopk_comm_abort(oktopk_comm_t comm);
-/* Releases the communicator; returns within about a second even when peers
- * are dead. Destroying a handle twice is oktopkInvalidUsage. */
+/* Releases the communicator; returns within one second (on a machine that
+ * is not overloaded), even when peers are dead or a call is running: queued
+ * and running calls are aborted, a running call gets 0.5 s to return, then
+ * the sockets close (under it, if it is still busy with its own computation;
+ * it then ends with an error, and its request must still be waited on), and
+ * the last frames to peers get at most 0.25 s more to leave. Destroying a
+ * handle twice is oktopkInvalidUsage. */
 oktopk_result_t oktopk_comm_destroy(oktopk_comm_t comm);
+/* Added in 0.4. Sets *count to what this rank has refused so far:
+ * connections to its port that did not authenticate (no or a wrong job token
+ * or CURVE key, not oktopk at all, a handshake frame over the size limit, a
+ * handshake not done within 5 s; one still in its handshake counts until it
+ * succeeds) and frames that failed validation. Refused traffic never
+ * reaches a call: a nonzero count says only that something other than this
+ * job's ranks reached the port. Readable until the handle is destroyed,
+ * after an abort too. */
+oktopk_result_t oktopk_comm_dropped(oktopk_comm_t comm, uint64_t *count);
 
 /* ---- collectives (blocking) ------------------------------------------ */
 /* Dense allreduce in place; average != 0 divides by the number of ranks.
