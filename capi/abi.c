@@ -117,6 +117,11 @@ oktopk_result_t oktopk_comm_abort(oktopk_comm_t comm) {
   return go_oktopk_comm_abort(comm);
 }
 
+oktopk_result_t oktopk_comm_dropped(oktopk_comm_t comm, uint64_t *count) {
+  REFUSE_IN_CHILD;
+  return go_oktopk_comm_dropped(comm, count);
+}
+
 oktopk_result_t oktopk_comm_destroy(oktopk_comm_t comm) {
   REFUSE_IN_CHILD;
   return go_oktopk_comm_destroy(comm);

@@ -313,10 +313,23 @@ func (c *communicator) abort(cause error) {
 	}
 }
 
-// destroy stops the worker and releases the sockets. Operations still queued
-// or running are aborted rather than waited for, so destroy returns promptly
-// even when a peer is dead; an idle communicator is closed without an abort
-// so that peers finishing their last call still get every message.
+// destroyCallGrace is how long destroy lets a call it aborted take to
+// return before it closes the sockets under it. Every wait of a call on a
+// peer ends at once on the abort; only a call in the middle of its own
+// computation (a selection over a large tensor) takes longer, and it fails
+// at its next step once the sockets are closed.
+const destroyCallGrace = 500 * time.Millisecond
+
+// destroyBound is what oktopk.h promises for oktopk_comm_destroy ("within
+// one second"): the grace, then closing the sockets.
+const destroyBound = destroyCallGrace + transport.CloseBound
+
+// destroy stops the worker and releases the sockets within destroyBound.
+// Operations still queued or running are aborted rather than waited for, so
+// destroy returns promptly even when a peer is dead; an idle communicator is
+// closed without an abort so that peers finishing their last call still get
+// every message. A call still running when destroy returns ends on its own
+// with an error (its request must still be waited on, as always).
 func (c *communicator) destroy() error {
 	c.mu.Lock()
 	c.closed = true
@@ -325,17 +338,16 @@ func (c *communicator) destroy() error {
 	if c.pending.Load() > 0 {
 		c.abort(fmt.Errorf("%w: communicator destroyed with requests outstanding", transport.ErrAborted))
 	}
-	var err error
+	grace := time.NewTimer(destroyCallGrace)
 	select {
 	case <-c.workerEnd:
-	case <-time.After(5 * time.Second):
-		err = errors.New("oktopk: a call did not stop within 5 s of destroy; closing its sockets under it")
+	case <-grace.C:
 	}
+	grace.Stop()
 	c.cancel(fmt.Errorf("%w: communicator destroyed", transport.ErrClosed))
+	var err error
 	if c.net != nil {
-		if e := c.net.Close(); err == nil {
-			err = e
-		}
+		err = c.net.Close()
 	}
 	if c.store != nil {
 		if e := c.store.Close(); err == nil {

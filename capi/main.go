@@ -269,6 +269,25 @@ func go_oktopk_comm_abort(comm C.oktopk_comm_t) C.oktopk_result_t {
 	})
 }
 
+//export go_oktopk_comm_dropped
+func go_oktopk_comm_dropped(comm C.oktopk_comm_t, count *C.uint64_t) C.oktopk_result_t {
+	return call(int64(comm), func() error {
+		c, err := comms.get("communicator", int64(comm))
+		if err != nil {
+			return err
+		}
+		if count == nil {
+			return invalidArgument("count is NULL")
+		}
+		var n uint64
+		if c.net != nil {
+			n = c.net.Dropped()
+		}
+		*count = C.uint64_t(n)
+		return nil
+	})
+}
+
 //export go_oktopk_comm_destroy
 func go_oktopk_comm_destroy(comm C.oktopk_comm_t) C.oktopk_result_t {
 	return call(0, func() error {

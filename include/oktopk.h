@@ -282,8 +282,13 @@ oktopk_result_t oktopk_comm_size(oktopk_comm_t comm, int *size);
  * from any thread. The handle must still be destroyed. Peers' calls fail
  * too; the running call may still complete on some of them (see Failures). */
 oktopk_result_t oktopk_comm_abort(oktopk_comm_t comm);
-/* Releases the communicator; returns within about a second even when peers
- * are dead. Destroying a handle twice is oktopkInvalidUsage. */
+/* Releases the communicator; returns within one second (on a machine that
+ * is not overloaded), even when peers are dead or a call is running: queued
+ * and running calls are aborted, a running call gets 0.5 s to return, then
+ * the sockets close (under it, if it is still busy with its own computation;
+ * it then ends with an error, and its request must still be waited on), and
+ * the last frames to peers get at most 0.25 s more to leave. Destroying a
+ * handle twice is oktopkInvalidUsage. */
 oktopk_result_t oktopk_comm_destroy(oktopk_comm_t comm);
 /* Measures the link (latency, time per byte, cost of a memory pass) with a
  * few ping-pongs between ranks half the communicator apart, agrees on one
@@ -293,6 +298,15 @@ oktopk_result_t oktopk_comm_destroy(oktopk_comm_t comm);
  * call measures by itself; call this to measure again (the network changed,
  * or before timing calls). Takes well under a second. */
 oktopk_result_t oktopk_comm_measure_link(oktopk_comm_t comm, oktopk_link_model_t *link);
+/* Added in 0.4. Sets *count to what this rank has refused so far:
+ * connections to its port that did not authenticate (no or a wrong job token
+ * or CURVE key, not oktopk at all, a handshake frame over the size limit, a
+ * handshake not done within 5 s; one still in its handshake counts until it
+ * succeeds) and frames that failed validation. Refused traffic never
+ * reaches a call: a nonzero count says only that something other than this
+ * job's ranks reached the port. Readable until the handle is destroyed,
+ * after an abort too. */
+oktopk_result_t oktopk_comm_dropped(oktopk_comm_t comm, uint64_t *count);
 
 /* ---- collectives (blocking) ------------------------------------------ */
 /* Dense allreduce in place; average != 0 divides by the number of ranks.

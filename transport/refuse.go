@@ -113,8 +113,8 @@ func (t *inprocRank) RefuseCall(_ context.Context, seq uint64, reason string) {
 func (z *ZMQ) RefuseCall(ctx context.Context, seq uint64, reason string) {
 	z.box.refuse(seq)
 	text := []byte(refusalText(reason))
-	for r, p := range z.peers {
-		if p == nil {
+	for r := 0; r < z.opts.Size; r++ {
+		if r == z.opts.Rank {
 			continue
 		}
 		h := frameHeader{kind: kindRefuse, tag: Tag{Seq: seq}, dtype: DtypeBytes, count: uint64(len(text)), payloadLen: uint64(len(text))}

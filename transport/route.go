@@ -77,20 +77,22 @@ func (z *ZMQ) connectProblem(addrs []string) string {
 		if r == z.opts.Rank {
 			continue
 		}
-		if !z.reached[r].Load() {
+		// hello[r]: this rank's inbox reached rank r's address and r
+		// answered; bound[r]: rank r's inbox reached this rank's.
+		if !z.hello[r].Load() {
 			unreached = append(unreached, fmt.Sprintf("rank %d at %s", r, addrs[r]))
 		}
-		if !z.hello[r].Load() {
+		if !z.bound[r].Load() {
 			silent = append(silent, r)
 		}
 	}
 	var parts []string
 	if len(unreached) > 0 {
 		parts = append(parts, "no connection from this rank to "+strings.Join(unreached, ", ")+
-			" (an address this host cannot reach: set OKTOPK_SOCKET_IFNAME or the bind host on that rank)")
+			" (not started, or an address this host cannot reach: set OKTOPK_SOCKET_IFNAME or the bind host on that rank)")
 	}
 	if len(silent) > 0 {
-		parts = append(parts, fmt.Sprintf("ranks %v never said hello to this rank's %s (not started, or they cannot reach it)",
+		parts = append(parts, fmt.Sprintf("ranks %v never connected to this rank's %s (not started, or they cannot reach it)",
 			silent, strings.SplitN(z.endpoint, "#", 2)[0]))
 	}
 	return strings.Join(parts, "; ")

@@ -10,7 +10,9 @@
  *                        communicator, asynchronous requests; prints
  *                        "HASH <name> <hex>" lines that the launcher compares
  *                        across ranks (every rank must hold the same bits).
- *   oktopk_test errors   one process: every error path of the ABI.
+ *   oktopk_test errors   one process: every error path of the ABI, and a
+ *                        stranger's flood (counted, harmless, destroy
+ *                        still prompt).
  *   oktopk_test cycles N one process: N init/destroy cycles; open files and
  *                        goroutines must stay flat.
  *   oktopk_test peerdeath  P processes: the last rank dies without a word;
@@ -40,6 +42,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -572,6 +575,7 @@ static int run_ranks(void) {
 
 struct two_ranks {
   oktopk_comm_t comm[2];
+  char ep[2][256]; /* each rank's endpoint */
 };
 
 struct connect_arg {
@@ -591,11 +595,11 @@ static struct two_ranks make_two_ranks(int timeout_ms) {
   oktopk_config_t cfg;
   oktopk_config_init(&cfg);
   cfg.timeout_ms = timeout_ms;
-  char token[128], ep[2][256];
+  char token[128];
   struct two_ranks t;
   OK(oktopk_make_token(token, sizeof token));
-  for (int r = 0; r < 2; r++) OK(oktopk_comm_bind(&t.comm[r], 2, r, token, &cfg, ep[r], sizeof ep[r]));
-  const char *eps[2] = {ep[0], ep[1]};
+  for (int r = 0; r < 2; r++) OK(oktopk_comm_bind(&t.comm[r], 2, r, token, &cfg, t.ep[r], sizeof t.ep[r]));
+  const char *eps[2] = {t.ep[0], t.ep[1]};
   struct connect_arg a[2] = {{t.comm[0], eps, 0}, {t.comm[1], eps, 0}};
   pthread_t th;
   pthread_create(&th, NULL, connect_thread, &a[1]);
@@ -878,6 +882,99 @@ static void test_destroy_after_peer_died(void) {
   OK(oktopk_request_free(req));
 }
 
+struct allreduce_arg {
+  oktopk_comm_t comm;
+  float *x;
+  size_t n;
+  oktopk_result_t result;
+};
+
+static void *allreduce_thread(void *p) {
+  struct allreduce_arg *a = p;
+  a->result = oktopk_allreduce(a->comm, a->x, a->n, OKTOPK_FLOAT32, 0, OKTOPK_ALGO_DENSE_RING);
+  return NULL;
+}
+
+/* A stranger without the job token: connects to the host:port of endpoint
+ * ("tcp://a.b.c.d:port..."), sends a ZMTP 3.0 greeting and READY as a NULL
+ * client would, then zero bytes (an empty frame every two bytes) until
+ * `seconds` have passed or the rank has closed the connection. */
+struct flood_arg {
+  const char *endpoint;
+  double seconds;
+};
+
+static void *flood_thread(void *p) {
+  const struct flood_arg *a = p;
+  char host[64];
+  int port;
+  REQUIRE(sscanf(a->endpoint, "tcp://%63[0-9.]:%d", host, &port) == 2);
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  struct sockaddr_in sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons((uint16_t)port);
+  REQUIRE(inet_pton(AF_INET, host, &sa.sin_addr) == 1);
+  REQUIRE(connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0);
+  struct timeval tv = {0, 100000};
+  REQUIRE(setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) == 0);
+  unsigned char opening[64 + 30] = {0xff, 0, 0, 0, 0, 0, 0, 0, 0, 0x7f, 3, 0, 'N', 'U', 'L', 'L'};
+  static const unsigned char ready[30] = {0x04, 28,  5,   'R', 'E', 'A', 'D', 'Y', 11,  'S',
+                                          'o',  'c', 'k', 'e', 't', '-', 'T', 'y', 'p', 'e',
+                                          0,    0,   0,   6,   'D', 'E', 'A', 'L', 'E', 'R'};
+  memcpy(opening + 64, ready, sizeof ready);
+  static unsigned char zeros[1 << 16];
+  const unsigned char *next = opening;
+  size_t len = sizeof opening;
+  double t0 = now();
+  /* MSG_NOSIGNAL: a connection the rank has closed must not raise SIGPIPE. */
+  while (now() - t0 < a->seconds && send(fd, next, len, MSG_NOSIGNAL) >= 0) {
+    next = zeros;
+    len = sizeof zeros;
+  }
+  close(fd);
+  return NULL;
+}
+
+/* Strangers flood rank 0's port (the attack that once made a rank queue 32
+ * bytes per byte received, without bound): oktopk_comm_dropped counts their
+ * connections as refused, the job still computes exactly, and destroy still
+ * returns within its one second. */
+static void test_flood_is_counted_and_destroy_stays_prompt(void) {
+  struct two_ranks t = make_two_ranks(10000);
+  uint64_t before, after;
+  EXPECT(oktopk_comm_dropped(t.comm[0], NULL), oktopkInvalidArgument);
+  OK(oktopk_comm_dropped(t.comm[0], &before));
+  enum { strangers = 4 };
+  struct flood_arg fa = {t.ep[0], 0.5};
+  pthread_t th[strangers];
+  for (int i = 0; i < strangers; i++) pthread_create(&th[i], NULL, flood_thread, &fa);
+  for (int i = 0; i < strangers; i++) pthread_join(th[i], NULL);
+  for (double waited = now();; usleep(10000)) {
+    OK(oktopk_comm_dropped(t.comm[0], &after));
+    if (after >= before + strangers || now() - waited > 2.0) break;
+  }
+  printf("flood: rank 0 refused %llu connections or frames\n", (unsigned long long)(after - before));
+  REQUIRE(after >= before + strangers);
+  float x[8] = {1, 2, 3, 4, 5, 6, 7, 8}, y[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  struct allreduce_arg a = {t.comm[1], y, 8, 0};
+  pthread_t peer;
+  pthread_create(&peer, NULL, allreduce_thread, &a);
+  OK(oktopk_allreduce(t.comm[0], x, 8, OKTOPK_FLOAT32, 0, OKTOPK_ALGO_DENSE_RING));
+  pthread_join(peer, NULL);
+  OK(a.result);
+  REQUIRE(x[7] == 16 && y[7] == 16);
+  for (int r = 0; r < 2; r++) {
+    double t0 = now();
+    OK(oktopk_comm_destroy(t.comm[r]));
+    double took = now() - t0;
+    printf("flood: rank %d destroyed in %.3f s\n", r, took);
+    REQUIRE(took < 1.0);
+  }
+  EXPECT(oktopk_comm_dropped(t.comm[0], &after), oktopkInvalidUsage);
+}
+
 /* A child made by fork() gets a clear refusal from every call, never a hang:
  * the refusal must come before any Go code runs, since the child's copy of
  * the Go runtime may wait forever for threads that stayed in the parent.
@@ -1080,6 +1177,7 @@ static int run_errors(void) {
   test_refusal_reaches_peer();
   test_concurrent_threads();
   test_too_many_outstanding();
+  test_flood_is_counted_and_destroy_stays_prompt();
 
   printf("errors: ok\n");
   return 0;
@@ -1148,18 +1246,6 @@ static int open_fds(void) {
   return n - 1; /* the directory stream itself */
 }
 
-struct allreduce_arg {
-  oktopk_comm_t comm;
-  float *x;
-  size_t n;
-  oktopk_result_t result;
-};
-
-static void *allreduce_thread(void *p) {
-  struct allreduce_arg *a = p;
-  a->result = oktopk_allreduce(a->comm, a->x, a->n, OKTOPK_FLOAT32, 0, OKTOPK_ALGO_DENSE_RING);
-  return NULL;
-}
 
 /* One cycle: a 1-rank communicator, or (every 20th cycle) two ranks of one
  * communicator in this process connected over TCP loopback, so per-peer

@@ -218,6 +218,13 @@ def test_unsupported_bucket_dtype_is_refused_on_the_first_step():
     assert res["error"] is not None and "float64" in res["error"] and "float32" in res["error"], res
 
 
+def test_communicator_dropped_counts_strangers_refused_connections():
+    res = run(workers.dropped_count, 1, 3)[0]
+    assert res["before"] == 0, res
+    assert res["after"] >= 3, f"3 strangers' connections, {res['after']} counted as refused"
+    assert res["raised_after_destroy"], "Communicator.dropped after destroy did not raise OkTopkError"
+
+
 def test_forked_child_cannot_call_the_library():
     res = run(workers.fork_child, 1)[0]
     assert res["child_exit"] == 0, "a forked child's call did not raise OkTopkError naming fork"

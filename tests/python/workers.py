@@ -395,6 +395,43 @@ def two_threads_one_comm(rank, world, port, out):
     dist.destroy_process_group()
 
 
+def dropped_count(rank, world, port, out, strangers):
+    """A one-rank communicator whose port `strangers` raw connections flood
+    as a NULL ZeroMQ client would (greeting, READY, then an empty frame every
+    two bytes): what Communicator.dropped says before and after."""
+    import socket
+    import struct
+
+    from oktopk import Communicator
+
+    comm = Communicator.from_exchange(0, 1, lambda token: token, lambda endpoint: [endpoint])
+    before = comm.dropped
+    host, port_ = comm.endpoint[len("tcp://"):].split("#")[0].rsplit(":", 1)
+    greeting = b"\xff" + b"\0" * 8 + b"\x7f\x03\x00" + b"NULL".ljust(20, b"\0") + b"\0" * 32
+    body = b"\x05READY\x0bSocket-Type" + struct.pack(">I", 6) + b"DEALER"
+    for _ in range(strangers):
+        with socket.create_connection((host, int(port_)), timeout=1) as s:
+            try:
+                s.sendall(greeting + bytes([4, len(body)]) + body)
+                deadline = time.monotonic() + 0.2
+                while time.monotonic() < deadline:
+                    s.sendall(b"\0" * 65536)
+            except OSError:
+                pass  # the rank closed it: refused
+    deadline = time.monotonic() + 2
+    after = comm.dropped
+    while after < before + strangers and time.monotonic() < deadline:
+        time.sleep(0.01)
+        after = comm.dropped
+    comm.destroy()
+    try:
+        comm.dropped
+        raised_after_destroy = False
+    except OkTopkError:
+        raised_after_destroy = True
+    write(out, rank, {"before": before, "after": after, "raised_after_destroy": raised_after_destroy})
+
+
 def non_finite_step(rank, world, port, out, bad_rank, bad_step, steps):
     """AMP-style training under torch.amp.GradScaler; rank bad_rank puts a
     NaN into one entry of one gradient at step bad_step."""

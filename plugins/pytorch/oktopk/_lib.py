@@ -171,6 +171,7 @@ def _declare(lib):
         "oktopk_comm_connect": (c.c_int, [i64, P(c.c_char_p), c.c_int]),
         "oktopk_comm_abort": (c.c_int, [i64]),
         "oktopk_comm_destroy": (c.c_int, [i64]),
+        "oktopk_comm_dropped": (c.c_int, [i64, P(u64)]),
         "oktopk_allreduce": (c.c_int, [i64, c.c_void_p, sz, c.c_int, c.c_int, c.c_int]),
         "oktopk_sparse_allreduce": (c.c_int, [i64, u64, c.c_void_p, sz, c.c_int, P(Stats)]),
         "oktopk_sparse_allreduce_hold": (c.c_int, [i64, u64, c.c_void_p, sz, c.c_int, P(sz), sz, P(Stats)]),

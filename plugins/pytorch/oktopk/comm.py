@@ -261,6 +261,17 @@ class Communicator:
         buf = ctypes.create_string_buffer(blob, len(blob))
         self._check(_lib.lib().oktopk_tensor_state_load(self.handle, tensor_id, buf, len(blob)))
 
+    @property
+    def dropped(self):
+        """What this rank has refused so far (an int): connections to its
+        port that did not authenticate, and frames that failed validation.
+        Refused traffic never reaches a call; a nonzero count says only that
+        something other than this job's ranks reached the port. Raises
+        OkTopkError once the communicator is destroyed."""
+        count = ctypes.c_uint64(0)
+        self._check(_lib.lib().oktopk_comm_dropped(self.handle, ctypes.byref(count)))
+        return count.value
+
     def abort(self):
         if self.handle:
             _lib.lib().oktopk_comm_abort(self.handle)
