@@ -142,7 +142,7 @@ func TestConnectFailsNamingAnUnreachablePeerAddress(t *testing.T) {
 	}
 	// Rank 1 reaches rank 0 but never hears from it: it names its own
 	// address, the one rank 0 was told and could not reach.
-	if errs[1] == nil || !strings.Contains(errs[1].Error(), "never said hello to this rank's tcp://127.0.0.1:") {
+	if errs[1] == nil || !strings.Contains(errs[1].Error(), "never connected to this rank's tcp://127.0.0.1:") {
 		t.Errorf("rank 1: %v; want a failure naming its own address", errs[1])
 	}
 }
