@@ -314,6 +314,9 @@ func readStoreMessage(r io.Reader, v any) error {
 		}
 		return err
 	}
+	if err := checkMsgpackLengths(body.Bytes()); err != nil {
+		return err
+	}
 	return msgpack.Unmarshal(body.Bytes(), v)
 }
 
@@ -417,3 +420,103 @@ func (s *tcpStore) Add(ctx context.Context, key string, delta int64) (int64, err
 
 // Close drops the connection to the server.
 func (s *tcpStore) Close() error { return s.conn.Close() }
+
+// checkMsgpackLengths walks one msgpack value in b and refuses it when a
+// length or count it declares exceeds the bytes that follow, or when it
+// nests deeper than maxMsgpackDepth. The msgpack decoder sizes its
+// allocations from declared lengths before reading (a string declaring
+// 800 MB in a 52-byte message cost 56 MiB), so a store request is checked
+// against its actual size first.
+func checkMsgpackLengths(b []byte) error {
+	bad := func(what string) error { return fmt.Errorf("%w: store message: %s", ErrBadFrame, what) }
+	pending := 1 // values still to read
+	depth := 0
+	for pending > 0 {
+		if len(b) == 0 {
+			return bad("truncated")
+		}
+		c := b[0]
+		b = b[1:]
+		pending--
+		var skip, items uint64 // bytes to skip after the header; values it holds
+		var lenBytes int       // bytes of a length field that follows
+		switch {
+		case c <= 0x7f || c >= 0xe0 || c == 0xc0 || c == 0xc2 || c == 0xc3: // fixints, nil, bools
+		case c&0xf0 == 0x80: // fixmap
+			items = 2 * uint64(c&0x0f)
+		case c&0xf0 == 0x90: // fixarray
+			items = uint64(c & 0x0f)
+		case c&0xe0 == 0xa0: // fixstr
+			skip = uint64(c & 0x1f)
+		case c == 0xc4 || c == 0xd9: // bin8, str8
+			lenBytes = 1
+		case c == 0xc5 || c == 0xda: // bin16, str16
+			lenBytes = 2
+		case c == 0xc6 || c == 0xdb: // bin32, str32
+			lenBytes = 4
+		case c == 0xc7: // ext8: length, type, data
+			lenBytes, skip = 1, 1
+		case c == 0xc8:
+			lenBytes, skip = 2, 1
+		case c == 0xc9:
+			lenBytes, skip = 4, 1
+		case c == 0xca || c == 0xce || c == 0xd2: // float32, uint32, int32
+			skip = 4
+		case c == 0xcb || c == 0xcf || c == 0xd3: // float64, uint64, int64
+			skip = 8
+		case c == 0xcc || c == 0xd0:
+			skip = 1
+		case c == 0xcd || c == 0xd1:
+			skip = 2
+		case c >= 0xd4 && c <= 0xd8: // fixext 1, 2, 4, 8, 16 (and a type byte)
+			skip = 1 + 1<<(c-0xd4)
+		case c == 0xdc || c == 0xdd || c == 0xde || c == 0xdf: // array16/32, map16/32
+			n := 2
+			if c == 0xdd || c == 0xdf {
+				n = 4
+			}
+			if len(b) < n {
+				return bad("truncated")
+			}
+			for _, x := range b[:n] {
+				items = items<<8 | uint64(x)
+			}
+			b = b[n:]
+			if c >= 0xde {
+				items *= 2
+			}
+		default: // 0xc1 is never used
+			return bad(fmt.Sprintf("type byte %#x", c))
+		}
+		if lenBytes > 0 {
+			if len(b) < lenBytes {
+				return bad("truncated")
+			}
+			var n uint64
+			for _, x := range b[:lenBytes] {
+				n = n<<8 | uint64(x)
+			}
+			b = b[lenBytes:]
+			skip += n
+		}
+		if skip > uint64(len(b)) {
+			return bad(fmt.Sprintf("%d bytes declared, %d left", skip, len(b)))
+		}
+		b = b[skip:]
+		if items > 0 {
+			// Every value takes at least one byte.
+			if items > uint64(len(b)) || uint64(pending)+items > uint64(len(b)) {
+				return bad(fmt.Sprintf("%d values declared, %d bytes left", items, len(b)))
+			}
+			if depth++; depth > maxMsgpackDepth {
+				return bad("nested too deep")
+			}
+			pending += int(items)
+		}
+	}
+	return nil
+}
+
+// maxMsgpackDepth bounds the containers one store message may open; its
+// own messages open one (the request or reply map).
+const maxMsgpackDepth = 8
