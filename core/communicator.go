@@ -50,7 +50,8 @@ type Communicator struct {
 	seq      uint64
 	states   map[uint64]*TensorState
 	poisoned error
-	before   []float32 // the caller's data before a dense allreduce, put back if it fails
+	before   []float32   // the caller's data before a dense allreduce, put back if it fails
+	scratch  callScratch // lent to each sparse call (calls run one at a time)
 }
 
 // NewCommunicator wraps a connected transport.
@@ -203,7 +204,7 @@ func (c *Communicator) SparseAllreduce(ctx context.Context, id uint64, grad []fl
 	before := snapshotOf(st)
 	start := time.Now()
 	stats.K = cfg.K(len(grad))
-	err = f(ctx, NewCall(c.T, cfg.Algorithm.Op(), seq, &stats, WithDesc(DescribeCall(ctx, id, len(grad), stats.K))), st, grad)
+	err = f(ctx, NewCall(c.T, cfg.Algorithm.Op(), seq, &stats, WithDesc(DescribeCall(ctx, id, len(grad), stats.K)), withScratch(&c.scratch)), st, grad)
 	if err != nil {
 		before.restore(st)
 	}

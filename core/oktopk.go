@@ -78,8 +78,10 @@ package core
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
+	mathbits "math/bits"
 	"sort"
 	"time"
 
@@ -107,13 +109,27 @@ const (
 // reference does, so memory for arrived contributions stays bounded.
 const maxExchangesInFlight = 4
 
-// okTopkScratch is reused across calls on one tensor: no per-call
-// allocation proportional to n in steady state.
+// okTopkScratch is the storage of one call's steps, reused from call to
+// call: a call through a Communicator uses the communicator's (callScratch,
+// one set for all its tensors), any other call the tensor's own. Nothing in
+// it is n elements long: acc = grad + residual is never stored (vec.go), and
+// step 3 sums only this rank's region, n/P entries; everything else holds
+// about k entries. So a steady-state call allocates nothing in proportion
+// to n, and only the transport's messages in proportion to k.
 type okTopkScratch struct {
-	acc       []float32
-	local     Sparse
-	regionSum []float32
-	touched   []bool
+	local     Sparse    // step 1: this rank's selection
+	encoded   []byte    // step 3: the selection's regions, encoded for their owners
+	decoded   []Sparse  // step 3: the contributions received, per sender
+	regionSum []float32 // step 3: this rank's region, summed densely
+	touched   []uint64  // step 3: which entries of regionSum some rank sent (bits)
+	reduced   Sparse    // step 3: the region's reduced entries
+	kept      Sparse    // step 4: the reduced entries above the global cut
+	sends     []byte    // step 5: the kept entries other ranks' shares take, encoded
+	parts     []Sparse  // step 5: the parts of this rank's share received, per owner
+	balanced  Sparse    // step 5: this rank's share
+	share     []byte    // step 5: this rank's share, encoded for the allgather
+	blocks    []Sparse  // step 5: the shares gathered, decoded, per rank
+	global    Sparse    // step 5: the global result
 
 	histogramWords int // words this rank sent in the last call's histogram exchanges
 }
@@ -125,45 +141,45 @@ var errStepSkipped = fmt.Errorf("every rank skipped this step")
 func okTopkAllreduce(ctx context.Context, call *Call, st *TensorState, grad []float32) error {
 	n, p := len(grad), call.Size()
 	k := st.Config.K(n)
-	sc := &st.scratch
-	if cap(sc.acc) < n {
-		sc.acc = make([]float32, n)
+	if len(st.Residual) != n {
+		return fmt.Errorf("%w: residual holds %d elements, gradient %d", ErrInvalidArgument, len(st.Residual), n)
 	}
-	acc := sc.acc[:n]
+	// acc = grad + residual, never stored: every pass forms it as it reads.
+	acc := sumVec(grad, st.Residual)
 	if k == n && p > 1 {
-		return okTopkDense(ctx, call, st, grad, acc)
+		return okTopkDense(ctx, call, st, grad)
 	}
+	sc := call.okTopkScratch(st)
 	// With k = n every entry is kept, which only the exact path does
 	// without a threshold (a zero sum is still a selected entry).
 	exact := st.Iter%st.Config.TauPrime == 0 || k == n
 	savedLocal, savedGlobal := st.LocalThreshold, st.GlobalThreshold
 
-	// Step 1: local threshold and selection.
+	// Step 1: local threshold and selection, in the same passes that form
+	// acc (on a reuse call, one pass); NaN or Inf in acc is found by them.
 	start := time.Now()
 	local := sc.local
 	local.Reset()
 	var nonFinite bool
-	if !exact && k > 0 && st.LocalThreshold > 0 {
-		// A reuse call: error feedback's accumulation and the threshold
-		// selection share one pass over memory.
-		chunks := selectionChunks(n)
-		var bad int
-		local, bad = accumulateAbove(local, acc, grad, st.Residual, st.LocalThreshold, chunks)
-		if nonFinite = bad > 0; nonFinite {
-			local.Reset()
-		} else {
-			var err error
-			if local, _, err = reuseThreshold(local, acc, k, &st.LocalThreshold, 0, chunks); err != nil {
-				return err
-			}
+	var err error
+	switch {
+	case k == 0:
+		nonFinite = acc.countNonFinite() > 0 // nothing to select, but every rank must agree
+	case k == n:
+		local = selectAll(local, acc) // density 1 on one rank: everything is selected
+		nonFinite = countNonFinite(local.Val) > 0
+	default:
+		local, _, err = selectByThresholdOf(local, acc, k, &st.LocalThreshold, exact, selectionChunks(n))
+		if errors.Is(err, ErrNonFinite) {
+			nonFinite, err = true, nil
 		}
-	} else if nonFinite = Accumulate(acc, grad, st.Residual) > 0; !nonFinite {
-		var err error
-		if k == n {
-			local = selectAll(local, acc) // density 1: everything is selected
-		} else if local, err = SelectByThreshold(local, acc, k, &st.LocalThreshold, exact); err != nil {
-			return err
-		}
+	}
+	if err != nil {
+		st.LocalThreshold = savedLocal
+		return err
+	}
+	if nonFinite {
+		local.Reset()
 	}
 	sc.local = local
 	call.Stats.LocalSelected = local.Len()
@@ -201,41 +217,42 @@ func okTopkAllreduce(ctx context.Context, call *Call, st *TensorState, grad []fl
 	call.Stats.LocalThreshold, call.Stats.GlobalThreshold = st.LocalThreshold, st.GlobalThreshold
 
 	// Step 6: residual, then the averaged result into the caller's buffer.
-	UpdateResidual(st.Residual, acc, local, global)
-	ScatterAverage(grad, global, p)
+	foldResidual(st.Residual, grad, local, global)
+	writeAverage(grad, global, p)
 	st.Iter++
 	return nil
 }
 
 // okTopkDense is Ok-Topk at density 1: the dense ring allreduce of acc =
 // grad + residual, averaged into grad. A failed call leaves grad, the
-// residual and the state as they were (the ring writes only acc, this
-// tensor's scratch).
-func okTopkDense(ctx context.Context, call *Call, st *TensorState, grad, acc []float32) error {
+// residual and the state as they were: the ring reads acc as it goes
+// (never stored) and writes grad only once every message has arrived.
+func okTopkDense(ctx context.Context, call *Call, st *TensorState, grad []float32) error {
 	n, p := len(grad), call.Size()
 	start := time.Now()
-	bad := Accumulate(acc, grad, st.Residual)
+	bad := sumVec(grad, st.Residual).countNonFinite()
 	call.Stats.Select = time.Since(start)
 	if err := agreeOnInput(ctx, call, bad, nil); err != nil {
 		return err
 	}
 	start = time.Now()
-	if err := RingAllreduce(ctx, call, acc); err != nil {
+	if err := ringAllreduce(ctx, call, grad, st.Residual, grad); err != nil {
 		return err
 	}
 	call.Stats.Reduce = time.Since(start)
-	scale(acc, p)
-	copy(grad, acc)
+	scale(grad, p)
 	clear(st.Residual)
 	call.Stats.LocalSelected, call.Stats.GlobalSelected = n, n
 	st.Iter++
 	return nil
 }
 
-func selectAll(dst Sparse, x []float32) Sparse {
-	for i, v := range x {
-		dst.Append(uint32(i), v)
+func selectAll(dst Sparse, x vec) Sparse {
+	dst = growSparse(dst, x.len())
+	for i := range dst.Idx {
+		dst.Idx[i] = uint32(i)
 	}
+	x.copyTo(dst.Val)
 	return dst
 }
 
@@ -289,25 +306,50 @@ func regionOf(s Sparse, lo, hi uint32) Sparse {
 }
 
 // splitAndReduce is step 3: it returns the reduced entries of this rank's
-// region (every index any rank contributed, ascending).
+// region (every index any rank contributed, ascending), in sc's storage.
 func splitAndReduce(ctx context.Context, call *Call, bounds []uint32, local Sparse, sc *okTopkScratch) (Sparse, error) {
 	p, r := call.Size(), call.Rank()
 	lo, hi := bounds[r], bounds[r+1]
 	width := int(hi - lo)
+	// The region is summed densely, but only the entries some rank sent
+	// are ever read or written: an entry's first contribution is added to
+	// 0 (as if the sum had been cleared) and marks it in touched, a bit per
+	// entry. Only the bits are cleared per call, n/(32P) words.
+	// A repartition moves the boundaries, so the buffers are made with a
+	// quarter's slack: not anew after every repartition that widens the
+	// region a little. (Pages never written cost no memory.)
 	if cap(sc.regionSum) < width {
-		sc.regionSum = make([]float32, width)
-		sc.touched = make([]bool, width)
+		sc.regionSum = make([]float32, width+width/4)
 	}
-	sum, touched := sc.regionSum[:width], sc.touched[:width]
-	clear(sum)
+	words := (width + 63) / 64
+	if cap(sc.touched) < words {
+		sc.touched = make([]uint64, words+words/4)
+	}
+	sum, touched := sc.regionSum[:width], sc.touched[:words]
 	clear(touched)
+
+	// Each region's entries of the selection, encoded for its owner into
+	// its own part of one buffer (the parts never overlap, so the
+	// exchanges in flight encode at once).
+	at := make([]int, p+1) // region j is local[at[j]:at[j+1]]
+	for j := 1; j < p; j++ {
+		at[j] = at[j-1] + sort.Search(local.Len()-at[j-1], func(i int) bool { return local.Idx[at[j-1]+i] >= bounds[j] })
+	}
+	at[p] = local.Len()
+	if cap(sc.encoded) < 8*local.Len() {
+		sc.encoded = make([]byte, 8*local.Len())
+	}
+	for len(sc.decoded) < p {
+		sc.decoded = append(sc.decoded, Sparse{})
+	}
+	region := func(j int) Sparse { return Sparse{Idx: local.Idx[at[j]:at[j+1]], Val: local.Val[at[j]:at[j+1]]} }
 
 	contributions := make([]Sparse, p)
 	arrived := make([]chan struct{}, p)
 	for i := range arrived {
 		arrived[i] = make(chan struct{})
 	}
-	contributions[r] = regionOf(local, lo, hi)
+	contributions[r] = region(r)
 	close(arrived[r])
 
 	g, gctx := errgroup.WithContext(ctx)
@@ -322,8 +364,8 @@ func splitAndReduce(ctx context.Context, call *Call, bounds []uint32, local Spar
 			}
 			goSafe(g, func() error {
 				defer func() { <-slots }()
-				out := regionOf(local, bounds[to], bounds[to+1])
-				payload := EncodeSparse(nil, out, bounds[to])
+				out := region(to)
+				payload := EncodeSparse(sc.encoded[8*at[to]:8*at[to+1]:8*at[to+1]], out, bounds[to])
 				m, err := call.SendRecv(gctx, to, stepSplit, transport.DtypeSparseF32, uint64(out.Len()), payload, from)
 				if err != nil {
 					return err
@@ -331,7 +373,8 @@ func splitAndReduce(ctx context.Context, call *Call, bounds []uint32, local Spar
 				if m.Dtype != transport.DtypeSparseF32 {
 					return fmt.Errorf("%w: rank %d sent %s in split-and-reduce", ErrMismatch, from, m.Dtype)
 				}
-				in, err := DecodeSparse(Sparse{}, m.Payload, m.Count, lo, hi)
+				in, err := DecodeSparse(sc.decoded[from], m.Payload, m.Count, lo, hi)
+				sc.decoded[from] = in // kept for the next call, grown or not
 				if err != nil {
 					return fmt.Errorf("from rank %d: %w", from, err)
 				}
@@ -346,6 +389,7 @@ func splitAndReduce(ctx context.Context, call *Call, bounds []uint32, local Spar
 	// the schedule delivers them: my own, then ranks r−1, r−2, … (mod P).
 	// Only the owner sums its region, so the order is fixed per region and
 	// every rank ends with the same bits.
+	count := 0 // entries touched
 	goSafe(g, func() error {
 		for i := 0; i < p; i++ {
 			src := (r - i + p) % p
@@ -356,8 +400,15 @@ func splitAndReduce(ctx context.Context, call *Call, bounds []uint32, local Spar
 			}
 			c := contributions[src]
 			for j, ix := range c.Idx {
-				sum[ix-lo] += c.Val[j]
-				touched[ix-lo] = true
+				e := ix - lo
+				w, bit := e/64, uint64(1)<<(e%64)
+				if touched[w]&bit == 0 {
+					touched[w] |= bit
+					sum[e] = 0 + c.Val[j] // the bits of adding to a cleared sum (−0 becomes +0)
+					count++
+				} else {
+					sum[e] += c.Val[j]
+				}
 			}
 		}
 		return nil
@@ -365,12 +416,16 @@ func splitAndReduce(ctx context.Context, call *Call, bounds []uint32, local Spar
 	if err := g.Wait(); err != nil {
 		return Sparse{}, err
 	}
-	var reduced Sparse
-	for j, t := range touched {
-		if t {
-			reduced.Append(lo+uint32(j), sum[j])
+	reduced := growSparse(sc.reduced, count)
+	j := 0
+	for w, bits := range touched {
+		for ; bits != 0; bits &= bits - 1 {
+			e := w*64 + mathbits.TrailingZeros64(bits)
+			reduced.Idx[j], reduced.Val[j] = lo+uint32(e), sum[e]
+			j++
 		}
 	}
+	sc.reduced = reduced
 	return reduced, nil
 }
 
@@ -379,10 +434,11 @@ func splitAndReduce(ctx context.Context, call *Call, bounds []uint32, local Spar
 func globalSelection(ctx context.Context, call *Call, st *TensorState, reduced Sparse, k int, exact, nonFinite bool) (Sparse, bool, error) {
 	// Every owner announces a magnitude histogram of its reduced entries
 	// (and whether it saw NaN/Inf); every rank sums them identically.
-	sc := &st.scratch
-	sc.histogramWords = 0
+	words := &st.scratch.histogramWords
+	*words = 0
+	sc := call.okTopkScratch(st)
 	base := histogramBase(st.GlobalThreshold)
-	hists, anyNonFinite, err := exchangeHistograms(ctx, call, reduced, base, nonFinite, &sc.histogramWords)
+	hists, anyNonFinite, err := exchangeHistograms(ctx, call, reduced, base, nonFinite, words)
 	if err != nil {
 		return Sparse{}, false, err
 	}
@@ -396,16 +452,16 @@ func globalSelection(ctx context.Context, call *Call, st *TensorState, reduced S
 	// ties to the lower index, for a few histogram rounds instead of
 	// gathering every owner's candidates). Every rank computes the same
 	// cut, and every owner's count, from the same histograms.
-	cut, err := chooseGlobalCut(ctx, call, reduced, hists, base, k, exact, &sc.histogramWords)
+	cut, err := chooseGlobalCut(ctx, call, reduced, hists, base, k, exact, words)
 	if err != nil {
 		return Sparse{}, false, err
 	}
-	kept := cut.keep(reduced, call.Rank())
-	balanced, err := balance(ctx, call, kept, cut.counts)
+	sc.kept = cut.keep(sc.kept, reduced, call.Rank())
+	balanced, err := balance(ctx, call, sc.kept, cut.counts, sc)
 	if err != nil {
 		return Sparse{}, false, err
 	}
-	global, err := gatherSparse(ctx, call, stepAllgather, balanced, uint32(st.N))
+	global, err := gatherSparse(ctx, call, stepAllgather, balanced, uint32(st.N), sc)
 	if err != nil {
 		return Sparse{}, false, err
 	}
@@ -491,8 +547,11 @@ type globalCut struct {
 	counts []int // entries each owner keeps
 }
 
-func (c globalCut) keep(reduced Sparse, owner int) Sparse {
-	var kept Sparse
+// keep returns the entries of reduced the cut keeps on owner, in dst's
+// storage (reset first).
+func (c globalCut) keep(dst, reduced Sparse, owner int) Sparse {
+	kept := dst
+	kept.Reset()
 	ties := 0
 	if c.quota != nil {
 		ties = c.quota[owner]
@@ -714,7 +773,8 @@ func exchangeRefinement(ctx context.Context, call *Call, step uint32, reduced Sp
 // balance is step 5's first half: the kept entries of all owners, taken in
 // index order, are cut into P equal shares; rank j receives share j. Each
 // owner sends the parts of its entries that fall in other ranks' shares.
-func balance(ctx context.Context, call *Call, kept Sparse, counts []int) (Sparse, error) {
+// The result is in sc's storage.
+func balance(ctx context.Context, call *Call, kept Sparse, counts []int, sc *okTopkScratch) (Sparse, error) {
 	p, r := call.Size(), call.Rank()
 	total := 0
 	starts := make([]int, p+1) // global position of each owner's first entry
@@ -727,18 +787,27 @@ func balance(ctx context.Context, call *Call, kept Sparse, counts []int) (Sparse
 	overlap := func(aLo, aHi, bLo, bHi int) (int, int) { return max(aLo, bLo), min(aHi, bHi) }
 
 	g, gctx := errgroup.WithContext(ctx)
-	// Send my entries that belong to other ranks' shares.
+	// Send my entries that belong to other ranks' shares, each part encoded
+	// into its own place in one buffer (the parts never overlap).
+	if cap(sc.sends) < 8*kept.Len() {
+		sc.sends = make([]byte, 8*kept.Len())
+	}
 	for j := 0; j < p; j++ {
 		lo, hi := overlap(starts[r], starts[r+1], share(j), share(j+1))
 		if j == r || lo >= hi {
 			continue
 		}
-		part := Sparse{Idx: kept.Idx[lo-starts[r] : hi-starts[r]], Val: kept.Val[lo-starts[r] : hi-starts[r]]}
+		a, b := lo-starts[r], hi-starts[r]
+		part := Sparse{Idx: kept.Idx[a:b], Val: kept.Val[a:b]}
+		payload := EncodeSparse(sc.sends[8*a:8*b:8*b], part, 0)
 		goSafe(g, func() error {
-			return call.Send(gctx, j, stepBalance, transport.DtypeSparseF32, uint64(part.Len()), EncodeSparse(nil, part, 0))
+			return call.Send(gctx, j, stepBalance, transport.DtypeSparseF32, uint64(part.Len()), payload)
 		})
 	}
 	// Receive the parts of my share that other owners hold, in owner order.
+	for len(sc.parts) < p {
+		sc.parts = append(sc.parts, Sparse{})
+	}
 	parts := make([]Sparse, p)
 	for o := 0; o < p; o++ {
 		lo, hi := overlap(starts[o], starts[o+1], share(r), share(r+1))
@@ -757,47 +826,68 @@ func balance(ctx context.Context, call *Call, kept Sparse, counts []int) (Sparse
 			if m.Count != uint64(hi-lo) {
 				return fmt.Errorf("%w: rank %d moved %d entries, want %d", ErrMismatch, o, m.Count, hi-lo)
 			}
-			s, err := DecodeSparse(Sparse{}, m.Payload, m.Count, 0, ^uint32(0))
-			parts[o] = s
+			s, err := DecodeSparse(sc.parts[o], m.Payload, m.Count, 0, ^uint32(0))
+			sc.parts[o], parts[o] = s, s
 			return err
 		})
 	}
 	if err := g.Wait(); err != nil {
 		return Sparse{}, err
 	}
-	var out Sparse
+	sc.balanced = concatSparse(sc.balanced, parts)
+	return sc.balanced, nil
+}
+
+// concatSparse returns the parts one after the other in dst's storage
+// (reset first, grown when too small).
+func concatSparse(dst Sparse, parts []Sparse) Sparse {
+	total := 0
 	for _, s := range parts {
-		out.Idx = append(out.Idx, s.Idx...)
-		out.Val = append(out.Val, s.Val...)
+		total += s.Len()
 	}
-	return out, nil
+	dst = reserveSparse(Sparse{Idx: dst.Idx[:0], Val: dst.Val[:0]}, total)
+	dst.Reset()
+	for _, s := range parts {
+		dst.Idx = append(dst.Idx, s.Idx...)
+		dst.Val = append(dst.Val, s.Val...)
+	}
+	return dst
 }
 
 // gatherSparse allgathers every rank's sparse block (Bruck's algorithm: the
 // balanced shares are of about one size) and concatenates them in rank
 // order; blocks must be disjoint and ascending across ranks, which
 // DecodeSparse and the order check enforce.
-func gatherSparse(ctx context.Context, call *Call, step uint32, mine Sparse, n uint32) (Sparse, error) {
-	blocks, err := AllgathervBruck(ctx, call, step, Block{Dtype: transport.DtypeSparseF32, Count: uint64(mine.Len()), Payload: EncodeSparse(nil, mine, 0)})
+func gatherSparse(ctx context.Context, call *Call, step uint32, mine Sparse, n uint32, sc *okTopkScratch) (Sparse, error) {
+	sc.share = EncodeSparse(sc.share, mine, 0)
+	blocks, err := AllgathervBruck(ctx, call, step, Block{Dtype: transport.DtypeSparseF32, Count: uint64(mine.Len()), Payload: sc.share})
 	if err != nil {
 		return Sparse{}, err
 	}
-	var out Sparse
+	for len(sc.blocks) < len(blocks) {
+		sc.blocks = append(sc.blocks, Sparse{})
+	}
+	parts := make([]Sparse, len(blocks))
+	var last int64 = -1 // the largest index so far
 	for r, b := range blocks {
 		if b.Dtype != transport.DtypeSparseF32 {
 			return Sparse{}, fmt.Errorf("%w: rank %d sent %s in the allgather", ErrMismatch, r, b.Dtype)
 		}
-		s, err := DecodeSparse(Sparse{}, b.Payload, b.Count, 0, n)
+		s, err := DecodeSparse(sc.blocks[r], b.Payload, b.Count, 0, n)
+		sc.blocks[r] = s
 		if err != nil {
 			return Sparse{}, fmt.Errorf("from rank %d: %w", r, err)
 		}
-		if len(out.Idx) > 0 && len(s.Idx) > 0 && s.Idx[0] <= out.Idx[len(out.Idx)-1] {
-			return Sparse{}, fmt.Errorf("%w: rank %d's block overlaps the one before", transport.ErrBadFrame, r)
+		if s.Len() > 0 {
+			if int64(s.Idx[0]) <= last {
+				return Sparse{}, fmt.Errorf("%w: rank %d's block overlaps the one before", transport.ErrBadFrame, r)
+			}
+			last = int64(s.Idx[s.Len()-1])
 		}
-		out.Idx = append(out.Idx, s.Idx...)
-		out.Val = append(out.Val, s.Val...)
+		parts[r] = s
 	}
-	return out, nil
+	sc.global = concatSparse(sc.global, parts)
+	return sc.global, nil
 }
 
 // okTopkSparseInput runs steps 2–5 on a caller's own selection (no state,

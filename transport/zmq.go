@@ -31,6 +31,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -426,6 +427,13 @@ func (z *ZMQ) enqueue(ctx context.Context, peer int, h *frameHeader, payload []b
 // sendLoop owns one DEALER socket: it sends queued frames in order and a
 // heartbeat whenever the queue has been idle for a heartbeat interval.
 func (z *ZMQ) sendLoop(p *peerSender, sock *zmq.Socket) {
+	// ZeroMQ copies each payload into memory malloc takes from the calling
+	// thread's arena. On one thread of its own, each sender reuses its own
+	// arena's free memory for the next payload; hopping between the Go
+	// runtime's threads it would leave a freed payload-sized block in each
+	// thread's arena (measured: dense ring, P = 4, n = 2^24: 2.75 × n × 4 B
+	// of retained C memory per rank, instead of about one payload per peer).
+	runtime.LockOSThread()
 	defer z.owners.Done()
 	defer sock.Close()
 	// A heartbeat's sequence number is the latest call this rank started.

@@ -101,6 +101,7 @@ class OkTopkState:
         "_pool",
         "_lock",
         "_param_index",
+        "_staging",
     ]
 
     def __init__(self, process_group=None, density=0.01, algorithm="oktopk", warmup_iters=1, tau=64, tau_prime=32, timeout=60.0):
@@ -138,6 +139,10 @@ class OkTopkState:
         self._pool = {}
         self._lock = threading.Lock()
         self._param_index = {}
+        # Staging memory (worker thread only), one per kind (pinned or not),
+        # grown to the largest group and reused by every call; see
+        # _staging_for.
+        self._staging = {}
 
     # -- a bucket layout that survives DDP's bucket rebuild ------------------
     #
@@ -203,8 +208,13 @@ class OkTopkState:
         if not cuda and len(pieces) == 1 and pieces[0][1:] == (0, tensor.numel()) and tensor.is_contiguous():
             host = tensor  # in place
         else:
-            # CUDA: pinned host memory, so the copies are DMA transfers.
-            host = torch.empty(n, dtype=tensor.dtype, pin_memory=cuda)
+            # The one copy of a bucket that remains, and why: the library
+            # reads host memory (a CUDA bucket is copied to pinned host
+            # memory, so both copies are DMA transfers), and it keeps the
+            # residual in the group's canonical order (a CPU bucket whose
+            # parameters DDP laid out otherwise, or spread over buckets, is
+            # gathered). The staging memory is the state's, reused.
+            host = self._staging_for(n, tensor.dtype, cuda)
             at = 0
             for t, a, b in pieces:
                 host[at : at + b - a].copy_(t[a:b])
@@ -226,6 +236,21 @@ class OkTopkState:
                 self.bytes_sent += stats.bytes_sent
                 self.bytes_received += stats.bytes_received
                 self.comm_seconds += stats.total_seconds
+
+    def _staging_for(self, n, dtype, pinned):
+        """n elements of dtype in the state's staging memory (pinned for
+        CUDA buckets): allocated once, grown only for a larger group, and
+        reused by every call, which the single worker thread makes one at a
+        time. Each call's copies back to the bucket finish before the next
+        call writes it (copies to a CUDA tensor from pinned memory without
+        non_blocking wait for the transfer)."""
+        need = n * torch.empty(0, dtype=dtype).element_size()
+        buf = self._staging.get(pinned)
+        if buf is None or buf.numel() < need:
+            self._staging[pinned] = None  # the old buffer goes before the new one comes
+            buf = torch.empty(need, dtype=torch.uint8, pin_memory=pinned)
+            self._staging[pinned] = buf
+        return buf[:need].view(dtype)
 
     def _reduce_bucket(self, group_id, tensor, slices, fut, stream):
         # Worker thread: one DDP bucket that is exactly one group.
@@ -345,6 +370,7 @@ class OkTopkState:
         if self._comm is not None:
             self._comm.destroy()
             self._comm = None
+        self._staging = {}
 
 
 def _on_stream(stream):
