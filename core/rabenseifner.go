@@ -26,6 +26,9 @@ package core
 //  4. Unfold: each even rank of the first 2e sends the result to the odd rank
 //     above it.
 //
+// Ranges longer than densePiece values (1 MiB) travel as several messages
+// (dense.go), each added or copied in place as it arrives.
+//
 // Cost: 2 log P' α + 2n(P'−1)/P' β per rank, plus (when P is not a power of
 // two) 2α and n β for the fold and the unfold: the latency of a tree with the
 // bandwidth of the ring.

@@ -19,6 +19,10 @@ package core
 //     copy. The finished chunks are copied, never re-added, which is why
 //     every rank ends with the same bits.
 //
+// A chunk longer than densePiece values (1 MiB) travels as several messages
+// (dense.go): the words do not change, and no buffer of ZeroMQ's or the
+// receiver's is a chunk long.
+//
 // Cost: 2(P−1)α + 2n(P−1)/P β per rank — optimal bandwidth, latency linear
 // in P (Rabenseifner trades the latency down to 2 log P α).
 
@@ -34,7 +38,8 @@ func init() { registerDense(DenseRing, RingAllreduce) }
 // RingAllreduce sums data over every rank of call, in place. data is
 // written only after the last message has arrived, so a call that fails
 // leaves it as it was: the partial sums live in the received buffers, which
-// this rank owns, and each is forwarded from there at the next step.
+// this rank owns, and each is forwarded from there at the next step. Those
+// buffers, n values in all, are the only memory it needs.
 func RingAllreduce(ctx context.Context, call *Call, data []float32) error {
 	return ringAllreduce(ctx, call, data, nil, data)
 }

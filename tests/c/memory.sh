@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # memory.sh P N CALLS [ALGORITHM...]: each algorithm's peak RSS growth per
 # rank over real ZeroMQ sockets, one job (P processes) per algorithm so that
-# no algorithm's memory is counted against another. Prints one row per
-# algorithm: the largest growth over the ranks, in MiB and in units of
-# N × 4 bytes (a float32 vector of N elements). LIMIT_OKTOPK and LIMIT_OTHER
-# (units of N × 4 B, unset: no check) make it fail when a rank grew more.
+# no algorithm's memory is counted against another. The baseline is taken
+# once the caller's buffer is allocated and touched (build/oktopk_test's
+# memory mode). Prints one row per algorithm: the largest growth over the
+# ranks, in MiB and in units of N × the element size. DTYPE (float32 or
+# bfloat16, default float32) is the caller's buffer's; LIMIT_OKTOPK and
+# LIMIT_OTHER (in those units; unset: no check) make it fail when a rank
+# grew more.
 #
 #   tests/c/memory.sh 4 16777216 12            # every algorithm, n = 2^24
 set -u
@@ -16,11 +19,14 @@ algs=("$@")
 [ ${#algs[@]} -gt 0 ] || algs=(dense_ring dense_rabenseifner oktopk topka topkdsa ssar_recursive_double \
 	ssar_split_allgather dsar_split_allgather gtopk gaussiank)
 status=0
-printf '| algorithm | peak extra RSS per rank (max over %d ranks) | ÷ (n × 4 B) |\n|---|---|---|\n' "$P"
+dtype=${DTYPE:-float32}
+size=4
+[ "$dtype" = float32 ] || size=2
+printf '| algorithm | peak extra RSS per rank (max over %d ranks) | ÷ (n × %d B) |\n|---|---|---|\n' "$P" "$size"
 for alg in "${algs[@]}"; do
 	limit=${LIMIT_OTHER:-0}
 	[ "$alg" = oktopk ] && limit=${LIMIT_OKTOPK:-0}
-	out=$("$here/launch.sh" "$P" "$bin" memory "$alg" "$N" "$CALLS" "$limit" 2>&1)
+	out=$("$here/launch.sh" "$P" "$bin" memory "$alg" "$N" "$CALLS" "$limit" "$dtype" 2>&1)
 	rc=$?
 	if [ $rc -ne 0 ]; then
 		echo "$out" | tail -20 >&2

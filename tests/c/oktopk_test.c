@@ -14,15 +14,16 @@
  *   oktopk_test peerdeath  P processes: the last rank dies without a word;
  *                        the others' next call fails (not hangs) and their
  *                        destroy returns within about a second.
- *   oktopk_test memory ALG N CALLS [LIMIT]
+ *   oktopk_test memory ALG N CALLS [LIMIT [DTYPE]]
  *                        P processes (tests/c/memory.sh runs one job per
  *                        algorithm): CALLS calls of algorithm ALG (a name of
  *                        oktopk.h's OKTOPK_ALGO_*, lower case without the
- *                        prefix) on N float32 elements at density 1%; prints
- *                        "MEM" lines with this rank's peak RSS growth over a
- *                        baseline taken once the caller's buffer is
- *                        allocated and touched, in units of N x 4 bytes, and
- *                        fails when that exceeds LIMIT (if given).
+ *                        prefix) on N elements of DTYPE (float32, or
+ *                        bfloat16) at density 1%; prints "MEM" lines with
+ *                        this rank's peak RSS growth over a baseline taken
+ *                        once the caller's buffers are allocated and
+ *                        touched, in units of N x the element size, and
+ *                        fails when that exceeds LIMIT (if not 0).
  */
 #define _GNU_SOURCE
 #include "oktopk.h"
@@ -852,14 +853,17 @@ static const char *const algorithm_names[] = {"dense_ring", "dense_rabenseifner"
  * and nothing of the workload's. The gradient is refilled before every call
  * (the call overwrites it with the result); the fill writes the same pages,
  * so it adds nothing to RSS. */
-static int run_memory(const char *alg_name, size_t n, int calls, double limit) {
+static int run_memory(const char *alg_name, size_t n, int calls, double limit, const char *dtype_name) {
   int alg = -1;
   for (int a = 0; a < (int)(sizeof algorithm_names / sizeof *algorithm_names); a++)
     if (strcmp(alg_name, algorithm_names[a]) == 0) alg = a;
-  if (alg < 0 || n == 0 || calls < 1) {
-    fprintf(stderr, "memory: unknown algorithm %s, or n or calls is 0\n", alg_name);
+  int half = strcmp(dtype_name, "bfloat16") == 0;
+  if (alg < 0 || n == 0 || calls < 1 || (!half && strcmp(dtype_name, "float32") != 0)) {
+    fprintf(stderr, "memory: unknown algorithm %s or dtype %s, or n or calls is 0\n", alg_name, dtype_name);
     return 2;
   }
+  oktopk_dtype_t dtype = half ? OKTOPK_BFLOAT16 : OKTOPK_FLOAT32;
+  size_t width = half ? 2 : 4;
   oktopk_config_t cfg;
   oktopk_config_init(&cfg);
   cfg.timeout_ms = 600000; /* many ranks on few cores: slow, never stuck */
@@ -876,32 +880,37 @@ static int run_memory(const char *alg_name, size_t n, int calls, double limit) {
   OK(oktopk_comm_size(comm, &size));
   rank_ = rank;
   float *grad = malloc(n * sizeof *grad);
-  REQUIRE(grad != NULL);
+  uint16_t *grad16 = half ? malloc(n * sizeof *grad16) : NULL;
+  REQUIRE(grad != NULL && (!half || grad16 != NULL));
   fill_continuous(grad, n, rank, 0);
+  for (size_t i = 0; half && i < n; i++) grad16[i] = to_half(grad[i], OKTOPK_BFLOAT16);
+  void *buffer = half ? (void *)grad16 : (void *)grad;
   REQUIRE(reset_peak_rss() == 0);
   long base = status_kib("VmRSS"), peak = base;
-  double unit = (double)n * 4 / 1024; /* n x 4 bytes in KiB */
+  double unit = (double)n * (double)width / 1024; /* n x the element size, in KiB */
   double t0 = now();
   for (int call = 1; call <= calls; call++) {
     fill_continuous(grad, n, rank, call);
+    for (size_t i = 0; half && i < n; i++) grad16[i] = to_half(grad[i], OKTOPK_BFLOAT16);
     oktopk_stats_t st = {.size = sizeof st};
     if (alg <= OKTOPK_ALGO_DENSE_RABENSEIFNER)
-      OK(oktopk_allreduce(comm, grad, n, OKTOPK_FLOAT32, 1, alg));
+      OK(oktopk_allreduce(comm, buffer, n, dtype, 1, alg));
     else
-      OK(oktopk_sparse_allreduce(comm, 1, grad, n, OKTOPK_FLOAT32, &st));
+      OK(oktopk_sparse_allreduce(comm, 1, buffer, n, dtype, &st));
     long hwm = status_kib("VmHWM"), rss = status_kib("VmRSS");
     peak = hwm > peak ? hwm : peak;
-    printf("call %2d: rss %+7.1f MiB, peak %+7.1f MiB (%.2f x n x 4 B); selected %lld here, %lld in all (k = %lld)\n",
-           call, (rss - base) / 1024.0, (peak - base) / 1024.0, (peak - base) / unit, (long long)st.local_selected,
+    printf("call %2d: rss %+7.1f MiB, peak %+7.1f MiB (%.2f x n x %zu B); selected %lld here, %lld in all (k = %lld)\n",
+           call, (rss - base) / 1024.0, (peak - base) / 1024.0, (peak - base) / unit, width, (long long)st.local_selected,
            (long long)st.global_selected, (long long)st.k);
   }
-  printf("MEM %s P=%d n=%zu calls=%d base_mib=%.1f peak_extra_mib=%.1f ratio=%.2f seconds=%.1f\n", alg_name, size, n,
-         calls, base / 1024.0, (peak - base) / 1024.0, (peak - base) / unit, now() - t0);
+  printf("MEM %s dtype=%s P=%d n=%zu calls=%d base_mib=%.1f peak_extra_mib=%.1f ratio=%.2f seconds=%.1f\n", alg_name,
+         dtype_name, size, n, calls, base / 1024.0, (peak - base) / 1024.0, (peak - base) / unit, now() - t0);
   OK(oktopk_comm_destroy(comm));
   free(grad);
+  free(grad16);
   if (limit > 0 && (peak - base) / unit > limit) {
-    fprintf(stderr, "rank %d: %s's peak RSS grew by %.2f x n x 4 B, above the limit of %.2f\n", rank, alg_name,
-            (peak - base) / unit, limit);
+    fprintf(stderr, "rank %d: %s's peak RSS grew by %.2f x n x %zu B, above the limit of %.2f\n", rank, alg_name,
+            (peak - base) / unit, width, limit);
     return 1;
   }
   return 0;
@@ -914,7 +923,8 @@ int main(int argc, char **argv) {
   if (argc >= 3 && strcmp(argv[1], "cycles") == 0) return run_cycles(atoi(argv[2]));
   if (argc >= 2 && strcmp(argv[1], "peerdeath") == 0) return run_peer_death();
   if (argc >= 5 && strcmp(argv[1], "memory") == 0)
-    return run_memory(argv[2], (size_t)strtoull(argv[3], NULL, 0), atoi(argv[4]), argc >= 6 ? atof(argv[5]) : 0);
-  fprintf(stderr, "usage: %s ranks | errors | cycles N | peerdeath | memory ALG N CALLS [LIMIT]\n", argv[0]);
+    return run_memory(argv[2], (size_t)strtoull(argv[3], NULL, 0), atoi(argv[4]), argc >= 6 ? atof(argv[5]) : 0,
+                      argc >= 7 ? argv[6] : "float32");
+  fprintf(stderr, "usage: %s ranks | errors | cycles N | peerdeath | memory ALG N CALLS [LIMIT [DTYPE]]\n", argv[0]);
   return 2;
 }
