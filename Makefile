@@ -19,9 +19,13 @@ HOROVOD_VERSION := 0.28.1
 HVD_REQ := plugins/horovod/requirements.txt
 HVD_VENV := $(OKTOPK_CACHE)/venv-horovod-$(shell (cat $(HVD_REQ); echo $(HOROVOD_VERSION)) | sha256sum | cut -c1-12)
 HVD_PY := $(HVD_VENV)/bin/python
+# Tools for `make wheel` (auditwheel), keyed the same way.
+WHEEL_REQ := plugins/wheel-requirements.txt
+WHEEL_VENV := $(OKTOPK_CACHE)/venv-wheel-$(shell sha256sum $(WHEEL_REQ) | cut -c1-12)
+WHEEL_PY := $(WHEEL_VENV)/bin/python
 GO_SOURCES := $(shell find core transport capi -name '*.go' -not -name '*_test.go') go.mod go.sum
 
-.PHONY: all deps build test test-go test-c test-python test-horovod demo bench bench-quick bench-smoke bench-go examples header-check clean venv venv-horovod print-py
+.PHONY: all deps deps-launch venv-wheel build test test-go test-c test-launch test-python test-wheel test-venvs test-horovod wheel demo bench bench-quick bench-smoke bench-go examples header-check clean venv venv-horovod print-py chaos chaos-smoke fuzz
 
 all: build
 
@@ -35,6 +39,30 @@ $(BUILD)/.deps: go.mod go.sum
 	$(GO) mod download
 	@touch $@
 
+# What the launch tests need besides libzmq: Open MPI (mpirun, mpicxx) and a
+# single-node Slurm (slurmctld, slurmd, srun) with munge. Installed the same
+# way, only what is missing:
+# $(call apt-missing,tool:package[:package] ...) installs a tool's packages
+# when the tool is not on PATH.
+define apt-missing
+	@missing=""; for pair in $(1); do \
+		IFS=: read -r tool packages <<<"$$pair"; \
+		command -v $$tool >/dev/null 2>&1 || missing="$$missing $${packages//:/ }"; \
+	done; \
+	missing=$$(printf '%s\n' $$missing | sort -u | xargs); \
+	if [ -n "$$missing" ]; then \
+		echo "installing $$missing"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+endef
+LAUNCH_DEPS := mpicxx:openmpi-bin:libopenmpi-dev mpirun:openmpi-bin slurmctld:slurmctld slurmd:slurmd \
+	srun:slurm-client munged:munge
+deps-launch: $(BUILD)/.deps-launch
+$(BUILD)/.deps-launch:
+	@mkdir -p $(BUILD)
+	$(call apt-missing,$(LAUNCH_DEPS))
+	@touch $@
+
 build: $(LIB)
 $(LIB): $(BUILD)/.deps $(GO_SOURCES) include/oktopk.h capi/exports.map
 	$(GO) build -buildmode=c-shared -ldflags="-extldflags=-Wl,--version-script=$(CURDIR)/capi/exports.map" -o $(LIB) ./capi
@@ -42,16 +70,24 @@ $(LIB): $(BUILD)/.deps $(GO_SOURCES) include/oktopk.h capi/exports.map
 
 # The virtualenv's folder name carries the requirements' hash, so its marker
 # file alone says it is complete (a fresh clone's newer file times must not
-# trigger a reinstall).
+# trigger a reinstall). It is built in place, in the folder it will be used
+# from: pip writes that folder into every script's first line (bin/pip,
+# bin/torchrun), so a virtualenv built elsewhere and renamed has scripts
+# that cannot start. The .ok marker is written last, so an interrupted
+# build starts over. A virtualenv cached by an older Makefile, which built
+# it in $(TORCH_VENV).tmp and renamed it, is repaired in place: the old
+# folder's name is replaced in bin/ and pyvenv.cfg (once; after that there
+# is nothing left to replace).
 venv:
 	@if [ ! -f $(TORCH_VENV)/.ok ]; then \
-		set -e; mkdir -p $(OKTOPK_CACHE); rm -rf $(TORCH_VENV).tmp; \
+		set -e; mkdir -p $(OKTOPK_CACHE); rm -rf $(TORCH_VENV) $(TORCH_VENV).tmp; \
 		echo "creating $(TORCH_VENV) from $(TORCH_REQ)"; \
-		python3 -m venv $(TORCH_VENV).tmp; \
-		$(TORCH_VENV).tmp/bin/python -m pip install -q -r $(TORCH_REQ); \
-		rm -rf $(TORCH_VENV) && mv $(TORCH_VENV).tmp $(TORCH_VENV); \
+		python3 -m venv $(TORCH_VENV); \
+		$(PY) -m pip install -q -r $(TORCH_REQ); \
 		touch $(TORCH_VENV)/.ok; \
 	fi
+	@grep -lIr --fixed-strings '$(TORCH_VENV).tmp' $(TORCH_VENV)/bin $(TORCH_VENV)/pyvenv.cfg \
+		| xargs -r sed -i 's|$(TORCH_VENV)\.tmp|$(TORCH_VENV)|g'
 
 # Horovod from source: Gloo for the collectives (horovodrun --gloo), no MPI,
 # no TensorFlow or MXNet; its build requirements come from HVD_REQ because
@@ -72,7 +108,7 @@ venv-horovod:
 		touch $(HVD_VENV)/.ok; \
 	fi
 
-test: test-go test-c test-python test-horovod bench-smoke
+test: test-go test-c test-launch test-python test-wheel test-horovod test-venvs bench-smoke chaos-smoke
 
 # Fuzz budgets are counts of executions, about 10 s each on a 2-core machine,
 # not durations: with a duration Go's fuzz coordinator can report a bare
@@ -80,6 +116,8 @@ test: test-go test-c test-python test-horovod bench-smoke
 # is mid-input (golang/go#75804, fixed only from Go 1.27), a failure with no
 # input behind it.
 FUZZ_DECODE_EXECS ?= 500000x
+FUZZ_WIRE_EXECS ?= 200000x
+FUZZ_PAYLOAD_EXECS ?= 100000x
 FUZZ_TOPK_EXECS ?= 15000x
 test-go: $(BUILD)/.deps
 	$(GO) vet ./...
@@ -89,8 +127,50 @@ test-go: $(BUILD)/.deps
 	$(GO) test -count=1 -timeout 20m ./core ./tests
 	@# Fuzz the decoders of everything that comes off the wire, and selection.
 	$(GO) test -run '^$$' -fuzz FuzzDecodeFrame -fuzztime $(FUZZ_DECODE_EXECS) ./transport
+	$(GO) test -run '^$$' -fuzz '^FuzzInboxMessage$$' -fuzztime $(FUZZ_WIRE_EXECS) ./transport
+	$(GO) test -run '^$$' -fuzz '^FuzzStoreMessage$$' -fuzztime $(FUZZ_WIRE_EXECS) ./transport
+	$(GO) test -run '^$$' -fuzz '^FuzzSplitEndpoint$$' -fuzztime $(FUZZ_DECODE_EXECS) ./transport
 	$(GO) test -run '^$$' -fuzz FuzzDecodeSparse -fuzztime $(FUZZ_DECODE_EXECS) ./core
+	$(GO) test -run '^$$' -fuzz '^FuzzPeerPayload$$' -fuzztime $(FUZZ_PAYLOAD_EXECS) ./core
+	$(GO) test -run '^$$' -fuzz '^FuzzTensorState$$' -fuzztime $(FUZZ_WIRE_EXECS) ./core
 	$(GO) test -run '^$$' -fuzz FuzzTopK -fuzztime $(FUZZ_TOPK_EXECS) ./core
+
+# Every decoder of bytes that come off the wire, fuzzed for FUZZ_TIME each:
+# frame headers, the inbox's hello and authentication path, rendezvous store
+# messages and endpoints, sparse payloads, every algorithm's use of peers'
+# payloads, and tensor-state blobs. A duration is what is asked for here;
+# tests/fuzz.sh tells a real finding (Go writes its input under testdata/fuzz)
+# from the coordinator's bare "context deadline exceeded" at the end of a
+# duration (golang/go#75804, see above).
+FUZZ_TIME ?= 10m
+FUZZ_TARGETS := transport:FuzzDecodeFrame transport:FuzzInboxMessage transport:FuzzStoreMessage \
+	transport:FuzzSplitEndpoint core:FuzzDecodeSparse core:FuzzPeerPayload core:FuzzTensorState
+fuzz: $(BUILD)/.deps
+	GO=$(GO) tests/fuzz.sh $(FUZZ_TIME) $(FUZZ_TARGETS)
+
+# The fault campaign (tests/cmd/chaos): real rank processes, in network
+# namespaces when it can make them (root), CHAOS_FAULTS faults drawn from
+# CHAOS_SEED over every algorithm and a float32 and a half dtype; it prints
+# the table of fault kinds and writes it to CHAOS_OUT, the failing jobs' rank
+# logs to $(BUILD)/chaos-logs, and fails on any hang, crash, wrong result,
+# bad error, changed state or RSS over the bound. CHAOS_FLAGS passes more
+# (e.g. -kinds sigkill,nan -v); `$(BUILD)/chaos run -h` lists them.
+CHAOS_FAULTS ?= 500
+CHAOS_SEED ?= 1
+CHAOS_OUT ?= $(BUILD)/chaos.md
+CHAOS_FLAGS ?=
+$(BUILD)/chaos: $(BUILD)/.deps $(GO_SOURCES) $(wildcard tests/cmd/chaos/*.go)
+	$(GO) build -o $@ ./tests/cmd/chaos
+
+chaos: $(BUILD)/chaos
+	$(BUILD)/chaos run -faults $(CHAOS_FAULTS) -seed $(CHAOS_SEED) -out $(CHAOS_OUT) -logs $(BUILD)/chaos-logs $(CHAOS_FLAGS)
+
+# A seeded slice of the campaign for `make test`: about 30 faults, every kind
+# at least once (the link faults only where namespaces can be made; the
+# report says SKIPPED otherwise), in about a minute.
+CHAOS_SMOKE_FAULTS ?= 30
+chaos-smoke: $(BUILD)/chaos
+	timeout 170 $(BUILD)/chaos run -faults $(CHAOS_SMOKE_FAULTS) -seed $(CHAOS_SEED) -out $(BUILD)/chaos-smoke.md -logs $(BUILD)/chaos-smoke-logs
 
 # The C ABI's users: the C test program and the C++ trainer, linked against
 # build/liboktopk.so with an rpath of $ORIGIN so they run from build/.
@@ -116,16 +196,39 @@ $(C_TEST): tests/c/oktopk_test.c include/oktopk.h $(LIB)
 $(TRAINER): examples/cpp/trainer.cpp include/oktopk.h $(LIB)
 	$(CXX) -std=c++17 -O2 -Wall -Wextra -Werror -Iinclude $< -o $@ -L$(BUILD) -loktopk $(RPATH) -lpthread
 
+# The MPI example (unique id passed with MPI_Bcast), built wherever mpicxx
+# exists: `make examples` includes it then, and test-launch installs Open MPI
+# first and builds it in a second make, which looks for mpicxx again.
+MPI_EXAMPLE := $(BUILD)/mpi_example
+$(MPI_EXAMPLE): examples/cpp/mpi_example.cpp include/oktopk.h $(LIB)
+	mpicxx -std=c++17 -O2 -Wall -Wextra -Werror -Iinclude $< -o $@ -L$(BUILD) -loktopk $(RPATH) -lpthread
+ifneq ($(shell command -v mpicxx 2>/dev/null),)
+examples: $(MPI_EXAMPLE)
+endif
+
 # C ABI tests: exported symbols, every error path, 1,000 init/destroy
-# cycles, 4 ranks over real sockets, a rank that dies, then the trainer with
-# 4 ranks.
+# cycles, environment settings made after load, 4 ranks over real sockets, a
+# rank that dies, then the trainer with 4 ranks.
 test-c: examples
 	tests/c/check_exports.sh $(LIB) include/oktopk.h
 	timeout 120 $(C_TEST) errors
 	timeout 120 $(C_TEST) cycles 1000
+	timeout 60 $(C_TEST) env
 	timeout 120 tests/c/launch.sh 4 $(C_TEST) ranks
 	timeout 120 tests/c/launch.sh 3 $(C_TEST) peerdeath
 	timeout 120 tests/c/launch.sh 4 $(TRAINER)
+
+# Real launchers (tests/launch/): the C++ trainer and the MPI example under
+# Open MPI's mpirun -np 4; C ranks on two hosts (network namespaces) binding
+# the address on the route to MASTER_ADDR, and failing, naming it, when a
+# host advertises loopback; then a single-node Slurm made for the test runs
+# srun -n 4 of the trainer and of a DDP script with the hook (skipped, saying
+# why, where Slurm cannot start).
+test-launch: $(BUILD)/.deps-launch examples venv
+	$(MAKE) --no-print-directory $(MPI_EXAMPLE)
+	tests/launch/mpirun.sh $(BUILD)
+	timeout 120 tests/launch/twohosts.sh $(C_TEST)
+	timeout 600 tests/launch/slurm.sh $(BUILD) $(PY)
 
 # The PyTorch plugin's tests: real multi-process DDP over gloo on CPU. The
 # plugin is used from the repository (PYTHONPATH), finding build/liboktopk.so.
@@ -133,9 +236,21 @@ PYENV := PYTHONPATH=$(CURDIR)/plugins/pytorch OMP_NUM_THREADS=1
 test-python: $(LIB) venv
 	$(PYENV) $(PY) -m pytest -q -rs tests/python
 
+# The wheels in fresh virtualenvs, with the system libzmq hidden: a 2-rank
+# DDP step through the PyTorch plugin's, an import of the Horovod plugin's
+# (tests/wheel/test_wheel.py says how).
+test-wheel: wheel venv venv-horovod
+	OKTOPK_HOROVOD_VENV=$(HVD_VENV) OMP_NUM_THREADS=1 $(PY) -m pytest -q -rs tests/wheel
+
 # The Horovod integration under real horovodrun --gloo (2 and 4 ranks).
 test-horovod: $(LIB) venv-horovod
 	OMP_NUM_THREADS=1 $(HVD_PY) -m pytest -q -rs tests/horovod
+
+# Every script in the cached virtualenvs' bin/ runs (pip, torchrun,
+# horovodrun, auditwheel, ...): their first lines name interpreters that
+# exist.
+test-venvs: venv venv-horovod venv-wheel
+	tests/venv_scripts.sh $(TORCH_VENV) $(HVD_VENV) $(WHEEL_VENV)
 
 # A 4-rank torchrun training of the CNN example, dense then Ok-Topk.
 DEMO_RANKS ?= 4
@@ -163,11 +278,11 @@ bench-quick: $(LIB) venv $(BUILD)/benchrank
 	BENCH_P="2 4" BENCH_N=262144 BENCH_DENSITY=0.01 BENCH_E2E=0 bench/run.sh $(BUILD)/benchrank $(PY) $(BUILD)/bench-quick
 
 # Seconds: loopback (no root), n = 65536, P = 2, every algorithm and gloo,
-# three timed calls with τ′ = 2, τ = 3 so reuse, refresh and repartition all
-# run; fails unless the CSV has a numeric row per algorithm. Never touches
-# results/.
+# two repetitions in shuffled orders, three timed calls with τ′ = 2, τ = 3 so
+# reuse, refresh and repartition all run; fails unless the CSV has a numeric
+# row per algorithm out of a row per repetition. Never touches results/.
 bench-smoke: venv $(BUILD)/benchrank
-	BENCH_MODE=loopback BENCH_CONFIGS=2:65536:0.01 BENCH_ITERS=3 BENCH_WARMUP=1 BENCH_DENSE_ITERS=2 \
+	BENCH_MODE=loopback BENCH_CONFIGS=2:65536:0.01 BENCH_REPS=2 BENCH_ITERS=3 BENCH_WARMUP=1 BENCH_DENSE_ITERS=2 \
 		BENCH_TAU=3 BENCH_TAU_PRIME=2 BENCH_E2E=0 BENCH_LOGS=$(BUILD)/bench-smoke/logs \
 		timeout 300 bench/run.sh $(BUILD)/benchrank $(PY) $(BUILD)/bench-smoke
 
@@ -179,6 +294,34 @@ bench-go: $(BUILD)/.deps
 
 print-py:
 	@echo $(PY)
+
+# The wheels a user installs with pip: the PyTorch plugin's, carrying
+# liboktopk.so and, grafted in by auditwheel (which renames them and points
+# the library at them), libzmq and the libraries it links, so
+# it needs no system libzmq and is tagged manylinux; and the Horovod
+# plugin's (pure Python). Written to build/wheels/. Both are built from a
+# copy of the plugin folders, so the source tree gets no build/ or
+# egg-info. tests/wheel/ installs them into a fresh virtualenv.
+WHEEL_DIR := $(BUILD)/wheels
+PLUGIN_FILES := $(shell find plugins/pytorch plugins/horovod -type f \( -name '*.py' -o -name '*.toml' \) -not -path '*/__pycache__/*')
+venv-wheel:
+	@if [ ! -f $(WHEEL_VENV)/.ok ]; then \
+		set -e; mkdir -p $(OKTOPK_CACHE); rm -rf $(WHEEL_VENV); \
+		echo "creating $(WHEEL_VENV) from $(WHEEL_REQ)"; \
+		python3 -m venv $(WHEEL_VENV); \
+		$(WHEEL_PY) -m pip install -q -r $(WHEEL_REQ); \
+		touch $(WHEEL_VENV)/.ok; \
+	fi
+wheel: $(WHEEL_DIR)/.ok
+$(WHEEL_DIR)/.ok: $(LIB) $(PLUGIN_FILES) $(WHEEL_REQ) | venv-wheel
+	rm -rf $(WHEEL_DIR) $(BUILD)/wheel-src && mkdir -p $(BUILD)/wheel-src
+	cp -r plugins/pytorch plugins/horovod $(BUILD)/wheel-src/
+	OKTOPK_LIBRARY=$(CURDIR)/$(LIB) $(WHEEL_PY) -m pip wheel -q --no-deps --no-build-isolation \
+		-w $(BUILD)/wheel-src/raw $(BUILD)/wheel-src/pytorch
+	PATH=$(WHEEL_VENV)/bin:$$PATH $(WHEEL_PY) -m auditwheel repair -w $(WHEEL_DIR) $(BUILD)/wheel-src/raw/oktopk-*.whl
+	$(WHEEL_PY) -m pip wheel -q --no-deps --no-build-isolation -w $(WHEEL_DIR) $(BUILD)/wheel-src/horovod
+	@ls $(WHEEL_DIR)
+	@touch $@
 
 # Builds liboktopk.so and pip-installs the PyTorch plugin with the library
 # inside it, into INSTALL_PY's environment (the python on PATH by default:

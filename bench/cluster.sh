@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # An emulated cluster on one machine: P network namespaces on a bridge, one
-# veth per rank, each rank's egress limited by a token bucket (tc tbf), so
-# the network is the bottleneck as on a real cluster. Each JOB (one shell
+# veth per rank, each rank's link limited in both directions by a token
+# bucket (tc tbf on either end of its veth pair), so the network is the
+# bottleneck as on a real cluster of full-duplex links. Each JOB (one shell
 # command line) runs once per rank, torchrun-style (RANK, WORLD_SIZE,
 # MASTER_ADDR, MASTER_PORT), one job after the other on the same cluster;
 # rank 0's standard output is appended to OUT, every rank's output to
 # OUT.r<rank>.log.
 #
 #   BENCH_MODE=netns|loopback BENCH_RATE=200mbit bench/cluster.sh P OUT JOB...
+#
+# BENCH_SHAPE=egress limits only what each rank sends (the layout before
+# ingress was shaped too), for comparisons.
 #
 # netns mode needs root. Everything it creates is named okb<pid>-* (this
 # script's process id), so concurrent runs never touch each other's
@@ -23,6 +27,10 @@ P=$1 OUT=$2
 shift 2
 MODE=${BENCH_MODE:-netns}
 RATE=${BENCH_RATE:-200mbit}
+SHAPE=${BENCH_SHAPE:-both}
+# tbf's bucket (bytes) and the largest segment TCP may hand the device, kept
+# below it (see the shaping below).
+BURST=32768b GSO_BYTES=24576
 PREFIX=okb$$
 PORT=$((29000 + RANDOM % 2000))
 RANK_PIDS=()
@@ -51,6 +59,10 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
+if [[ $SHAPE != both && $SHAPE != egress ]]; then
+	echo "cluster.sh: BENCH_SHAPE must be both or egress, not $SHAPE" >&2
+	exit 2
+fi
 if [[ $MODE == netns ]]; then
 	# Leftovers of runs that were killed before they could clean up.
 	for stale in $(ip netns list 2>/dev/null | sed -n 's/^\(okb[0-9]*\)-r[0-9]*.*/\1/p' | sort -u); do
@@ -66,7 +78,28 @@ if [[ $MODE == netns ]]; then
 		ip netns exec "$ns" ip addr add 198.18.0.$((r + 1))/24 dev eth0
 		ip netns exec "$ns" ip link set eth0 up
 		ip netns exec "$ns" ip link set lo up
-		ip netns exec "$ns" tc qdisc add dev eth0 root tbf rate "$RATE" burst 256kbit latency 100ms
+		# TCP hands the device segments of up to gso_max_size bytes (64 KiB
+		# by default). tbf cuts any segment larger than its burst into
+		# MTU-sized packets, and every one of them then crosses the veth
+		# pair, the bridge and the receiver's TCP stack on its own: at
+		# P = 16 and 200 Mbit/s that is ~270,000 packets a second for the
+		# machine's few cores, which made the kernel, not the link, the
+		# bottleneck (on a busy 2-core machine, P = 16, n = 2^20, against a
+		# ring bound of 315 ms: torch gloo 1,263 ms, this library's ring
+		# 1,600–1,900 ms; with segments kept under the burst 484 ms and
+		# 500–650 ms, and the run's system CPU time less than half). So
+		# segments stay below the burst and pass whole, and the burst stays
+		# small: a token bucket lets one burst out at once after an idle
+		# spell, an advantage of at most burst ÷ rate (1.3 ms at 200 Mbit/s).
+		ip netns exec "$ns" ip link set dev eth0 gso_max_size "$GSO_BYTES"
+		# The rank's link, both directions: its egress on eth0, its ingress
+		# on the host end of the pair (what the bridge sends towards it).
+		# With egress alone a rank could receive from several peers at once
+		# at a multiple of the rate, which no NIC does.
+		ip netns exec "$ns" tc qdisc add dev eth0 root tbf rate "$RATE" burst "$BURST" latency 100ms
+		if [[ $SHAPE == both ]]; then
+			tc qdisc add dev "${PREFIX}h$r" root tbf rate "$RATE" burst "$BURST" latency 100ms
+		fi
 	done
 elif [[ $MODE != loopback ]]; then
 	echo "cluster.sh: BENCH_MODE must be netns or loopback, not $MODE" >&2

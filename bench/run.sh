@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
 # make bench: every algorithm and torch.distributed's gloo allreduce, side by
 # side, on an emulated cluster (bench/cluster.sh), for every configuration
-# of P × n × density. Writes OUTDIR/bench.csv and OUTDIR/bench.md (OUTDIR:
-# results by default), then the plots (bench/plot.py) and, with
-# BENCH_E2E=1, the end-to-end DDP rows (bench/ddp_e2e.py).
+# of P × n × density, BENCH_REPS times each in an order shuffled anew for
+# every configuration and repetition (seeded: BENCH_SEED), so that no
+# algorithm always runs first on a fresh cluster or right after another.
+# Writes OUTDIR/bench_runs.csv (a row per repetition), OUTDIR/bench.csv (a
+# row per configuration and algorithm: medians over the repetitions, with
+# their spread; bench/aggregate.py) and OUTDIR/bench.md (OUTDIR: results by
+# default), then the plots (bench/plot.py) and, with BENCH_E2E=1, the
+# end-to-end DDP rows (bench/ddp_e2e.py).
 #
 #   bench/run.sh BENCHRANK PYTHON [OUTDIR]
 #
@@ -11,11 +16,13 @@
 #   BENCH_P="2 4 8 16" BENCH_N="4194304 16777216" BENCH_DENSITY="0.01 0.001"
 #   BENCH_CONFIGS="P:n:density ..."  an explicit list instead of the product
 #   BENCH_RATE=200mbit BENCH_MODE=netns|loopback
+#   BENCH_REPS=3 BENCH_SEED=1        repetitions; the order's seed
 #   BENCH_ITERS=20 BENCH_WARMUP=3    timed and untimed calls, sparse algorithms
 #   BENCH_DENSE_ITERS=5              timed calls of the dense ones (and gloo)
 #   BENCH_TAU=16 BENCH_TAU_PRIME=8   Ok-Topk's periods; warmup+iters > τ
 #   BENCH_ALGS="oktopk topka ..."    default: every algorithm, then gloo
 #   BENCH_APPEND=1                   keep OUTDIR's other configurations' rows
+#                                    (measured with the same BENCH_REPS)
 #   BENCH_PLOT=1 BENCH_E2E=0         plots; end-to-end rows (bench/ddp_e2e.sh)
 #   BENCH_LOGS=build/bench-logs      every rank's output
 #   BENCH_TRACE=1                    rank 0 logs every call (time, words, counts)
@@ -25,10 +32,15 @@ RATE=${BENCH_RATE:-200mbit}
 MODE=${BENCH_MODE:-netns}
 ITERS=${BENCH_ITERS:-20} WARMUP=${BENCH_WARMUP:-3} DENSE_ITERS=${BENCH_DENSE_ITERS:-5}
 TAU=${BENCH_TAU:-16} TAU_PRIME=${BENCH_TAU_PRIME:-8}
+REPS=${BENCH_REPS:-3} SEED=${BENCH_SEED:-1}
 LOGS=${BENCH_LOGS:-build/bench-logs}
 ALGS=${BENCH_ALGS:-"$("$BENCHRANK" -list | tr '\n' ' ') torch_gloo_allreduce"}
 HERE=$(cd "$(dirname "$0")" && pwd)
 
+if ! [[ $REPS =~ ^[1-9][0-9]*$ && $SEED =~ ^[0-9]+$ ]]; then
+	echo "run.sh: BENCH_REPS ($REPS) must be a positive integer, BENCH_SEED ($SEED) a non-negative one" >&2
+	exit 2
+fi
 if ((WARMUP + ITERS <= TAU)); then
 	echo "run.sh: warmup+iters ($((WARMUP + ITERS))) must exceed τ ($TAU) so refreshes are measured" >&2
 	exit 2
@@ -58,18 +70,31 @@ else
 fi
 
 mkdir -p "$OUTDIR" "$LOGS"
-CSV=$OUTDIR/bench.csv
+RUNS=$OUTDIR/bench_runs.csv CSV=$OUTDIR/bench.csv
 HEADER=$("$BENCHRANK" -print-header)
-if [[ ${BENCH_APPEND:-0} == 1 && -f $CSV ]]; then
+if [[ ${BENCH_APPEND:-0} == 1 && -f $RUNS && $(head -n 1 "$RUNS") == "$HEADER" ]]; then
 	# Drop the rows of the configurations about to be measured again.
 	keep=$(mktemp)
 	awk -F, -v cfgs="${CONFIGS[*]}" 'BEGIN { n = split(cfgs, c, " "); for (i = 1; i <= n; i++) skip[c[i]] = 1 }
-		NR > 1 && !(($2 ":" $3 ":" $4) in skip)' "$CSV" >"$keep"
-	{ echo "$HEADER"; cat "$keep"; } >"$CSV"
+		NR > 1 && !(($2 ":" $3 ":" $4) in skip)' "$RUNS" >"$keep"
+	{ echo "$HEADER"; cat "$keep"; } >"$RUNS"
 	rm -f "$keep"
 else
-	echo "$HEADER" >"$CSV"
+	echo "$HEADER" >"$RUNS"
 fi
+
+# shuffled SEED WORD...: the words in a random order drawn from SEED
+# (Fisher–Yates on bash's generator, which a seed makes repeatable).
+shuffled() {
+	RANDOM=$1
+	shift
+	local a=("$@") i j t
+	for ((i = ${#a[@]} - 1; i > 0; i--)); do
+		j=$((RANDOM % (i + 1)))
+		t=${a[i]} a[i]=${a[j]} a[j]=$t
+	done
+	echo "${a[@]}"
+}
 
 CHILD=
 stop() { [[ -n $CHILD ]] && kill -TERM "$CHILD" 2>/dev/null && wait "$CHILD" 2>/dev/null; exit "$1"; }
@@ -92,30 +117,37 @@ for cfg in "${CONFIGS[@]}"; do
 	i=$((i + 1))
 	echo "[$i/${#CONFIGS[@]}] P=$P n=$N density=$D rate=$RATE ($MODE), elapsed $(elapsed)" >&2
 	jobs=()
-	for alg in $ALGS; do
-		case $alg in
-		torch_gloo_allreduce)
-			jobs+=("'$PY' '$HERE/gloo_allreduce.py' --n $N --density $D --iters $DENSE_ITERS --warmup 1 --rate-bps $BPS") ;;
-		dense_*)
-			jobs+=("'$BENCHRANK' -algs $alg -n $N -density $D -iters $DENSE_ITERS -warmup 1 -tau $TAU -tau-prime $TAU_PRIME -rate-bps $BPS") ;;
-		*)
-			jobs+=("'$BENCHRANK' -algs $alg -n $N -density $D -iters $ITERS -warmup $WARMUP -tau $TAU -tau-prime $TAU_PRIME -rate-bps $BPS") ;;
-		esac
+	for ((rep = 1; rep <= REPS; rep++)); do
+		order=$(shuffled $((SEED * 1000003 + i * 1009 + rep)) $ALGS)
+		echo "  repetition $rep: $order" >&2
+		pos=0
+		for alg in $order; do
+			pos=$((pos + 1))
+			case $alg in
+			torch_gloo_allreduce)
+				jobs+=("'$PY' '$HERE/gloo_allreduce.py' --n $N --density $D --iters $DENSE_ITERS --warmup 1 --rate-bps $BPS --rep $rep --position $pos") ;;
+			dense_*)
+				jobs+=("'$BENCHRANK' -algs $alg -n $N -density $D -iters $DENSE_ITERS -warmup 1 -tau $TAU -tau-prime $TAU_PRIME -rate-bps $BPS -rep $rep -position $pos") ;;
+			*)
+				jobs+=("'$BENCHRANK' -algs $alg -n $N -density $D -iters $ITERS -warmup $WARMUP -tau $TAU -tau-prime $TAU_PRIME -rate-bps $BPS -rep $rep -position $pos") ;;
+			esac
+		done
 	done
 	rows=$LOGS/P$P-n$N-d$D.csv
 	rm -f "$rows"
 	BENCH_MODE=$MODE BENCH_RATE=$RATE in_cluster "$P" "$rows" "${jobs[@]}"
-	grep -h '^[a-z_]*,' "$rows" >>"$CSV"
-	if [[ $(grep -c '^[a-z_]*,' "$rows") != $(wc -w <<<"$ALGS") ]]; then
-		echo "run.sh: P=$P n=$N density=$D: fewer rows than algorithms (logs: $LOGS)" >&2
+	grep -h '^[a-z_]*,' "$rows" >>"$RUNS"
+	if [[ $(grep -c '^[a-z_]*,' "$rows") != $((REPS * $(wc -w <<<"$ALGS"))) ]]; then
+		echo "run.sh: P=$P n=$N density=$D: fewer rows than algorithms × repetitions (logs: $LOGS)" >&2
 		exit 1
 	fi
 done
 echo "measured ${#CONFIGS[@]} configurations in $(elapsed)" >&2
 
+"$PY" "$HERE/aggregate.py" --reps "$REPS" "$RUNS" >"$CSV"
 "$HERE/check_csv.sh" "$CSV" $ALGS
 BENCH_MODE=$MODE BENCH_RATE=$RATE BENCH_ITERS=$ITERS BENCH_WARMUP=$WARMUP BENCH_DENSE_ITERS=$DENSE_ITERS \
-	BENCH_TAU=$TAU BENCH_TAU_PRIME=$TAU_PRIME "$HERE/report.sh" "$CSV" >"$OUTDIR/bench.md"
+	BENCH_TAU=$TAU BENCH_TAU_PRIME=$TAU_PRIME BENCH_REPS=$REPS BENCH_SEED=$SEED "$HERE/report.sh" "$CSV" >"$OUTDIR/bench.md"
 
 if [[ ${BENCH_PLOT:-1} == 1 ]]; then
 	"$PY" "$HERE/plot.py" "$CSV" "$OUTDIR"
@@ -123,4 +155,4 @@ fi
 if [[ ${BENCH_E2E:-0} == 1 ]]; then
 	BENCH_MODE=$MODE BENCH_RATE=$RATE "$HERE/ddp_e2e.sh" "$PY" "$OUTDIR"
 fi
-echo "wrote $OUTDIR/bench.csv and $OUTDIR/bench.md ($(elapsed))" >&2
+echo "wrote $OUTDIR/bench_runs.csv, $OUTDIR/bench.csv and $OUTDIR/bench.md ($(elapsed))" >&2

@@ -56,7 +56,7 @@ func newUniqueID(s settings) (string, error) {
 func initFromUniqueID(text string, rank, size int, s settings) (*communicator, error) {
 	id, err := transport.ParseUniqueID(text)
 	if err != nil {
-		return nil, invalidArgument("unique id: %v", err)
+		return nil, invalidArgument("unique id: %s", withoutSentinel(err, transport.ErrRendezvous))
 	}
 	ctx, cancel := initContext(s)
 	defer cancel()

@@ -69,10 +69,20 @@ func readConfig(cfg *C.oktopk_config_t) (settings, error) {
 	if has(unsafe.Offsetof(cfg.tau_prime), 4) {
 		s.sparse.TauPrime = int(cfg.tau_prime)
 	}
-	if has(unsafe.Offsetof(cfg.value_dtype), 4) && cfg.value_dtype != C.OKTOPK_FLOAT32 {
-		// Reduced-precision sparse values on the wire are not implemented:
-		// refusing is better than silently sending float32.
-		return s, invalidArgument("config.value_dtype %d: only OKTOPK_FLOAT32 values are sent in this version", cfg.value_dtype)
+	if has(unsafe.Offsetof(cfg.value_dtype), 4) {
+		v := cfg.value_dtype
+		s.sparse.Stochastic = v&C.OKTOPK_STOCHASTIC_ROUNDING != 0
+		switch v &^ C.OKTOPK_STOCHASTIC_ROUNDING {
+		case C.OKTOPK_FLOAT32:
+			s.sparse.Values = core.ValuesFloat32
+		case C.OKTOPK_FLOAT16:
+			s.sparse.Values = core.ValuesFloat16
+		case C.OKTOPK_BFLOAT16:
+			s.sparse.Values = core.ValuesBFloat16
+		default:
+			return s, invalidArgument("config.value_dtype %#x: want OKTOPK_FLOAT32, OKTOPK_FLOAT16 or OKTOPK_BFLOAT16, "+
+				"optionally | OKTOPK_STOCHASTIC_ROUNDING", int32(v))
+		}
 	}
 	if has(unsafe.Offsetof(cfg.curve), 4) {
 		switch cfg.curve {
@@ -135,6 +145,11 @@ func writeStats(out *C.oktopk_stats_t, st core.Stats) error {
 			*p = C.int64_t(v)
 		}
 	}
+	i32 := func(p *C.int32_t, v int) {
+		if has(uintptr(unsafe.Pointer(p))-uintptr(unsafe.Pointer(out)), 4) {
+			*p = C.int32_t(v)
+		}
+	}
 	f32 := func(p *C.float, v float32) {
 		if has(uintptr(unsafe.Pointer(p))-uintptr(unsafe.Pointer(out)), 4) {
 			*p = C.float(v)
@@ -154,11 +169,31 @@ func writeStats(out *C.oktopk_stats_t, st core.Stats) error {
 	i64(&out.global_selected, st.GlobalSelected)
 	f32(&out.local_threshold, st.LocalThreshold)
 	f32(&out.global_threshold, st.GlobalThreshold)
-	sec(&out.select_seconds, st.Select)
-	sec(&out.reduce_seconds, st.Reduce)
-	sec(&out.allgather_seconds, st.Allgather)
+	sec(&out.select_seconds, st.Time(core.PhaseSelect))
+	sec(&out.reduce_seconds, st.Time(core.PhaseReduce))
+	sec(&out.allgather_seconds, st.Time(core.PhaseBalance)+st.Time(core.PhaseAllgather))
 	sec(&out.total_seconds, st.Total)
+	sec(&out.agree_seconds, st.Time(core.PhaseAgree))
+	sec(&out.global_select_seconds, st.Time(core.PhaseGlobalSelect))
+	sec(&out.balance_seconds, st.Time(core.PhaseBalance))
+	sec(&out.output_seconds, st.Time(core.PhaseOutput))
+	// Added in 0.4: Auto's choice.
+	i32(&out.algorithm, int(st.Algorithm))
+	sec(&out.predicted_seconds, st.Predicted)
 	return nil
+}
+
+// writeLinkModel fills the fields of out that fit in out.size.
+func writeLinkModel(out *C.oktopk_link_model_t, m core.LinkModel) {
+	size := uintptr(out.size)
+	put := func(p *C.double, v float64) {
+		if uintptr(unsafe.Pointer(p))-uintptr(unsafe.Pointer(out))+8 <= size {
+			*p = C.double(v)
+		}
+	}
+	put(&out.latency_seconds, m.Alpha)
+	put(&out.seconds_per_byte, m.Beta)
+	put(&out.pass_seconds_per_byte, m.Gamma)
 }
 
 func checkStats(out *C.oktopk_stats_t) error {
@@ -253,12 +288,38 @@ func denseOp(c *communicator, data unsafe.Pointer, count int, dtype C.oktopk_dty
 	}
 }
 
-func sparseOp(c *communicator, id uint64, data unsafe.Pointer, count int, dtype C.oktopk_dtype_t) operation {
+func sparseOp(c *communicator, id uint64, data unsafe.Pointer, count int, dtype C.oktopk_dtype_t, hold []core.Span) operation {
 	cfg := c.settings.sparse
 	return func(ctx context.Context, cc *core.Communicator) (core.Stats, error) {
 		ctx = callerDtype(ctx, dtype)
 		return c.withFloat32(data, count, dtype, func(x []float32) (core.Stats, error) {
-			return cc.SparseAllreduce(ctx, id, x, cfg)
+			return cc.SparseAllreduceHolding(ctx, id, x, cfg, hold)
 		})
 	}
+}
+
+// readHold copies the caller's held ranges (pairs of size_t) and checks
+// them against count, so that the call keeps nothing of the caller's.
+func readHold(hold unsafe.Pointer, n C.size_t, count C.size_t) ([]core.Span, error) {
+	if n == 0 {
+		return nil, nil
+	}
+	if hold == nil {
+		return nil, invalidArgument("hold is NULL with hold_count %d", uint64(n))
+	}
+	if uint64(n) > uint64(count) {
+		return nil, invalidArgument("hold_count %d exceeds count %d (ranges are disjoint and not empty)", uint64(n), uint64(count))
+	}
+	pairs := unsafe.Slice((*C.size_t)(hold), 2*int(n))
+	spans := make([]core.Span, n)
+	prev := uint64(0)
+	for i := range spans {
+		lo, hi := uint64(pairs[2*i]), uint64(pairs[2*i+1])
+		if lo < prev || hi <= lo || hi > uint64(count) {
+			return nil, invalidArgument("hold range %d [%d, %d) is empty, overlaps the one before, or is not inside count %d", i, lo, hi, uint64(count))
+		}
+		spans[i] = core.Span{Start: int(lo), End: int(hi)}
+		prev = hi
+	}
+	return spans, nil
 }

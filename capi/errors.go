@@ -9,10 +9,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"runtime/debug"
 	"sync"
-	"syscall"
 	"unsafe"
 
 	"github.com/oktopk/oktopk/core"
@@ -53,23 +51,6 @@ func resultOf(err error) C.oktopk_result_t {
 	// resolve, connect, authentication, rendezvous.
 	return C.oktopkSystemError
 }
-
-// resultStrings are oktopk_get_error_string's answers, allocated once.
-var resultStrings = [...]*C.char{
-	C.oktopkSuccess:         C.CString("success"),
-	C.oktopkInvalidArgument: C.CString("invalid argument"),
-	C.oktopkInvalidUsage:    C.CString("invalid usage"),
-	C.oktopkSystemError:     C.CString("system error"),
-	C.oktopkRemoteError:     C.CString("remote error"),
-	C.oktopkTimeout:         C.CString("timeout"),
-	C.oktopkMismatch:        C.CString("mismatched call across ranks"),
-	C.oktopkAborted:         C.CString("communicator aborted"),
-	C.oktopkInternalError:   C.CString("internal error"),
-	C.oktopkInProgress:      C.CString("in progress"),
-	C.oktopkNonFinite:       C.CString("gradient holds NaN or Inf"),
-}
-
-var unknownResultString = C.CString("unknown result code")
 
 // errInProgress is oktopk_test's "not yet"; it is not recorded as an error.
 var errInProgress = errors.New("oktopk: request in progress")
@@ -114,25 +95,11 @@ func (l *lastError) get() string {
 
 var globalLastError lastError
 
-// loadPid is the process that loaded the library. A child made by fork()
-// has a copy of the Go runtime whose other threads are gone; any call there
-// could deadlock on a lock one of them held, so exports refuse it before
-// touching any Go state.
-var loadPid = os.Getpid()
-
-const forkedMessage = "oktopk: called in a child process created by fork() after the library was loaded; " +
-	"the Go runtime does not survive fork: use the spawn or forkserver start method, or load oktopk in the child"
-
-func forked() bool { return syscall.Getpid() != loadPid }
-
-// call runs one export body: refuses a forked child, turns a panic into
+// call runs one export body (abi.c has refused a forked child): turns a panic into
 // oktopkInternalError, maps the error to its result code and records its
 // message in the global slot and (when comm names a live communicator) the
 // communicator's slot.
 func call(comm int64, body func() error) C.oktopk_result_t {
-	if forked() {
-		return C.oktopkInvalidUsage
-	}
 	err := protect(body)
 	if err != nil && !errors.Is(err, errInProgress) {
 		record(comm, err)

@@ -1,8 +1,10 @@
 // Package main is liboktopk's C ABI: //export shims over packages core and
 // transport. Nothing else lives here. See include/oktopk.h for the contract.
 //
-// Every export starts with call(), which refuses a forked child, recovers
-// panics into oktopkInternalError and maps errors to result codes once.
+// The exported names are abi.c's, which refuses a child made by fork()
+// before any Go code runs and then calls the go_oktopk_* export here. Every
+// export starts with call(), which recovers panics into oktopkInternalError
+// and maps errors to result codes once.
 package main
 
 /*
@@ -18,6 +20,7 @@ typedef const float oktopk_const_float;
 typedef const oktopk_config_t oktopk_const_config;
 typedef const oktopk_unique_id_t oktopk_const_unique_id;
 typedef const void oktopk_const_void;
+typedef const size_t oktopk_const_size_t;
 */
 import "C"
 
@@ -33,37 +36,32 @@ import (
 
 func main() {}
 
-//export oktopk_get_version
-func oktopk_get_version() C.int { return C.OKTOPK_VERSION_CODE }
-
-//export oktopk_get_error_string
-func oktopk_get_error_string(result C.oktopk_result_t) *C.oktopk_const_char {
-	if int(result) < len(resultStrings) {
-		return (*C.oktopk_const_char)(resultStrings[result])
+//export go_oktopk_algorithm_name
+func go_oktopk_algorithm_name(algorithm C.int) *C.oktopk_const_char {
+	if algorithm < 0 || int(algorithm) >= len(algorithmNames) {
+		return nil
 	}
-	return (*C.oktopk_const_char)(unknownResultString)
+	return (*C.oktopk_const_char)(algorithmNames[algorithm])
 }
 
-//export oktopk_config_init
-func oktopk_config_init(config *C.oktopk_config_t) {
-	if config == nil || forked() {
-		return
+// algorithmNames are oktopk_algorithm_name's answers, allocated once.
+var algorithmNames = func() []*C.char {
+	var names []*C.char
+	for _, a := range core.Algorithms() {
+		names = append(names, C.CString(a.String()))
 	}
+	return names
+}()
+
+//export go_oktopk_config_init
+func go_oktopk_config_init(config *C.oktopk_config_t) {
 	writeDefaultConfig(config)
 }
 
-//export oktopk_get_last_error
-func oktopk_get_last_error(comm C.oktopk_comm_t, buf *C.char, n C.size_t, truncated *C.int) C.oktopk_result_t {
+//export go_oktopk_get_last_error
+func go_oktopk_get_last_error(comm C.oktopk_comm_t, buf *C.char, n C.size_t, truncated *C.int) C.oktopk_result_t {
 	if buf == nil || n == 0 {
 		return C.oktopkInvalidArgument
-	}
-	if forked() {
-		// No Go state is safe here; the message needs none.
-		cut := copyMessage(forkedMessage, buf, n)
-		if truncated != nil {
-			*truncated = boolInt(cut)
-		}
-		return C.oktopkSuccess
 	}
 	var msg string
 	if comm != 0 {
@@ -88,8 +86,8 @@ func oktopk_get_last_error(comm C.oktopk_comm_t, buf *C.char, n C.size_t, trunca
 
 // ---- communicator lifecycle ----------------------------------------------
 
-//export oktopk_get_unique_id
-func oktopk_get_unique_id(id *C.oktopk_unique_id_t, config *C.oktopk_const_config) C.oktopk_result_t {
+//export go_oktopk_get_unique_id
+func go_oktopk_get_unique_id(id *C.oktopk_unique_id_t, config *C.oktopk_const_config) C.oktopk_result_t {
 	return call(0, func() error {
 		if id == nil {
 			return invalidArgument("id is NULL")
@@ -109,8 +107,8 @@ func oktopk_get_unique_id(id *C.oktopk_unique_id_t, config *C.oktopk_const_confi
 	})
 }
 
-//export oktopk_comm_init_rank
-func oktopk_comm_init_rank(comm *C.oktopk_comm_t, nranks C.int, id *C.oktopk_const_unique_id, rank C.int, config *C.oktopk_const_config) C.oktopk_result_t {
+//export go_oktopk_comm_init_rank
+func go_oktopk_comm_init_rank(comm *C.oktopk_comm_t, nranks C.int, id *C.oktopk_const_unique_id, rank C.int, config *C.oktopk_const_config) C.oktopk_result_t {
 	return call(0, func() error {
 		if comm == nil || id == nil {
 			return invalidArgument("comm or id is NULL")
@@ -139,8 +137,8 @@ func oktopk_comm_init_rank(comm *C.oktopk_comm_t, nranks C.int, id *C.oktopk_con
 	})
 }
 
-//export oktopk_comm_init_env
-func oktopk_comm_init_env(comm *C.oktopk_comm_t, config *C.oktopk_const_config) C.oktopk_result_t {
+//export go_oktopk_comm_init_env
+func go_oktopk_comm_init_env(comm *C.oktopk_comm_t, config *C.oktopk_const_config) C.oktopk_result_t {
 	return call(0, func() error {
 		if comm == nil {
 			return invalidArgument("comm is NULL")
@@ -158,8 +156,8 @@ func oktopk_comm_init_env(comm *C.oktopk_comm_t, config *C.oktopk_const_config) 
 	})
 }
 
-//export oktopk_make_token
-func oktopk_make_token(buf *C.char, n C.size_t) C.oktopk_result_t {
+//export go_oktopk_make_token
+func go_oktopk_make_token(buf *C.char, n C.size_t) C.oktopk_result_t {
 	return call(0, func() error {
 		if buf == nil || n == 0 {
 			return invalidArgument("buf is NULL or len is 0")
@@ -173,8 +171,8 @@ func oktopk_make_token(buf *C.char, n C.size_t) C.oktopk_result_t {
 	})
 }
 
-//export oktopk_comm_bind
-func oktopk_comm_bind(comm *C.oktopk_comm_t, nranks C.int, rank C.int, token *C.oktopk_const_char, config *C.oktopk_const_config, endpoint *C.char, endpointLen C.size_t) C.oktopk_result_t {
+//export go_oktopk_comm_bind
+func go_oktopk_comm_bind(comm *C.oktopk_comm_t, nranks C.int, rank C.int, token *C.oktopk_const_char, config *C.oktopk_const_config, endpoint *C.char, endpointLen C.size_t) C.oktopk_result_t {
 	return call(0, func() error {
 		if comm == nil || token == nil || endpoint == nil || endpointLen == 0 {
 			return invalidArgument("comm, job_token or endpoint is NULL, or endpoint_len is 0")
@@ -201,8 +199,8 @@ func oktopk_comm_bind(comm *C.oktopk_comm_t, nranks C.int, rank C.int, token *C.
 	})
 }
 
-//export oktopk_comm_connect
-func oktopk_comm_connect(comm C.oktopk_comm_t, endpoints *C.oktopk_const_string, nranks C.int) C.oktopk_result_t {
+//export go_oktopk_comm_connect
+func go_oktopk_comm_connect(comm C.oktopk_comm_t, endpoints *C.oktopk_const_string, nranks C.int) C.oktopk_result_t {
 	return call(int64(comm), func() error {
 		c, err := comms.get("communicator", int64(comm))
 		if err != nil {
@@ -229,8 +227,8 @@ func oktopk_comm_connect(comm C.oktopk_comm_t, endpoints *C.oktopk_const_string,
 	})
 }
 
-//export oktopk_comm_rank
-func oktopk_comm_rank(comm C.oktopk_comm_t, rank *C.int) C.oktopk_result_t {
+//export go_oktopk_comm_rank
+func go_oktopk_comm_rank(comm C.oktopk_comm_t, rank *C.int) C.oktopk_result_t {
 	return call(int64(comm), func() error {
 		c, err := comms.get("communicator", int64(comm))
 		if err != nil {
@@ -244,8 +242,8 @@ func oktopk_comm_rank(comm C.oktopk_comm_t, rank *C.int) C.oktopk_result_t {
 	})
 }
 
-//export oktopk_comm_size
-func oktopk_comm_size(comm C.oktopk_comm_t, size *C.int) C.oktopk_result_t {
+//export go_oktopk_comm_size
+func go_oktopk_comm_size(comm C.oktopk_comm_t, size *C.int) C.oktopk_result_t {
 	return call(int64(comm), func() error {
 		c, err := comms.get("communicator", int64(comm))
 		if err != nil {
@@ -259,8 +257,8 @@ func oktopk_comm_size(comm C.oktopk_comm_t, size *C.int) C.oktopk_result_t {
 	})
 }
 
-//export oktopk_comm_abort
-func oktopk_comm_abort(comm C.oktopk_comm_t) C.oktopk_result_t {
+//export go_oktopk_comm_abort
+func go_oktopk_comm_abort(comm C.oktopk_comm_t) C.oktopk_result_t {
 	return call(int64(comm), func() error {
 		c, err := comms.get("communicator", int64(comm))
 		if err != nil {
@@ -271,8 +269,27 @@ func oktopk_comm_abort(comm C.oktopk_comm_t) C.oktopk_result_t {
 	})
 }
 
-//export oktopk_comm_destroy
-func oktopk_comm_destroy(comm C.oktopk_comm_t) C.oktopk_result_t {
+//export go_oktopk_comm_dropped
+func go_oktopk_comm_dropped(comm C.oktopk_comm_t, count *C.uint64_t) C.oktopk_result_t {
+	return call(int64(comm), func() error {
+		c, err := comms.get("communicator", int64(comm))
+		if err != nil {
+			return err
+		}
+		if count == nil {
+			return invalidArgument("count is NULL")
+		}
+		var n uint64
+		if c.net != nil {
+			n = c.net.Dropped()
+		}
+		*count = C.uint64_t(n)
+		return nil
+	})
+}
+
+//export go_oktopk_comm_destroy
+func go_oktopk_comm_destroy(comm C.oktopk_comm_t) C.oktopk_result_t {
 	return call(0, func() error {
 		c, err := comms.remove("communicator", int64(comm))
 		if err != nil {
@@ -282,63 +299,98 @@ func oktopk_comm_destroy(comm C.oktopk_comm_t) C.oktopk_result_t {
 	})
 }
 
+//export go_oktopk_comm_measure_link
+func go_oktopk_comm_measure_link(comm C.oktopk_comm_t, link *C.oktopk_link_model_t) C.oktopk_result_t {
+	return call(int64(comm), func() error {
+		c, err := comms.get("communicator", int64(comm))
+		if err != nil {
+			return err
+		}
+		if link != nil && link.size < 4 {
+			return c.refuse(invalidArgument("link.size is %d; set it to sizeof(oktopk_link_model_t)", link.size), true)
+		}
+		var m core.LinkModel
+		_, err = c.do(false, func(ctx context.Context, cc *core.Communicator) (core.Stats, error) {
+			var err error
+			m, err = cc.MeasureLink(ctx)
+			return core.Stats{}, err
+		})
+		if err == nil && link != nil {
+			writeLinkModel(link, m)
+		}
+		return err
+	})
+}
+
 // ---- collectives ---------------------------------------------------------
 
-//export oktopk_allreduce
-func oktopk_allreduce(comm C.oktopk_comm_t, data unsafe.Pointer, count C.size_t, dtype C.oktopk_dtype_t, average C.int, algorithm C.int) C.oktopk_result_t {
+//export go_oktopk_allreduce
+func go_oktopk_allreduce(comm C.oktopk_comm_t, data unsafe.Pointer, count C.size_t, dtype C.oktopk_dtype_t, average C.int, algorithm C.int) C.oktopk_result_t {
 	return call(int64(comm), func() error {
 		c, op, err := allreduceOp(comm, data, count, dtype, average, algorithm)
 		if err != nil {
-			return err
+			return refused(c, err, true)
 		}
 		_, err = c.do(false, op)
 		return err
 	})
 }
 
-//export oktopk_allreduce_start
-func oktopk_allreduce_start(comm C.oktopk_comm_t, data unsafe.Pointer, count C.size_t, dtype C.oktopk_dtype_t, average C.int, algorithm C.int, request *C.oktopk_request_t) C.oktopk_result_t {
+//export go_oktopk_allreduce_start
+func go_oktopk_allreduce_start(comm C.oktopk_comm_t, data unsafe.Pointer, count C.size_t, dtype C.oktopk_dtype_t, average C.int, algorithm C.int, request *C.oktopk_request_t) C.oktopk_result_t {
 	return call(int64(comm), func() error {
-		if request == nil {
-			return invalidArgument("request is NULL")
-		}
 		c, op, err := allreduceOp(comm, data, count, dtype, average, algorithm)
+		if err == nil && request == nil {
+			err = invalidArgument("request is NULL")
+		}
 		if err != nil {
-			return err
+			return refused(c, err, false)
 		}
 		return startRequest(c, op, request)
 	})
 }
 
+// refused returns err, the refusal of a collective call's arguments; on a
+// live communicator c the refusal first takes the call's place in the
+// sequence and tells the peers (communicator.refuse).
+func refused(c *communicator, err error, wait bool) error {
+	if c == nil {
+		return err
+	}
+	return c.refuse(err, wait)
+}
+
+// allreduceOp checks a dense allreduce's arguments and builds its operation.
+// A bad argument comes back with the communicator, for refused.
 func allreduceOp(comm C.oktopk_comm_t, data unsafe.Pointer, count C.size_t, dtype C.oktopk_dtype_t, average C.int, algorithm C.int) (*communicator, operation, error) {
 	c, err := comms.get("communicator", int64(comm))
 	if err != nil {
 		return nil, nil, err
 	}
 	if err := checkBuffer(data, count, dtype); err != nil {
-		return nil, nil, err
+		return c, nil, err
 	}
 	alg := core.Algorithm(algorithm)
-	if !alg.Dense() {
-		return nil, nil, invalidArgument("algorithm %v is not a dense allreduce (use OKTOPK_ALGO_DENSE_RING or OKTOPK_ALGO_DENSE_RABENSEIFNER)", alg)
+	if !alg.Dense() && alg != core.Auto {
+		return c, nil, invalidArgument("algorithm %v is not a dense allreduce (use OKTOPK_ALGO_DENSE_RING, OKTOPK_ALGO_DENSE_RABENSEIFNER or OKTOPK_ALGO_AUTO)", alg)
 	}
 	return c, denseOp(c, data, int(count), dtype, average != 0, alg), nil
 }
 
-//export oktopk_sparse_allreduce
-func oktopk_sparse_allreduce(comm C.oktopk_comm_t, tensorID C.uint64_t, data unsafe.Pointer, count C.size_t, dtype C.oktopk_dtype_t, stats *C.oktopk_stats_t) C.oktopk_result_t {
+//export go_oktopk_sparse_allreduce
+func go_oktopk_sparse_allreduce(comm C.oktopk_comm_t, tensorID C.uint64_t, data unsafe.Pointer, count C.size_t, dtype C.oktopk_dtype_t, stats *C.oktopk_stats_t) C.oktopk_result_t {
 	return call(int64(comm), func() error {
 		c, err := comms.get("communicator", int64(comm))
 		if err != nil {
 			return err
 		}
 		if err := checkBuffer(data, count, dtype); err != nil {
-			return err
+			return c.refuse(err, true)
 		}
 		if err := checkStats(stats); err != nil {
-			return err
+			return c.refuse(err, true)
 		}
-		st, err := c.do(false, sparseOp(c, uint64(tensorID), data, int(count), dtype))
+		st, err := c.do(false, sparseOp(c, uint64(tensorID), data, int(count), dtype, nil))
 		if werr := writeStats(stats, st); err == nil {
 			err = werr
 		}
@@ -346,25 +398,51 @@ func oktopk_sparse_allreduce(comm C.oktopk_comm_t, tensorID C.uint64_t, data uns
 	})
 }
 
-//export oktopk_sparse_allreduce_start
-func oktopk_sparse_allreduce_start(comm C.oktopk_comm_t, tensorID C.uint64_t, data unsafe.Pointer, count C.size_t, dtype C.oktopk_dtype_t, request *C.oktopk_request_t) C.oktopk_result_t {
+//export go_oktopk_sparse_allreduce_hold
+func go_oktopk_sparse_allreduce_hold(comm C.oktopk_comm_t, tensorID C.uint64_t, data unsafe.Pointer, count C.size_t, dtype C.oktopk_dtype_t,
+	hold *C.oktopk_const_size_t, holdCount C.size_t, stats *C.oktopk_stats_t) C.oktopk_result_t {
+	return call(int64(comm), func() error {
+		c, err := comms.get("communicator", int64(comm))
+		if err != nil {
+			return err
+		}
+		if err := checkBuffer(data, count, dtype); err != nil {
+			return c.refuse(err, true)
+		}
+		if err := checkStats(stats); err != nil {
+			return c.refuse(err, true)
+		}
+		spans, err := readHold(unsafe.Pointer(hold), holdCount, count)
+		if err != nil {
+			return c.refuse(err, true)
+		}
+		st, err := c.do(false, sparseOp(c, uint64(tensorID), data, int(count), dtype, spans))
+		if werr := writeStats(stats, st); err == nil {
+			err = werr
+		}
+		return err
+	})
+}
+
+//export go_oktopk_sparse_allreduce_start
+func go_oktopk_sparse_allreduce_start(comm C.oktopk_comm_t, tensorID C.uint64_t, data unsafe.Pointer, count C.size_t, dtype C.oktopk_dtype_t, request *C.oktopk_request_t) C.oktopk_result_t {
 	return call(int64(comm), func() error {
 		c, err := comms.get("communicator", int64(comm))
 		if err != nil {
 			return err
 		}
 		if request == nil {
-			return invalidArgument("request is NULL")
+			return c.refuse(invalidArgument("request is NULL"), false)
 		}
 		if err := checkBuffer(data, count, dtype); err != nil {
-			return err
+			return c.refuse(err, false)
 		}
-		return startRequest(c, sparseOp(c, uint64(tensorID), data, int(count), dtype), request)
+		return startRequest(c, sparseOp(c, uint64(tensorID), data, int(count), dtype, nil), request)
 	})
 }
 
-//export oktopk_sparse_allreduce_sparse
-func oktopk_sparse_allreduce_sparse(comm C.oktopk_comm_t, n C.size_t, inIndices *C.oktopk_const_uint32, inValues *C.oktopk_const_float, inCount C.size_t,
+//export go_oktopk_sparse_allreduce_sparse
+func go_oktopk_sparse_allreduce_sparse(comm C.oktopk_comm_t, n C.size_t, inIndices *C.oktopk_const_uint32, inValues *C.oktopk_const_float, inCount C.size_t,
 	outIndices *C.uint32_t, outValues *C.float, outCapacity C.size_t, outCount *C.size_t, stats *C.oktopk_stats_t) C.oktopk_result_t {
 	return call(int64(comm), func() error {
 		c, err := comms.get("communicator", int64(comm))
@@ -373,18 +451,18 @@ func oktopk_sparse_allreduce_sparse(comm C.oktopk_comm_t, n C.size_t, inIndices 
 		}
 		switch {
 		case n == 0 || uint64(n) > maxElements:
-			return invalidArgument("n = %d is not in 1..%d", uint64(n), uint64(maxElements))
+			return c.refuse(invalidArgument("n = %d is not in 1..%d", uint64(n), uint64(maxElements)), true)
 		case inCount > n:
-			return invalidArgument("in_count %d > n %d", uint64(inCount), uint64(n))
+			return c.refuse(invalidArgument("in_count %d > n %d", uint64(inCount), uint64(n)), true)
 		case inCount > 0 && (inIndices == nil || inValues == nil):
-			return invalidArgument("in_indices or in_values is NULL")
+			return c.refuse(invalidArgument("in_indices or in_values is NULL"), true)
 		case outCapacity > 0 && (outIndices == nil || outValues == nil):
-			return invalidArgument("out_indices or out_values is NULL")
+			return c.refuse(invalidArgument("out_indices or out_values is NULL"), true)
 		case outCount == nil:
-			return invalidArgument("out_count is NULL")
+			return c.refuse(invalidArgument("out_count is NULL"), true)
 		}
 		if err := checkStats(stats); err != nil {
-			return err
+			return c.refuse(err, true)
 		}
 		in := core.Sparse{
 			Idx: unsafe.Slice((*uint32)(unsafe.Pointer(inIndices)), int(inCount)),
@@ -427,8 +505,8 @@ func startRequest(c *communicator, op operation, out *C.oktopk_request_t) error 
 	return nil
 }
 
-//export oktopk_test
-func oktopk_test(request C.oktopk_request_t) C.oktopk_result_t {
+//export go_oktopk_test
+func go_oktopk_test(request C.oktopk_request_t) C.oktopk_result_t {
 	return call(0, func() error {
 		r, err := requests.get("request", int64(request))
 		if err != nil {
@@ -443,8 +521,8 @@ func oktopk_test(request C.oktopk_request_t) C.oktopk_result_t {
 	})
 }
 
-//export oktopk_wait
-func oktopk_wait(request C.oktopk_request_t, stats *C.oktopk_stats_t) C.oktopk_result_t {
+//export go_oktopk_wait
+func go_oktopk_wait(request C.oktopk_request_t, stats *C.oktopk_stats_t) C.oktopk_result_t {
 	return call(0, func() error {
 		r, err := requests.get("request", int64(request))
 		if err != nil {
@@ -462,8 +540,8 @@ func oktopk_wait(request C.oktopk_request_t, stats *C.oktopk_stats_t) C.oktopk_r
 	})
 }
 
-//export oktopk_request_free
-func oktopk_request_free(request C.oktopk_request_t) C.oktopk_result_t {
+//export go_oktopk_request_free
+func go_oktopk_request_free(request C.oktopk_request_t) C.oktopk_result_t {
 	return call(0, func() error {
 		r, err := requests.remove("request", int64(request))
 		if err != nil {
@@ -476,8 +554,8 @@ func oktopk_request_free(request C.oktopk_request_t) C.oktopk_result_t {
 
 // ---- per-tensor state ----------------------------------------------------
 
-//export oktopk_tensor_state_size
-func oktopk_tensor_state_size(comm C.oktopk_comm_t, tensorID C.uint64_t, size *C.size_t) C.oktopk_result_t {
+//export go_oktopk_tensor_state_size
+func go_oktopk_tensor_state_size(comm C.oktopk_comm_t, tensorID C.uint64_t, size *C.size_t) C.oktopk_result_t {
 	return call(int64(comm), func() error {
 		c, err := comms.get("communicator", int64(comm))
 		if err != nil {
@@ -495,8 +573,8 @@ func oktopk_tensor_state_size(comm C.oktopk_comm_t, tensorID C.uint64_t, size *C
 	})
 }
 
-//export oktopk_tensor_state_save
-func oktopk_tensor_state_save(comm C.oktopk_comm_t, tensorID C.uint64_t, buf unsafe.Pointer, n C.size_t) C.oktopk_result_t {
+//export go_oktopk_tensor_state_save
+func go_oktopk_tensor_state_save(comm C.oktopk_comm_t, tensorID C.uint64_t, buf unsafe.Pointer, n C.size_t) C.oktopk_result_t {
 	return call(int64(comm), func() error {
 		c, err := comms.get("communicator", int64(comm))
 		if err != nil {
@@ -517,8 +595,8 @@ func oktopk_tensor_state_save(comm C.oktopk_comm_t, tensorID C.uint64_t, buf uns
 	})
 }
 
-//export oktopk_tensor_state_load
-func oktopk_tensor_state_load(comm C.oktopk_comm_t, tensorID C.uint64_t, buf *C.oktopk_const_void, n C.size_t) C.oktopk_result_t {
+//export go_oktopk_tensor_state_load
+func go_oktopk_tensor_state_load(comm C.oktopk_comm_t, tensorID C.uint64_t, buf *C.oktopk_const_void, n C.size_t) C.oktopk_result_t {
 	return call(int64(comm), func() error {
 		c, err := comms.get("communicator", int64(comm))
 		if err != nil {
@@ -536,8 +614,8 @@ func oktopk_tensor_state_load(comm C.oktopk_comm_t, tensorID C.uint64_t, buf *C.
 
 // ---- selection -----------------------------------------------------------
 
-//export oktopk_topk
-func oktopk_topk(x *C.oktopk_const_float, n C.size_t, k C.size_t, indices *C.uint32_t, values *C.float) C.oktopk_result_t {
+//export go_oktopk_topk
+func go_oktopk_topk(x *C.oktopk_const_float, n C.size_t, k C.size_t, indices *C.uint32_t, values *C.float) C.oktopk_result_t {
 	return call(0, func() error {
 		switch {
 		case uint64(n) > maxElements:
@@ -559,8 +637,8 @@ func oktopk_topk(x *C.oktopk_const_float, n C.size_t, k C.size_t, indices *C.uin
 	})
 }
 
-//export oktopk_threshold_select
-func oktopk_threshold_select(x *C.oktopk_const_float, n C.size_t, threshold C.float, indices *C.uint32_t, values *C.float, capacity C.size_t, count *C.size_t) C.oktopk_result_t {
+//export go_oktopk_threshold_select
+func go_oktopk_threshold_select(x *C.oktopk_const_float, n C.size_t, threshold C.float, indices *C.uint32_t, values *C.float, capacity C.size_t, count *C.size_t) C.oktopk_result_t {
 	return call(0, func() error {
 		switch {
 		case uint64(n) > maxElements:
@@ -597,10 +675,7 @@ func oktopk_threshold_select(x *C.oktopk_const_float, n C.size_t, threshold C.fl
 
 // ---- diagnostics ---------------------------------------------------------
 
-//export oktopk_debug_goroutines
-func oktopk_debug_goroutines() C.int {
-	if forked() {
-		return -1
-	}
+//export go_oktopk_debug_goroutines
+func go_oktopk_debug_goroutines() C.int {
 	return C.int(runtime.NumGoroutine())
 }

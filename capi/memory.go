@@ -35,7 +35,7 @@ import (
 // GOMEMLIMIT itself when they were set after the process started).
 const defaultGOGC = 25
 
-func init() { applyMemoryPolicy(libcGetenv, os.Getenv, os.Stderr) }
+func init() { applyMemoryPolicy(libcLookupEnv, os.Getenv, os.Stderr) }
 
 // applyMemoryPolicy sets the collector's policy from the environment as
 // getenv sees it now (startEnv: as the runtime saw it at process start),
@@ -80,9 +80,10 @@ func applyMemoryPolicy(getenv func(string) (string, bool), startEnv func(string)
 	}
 }
 
-// libcGetenv is getenv(3): the environment as it is now, not the copy the
-// Go runtime took when the process started.
-func libcGetenv(name string) (string, bool) {
+// libcLookupEnv is getenv(3) that also tells an unset variable from an
+// empty one (env.go's libcGetenv does not): the environment as it is now,
+// not the copy the Go runtime took when the process started.
+func libcLookupEnv(name string) (string, bool) {
 	cname := C.CString(name)
 	defer C.free(unsafe.Pointer(cname))
 	v := C.getenv(cname)

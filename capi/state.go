@@ -3,14 +3,17 @@ package main
 import (
 	"context"
 	"encoding"
+	"strings"
 
 	"github.com/oktopk/oktopk/core"
 )
 
 // Tensor state save and load go through the communicator's queue, so a save
 // sees every call issued before it, and a load applies before every call
-// issued after it. They are local: they still work after an abort, so a
-// failed job can be checkpointed.
+// issued after it. They are local: they still work after an abort, and from
+// any thread. A save after a failure holds this rank's state, which may
+// differ by the failed call from its peers' (the call may have completed on
+// some ranks); include/oktopk.h says what to restart from instead.
 
 func (c *communicator) saveState(id uint64) ([]byte, error) {
 	var out []byte
@@ -30,6 +33,10 @@ func (c *communicator) saveState(id uint64) ([]byte, error) {
 	return out, err
 }
 
+// loadState refuses, before the state is installed, a state saved by another
+// rank or by a communicator of another size (the blob records both): loaded,
+// it would make the run drift from the uninterrupted one, or fail only at
+// the tensor's next sparse allreduce.
 func (c *communicator) loadState(id uint64, b []byte) error {
 	_, err := c.do(true, func(_ context.Context, cc *core.Communicator) (core.Stats, error) {
 		st := new(core.TensorState)
@@ -38,13 +45,22 @@ func (c *communicator) loadState(id uint64, b []byte) error {
 			return core.Stats{}, invalidUsage("tensor state serialisation is not built into this library")
 		}
 		if err := u.UnmarshalBinary(b); err != nil {
-			return core.Stats{}, invalidArgument("tensor %d: %v", id, err)
+			return core.Stats{}, invalidArgument("tensor %d: %s", id, withoutSentinel(err, core.ErrInvalidArgument))
 		}
-		if n := len(st.Boundaries); n != 0 && n != c.size+1 {
-			return core.Stats{}, invalidArgument("tensor %d: state has %d region boundaries, a communicator of %d ranks needs %d", id, n, c.size, c.size+1)
+		if err := st.CheckOwner(c.rank, c.size); err != nil {
+			return core.Stats{}, invalidArgument("tensor %d: %s", id, withoutSentinel(err, core.ErrInvalidArgument))
 		}
+		st.Rank, st.Size = c.rank, c.size // a version-1 state's next save records them
 		cc.SetTensorState(id, st)
 		return core.Stats{}, nil
 	})
 	return err
+}
+
+// withoutSentinel is err's message without sentinel's leading text, for a
+// message that adds context and wraps the same sentinel again: wrapping err
+// whole would read "oktopk: invalid argument: tensor 7: oktopk: invalid
+// argument: ...".
+func withoutSentinel(err, sentinel error) string {
+	return strings.TrimPrefix(err.Error(), sentinel.Error()+": ")
 }

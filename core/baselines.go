@@ -12,7 +12,6 @@ import (
 	"errors"
 	"fmt"
 	"sort"
-	"time"
 
 	"github.com/oktopk/oktopk/transport"
 )
@@ -38,8 +37,9 @@ func exactLocalTopK(call *Call) func(dst Sparse, acc vec, k int) (Sparse, error)
 // rank skips the step), reduces the entries with reduce (which returns the
 // summed global result, identical on every rank), and only then — once
 // nothing can fail any more — writes the averaged result into grad and the
-// new residual into st (the entries selected here and present in the
-// global result are zeroed; the rest wait for a later call).
+// new residual into st (for the entries selected here and present in the
+// global result, acc less the value sent: zero, or the rounding error of a
+// 16-bit value; the rest, held entries included, wait for a later call).
 //
 // selectLocal writes into the storage it is given (the communicator's,
 // kept for the next call) and reports NaN or ±Inf in acc as ErrNonFinite;
@@ -51,10 +51,12 @@ func reduceWithErrorFeedback(ctx context.Context, call *Call, st *TensorState, g
 	if len(st.Residual) != n {
 		return fmt.Errorf("%w: residual holds %d elements, gradient %d", ErrInvalidArgument, len(st.Residual), n)
 	}
+	// acc = grad + residual, never stored: the selection's passes form it.
+	call.Phase(PhaseSelect)
 	acc := sumVec(grad, st.Residual)
 	k := st.Config.K(n)
-	start := time.Now()
 	storage := call.selection(st)
+	sc := call.okTopkScratch(st)
 	var local Sparse
 	var err error
 	bad := 0
@@ -63,7 +65,7 @@ func reduceWithErrorFeedback(ctx context.Context, call *Call, st *TensorState, g
 		local = *storage
 		local.Reset()
 	} else {
-		local, err = selectLocal(*storage, acc, k)
+		local, sc.held, err = selectHolding(acc, call.Hold, sc.held, func() (Sparse, error) { return selectLocal(*storage, acc, k) })
 		*storage = local
 		if errors.Is(err, ErrNonFinite) {
 			bad, err = acc.countNonFinite(), nil
@@ -72,15 +74,19 @@ func reduceWithErrorFeedback(ctx context.Context, call *Call, st *TensorState, g
 			return err
 		}
 	}
-	call.Stats.Select = time.Since(start)
+	// The values leave this rank in the wire's precision; foldResidual
+	// keeps what the rounding took off.
+	roundingOf(call, st.Config, st.Iter, roundContribution).apply(local)
+	call.Phase(PhaseAgree)
 	if err := agreeOnInput(ctx, call, bad, nil); err != nil {
 		return err
 	}
 	call.Stats.LocalSelected = local.Len()
-	global, err := reduce(ctx, call, n, local, k)
+	global, err := reduce(ctx, call, n, local, k) // it times its own phases
 	if err != nil {
 		return err
 	}
+	call.Phase(PhaseOutput)
 	call.Stats.GlobalSelected = global.Len()
 	foldResidual(st.Residual, grad, local, global)
 	writeAverage(grad, global, call.Size())
@@ -103,7 +109,8 @@ const stepAgreement uint32 = 0xffff0000
 // ranks stay in step (the communicator remains usable). nonFinite counts this
 // rank's NaN/Inf entries; invalid, when not nil, is why its input is
 // malformed. A malformed input anywhere is ErrInvalidArgument on every rank,
-// else NaN/Inf anywhere is ErrNonFinite marked as skipped everywhere.
+// else NaN/Inf anywhere is ErrNonFinite; either is marked as skipped
+// everywhere.
 //
 // The flags are OR-ed by dissemination: in round i = 0…⌈log P⌉−1 rank r sends
 // what it knows to r+2^i and ORs in what r−2^i knows, so after the last
@@ -133,9 +140,9 @@ func agreeOnInput(ctx context.Context, call *Call, nonFinite int, invalid error)
 	}
 	switch {
 	case invalid != nil:
-		return invalid
+		return fmt.Errorf("%w (%w)", invalid, errStepSkipped)
 	case all&inputInvalid != 0:
-		return fmt.Errorf("%w: another rank's sparse input is malformed; every rank skipped this call", ErrInvalidArgument)
+		return fmt.Errorf("%w: another rank's sparse input is malformed (%w)", ErrInvalidArgument, errStepSkipped)
 	case nonFinite > 0:
 		return fmt.Errorf("%w: %d entries here: %w", ErrNonFinite, nonFinite, errStepSkipped)
 	case all&inputNonFinite != 0:
@@ -260,19 +267,28 @@ func decodeRegionBlock(dtype transport.Dtype, count uint64, payload []byte, lo, 
 
 // allgatherSparseSum gathers every rank's sparse vector (indices below n)
 // and sums them in rank order: the global result of TopkA and Gaussiank.
+// The vectors are of about one size (k, or Gaussiank's estimate of it), so
+// Bruck's allgather moves the ring's words in ⌈log₂ P⌉ rounds instead of
+// P−1: the log P α of these algorithms' papers. The entries travel in the
+// call's value type (local's values must already be of that type).
 func allgatherSparseSum(ctx context.Context, call *Call, firstStep uint32, n int, local Sparse) (Sparse, error) {
-	own := regionBlock(local, 0, uint32(n), false)
-	blocks, err := Allgatherv(ctx, call, firstStep, own)
+	own := Block{Dtype: call.Values.sparseDtype(), Count: uint64(local.Len()), Payload: encodeSparseAs(nil, local, 0, call.Values)}
+	call.Phase(PhaseAllgather)
+	blocks, err := AllgathervBruck(ctx, call, firstStep, own)
 	if err != nil {
 		return Sparse{}, fmt.Errorf("oktopk: allgather of selected entries: %w", err)
 	}
+	call.Phase(PhaseReduce) // the sum of the gathered selections
 	parts := make([]Sparse, len(blocks))
 	for r, b := range blocks {
 		if r == call.Rank() {
 			parts[r] = local
 			continue
 		}
-		if parts[r], err = decodeRegionBlock(b.Dtype, b.Count, b.Payload, 0, uint32(n)); err != nil {
+		if b.Dtype != own.Dtype {
+			return Sparse{}, fmt.Errorf("%w: rank %d sent %v entries, this rank %v (another value type configured?)", ErrMismatch, r, b.Dtype, own.Dtype)
+		}
+		if parts[r], err = decodeSparseAs(Sparse{}, b.Payload, b.Count, 0, uint32(n), call.Values); err != nil {
 			return Sparse{}, fmt.Errorf("oktopk: entries from rank %d: %w", r, err)
 		}
 	}

@@ -23,8 +23,16 @@ type Call struct {
 	Desc  transport.CallDesc // what this rank was asked to do; every rank must agree
 	Stats *Stats
 
-	mu      sync.Mutex   // Stats is updated by concurrent exchanges of one call
-	scratch *callScratch // lent by the communicator for this call; nil: none
+	// Values is the type selected values travel in (the tensor's
+	// Config.Values; float32 for calls without state), Hold the ranges of
+	// the caller's buffer this rank holds back (SparseAllreduceHolding).
+	Values ValueType
+	Hold   []Span
+
+	mu         sync.Mutex   // Stats is updated by concurrent exchanges of one call
+	phase      Phase        // the phase running, whose Stats.Phases entry counts the bytes moved
+	phaseStart time.Time    // when it started; zero before the first Phase
+	scratch    *callScratch // lent by the communicator for this call; nil: none
 }
 
 // callScratch is working memory a Communicator lends to its calls, one at a
@@ -188,6 +196,7 @@ func (c *Call) countSent(bytes uint64) {
 	c.mu.Lock()
 	c.Stats.BytesSent += bytes
 	c.Stats.MessagesSent++
+	c.Stats.Phases[c.phase].BytesSent += bytes
 	c.mu.Unlock()
 }
 
@@ -195,7 +204,97 @@ func (c *Call) countReceived(bytes uint64) {
 	c.mu.Lock()
 	c.Stats.BytesReceived += bytes
 	c.Stats.MessagesReceived++
+	c.Stats.Phases[c.phase].BytesReceived += bytes
 	c.mu.Unlock()
+}
+
+// Phase ends the phase running, adding its time since it started to its
+// Stats.Phases entry, and starts p; a phase may run several times in one
+// call (its times add up). The phases of a call run back to back from its
+// first Phase to EndPhases, so together they cover all of it: their times
+// add up to the call's (Stats.Total, less what the communicator does before
+// the algorithm starts). Bytes sent and received count towards the phase
+// running when the message was queued or arrived, so an algorithm switches
+// phases only once the exchanges of the one before have returned.
+func (c *Call) Phase(p Phase) {
+	now := time.Now()
+	c.mu.Lock()
+	if !c.phaseStart.IsZero() {
+		c.Stats.Phases[c.phase].Time += now.Sub(c.phaseStart)
+	}
+	c.phase, c.phaseStart = p, now
+	c.mu.Unlock()
+}
+
+// EndPhases ends the phase running (a no-op when none is); the
+// communicator calls it when the algorithm returns, failed or not.
+func (c *Call) EndPhases() {
+	now := time.Now()
+	c.mu.Lock()
+	if !c.phaseStart.IsZero() {
+		c.Stats.Phases[c.phase].Time += now.Sub(c.phaseStart)
+	}
+	c.phaseStart = time.Time{}
+	c.mu.Unlock()
+}
+
+// Phase names a part of a call, timed on its own in Stats.Phases. Every
+// algorithm's call is cut into the same phases, so one phase means the same
+// work in each (a phase an algorithm does not have stays zero):
+type Phase int
+
+const (
+	// PhaseSelect forms acc = grad + residual (error feedback's accumulate
+	// pass) and selects this rank's entries from it. It is the same work in
+	// every algorithm, whether the two are one fused pass (Ok-Topk's reuse
+	// calls) or two.
+	PhaseSelect Phase = iota
+	// PhaseAgree is the agreement on NaN/Inf in any rank's input (a word
+	// per round, ⌈log P⌉ rounds) of the baselines and of the sparse-input
+	// calls; Ok-Topk's dense-gradient calls carry it in their histograms.
+	PhaseAgree
+	// PhaseReduce sums the selections: Ok-Topk's split-and-reduce (with
+	// its repartition every τ calls), SparCML's and TopkDSA's split and
+	// owner sums, SSAR's recursive doubling, gTopk's tree reduce, TopkA's
+	// and Gaussiank's sum of the gathered selections, and a dense
+	// allreduce's reduce-scatter (Rabenseifner: fold and recursive halving).
+	PhaseReduce
+	// PhaseGlobalSelect is Ok-Topk's global selection: the histogram
+	// exchange and its refinement rounds, and the cut.
+	PhaseGlobalSelect
+	// PhaseBalance is Ok-Topk's move of the kept entries into P equal
+	// shares.
+	PhaseBalance
+	// PhaseAllgather spreads the result: the allgatherv of Ok-Topk's
+	// shares, of the reduced regions (split-allgather), of TopkA's and
+	// Gaussiank's selections, gTopk's broadcast, and a dense allreduce's
+	// allgather (Rabenseifner: recursive doubling and unfold).
+	PhaseAllgather
+	// PhaseOutput writes the caller's buffer (the averaged result) and the
+	// residual; for a dense allreduce the copy of the result into the
+	// caller's buffer, the copy kept to restore it on failure, and the
+	// averaging.
+	PhaseOutput
+	// NumPhases is the number of phases.
+	NumPhases
+)
+
+var phaseNames = [NumPhases]string{"select", "agree", "reduce", "global_select", "balance", "allgather", "output"}
+
+// String is the phase's name as the benchmark's CSV columns use it.
+func (p Phase) String() string {
+	if p >= 0 && p < NumPhases {
+		return phaseNames[p]
+	}
+	return fmt.Sprintf("phase(%d)", int(p))
+}
+
+// PhaseStats is one phase's share of a call on one rank: its wall time and
+// the payload bytes this rank queued and received while it ran.
+type PhaseStats struct {
+	Time          time.Duration
+	BytesSent     uint64
+	BytesReceived uint64
 }
 
 // Stats is one rank's view of one call.
@@ -209,11 +308,18 @@ type Stats struct {
 	GlobalSelected   int     // entries in the global result
 	LocalThreshold   float32 // selection was |x| > LocalThreshold (exact top-k: the largest magnitude left out)
 	GlobalThreshold  float32
-	Select           time.Duration
-	Reduce           time.Duration // split-and-reduce or the reduction phase
-	Allgather        time.Duration // balance + allgatherv, or the broadcast phase
+	Phases           [NumPhases]PhaseStats // the call cut into its phases (Phase)
 	Total            time.Duration
+
+	// Which algorithm ran (Auto's choice, for a call with Auto), and the
+	// time the communicator's cost model predicted for it (0 while the
+	// communicator has no link model: see Communicator.MeasureLink).
+	Algorithm Algorithm
+	Predicted time.Duration
 }
+
+// Time is the time phase p took in the call.
+func (s *Stats) Time(p Phase) time.Duration { return s.Phases[p].Time }
 
 // WordsSent is the volume the cost model counts: 4-byte words (an index and
 // a value are one word each).
@@ -228,8 +334,11 @@ func (s *Stats) Add(o Stats) {
 	s.BytesReceived += o.BytesReceived
 	s.MessagesSent += o.MessagesSent
 	s.MessagesReceived += o.MessagesReceived
-	s.Select += o.Select
-	s.Reduce += o.Reduce
-	s.Allgather += o.Allgather
+	for p := range s.Phases {
+		s.Phases[p].Time += o.Phases[p].Time
+		s.Phases[p].BytesSent += o.Phases[p].BytesSent
+		s.Phases[p].BytesReceived += o.Phases[p].BytesReceived
+	}
 	s.Total += o.Total
+	s.Predicted += o.Predicted
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/oktopk/oktopk/transport"
@@ -40,17 +41,26 @@ func registerSparseInput(a Algorithm, f sparseInputFunc) {
 
 // Communicator runs collectives over one transport in the order they are
 // issued, which must be the same on every rank: each call takes the next
-// sequence number, and the sequence number tags its messages. After any
-// failure that may have left peers mid-call, the communicator is poisoned:
-// every later call fails fast with the first error.
+// sequence number, and the sequence number tags its messages. One call runs
+// at a time: a call made while another runs is refused with ErrInvalidUsage
+// and takes no sequence number (two goroutines' calls would be numbered in
+// whichever order they happened to come, which differs from rank to rank).
+//
+// A call this rank refuses for its arguments still takes its sequence number
+// and tells the peers (transport.Transport.RefuseCall): a peer that made the
+// call fails it with ErrMismatch, and none pairs it with this rank's next
+// call. After any failure that may have left peers mid-call, the
+// communicator is poisoned: every later call fails fast with the first error.
 type Communicator struct {
 	T transport.Transport
 
-	mu       sync.Mutex // held for a whole call: calls run one at a time, in issue order
+	busy     atomic.Bool // a call is running; see begin
+	mu       sync.Mutex  // held for a whole call, and by the tensor state accessors
 	seq      uint64
 	states   map[uint64]*TensorState
 	poisoned error
 	before   []float32   // the caller's data before a dense allreduce, put back if it fails
+	link     *LinkModel  // Auto's link model, the same on every rank; nil until measured or set
 	scratch  callScratch // lent to each sparse call (calls run one at a time)
 }
 
@@ -67,46 +77,100 @@ func (c *Communicator) Abort(cause error) {
 	c.T.Abort(cause)
 }
 
-// begin takes the communicator for one call and its sequence number.
+// errConcurrentCall refuses a call made while another runs.
+var errConcurrentCall = fmt.Errorf("%w: another call is running on this communicator; "+
+	"calls on one communicator must be made one at a time, in the same order on every rank", ErrInvalidUsage)
+
+// begin takes the communicator for one call and its sequence number. A call
+// made while another runs is refused before it takes a number, so the
+// running call and the ranks' numbering are untouched.
 func (c *Communicator) begin() (uint64, error) {
+	if !c.busy.CompareAndSwap(false, true) {
+		return 0, errConcurrentCall
+	}
 	c.mu.Lock()
 	if c.poisoned != nil {
-		c.mu.Unlock()
-		return 0, fmt.Errorf("%w: earlier failure: %w", transport.ErrAborted, c.poisoned)
+		err := fmt.Errorf("%w: earlier failure: %w", transport.ErrAborted, c.poisoned)
+		c.release()
+		return 0, err
 	}
 	c.seq++
 	return c.seq, nil
 }
 
-// end releases the communicator; a communication error poisons it, because
-// peers may be stranded mid-call and the sequence numbers no longer agree.
+func (c *Communicator) release() {
+	c.mu.Unlock()
+	c.busy.Store(false)
+}
+
+// end releases the communicator. Any error poisons it, except a step that
+// every rank agreed to skip (NaN/Inf, or a malformed sparse input,
+// somewhere): anything else may have stranded a peer mid-call, or may have
+// completed on some ranks and not on others.
 func (c *Communicator) end(err error) error {
-	// A step that every rank agreed to skip (NaN/Inf somewhere) leaves the
-	// ranks in step; anything else may have stranded a peer mid-call.
-	if err != nil && !errors.Is(err, ErrInvalidArgument) && !errors.Is(err, ErrInvalidUsage) && !errors.Is(err, errStepSkipped) {
+	if err != nil && !errors.Is(err, errStepSkipped) {
 		c.poisoned = err
 		c.T.Abort(err)
 	}
-	c.mu.Unlock()
+	c.release()
 	return err
+}
+
+// refuse ends call seq, which this rank refuses for err before sending
+// anything: the peers are told, and err is returned. The communicator is not
+// poisoned here: when every rank refuses the call (the same bad argument
+// everywhere) the ranks are still in step. A peer that made the call fails
+// with ErrMismatch and aborts, and its abort reaches this rank.
+func (c *Communicator) refuse(ctx context.Context, seq uint64, err error) error {
+	c.T.RefuseCall(ctx, seq, err.Error())
+	c.release()
+	return err
+}
+
+// Refuse is for a caller that refuses a call before it reaches the
+// communicator (the C ABI's checks of pointers and sizes): the refusal takes
+// the call's sequence number and tells the peers, as a refusal by the
+// communicator's own checks does. It returns err. On a poisoned
+// communicator, or while another call runs, it only returns err.
+func (c *Communicator) Refuse(ctx context.Context, err error) error {
+	seq, berr := c.begin()
+	if berr != nil {
+		return err
+	}
+	return c.refuse(ctx, seq, err)
 }
 
 // Allreduce sums (or averages) data over every rank with a dense algorithm.
 // A failed call leaves data as it was, so nothing of the caller's is lost.
 func (c *Communicator) Allreduce(ctx context.Context, data []float32, average bool, alg Algorithm) (Stats, error) {
-	var st Stats
-	f, ok := denseAlgorithms[alg]
-	if !ok {
-		return st, fmt.Errorf("%w: %v is not a dense allreduce", ErrInvalidArgument, alg)
-	}
 	seq, err := c.begin()
 	if err != nil {
-		return st, err
+		return Stats{}, err
 	}
+	if _, ok := denseAlgorithms[alg]; !ok && alg != Auto {
+		return Stats{}, c.refuse(ctx, seq, fmt.Errorf("%w: %v is not a dense allreduce", ErrInvalidArgument, alg))
+	}
+	if alg == Auto {
+		ch, next, err := c.autoChoose(ctx, seq, len(data), DefaultConfig(), false)
+		if err != nil {
+			return Stats{}, c.end(err)
+		}
+		seq, alg = next, ch.alg
+	}
+	return c.allreduce(ctx, seq, 0, data, average, alg)
+}
+
+// allreduce runs call seq, taken by begin, as a dense allreduce of data;
+// tensor (0 if none) goes into the call's descriptor.
+func (c *Communicator) allreduce(ctx context.Context, seq, tensor uint64, data []float32, average bool, alg Algorithm) (Stats, error) {
+	st := Stats{Algorithm: alg, Predicted: c.predicted(alg, len(data), DefaultConfig())}
+	f := denseAlgorithms[alg]
 	start := time.Now()
+	call := NewCall(c.T, alg.Op(), seq, &st, WithDesc(DescribeCall(ctx, tensor, len(data), len(data))))
 	// Rabenseifner reduces in place, so a failure midway would leave partial
 	// sums; one copy (kept for the next call) puts the input back. The ring
 	// writes data only once every message has arrived.
+	call.Phase(PhaseOutput)
 	backup := c.Size() > 1 && alg != DenseRing
 	if backup {
 		if cap(c.before) < len(data) {
@@ -114,13 +178,15 @@ func (c *Communicator) Allreduce(ctx context.Context, data []float32, average bo
 		}
 		copy(c.before[:len(data)], data)
 	}
-	err = f(ctx, NewCall(c.T, alg.Op(), seq, &st, WithDesc(DescribeCall(ctx, 0, len(data), len(data)))), data)
+	err := f(ctx, call, data)
+	call.Phase(PhaseOutput)
 	if err != nil && backup {
 		copy(data, c.before[:len(data)])
 	}
 	if err == nil && average {
 		scale(data, c.Size())
 	}
+	call.EndPhases()
 	st.Total = time.Since(start)
 	return st, c.end(err)
 }
@@ -133,17 +199,19 @@ const maxElements = math.MaxUint32
 // skipped step) starts from exactly the state before it. The residual needs
 // no copy: every algorithm writes it only after all communication succeeded.
 type tensorSnapshot struct {
+	config        Config
 	iter          int
 	local, global float32
 	boundaries    []uint32
 }
 
-func snapshotOf(st *TensorState) tensorSnapshot {
-	return tensorSnapshot{iter: st.Iter, local: st.LocalThreshold, global: st.GlobalThreshold,
+func snapshotOf(st *TensorState, cfg Config) tensorSnapshot {
+	return tensorSnapshot{config: cfg, iter: st.Iter, local: st.LocalThreshold, global: st.GlobalThreshold,
 		boundaries: append([]uint32(nil), st.Boundaries...)}
 }
 
 func (s tensorSnapshot) restore(st *TensorState) {
+	st.Config = s.config
 	st.Iter, st.LocalThreshold, st.GlobalThreshold = s.iter, s.local, s.global
 	if s.boundaries == nil {
 		st.Boundaries = nil
@@ -159,11 +227,15 @@ func (c *Communicator) state(id uint64, n int, cfg Config) (*TensorState, error)
 	st := c.states[id]
 	if st == nil {
 		st = NewTensorState(n, cfg)
+		st.Rank, st.Size = c.Rank(), c.Size()
 		c.states[id] = st
 		return st, nil
 	}
 	if st.N != n {
 		return nil, fmt.Errorf("%w: tensor %d has %d elements, earlier calls had %d", ErrInvalidArgument, id, n, st.N)
+	}
+	if len(st.Residual) != n {
+		return nil, fmt.Errorf("%w: tensor %d's state holds a residual of %d elements for n=%d", ErrInvalidArgument, id, len(st.Residual), n)
 	}
 	st.Config = cfg
 	return st, nil
@@ -171,84 +243,161 @@ func (c *Communicator) state(id uint64, n int, cfg Config) (*TensorState, error)
 
 // SparseAllreduce reduces grad (this rank's gradient) in place into the
 // averaged sparse global result, keeping tensor id's residual and thresholds.
-// Dense algorithms in cfg are allowed and average without state.
+// Dense algorithms in cfg are allowed and average without state; Auto
+// chooses the algorithm of every call (auto.go).
 //
 // A failed call leaves grad and the tensor's state (residual, thresholds,
 // region boundaries, call count) as they were. NaN or Inf in grad+residual on
 // any rank makes every rank return ErrNonFinite for the step (skipped
-// everywhere, the communicator stays usable).
+// everywhere, the communicator stays usable). Bad arguments are
+// ErrInvalidArgument here and ErrMismatch on every peer that made the call.
 func (c *Communicator) SparseAllreduce(ctx context.Context, id uint64, grad []float32, cfg Config) (Stats, error) {
+	return c.SparseAllreduceHolding(ctx, id, grad, cfg, nil)
+}
+
+// SparseAllreduceHolding is SparseAllreduce with the entries of grad in the
+// ranges hold (ascending, disjoint) held back by this rank for this call:
+// none of them is selected or sent, and their grad + residual stays in the
+// residual. Other ranks' entries there are reduced as usual. It is for
+// entries whose result the caller will discard — a parameter a framework
+// found unused at this step (PyTorch DDP leaves the gradient of a
+// parameter unused on every rank untouched) — so that error feedback loses
+// nothing of them. Dense algorithms keep no residual and ignore hold.
+func (c *Communicator) SparseAllreduceHolding(ctx context.Context, id uint64, grad []float32, cfg Config, hold []Span) (Stats, error) {
 	var stats Stats
-	if err := cfg.Validate(); err != nil {
-		return stats, err
-	}
-	if uint64(len(grad)) > maxElements {
-		return stats, fmt.Errorf("%w: %d elements, at most 2^32-1", ErrInvalidArgument, len(grad))
-	}
-	if cfg.Algorithm.Dense() {
-		return c.Allreduce(ctx, grad, true, cfg.Algorithm)
-	}
-	f, ok := sparseAlgorithms[cfg.Algorithm]
-	if !ok {
-		return stats, fmt.Errorf("%w: %v is not built into this library", ErrInvalidArgument, cfg.Algorithm)
-	}
 	seq, err := c.begin()
 	if err != nil {
 		return stats, err
 	}
-	st, err := c.state(id, len(grad), cfg)
-	if err != nil {
-		c.seq-- // nothing was sent: the number goes back, so ranks stay in step
-		return stats, c.end(err)
+	if err := cfg.Validate(); err != nil {
+		return stats, c.refuse(ctx, seq, err)
 	}
-	before := snapshotOf(st)
-	start := time.Now()
-	stats.K = cfg.K(len(grad))
-	err = f(ctx, NewCall(c.T, cfg.Algorithm.Op(), seq, &stats, WithDesc(DescribeCall(ctx, id, len(grad), stats.K)), withScratch(&c.scratch)), st, grad)
+	if uint64(len(grad)) > maxElements {
+		return stats, c.refuse(ctx, seq, fmt.Errorf("%w: %d elements, at most 2^32-1", ErrInvalidArgument, len(grad)))
+	}
+	if err := checkHold(hold, len(grad)); err != nil {
+		return stats, c.refuse(ctx, seq, err)
+	}
+	if cfg.Algorithm == Auto {
+		return c.autoSparseAllreduce(ctx, seq, id, grad, cfg, hold)
+	}
+	if cfg.Algorithm.Dense() {
+		return c.allreduce(ctx, seq, id, grad, true, cfg.Algorithm)
+	}
+	if _, ok := sparseAlgorithms[cfg.Algorithm]; !ok {
+		return stats, c.refuse(ctx, seq, fmt.Errorf("%w: %v is not built into this library", ErrInvalidArgument, cfg.Algorithm))
+	}
+	st, undo, err := c.callState(id, len(grad), cfg)
 	if err != nil {
+		return stats, c.refuse(ctx, seq, err)
+	}
+	stats.Predicted = c.predicted(cfg.Algorithm, len(grad), cfg)
+	err = c.sparseCall(ctx, seq, id, st, undo, grad, cfg.Algorithm, hold, &stats)
+	return stats, c.end(err)
+}
+
+// callState is state for a call that may fail: it also returns how to undo
+// what taking the state did (a new state removed, the tensor's earlier
+// settings put back) together with what the call itself changes before it
+// knows it succeeded (snapshotOf). A failed call leaves no trace.
+func (c *Communicator) callState(id uint64, n int, cfg Config) (*TensorState, func(), error) {
+	old, existed := c.states[id]
+	var oldConfig Config
+	if existed {
+		oldConfig = old.Config
+	}
+	st, err := c.state(id, n, cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	before := snapshotOf(st, oldConfig)
+	undo := func() {
 		before.restore(st)
+		if !existed {
+			delete(c.states, id)
+		}
+	}
+	return st, undo, nil
+}
+
+// sparseCall runs call seq on tensor id, whose state is st, with the sparse
+// algorithm alg and this rank's held ranges; a failure undoes what the call
+// did to the states.
+func (c *Communicator) sparseCall(ctx context.Context, seq, id uint64, st *TensorState, undo func(), grad []float32, alg Algorithm, hold []Span, stats *Stats) error {
+	start := time.Now()
+	stats.Algorithm = alg
+	stats.K = st.Config.K(len(grad))
+	desc := DescribeCall(ctx, id, len(grad), stats.K)
+	desc.Completed = uint32(st.Iter)
+	call := NewCall(c.T, alg.Op(), seq, stats, WithDesc(desc), withScratch(&c.scratch))
+	call.Values, call.Hold = st.Config.Values, hold
+	err := sparseAlgorithms[alg](ctx, call, st, grad)
+	call.EndPhases()
+	if err != nil {
+		undo()
 	}
 	stats.Total = time.Since(start)
-	return stats, c.end(err)
+	return err
 }
 
 // SparseAllreduceSparse reduces sparse inputs without state and returns the
 // averaged sparse global result. The ranks first agree on their inputs: a
 // malformed input on any rank is ErrInvalidArgument on every rank, NaN or Inf
 // on any rank ErrNonFinite (skipped) on every rank, and the communicator
-// stays usable.
+// stays usable. Bad settings or n are refused as in SparseAllreduce.
+// Memory and time follow the pairs and P, not n: no algorithm
+// holds an array over the index space, only the dense form of a region
+// (SparCML's, TopkDSA's), which is taken where the region holds pairs at a
+// third or more of its indices: an array of at most a few words per pair.
 func (c *Communicator) SparseAllreduceSparse(ctx context.Context, n int, in Sparse, cfg Config) (Sparse, Stats, error) {
 	var stats Stats
-	if err := cfg.Validate(); err != nil {
-		return Sparse{}, stats, err
-	}
-	if n < 0 || uint64(n) > maxElements {
-		return Sparse{}, stats, fmt.Errorf("%w: n=%d not in 0…2^32-1", ErrInvalidArgument, n)
-	}
-	f, ok := sparseInputAlgorithms[cfg.Algorithm]
-	if !ok {
-		return Sparse{}, stats, fmt.Errorf("%w: %v has no sparse-input form", ErrInvalidArgument, cfg.Algorithm)
-	}
 	seq, err := c.begin()
 	if err != nil {
 		return Sparse{}, stats, err
 	}
+	if err := cfg.Validate(); err != nil {
+		return Sparse{}, stats, c.refuse(ctx, seq, err)
+	}
+	if n < 0 || uint64(n) > maxElements {
+		return Sparse{}, stats, c.refuse(ctx, seq, fmt.Errorf("%w: n=%d not in 0…2^32-1", ErrInvalidArgument, n))
+	}
+	alg := cfg.Algorithm
+	if _, ok := sparseInputAlgorithms[alg]; !ok && alg != Auto {
+		return Sparse{}, stats, c.refuse(ctx, seq, fmt.Errorf("%w: %v has no sparse-input form", ErrInvalidArgument, alg))
+	}
+	if cfg.Values != ValuesFloat32 {
+		return Sparse{}, stats, c.refuse(ctx, seq, fmt.Errorf("%w: %v values: a sparse-input call keeps no residual to take the rounding error back; "+
+			"it sends float32 values only", ErrInvalidArgument, cfg.Values))
+	}
+	if alg == Auto {
+		ch, next, err := c.autoChoose(ctx, seq, n, cfg, true)
+		if err != nil {
+			return Sparse{}, stats, c.end(err)
+		}
+		seq, alg, stats.Predicted = next, ch.alg, duration(ch.predicted)
+	}
+	f := sparseInputAlgorithms[alg]
 	start := time.Now()
+	stats.Algorithm = alg
 	stats.K = cfg.K(n)
-	call := NewCall(c.T, cfg.Algorithm.Op(), seq, &stats, WithDesc(DescribeCall(ctx, 0, n, stats.K)))
+	call := NewCall(c.T, alg.Op(), seq, &stats, WithDesc(DescribeCall(ctx, 0, n, stats.K)))
+	call.Phase(PhaseAgree) // the input's checks and the agreement on them
 	invalid := checkSparse(in, n)
 	nonFinite := 0
 	if invalid == nil {
 		nonFinite = countNonFinite(in.Val)
 	}
 	if err := agreeOnInput(ctx, call, nonFinite, invalid); err != nil {
+		call.EndPhases()
 		stats.Total = time.Since(start)
 		return Sparse{}, stats, c.end(err)
 	}
 	out, err := f(ctx, call, n, in, stats.K)
+	call.Phase(PhaseOutput)
 	if err == nil {
 		scale(out.Val, c.Size())
 	}
+	call.EndPhases()
 	stats.Total = time.Since(start)
 	return out, stats, c.end(err)
 }

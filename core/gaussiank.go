@@ -14,14 +14,14 @@ package core
 //     (a few tries), scale th by a small factor towards k. k is only
 //     estimated: each rank sends what its threshold selects, which differs
 //     from rank to rank.
-//  3. Allgather and sum: as TopkA (ring Allgatherv of the selections, sum in
-//     rank order on every rank).
+//  3. Allgather and sum: as TopkA (Bruck's allgather of the selections, sum
+//     in rank order on every rank).
 //  4. Residual: every locally selected entry is in the result, so the
 //     residual is acc with the local selection zeroed.
 //
 // Cost: 2 log P α in the table (an allgather of the counts and one of the
-// entries; the ring Allgatherv used here carries the counts in its frames,
-// (P−1)α); 2k̂(P−1) words per rank, k̂ the count the threshold selected —
+// entries; the counts travel in the frames of the one allgather here,
+// ⌈log P⌉α); 2k̂(P−1) words per rank, k̂ the count the threshold selected —
 // about k, within the 25% the correction allows unless it runs out of tries.
 // Selection is two passes over acc (μ and σ together, then |acc| > th)
 // plus one per correction that lowers th; no sort.
@@ -30,7 +30,6 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"time"
 )
 
 const (
@@ -53,10 +52,7 @@ func init() {
 				return s, nil
 			},
 			func(ctx context.Context, call *Call, n int, local Sparse, _ int) (Sparse, error) {
-				start := time.Now()
-				global, err := allgatherSparseSum(ctx, call, 0, n, local)
-				call.Stats.Allgather = time.Since(start)
-				return global, err
+				return allgatherSparseSum(ctx, call, 0, n, local)
 			})
 	})
 }

@@ -14,21 +14,28 @@ package core
 //     whose partner r + d does not exist simply waits out the round.
 //  3. Broadcast: rank 0's final k entries go down the same tree in reverse
 //     (rounds d = …, 2, 1: r mod 2d = 0 sends to r + d), the encoded bytes
-//     forwarded unchanged, so every rank holds the same bits.
+//     forwarded unchanged, so every rank holds the same bits. A rank sends
+//     one message at a time: it sends to its next child only once the one
+//     before has acknowledged receiving (an empty message). Send only
+//     queues, so without the acknowledgement a rank's ⌈log P⌉ messages would
+//     share its link at once, the first child — the root of the largest
+//     subtree — would get its copy only when the last one did, and the
+//     broadcast's critical path would grow from ⌈log P⌉ to about
+//     ⌈log P⌉(⌈log P⌉+1)/2 message times.
 //  4. Residual: entries selected here and kept in the final result are zeroed;
 //     the rest — never selected, or dropped by a truncation on the way up —
 //     stay in the residual for a later call.
 //
-// Cost: 2⌈log P⌉α; every message is at most k pairs (2k words): a rank sends
-// once on the way up and at most ⌈log P⌉ times on the way down, at most
-// 2k(⌈log P⌉+1) ≤ 4k log P words (the paper's bound counts both trees at
-// every level).
+// Cost: 2⌈log P⌉α, plus ⌈log P⌉α for the broadcast's acknowledgements;
+// every message is at most k pairs (2k words) and the critical path is
+// ⌈log P⌉ messages up and ⌈log P⌉ down, 4k⌈log P⌉ words in a row, the
+// paper's bound. A rank sends once on the way up and at most ⌈log P⌉ times
+// on the way down, at most 2k(⌈log P⌉+1) ≤ 4k log P words.
 
 import (
 	"context"
 	"fmt"
 	"math/bits"
-	"time"
 
 	"github.com/oktopk/oktopk/transport"
 )
@@ -44,6 +51,7 @@ func init() {
 // to its own top k first).
 func gTopkReduce(ctx context.Context, call *Call, n int, in Sparse, k int) (Sparse, error) {
 	p, r := call.Size(), call.Rank()
+	call.Phase(PhaseSelect)
 	partial, err := sparseTopK(in, k)
 	if err != nil {
 		return Sparse{}, err
@@ -64,7 +72,7 @@ func gTopkReduce(ctx context.Context, call *Call, n int, in Sparse, k int) (Spar
 	}
 
 	// Step 2: binomial tree reduce towards rank 0, truncating at every merge.
-	start := time.Now()
+	call.Phase(PhaseReduce)
 	for j, d := 0, 1; d < p; j, d = j+1, 2*d {
 		switch {
 		case r%(2*d) == d:
@@ -89,10 +97,9 @@ func gTopkReduce(ctx context.Context, call *Call, n int, in Sparse, k int) (Spar
 			break // sent up: this rank's part of the reduce is over
 		}
 	}
-	call.Stats.Reduce = time.Since(start)
 
 	// Step 3: broadcast rank 0's result down the same tree.
-	start = time.Now()
+	call.Phase(PhaseAllgather)
 	var result []byte
 	var count uint64
 	if r == 0 {
@@ -100,7 +107,7 @@ func gTopkReduce(ctx context.Context, call *Call, n int, in Sparse, k int) (Spar
 		result, count = b.Payload, b.Count
 	}
 	for j, d := rounds-1, 1<<(rounds-1); d >= 1; j, d = j-1, d/2 {
-		step := uint32(rounds + j)
+		step, ack := uint32(rounds+j), uint32(2*rounds+j)
 		switch {
 		case r%(2*d) == d:
 			m, err := call.Recv(ctx, r-d, step)
@@ -111,9 +118,21 @@ func gTopkReduce(ctx context.Context, call *Call, n int, in Sparse, k int) (Spar
 				return Sparse{}, fmt.Errorf("oktopk: gtopk broadcast from rank %d: %w: dtype %v", r-d, transport.ErrBadFrame, m.Dtype)
 			}
 			result, count = m.Payload, m.Count
+			// Acknowledged at once, so the parent goes on to its next
+			// child while this rank forwards to its own.
+			if err := call.Send(ctx, r-d, ack, transport.DtypeBytes, 0, nil); err != nil {
+				return Sparse{}, fmt.Errorf("oktopk: gtopk broadcast acknowledgement to rank %d: %w", r-d, err)
+			}
 		case r%(2*d) == 0 && r+d < p:
 			if err := call.Send(ctx, r+d, step, transport.DtypeSparseF32, count, result); err != nil {
 				return Sparse{}, fmt.Errorf("oktopk: gtopk broadcast to rank %d: %w", r+d, err)
+			}
+			m, err := call.Recv(ctx, r+d, ack)
+			if err == nil && (m.Count != 0 || len(m.Payload) != 0) {
+				err = fmt.Errorf("%w: acknowledgement of %d bytes", ErrMismatch, len(m.Payload))
+			}
+			if err != nil {
+				return Sparse{}, fmt.Errorf("oktopk: gtopk broadcast acknowledgement from rank %d: %w", r+d, err)
 			}
 		}
 	}
@@ -124,6 +143,5 @@ func gTopkReduce(ctx context.Context, call *Call, n int, in Sparse, k int) (Spar
 	if err != nil {
 		return Sparse{}, fmt.Errorf("oktopk: gtopk result: %w", err)
 	}
-	call.Stats.Allgather = time.Since(start)
 	return global, nil
 }

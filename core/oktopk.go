@@ -20,7 +20,9 @@ package core
 //     in the order the schedule delivers them (its own, then ranks r−1,
 //     r−2, …) while later ones are still on the wire. Only the owner sums
 //     its region, so every rank gets the same bits. Indices travel
-//     region-relative as integers.
+//     region-relative as integers. The dense-gradient call sums into an
+//     array over its region; the sparse-input call merges the sorted index
+//     lists instead, so its cost follows the pairs, not n (same bits).
 //  4. Global selection. The owners allgather histograms of their reduced
 //     magnitudes — 80 bins an eighth of an octave wide, centred on the last
 //     global threshold — and every rank cuts the summed histogram at the bin
@@ -49,6 +51,15 @@ package core
 //     caller's buffer.
 //  6. Residual (error feedback). residual = acc with exactly the entries
 //     zeroed that were selected locally and are in the global result.
+//
+// Values travel as float32, or as float16 or bfloat16 (Config.Values,
+// values.go): each rank rounds its selection before step 3, each owner its
+// kept sums before step 5, and every rank uses the owner's rounded sums. In
+// step 6 a rank's residual keeps acc − what it sent, and an owner's also
+// takes its sums' rounding errors, so nothing is lost; a pair is then 1.5
+// words instead of 2. Entries the caller holds back
+// (SparseAllreduceHolding) are left out of step 1's selection and stay in
+// the residual.
 //
 // NaN or Inf in acc on any rank is caught in step 1 and announced in step 4's
 // histogram exchange, which every rank makes anyway: then every rank skips
@@ -83,7 +94,6 @@ import (
 	"math"
 	mathbits "math/bits"
 	"sort"
-	"time"
 
 	"github.com/oktopk/oktopk/transport"
 	"golang.org/x/sync/errgroup"
@@ -117,29 +127,34 @@ const maxExchangesInFlight = 4
 // about k entries. So a steady-state call allocates nothing in proportion
 // to n, and only the transport's messages in proportion to k.
 type okTopkScratch struct {
-	local     Sparse    // step 1: this rank's selection
-	encoded   []byte    // step 3: the selection's regions, encoded for their owners
-	decoded   []Sparse  // step 3: the contributions received, per sender
-	regionSum []float32 // step 3: this rank's region, summed densely
-	touched   []uint64  // step 3: which entries of regionSum some rank sent (bits)
-	reduced   Sparse    // step 3: the region's reduced entries
-	kept      Sparse    // step 4: the reduced entries above the global cut
-	sends     []byte    // step 5: the kept entries other ranks' shares take, encoded
-	parts     []Sparse  // step 5: the parts of this rank's share received, per owner
-	balanced  Sparse    // step 5: this rank's share
-	share     []byte    // step 5: this rank's share, encoded for the allgather
-	blocks    []Sparse  // step 5: the shares gathered, decoded, per rank
-	global    Sparse    // step 5: the global result
+	local     Sparse         // step 1: this rank's selection
+	held      []float32      // step 1: grad's and the residual's held entries, stashed (selectHolding)
+	encoded   []byte         // step 3: the selection's regions, encoded for their owners
+	decoded   []Sparse       // step 3: the contributions received, per sender
+	regionSum []float32      // step 3: this rank's region, summed densely
+	touched   []uint64       // step 3: which entries of regionSum some rank sent (bits)
+	dense     denseRegionSum // step 3: the region's sum over regionSum and touched
+	reduced   Sparse         // step 3: the region's reduced entries
+	kept      Sparse         // step 4: the reduced entries above the global cut
+	ownerErr  Sparse         // step 4: rounding errors of this owner's sums, for its residual
+	sends     []byte         // step 5: the kept entries other ranks' shares take, encoded
+	parts     []Sparse       // step 5: the parts of this rank's share received, per owner
+	balanced  Sparse         // step 5: this rank's share
+	share     []byte         // step 5: this rank's share, encoded for the allgather
+	blocks    []Sparse       // step 5: the shares gathered, decoded, per rank
+	global    Sparse         // step 5: the global result
 
 	histogramWords int // words this rank sent in the last call's histogram exchanges
 }
 
-// errStepSkipped marks ErrNonFinite when every rank agreed to skip the step:
-// the communicator stays usable.
+// errStepSkipped marks an error that every rank agreed on before any data
+// moved (NaN/Inf, or a malformed sparse input, somewhere): every rank skipped
+// the step, and the communicator stays usable.
 var errStepSkipped = fmt.Errorf("every rank skipped this step")
 
 func okTopkAllreduce(ctx context.Context, call *Call, st *TensorState, grad []float32) error {
 	n, p := len(grad), call.Size()
+	call.Phase(PhaseSelect) // the passes that form acc count as selection, as in the baselines
 	k := st.Config.K(n)
 	if len(st.Residual) != n {
 		return fmt.Errorf("%w: residual holds %d elements, gradient %d", ErrInvalidArgument, len(st.Residual), n)
@@ -157,19 +172,26 @@ func okTopkAllreduce(ctx context.Context, call *Call, st *TensorState, grad []fl
 
 	// Step 1: local threshold and selection, in the same passes that form
 	// acc (on a reuse call, one pass); NaN or Inf in acc is found by them.
-	start := time.Now()
+	// Held entries read as zero and are never selected (selectHolding).
 	local := sc.local
 	local.Reset()
 	var nonFinite bool
 	var err error
-	switch {
-	case k == 0:
+	if k == 0 {
 		nonFinite = acc.countNonFinite() > 0 // nothing to select, but every rank must agree
-	case k == n:
-		local = selectAll(local, acc) // density 1 on one rank: everything is selected
-		nonFinite = countNonFinite(local.Val) > 0
-	default:
-		local, _, err = selectByThresholdOf(local, acc, k, &st.LocalThreshold, exact, selectionChunks(n))
+	} else {
+		local, sc.held, err = selectHolding(acc, call.Hold, sc.held, func() (Sparse, error) {
+			if k == n {
+				// density 1 on one rank: everything is selected
+				s := selectAll(local, acc)
+				if bad := countNonFinite(s.Val); bad > 0 {
+					return s, fmt.Errorf("%w: %d entries", ErrNonFinite, bad)
+				}
+				return s, nil
+			}
+			s, _, err := selectByThresholdOf(local, acc, k, &st.LocalThreshold, exact, selectionChunks(n))
+			return s, err
+		})
 		if errors.Is(err, ErrNonFinite) {
 			nonFinite, err = true, nil
 		}
@@ -181,12 +203,14 @@ func okTopkAllreduce(ctx context.Context, call *Call, st *TensorState, grad []fl
 	if nonFinite {
 		local.Reset()
 	}
+	// The values leave this rank in the wire's precision; the residual keeps
+	// what the rounding took off (step 6).
+	roundingOf(call, st.Config, st.Iter, roundContribution).apply(local)
 	sc.local = local
 	call.Stats.LocalSelected = local.Len()
-	call.Stats.Select = time.Since(start)
 
 	// Step 2: space repartition.
-	start = time.Now()
+	call.Phase(PhaseReduce)
 	if st.Iter%st.Config.Tau == 0 || len(st.Boundaries) != p+1 {
 		b, err := repartition(ctx, call, local, n)
 		if err != nil {
@@ -196,16 +220,14 @@ func okTopkAllreduce(ctx context.Context, call *Call, st *TensorState, grad []fl
 	}
 
 	// Step 3: split and reduce my region.
-	reduced, err := splitAndReduce(ctx, call, st.Boundaries, local, sc)
+	r := call.Rank()
+	reduced, err := splitAndReduce(ctx, call, st.Boundaries, local, sc.denseRegionSum(st.Boundaries[r], st.Boundaries[r+1]), sc)
 	if err != nil {
 		return err
 	}
-	call.Stats.Reduce = time.Since(start)
 
 	// Step 4 and 5: global selection, balance and allgatherv.
-	start = time.Now()
 	global, skip, err := globalSelection(ctx, call, st, reduced, k, exact, nonFinite)
-	call.Stats.Allgather = time.Since(start)
 	if err != nil {
 		return err
 	}
@@ -217,32 +239,61 @@ func okTopkAllreduce(ctx context.Context, call *Call, st *TensorState, grad []fl
 	call.Stats.LocalThreshold, call.Stats.GlobalThreshold = st.LocalThreshold, st.GlobalThreshold
 
 	// Step 6: residual, then the averaged result into the caller's buffer.
+	call.Phase(PhaseOutput)
+	// The residual keeps acc less the values sent (the rounding errors of
+	// 16-bit ones), and an owner's also the rounding errors of its sums.
 	foldResidual(st.Residual, grad, local, global)
+	for j, i := range sc.ownerErr.Idx {
+		st.Residual[i] += sc.ownerErr.Val[j]
+	}
 	writeAverage(grad, global, p)
 	st.Iter++
 	return nil
 }
 
 // okTopkDense is Ok-Topk at density 1: the dense ring allreduce of acc =
-// grad + residual, averaged into grad. A failed call leaves grad, the
-// residual and the state as they were: the ring reads acc as it goes
-// (never stored) and writes grad only once every message has arrived.
+// grad + residual, averaged into grad, in float32 whatever Config.Values
+// (a ring's partial sums are rounded at every hop). Held entries go into
+// the ring as zeros and stay in the residual. A failed call leaves grad,
+// the residual and the state as they were: the ring reads acc as it goes
+// (never stored) and writes grad only once every message has arrived, and
+// the held entries are put back.
 func okTopkDense(ctx context.Context, call *Call, st *TensorState, grad []float32) error {
 	n, p := len(grad), call.Size()
-	start := time.Now()
-	bad := sumVec(grad, st.Residual).countNonFinite()
-	call.Stats.Select = time.Since(start)
+	bad := sumVec(grad, st.Residual).countNonFinite() // in the select phase, as the sparse path's
+	call.Phase(PhaseAgree)
 	if err := agreeOnInput(ctx, call, bad, nil); err != nil {
 		return err
 	}
-	start = time.Now()
-	if err := ringAllreduce(ctx, call, grad, st.Residual, grad); err != nil {
+	// acc is not stored, so a held entry reads as zero with both its terms
+	// cleared: grad's, then the residual's, are stashed per range.
+	sc := call.okTopkScratch(st)
+	held := sc.held[:0]
+	for _, h := range call.Hold {
+		held = append(held, grad[h.Start:h.End]...)
+		held = append(held, st.Residual[h.Start:h.End]...)
+		clear(grad[h.Start:h.End])
+		clear(st.Residual[h.Start:h.End])
+	}
+	sc.held = held
+	if err := ringAllreduce(ctx, call, grad, st.Residual, grad); err != nil { // it times its own phases
+		at := 0
+		for _, h := range call.Hold {
+			at += copy(grad[h.Start:h.End], held[at:])
+			at += copy(st.Residual[h.Start:h.End], held[at:])
+		}
 		return err
 	}
-	call.Stats.Reduce = time.Since(start)
+	call.Phase(PhaseOutput)
 	scale(grad, p)
 	clear(st.Residual)
-	call.Stats.LocalSelected, call.Stats.GlobalSelected = n, n
+	at := 0
+	for _, h := range call.Hold {
+		w := h.End - h.Start
+		sumVec(held[at:at+w], held[at+w:at+2*w]).copyTo(st.Residual[h.Start:h.End]) // acc, finite (agreed above)
+		at += 2 * w
+	}
+	call.Stats.LocalSelected, call.Stats.GlobalSelected = n-len(held)/2, n
 	st.Iter++
 	return nil
 }
@@ -305,11 +356,30 @@ func regionOf(s Sparse, lo, hi uint32) Sparse {
 	return Sparse{Idx: s.Idx[a:b], Val: s.Val[a:b]}
 }
 
-// splitAndReduce is step 3: it returns the reduced entries of this rank's
-// region (every index any rank contributed, ascending), in sc's storage.
-func splitAndReduce(ctx context.Context, call *Call, bounds []uint32, local Sparse, sc *okTopkScratch) (Sparse, error) {
-	p, r := call.Size(), call.Rank()
-	lo, hi := bounds[r], bounds[r+1]
+// regionSum adds the contributions to one region, in the order they are
+// added: for every index, ((0 + first) + second) + … over the contributions
+// holding it, so the bits depend on that order alone and not on how the sum
+// is kept. Each contribution must be ascending and inside the region.
+type regionSum interface {
+	add(c Sparse)
+	// result is every index any contribution held (a sum that cancels to 0
+	// included), ascending, in storage of its own.
+	result() Sparse
+}
+
+// denseRegionSum keeps the sum in a dense array over the region's width,
+// the call's scratch: for the dense-gradient call, which makes passes over
+// n elements anyway and keeps its scratch between calls.
+type denseRegionSum struct {
+	lo      uint32
+	sum     []float32
+	touched []uint64 // which entries some contribution held, a bit per entry
+	count   int      // entries touched
+	out     *Sparse  // the result's storage, kept for the next call
+}
+
+// denseRegionSum returns sc's dense sum over [lo, hi), emptied.
+func (sc *okTopkScratch) denseRegionSum(lo, hi uint32) *denseRegionSum {
 	width := int(hi - lo)
 	// The region is summed densely, but only the entries some rank sent
 	// are ever read or written: an entry's first contribution is added to
@@ -325,8 +395,88 @@ func splitAndReduce(ctx context.Context, call *Call, bounds []uint32, local Spar
 	if cap(sc.touched) < words {
 		sc.touched = make([]uint64, words+words/4)
 	}
-	sum, touched := sc.regionSum[:width], sc.touched[:words]
-	clear(touched)
+	sc.dense = denseRegionSum{lo: lo, sum: sc.regionSum[:width], touched: sc.touched[:words], out: &sc.reduced}
+	clear(sc.dense.touched)
+	return &sc.dense
+}
+
+func (d *denseRegionSum) add(c Sparse) {
+	for j, ix := range c.Idx {
+		e := ix - d.lo
+		w, bit := e/64, uint64(1)<<(e%64)
+		if d.touched[w]&bit == 0 {
+			d.touched[w] |= bit
+			d.sum[e] = 0 + c.Val[j] // the bits of adding to a cleared sum (−0 becomes +0)
+			d.count++
+		} else {
+			d.sum[e] += c.Val[j]
+		}
+	}
+}
+
+func (d *denseRegionSum) result() Sparse {
+	reduced := growSparse(*d.out, d.count)
+	j := 0
+	for w, bits := range d.touched {
+		for ; bits != 0; bits &= bits - 1 {
+			e := w*64 + mathbits.TrailingZeros64(bits)
+			reduced.Idx[j], reduced.Val[j] = d.lo+uint32(e), d.sum[e]
+			j++
+		}
+	}
+	*d.out = reduced
+	return reduced
+}
+
+// mergedRegionSum keeps the sum as a sparse vector and merges each
+// contribution's sorted indices into it: memory and time follow the pairs
+// (at most P merges over them), whatever the region's width. It is the
+// sparse-input call's, whose n may be 2^32−1 with a handful of pairs.
+type mergedRegionSum struct {
+	sum, spare Sparse // spare is the previous sum's storage, reused by the next merge
+}
+
+func (m *mergedRegionSum) add(c Sparse) {
+	a := m.sum
+	out := m.spare
+	out.Reset()
+	if need := a.Len() + c.Len(); cap(out.Idx) < need {
+		// Room for the sums still to come, so the two buffers settle
+		// after a few contributions instead of growing on each one.
+		out.Idx, out.Val = make([]uint32, 0, 2*need), make([]float32, 0, 2*need)
+	}
+	var zero float32 // 0 + v, as the dense sum forms it: −0 becomes +0
+	i, j := 0, 0
+	for i < a.Len() && j < c.Len() {
+		switch ai, cj := a.Idx[i], c.Idx[j]; {
+		case ai < cj:
+			out.Append(ai, a.Val[i])
+			i++
+		case cj < ai:
+			out.Append(cj, zero+c.Val[j])
+			j++
+		default:
+			out.Append(ai, a.Val[i]+c.Val[j])
+			i++
+			j++
+		}
+	}
+	out.Idx = append(out.Idx, a.Idx[i:]...)
+	out.Val = append(out.Val, a.Val[i:]...)
+	for ; j < c.Len(); j++ {
+		out.Append(c.Idx[j], zero+c.Val[j])
+	}
+	m.sum, m.spare = out, a
+}
+
+func (m *mergedRegionSum) result() Sparse { return m.sum }
+
+// splitAndReduce is step 3: it returns the reduced entries of this rank's
+// region (every index any rank contributed, ascending), summed into sum; the
+// messages are encoded and decoded in sc's storage.
+func splitAndReduce(ctx context.Context, call *Call, bounds []uint32, local Sparse, sum regionSum, sc *okTopkScratch) (Sparse, error) {
+	p, r := call.Size(), call.Rank()
+	lo, hi := bounds[r], bounds[r+1]
 
 	// Each region's entries of the selection, encoded for its owner into
 	// its own part of one buffer (the parts never overlap, so the
@@ -365,15 +515,15 @@ func splitAndReduce(ctx context.Context, call *Call, bounds []uint32, local Spar
 			goSafe(g, func() error {
 				defer func() { <-slots }()
 				out := region(to)
-				payload := EncodeSparse(sc.encoded[8*at[to]:8*at[to+1]:8*at[to+1]], out, bounds[to])
-				m, err := call.SendRecv(gctx, to, stepSplit, transport.DtypeSparseF32, uint64(out.Len()), payload, from)
+				payload := encodeSparseAs(sc.encoded[8*at[to]:8*at[to+1]:8*at[to+1]], out, bounds[to], call.Values)
+				m, err := call.SendRecv(gctx, to, stepSplit, call.Values.sparseDtype(), uint64(out.Len()), payload, from)
 				if err != nil {
 					return err
 				}
-				if m.Dtype != transport.DtypeSparseF32 {
-					return fmt.Errorf("%w: rank %d sent %s in split-and-reduce", ErrMismatch, from, m.Dtype)
+				if m.Dtype != call.Values.sparseDtype() {
+					return fmt.Errorf("%w: rank %d sent %s in split-and-reduce, this rank %s (another value type configured?)", ErrMismatch, from, m.Dtype, call.Values.sparseDtype())
 				}
-				in, err := DecodeSparse(sc.decoded[from], m.Payload, m.Count, lo, hi)
+				in, err := decodeSparseAs(sc.decoded[from], m.Payload, m.Count, lo, hi, call.Values)
 				sc.decoded[from] = in // kept for the next call, grown or not
 				if err != nil {
 					return fmt.Errorf("from rank %d: %w", from, err)
@@ -389,7 +539,6 @@ func splitAndReduce(ctx context.Context, call *Call, bounds []uint32, local Spar
 	// the schedule delivers them: my own, then ranks r−1, r−2, … (mod P).
 	// Only the owner sums its region, so the order is fixed per region and
 	// every rank ends with the same bits.
-	count := 0 // entries touched
 	goSafe(g, func() error {
 		for i := 0; i < p; i++ {
 			src := (r - i + p) % p
@@ -398,35 +547,14 @@ func splitAndReduce(ctx context.Context, call *Call, bounds []uint32, local Spar
 			case <-gctx.Done():
 				return nil // the failing exchange reports the error
 			}
-			c := contributions[src]
-			for j, ix := range c.Idx {
-				e := ix - lo
-				w, bit := e/64, uint64(1)<<(e%64)
-				if touched[w]&bit == 0 {
-					touched[w] |= bit
-					sum[e] = 0 + c.Val[j] // the bits of adding to a cleared sum (−0 becomes +0)
-					count++
-				} else {
-					sum[e] += c.Val[j]
-				}
-			}
+			sum.add(contributions[src])
 		}
 		return nil
 	})
 	if err := g.Wait(); err != nil {
 		return Sparse{}, err
 	}
-	reduced := growSparse(sc.reduced, count)
-	j := 0
-	for w, bits := range touched {
-		for ; bits != 0; bits &= bits - 1 {
-			e := w*64 + mathbits.TrailingZeros64(bits)
-			reduced.Idx[j], reduced.Val[j] = lo+uint32(e), sum[e]
-			j++
-		}
-	}
-	sc.reduced = reduced
-	return reduced, nil
+	return sum.result(), nil
 }
 
 // globalSelection is steps 4 and 5. It returns the global sparse sum
@@ -434,6 +562,7 @@ func splitAndReduce(ctx context.Context, call *Call, bounds []uint32, local Spar
 func globalSelection(ctx context.Context, call *Call, st *TensorState, reduced Sparse, k int, exact, nonFinite bool) (Sparse, bool, error) {
 	// Every owner announces a magnitude histogram of its reduced entries
 	// (and whether it saw NaN/Inf); every rank sums them identically.
+	call.Phase(PhaseGlobalSelect)
 	words := &st.scratch.histogramWords
 	*words = 0
 	sc := call.okTopkScratch(st)
@@ -457,10 +586,19 @@ func globalSelection(ctx context.Context, call *Call, st *TensorState, reduced S
 		return Sparse{}, false, err
 	}
 	sc.kept = cut.keep(sc.kept, reduced, call.Rank())
+	// Each owner rounds its sums once to the wire's precision; every rank,
+	// this one too, uses the rounded sums, and this owner's residual takes
+	// the rounding errors (values.go).
+	sc.ownerErr.Reset()
+	if call.Values != ValuesFloat32 {
+		sc.ownerErr = roundingOf(call, st.Config, st.Iter, roundOwnerSum).applyKeepingErrors(sc.kept, sc.ownerErr)
+	}
+	call.Phase(PhaseBalance)
 	balanced, err := balance(ctx, call, sc.kept, cut.counts, sc)
 	if err != nil {
 		return Sparse{}, false, err
 	}
+	call.Phase(PhaseAllgather)
 	global, err := gatherSparse(ctx, call, stepAllgather, balanced, uint32(st.N), sc)
 	if err != nil {
 		return Sparse{}, false, err
@@ -799,9 +937,9 @@ func balance(ctx context.Context, call *Call, kept Sparse, counts []int, sc *okT
 		}
 		a, b := lo-starts[r], hi-starts[r]
 		part := Sparse{Idx: kept.Idx[a:b], Val: kept.Val[a:b]}
-		payload := EncodeSparse(sc.sends[8*a:8*b:8*b], part, 0)
+		payload := encodeSparseAs(sc.sends[8*a:8*b:8*b], part, 0, call.Values)
 		goSafe(g, func() error {
-			return call.Send(gctx, j, stepBalance, transport.DtypeSparseF32, uint64(part.Len()), payload)
+			return call.Send(gctx, j, stepBalance, call.Values.sparseDtype(), uint64(part.Len()), payload)
 		})
 	}
 	// Receive the parts of my share that other owners hold, in owner order.
@@ -823,10 +961,10 @@ func balance(ctx context.Context, call *Call, kept Sparse, counts []int, sc *okT
 			if err != nil {
 				return err
 			}
-			if m.Count != uint64(hi-lo) {
-				return fmt.Errorf("%w: rank %d moved %d entries, want %d", ErrMismatch, o, m.Count, hi-lo)
+			if m.Count != uint64(hi-lo) || m.Dtype != call.Values.sparseDtype() {
+				return fmt.Errorf("%w: rank %d moved %d entries of %s, want %d of %s", ErrMismatch, o, m.Count, m.Dtype, hi-lo, call.Values.sparseDtype())
 			}
-			s, err := DecodeSparse(sc.parts[o], m.Payload, m.Count, 0, ^uint32(0))
+			s, err := decodeSparseAs(sc.parts[o], m.Payload, m.Count, 0, ^uint32(0), call.Values)
 			sc.parts[o], parts[o] = s, s
 			return err
 		})
@@ -859,8 +997,9 @@ func concatSparse(dst Sparse, parts []Sparse) Sparse {
 // order; blocks must be disjoint and ascending across ranks, which
 // DecodeSparse and the order check enforce.
 func gatherSparse(ctx context.Context, call *Call, step uint32, mine Sparse, n uint32, sc *okTopkScratch) (Sparse, error) {
-	sc.share = EncodeSparse(sc.share, mine, 0)
-	blocks, err := AllgathervBruck(ctx, call, step, Block{Dtype: transport.DtypeSparseF32, Count: uint64(mine.Len()), Payload: sc.share})
+	dtype := call.Values.sparseDtype()
+	sc.share = encodeSparseAs(sc.share, mine, 0, call.Values)
+	blocks, err := AllgathervBruck(ctx, call, step, Block{Dtype: dtype, Count: uint64(mine.Len()), Payload: sc.share})
 	if err != nil {
 		return Sparse{}, err
 	}
@@ -870,10 +1009,10 @@ func gatherSparse(ctx context.Context, call *Call, step uint32, mine Sparse, n u
 	parts := make([]Sparse, len(blocks))
 	var last int64 = -1 // the largest index so far
 	for r, b := range blocks {
-		if b.Dtype != transport.DtypeSparseF32 {
-			return Sparse{}, fmt.Errorf("%w: rank %d sent %s in the allgather", ErrMismatch, r, b.Dtype)
+		if b.Dtype != dtype {
+			return Sparse{}, fmt.Errorf("%w: rank %d sent %s in the allgather, this rank %s", ErrMismatch, r, b.Dtype, dtype)
 		}
-		s, err := DecodeSparse(sc.blocks[r], b.Payload, b.Count, 0, n)
+		s, err := decodeSparseAs(sc.blocks[r], b.Payload, b.Count, 0, n, call.Values)
 		sc.blocks[r] = s
 		if err != nil {
 			return Sparse{}, fmt.Errorf("from rank %d: %w", r, err)
@@ -898,19 +1037,16 @@ func okTopkSparseInput(ctx context.Context, call *Call, n int, in Sparse, k int)
 	st := NewTensorState(0, Config{Algorithm: OkTopk, Density: 1, Tau: 1, TauPrime: 1})
 	st.N = n
 	call.Stats.LocalSelected = in.Len()
-	start := time.Now()
+	call.Phase(PhaseReduce)
 	b, err := repartition(ctx, call, in, n)
 	if err != nil {
 		return Sparse{}, err
 	}
-	reduced, err := splitAndReduce(ctx, call, b, in, &st.scratch)
-	call.Stats.Reduce = time.Since(start)
+	reduced, err := splitAndReduce(ctx, call, b, in, &mergedRegionSum{}, call.okTopkScratch(st))
 	if err != nil {
 		return Sparse{}, err
 	}
-	start = time.Now()
 	global, _, err := globalSelection(ctx, call, st, reduced, k, true, false)
-	call.Stats.Allgather = time.Since(start)
 	if err != nil {
 		return Sparse{}, err
 	}

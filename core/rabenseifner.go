@@ -77,12 +77,16 @@ func RabenseifnerAllreduce(ctx context.Context, call *Call, data []float32) erro
 	}
 
 	// Step 1: fold the extra ranks into their even neighbours.
+	call.Phase(PhaseReduce)
 	var v int
 	switch {
 	case r < 2*extra && r%2 == 1:
 		if err := sendPieces(ctx, call, r-1, foldStep, data); err != nil {
 			return fmt.Errorf("oktopk: rabenseifner fold to rank %d: %w", r-1, err)
 		}
+		// The unfold's pieces are copied into data as they arrive: the
+		// output phase is in the receive.
+		call.Phase(PhaseAllgather)
 		return recvInto(r-1, unfoldStep, data, false, "unfold")
 	case r < 2*extra:
 		if err := recvInto(r+1, foldStep, data, true, "fold"); err != nil {
@@ -119,6 +123,7 @@ func RabenseifnerAllreduce(ctx context.Context, call *Call, data []float32) erro
 	}
 
 	// Step 3: recursive doubling; [lo, hi) is the chunk range complete here.
+	call.Phase(PhaseAllgather)
 	for j, d := 0, 1; d < pow2; j, d = j+1, d*2 {
 		width := hi - lo
 		sibLo, sibHi := hi, hi+width

@@ -4,7 +4,8 @@ package core
 // works on acc = grad + residual; afterwards the residual is acc with exactly
 // the entries zeroed that this rank selected AND that made it into the global
 // result. Everything else — never selected, or selected but dropped by the
-// global selection — waits in the residual for a later call.
+// global selection — waits in the residual for a later call. Values sent in
+// reduced precision leave their rounding error there instead of zero.
 
 // Accumulate writes acc = grad + residual and reports how many entries are
 // not finite, so the caller can skip the step on every rank before anything
@@ -23,8 +24,10 @@ func Accumulate(acc, grad, residual []float32) (nonFinite int) {
 	return nonFinite
 }
 
-// UpdateResidual sets residual = acc, then zeroes the entries in both the
-// local selection and the global result (both ascending by index). A NaN or
+// UpdateResidual sets residual = acc, then, for the entries in both the
+// local selection and the global result (both ascending by index), subtracts
+// the value this rank sent: zero for float32 values, which are acc itself,
+// and the rounding error for values rounded to float16 or bfloat16. A NaN or
 // ±Inf in acc becomes 0: the residual never keeps a non-finite value, which
 // would otherwise poison every later call (callers skip the step when
 // Accumulate counts one, so this is the last line of defence).
@@ -42,12 +45,16 @@ func UpdateResidual(residual, acc []float32, local, global Sparse) {
 // zeroSent zeroes the residual's entries that are in both local and global.
 func zeroSent(residual []float32, local, global Sparse) {
 	g := 0
-	for _, i := range local.Idx {
+	for j, i := range local.Idx {
 		for g < len(global.Idx) && global.Idx[g] < i {
 			g++
 		}
 		if g < len(global.Idx) && global.Idx[g] == i {
-			residual[i] = 0
+			v := residual[i] - local.Val[j]
+			if v-v != 0 {
+				v = 0
+			}
+			residual[i] = v
 		}
 	}
 }

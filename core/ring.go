@@ -71,6 +71,7 @@ func ringAllreduce(ctx context.Context, call *Call, x, r []float32, out []float3
 	// Step 1: reduce-scatter; afterwards chunk r+1 is complete here. At step
 	// i > 0 the chunk sent is the partial sum received at step i−1 plus this
 	// rank's own values, kept in the pieces received.
+	call.Phase(PhaseReduce)
 	lo, hi := span(index(rank))
 	var send [][]float32
 	if r == nil {
@@ -116,6 +117,7 @@ func ringAllreduce(ctx context.Context, call *Call, x, r []float32, out []float3
 	final[index(rank+1)] = send
 
 	// Step 2: allgather of the complete chunks, each forwarded as received.
+	call.Phase(PhaseAllgather)
 	for i := 0; i < p-1; i++ {
 		step := uint32(p - 1 + i)
 		if err := sendChunk(ctx, call, right, step, send); err != nil {
@@ -130,6 +132,7 @@ func ringAllreduce(ctx context.Context, call *Call, x, r []float32, out []float3
 		}
 		final[c], send = received, received
 	}
+	call.Phase(PhaseOutput)
 	for c, pieces := range final {
 		at, _ := span(c)
 		for _, piece := range pieces {

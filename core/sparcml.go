@@ -24,11 +24,14 @@ package core
 //     j. In step i = 1…P−1 rank r sends its entries of region (r+i) mod P to
 //     that rank and receives region r's entries of rank (r−i) mod P.
 //  2. Reduce: the owner sums the P parts of its region in rank order.
-//  3. Allgather: the reduced regions are gathered on every rank (ring
-//     Allgatherv), indices region-relative, always as pairs.
+//  3. Allgather: the reduced regions are gathered on every rank by Bruck's
+//     algorithm (AllgathervBruck, ⌈log₂ P⌉ rounds), indices region-relative,
+//     always as pairs.
 //
-// Cost: 2(P−1)α; 2k(P−1)/P words to split (for evenly spread entries) and
-// 2K(P−1)/P to gather, where K, between k and kP, is the size of the sum.
+// Cost: (P−1+⌈log P⌉)α; 2k(P−1)/P words to split (for evenly spread
+// entries) and 2K(P−1)/P to gather, where K, between k and kP, is the size
+// of the sum (Bruck's words per rank vary with the regions' sizes; their
+// mean is the ring's).
 //
 // DSAR_Split_allgather is SSAR_Split_allgather with SparCML's dense switch
 // on every stream: a region whose values would be no larger than its pairs
@@ -46,7 +49,6 @@ import (
 	"context"
 	"fmt"
 	"math/bits"
-	"time"
 
 	"github.com/oktopk/oktopk/transport"
 )
@@ -67,8 +69,7 @@ func init() {
 // ssarRecursiveDouble sums the ranks' sparse inputs by recursive doubling.
 func ssarRecursiveDouble(ctx context.Context, call *Call, n int, in Sparse, _ int) (Sparse, error) {
 	p, r := call.Size(), call.Rank()
-	start := time.Now()
-	defer func() { call.Stats.Reduce = time.Since(start) }()
+	call.Phase(PhaseReduce) // recursive doubling reduces and gathers at once
 	if p == 1 {
 		return sparseSumInRankOrder([]Sparse{in}), nil // a copy: never hand back the caller's storage
 	}
@@ -107,6 +108,7 @@ func ssarRecursiveDouble(ctx context.Context, call *Call, n int, in Sparse, _ in
 		if err := send(r-1, foldStep, in, "fold"); err != nil {
 			return Sparse{}, err
 		}
+		call.Phase(PhaseAllgather)
 		return recv(r-1, unfoldStep, "unfold")
 	case r < 2*extra:
 		odd, err := recv(r+1, foldStep, "fold")
@@ -145,6 +147,7 @@ func ssarRecursiveDouble(ctx context.Context, call *Call, n int, in Sparse, _ in
 	}
 
 	// Step 3: hand the result to the folded-in neighbour.
+	call.Phase(PhaseAllgather)
 	if r < 2*extra {
 		if err := send(r+1, unfoldStep, partial, "unfold"); err != nil {
 			return Sparse{}, err
@@ -172,7 +175,7 @@ func splitReduceAllgather(ctx context.Context, call *Call, n int, in Sparse, den
 	lo, hi := regionBounds(n, p, r)
 
 	// Steps 1 and 2: rotated exchange of the regions, the owner reduces.
-	start := time.Now()
+	call.Phase(PhaseReduce)
 	parts := make([]Sparse, p)
 	parts[r] = sparseWithin(in, lo, hi)
 	for i := 1; i < p; i++ {
@@ -189,13 +192,13 @@ func splitReduceAllgather(ctx context.Context, call *Call, n int, in Sparse, den
 		}
 	}
 	reduced := sparseSumInRankOrder(parts)
-	call.Stats.Reduce = time.Since(start)
 
-	// Step 3: gather the reduced regions. The owner reads its own block back
+	// Step 3: gather the reduced regions (Bruck: ⌈log₂ P⌉ rounds, as the
+	// tree allgather of the cost tables). The owner reads its own block back
 	// like everyone else, so a region sent dense means the same on every rank.
-	start = time.Now()
+	call.Phase(PhaseAllgather)
 	own := regionBlock(reduced, lo, hi, denseResult(reduced.Len(), int(hi-lo)))
-	blocks, err := Allgatherv(ctx, call, uint32(p-1), own)
+	blocks, err := AllgathervBruck(ctx, call, uint32(p-1), own)
 	if err != nil {
 		return Sparse{}, fmt.Errorf("oktopk: allgather of reduced regions: %w", err)
 	}
@@ -209,6 +212,5 @@ func splitReduceAllgather(ctx context.Context, call *Call, n int, in Sparse, den
 		global.Idx = append(global.Idx, s.Idx...)
 		global.Val = append(global.Val, s.Val...)
 	}
-	call.Stats.Allgather = time.Since(start)
 	return global, nil
 }

@@ -53,6 +53,18 @@ func DecodeSparse(dst Sparse, payload []byte, count uint64, base, limit uint32) 
 		return dst, fmt.Errorf("%w: sparse payload of %d bytes for %d entries", transport.ErrBadFrame, len(payload), count)
 	}
 	n := int(count)
+	dst, err := decodeIndices(dst, payload, n, base, limit)
+	if err != nil {
+		return dst, err
+	}
+	dst.Val = append(dst.Val, bytesFloat32(payload[4*n:])...)
+	return dst, nil
+}
+
+// decodeIndices resets dst (keeping its storage, with room for n values)
+// and reads the n region-relative uint32 indices that open payload, adding
+// base; every index must be below limit and above the one before.
+func decodeIndices(dst Sparse, payload []byte, n int, base, limit uint32) (Sparse, error) {
 	dst.Reset()
 	if cap(dst.Idx) < n {
 		dst.Idx = make([]uint32, 0, n)
@@ -68,7 +80,6 @@ func DecodeSparse(dst Sparse, payload []byte, count uint64, base, limit uint32) 
 		prev = int64(ix)
 		dst.Idx = append(dst.Idx, uint32(ix))
 	}
-	dst.Val = append(dst.Val, bytesFloat32(payload[4*n:])...)
 	return dst, nil
 }
 

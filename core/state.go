@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"strings"
 )
 
 // TensorState is what sparse allreduce keeps for one tensor between calls:
@@ -19,6 +20,13 @@ type TensorState struct {
 	GlobalThreshold float32
 	Boundaries      []uint32 // P+1 region starts: rank r owns [Boundaries[r], Boundaries[r+1])
 
+	// The rank that keeps this state and its communicator's size. The
+	// residual is this rank's own unsent gradient, so a checkpoint of it is
+	// meaningful only to the same rank of a communicator of the same size;
+	// a checkpoint records both so that loading it elsewhere can be refused
+	// (CheckOwner). Size 0: unknown (a version-1 checkpoint).
+	Rank, Size int
+
 	scratch okTopkScratch
 }
 
@@ -32,11 +40,17 @@ func NewTensorState(n int, cfg Config) *TensorState {
 //	magic "OKTS", version uint32, n uint64, iter uint64,
 //	algorithm int32, density float64, tau int32, tau' int32,
 //	local threshold float32, global threshold float32,
-//	boundary count uint32, boundaries uint32…, residual float32 × n
+//	boundary count uint32, rank uint32, size uint32,
+//	boundaries uint32…, residual float32 × n
+//
+// Version 1, still read, lacks rank and size.
 const (
-	stateMagic   = 0x53544b4f // "OKTS"
-	stateVersion = 1
-	stateFixed   = 4 + 4 + 8 + 8 + 4 + 8 + 4 + 4 + 4 + 4 + 4
+	stateMagic     = 0x53544b4f // "OKTS"
+	stateVersion   = 2
+	stateFixedV1   = 4 + 4 + 8 + 8 + 4 + 8 + 4 + 4 + 4 + 4 + 4
+	stateFixed     = stateFixedV1 + 4 + 4
+	maxStateRanks  = 1 << 20
+	stateRankField = stateFixedV1
 )
 
 // MarshalBinary serializes the state for a checkpoint.
@@ -54,6 +68,8 @@ func (st *TensorState) MarshalBinary() ([]byte, error) {
 	b = le.AppendUint32(b, math.Float32bits(st.LocalThreshold))
 	b = le.AppendUint32(b, math.Float32bits(st.GlobalThreshold))
 	b = le.AppendUint32(b, uint32(len(st.Boundaries)))
+	b = le.AppendUint32(b, uint32(st.Rank))
+	b = le.AppendUint32(b, uint32(st.Size))
 	for _, x := range st.Boundaries {
 		b = le.AppendUint32(b, x)
 	}
@@ -66,14 +82,29 @@ func (st *TensorState) MarshalBinary() ([]byte, error) {
 func (st *TensorState) UnmarshalBinary(b []byte) error {
 	bad := func(what string) error { return fmt.Errorf("%w: tensor state: %s", ErrInvalidArgument, what) }
 	le := binary.LittleEndian
-	if len(b) < stateFixed {
+	if len(b) < stateFixedV1 {
 		return bad("too short")
 	}
 	if le.Uint32(b) != stateMagic {
 		return bad("not a tensor state")
 	}
-	if v := le.Uint32(b[4:]); v != stateVersion {
-		return bad(fmt.Sprintf("version %d, this library reads %d", v, stateVersion))
+	fixed := stateFixed
+	switch v := le.Uint32(b[4:]); v {
+	case 1:
+		fixed = stateFixedV1
+	case stateVersion:
+		if len(b) < stateFixed {
+			return bad("too short")
+		}
+	default:
+		return bad(fmt.Sprintf("version %d, this library reads 1 and %d", v, stateVersion))
+	}
+	var rank, size uint64
+	if fixed == stateFixed {
+		rank, size = uint64(le.Uint32(b[stateRankField:])), uint64(le.Uint32(b[stateRankField+4:]))
+		if size > maxStateRanks || (size > 0 && rank >= size) || (size == 0 && rank != 0) {
+			return bad(fmt.Sprintf("rank %d of %d", rank, size))
+		}
 	}
 	n, iter := le.Uint64(b[8:]), le.Uint64(b[16:])
 	cfg := Config{
@@ -87,30 +118,53 @@ func (st *TensorState) UnmarshalBinary(b []byte) error {
 	if n > math.MaxUint32 || iter > math.MaxInt32 || nb > 1<<20 {
 		return bad("sizes out of range")
 	}
-	if uint64(len(b)) != stateFixed+4*nb+4*n {
+	if uint64(len(b)) != uint64(fixed)+4*nb+4*n {
 		return bad(fmt.Sprintf("%d bytes for n=%d and %d boundaries", len(b), n, nb))
 	}
 	if err := cfg.Validate(); err != nil {
-		return bad(err.Error())
+		return bad(strings.TrimPrefix(err.Error(), ErrInvalidArgument.Error()+": "))
 	}
 	bounds := make([]uint32, nb)
 	for i := range bounds {
-		bounds[i] = le.Uint32(b[stateFixed+4*i:])
+		bounds[i] = le.Uint32(b[fixed+4*i:])
 		if bounds[i] > uint32(n) || (i > 0 && bounds[i] < bounds[i-1]) {
 			return bad("region boundaries out of order")
 		}
 	}
 	residual := make([]float32, n)
-	copy(float32Bytes(residual), b[stateFixed+4*nb:])
+	copy(float32Bytes(residual), b[uint64(fixed)+4*nb:])
 	for _, v := range residual {
 		if !IsFinite(v) {
 			return bad("residual holds NaN or Inf")
 		}
 	}
 	*st = TensorState{N: int(n), Config: cfg, Iter: int(iter), Residual: residual,
-		LocalThreshold: local, GlobalThreshold: global, Boundaries: bounds}
+		LocalThreshold: local, GlobalThreshold: global, Boundaries: bounds, Rank: int(rank), Size: int(size)}
 	if nb == 0 {
 		st.Boundaries = nil
+	}
+	return nil
+}
+
+// CheckOwner refuses a state that belongs to another rank, or to a
+// communicator of another size, than rank of size: its residual is another
+// rank's unsent gradient, and its Ok-Topk region boundaries partition the
+// tensor among another number of ranks. Loading it would not fail at once
+// but make the run drift, or fail at the first step. A state of unknown
+// owner (version 1) is checked only by its boundary count.
+func (st *TensorState) CheckOwner(rank, size int) error {
+	if st.Size != 0 && st.Size != size {
+		return fmt.Errorf("%w: state was saved by a communicator of %d ranks, this one has %d: "+
+			"residuals and region boundaries are per rank and cannot be repartitioned; resume with %d ranks or start this tensor afresh",
+			ErrInvalidArgument, st.Size, size, st.Size)
+	}
+	if st.Size != 0 && st.Rank != rank {
+		return fmt.Errorf("%w: state was saved by rank %d, this is rank %d: each rank must load its own state "+
+			"(save every rank's state, e.g. under a per-rank file name)", ErrInvalidArgument, st.Rank, rank)
+	}
+	if n := len(st.Boundaries); n != 0 && n != size+1 {
+		return fmt.Errorf("%w: state has %d region boundaries (saved by a communicator of %d ranks), this one has %d ranks: "+
+			"resume with %d ranks or start this tensor afresh", ErrInvalidArgument, n, n-1, size, n-1)
 	}
 	return nil
 }

@@ -7,7 +7,7 @@ package core
 //  1. Select: each rank forms acc = grad + residual and takes its exact local
 //     top-k (k = ceil(density·n) largest |acc|).
 //  2. Allgather: the P selections, k (index, value) pairs each, are gathered
-//     on every rank with the ring Allgatherv.
+//     on every rank by Bruck's algorithm (AllgathervBruck, ⌈log₂ P⌉ rounds).
 //  3. Sum: every rank adds the P selections in rank order, so every rank gets
 //     the same bits; the communicator divides by P. The global result holds
 //     up to kP entries — the union of the selections — which is why TopkA's
@@ -15,14 +15,10 @@ package core
 //  4. Residual: everything selected locally is in the global result, so the
 //     residual is acc with the local selection zeroed.
 //
-// Cost: the ring allgather takes (P−1)α + 2k(P−1)β per rank (the table of
-// DESIGN.md gives the log P α of a recursive-doubling allgather; the ring
-// keeps the bandwidth term, which is what dominates here).
+// Cost: ⌈log P⌉α + 2k(P−1)β per rank, as the paper's recursive-doubling
+// allgather, for any P (a ring allgather moves the same words in P−1 rounds).
 
-import (
-	"context"
-	"time"
-)
+import "context"
 
 func init() {
 	registerSparse(TopkA, func(ctx context.Context, call *Call, st *TensorState, grad []float32) error {
@@ -35,12 +31,10 @@ func init() {
 // their sum. A sparse input with more than k entries is cut to its top k
 // first, as a dense gradient would be.
 func topkAReduce(ctx context.Context, call *Call, n int, in Sparse, k int) (Sparse, error) {
+	call.Phase(PhaseSelect)
 	local, err := sparseTopK(in, k)
 	if err != nil {
 		return Sparse{}, err
 	}
-	start := time.Now()
-	global, err := allgatherSparseSum(ctx, call, 0, n, local)
-	call.Stats.Allgather = time.Since(start)
-	return global, err
+	return allgatherSparseSum(ctx, call, 0, n, local)
 }

@@ -12,7 +12,8 @@ package core
 //     entries from rank (r−i) mod P — the rotation keeps every rank sending
 //     to a different peer in each step. The owner sums the P parts of its
 //     region in rank order.
-//  3. Allgatherv: the reduced regions are gathered on every rank. A region
+//  3. Allgatherv: the reduced regions are gathered on every rank (Bruck's
+//     algorithm, ⌈log₂ P⌉ rounds). A region
 //     with more than a third of its indices set travels dense, otherwise as
 //     region-relative pairs (the reference switches at n/3, before the n/2
 //     where pairs and values cost the same words). Unlike Ok-Topk the split
@@ -20,7 +21,7 @@ package core
 //  4. Residual: the result is the exact sum of the selections (no global
 //     re-selection), so the residual is acc with the local selection zeroed.
 //
-// Cost: 2(P−1)α (the table's ≈(P + log P)α counts a tree allgather);
+// Cost: (P−1+⌈log P⌉)α, the table's ≈(P + log P)α;
 // 2k(P−1)/P words to split for evenly spread selections, then 2K(P−1)/P to
 // gather the K reduced entries (k ≤ K ≤ kP), capped at n(P−1)/P by the dense
 // switch: between 4k(P−1)/P and (2k+n)(P−1)/P words per rank.
@@ -37,6 +38,7 @@ func init() {
 // topkDSAReduce sums the ranks' (at most k) selected entries; a sparse input
 // with more than k entries is cut to its top k first.
 func topkDSAReduce(ctx context.Context, call *Call, n int, in Sparse, k int) (Sparse, error) {
+	call.Phase(PhaseSelect)
 	local, err := sparseTopK(in, k)
 	if err != nil {
 		return Sparse{}, err

@@ -11,8 +11,56 @@
  * Handles are integers, never pointers. Operations on one communicator run in
  * the order they are issued, which must be the same on every rank.
  *
+ * Threads: the collective calls on one communicator (the blocking ones and
+ * the _start ones) come from one thread at a time. While calls of one thread
+ * are queued or running, a collective call from another thread is refused at
+ * once with oktopkInvalidUsage and is not made (it takes no place in the
+ * call order, its buffer is untouched); once they have completed, any thread
+ * may make the next call. One thread may queue many requests; any thread may
+ * test, wait on or free them, save or load tensor state, or abort.
+ *
+ * Failures, on every rank of a communicator:
+ *  - A call refused for its arguments (oktopkInvalidArgument: a NULL or bad
+ *    buffer, count, dtype, algorithm or stats size, a tensor whose size
+ *    changed, bad sparse-input sizes) still takes its place in the call
+ *    order, and the peers are told: a peer that made that call fails it with
+ *    oktopkMismatch, naming this rank and the reason, and aborts, so this
+ *    rank's next call fails too. When every rank refuses the same call, that
+ *    is all: the communicator stays usable. (Refusals that take no place:
+ *    an unknown or destroyed handle, another thread's call, a forked child,
+ *    a communicator not yet connected. A call beyond 4096 outstanding
+ *    requests is oktopkInvalidUsage and aborts the communicator instead.)
+ *  - oktopkNonFinite (NaN/Inf on some rank) and a malformed sparse input
+ *    (oktopkInvalidArgument on every rank) are agreed by every rank before
+ *    data moves: every rank skips the call, and the communicator stays
+ *    usable.
+ *  - Any other failure (oktopkMismatch, oktopkRemoteError, oktopkTimeout,
+ *    oktopkAborted, oktopkInternalError) poisons the communicator on every
+ *    rank: every later collective call fails. A rank whose call failed
+ *    fails the later ones at once with oktopkAborted; a rank whose copy of
+ *    the call completed fails its next call with the cause
+ *    (oktopkRemoteError, oktopkMismatch or oktopkTimeout), then oktopkAborted.
+ *  - A failed call leaves the caller's buffer and the tensor's state
+ *    (residual, thresholds, call count) as they were, on the rank where it
+ *    failed. The ranks need not agree on whether it happened: a call that
+ *    fails on one rank (aborted, timed out, a peer died, destroyed with
+ *    requests in flight) may have completed on others, whose buffers and
+ *    tensor states then include it. So after such a failure do not retry
+ *    on that communicator, and do not carry on with states saved after the
+ *    failure: destroy the communicator on every rank, make a new one, and
+ *    load every tensor's state from a checkpoint saved on every rank after
+ *    the same successful call (with the model and optimizer of that step).
+ *    Loading states that differ by a call is caught, not silent: the first
+ *    call on such a tensor fails with oktopkMismatch on "completed calls".
+ *
  * The library embeds a Go runtime: load it once per process, never unload it,
  * and never call it from a child created by fork() after it was loaded.
+ *
+ * Environment settings (OKTOPK_SOCKET_IFNAME, OKTOPK_CURVE, OKTOPK_STALL_WARN,
+ * OKTOPK_DEBUG_AUTO, and oktopk_comm_init_env's variables) are read when a
+ * call uses them, from
+ * the process's environment at that moment: a setenv() made after the
+ * library was loaded takes effect.
  *
  * Memory. Per tensor reduced sparsely a rank keeps its residual, n float32
  * values whatever the buffer's dtype; per communicator, working memory
@@ -40,7 +88,7 @@ extern "C" {
 
 /* ABI version: major changes break callers, minor ones only add. */
 #define OKTOPK_VERSION_MAJOR 0
-#define OKTOPK_VERSION_MINOR 3
+#define OKTOPK_VERSION_MINOR 4
 #define OKTOPK_VERSION_PATCH 0
 #define OKTOPK_VERSION_CODE \
   (OKTOPK_VERSION_MAJOR * 10000 + OKTOPK_VERSION_MINOR * 100 + OKTOPK_VERSION_PATCH)
@@ -48,7 +96,7 @@ extern "C" {
 typedef enum {
   oktopkSuccess = 0,
   oktopkInvalidArgument = 1, /* null pointer, bad size, k > n, unknown dtype... */
-  oktopkInvalidUsage = 2,    /* destroyed handle, call in a forked child...     */
+  oktopkInvalidUsage = 2,    /* destroyed handle, another thread's call, fork... */
   oktopkSystemError = 3,     /* socket, bind or resolve failure                 */
   oktopkRemoteError = 4,     /* a peer died or reported an error                */
   oktopkTimeout = 5,         /* a peer did not answer within the timeout        */
@@ -65,6 +113,26 @@ typedef enum {
   OKTOPK_BFLOAT16 = 2
 } oktopk_dtype_t;
 
+/* oktopk_config_t.value_dtype: the precision selected values travel in.
+ * OKTOPK_FLOAT16 or OKTOPK_BFLOAT16 make an (index, value) pair 6 bytes
+ * instead of 8. Each rank rounds the values it sends once, each Ok-Topk
+ * region owner its sums once (every rank uses the owner's rounded sums, so
+ * results stay bitwise identical), and the rounding errors go into the
+ * residuals (a sum's into its owner's): over any number of calls the
+ * gradients' sum equals P x the results plus the residuals' change, up to
+ * float32 rounding. Values beyond the format's range saturate and the rest
+ * waits in the residual. Or-ing in OKTOPK_STOCHASTIC_ROUNDING rounds
+ * unbiasedly at random instead of to nearest; its random bits are a hash of
+ * (tensor id, call number on the tensor, rank, index), so reruns are
+ * bitwise reproducible. Only OKTOPK_ALGO_OKTOPK, _TOPKA and _GAUSSIANK take
+ * 16-bit values (the others forward partial sums whose rounding no one
+ * residual could take back, or keep no residual): config init refuses
+ * other algorithms with them, and oktopk_sparse_allreduce_sparse (no
+ * residual) refuses them. At density 1 Ok-Topk is a dense ring allreduce
+ * in float32. Every rank must use the same value_dtype (else
+ * oktopkMismatch). */
+#define OKTOPK_STOCHASTIC_ROUNDING 0x100
+
 typedef enum {
   OKTOPK_ALGO_DENSE_RING = 0,
   OKTOPK_ALGO_DENSE_RABENSEIFNER = 1,
@@ -75,7 +143,14 @@ typedef enum {
   OKTOPK_ALGO_SSAR_SPLIT_ALLGATHER = 6,
   OKTOPK_ALGO_DSAR_SPLIT_ALLGATHER = 7,
   OKTOPK_ALGO_GTOPK = 8,
-  OKTOPK_ALGO_GAUSSIANK = 9
+  OKTOPK_ALGO_GAUSSIANK = 9,
+  /* 0.4: per call, the algorithm a cost model predicts fastest from n, k,
+   * the number of ranks and the link measured (oktopk_comm_measure_link) —
+   * the same choice on every rank. The first call with it on a
+   * communicator measures the link first, as a collective step of its own.
+   * Accepted by oktopk_allreduce too (ring or Rabenseifner).
+   * OKTOPK_DEBUG_AUTO=1 logs every choice to stderr. */
+  OKTOPK_ALGO_AUTO = 10
 } oktopk_algorithm_t;
 
 typedef int64_t oktopk_comm_t;    /* 0 is never a valid communicator */
@@ -96,12 +171,16 @@ typedef struct {
   uint32_t version;      /* OKTOPK_VERSION_CODE the caller was built against   */
   int32_t timeout_ms;    /* per-call limit on waiting for a peer (default 60000; 0: none) */
   const char *bind_host; /* address to bind and advertise; NULL: see ifname    */
-  const char *ifname;    /* interface whose address to use; NULL: OKTOPK_SOCKET_IFNAME, else 127.0.0.1 */
+  const char *ifname;    /* interface whose address to use; NULL: OKTOPK_SOCKET_IFNAME, else (init_env,
+                          * init_rank) the address on the route to the rendezvous host, else 127.0.0.1 */
   int32_t algorithm;     /* oktopk_algorithm_t for oktopk_sparse_allreduce (default OKTOPK) */
-  double density;        /* k = ceil(density * n), 0 <= density <= 1 (default 0.01; 0 sends nothing) */
+  double density;        /* k = ceil(density * n), 0 <= density <= 1 (default 0.01; 0 sends nothing);
+                          * a product within a relative 2^-40 above an integer counts as that
+                          * integer, so rounding in a double never adds an entry: 0.07 * 100 is 7 */
   int32_t tau;           /* Ok-Topk space repartition period (default 64)      */
   int32_t tau_prime;     /* threshold refresh period (default 32)              */
-  int32_t value_dtype;   /* precision of sparse values on the wire (default FLOAT32) */
+  int32_t value_dtype;   /* precision of sparse values on the wire: an oktopk_dtype_t, optionally
+                          * | OKTOPK_STOCHASTIC_ROUNDING (default FLOAT32; see above) */
   /* Added in 0.3: it fills what was tail padding, so sizeof(oktopk_config_t)
    * is unchanged and oktopk_config_init never writes past an older caller's
    * struct (which it zeroes). */
@@ -111,7 +190,16 @@ typedef struct {
 } oktopk_config_t;
 
 /* Per-call statistics (one rank's view). `size` must be set by the caller to
- * sizeof(oktopk_stats_t); pass NULL where not wanted. */
+ * sizeof(oktopk_stats_t); pass NULL where not wanted. The library writes only
+ * the fields that fit in `size`, so a caller built against an older header
+ * gets the fields it knows.
+ *
+ * The *_seconds fields cut the call into phases that run back to back and
+ * mean the same work in every algorithm (a phase an algorithm lacks is 0):
+ * select (acc = grad + residual, then the local selection), agree (the
+ * NaN/Inf agreement), reduce, global_select, balance, allgather and output
+ * (the caller's buffer and the residual). Together they add up to
+ * total_seconds, less the few microseconds before the algorithm starts. */
 typedef struct {
   uint32_t size;
   uint64_t bytes_sent;
@@ -123,15 +211,38 @@ typedef struct {
   int64_t global_selected; /* entries in the global result             */
   float local_threshold;
   float global_threshold;
-  double select_seconds;
+  double select_seconds;    /* accumulate + local selection             */
   double reduce_seconds;    /* split-and-reduce / reduction phase       */
-  double allgather_seconds; /* balance + allgatherv / broadcast phase   */
+  double allgather_seconds; /* balance + allgatherv / broadcast phase
+                             * (before 0.4 it held Ok-Topk's global
+                             * selection too, now global_select_seconds) */
   double total_seconds;
+  /* Added in 0.4: the phases the fields above leave out. */
+  double agree_seconds;         /* NaN/Inf agreement among the ranks        */
+  double global_select_seconds; /* Ok-Topk's histogram cut                  */
+  double balance_seconds;       /* Ok-Topk's balance (in allgather_seconds) */
+  double output_seconds;        /* result into the buffer, residual         */
+  /* ---- added in 0.4: which algorithm ran (OKTOPK_ALGO_AUTO's choice) ---- */
+  int32_t algorithm;        /* oktopk_algorithm_t that ran; never OKTOPK_ALGO_AUTO */
+  double predicted_seconds; /* the cost model's time for it (compare total_seconds);
+                             * 0 while the communicator's link is unmeasured */
 } oktopk_stats_t;
+
+/* The link model behind OKTOPK_ALGO_AUTO, the same on every rank. `size`
+ * must be set by the caller to sizeof(oktopk_link_model_t). */
+typedef struct {
+  uint32_t size;
+  double latency_seconds;       /* alpha: per message                         */
+  double seconds_per_byte;      /* beta: per byte one rank sends              */
+  double pass_seconds_per_byte; /* gamma: per byte a pass over memory touches */
+} oktopk_link_model_t;
 
 /* ---- library ---------------------------------------------------------- */
 int oktopk_get_version(void); /* OKTOPK_VERSION_CODE of the loaded library */
 const char *oktopk_get_error_string(oktopk_result_t result);
+/* The name of an oktopk_algorithm_t ("oktopk", "auto", ...), or NULL for a
+ * value this library does not know; the string is static. */
+const char *oktopk_algorithm_name(int algorithm);
 void oktopk_config_init(oktopk_config_t *config);
 
 /* Copies the message of the most recent failed call on `comm` (comm 0: of
@@ -150,9 +261,18 @@ oktopk_result_t oktopk_get_unique_id(oktopk_unique_id_t *id, const oktopk_config
 oktopk_result_t oktopk_comm_init_rank(oktopk_comm_t *comm, int nranks, const oktopk_unique_id_t *id,
                                       int rank, const oktopk_config_t *config);
 
-/* torchrun style: MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE from the
- * environment; rank 0 serves rendezvous on MASTER_PORT + 1 unless
- * OKTOPK_RENDEZVOUS_PORT is set. Without OKTOPK_JOB_TOKEN that rendezvous
+/* From the launcher's environment: torchrun (RANK, WORLD_SIZE, MASTER_ADDR,
+ * MASTER_PORT), Open MPI's mpirun (OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK),
+ * MPICH/PMI (PMI_RANK, PMI_SIZE) or Slurm's srun (SLURM_PROCID, SLURM_NTASKS,
+ * SLURM_LOCALID), the first of these whose rank variable is set. Rank 0
+ * serves rendezvous on MASTER_ADDR; without it, on the first host of Slurm's
+ * SLURM_STEP_NODELIST, or on 127.0.0.1 when mpirun says every rank is on
+ * this host; otherwise set MASTER_ADDR (mpirun -x MASTER_ADDR=host). The
+ * port is OKTOPK_RENDEZVOUS_PORT, else MASTER_PORT + 1, else 20000 +
+ * SLURM_JOB_ID mod 9000 under Slurm, else 29501. With no bind host or
+ * interface configured, each rank binds its address on the route to the
+ * rendezvous host. A failure names the launcher and the address it used.
+ * Without OKTOPK_JOB_TOKEN that rendezvous
  * hands the job token to anyone who can reach the port; have the launcher
  * set OKTOPK_JOB_TOKEN to the same random secret on every rank (e.g. 64 hex
  * digits) and the rendezvous refuses everyone else. OKTOPK_CURVE=1 on every
@@ -173,15 +293,39 @@ oktopk_result_t oktopk_comm_connect(oktopk_comm_t comm, const char *const *endpo
 oktopk_result_t oktopk_comm_rank(oktopk_comm_t comm, int *rank);
 oktopk_result_t oktopk_comm_size(oktopk_comm_t comm, int *size);
 /* Fails every blocked and future call on comm with oktopkAborted; callable
- * from any thread. The handle must still be destroyed. */
+ * from any thread. The handle must still be destroyed. Peers' calls fail
+ * too; the running call may still complete on some of them (see Failures). */
 oktopk_result_t oktopk_comm_abort(oktopk_comm_t comm);
-/* Releases the communicator; returns within about a second even when peers
- * are dead. Destroying a handle twice is oktopkInvalidUsage. */
+/* Releases the communicator; returns within one second (on a machine that
+ * is not overloaded), even when peers are dead or a call is running: queued
+ * and running calls are aborted, a running call gets 0.5 s to return, then
+ * the sockets close (under it, if it is still busy with its own computation;
+ * it then ends with an error, and its request must still be waited on), and
+ * the last frames to peers get at most 0.25 s more to leave. Destroying a
+ * handle twice is oktopkInvalidUsage. */
 oktopk_result_t oktopk_comm_destroy(oktopk_comm_t comm);
+/* Measures the link (latency, time per byte, cost of a memory pass) with a
+ * few ping-pongs between ranks half the communicator apart, agrees on one
+ * model with every rank and keeps it for OKTOPK_ALGO_AUTO; fills *link when
+ * not NULL. A collective call: every rank makes it at the same point of its
+ * call order (it fails like one, see Failures). The first OKTOPK_ALGO_AUTO
+ * call measures by itself; call this to measure again (the network changed,
+ * or before timing calls). Takes well under a second. */
+oktopk_result_t oktopk_comm_measure_link(oktopk_comm_t comm, oktopk_link_model_t *link);
+/* Added in 0.4. Sets *count to what this rank has refused so far:
+ * connections to its port that did not authenticate (no or a wrong job token
+ * or CURVE key, not oktopk at all, a handshake frame over the size limit, a
+ * handshake not done within 5 s; one still in its handshake counts until it
+ * succeeds) and frames that failed validation. Refused traffic never
+ * reaches a call: a nonzero count says only that something other than this
+ * job's ranks reached the port. Readable until the handle is destroyed,
+ * after an abort too. */
+oktopk_result_t oktopk_comm_dropped(oktopk_comm_t comm, uint64_t *count);
 
 /* ---- collectives (blocking) ------------------------------------------ */
 /* Dense allreduce in place; average != 0 divides by the number of ranks.
- * algorithm is OKTOPK_ALGO_DENSE_RING or OKTOPK_ALGO_DENSE_RABENSEIFNER. */
+ * algorithm is OKTOPK_ALGO_DENSE_RING, OKTOPK_ALGO_DENSE_RABENSEIFNER or
+ * OKTOPK_ALGO_AUTO (the faster of the two by the link model). */
 oktopk_result_t oktopk_allreduce(oktopk_comm_t comm, void *data, size_t count, oktopk_dtype_t dtype,
                                  int average, int algorithm);
 
@@ -193,11 +337,27 @@ oktopk_result_t oktopk_allreduce(oktopk_comm_t comm, void *data, size_t count, o
 oktopk_result_t oktopk_sparse_allreduce(oktopk_comm_t comm, uint64_t tensor_id, void *data, size_t count,
                                         oktopk_dtype_t dtype, oktopk_stats_t *stats);
 
+/* oktopk_sparse_allreduce with hold_count ranges of data held back by this
+ * rank for this call: range i is [hold[2i], hold[2i+1]), ascending and
+ * disjoint, inside count. Held entries are not selected or sent, and this
+ * rank's gradient there is added to its residual; other ranks' entries there
+ * are reduced as usual. For entries whose result the caller discards, such
+ * as a parameter a framework found unused at this step (PyTorch DDP leaves
+ * the gradient of a parameter unused on every rank untouched): error
+ * feedback then loses nothing of them. hold may be NULL when hold_count is
+ * 0. Dense algorithms keep no residual and reduce held entries as usual. */
+oktopk_result_t oktopk_sparse_allreduce_hold(oktopk_comm_t comm, uint64_t tensor_id, void *data, size_t count,
+                                             oktopk_dtype_t dtype, const size_t *hold, size_t hold_count,
+                                             oktopk_stats_t *stats);
+
 /* Sparse in, sparse out, no state: in_count (index, value) pairs of a vector
  * of length n, indices strictly increasing and < n. The averaged global
- * result (at most out_capacity pairs, or oktopkInvalidArgument) is written to
- * out_indices/out_values and its length to *out_count. Uses the
- * communicator's algorithm and density. */
+ * result is written to out_indices/out_values and its length to *out_count.
+ * A result longer than out_capacity is oktopkInvalidArgument with *out_count
+ * set and nothing written; the call itself completed on every rank, and the
+ * communicator stays usable. Uses the communicator's algorithm and density.
+ * Memory and time follow in_count and the number of ranks, not n (any n up
+ * to 2^32 - 1). */
 oktopk_result_t oktopk_sparse_allreduce_sparse(oktopk_comm_t comm, size_t n, const uint32_t *in_indices,
                                                const float *in_values, size_t in_count,
                                                uint32_t *out_indices, float *out_values,
@@ -206,7 +366,8 @@ oktopk_result_t oktopk_sparse_allreduce_sparse(oktopk_comm_t comm, size_t n, con
 
 /* ---- collectives (asynchronous) -------------------------------------- */
 /* Same as the blocking forms; data must stay valid until the request is
- * waited on. Requests of one communicator complete in issue order. */
+ * waited on. Requests of one communicator complete in issue order. At most
+ * 4096 may be outstanding (see Failures at the top). */
 oktopk_result_t oktopk_allreduce_start(oktopk_comm_t comm, void *data, size_t count, oktopk_dtype_t dtype,
                                        int average, int algorithm, oktopk_request_t *request);
 oktopk_result_t oktopk_sparse_allreduce_start(oktopk_comm_t comm, uint64_t tensor_id, void *data,
@@ -221,7 +382,14 @@ oktopk_result_t oktopk_request_free(oktopk_request_t request);
 
 /* ---- per-tensor state (checkpointing) -------------------------------- */
 /* Serialized state of one tensor (residual, thresholds, boundaries, counter)
- * so a resumed run continues where it stopped. */
+ * so a resumed run continues where it stopped. A state belongs to the rank
+ * that saved it and to its communicator's size (the blob records both):
+ * every rank saves and loads its own, and loading one saved by another rank
+ * or by a communicator of another size is oktopkInvalidArgument (nothing is
+ * installed). Save and load run in issue order with this thread's calls,
+ * and still work after a failure: each rank then holds the state of the
+ * calls it completed, which may differ by the failed call from rank to rank
+ * (see Failures at the top). */
 oktopk_result_t oktopk_tensor_state_size(oktopk_comm_t comm, uint64_t tensor_id, size_t *size);
 oktopk_result_t oktopk_tensor_state_save(oktopk_comm_t comm, uint64_t tensor_id, void *buf, size_t len);
 oktopk_result_t oktopk_tensor_state_load(oktopk_comm_t comm, uint64_t tensor_id, const void *buf, size_t len);

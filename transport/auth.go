@@ -1,35 +1,50 @@
 package transport
 
-// Who may put a frame in a rank's inbox, in two layers:
+// Who may talk to a rank (zmq.go has the topology: each rank binds an
+// outbox, and every peer's inbox dials it; data flows outbox → inbox):
 //
-//   - Always: every frame carries the job token's digest (frame.go), and the
-//     sender rank in a frame must be the rank that said hello on the same
-//     ZeroMQ connection. The inbox records, at the first hello on each
-//     connection (ROUTER routing id), which rank it speaks for; a frame that
-//     claims another rank, or that comes before any hello, is dropped. So a
-//     process holding the token still cannot pass its frames off as another
-//     rank's once that rank has said hello.
+//   - Nobody can connect to an inbox: it only dials the addresses the
+//     rendezvous gave. What arrives on its connection to rank r comes from
+//     whoever listens at rank r's address (with CURVE: from the holder of
+//     rank r's secret key), and every frame on it must name rank r as its
+//     sender. Only there are large frames accepted.
+//   - At the outbox, a connection must pass its ZeroMQ handshake before it
+//     may send a single frame: without CURVE the outbox is a PLAIN server
+//     and each inbox a PLAIN client whose password is derived from the job
+//     token (plainPassword); with CURVE, the job's keys (below). A ZAP
+//     handler in the transport's private context checks either. ZeroMQ's
+//     NULL mechanism would have let anyone queue an endless multi-part
+//     message, which no high-water mark bounds. Like the token digest in
+//     frames, the PLAIN password travels in clear: it keeps out strangers,
+//     not someone who watches the network (that takes CURVE).
+//   - Every frame carries the job token's digest (frame.go). The outbox
+//     takes hello frames only; it records, at the first hello on each
+//     connection (ROUTER routing id), which rank's inbox it is, and sends
+//     that rank's messages there. A hello for a rank already bound to
+//     another connection is dropped, so a process holding the token cannot
+//     take over a rank's messages once that rank has said hello.
 //   - With CURVE (ZMQOptions.Curve or OKTOPK_CURVE=1): each rank draws a
 //     keypair when it binds and advertises its public key inside its endpoint
 //     string ("tcp://host:port#curve=<64 hex>"), which travels through the
-//     same rendezvous as the endpoint. The inbox is a CURVE server; each
-//     DEALER is a CURVE client with the peer's key as server key and the
-//     rank's own keypair as client key. Everything after the handshake,
-//     headers and payloads alike, is encrypted. A ZAP handler in the
-//     transport's private context admits only the job's public keys and
-//     names each connection by its key's rank (the User-Id property), and
-//     every frame's sender must equal that rank: only the holder of rank r's
-//     secret key can speak as rank r.
+//     same rendezvous as the endpoint. The outbox is a CURVE server; the
+//     inbox is a CURVE client of each peer's outbox, with that peer's key as
+//     server key and the rank's own keypair as client key. Everything after
+//     the handshake, headers and payloads alike, is encrypted. The ZAP
+//     handler admits only the job's public keys and names each connection
+//     by its key's rank (the User-Id property), and a hello's sender must
+//     equal that rank: only the holder of rank r's secret key can receive
+//     as rank r.
 //
 // pebbe/zmq4's AuthStart runs one ZAP handler for the process-wide default
 // context, which the transport does not use (ZAP is per context); hence a
 // small handler of our own, one per transport.
 
 import (
+	"crypto/sha256"
+	"crypto/subtle"
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -52,7 +67,7 @@ func CurveAvailable() bool { return zmq.HasCurve() }
 
 // CurveFromEnv reports whether OKTOPK_CURVE asks for CURVE encryption.
 func CurveFromEnv() bool {
-	switch strings.ToLower(os.Getenv("OKTOPK_CURVE")) {
+	switch strings.ToLower(Getenv("OKTOPK_CURVE")) {
 	case "1", "true", "yes", "on":
 		return true
 	}
@@ -62,7 +77,6 @@ func CurveFromEnv() bool {
 // curveState is one rank's CURVE keypair and the job's public keys.
 type curveState struct {
 	public, secret string // Z85
-	zap            *zmq.Socket
 
 	mu      sync.Mutex
 	rankOf  map[string]int // binary public key → rank, set by Connect
@@ -87,32 +101,38 @@ func newCurveState(opts *ZMQOptions) (*curveState, error) {
 	return &curveState{public: public, secret: secret, ready: make(chan struct{})}, nil
 }
 
-// serve makes inbox a CURVE server and binds the ZAP handler's socket in
-// zctx; both must happen before inbox binds, or early handshakes would skip
-// authentication.
-func (c *curveState) serve(zctx *zmq.Context, inbox *zmq.Socket) error {
-	if c == nil {
-		return nil
-	}
+// plainUser and plainPassword are the PLAIN credentials of a job's inboxes:
+// the password is a digest of the job token, domain-separated from the
+// digest frames carry, so neither can be computed from the other.
+const plainUser = "oktopk"
+
+func plainPassword(token string) string {
+	sum := sha256.Sum256([]byte("oktopk plain password\x00" + token))
+	return hex.EncodeToString(sum[:16])
+}
+
+// serveAuth binds the ZAP handler's socket in zctx and makes outbox a PLAIN
+// server, or a CURVE server when curve is set. Both must happen before the
+// outbox binds, or early handshakes would skip authentication.
+func serveAuth(zctx *zmq.Context, outbox *zmq.Socket, curve *curveState) (*zmq.Socket, error) {
 	zap, err := zctx.NewSocket(zmq.REP)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := firstErr(zap.SetLinger(0), zap.SetRcvtimeo(pollInterval), zap.Bind(zapEndpoint)); err != nil {
 		zap.Close()
-		return fmt.Errorf("ZAP handler: %w", err)
+		return nil, fmt.Errorf("ZAP handler: %w", err)
 	}
-	c.zap = zap
-	return inbox.ServerAuthCurve(zapDomain, c.secret)
-}
-
-// closeZAP releases the ZAP socket on a failed ListenZMQ (the context cannot
-// terminate while it is open).
-func (c *curveState) closeZAP() {
-	if c != nil && c.zap != nil {
-		c.zap.Close()
-		c.zap = nil
+	if curve != nil {
+		err = outbox.ServerAuthCurve(zapDomain, curve.secret)
+	} else {
+		err = outbox.ServerAuthPlain(zapDomain)
 	}
+	if err != nil {
+		zap.Close()
+		return nil, err
+	}
+	return zap, nil
 }
 
 // endpoint appends this rank's public key to its ZeroMQ address.
@@ -174,23 +194,27 @@ func (z *ZMQ) learnPeers(endpoints []string) (addrs, serverKeys []string, err er
 	return addrs, serverKeys, nil
 }
 
-// curveClient makes a DEALER a CURVE client of the peer whose key is
-// serverKey, authenticating with this rank's own keypair.
-func (z *ZMQ) curveClient(sock *zmq.Socket, serverKey string) error {
+// secureClient makes the inbox a PLAIN client with the job's password or,
+// with CURVE, a CURVE client of the peer whose key is serverKey (for the
+// connection made next), authenticating with this rank's own keypair.
+func (z *ZMQ) secureClient(sock *zmq.Socket, serverKey string) error {
 	if z.curve == nil {
-		return nil
+		return sock.ClientAuthPlain(plainUser, plainPassword(z.opts.Token))
 	}
 	return sock.ClientAuthCurve(serverKey, z.curve.public, z.curve.secret)
 }
 
-// zapLoop answers ZeroMQ's authentication requests (RFC 27) for the inbox:
-// a client key of one of the job's ranks is admitted under that rank's
-// number as User-Id; any other key is refused. Requests that arrive before
-// Connect has learnt the job's keys wait for them (the handshake waits with
-// them), so a fast peer is not refused for being early.
+// zapLoop answers ZeroMQ's authentication requests (RFC 27) for the outbox.
+// Without CURVE: a PLAIN client with the job's password is admitted, any
+// other is refused. With CURVE: a client key of one of the job's ranks is
+// admitted under that rank's number as User-Id; any other key is refused.
+// CURVE requests that arrive before Connect has learnt the job's keys wait
+// for them (the handshake waits with them, up to handshakeLimit), so a
+// fast peer is not refused for being early.
 func (z *ZMQ) zapLoop(zap *zmq.Socket) {
 	defer z.owners.Done()
 	defer zap.Close()
+	password := []byte(plainPassword(z.opts.Token))
 	c := z.curve
 	for {
 		select {
@@ -209,7 +233,12 @@ func (z *ZMQ) zapLoop(zap *zmq.Socket) {
 		}
 		version, id, mechanism := req[0], req[1], string(req[5])
 		status, text, user := "400", "not a rank of this job", ""
-		if mechanism == "CURVE" && len(req) == 7 {
+		switch {
+		case c == nil && mechanism == "PLAIN" && len(req) == 8:
+			if subtle.ConstantTimeCompare(req[7], password) == 1 {
+				status, text = "200", "OK"
+			}
+		case c != nil && mechanism == "CURVE" && len(req) == 7:
 			select {
 			case <-c.ready:
 			case <-z.closing:
@@ -221,22 +250,23 @@ func (z *ZMQ) zapLoop(zap *zmq.Socket) {
 			if ok && r != z.opts.Rank {
 				status, text, user = "200", "OK", strconv.Itoa(r)
 			}
-		}
-		if status != "200" {
-			c.refused.Add(1)
+			if status != "200" {
+				c.refused.Add(1)
+			}
 		}
 		zap.SendMessage(version, id, status, text, user, "")
 	}
 }
 
-// recvInbox receives one message from the inbox and, with CURVE, the rank
-// its connection authenticated as (-1 without CURVE, or when unknown).
-func (z *ZMQ) recvInbox(inbox *zmq.Socket) ([][]byte, int, error) {
+// recvOutbox receives one message from the outbox without waiting, and,
+// with CURVE, the rank its connection authenticated as (-1 without CURVE,
+// or when unknown).
+func (z *ZMQ) recvOutbox(outbox *zmq.Socket) ([][]byte, int, error) {
 	if z.curve == nil {
-		parts, err := inbox.RecvMessageBytes(0)
+		parts, err := outbox.RecvMessageBytes(zmq.DONTWAIT)
 		return parts, -1, err
 	}
-	parts, meta, err := inbox.RecvMessageBytesWithMetadata(0, "User-Id")
+	parts, meta, err := outbox.RecvMessageBytesWithMetadata(zmq.DONTWAIT, "User-Id")
 	if err != nil {
 		return parts, -1, err
 	}
@@ -247,8 +277,8 @@ func (z *ZMQ) recvInbox(inbox *zmq.Socket) ([][]byte, int, error) {
 	return parts, r, nil
 }
 
-// connectionRanks ties each inbox connection to the rank that said hello on
-// it. Only the inbox's owner goroutine uses it.
+// connectionRanks ties each outbox connection to the rank that said hello
+// on it. Only the outbox's owner goroutine uses it.
 type connectionRanks struct {
 	rankOf map[string]int // ROUTER routing id → rank
 	bound  map[int]string // rank → routing id

@@ -10,8 +10,9 @@ import (
 	zmq "github.com/pebbe/zmq4"
 )
 
-// rawDealer is a hand-driven client of a rank's inbox: it speaks the wire
-// format directly, so it can claim any sender rank.
+// rawDealer is a hand-driven client of a rank's outbox (the port it
+// advertises): it speaks the wire format directly, so it can claim any
+// sender rank.
 type rawDealer struct {
 	t     *testing.T
 	zctx  *zmq.Context
@@ -19,9 +20,10 @@ type rawDealer struct {
 	token tokenDigest
 }
 
-// dialInbox connects a raw DEALER to endpoint; curveKeys, when given, are
+// dialOutbox connects a raw DEALER to endpoint, as a PLAIN client holding
+// token's password or, when curveKeys are given, as a CURVE client with
 // (server public key, own public key, own secret key).
-func dialInbox(t *testing.T, endpoint, token string, curveKeys ...string) *rawDealer {
+func dialOutbox(t *testing.T, endpoint, token string, curveKeys ...string) *rawDealer {
 	t.Helper()
 	zctx, err := zmq.NewContext()
 	if err != nil {
@@ -37,6 +39,8 @@ func dialInbox(t *testing.T, endpoint, token string, curveKeys ...string) *rawDe
 		if err := sock.ClientAuthCurve(curveKeys[0], curveKeys[1], curveKeys[2]); err != nil {
 			t.Fatal(err)
 		}
+	} else if err := sock.ClientAuthPlain(plainUser, plainPassword(token)); err != nil {
+		t.Fatal(err)
 	}
 	addr, _, err := splitEndpoint(endpoint)
 	if err != nil {
@@ -92,10 +96,10 @@ func TestZMQTokenHolderCannotImpersonateAnotherRank(t *testing.T) {
 	zs := startZMQ(t, 3, nil)
 	victim := zs[1]
 	before := victim.Dropped()
-	// A process that knows the job token connects to rank 1's inbox, says
-	// hello as rank 0 (already bound to rank 0's own connection) and sends
-	// data as rank 0 and as rank 2.
-	intruder := dialInbox(t, victim.Endpoint(), victim.opts.Token)
+	// A process that knows the job token connects to rank 1's outbox, says
+	// hello as rank 0 (already bound to rank 0's own inbox) and sends data
+	// as rank 0 and as rank 2 (the outbox takes hellos only).
+	intruder := dialOutbox(t, victim.Endpoint(), victim.opts.Token)
 	forged := Tag{OpAllgather, 7, 0}
 	intruder.send(kindHello, 0, Tag{}, nil)
 	intruder.send(kindData, 0, forged, []byte("forged"))
@@ -107,10 +111,16 @@ func TestZMQTokenHolderCannotImpersonateAnotherRank(t *testing.T) {
 	if got := victim.Dropped() - before; got < 3 {
 		t.Fatalf("%d of the intruder's 3 frames were dropped", got)
 	}
-	// The real ranks' messages under the same tag are the ones delivered.
+	// The real ranks' messages under the same tag are the ones delivered,
+	// and rank 1's messages for rank 0 go to rank 0 alone.
 	recvReal(t, zs, 0, 1, forged)
 	recvReal(t, zs, 2, 1, forged)
 	recvNothing(t, victim, 0, forged)
+	recvReal(t, zs, 1, 0, forged)
+	intruder.sock.SetRcvtimeo(300 * time.Millisecond)
+	if parts, err := intruder.sock.RecvMessageBytes(0); err == nil {
+		t.Fatalf("the intruder received %d parts meant for rank 0", len(parts))
+	}
 }
 
 func TestConnectionRanksBindAtFirstHello(t *testing.T) {
@@ -163,7 +173,7 @@ func TestZMQCurveRefusesClientsWithoutAJobKey(t *testing.T) {
 	token := victim.opts.Token
 	forged := Tag{OpAllgather, 9, 0}
 	// Knows the token, speaks plain ZMTP: the handshake fails.
-	plain := dialInbox(t, victim.Endpoint(), token)
+	plain := dialOutbox(t, victim.Endpoint(), token)
 	plain.send(kindHello, 0, Tag{}, nil)
 	plain.send(kindData, 0, forged, []byte("plain"))
 	// Knows the token and the server's public key, but its own key is not
@@ -172,7 +182,7 @@ func TestZMQCurveRefusesClientsWithoutAJobKey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stranger := dialInbox(t, victim.Endpoint(), token, serverKey, public, secret)
+	stranger := dialOutbox(t, victim.Endpoint(), token, serverKey, public, secret)
 	stranger.send(kindHello, 0, Tag{}, nil)
 	stranger.send(kindData, 0, forged, []byte("stranger"))
 	deadline := time.Now().Add(5 * time.Second)

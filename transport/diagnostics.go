@@ -3,7 +3,6 @@ package transport
 import (
 	"fmt"
 	"log"
-	"os"
 	"sort"
 	"strconv"
 	"strings"
@@ -30,7 +29,7 @@ type Diagnostics struct {
 func (d Diagnostics) withDefaults() Diagnostics {
 	if d.StallWarn == 0 {
 		d.StallWarn = DefaultStallWarn
-		if s := strings.TrimSpace(os.Getenv("OKTOPK_STALL_WARN")); s != "" {
+		if s := strings.TrimSpace(Getenv("OKTOPK_STALL_WARN")); s != "" {
 			if v, err := time.ParseDuration(s); err == nil {
 				d.StallWarn = v
 			} else if f, err := strconv.ParseFloat(s, 64); err == nil {

@@ -12,7 +12,7 @@ import (
 //	off size field
 //	  0    4 magic "OKTK"
 //	  4    2 protocol version
-//	  6    1 kind (data, hello, heartbeat, bye, abort)
+//	  6    1 kind (data, hello, heartbeat, bye, abort, refuse)
 //	  7    1 reserved, zero
 //	  8   16 job token digest (first 16 bytes of SHA-256 of the token)
 //	 24    4 communicator generation
@@ -29,25 +29,30 @@ import (
 //	 80    8 call: elements selected per rank (k; n for dense calls)
 //	 88    1 call: dtype of the caller's buffer
 //	 89    1 abort reason (abort frames): 0 failure, 1 mismatch
-//	 90    6 reserved, zero
+//	 90    4 call: calls completed on the tensor before this one (mod 2^32)
+//	 94    2 reserved, zero
 //
-// Bytes 64–88 are the sender's CallDesc (zero outside a started call); the
+// Bytes 64–93 are the sender's CallDesc (zero outside a started call); the
 // receiver compares it with its own, so that ranks which issued different
 // calls under one sequence number fail with ErrMismatch.
 //
 // Heartbeat frames use the sequence number field for the latest call their
 // sender has started (stall diagnostics). Abort frames carry the reason as
-// text in their payload, at most maxAbortText bytes.
+// text in their payload, at most maxAbortText bytes. Refuse frames say that
+// the sender refused the call of their sequence number (bad arguments, seen
+// by that rank alone) and carry the reason as text, at most maxAbortText
+// bytes: a rank running that call fails it with ErrMismatch.
 //
 // A receiver checks every field before it trusts the payload: wrong magic,
 // version, token or generation, a sender out of range, or a length that does
 // not match the payload or the dtype drops the frame.
 //
-// Version 1 had a 64-byte header without the call descriptor.
+// Version 1 had a 64-byte header without the call descriptor; version 2 had
+// neither refuse frames nor the completed-call count.
 
 const (
 	frameMagic      = 0x4b544b4f // "OKTK" little-endian
-	protocolVersion = 2
+	protocolVersion = 3
 	headerSize      = 96
 	maxAbortText    = 1024
 	maxPayloadBytes = 1 << 40 // far above any message size limit; keeps count·width from overflowing
@@ -63,6 +68,7 @@ const (
 	kindHeartbeat frameKind = 3 // liveness while idle
 	kindBye       frameKind = 4 // orderly Close
 	kindAbort     frameKind = 5 // the sender aborted: fail calls waiting on it
+	kindRefuse    frameKind = 6 // the sender refused call tag.Seq: fail that call here
 )
 
 type tokenDigest [16]byte
@@ -117,7 +123,8 @@ func (h *frameHeader) encode(b []byte) {
 	binary.LittleEndian.PutUint64(b[80:], h.call.K)
 	b[88] = byte(h.call.Dtype)
 	b[89] = byte(h.reason)
-	clear(b[90:96])
+	binary.LittleEndian.PutUint32(b[90:], h.call.Completed)
+	b[94], b[95] = 0, 0
 }
 
 // decodeFrameHeader parses and validates a header frame against what this
@@ -134,7 +141,7 @@ func decodeFrameHeader(b []byte, token tokenDigest, generation uint32, size int)
 		return h, fmt.Errorf("%w: protocol version %d, want %d", ErrBadFrame, v, protocolVersion)
 	}
 	h.kind = frameKind(b[6])
-	if h.kind < kindData || h.kind > kindAbort || b[7] != 0 || b[46] != 0 || b[47] != 0 || !allZero(b[90:96]) {
+	if h.kind < kindData || h.kind > kindRefuse || b[7] != 0 || b[46] != 0 || b[47] != 0 || b[94] != 0 || b[95] != 0 {
 		return h, fmt.Errorf("%w: bad kind or reserved bytes", ErrBadFrame)
 	}
 	copy(h.token[:], b[8:24])
@@ -156,31 +163,23 @@ func decodeFrameHeader(b []byte, token tokenDigest, generation uint32, size int)
 	h.count = binary.LittleEndian.Uint64(b[48:])
 	h.payloadLen = binary.LittleEndian.Uint64(b[56:])
 	h.call = CallDesc{
-		Tensor: binary.LittleEndian.Uint64(b[64:]),
-		N:      binary.LittleEndian.Uint64(b[72:]),
-		K:      binary.LittleEndian.Uint64(b[80:]),
-		Dtype:  Dtype(b[88]),
+		Tensor:    binary.LittleEndian.Uint64(b[64:]),
+		N:         binary.LittleEndian.Uint64(b[72:]),
+		K:         binary.LittleEndian.Uint64(b[80:]),
+		Dtype:     Dtype(b[88]),
+		Completed: binary.LittleEndian.Uint32(b[90:]),
 	}
 	h.reason = abortReason(b[89])
 	if h.call.Dtype > DtypeUint64 || h.reason > abortMismatch {
 		return h, fmt.Errorf("%w: bad call dtype or abort reason", ErrBadFrame)
 	}
-	if h.kind == kindAbort && h.payloadLen > maxAbortText {
-		return h, fmt.Errorf("%w: abort text of %d bytes", ErrBadFrame, h.payloadLen)
+	if (h.kind == kindAbort || h.kind == kindRefuse) && h.payloadLen > maxAbortText {
+		return h, fmt.Errorf("%w: abort or refusal text of %d bytes", ErrBadFrame, h.payloadLen)
 	}
 	if err := checkPayloadSize(h.dtype, h.count, h.payloadLen); err != nil {
 		return h, err
 	}
 	return h, nil
-}
-
-func allZero(b []byte) bool {
-	for _, x := range b {
-		if x != 0 {
-			return false
-		}
-	}
-	return true
 }
 
 // checkPayloadSize verifies that count elements of dtype occupy exactly
@@ -196,6 +195,8 @@ func checkPayloadSize(dtype Dtype, count, payloadLen uint64) error {
 		width = 4
 	case DtypeSparseF32, DtypeUint64:
 		width = 8
+	case DtypeSparseF16, DtypeSparseBF16:
+		width = 6
 	default:
 		return fmt.Errorf("%w: unknown dtype %d", ErrBadFrame, dtype)
 	}

@@ -5,7 +5,7 @@ import (
 	"testing"
 )
 
-var testCall = CallDesc{Tensor: 9, N: 1000, K: 10, Dtype: DtypeBFloat16}
+var testCall = CallDesc{Tensor: 9, N: 1000, K: 10, Dtype: DtypeBFloat16, Completed: 1<<32 - 3}
 
 func validHeader(kind frameKind, dtype Dtype, count, length uint64) []byte {
 	h := frameHeader{kind: kind, token: digestToken("tok"), generation: 3, sender: 1,
@@ -27,6 +27,15 @@ func TestFrameHeaderRoundTripAndRejections(t *testing.T) {
 	if err != nil || h.tag != (Tag{OpOkTopk, 42, 7}) || h.call != testCall || h.count != 3 || h.payloadLen != 24 || h.sender != 1 {
 		t.Fatalf("round trip: %+v, %v", h, err)
 	}
+	// Sparse pairs with 16-bit values are 6 bytes each.
+	for _, dt := range []Dtype{DtypeSparseF16, DtypeSparseBF16} {
+		if h, err := decodeFrameHeader(validHeader(kindData, dt, 3, 18), digestToken("tok"), 3, 4); err != nil || h.dtype != dt {
+			t.Fatalf("%v round trip: %+v, %v", dt, h, err)
+		}
+		if _, err := decodeFrameHeader(validHeader(kindData, dt, 3, 24), digestToken("tok"), 3, 4); !errors.Is(err, ErrBadFrame) {
+			t.Fatalf("%v with 8-byte pairs accepted: %v", dt, err)
+		}
+	}
 	abort := frameHeader{kind: kindAbort, token: digestToken("tok"), generation: 3, reason: abortMismatch, dtype: DtypeBytes, count: 5, payloadLen: 5}
 	ab := make([]byte, headerSize)
 	abort.encode(ab)
@@ -37,6 +46,17 @@ func TestFrameHeaderRoundTripAndRejections(t *testing.T) {
 	long.count, long.payloadLen = maxAbortText+1, maxAbortText+1
 	longB := make([]byte, headerSize)
 	long.encode(longB)
+	refuse := frameHeader{kind: kindRefuse, token: digestToken("tok"), generation: 3, tag: Tag{Seq: 7}, dtype: DtypeBytes, count: 5, payloadLen: 5}
+	rb := make([]byte, headerSize)
+	refuse.encode(rb)
+	if h, err := decodeFrameHeader(rb, digestToken("tok"), 3, 4); err != nil || h.kind != kindRefuse || h.tag.Seq != 7 {
+		t.Fatalf("refuse round trip: %+v, %v", h, err)
+	}
+	longRefuse := refuse
+	longRefuse.count, longRefuse.payloadLen = maxAbortText+1, maxAbortText+1
+	longRefuseB := make([]byte, headerSize)
+	longRefuse.encode(longRefuseB)
+	v2 := withByte(b, 4, 2)
 	v1 := append([]byte(nil), b[:64]...)
 	v1[4] = 1
 	cases := map[string]struct {
@@ -57,6 +77,9 @@ func TestFrameHeaderRoundTripAndRejections(t *testing.T) {
 		"unknown abort code":  {withByte(b, 89, 7), "tok", 3, 4, ErrBadFrame},
 		"reserved byte set":   {withByte(b, 95, 1), "tok", 3, 4, ErrBadFrame},
 		"long abort text":     {longB, "tok", 3, 4, ErrBadFrame},
+		"long refusal text":   {longRefuseB, "tok", 3, 4, ErrBadFrame},
+		"unknown kind":        {withByte(b, 6, byte(kindRefuse+1)), "tok", 3, 4, ErrBadFrame},
+		"version 2 header":    {v2, "tok", 3, 4, ErrBadFrame},
 		"version 1 header":    {v1, "tok", 3, 4, ErrBadFrame},
 	}
 	for name, c := range cases {

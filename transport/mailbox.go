@@ -30,8 +30,11 @@ type mailbox struct {
 	active    Tag      // op and seq of the call this rank started last (Step unused)
 	call      CallDesc // that call's descriptor
 	hasActive bool     // active is set
-	started   []uint64 // latest call each rank has started, as far as this rank knows
+	started   []uint64 // latest call each rank has started or refused, as far as this rank knows
 	warned    uint64   // seq of the last stall warning: one per call
+
+	refused  uint64                 // the latest call this rank refused (0: none); see refuse.go
+	refusals map[uint64]peerRefusal // calls peers refused that this rank has not reached yet
 }
 
 type mailKey struct {
@@ -42,13 +45,14 @@ type mailKey struct {
 
 func newMailbox(rank, size int, diag Diagnostics) *mailbox {
 	return &mailbox{
-		rank:    rank,
-		diag:    diag.withDefaults(),
-		pending: make(map[mailKey][]Message),
-		waiters: make(map[mailKey]chan struct{}),
-		peerErr: make(map[int]error),
-		wakeAll: make(chan struct{}),
-		started: make([]uint64, size),
+		rank:     rank,
+		diag:     diag.withDefaults(),
+		pending:  make(map[mailKey][]Message),
+		waiters:  make(map[mailKey]chan struct{}),
+		peerErr:  make(map[int]error),
+		wakeAll:  make(chan struct{}),
+		started:  make([]uint64, size),
+		refusals: make(map[uint64]peerRefusal),
 	}
 }
 
@@ -60,6 +64,15 @@ func (m *mailbox) start(op Op, seq uint64, call CallDesc) {
 	m.active, m.call, m.hasActive = Tag{Op: op, Seq: seq}, call, true
 	if seq > m.started[m.rank] {
 		m.started[m.rank] = seq
+	}
+	// A peer that refused this call before this rank started it sends
+	// nothing under seq: the call cannot complete, and the ranks disagree.
+	if r, ok := m.refusals[seq]; ok {
+		m.failMismatchLocked(r.err(seq))
+	}
+	m.forgetRefusalsLocked(seq)
+	if m.failed != nil {
+		return
 	}
 	for k, q := range m.pending {
 		if k.seq == seq && len(q) > 0 {
@@ -92,6 +105,9 @@ func (m *mailbox) deliver(peer int, msg Message) {
 	defer m.mu.Unlock()
 	if msg.Tag.Seq > m.started[peer] {
 		m.started[peer] = msg.Tag.Seq
+	}
+	if m.refused != 0 && msg.Tag.Seq == m.refused {
+		return // nobody here will ask for a refused call's frames
 	}
 	if m.hasActive && msg.Tag.Seq == m.active.Seq {
 		if err := checkSameCall(m.rank, peer, msg.Tag.Seq, m.active.Op, m.call, msg.Tag.Op, msg.Call); err != nil {

@@ -7,15 +7,15 @@ package transport
 //   - an NCCL-style unique id (NewUniqueID on rank 0, passed to the other
 //     ranks by the caller's own means): it names rank 0's StoreServer and
 //     carries the job token;
-//   - the torchrun-style environment (InitFromEnv): MASTER_ADDR, MASTER_PORT,
-//     RANK, WORLD_SIZE.
+//   - a launcher's environment (InitFromEnv): torchrun's MASTER_ADDR,
+//     MASTER_PORT, RANK, WORLD_SIZE, or mpirun's or srun's variables
+//     (launchers.go).
 // A caller that did its own rendezvous uses ListenZMQ and Connect directly.
 
 import (
 	"context"
 	"fmt"
 	"net"
-	"os"
 	"strconv"
 	"strings"
 )
@@ -98,50 +98,37 @@ func InitFromUniqueID(ctx context.Context, id UniqueID, rank, size int, opts ZMQ
 		return nil, err
 	}
 	defer store.(*tcpStore).Close()
+	if host, port, err := net.SplitHostPort(id.Addr); err == nil {
+		p, _ := strconv.Atoi(port)
+		opts = routeToRendezvous(ctx, opts, host, p, Getenv)
+	}
 	opts.Rank, opts.Size, opts.Token = rank, size, id.Token
 	return RendezvousZMQ(ctx, store, opts)
 }
 
-// InitFromEnv joins a job launched torchrun-style: MASTER_ADDR, MASTER_PORT,
-// RANK and WORLD_SIZE. Rank 0 serves rendezvous on MASTER_PORT+1, or on
-// OKTOPK_RENDEZVOUS_PORT when set (torchrun's own store holds MASTER_PORT).
-// The job token is OKTOPK_JOB_TOKEN when set — then the rendezvous itself is
+// InitFromEnv joins a job started by a launcher: torchrun (MASTER_ADDR,
+// MASTER_PORT, RANK, WORLD_SIZE), Open MPI's or MPICH's mpirun, or Slurm's
+// srun; launchers.go says which variables each sets and how the rendezvous
+// address is chosen. Rank 0 serves rendezvous there (by default on
+// MASTER_PORT+1, since torchrun's own store holds MASTER_PORT). The job
+// token is OKTOPK_JOB_TOKEN when set — then the rendezvous itself is
 // authenticated — otherwise rank 0 draws one and publishes it in the store.
+// Every error names the launcher and the rendezvous address it used.
 func InitFromEnv(ctx context.Context, opts ZMQOptions) (*ZMQ, error) {
-	env := func(k string) (int, error) {
-		v, err := strconv.Atoi(os.Getenv(k))
-		if err != nil {
-			return 0, fmt.Errorf("%w: environment %s=%q is not an integer", ErrRendezvous, k, os.Getenv(k))
-		}
-		return v, nil
-	}
-	addr := os.Getenv("MASTER_ADDR")
-	if addr == "" {
-		return nil, fmt.Errorf("%w: MASTER_ADDR is not set", ErrRendezvous)
-	}
-	rank, err := env("RANK")
+	return initFromLaunch(ctx, opts, Getenv)
+}
+
+func initFromLaunch(ctx context.Context, opts ZMQOptions, getenv func(string) string) (*ZMQ, error) {
+	launch, err := detectLaunch(getenv)
 	if err != nil {
 		return nil, err
 	}
-	size, err := env("WORLD_SIZE")
-	if err != nil {
-		return nil, err
-	}
-	port, err := env("MASTER_PORT")
-	if err != nil {
-		return nil, err
-	}
-	port++
-	if os.Getenv("OKTOPK_RENDEZVOUS_PORT") != "" {
-		if port, err = env("OKTOPK_RENDEZVOUS_PORT"); err != nil {
-			return nil, err
-		}
-	}
-	storeToken := os.Getenv("OKTOPK_JOB_TOKEN")
+	addr, port, storeToken := launch.host, launch.port, launch.token
+	opts = routeToRendezvous(ctx, opts, addr, port, getenv)
 	var srv *StoreServer
-	if rank == 0 {
+	if launch.rank == 0 {
 		if srv, err = ServeStore(addr, port, storeToken); err != nil {
-			return nil, err
+			return nil, fmt.Errorf("%w (%s)", err, launch)
 		}
 	}
 	z, err := func() (*ZMQ, error) {
@@ -152,7 +139,7 @@ func InitFromEnv(ctx context.Context, opts ZMQOptions) (*ZMQ, error) {
 		defer store.(*tcpStore).Close()
 		token := storeToken
 		if token == "" {
-			if rank == 0 {
+			if launch.rank == 0 {
 				if err := store.Set(ctx, "oktopk/token", []byte(NewToken())); err != nil {
 					return nil, err
 				}
@@ -163,14 +150,14 @@ func InitFromEnv(ctx context.Context, opts ZMQOptions) (*ZMQ, error) {
 			}
 			token = string(v)
 		}
-		opts.Rank, opts.Size, opts.Token = rank, size, token
+		opts.Rank, opts.Size, opts.Token = launch.rank, launch.size, token
 		return RendezvousZMQ(ctx, store, opts)
 	}()
 	if err != nil {
 		if srv != nil {
 			srv.Close()
 		}
-		return nil, err
+		return nil, fmt.Errorf("%w (%s)", err, launch)
 	}
 	if srv != nil {
 		z.onClose = func() { srv.Close() }

@@ -7,6 +7,7 @@ package transport
 // and hands the list to Connect; otherwise rank 0 serves a StoreServer.
 
 import (
+	"bytes"
 	"context"
 	"crypto/subtle"
 	"encoding/binary"
@@ -16,6 +17,7 @@ import (
 	"net"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -102,21 +104,58 @@ func (m *memStore) Add(_ context.Context, key string, delta int64) (int64, error
 
 // The wire protocol of StoreServer: each request and reply is a 4-byte
 // little-endian length and a msgpack body, at most maxStoreMessage bytes.
-const maxStoreMessage = 1 << 20
+// Values are endpoints and counters, well under a kilobyte each.
+const maxStoreMessage = 64 << 10
+
+// What a stranger can make the store server hold: connections that have not
+// yet shown the job token are at most maxUnauthenticatedConns, each must send
+// its first request within firstRequestTimeout, and a request's buffer grows
+// only with the bytes that arrived. So strangers hold at most
+// maxUnauthenticatedConns × maxStoreMessage = 4 MiB of buffers at once.
+const (
+	maxUnauthenticatedConns = 64
+	firstRequestTimeout     = 10 * time.Second
+)
+
+// storeValue is a store value, sent as msgpack bin. It decodes with the
+// claimed length checked against maxStoreMessage first: msgpack's own
+// []byte decoding allocates whatever length a bin header claims, so 13
+// bytes from anyone could make the server allocate 4 GiB.
+type storeValue []byte
+
+func (v *storeValue) DecodeMsgpack(d *msgpack.Decoder) error {
+	n, err := d.DecodeBytesLen()
+	if err != nil {
+		return err
+	}
+	if n < 0 { // nil
+		*v = nil
+		return nil
+	}
+	if n > maxStoreMessage {
+		return fmt.Errorf("%w: store value of %d bytes", ErrBadFrame, n)
+	}
+	b := make([]byte, n)
+	if err := d.ReadFull(b); err != nil {
+		return err
+	}
+	*v = b
+	return nil
+}
 
 type storeRequest struct {
-	Token  string `msgpack:"t"`
-	Op     string `msgpack:"o"` // set, get, add
-	Key    string `msgpack:"k"`
-	Value  []byte `msgpack:"v"`
-	Delta  int64  `msgpack:"d"`
-	WaitMs int64  `msgpack:"w"` // get: how long the server may wait for the key
+	Token  string     `msgpack:"t"`
+	Op     string     `msgpack:"o"` // set, get, add
+	Key    string     `msgpack:"k"`
+	Value  storeValue `msgpack:"v"`
+	Delta  int64      `msgpack:"d"`
+	WaitMs int64      `msgpack:"w"` // get: how long the server may wait for the key
 }
 
 type storeReply struct {
-	Err   string `msgpack:"e"`
-	Value []byte `msgpack:"v"`
-	Num   int64  `msgpack:"n"`
+	Err   string     `msgpack:"e"`
+	Value storeValue `msgpack:"v"`
+	Num   int64      `msgpack:"n"`
 }
 
 // StoreServer serves a memStore over TCP to the ranks of one job; requests
@@ -128,6 +167,9 @@ type StoreServer struct {
 	wg    sync.WaitGroup
 	mu    sync.Mutex
 	conns map[net.Conn]struct{}
+	// strangers counts connections that have not shown the job token yet.
+	strangers atomic.Int32
+	refused   atomic.Uint64 // connections and requests dropped unauthenticated
 }
 
 // ServeStore listens on host:port (port 0: any free port).
@@ -171,6 +213,12 @@ func (s *StoreServer) accept() {
 		if err != nil {
 			return
 		}
+		if s.strangers.Add(1) > maxUnauthenticatedConns {
+			s.strangers.Add(-1)
+			s.refused.Add(1)
+			c.Close()
+			continue
+		}
 		s.mu.Lock()
 		s.conns[c] = struct{}{}
 		s.mu.Unlock()
@@ -191,15 +239,35 @@ func (s *StoreServer) accept() {
 	}
 }
 
+// Refused is how many connections and requests the server dropped before
+// they showed the job token (over the cap, too slow, garbage, wrong token).
+func (s *StoreServer) Refused() uint64 { return s.refused.Load() }
+
 func (s *StoreServer) serve(c net.Conn) {
+	authenticated := false
+	defer func() {
+		if !authenticated {
+			s.strangers.Add(-1)
+		}
+	}()
+	c.SetReadDeadline(time.Now().Add(firstRequestTimeout))
 	for {
 		var req storeRequest
 		if err := readStoreMessage(c, &req); err != nil {
+			if !authenticated {
+				s.refused.Add(1)
+			}
 			return // garbage or a closed connection: drop it
 		}
 		if subtle.ConstantTimeCompare([]byte(req.Token), []byte(s.token)) != 1 {
+			s.refused.Add(1)
 			writeStoreMessage(c, storeReply{Err: "wrong job token"})
 			return
+		}
+		if !authenticated {
+			authenticated = true
+			s.strangers.Add(-1)
+			c.SetReadDeadline(time.Time{})
 		}
 		var rep storeReply
 		switch req.Op {
@@ -237,11 +305,16 @@ func readStoreMessage(r io.Reader, v any) error {
 	if n > maxStoreMessage {
 		return fmt.Errorf("%w: store message of %d bytes", ErrBadFrame, n)
 	}
-	buf := make([]byte, n)
-	if _, err := io.ReadFull(r, buf); err != nil {
+	// The buffer grows with the bytes that arrive, not with the length a
+	// sender claims.
+	var body bytes.Buffer
+	if _, err := io.CopyN(&body, r, int64(n)); err != nil {
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
 		return err
 	}
-	return msgpack.Unmarshal(buf, v)
+	return msgpack.Unmarshal(body.Bytes(), v)
 }
 
 func writeStoreMessage(w io.Writer, v any) error {
@@ -325,7 +398,7 @@ func (s *tcpStore) Get(ctx context.Context, key string) ([]byte, error) {
 		}
 	}
 	rep, err := s.do(ctx, storeRequest{Op: "get", Key: key, WaitMs: wait.Milliseconds()})
-	return rep.Value, err
+	return []byte(rep.Value), err
 }
 
 func (s *tcpStore) Wait(ctx context.Context, keys ...string) error {

@@ -34,11 +34,12 @@ const (
 	OpBroadcast
 	OpBarrier
 	OpControl
+	OpLinkProbe // the link measurement of core's auto algorithm choice
 )
 
 var opNames = [...]string{"none", "allreduce_ring", "allreduce_rabenseifner", "allgather",
 	"oktopk", "topka", "topkdsa", "ssar_recursive_double", "ssar_split_allgather",
-	"dsar_split_allgather", "gtopk", "gaussiank", "broadcast", "barrier", "control"}
+	"dsar_split_allgather", "gtopk", "gaussiank", "broadcast", "barrier", "control", "link_probe"}
 
 func (o Op) String() string {
 	if int(o) < len(opNames) {
@@ -58,9 +59,11 @@ const (
 	DtypeBFloat16
 	DtypeSparseF32 // count uint32 indices followed by count float32 values
 	DtypeUint64
+	DtypeSparseF16  // count uint32 indices followed by count float16 values
+	DtypeSparseBF16 // count uint32 indices followed by count bfloat16 values
 )
 
-var dtypeNames = [...]string{"bytes", "float32", "float16", "bfloat16", "sparse_f32", "uint64"}
+var dtypeNames = [...]string{"bytes", "float32", "float16", "bfloat16", "sparse_f32", "uint64", "sparse_f16", "sparse_bf16"}
 
 func (d Dtype) String() string {
 	if int(d) < len(dtypeNames) {
@@ -90,6 +93,11 @@ type CallDesc struct {
 	N      uint64 // elements in the caller's buffer
 	K      uint64 // elements selected per rank (N for dense calls)
 	Dtype  Dtype  // element type of the caller's buffer
+	// Completed is how many calls on the tensor this rank's state has
+	// completed (mod 2^32; 0 for calls without state). Ranks that disagree
+	// hold states from different steps, for example states saved after a
+	// call that completed on some ranks and failed on others.
+	Completed uint32
 }
 
 // checkSameCall compares the call rank self issued (op, mine) with what
@@ -108,6 +116,8 @@ func checkSameCall(self, peer int, seq uint64, op Op, mine CallDesc, theirOp Op,
 		field, a, b = "dtype", mine.Dtype.String(), theirs.Dtype.String()
 	case mine.K != theirs.K:
 		field, a, b = "k", fmt.Sprint(mine.K), fmt.Sprint(theirs.K)
+	case mine.Completed != theirs.Completed:
+		field, a, b = "completed calls", fmt.Sprint(mine.Completed), fmt.Sprint(theirs.Completed)
 	default:
 		return nil
 	}
@@ -117,7 +127,7 @@ func checkSameCall(self, peer int, seq uint64, op Op, mine CallDesc, theirOp Op,
 // MismatchError says which field of a call differed between two ranks.
 // errors.Is(err, ErrMismatch) holds for it.
 type MismatchError struct {
-	Field  string    // algorithm, tensor, n, dtype or k
+	Field  string    // algorithm, tensor, n, dtype, k or completed calls
 	Seq    uint64    // the call's sequence number
 	Ranks  [2]int    // the two ranks compared
 	Values [2]string // the field's value on each
@@ -163,6 +173,15 @@ type Transport interface {
 	// ErrMismatch on every rank); peers learn from this rank's heartbeats
 	// that it started (stall diagnostics).
 	StartCall(op Op, seq uint64, call CallDesc)
+	// RefuseCall announces that this rank refused call seq for reason (an
+	// argument its peers may not share) and will send nothing under it. It
+	// tells every peer; a peer whose call seq is running, or starts later,
+	// fails it with ErrMismatch naming this rank and the reason. A peer
+	// that refused call seq too ignores it, so ranks that all refuse a call
+	// stay in step. Frames of call seq that arrive here are dropped.
+	// It returns once the peers are told (over TCP: the frames are handed
+	// to the sockets) or ctx ends.
+	RefuseCall(ctx context.Context, seq uint64, reason string)
 	// Send queues payload for peer. When Send returns the caller may reuse
 	// payload; delivery errors surface on the peer's side or in later calls.
 	Send(ctx context.Context, peer int, tag Tag, dtype Dtype, count uint64, payload []byte) error

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"strings"
@@ -61,8 +62,9 @@ func runChildRank(spec string) int {
 }
 
 // startWithChildRank connects ranks 0 … size-2 in this process and rank
-// size-1 in a child process, all over TCP on loopback.
-func startWithChildRank(t *testing.T, size int) ([]*ZMQ, *exec.Cmd) {
+// size-1 in a child process, all over TCP on loopback, and returns the
+// ranks in this process, the child, and every rank's endpoint.
+func startWithChildRank(t *testing.T, size int) ([]*ZMQ, *exec.Cmd, []string) {
 	t.Helper()
 	token := NewToken()
 	zs := make([]*ZMQ, size-1)
@@ -119,7 +121,7 @@ func startWithChildRank(t *testing.T, size int) ([]*ZMQ, *exec.Cmd) {
 			t.Fatalf("rank %d connect: %v", r, err)
 		}
 	}
-	return zs, child
+	return zs, child, endpoints
 }
 
 // A rank killed with SIGKILL is found dead through its dropped connections:
@@ -127,7 +129,7 @@ func startWithChildRank(t *testing.T, size int) ([]*ZMQ, *exec.Cmd) {
 // PeerTimeout) return within 3 s an ErrRemote naming the peer, and Close
 // afterwards takes under 1 s.
 func TestZMQKilledPeerFailsWaitersThroughItsDroppedConnection(t *testing.T) {
-	zs, child := startWithChildRank(t, 3)
+	zs, child, _ := startWithChildRank(t, 3)
 	type result struct {
 		rank int
 		err  error
@@ -171,7 +173,7 @@ func TestZMQKilledPeerFailsWaitersThroughItsDroppedConnection(t *testing.T) {
 // A stopped rank (SIGSTOP) keeps its connections up, so the monitor must
 // not take it for dead: the receiver's own deadline decides, with a timeout.
 func TestZMQStoppedPeerIsNotTakenForDisconnected(t *testing.T) {
-	zs, child := startWithChildRank(t, 2)
+	zs, child, _ := startWithChildRank(t, 2)
 	if err := child.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
@@ -185,5 +187,36 @@ func TestZMQStoppedPeerIsNotTakenForDisconnected(t *testing.T) {
 	}
 	if d := time.Since(start); d < deadline || d > deadline*11/10 {
 		t.Fatalf("returned after %v, want the %v deadline", d, deadline)
+	}
+}
+
+// Once a killed peer is declared dead, this rank stops dialing its address:
+// a process that later listens there gets no connection (without CURVE it
+// would otherwise be handed the job's password at the next reconnect, and
+// its frames would be taken for the dead rank's).
+func TestZMQDeadPeersAddressIsNotRedialed(t *testing.T) {
+	zs, child, endpoints := startWithChildRank(t, 2)
+	addr, _, err := splitEndpoint(endpoints[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := child.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := zs[0].Recv(ctx, 1, Tag{OpAllgather, 1, 0}); !errors.Is(err, ErrRemote) {
+		t.Fatalf("want the killed peer declared dead (ErrRemote), got %v", err)
+	}
+	time.Sleep(2 * pollInterval) // the inbox's goroutine acts on it
+	ln, err := net.Listen("tcp", strings.TrimPrefix(addr, "tcp://"))
+	if err != nil {
+		t.Fatalf("listening on the dead peer's address: %v", err)
+	}
+	defer ln.Close()
+	ln.(*net.TCPListener).SetDeadline(time.Now().Add(10 * reconnectInterval))
+	if c, err := ln.Accept(); err == nil {
+		c.Close()
+		t.Fatal("the dead peer's address was dialed again after it was declared dead")
 	}
 }

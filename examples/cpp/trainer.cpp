@@ -11,8 +11,10 @@
 // nonzero unless Ok-Topk's final loss is within the stated tolerance of
 // dense's.
 //
-// Launch like a torchrun job: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT in
-// the environment (tests/c/launch.sh 4 build/trainer does that).
+// Launch it with any launcher oktopk_comm_init_env understands: torchrun-style
+// variables (tests/c/launch.sh 4 build/trainer sets RANK, WORLD_SIZE,
+// MASTER_ADDR, MASTER_PORT), `mpirun -np 4 build/trainer` or
+// `srun -n 4 build/trainer`.
 #include "oktopk.h"
 
 #include <algorithm>

@@ -54,4 +54,30 @@ class BinaryDistribution(Distribution):
         return True
 
 
-setup(cmdclass={"build_py": build_py_with_library}, distclass=BinaryDistribution)
+cmdclass = {"build_py": build_py_with_library}
+try:
+    from setuptools.command.bdist_wheel import bdist_wheel
+except ImportError:  # setuptools < 70.1 has it in the wheel package
+    try:
+        from wheel.bdist_wheel import bdist_wheel
+    except ImportError:
+        bdist_wheel = None
+
+if bdist_wheel is not None:
+
+    class bdist_wheel_any_python(bdist_wheel):
+        """The library is loaded with ctypes, never imported as an
+        extension module, so one wheel fits every Python 3 on a platform:
+        py3-none-<platform> (which `make wheel` turns into a manylinux
+        tag)."""
+
+        def finalize_options(self):
+            super().finalize_options()
+            self.root_is_pure = False
+
+        def get_tag(self):
+            return ("py3", "none", super().get_tag()[2])
+
+    cmdclass["bdist_wheel"] = bdist_wheel_any_python
+
+setup(cmdclass=cmdclass, distclass=BinaryDistribution)

@@ -4,11 +4,15 @@
  *
  *   oktopk_test ranks    one of P processes started with RANK, WORLD_SIZE,
  *                        MASTER_ADDR, MASTER_PORT: dense and sparse allreduce
- *                        over real sockets, the three ways to make a
+ *                        over real sockets (sparse-in at n = 2^32 - 1 within
+ *                        half a second for every algorithm that takes
+ *                        sparse input), the three ways to make a
  *                        communicator, asynchronous requests; prints
  *                        "HASH <name> <hex>" lines that the launcher compares
  *                        across ranks (every rank must hold the same bits).
- *   oktopk_test errors   one process: every error path of the ABI.
+ *   oktopk_test errors   one process: every error path of the ABI, and a
+ *                        stranger's flood (counted, harmless, destroy
+ *                        still prompt).
  *   oktopk_test cycles N one process: N init/destroy cycles; open files and
  *                        goroutines must stay flat.
  *   oktopk_test peerdeath  P processes: the last rank dies without a word;
@@ -24,16 +28,31 @@
  *                        once the caller's buffers are allocated and
  *                        touched, in units of N x the element size, and
  *                        fails when that exceeds LIMIT (if not 0).
+ *   oktopk_test env      one process: every environment setting the library
+ *                        reads, set with setenv() after the library was
+ *                        loaded, takes effect.
+ *   oktopk_test join MS  one of P processes started by any launcher
+ *                        oktopk_comm_init_env understands, with a timeout of
+ *                        MS milliseconds: joins, checks its rank and size and
+ *                        one dense allreduce of the ranks' numbers, and
+ *                        prints "joined"; or prints "JOIN FAILED after N ms:"
+ *                        and the error, and exits 3 (tests/launch/twohosts.sh
+ *                        reads both).
  */
 #define _GNU_SOURCE
 #include "oktopk.h"
 
+#include <arpa/inet.h>
 #include <dirent.h>
+#include <fcntl.h>
 #include <math.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -226,6 +245,44 @@ static void test_tensor_state(oktopk_comm_t comm, int rank) {
   free(buf);
 }
 
+/* A state belongs to one rank of a communicator of one size: rank 0's state
+ * loaded on another rank, or any rank's state loaded into a communicator of
+ * another size, is refused at load, with a message that says so once (no
+ * repeated "oktopk: invalid argument:"). */
+static void test_tensor_state_of_another_rank_or_size(oktopk_comm_t comm, int rank, int size) {
+  size_t sz = 0;
+  OK(oktopk_tensor_state_size(comm, 100, &sz));
+  char *mine = malloc(sz), *rank0 = malloc(sz);
+  OK(oktopk_tensor_state_save(comm, 100, mine, sz));
+  memcpy(rank0, mine, sz);
+  broadcast_bytes(comm, rank, rank0, sz);
+  char msg[512];
+  if (rank != 0) {
+    EXPECT(oktopk_tensor_state_load(comm, 301, rank0, sz), oktopkInvalidArgument);
+    OK(oktopk_get_last_error(comm, msg, sizeof msg, NULL));
+    REQUIRE(strstr(msg, "saved by rank 0") != NULL);
+    REQUIRE(strstr(msg, "oktopk: invalid argument: ") == msg && strstr(msg + 1, "oktopk:") == NULL);
+    EXPECT(oktopk_tensor_state_size(comm, 301, &(size_t){0}), oktopkInvalidArgument); /* nothing installed */
+  }
+  oktopk_config_t cfg;
+  oktopk_config_init(&cfg);
+  oktopk_unique_id_t id;
+  oktopk_comm_t alone;
+  OK(oktopk_get_unique_id(&id, &cfg));
+  OK(oktopk_comm_init_rank(&alone, 1, &id, 0, &cfg));
+  if (size != 1) {
+    EXPECT(oktopk_tensor_state_load(alone, 100, mine, sz), oktopkInvalidArgument);
+    OK(oktopk_get_last_error(alone, msg, sizeof msg, NULL));
+    char want[64];
+    snprintf(want, sizeof want, "communicator of %d ranks, this one has 1", size);
+    REQUIRE(strstr(msg, want) != NULL);
+    REQUIRE(strstr(msg + 1, "oktopk:") == NULL);
+  }
+  OK(oktopk_comm_destroy(alone));
+  free(mine);
+  free(rank0);
+}
+
 /* half-precision encodings of small integers and halves (exact in both). */
 static uint16_t to_half(float v, int dt) {
   uint32_t bits;
@@ -248,16 +305,92 @@ static float from_half(uint16_t h, int dt) {
   return f;
 }
 
+/* Sparse in, sparse out at the largest n (2^32 - 1) with 4 pairs per rank,
+ * on a communicator of the given algorithm: the call must cost in proportion
+ * to the pairs, not to n (an array over n, or over one rank's region of it,
+ * takes seconds and gigabytes), so it must finish in well under a second.
+ * Rank r sends index 0, its own index r + 1, n / 2 and n - 1; the result is
+ * their union with the average of the contributions, exactly. */
+static void test_sparse_in_largest_n(oktopk_comm_t comm, int rank, int size, int alg) {
+  const size_t n = 4294967295u;
+  const uint32_t in_idx[4] = {0, (uint32_t)rank + 1, (uint32_t)(n / 2), (uint32_t)(n - 1)};
+  const float in_val[4] = {1, (float)(rank + 1), 2, (float)rank};
+  enum { CAP = 64 };
+  uint32_t out_idx[CAP];
+  float out_val[CAP];
+  size_t out_count = 0;
+  float one = 1; /* a barrier first, so the time below is this call's alone */
+  OK(oktopk_allreduce(comm, &one, 1, OKTOPK_FLOAT32, 0, OKTOPK_ALGO_DENSE_RING));
+  double t0 = now();
+  OK(oktopk_sparse_allreduce_sparse(comm, n, in_idx, in_val, 4, out_idx, out_val, CAP, &out_count, NULL));
+  double elapsed = now() - t0;
+  if (elapsed >= 0.5) {
+    fprintf(stderr, "rank %d: algorithm %d: sparse-in call at n = 2^32 - 1 took %.3f s, want < 0.5 s\n", rank, alg, elapsed);
+    exit(1);
+  }
+  REQUIRE(out_count == (size_t)size + 3);
+  REQUIRE(out_idx[0] == 0 && out_val[0] == (float)size / (float)size);
+  for (int r = 0; r < size; r++) REQUIRE(out_idx[1 + r] == (uint32_t)r + 1 && out_val[1 + r] == (float)(r + 1) / (float)size);
+  REQUIRE(out_idx[size + 1] == (uint32_t)(n / 2) && out_val[size + 1] == (float)(2 * size) / (float)size);
+  REQUIRE(out_idx[size + 2] == (uint32_t)(n - 1) && out_val[size + 2] == (float)(size * (size - 1) / 2) / (float)size);
+  printf("HASH sparse_sparse_largest_n_alg%d %016llx\n", alg,
+         (unsigned long long)hash_bytes(out_val, out_count * 4, hash_bytes(out_idx, out_count * 4, HASH_SEED)));
+}
+
+/* OKTOPK_ALGO_AUTO on a communicator whose first auto call has measured the
+ * link: every call's stats name a concrete algorithm (the same on every
+ * rank: a HASH line) with a prediction; a re-measured link model is the
+ * same on every rank; and dense auto allreduces sum exactly. */
+static void test_auto(oktopk_comm_t comm, int rank, int size) {
+  enum { N = 5000 };
+  static float x[N];
+  const size_t sizes[] = {1, 21, 1000, N};
+  oktopk_stats_t st = {.size = sizeof st};
+  for (int i = 0; i < 4; i++) {
+    size_t n = sizes[i];
+    for (size_t j = 0; j < n; j++) x[j] = (float)((rank + 1) * ((int)(j % 9) - 4));
+    OK(oktopk_sparse_allreduce(comm, 100 + (uint64_t)i, x, n, OKTOPK_FLOAT32, &st));
+    REQUIRE(st.algorithm >= OKTOPK_ALGO_DENSE_RING && st.algorithm < OKTOPK_ALGO_AUTO);
+    REQUIRE(st.predicted_seconds > 0 && st.total_seconds > 0);
+    printf("HASH auto_choice_%d %s\n", i, oktopk_algorithm_name(st.algorithm));
+  }
+  oktopk_link_model_t link = {.size = sizeof link};
+  OK(oktopk_comm_measure_link(comm, &link));
+  REQUIRE(link.latency_seconds > 0 && link.seconds_per_byte > 0 && link.pass_seconds_per_byte > 0);
+  printf("HASH auto_link %016llx\n", (unsigned long long)hash_bytes(&link.latency_seconds, 3 * sizeof(double), HASH_SEED));
+  oktopk_link_model_t bad = {.size = 2};
+  EXPECT(oktopk_comm_measure_link(comm, &bad), oktopkInvalidArgument);
+  float ones[3] = {1, 2, 3};
+  OK(oktopk_allreduce(comm, ones, 3, OKTOPK_FLOAT32, 0, OKTOPK_ALGO_AUTO));
+  for (int j = 0; j < 3; j++) REQUIRE(ones[j] == (float)((j + 1) * size));
+}
+
 /* Every algorithm of the enum through oktopk_sparse_allreduce, on its own
  * communicator (the algorithm is a communicator setting), in float32,
  * float16 and bfloat16: at density 1.0 each must return the exact average
  * of integer-valued inputs (sums of small integers, and their halves and
  * quarters for P <= 4, are exact in every one of these precisions). */
+/* The phase fields (0.4) cut the call into parts that run back to back:
+ * none negative, balance inside allgather, together no more than the call
+ * and (the few microseconds before the algorithm starts aside) most of it. */
+static void check_phases(const oktopk_stats_t *st) {
+  const double phases[] = {st->select_seconds, st->agree_seconds,  st->reduce_seconds,
+                           st->global_select_seconds, st->allgather_seconds, st->output_seconds};
+  double sum = 0;
+  for (size_t i = 0; i < sizeof phases / sizeof phases[0]; i++) {
+    REQUIRE(phases[i] >= 0);
+    sum += phases[i];
+  }
+  REQUIRE(st->balance_seconds >= 0 && st->balance_seconds <= st->allgather_seconds);
+  REQUIRE(st->total_seconds > 0);
+  REQUIRE(sum <= st->total_seconds * (1 + 1e-9) && sum >= 0.5 * st->total_seconds); /* 1e-9: rounding to double */
+}
+
 static void test_sparse_every_algorithm(oktopk_comm_t env_comm, int rank, int size) {
   const size_t n = 1001;
   float *x = malloc(n * sizeof *x);
   uint16_t *h = malloc(n * sizeof *h);
-  for (int alg = OKTOPK_ALGO_DENSE_RING; alg <= OKTOPK_ALGO_GAUSSIANK; alg++) {
+  for (int alg = OKTOPK_ALGO_DENSE_RING; alg <= OKTOPK_ALGO_AUTO; alg++) {
     oktopk_config_t cfg;
     oktopk_config_init(&cfg);
     cfg.timeout_ms = 20000;
@@ -269,10 +402,14 @@ static void test_sparse_every_algorithm(oktopk_comm_t env_comm, int rank, int si
     broadcast_bytes(env_comm, rank, id.internal, sizeof id.internal);
     oktopk_comm_t comm;
     OK(oktopk_comm_init_rank(&comm, size, &id, rank, &cfg));
+    if (alg != OKTOPK_ALGO_DENSE_RING && alg != OKTOPK_ALGO_DENSE_RABENSEIFNER && alg != OKTOPK_ALGO_GAUSSIANK)
+      test_sparse_in_largest_n(comm, rank, size, alg); /* the algorithms with a sparse-input form */
     float ranks_sum = (float)(size * (size + 1) / 2);
     for (int it = 0; it < 2; it++) {
       for (size_t i = 0; i < n; i++) x[i] = (float)((rank + 1) * ((int)((i + it) % 7) - 3));
-      OK(oktopk_sparse_allreduce(comm, 1, x, n, OKTOPK_FLOAT32, NULL));
+      oktopk_stats_t st = {.size = sizeof st};
+      OK(oktopk_sparse_allreduce(comm, 1, x, n, OKTOPK_FLOAT32, &st));
+      check_phases(&st);
       for (size_t i = 0; i < n; i++) REQUIRE(x[i] == ranks_sum * (float)((int)((i + it) % 7) - 3) / (float)size);
     }
     printf("HASH sparse_f32_alg%d %016llx\n", alg, (unsigned long long)hash_bytes(x, n * 4, HASH_SEED));
@@ -283,10 +420,60 @@ static void test_sparse_every_algorithm(oktopk_comm_t env_comm, int rank, int si
         for (size_t i = 0; i < n; i++) REQUIRE(from_half(h[i], dt) == ranks_sum * (float)((int)(i % 5) - 2) / (float)size);
       }
     }
+    if (alg == OKTOPK_ALGO_AUTO) test_auto(comm, rank, size);
     OK(oktopk_comm_destroy(comm));
   }
   free(h);
   free(x);
+}
+
+/* 16-bit values on the wire (config.value_dtype): the same gradient through
+ * a float32 and a float16 communicator; the float16 one sends fewer bytes,
+ * every rank ends with the same result (HASH), each result x P (exact for
+ * P = 2, 4) is a float16 value, and the sparse-input call is refused there
+ * (no residual to take its rounding error) while the communicator stays
+ * usable. Then float16 | OKTOPK_STOCHASTIC_ROUNDING is accepted. */
+static void test_float16_values(oktopk_comm_t env_comm, int rank, int size) {
+  const size_t n = 4000;
+  float *x = malloc(n * sizeof *x), *y = malloc(n * sizeof *y);
+  uint64_t bytes[2] = {0, 0};
+  int dtypes[3] = {OKTOPK_FLOAT32, OKTOPK_FLOAT16, OKTOPK_FLOAT16 | OKTOPK_STOCHASTIC_ROUNDING};
+  for (int c = 0; c < 3; c++) {
+    oktopk_config_t cfg;
+    oktopk_config_init(&cfg);
+    cfg.timeout_ms = 20000;
+    cfg.value_dtype = dtypes[c];
+    oktopk_unique_id_t id;
+    memset(&id, 0, sizeof id);
+    if (rank == 0) OK(oktopk_get_unique_id(&id, &cfg));
+    broadcast_bytes(env_comm, rank, id.internal, sizeof id.internal);
+    oktopk_comm_t comm;
+    OK(oktopk_comm_init_rank(&comm, size, &id, rank, &cfg));
+    for (size_t i = 0; i < n; i++) x[i] = sinf((float)(i * (size_t)(rank + 3))) * (float)(1 + i % 97);
+    oktopk_stats_t st = {.size = sizeof st};
+    OK(oktopk_sparse_allreduce(comm, 9, x, n, OKTOPK_FLOAT32, &st));
+    if (c < 2) bytes[c] = st.bytes_sent;
+    if (c == 1) {
+      printf("HASH sparse_values_f16 %016llx\n", (unsigned long long)hash_bytes(x, n * 4, HASH_SEED));
+      for (size_t i = 0; i < n && (size == 2 || size == 4); i++) {
+        uint16_t h = to_half(x[i] * (float)size, OKTOPK_FLOAT16);
+        REQUIRE(from_half(h, OKTOPK_FLOAT16) == x[i] * (float)size);
+      }
+      uint32_t in_idx[1] = {(uint32_t)rank}, out_idx[8];
+      float in_val[1] = {1}, out_val[8];
+      size_t out_count;
+      EXPECT(oktopk_sparse_allreduce_sparse(comm, n, in_idx, in_val, 1, out_idx, out_val, 8, &out_count, NULL),
+             oktopkInvalidArgument);
+      for (size_t i = 0; i < n; i++) y[i] = 1;
+      OK(oktopk_sparse_allreduce(comm, 9, y, n, OKTOPK_FLOAT32, NULL)); /* still usable */
+    }
+    OK(oktopk_comm_destroy(comm));
+  }
+  printf("rank %d: float16 values: %llu bytes sent, float32 values: %llu\n", rank, (unsigned long long)bytes[1],
+         (unsigned long long)bytes[0]);
+  REQUIRE(size == 1 || bytes[1] < bytes[0]);
+  free(x);
+  free(y);
 }
 
 /* Sparse in, sparse out on a density-1.0 communicator: each rank sends every
@@ -348,6 +535,7 @@ static int run_ranks(void) {
   test_sparse_full_density(env_comm, rank, size);
   test_sparse_in_sparse_out(env_comm, rank, size);
   test_sparse_every_algorithm(env_comm, rank, size);
+  test_float16_values(env_comm, rank, size);
 
   /* A second communicator, NCCL style: rank 0 makes the id, hands it out. */
   oktopk_config_init(&cfg);
@@ -383,6 +571,7 @@ static int run_ranks(void) {
 
   test_sparse_async(id_comm, rank);
   test_tensor_state(id_comm, rank);
+  test_tensor_state_of_another_rank_or_size(id_comm, rank, size);
 
   OK(oktopk_comm_destroy(bound));
   OK(oktopk_comm_destroy(id_comm));
@@ -396,6 +585,7 @@ static int run_ranks(void) {
 
 struct two_ranks {
   oktopk_comm_t comm[2];
+  char ep[2][256]; /* each rank's endpoint */
 };
 
 struct connect_arg {
@@ -415,11 +605,11 @@ static struct two_ranks make_two_ranks(int timeout_ms) {
   oktopk_config_t cfg;
   oktopk_config_init(&cfg);
   cfg.timeout_ms = timeout_ms;
-  char token[128], ep[2][256];
+  char token[128];
   struct two_ranks t;
   OK(oktopk_make_token(token, sizeof token));
-  for (int r = 0; r < 2; r++) OK(oktopk_comm_bind(&t.comm[r], 2, r, token, &cfg, ep[r], sizeof ep[r]));
-  const char *eps[2] = {ep[0], ep[1]};
+  for (int r = 0; r < 2; r++) OK(oktopk_comm_bind(&t.comm[r], 2, r, token, &cfg, t.ep[r], sizeof t.ep[r]));
+  const char *eps[2] = {t.ep[0], t.ep[1]};
   struct connect_arg a[2] = {{t.comm[0], eps, 0}, {t.comm[1], eps, 0}};
   pthread_t th;
   pthread_create(&th, NULL, connect_thread, &a[1]);
@@ -499,6 +689,192 @@ static void test_dtype_mismatch(void) {
   OK(oktopk_comm_destroy(t.comm[1]));
 }
 
+/* Rank 1 of a two-rank communicator, for the refusal test: one agreed
+ * call, one refused for a NULL buffer, then a valid one that must fail. */
+struct refusal_arg {
+  oktopk_comm_t comm;
+  oktopk_result_t refused, after;
+};
+
+static void *refusing_rank(void *p) {
+  struct refusal_arg *a = p;
+  float x[64];
+  for (int i = 0; i < 64; i++) x[i] = (float)i;
+  OK(oktopk_sparse_allreduce(a->comm, 3, x, 64, OKTOPK_FLOAT32, NULL));
+  a->refused = oktopk_sparse_allreduce(a->comm, 3, NULL, 64, OKTOPK_FLOAT32, NULL);
+  a->after = oktopk_sparse_allreduce(a->comm, 3, x, 64, OKTOPK_FLOAT32, NULL);
+  return NULL;
+}
+
+/* A call refused at the C ABI on one rank only (a NULL buffer) still takes
+ * its place in the call sequence and tells the peer: rank 0's call fails
+ * with oktopkMismatch naming rank 1, the call and the reason, and rank 1's
+ * next call fails too. (Before, rank 1's next call met rank 0's call and
+ * both returned success.) */
+static void test_refusal_reaches_peer(void) {
+  struct two_ranks t = make_two_ranks(10000);
+  struct refusal_arg a = {t.comm[1], 0, 0};
+  pthread_t th;
+  pthread_create(&th, NULL, refusing_rank, &a);
+  float x[64];
+  for (int i = 0; i < 64; i++) x[i] = (float)i;
+  OK(oktopk_sparse_allreduce(t.comm[0], 3, x, 64, OKTOPK_FLOAT32, NULL));
+  for (int i = 0; i < 64; i++) x[i] = (float)i;
+  double t0 = now();
+  oktopk_result_t r0 = oktopk_sparse_allreduce(t.comm[0], 3, x, 64, OKTOPK_FLOAT32, NULL);
+  double took = now() - t0;
+  char msg[512];
+  OK(oktopk_get_last_error(t.comm[0], msg, sizeof msg, NULL));
+  pthread_join(th, NULL);
+  printf("refusal on rank 1: rank 0 %s after %.3f s (%s); rank 1 %s, then %s\n", oktopk_get_error_string(r0), took, msg,
+         oktopk_get_error_string(a.refused), oktopk_get_error_string(a.after));
+  REQUIRE(r0 == oktopkMismatch && took < 5.0);
+  REQUIRE(strstr(msg, "rank 1 refused call 2: invalid argument: data is NULL") != NULL);
+  REQUIRE(a.refused == oktopkInvalidArgument);
+  REQUIRE(a.after != oktopkSuccess);
+  for (int i = 0; i < 64; i++) REQUIRE(x[i] == (float)i); /* the failed call left the buffer alone */
+  OK(oktopk_comm_destroy(t.comm[0]));
+  OK(oktopk_comm_destroy(t.comm[1]));
+}
+
+/* Rank 1 of the concurrency test, on one thread: starts late, then makes
+ * three sparse calls and two dense ones, as rank 0's threads do in turn. */
+struct steady_arg {
+  oktopk_comm_t comm;
+  float x[3][64];
+  float d[2][8];
+};
+
+static void *steady_rank(void *p) {
+  struct steady_arg *a = p;
+  usleep(400000); /* rank 0's first call waits for this rank meanwhile */
+  for (int c = 0; c < 3; c++) OK(oktopk_sparse_allreduce(a->comm, 4, a->x[c], 64, OKTOPK_FLOAT32, NULL));
+  usleep(300000); /* rank 0's requests stay queued meanwhile */
+  for (int c = 0; c < 2; c++) OK(oktopk_allreduce(a->comm, a->d[c], 8, OKTOPK_FLOAT32, 0, OKTOPK_ALGO_DENSE_RING));
+  return NULL;
+}
+
+struct thread_call_arg {
+  oktopk_comm_t comm;
+  float *x;
+  oktopk_request_t req;
+  oktopk_result_t result;
+  double took;
+};
+
+static void *sparse_call_thread(void *p) {
+  struct thread_call_arg *a = p;
+  double t0 = now();
+  a->result = oktopk_sparse_allreduce(a->comm, 4, a->x, 64, OKTOPK_FLOAT32, NULL);
+  a->took = now() - t0;
+  return NULL;
+}
+
+static void *dense_call_thread(void *p) {
+  struct thread_call_arg *a = p;
+  double t0 = now();
+  a->result = oktopk_allreduce(a->comm, a->x, 8, OKTOPK_FLOAT32, 0, OKTOPK_ALGO_DENSE_RING);
+  a->took = now() - t0;
+  return NULL;
+}
+
+static void *wait_thread(void *p) {
+  struct thread_call_arg *a = p;
+  a->result = oktopk_wait(a->req, NULL);
+  return NULL;
+}
+
+/* Two threads on one communicator: while thread A's call runs, thread B's
+ * call on the same tensor is refused at once with oktopkInvalidUsage and
+ * takes no sequence number (A's call, and B's call made after A's returned,
+ * meet rank 1's first and second calls, bitwise). While one thread's
+ * asynchronous requests are queued another thread's call is refused too;
+ * any thread may wait on them. (Before, B's call was queued behind A's and
+ * met whichever call rank 1 made next.) */
+static void test_concurrent_threads(void) {
+  struct two_ranks t = make_two_ranks(10000);
+  struct steady_arg r1;
+  float x[3][64];
+  for (int c = 0; c < 3; c++)
+    for (int i = 0; i < 64; i++) {
+      x[c][i] = (float)((i * (c + 3)) % 11) - 5;
+      r1.x[c][i] = (float)((i * (c + 5)) % 13) - 6;
+    }
+  for (int c = 0; c < 2; c++)
+    for (int i = 0; i < 8; i++) r1.d[c][i] = (float)(100 * (c + 1) + i);
+  r1.comm = t.comm[1];
+  pthread_t th1, tha, thb;
+  pthread_create(&th1, NULL, steady_rank, &r1);
+  float bx[64];
+  memcpy(bx, x[2], sizeof bx);
+  struct thread_call_arg a = {t.comm[0], x[0], 0, 0, 0}, b = {t.comm[0], bx, 0, 0, 0};
+  pthread_create(&tha, NULL, sparse_call_thread, &a);
+  usleep(100000);
+  pthread_create(&thb, NULL, sparse_call_thread, &b);
+  pthread_join(thb, NULL);
+  char msg[512];
+  OK(oktopk_get_last_error(t.comm[0], msg, sizeof msg, NULL));
+  printf("concurrent call on another thread: %s after %.3f s (%s)\n", oktopk_get_error_string(b.result), b.took, msg);
+  REQUIRE(b.result == oktopkInvalidUsage && b.took < 0.2);
+  REQUIRE(strstr(msg, "another thread") != NULL);
+  REQUIRE(memcmp(bx, x[2], sizeof bx) == 0); /* the refused call left its buffer alone */
+  pthread_join(tha, NULL);
+  OK(a.result);
+  /* One call after the other from two threads is fine: this thread now. */
+  OK(oktopk_sparse_allreduce(t.comm[0], 4, x[1], 64, OKTOPK_FLOAT32, NULL));
+  OK(oktopk_sparse_allreduce(t.comm[0], 4, x[2], 64, OKTOPK_FLOAT32, NULL));
+  /* Asynchronous requests of this thread, then a call of another thread
+   * while they are queued (rank 1 is late), which waits on one of them. */
+  float d[2][8];
+  for (int c = 0; c < 2; c++)
+    for (int i = 0; i < 8; i++) d[c][i] = (float)(c + 1);
+  oktopk_request_t req[2];
+  for (int c = 0; c < 2; c++)
+    OK(oktopk_allreduce_start(t.comm[0], d[c], 8, OKTOPK_FLOAT32, 0, OKTOPK_ALGO_DENSE_RING, &req[c]));
+  float other[8] = {0};
+  struct thread_call_arg o = {t.comm[0], other, 0, 0, 0}, w = {t.comm[0], NULL, req[0], 0, 0};
+  pthread_create(&thb, NULL, dense_call_thread, &o);
+  pthread_join(thb, NULL);
+  REQUIRE(o.result == oktopkInvalidUsage && o.took < 0.2);
+  pthread_create(&thb, NULL, wait_thread, &w);
+  pthread_join(thb, NULL);
+  OK(w.result);
+  OK(oktopk_wait(req[1], NULL));
+  for (int c = 0; c < 2; c++) OK(oktopk_request_free(req[c]));
+  pthread_join(th1, NULL);
+  /* Rank 0's three sparse calls met rank 1's three, in order. */
+  for (int c = 0; c < 3; c++) REQUIRE(memcmp(x[c], r1.x[c], sizeof x[c]) == 0);
+  for (int c = 0; c < 2; c++)
+    for (int i = 0; i < 8; i++) REQUIRE(d[c][i] == (float)(c + 1) + (float)(100 * (c + 1) + i) && r1.d[c][i] == d[c][i]);
+  OK(oktopk_comm_destroy(t.comm[0]));
+  OK(oktopk_comm_destroy(t.comm[1]));
+}
+
+/* 4096 requests outstanding (rank 1 never calls, so none completes): one
+ * more is refused with oktopkInvalidUsage and aborts the communicator, so
+ * the queued requests fail at once instead of this rank skipping a call its
+ * peers will make. */
+static void test_too_many_outstanding(void) {
+  enum { MAX = 4096 };
+  struct two_ranks t = make_two_ranks(30000);
+  static float x[MAX + 1][2];
+  static oktopk_request_t req[MAX];
+  for (int i = 0; i < MAX; i++)
+    OK(oktopk_allreduce_start(t.comm[0], x[i], 2, OKTOPK_FLOAT32, 0, OKTOPK_ALGO_DENSE_RING, &req[i]));
+  oktopk_request_t extra;
+  EXPECT(oktopk_allreduce_start(t.comm[0], x[MAX], 2, OKTOPK_FLOAT32, 0, OKTOPK_ALGO_DENSE_RING, &extra),
+         oktopkInvalidUsage);
+  double t0 = now();
+  for (int i = 0; i < MAX; i++) {
+    EXPECT(oktopk_wait(req[i], NULL), oktopkAborted);
+    OK(oktopk_request_free(req[i]));
+  }
+  printf("request %d: refused; the %d queued ones aborted within %.3f s\n", MAX + 1, MAX, now() - t0);
+  REQUIRE(now() - t0 < 5.0);
+  OK(oktopk_comm_destroy(t.comm[0]));
+  OK(oktopk_comm_destroy(t.comm[1]));
+}
+
 static void test_destroy_after_peer_died(void) {
   struct two_ranks t = make_two_ranks(30000);
   OK(oktopk_comm_destroy(t.comm[1])); /* the peer is gone */
@@ -516,20 +892,130 @@ static void test_destroy_after_peer_died(void) {
   OK(oktopk_request_free(req));
 }
 
-static void test_fork_is_refused(oktopk_comm_t comm) {
-  fflush(stdout);
-  pid_t pid = fork();
-  if (pid == 0) {
-    alarm(10); /* a hang in the child is a failure, not a stuck test */
-    int rank;
-    if (oktopk_comm_rank(comm, &rank) != oktopkInvalidUsage) _exit(2);
-    char msg[512];
-    if (oktopk_get_last_error(0, msg, sizeof msg, NULL) != oktopkSuccess || strstr(msg, "fork") == NULL) _exit(3);
-    _exit(0);
+struct allreduce_arg {
+  oktopk_comm_t comm;
+  float *x;
+  size_t n;
+  oktopk_result_t result;
+};
+
+static void *allreduce_thread(void *p) {
+  struct allreduce_arg *a = p;
+  a->result = oktopk_allreduce(a->comm, a->x, a->n, OKTOPK_FLOAT32, 0, OKTOPK_ALGO_DENSE_RING);
+  return NULL;
+}
+
+/* A stranger without the job token: connects to the host:port of endpoint
+ * ("tcp://a.b.c.d:port..."), sends a ZMTP 3.0 greeting and READY as a NULL
+ * client would, then zero bytes (an empty frame every two bytes) until
+ * `seconds` have passed or the rank has closed the connection. */
+struct flood_arg {
+  const char *endpoint;
+  double seconds;
+};
+
+static void *flood_thread(void *p) {
+  const struct flood_arg *a = p;
+  char host[64];
+  int port;
+  REQUIRE(sscanf(a->endpoint, "tcp://%63[0-9.]:%d", host, &port) == 2);
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  struct sockaddr_in sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons((uint16_t)port);
+  REQUIRE(inet_pton(AF_INET, host, &sa.sin_addr) == 1);
+  REQUIRE(connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0);
+  struct timeval tv = {0, 100000};
+  REQUIRE(setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) == 0);
+  unsigned char opening[64 + 30] = {0xff, 0, 0, 0, 0, 0, 0, 0, 0, 0x7f, 3, 0, 'N', 'U', 'L', 'L'};
+  static const unsigned char ready[30] = {0x04, 28,  5,   'R', 'E', 'A', 'D', 'Y', 11,  'S',
+                                          'o',  'c', 'k', 'e', 't', '-', 'T', 'y', 'p', 'e',
+                                          0,    0,   0,   6,   'D', 'E', 'A', 'L', 'E', 'R'};
+  memcpy(opening + 64, ready, sizeof ready);
+  static unsigned char zeros[1 << 16];
+  const unsigned char *next = opening;
+  size_t len = sizeof opening;
+  double t0 = now();
+  /* MSG_NOSIGNAL: a connection the rank has closed must not raise SIGPIPE. */
+  while (now() - t0 < a->seconds && send(fd, next, len, MSG_NOSIGNAL) >= 0) {
+    next = zeros;
+    len = sizeof zeros;
   }
-  int status;
-  waitpid(pid, &status, 0);
-  REQUIRE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  close(fd);
+  return NULL;
+}
+
+/* Strangers flood rank 0's port (the attack that once made a rank queue 32
+ * bytes per byte received, without bound): oktopk_comm_dropped counts their
+ * connections as refused, the job still computes exactly, and destroy still
+ * returns within its one second. */
+static void test_flood_is_counted_and_destroy_stays_prompt(void) {
+  struct two_ranks t = make_two_ranks(10000);
+  uint64_t before, after;
+  EXPECT(oktopk_comm_dropped(t.comm[0], NULL), oktopkInvalidArgument);
+  OK(oktopk_comm_dropped(t.comm[0], &before));
+  enum { strangers = 4 };
+  struct flood_arg fa = {t.ep[0], 0.5};
+  pthread_t th[strangers];
+  for (int i = 0; i < strangers; i++) pthread_create(&th[i], NULL, flood_thread, &fa);
+  for (int i = 0; i < strangers; i++) pthread_join(th[i], NULL);
+  for (double waited = now();; usleep(10000)) {
+    OK(oktopk_comm_dropped(t.comm[0], &after));
+    if (after >= before + strangers || now() - waited > 2.0) break;
+  }
+  printf("flood: rank 0 refused %llu connections or frames\n", (unsigned long long)(after - before));
+  REQUIRE(after >= before + strangers);
+  float x[8] = {1, 2, 3, 4, 5, 6, 7, 8}, y[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  struct allreduce_arg a = {t.comm[1], y, 8, 0};
+  pthread_t peer;
+  pthread_create(&peer, NULL, allreduce_thread, &a);
+  OK(oktopk_allreduce(t.comm[0], x, 8, OKTOPK_FLOAT32, 0, OKTOPK_ALGO_DENSE_RING));
+  pthread_join(peer, NULL);
+  OK(a.result);
+  REQUIRE(x[7] == 16 && y[7] == 16);
+  for (int r = 0; r < 2; r++) {
+    double t0 = now();
+    OK(oktopk_comm_destroy(t.comm[r]));
+    double took = now() - t0;
+    printf("flood: rank %d destroyed in %.3f s\n", r, took);
+    REQUIRE(took < 1.0);
+  }
+  EXPECT(oktopk_comm_dropped(t.comm[0], &after), oktopkInvalidUsage);
+}
+
+/* A child made by fork() gets a clear refusal from every call, never a hang:
+ * the refusal must come before any Go code runs, since the child's copy of
+ * the Go runtime may wait forever for threads that stayed in the parent.
+ * Many forks, with the communicator's socket goroutines running, make that
+ * window likely to be hit if the check came too late. */
+static void test_fork_is_refused(oktopk_comm_t comm) {
+  for (int i = 0; i < 40; i++) {
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+      alarm(5); /* a hang in the child is a failure, not a stuck test */
+      int rank;
+      if (oktopk_comm_rank(comm, &rank) != oktopkInvalidUsage) _exit(2);
+      char msg[512];
+      if (oktopk_get_last_error(0, msg, sizeof msg, NULL) != oktopkSuccess || strstr(msg, "fork") == NULL) _exit(3);
+      if (oktopk_debug_goroutines() != -1) _exit(4);
+      if (oktopk_get_version() != OKTOPK_VERSION_CODE) _exit(5);
+      if (strcmp(oktopk_get_error_string(oktopkTimeout), "timeout") != 0) _exit(6);
+      float x[4] = {1, 2, 3, 4};
+      uint32_t idx[1];
+      float val[1];
+      if (oktopk_topk(x, 4, 1, idx, val) != oktopkInvalidUsage) _exit(7);
+      _exit(0);
+    }
+    int status;
+    waitpid(pid, &status, 0);
+    if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0))
+      fprintf(stderr, "fork %d: child %s %d\n", i, WIFEXITED(status) ? "exited" : "killed by signal",
+              WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+    REQUIRE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  }
 }
 
 static int run_errors(void) {
@@ -538,6 +1024,10 @@ static int run_errors(void) {
   REQUIRE(oktopk_get_version() == OKTOPK_VERSION_CODE);
   REQUIRE(strcmp(oktopk_get_error_string(oktopkTimeout), "timeout") == 0);
   REQUIRE(oktopk_get_error_string((oktopk_result_t)999) != NULL);
+  REQUIRE(strcmp(oktopk_algorithm_name(OKTOPK_ALGO_OKTOPK), "oktopk") == 0);
+  REQUIRE(strcmp(oktopk_algorithm_name(OKTOPK_ALGO_AUTO), "auto") == 0);
+  for (int a = OKTOPK_ALGO_DENSE_RING; a <= OKTOPK_ALGO_AUTO; a++) REQUIRE(oktopk_algorithm_name(a) != NULL);
+  REQUIRE(oktopk_algorithm_name(OKTOPK_ALGO_AUTO + 1) == NULL && oktopk_algorithm_name(-1) == NULL);
   oktopk_config_init(NULL); /* must not crash */
   EXPECT(oktopk_get_last_error(0, NULL, 10, NULL), oktopkInvalidArgument);
   char small[4];
@@ -574,8 +1064,17 @@ static int run_errors(void) {
   bad.density = 1.5;
   EXPECT(oktopk_comm_bind(&comm, 1, 0, "t", &bad, ep, sizeof ep), oktopkInvalidArgument);
   bad = cfg;
-  bad.value_dtype = OKTOPK_FLOAT16;
+  bad.value_dtype = 7;
   EXPECT(oktopk_comm_bind(&comm, 1, 0, "t", &bad, ep, sizeof ep), oktopkInvalidArgument);
+  OK(oktopk_get_last_error(0, msg, sizeof msg, NULL));
+  REQUIRE(strstr(msg, "value_dtype") != NULL);
+  bad.value_dtype = OKTOPK_FLOAT32 | OKTOPK_STOCHASTIC_ROUNDING; /* nothing to round */
+  EXPECT(oktopk_comm_bind(&comm, 1, 0, "t", &bad, ep, sizeof ep), oktopkInvalidArgument);
+  bad.value_dtype = OKTOPK_BFLOAT16;
+  bad.algorithm = OKTOPK_ALGO_SSAR_SPLIT_ALLGATHER; /* forwards partial sums: no owner for their rounding */
+  EXPECT(oktopk_comm_bind(&comm, 1, 0, "t", &bad, ep, sizeof ep), oktopkInvalidArgument);
+  OK(oktopk_get_last_error(0, msg, sizeof msg, NULL));
+  REQUIRE(strstr(msg, "bfloat16 values need algorithm oktopk, topka or gaussiank") != NULL);
   /* An older caller's shorter config: the fields past its size are not read. */
   bad = cfg;
   bad.size = (uint32_t)offsetof(oktopk_config_t, density);
@@ -623,6 +1122,23 @@ static int run_errors(void) {
   oktopk_stats_t st = {.size = 0};
   EXPECT(oktopk_sparse_allreduce(comm, 1, data, 16, OKTOPK_FLOAT32, &st), oktopkInvalidArgument);
   EXPECT(oktopk_sparse_allreduce_start(comm, 1, data, 16, OKTOPK_FLOAT32, NULL), oktopkInvalidArgument);
+  /* Held ranges: refused when out of order, empty, outside count, or NULL. */
+  size_t overlapping[4] = {2, 5, 4, 8}, empty[2] = {3, 3}, outside[2] = {10, 17};
+  EXPECT(oktopk_sparse_allreduce_hold(comm, 2, data, 16, OKTOPK_FLOAT32, overlapping, 2, NULL), oktopkInvalidArgument);
+  EXPECT(oktopk_sparse_allreduce_hold(comm, 2, data, 16, OKTOPK_FLOAT32, empty, 1, NULL), oktopkInvalidArgument);
+  EXPECT(oktopk_sparse_allreduce_hold(comm, 2, data, 16, OKTOPK_FLOAT32, outside, 1, NULL), oktopkInvalidArgument);
+  EXPECT(oktopk_sparse_allreduce_hold(comm, 2, data, 16, OKTOPK_FLOAT32, NULL, 1, NULL), oktopkInvalidArgument);
+  /* A held entry is not sent but kept: the largest entry, held, comes back
+   * 0, and the next call (gradient 0, nothing held) sends it. k = 1 here. */
+  float g[16] = {0};
+  g[3] = 1;
+  g[9] = 100;
+  size_t hold9[2] = {9, 10};
+  OK(oktopk_sparse_allreduce_hold(comm, 3, g, 16, OKTOPK_FLOAT32, hold9, 1, NULL));
+  REQUIRE(g[9] == 0 && g[3] == 1);
+  memset(g, 0, sizeof g);
+  OK(oktopk_sparse_allreduce_hold(comm, 3, g, 16, OKTOPK_FLOAT32, NULL, 0, NULL));
+  REQUIRE(g[9] == 100 && g[3] == 0);
   EXPECT(oktopk_comm_rank(comm, NULL), oktopkInvalidArgument);
   size_t out_count;
   uint32_t in_idx[2] = {3, 1}; /* not increasing */
@@ -634,6 +1150,8 @@ static int run_errors(void) {
   EXPECT(oktopk_tensor_state_size(comm, 12345, &count), oktopkInvalidArgument); /* no such tensor */
   EXPECT(oktopk_tensor_state_load(comm, 1, NULL, 4), oktopkInvalidArgument);
   EXPECT(oktopk_tensor_state_load(comm, 1, "junk", 4), oktopkInvalidArgument);
+  OK(oktopk_get_last_error(comm, msg, sizeof msg, NULL));
+  REQUIRE(strstr(msg, "oktopk: invalid argument: tensor 1: ") == msg && strstr(msg + 1, "oktopk:") == NULL);
   /* The communicator's own last error holds its detail. */
   OK(oktopk_get_last_error(comm, msg, sizeof msg, NULL));
   REQUIRE(msg[0] != 0);
@@ -666,6 +1184,10 @@ static int run_errors(void) {
   test_abort_unblocks();
   test_destroy_after_peer_died();
   test_dtype_mismatch();
+  test_refusal_reaches_peer();
+  test_concurrent_threads();
+  test_too_many_outstanding();
+  test_flood_is_counted_and_destroy_stays_prompt();
 
   printf("errors: ok\n");
   return 0;
@@ -734,18 +1256,6 @@ static int open_fds(void) {
   return n - 1; /* the directory stream itself */
 }
 
-struct allreduce_arg {
-  oktopk_comm_t comm;
-  float *x;
-  size_t n;
-  oktopk_result_t result;
-};
-
-static void *allreduce_thread(void *p) {
-  struct allreduce_arg *a = p;
-  a->result = oktopk_allreduce(a->comm, a->x, a->n, OKTOPK_FLOAT32, 0, OKTOPK_ALGO_DENSE_RING);
-  return NULL;
-}
 
 /* One cycle: a 1-rank communicator, or (every 20th cycle) two ranks of one
  * communicator in this process connected over TCP loopback, so per-peer
@@ -916,6 +1426,237 @@ static int run_memory(const char *alg_name, size_t n, int calls, double limit, c
   return 0;
 }
 
+/* ------------------------------------------------------------------------ */
+
+/* Every variable the library reads from the environment. */
+static const char *const env_settings[] = {"OKTOPK_CURVE", "OKTOPK_SOCKET_IFNAME", "OKTOPK_STALL_WARN",
+                                           "OKTOPK_JOB_TOKEN", "OKTOPK_RENDEZVOUS_PORT", "MASTER_ADDR",
+                                           "MASTER_PORT", "RANK", "WORLD_SIZE"};
+enum { N_ENV_SETTINGS = sizeof env_settings / sizeof env_settings[0] };
+
+/* A port free a moment ago, below the kernel's ephemeral range (see
+ * launch.sh for why). */
+static int free_port(void) {
+  int low = 32768;
+  FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+  if (f != NULL) {
+    if (fscanf(f, "%d", &low) != 1) low = 32768;
+    fclose(f);
+  }
+  srand((unsigned)getpid() ^ (unsigned)(now() * 1e6));
+  for (int i = 0; i < 100; i++) {
+    int port = 10000 + rand() % (low - 10002);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    int ok = bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
+    close(fd);
+    if (ok) return port;
+  }
+  fprintf(stderr, "env: no free port\n");
+  exit(1);
+}
+
+/* The library's last message for comm (0: the global one). */
+static const char *last_error(oktopk_comm_t comm) {
+  static char msg[1024];
+  OK(oktopk_get_last_error(comm, msg, sizeof msg, NULL));
+  return msg;
+}
+
+struct init_env_arg {
+  oktopk_comm_t comm;
+  oktopk_result_t result;
+};
+
+static void *init_env_thread(void *p) {
+  struct init_env_arg *a = p;
+  oktopk_config_t cfg;
+  oktopk_config_init(&cfg);
+  cfg.timeout_ms = 20000;
+  a->result = oktopk_comm_init_env(&a->comm, &cfg);
+  return NULL;
+}
+
+/* OKTOPK_CURVE=1 makes a communicator advertise a CURVE key in its endpoint
+ * (or, with a libzmq built without CURVE, refuse to bind, saying so); unset,
+ * it does not. */
+static void env_curve(void) {
+  oktopk_comm_t comm;
+  char ep[256];
+  setenv("OKTOPK_CURVE", "1", 1);
+  oktopk_result_t r = oktopk_comm_bind(&comm, 1, 0, "t", NULL, ep, sizeof ep);
+  if (r == oktopkSuccess) {
+    printf("env: OKTOPK_CURVE=1: endpoint %.40s...\n", ep);
+    REQUIRE(strstr(ep, "#curve=") != NULL);
+    OK(oktopk_comm_destroy(comm));
+  } else {
+    printf("env: OKTOPK_CURVE=1: %s\n", last_error(0));
+    REQUIRE(strstr(last_error(0), "CURVE") != NULL);
+  }
+  unsetenv("OKTOPK_CURVE");
+  OK(oktopk_comm_bind(&comm, 1, 0, "t", NULL, ep, sizeof ep));
+  REQUIRE(strstr(ep, "#curve=") == NULL);
+  OK(oktopk_comm_destroy(comm));
+}
+
+/* OKTOPK_SOCKET_IFNAME names the interface whose address a rank binds. */
+static void env_ifname(void) {
+  oktopk_comm_t comm;
+  char ep[256];
+  setenv("OKTOPK_SOCKET_IFNAME", "oktopk-none0", 1);
+  EXPECT(oktopk_comm_bind(&comm, 1, 0, "t", NULL, ep, sizeof ep), oktopkSystemError);
+  printf("env: OKTOPK_SOCKET_IFNAME=oktopk-none0: %s\n", last_error(0));
+  REQUIRE(strstr(last_error(0), "\"oktopk-none0\"") != NULL);
+  setenv("OKTOPK_SOCKET_IFNAME", "lo", 1);
+  OK(oktopk_comm_bind(&comm, 1, 0, "t", NULL, ep, sizeof ep));
+  REQUIRE(strncmp(ep, "tcp://127.0.0.1:", 16) == 0);
+  OK(oktopk_comm_destroy(comm));
+  unsetenv("OKTOPK_SOCKET_IFNAME");
+}
+
+/* OKTOPK_STALL_WARN=0.2: a receive waiting 1 s logs its stall line (the
+ * default would wait 10 s). The library logs to stderr, captured here. */
+static void env_stall_warn(void) {
+  setenv("OKTOPK_STALL_WARN", "0.2", 1);
+  char path[] = "/tmp/oktopk-env-stderr-XXXXXX";
+  int fd = mkstemp(path);
+  REQUIRE(fd >= 0);
+  fflush(stderr);
+  int saved = dup(2);
+  dup2(fd, 2);
+  struct two_ranks t = make_two_ranks(10000);
+  float x[64] = {0};
+  struct abort_arg a = {t.comm[0], 1.0};
+  pthread_t th;
+  pthread_create(&th, NULL, abort_later, &a);
+  EXPECT(oktopk_allreduce(t.comm[0], x, 64, OKTOPK_FLOAT32, 0, OKTOPK_ALGO_DENSE_RING), oktopkAborted);
+  pthread_join(th, NULL);
+  OK(oktopk_comm_destroy(t.comm[0]));
+  OK(oktopk_comm_destroy(t.comm[1]));
+  fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  char log[4096] = {0};
+  REQUIRE(lseek(fd, 0, SEEK_SET) == 0);
+  ssize_t got = read(fd, log, sizeof log - 1);
+  close(fd);
+  unlink(path);
+  REQUIRE(got >= 0);
+  printf("env: OKTOPK_STALL_WARN=0.2: %s", got > 0 ? log : "(nothing logged)\n");
+  REQUIRE(strstr(log, "oktopk: rank 0 waiting") != NULL);
+  unsetenv("OKTOPK_STALL_WARN");
+}
+
+/* The torchrun-style variables: each bad one is named by init_env; then
+ * rank 0 joins by them (OKTOPK_RENDEZVOUS_PORT, OKTOPK_JOB_TOKEN) while this
+ * thread, as rank 1, joins through a unique id naming that port and token:
+ * a wrong token is refused, the right one makes one communicator. */
+static void env_rendezvous(void) {
+  int port = free_port();
+  char port_text[16], master_port[16], token[128], id_text[256];
+  snprintf(port_text, sizeof port_text, "%d", port);
+  snprintf(master_port, sizeof master_port, "%d", port + 7); /* + 1 is not the rendezvous port */
+  OK(oktopk_make_token(token, sizeof token));
+  const char *good[][2] = {{"MASTER_ADDR", "127.0.0.1"}, {"RANK", "0"}, {"WORLD_SIZE", "2"},
+                           {"MASTER_PORT", master_port}, {"OKTOPK_RENDEZVOUS_PORT", port_text}};
+  oktopk_comm_t comm;
+  for (int bad = 0; bad < 5; bad++) {
+    for (int i = 0; i < 5; i++) setenv(good[i][0], i == bad ? "x" : good[i][1], 1);
+    if (bad == 0) unsetenv("MASTER_ADDR");
+    EXPECT(oktopk_comm_init_env(&comm, NULL), oktopkSystemError);
+    REQUIRE(strstr(last_error(0), good[bad][0]) != NULL);
+  }
+  for (int i = 0; i < 5; i++) setenv(good[i][0], good[i][1], 1);
+  setenv("OKTOPK_JOB_TOKEN", token, 1);
+  struct init_env_arg rank0 = {0, 0};
+  pthread_t th;
+  pthread_create(&th, NULL, init_env_thread, &rank0);
+
+  oktopk_config_t cfg;
+  oktopk_config_init(&cfg);
+  cfg.timeout_ms = 20000;
+  oktopk_unique_id_t id;
+  memset(&id, 0, sizeof id);
+  snprintf(id_text, sizeof id_text, "oktopk1:%s@127.0.0.1:%d", "not-the-job-token", port);
+  memcpy(id.internal, id_text, strlen(id_text));
+  oktopk_comm_t rank1;
+  EXPECT(oktopk_comm_init_rank(&rank1, 2, &id, 1, &cfg), oktopkSystemError);
+  printf("env: wrong job token: %s\n", last_error(0));
+  REQUIRE(strstr(last_error(0), "wrong job token") != NULL);
+
+  memset(&id, 0, sizeof id);
+  snprintf(id_text, sizeof id_text, "oktopk1:%s@127.0.0.1:%d", token, port);
+  memcpy(id.internal, id_text, strlen(id_text));
+  OK(oktopk_comm_init_rank(&rank1, 2, &id, 1, &cfg));
+  pthread_join(th, NULL);
+  OK(rank0.result);
+  float x[8] = {1, 1, 1, 1, 1, 1, 1, 1}, y[8] = {2, 2, 2, 2, 2, 2, 2, 2};
+  struct allreduce_arg a = {rank0.comm, x, 8, 0};
+  pthread_create(&th, NULL, allreduce_thread, &a);
+  OK(oktopk_allreduce(rank1, y, 8, OKTOPK_FLOAT32, 0, OKTOPK_ALGO_DENSE_RING));
+  pthread_join(th, NULL);
+  OK(a.result);
+  REQUIRE(x[0] == 3 && y[7] == 3);
+  printf("env: rank 0 by MASTER_ADDR, RANK, WORLD_SIZE, OKTOPK_RENDEZVOUS_PORT=%d, OKTOPK_JOB_TOKEN joined rank 1\n", port);
+  OK(oktopk_comm_destroy(rank1));
+  OK(oktopk_comm_destroy(rank0.comm));
+  for (int i = 0; i < N_ENV_SETTINGS; i++) unsetenv(env_settings[i]);
+}
+
+/* The library must read each setting from the environment as it is when
+ * the setting is used, not as it was when the library was loaded (a Go
+ * runtime in a shared library keeps its own copy from load time). So every
+ * setting here is made with setenv() after load, in a process whose initial
+ * environment has none of them: one that has any is run again without. */
+static int run_env(char **argv) {
+  rank_ = 0;
+  int inherited = 0;
+  for (int i = 0; i < N_ENV_SETTINGS; i++)
+    if (getenv(env_settings[i]) != NULL) {
+      unsetenv(env_settings[i]);
+      inherited = 1;
+    }
+  if (inherited) {
+    execv("/proc/self/exe", argv);
+    perror("env: execv");
+    return 1;
+  }
+  env_curve();
+  env_ifname();
+  env_stall_warn();
+  env_rendezvous();
+  printf("env: ok\n");
+  return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+
+static int run_join(int timeout_ms) {
+  oktopk_config_t cfg;
+  oktopk_config_init(&cfg);
+  cfg.timeout_ms = timeout_ms;
+  oktopk_comm_t comm;
+  double t0 = now();
+  oktopk_result_t rc = oktopk_comm_init_env(&comm, &cfg);
+  if (rc != oktopkSuccess) {
+    char msg[1024];
+    oktopk_get_last_error(0, msg, sizeof msg, NULL);
+    printf("JOIN FAILED after %.0f ms: %s: %s\n", (now() - t0) * 1000, oktopk_get_error_string(rc), msg);
+    return 3;
+  }
+  int rank, size;
+  OK(oktopk_comm_rank(comm, &rank));
+  OK(oktopk_comm_size(comm, &size));
+  rank_ = rank;
+  float x[4] = {(float)rank, 1, 2, 3};
+  OK(oktopk_allreduce(comm, x, 4, OKTOPK_FLOAT32, 0, OKTOPK_ALGO_DENSE_RING));
+  REQUIRE(x[0] == (float)(size * (size - 1) / 2) && x[1] == (float)size);
+  OK(oktopk_comm_destroy(comm));
+  printf("joined: rank %d of %d in %.0f ms\n", rank, size, (now() - t0) * 1000);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   if (argc >= 2 && strcmp(argv[1], "ranks") == 0) return run_ranks();
@@ -925,6 +1666,9 @@ int main(int argc, char **argv) {
   if (argc >= 5 && strcmp(argv[1], "memory") == 0)
     return run_memory(argv[2], (size_t)strtoull(argv[3], NULL, 0), atoi(argv[4]), argc >= 6 ? atof(argv[5]) : 0,
                       argc >= 7 ? argv[6] : "float32");
-  fprintf(stderr, "usage: %s ranks | errors | cycles N | peerdeath | memory ALG N CALLS [LIMIT [DTYPE]]\n", argv[0]);
+  if (argc >= 2 && strcmp(argv[1], "env") == 0) return run_env(argv);
+  if (argc >= 3 && strcmp(argv[1], "join") == 0) return run_join(atoi(argv[2]));
+  fprintf(stderr, "usage: %s ranks | errors | cycles N | peerdeath | env | join MS | memory ALG N CALLS [LIMIT [DTYPE]]\n",
+          argv[0]);
   return 2;
 }

@@ -57,6 +57,18 @@ def test_sparse_cnn_within_one_point_of_dense_and_ranks_agree(np):
     assert acc_sparse >= acc_dense - 1.0, (acc_dense, acc_sparse)
 
 
+def test_fp16_allreduce_with_oktopk_sends_float16_values():
+    # The example's --fp16-allreduce --oktopk: the same training with float16
+    # values sends fewer bytes (6 instead of 8 per pair), and the ranks agree.
+    common = ["--epochs", 2, "--oktopk", "--density", "0.01"]
+    f32 = horovodrun(2, "train_cnn", *common)
+    f16 = horovodrun(2, "train_cnn", *common, "--fp16-allreduce")
+    assert all(r["params"] == f16[0]["params"] for r in f16.values()), "ranks ended with different parameters"
+    ratio = f16[0]["bytes_sent"] / f32[0]["bytes_sent"]
+    print(f"digits CNN, horovodrun -np 2, 2 epochs, Ok-Topk 1%: float16 values sent {ratio:.3f}x the bytes of float32 ones")
+    assert ratio < 0.85, ratio
+
+
 def test_nan_on_one_rank_is_a_skipped_step_on_every_rank():
     results = horovodrun(2, "nan_on_one_rank")
     for r, res in results.items():
@@ -80,9 +92,23 @@ def test_plain_horovod_optimizer_refuses_oktopk_compression():
         assert "oktopk_horovod.DistributedOptimizer" in res["error"]
 
 
+def test_auto_counts_the_algorithm_of_every_call_alike_on_every_rank():
+    steps = 6
+    results = horovodrun(3, "auto_counts", steps)
+    counts = results[0]["counts"]
+    assert counts and "auto" not in counts and set(counts) <= set(results[0]["algorithms"]), counts
+    assert sum(counts.values()) == steps * results[0]["buckets"], counts
+    for r, res in results.items():
+        assert res["counts"] == counts, f"rank {r} counted {res['counts']}, rank 0 {counts}"
+        assert res["digest"] == results[0]["digest"], f"rank {r} ended with another model"
+    print(f"auto under Horovod, 3 ranks, {results[0]['buckets']} buckets: {counts}")
+
+
 @pytest.mark.parametrize(
     "kwargs",
-    [dict(density=0.0), dict(density=1.5), dict(algorithm="nope"), dict(tau=0), dict(tau_prime=-1), dict(timeout=0)],
+    [dict(density=0.0), dict(density=1.5), dict(algorithm="nope"), dict(tau=0), dict(tau_prime=-1), dict(timeout=0),
+     dict(value_dtype="float64"), dict(value_dtype="float16", algorithm="sparcml"), dict(value_dtype="float16", algorithm="gtopk"),
+     dict(stochastic_rounding=True)],
 )
 def test_bad_settings_raise_value_error(kwargs):
     import oktopk_horovod
@@ -102,3 +128,12 @@ def test_other_compressions_are_plain_horovod():
     hvd.init()  # a single process: size 1
     opt = oktopk_horovod.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters())
     assert type(opt).__module__.startswith("horovod"), type(opt)
+
+
+def test_oktopk_state_of_another_rank_or_world_size_is_refused_at_load():
+    ckpt = tempfile.mkdtemp(prefix="oktopk-hvd-ckpt-")
+    for r, res in horovodrun(2, "state_of_another_rank_or_size", ckpt).items():
+        assert res["error"] is not None, f"rank {r} accepted rank {1 - r}'s state"
+        assert f"belongs to rank {1 - r}" in res["error"] and f"this process is rank {r} of 2" in res["error"], res["error"]
+    res = horovodrun(1, "state_of_another_rank_or_size", ckpt)[0]
+    assert res["error"] is not None and "saved by a run of 2 ranks, and this run has 1" in res["error"], res["error"]

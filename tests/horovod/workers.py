@@ -76,7 +76,31 @@ def density_one(out, steps="5", bucket_bytes=str(oktopk_horovod.optimizer.BUCKET
         "grad_digests": grads_digests,
         "bytes_sent": opt.bytes_sent,
         "horovod_reductions": horovod_reductions,
+        "endpoint": opt._comm.endpoint,  # what this rank advertised, tcp://host:port
     }
+    opt.close()
+    return result
+
+
+def auto_counts(out, steps="6"):
+    """algorithm="auto" over buckets of 5 to 1,280 parameters: what the
+    optimizer counted per algorithm, and the model after training."""
+    hvd.init()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = small_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    opt = oktopk_horovod.DistributedOptimizer(
+        opt, named_parameters=model.named_parameters(), bucket_bytes=4096,
+        compression=oktopk_horovod.Compression.oktopk(density=0.05, algorithm="auto"))
+    for step in range(int(steps)):
+        g = torch.Generator().manual_seed(1000 * step + hvd.rank())
+        x, y = torch.randn(32, 20, generator=g), torch.randint(0, 5, (32,), generator=g)
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    result = {"counts": dict(opt.algorithm_counts), "buckets": len(opt._buckets), "digest": digest(model),
+              "algorithms": list(oktopk_horovod.ALGORITHMS)}
     opt.close()
     return result
 
@@ -171,6 +195,41 @@ def sparse_embedding(out):
         except ValueError as e:
             result[sparse_as_dense] = {"error": str(e)}
         opt.close()
+    return result
+
+
+def state_of_another_rank_or_size(out, ckpt):
+    """With 2 ranks: train 2 steps, save this rank's oktopk state, then load
+    the other rank's (refused) and this rank's own (accepted). With 1 rank:
+    load rank 0's state of the 2-rank run (refused)."""
+    hvd.init()
+    torch.manual_seed(3)
+    model = small_model()
+    opt = oktopk_horovod.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters(), compression=oktopk_horovod.Compression.oktopk(density=0.05))
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    result = {}
+    if hvd.size() == 2:
+        for step in range(2):
+            g = torch.Generator().manual_seed(1000 * step + hvd.rank())
+            x, y = torch.randn(32, 20, generator=g), torch.randint(0, 5, (32,), generator=g)
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+        own = opt.oktopk_state_dict()
+        torch.save(own, os.path.join(ckpt, f"rank{hvd.rank()}.pt"))
+        hvd.allgather_object(None, name="saved")  # both files are written
+        other = torch.load(os.path.join(ckpt, f"rank{1 - hvd.rank()}.pt"), weights_only=False)
+        load = other
+    else:
+        load = torch.load(os.path.join(ckpt, "rank0.pt"), weights_only=False)
+    try:
+        opt.load_oktopk_state_dict(load)
+        result["error"] = None
+    except ValueError as e:
+        result["error"] = str(e)
+    if hvd.size() == 2:
+        opt.load_oktopk_state_dict(own)
+    opt.close()
     return result
 
 

@@ -51,7 +51,7 @@ def density_one(rank, world, port, out, device="cpu", dtype="float32"):
     dtype = getattr(torch, dtype)
     a = DDP(small_model().to(device, dtype), device_ids=[0] if device == "cuda" else None)
     b = DDP(small_model().to(device, dtype), device_ids=[0] if device == "cuda" else None)
-    state = OkTopkState(density=1.0, warmup_iters=1)
+    state = OkTopkState(density=1.0, warmup_iters=2)
     a.register_comm_hook(state, oktopk_hook)
     b.register_comm_hook(None, allreduce_hook)
     oa, ob = torch.optim.SGD(a.parameters(), lr=0.1), torch.optim.SGD(b.parameters(), lr=0.1)
@@ -84,7 +84,7 @@ def every_algorithm(rank, world, port, out, algorithms):
     done = []
     for alg in algorithms:
         m = DDP(small_model())
-        state = OkTopkState(density=0.1, algorithm=alg, warmup_iters=1)
+        state = OkTopkState(density=0.1, algorithm=alg, warmup_iters=2)
         m.register_comm_hook(state, oktopk_hook)
         o = torch.optim.SGD(m.parameters(), lr=0.1)
         for step in range(3):
@@ -99,10 +99,33 @@ def every_algorithm(rank, world, port, out, algorithms):
     dist.destroy_process_group()
 
 
+def auto_counts(rank, world, port, out, steps):
+    """algorithm="auto" on a model whose DDP buckets range from a few
+    parameters to thousands: what each rank's state counted, and its
+    parameters after training."""
+    setup(rank, world, port)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 4), nn.ReLU(), nn.Linear(4, 1))
+    m = DDP(model, bucket_cap_mb=0.02)
+    state = OkTopkState(density=0.05, algorithm="auto", warmup_iters=2)
+    m.register_comm_hook(state, oktopk_hook)
+    o = torch.optim.SGD(m.parameters(), lr=0.05)
+    for step in range(steps):
+        g = torch.Generator().manual_seed(1000 * step + rank)
+        x, y = torch.randn(16, 64, generator=g), torch.randn(16, 1, generator=g)
+        o.zero_grad()
+        F.mse_loss(m(x), y).backward()
+        o.step()
+    params = b"".join(p.detach().numpy().tobytes() for p in m.parameters())
+    write(out, rank, {"counts": dict(state.algorithm_counts), "params": params, "buckets": len(state._groups)})
+    state.close()
+    dist.destroy_process_group()
+
+
 def dead_peer(rank, world, port, out, timeout):
     setup(rank, world, port)
     m = DDP(small_model())
-    state = OkTopkState(density=0.1, warmup_iters=1, timeout=timeout)
+    state = OkTopkState(density=0.1, warmup_iters=2, timeout=timeout)
     m.register_comm_hook(state, oktopk_hook)
     o = torch.optim.SGD(m.parameters(), lr=0.1)
     for step in range(100):
@@ -130,34 +153,192 @@ def deeper_model(seed=0):
     return nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 5))
 
 
-def checkpoint(rank, world, port, out, phase, ckpt, multi_bucket=False):
-    """phase 'full': train 8 steps, saving everything after step 4.
-    phase 'resume': load that checkpoint in new processes, train steps 5–8.
-    multi_bucket: a deeper model in tiny buckets, so DDP's rebuilt layout
-    (the one saved) has several buckets while its initial layout, which the
-    resumed run's first step uses, has one."""
+def checkpoint(rank, world, port, out, phase, ckpt, multi_bucket, cuts):
+    """phase 'full': train 8 steps, saving everything after each step in cuts.
+    phase 'resume': for each cut, load that checkpoint into a new model,
+    optimizer and OkTopkState and train the remaining steps. multi_bucket: a
+    deeper model in tiny buckets, so DDP's rebuilt layout has several buckets
+    while its initial layout, which the first step after a resume uses, has
+    one."""
     setup(rank, world, port)
-    m = DDP(deeper_model(), bucket_cap_mb=0.001) if multi_bucket else DDP(small_model())
-    state = OkTopkState(density=0.05, warmup_iters=1, tau=2, tau_prime=3)
-    o = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
-    first = 0
-    path = os.path.join(ckpt, f"rank{rank}.pt")
-    if phase == "resume":
-        saved = torch.load(path, weights_only=False)
-        m.module.load_state_dict(saved["model"])
-        o.load_state_dict(saved["optimizer"])
-        state.load_state_dict(saved["oktopk"])
-        first = saved["step"]
+
+    def path(cut):
+        return os.path.join(ckpt, f"rank{rank}-after{cut}.pt")
+
+    def train(first, save):
+        m = DDP(deeper_model(), bucket_cap_mb=0.001) if multi_bucket else DDP(small_model())
+        state = OkTopkState(density=0.05, warmup_iters=2, tau=2, tau_prime=3)
+        o = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+        if first:
+            saved = torch.load(path(first), weights_only=False)
+            m.module.load_state_dict(saved["model"])
+            o.load_state_dict(saved["optimizer"])
+            state.load_state_dict(saved["oktopk"])
+        m.register_comm_hook(state, oktopk_hook)
+        for step in range(first, 8):
+            x, y = batch(rank, step)
+            o.zero_grad()
+            F.cross_entropy(m(x), y).backward()
+            o.step()
+            if save and step + 1 in cuts:
+                torch.save({"model": m.module.state_dict(), "optimizer": o.state_dict(), "oktopk": state.state_dict()}, path(step + 1))
+        result = {"params": b"".join(p.detach().numpy().tobytes() for p in m.parameters()), "groups": len(state._groups)}
+        state.close()
+        return result
+
+    if phase == "full":
+        write(out, rank, train(0, True))
+    else:
+        write(out, rank, {cut: train(cut, False) for cut in cuts})
+    dist.destroy_process_group()
+
+
+def checkpoint_of_another_rank(rank, world, port, out, ckpt):
+    """Train past the warm-up, save this rank's state, then load the other
+    rank's state into a fresh OkTopkState: refused at load."""
+    setup(rank, world, port)
+    m = DDP(small_model())
+    state = OkTopkState(density=0.1, warmup_iters=2)
     m.register_comm_hook(state, oktopk_hook)
-    for step in range(first, 8):
+    o = torch.optim.SGD(m.parameters(), lr=0.1)
+    for step in range(3):
         x, y = batch(rank, step)
         o.zero_grad()
         F.cross_entropy(m(x), y).backward()
         o.step()
-        if phase == "full" and step + 1 == 4:
-            torch.save({"model": m.module.state_dict(), "optimizer": o.state_dict(), "oktopk": state.state_dict(), "step": 4}, path)
-    write(out, rank, {"params": b"".join(p.detach().numpy().tobytes() for p in m.parameters()), "groups": len(state._groups)})
+    saved = state.state_dict()
+    torch.save(saved, os.path.join(ckpt, f"rank{rank}.pt"))
+    dist.barrier()
+    other = torch.load(os.path.join(ckpt, f"rank{1 - rank}.pt"), weights_only=False)
+    fresh = OkTopkState(density=0.1, warmup_iters=2)
+    try:
+        fresh.load_state_dict(other)
+        error = None
+    except ValueError as e:
+        error = str(e)
+    fresh.load_state_dict(saved)  # its own is accepted
+    write(out, rank, {"error": error, "saved": (saved.get("rank"), saved.get("world_size"))})
     state.close()
+    dist.destroy_process_group()
+
+
+def checkpoint_of_another_world_size(rank, world, port, out, ckpt):
+    """One rank loads rank 0's state of a 2-rank run: refused at
+    load_state_dict, or, when loaded before the process group exists, at
+    the first sparse step, before the communicator is set up. Then a
+    malformed tensor state through the library's own check."""
+    saved = torch.load(os.path.join(ckpt, "rank0.pt"), weights_only=False)
+    early = OkTopkState(density=0.1, warmup_iters=2)
+    early.load_state_dict(saved)  # no process group yet: checked at the first sparse step
+    setup(rank, world, port)
+    try:
+        OkTopkState(density=0.1, warmup_iters=2).load_state_dict(saved)
+        at_load = None
+    except ValueError as e:
+        at_load = str(e)
+    m = DDP(small_model())
+    m.register_comm_hook(early, oktopk_hook)
+    at_step = None
+    for step in range(3):
+        x, y = batch(rank, step)
+        try:
+            F.cross_entropy(m(x), y).backward()
+        except Exception as e:  # noqa: BLE001 - what DDP re-raises is checked by the test
+            at_step = (step, str(e), early._comm is None)
+            break
+    from oktopk import Communicator
+
+    comm = Communicator()
+    try:
+        comm.load_tensor_state(5, b"OKTS" + bytes(60))
+        malformed = None
+    except OkTopkError as e:
+        malformed = str(e)
+    comm.destroy()
+    write(out, rank, {"at_load": at_load, "at_step": at_step, "malformed": malformed})
+    dist.destroy_process_group()
+
+
+def env_after_load(rank, world, port, out):
+    """Settings made in os.environ after oktopk is imported and the library
+    loaded take effect. The spawned process first drops any it inherited,
+    so that the library, when loaded, starts without them."""
+    names = ("OKTOPK_CURVE", "OKTOPK_SOCKET_IFNAME", "OKTOPK_STALL_WARN")
+    for name in names:
+        os.environ.pop(name, None)
+    setup(rank, world, port)
+    import oktopk
+    from oktopk import Communicator
+
+    oktopk.library_version()  # loads liboktopk
+    res = {}
+
+    os.environ["OKTOPK_CURVE"] = "1"
+    try:
+        comm = Communicator()
+        res["curve"] = comm.endpoint
+        comm.destroy()
+    except OkTopkError as e:
+        res["curve"] = str(e)
+    del os.environ["OKTOPK_CURVE"]
+    comm = Communicator()
+    res["no_curve"] = comm.endpoint
+    comm.destroy()
+
+    # The plugin leaves the choice of address to the library when
+    # OKTOPK_SOCKET_IFNAME is set; the library must then see it.
+    os.environ["OKTOPK_SOCKET_IFNAME"] = "oktopk-none0"
+    try:
+        Communicator().destroy()
+        res["ifname"] = None
+    except OkTopkError as e:
+        res["ifname"] = str(e)
+    del os.environ["OKTOPK_SOCKET_IFNAME"]
+
+    # Two ranks of one communicator in this process; rank 1 never joins the
+    # call, so rank 0 waits until its timeout, logging a stall line to
+    # stderr (file descriptor 2, captured in a file) after 0.2 s.
+    os.environ["OKTOPK_STALL_WARN"] = "0.2"
+    import tempfile
+    import threading
+
+    exchanged, both = {}, threading.Barrier(2)
+
+    def member(r, comms):
+        def share_token(token):
+            if token is not None:
+                exchanged["token"] = token
+            both.wait()
+            return exchanged["token"]
+
+        def gather_endpoints(endpoint):
+            exchanged[r] = endpoint
+            both.wait()
+            return [exchanged[0], exchanged[1]]
+
+        comms[r] = Communicator.from_exchange(r, 2, share_token, gather_endpoints, timeout=1.0)
+
+    comms = {}
+    threads = [threading.Thread(target=member, args=(r, comms)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    with tempfile.TemporaryFile() as log:
+        saved_stderr = os.dup(2)
+        os.dup2(log.fileno(), 2)
+        try:
+            comms[0].allreduce_(torch.ones(4))
+        except OkTopkError:
+            pass
+        finally:
+            os.dup2(saved_stderr, 2)
+            os.close(saved_stderr)
+        log.seek(0)
+        res["stall"] = log.read().decode(errors="replace")
+    for c in comms.values():
+        c.destroy()
+    write(out, rank, res)
     dist.destroy_process_group()
 
 
@@ -181,12 +362,82 @@ def fork_child(rank, world, port, out):
     dist.destroy_process_group()
 
 
+def two_threads_one_comm(rank, world, port, out):
+    """Rank 0 calls sparse_allreduce_ on one communicator from two Python
+    threads at once (rank 1 is late, so the first call is still running);
+    rank 1 makes its calls from one thread."""
+    import threading
+
+    setup(rank, world, port)
+    from oktopk import Communicator
+
+    comm = Communicator(density=0.1)
+    inputs = [torch.arange(200, dtype=torch.float32) * (rank + 1) + 7 * c for c in range(2)]
+    outputs = [t.clone() for t in inputs]
+    refused = None
+    if rank == 1:
+        time.sleep(0.5)
+        for t in outputs:
+            comm.sparse_allreduce_(5, t)
+    else:
+        first = threading.Thread(target=comm.sparse_allreduce_, args=(5, outputs[0]))
+        first.start()
+        time.sleep(0.1)
+        other = inputs[1].clone()
+        try:
+            comm.sparse_allreduce_(5, other)
+        except OkTopkError as e:
+            refused = (e.code, str(e), bool(torch.equal(other, inputs[1])))
+        first.join()
+        comm.sparse_allreduce_(5, outputs[1])  # after the first returned: fine from any thread
+    write(out, rank, {"refused": refused, "outputs": [t.numpy().tobytes() for t in outputs]})
+    comm.destroy()
+    dist.destroy_process_group()
+
+
+def dropped_count(rank, world, port, out, strangers):
+    """A one-rank communicator whose port `strangers` raw connections flood
+    as a NULL ZeroMQ client would (greeting, READY, then an empty frame every
+    two bytes): what Communicator.dropped says before and after."""
+    import socket
+    import struct
+
+    from oktopk import Communicator
+
+    comm = Communicator.from_exchange(0, 1, lambda token: token, lambda endpoint: [endpoint])
+    before = comm.dropped
+    host, port_ = comm.endpoint[len("tcp://"):].split("#")[0].rsplit(":", 1)
+    greeting = b"\xff" + b"\0" * 8 + b"\x7f\x03\x00" + b"NULL".ljust(20, b"\0") + b"\0" * 32
+    body = b"\x05READY\x0bSocket-Type" + struct.pack(">I", 6) + b"DEALER"
+    for _ in range(strangers):
+        with socket.create_connection((host, int(port_)), timeout=1) as s:
+            try:
+                s.sendall(greeting + bytes([4, len(body)]) + body)
+                deadline = time.monotonic() + 0.2
+                while time.monotonic() < deadline:
+                    s.sendall(b"\0" * 65536)
+            except OSError:
+                pass  # the rank closed it: refused
+    deadline = time.monotonic() + 2
+    after = comm.dropped
+    while after < before + strangers and time.monotonic() < deadline:
+        time.sleep(0.01)
+        after = comm.dropped
+    comm.destroy()
+    try:
+        comm.dropped
+        raised_after_destroy = False
+    except OkTopkError:
+        raised_after_destroy = True
+    write(out, rank, {"before": before, "after": after, "raised_after_destroy": raised_after_destroy})
+
+
 def non_finite_step(rank, world, port, out, bad_rank, bad_step, steps):
     """AMP-style training under torch.amp.GradScaler; rank bad_rank puts a
     NaN into one entry of one gradient at step bad_step."""
     setup(rank, world, port)
     m = DDP(small_model())
-    state = OkTopkState(density=0.1, algorithm="oktopk", warmup_iters=1)
+    state = OkTopkState(density=0.1, algorithm="oktopk", warmup_iters=2)
     m.register_comm_hook(state, oktopk_hook)
     o = torch.optim.SGD(m.parameters(), lr=0.1)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
@@ -320,7 +571,7 @@ def rss_steady(rank, world, port, out, warm, steps):
     m = DDP(_ReversedStack(flat, width, depth), bucket_cap_mb=4, init_sync=False)
     # Two dense steps: DDP rebuilds its buckets in the second, so its new
     # bucket memory is there before the first sparse step.
-    state = OkTopkState(density=0.01, warmup_iters=2, tau=4, tau_prime=2)
+    state = OkTopkState(algorithm="oktopk", density=0.01, warmup_iters=2, tau=4, tau_prime=2)  # what the bound below counts
     m.register_comm_hook(state, oktopk_hook)
     o = torch.optim.SGD(m.parameters(), lr=1e-3)
     g = torch.Generator().manual_seed(rank)
@@ -355,4 +606,98 @@ def rss_steady(rank, world, port, out, warm, steps):
     write(out, rank, {"before_kib": before, "base_kib": base, "peak_kib": peak, "gradient_kib": params * 4 // 1024,
                       "staging_before": staging, "staging_after": {k: v.data_ptr() for k, v in state._staging.items()}})
     state.close()
+    dist.destroy_process_group()
+
+
+class Branchy(nn.Module):
+    """A trunk and head always used; `sometimes` used at some steps on every
+    rank (globally unused at the others), `rank0` used on rank 0 only at
+    even steps (used on some ranks only then, unused everywhere at odd
+    steps)."""
+
+    def __init__(self):
+        super().__init__()
+        self.trunk = nn.Linear(20, 32)
+        self.head = nn.Linear(32, 5)
+        self.sometimes = nn.Linear(32, 5)
+        self.rank0 = nn.Linear(32, 5)
+
+    def forward(self, x, use_sometimes, use_rank0):
+        h = F.relu(self.trunk(x))
+        out = self.head(h)
+        if use_sometimes:
+            out = out + 3 * self.sometimes(h)
+        if use_rank0:
+            out = out + self.rank0(h)
+        return out
+
+
+def residuals_by_parameter(state, model):
+    """Each parameter's residual, from the state's checkpoint: a tensor
+    state's residual is its last n float32 (format in core/state.go), laid
+    out in the group's canonical parameter order."""
+    sd = state.state_dict()
+    index_of = {id(p): i for i, p in enumerate(model.parameters())}
+    canonical = {state._param_index[id(p)]: (name, p) for name, p in model.named_parameters()}
+    out = {}
+    for group_id, members in sd["layout"].items():
+        blob = sd["tensors"][group_id]
+        n = int.from_bytes(blob[8:16], "little")
+        residual = torch.frombuffer(bytearray(blob[len(blob) - 4 * n :]), dtype=torch.float32)
+        at = 0
+        for i in members:
+            name, p = canonical[i]
+            assert index_of[id(p)] is not None
+            out[name] = residual[at : at + p.numel()].view_as(p).clone()
+            at += p.numel()
+    return out
+
+
+def unused_parameters(rank, world, port, out, value_dtypes, warmup, steps):
+    """DDP(find_unused_parameters=True) through the hook, once per value
+    dtype. Per parameter, over the sparse steps: the local gradients the hook
+    was given (the bucket's slots: zeros where DDP found the parameter
+    unused), the gradient DDP applied (p.grad after backward; none where no
+    rank used it, since DDP then discards the hook's result), and the final
+    residual."""
+    setup(rank, world, port)
+    results = {}
+    for value_dtype in value_dtypes:
+        torch.manual_seed(0)
+        m = DDP(Branchy(), find_unused_parameters=True)
+        state = OkTopkState(density=0.05, warmup_iters=warmup, value_dtype=value_dtype)
+        names = {id(p): name for name, p in m.module.named_parameters()}
+        local = {name: torch.zeros_like(p) for name, p in m.module.named_parameters()}
+        applied = {name: torch.zeros_like(p) for name, p in m.module.named_parameters()}
+        sparse = {"on": False}
+
+        def recording_hook(st, bucket):
+            if sparse["on"]:
+                for p, g in zip(bucket.parameters(), bucket.gradients()):
+                    local[names[id(p)]] += g.reshape(p.shape)
+            return oktopk_hook(st, bucket)
+
+        m.register_comm_hook(state, recording_hook)
+        o = torch.optim.SGD(m.parameters(), lr=0.05)
+        globally_unused = []
+        for step in range(steps):
+            sparse["on"] = step >= warmup
+            g = torch.Generator().manual_seed(1000 * step + rank)
+            x, y = torch.randn(8, 20, generator=g), torch.randint(0, 5, (8,), generator=g)
+            o.zero_grad(set_to_none=True)
+            F.cross_entropy(m(x, step % 3 == 0, rank == 0 and step % 2 == 0), y).backward()
+            if sparse["on"]:
+                for name, p in m.module.named_parameters():
+                    if p.grad is not None:
+                        applied[name] += p.grad
+                globally_unused.append(sorted(name for name, p in m.module.named_parameters() if p.grad is None))
+            o.step()
+        results[value_dtype] = {
+            "local": {k: v.numpy() for k, v in local.items()},
+            "applied": {k: v.numpy() for k, v in applied.items()},
+            "residual": {k: v.numpy() for k, v in residuals_by_parameter(state, m.module).items()},
+            "globally_unused": globally_unused,
+        }
+        state.close()
+    write(out, rank, results)
     dist.destroy_process_group()

@@ -12,6 +12,24 @@
 // τ and τ′, so Ok-Topk both reuses and refreshes its thresholds and its
 // region boundaries inside the timed iterations.
 //
+// Time of a call: a synchronous training step waits for the slowest rank, so
+// a call lasts until every rank has finished it. Every call starts right
+// after a barrier; each rank notes when it started and finished the call on
+// the machine's wall clock, which every process on one machine shares (the
+// emulated cluster runs every rank on one machine), and the call's time is
+// the last rank's finish minus the first rank's start. The barrier's own
+// exit skew (the last rank's start minus the first's) is thus counted
+// against the call, never for it; it is reported beside it (start_skew_ms),
+// as is the time rank 0 alone saw (rank0_median_ms), which undercounts
+// whenever rank 0 returns before its peers (gTopk's root, say).
+//
+// Phases: every rank's core.Stats cuts each call into the phases of
+// core.Phase. A row reports, per phase, the median over the timed calls of
+// that phase's time on the rank that finished the call last (the rank the
+// step waited for, so its phases add up to about the call's time) and of its
+// wire time: the most bytes any rank sent or received in that phase (each
+// rank's link is limited in both directions) ÷ the link's rate.
+//
 // Relative error: on the last iteration every rank keeps a copy of its
 // accumulator acc = grad + residual (what the algorithm selects from); after
 // the timed call the copies are summed with a dense ring allreduce (untimed)
@@ -41,9 +59,19 @@ import (
 )
 
 // Header is the CSV header; bench/gloo_allreduce.py prints the same columns.
-const Header = "algorithm,P,n,density,k,iters,median_ms,min_ms,max_ms,select_ms,comm_ms," +
+var Header = "algorithm,P,n,density,k,rep,position,iters,median_ms,min_ms,max_ms,rank0_median_ms,start_skew_ms," +
+	phaseColumns("_ms") + "," + phaseColumns("_wire_ms") + "," +
 	"words_median,words_mean,words_reuse_mean,formula_words,lower_bound_words,reuse_over_lower_bound," +
 	"lower_bound_ms,global_selected,rel_error,peak_rss_mib,base_rss_mib"
+
+// phaseColumns is every phase's name with suffix, comma-separated.
+func phaseColumns(suffix string) string {
+	cols := make([]string, core.NumPhases)
+	for p := range cols {
+		cols[p] = core.Phase(p).String() + suffix
+	}
+	return strings.Join(cols, ",")
+}
 
 type options struct {
 	n               int
@@ -51,6 +79,7 @@ type options struct {
 	iters, warmup   int
 	tau, tauPrime   int
 	rateBitsPerSec  float64
+	rep, position   int
 	algs            []core.Algorithm
 	header, verbose bool
 }
@@ -63,7 +92,9 @@ func main() {
 	flag.IntVar(&o.warmup, "warmup", 3, "untimed iterations first")
 	flag.IntVar(&o.tau, "tau", 16, "Ok-Topk repartition period τ (calls)")
 	flag.IntVar(&o.tauPrime, "tau-prime", 8, "Ok-Topk exact-threshold period τ′ (calls)")
-	flag.Float64Var(&o.rateBitsPerSec, "rate-bps", 0, "each rank's link rate in bit/s, for the lower-bound time (0: unknown)")
+	flag.Float64Var(&o.rateBitsPerSec, "rate-bps", 0, "each rank's link rate in bit/s, for the lower-bound and wire times (0: unknown)")
+	flag.IntVar(&o.rep, "rep", 1, "repetition number, printed in the row")
+	flag.IntVar(&o.position, "position", 0, "place of this job in its repetition's order, printed in the row")
 	algList := flag.String("algs", "", "comma-separated algorithm names (default: all)")
 	flag.BoolVar(&o.header, "header", false, "print the CSV header first")
 	list := flag.Bool("list", false, "print the algorithm names, one a line, and exit")
@@ -161,9 +192,75 @@ func formula(alg core.Algorithm, p, n, k int) float64 {
 // calls, so their columns compare like for like.
 func reuseCall(c, tau, tauPrime int) bool { return c%tau != 0 && c%tauPrime != 0 }
 
+// sample is one timed call as this rank saw it.
 type sample struct {
-	ms, selectMs, commMs, words, selected float64
-	reuse                                 bool
+	words, selected float64
+	reuse           bool
+	timing          callTiming
+}
+
+// callTiming is what every rank reports of one call for rank 0 to combine:
+// start and end on the shared wall clock (ns), each phase's time (ns) and
+// bytes.
+type callTiming struct {
+	start, end         uint64
+	phase, sent, recvd [core.NumPhases]uint64
+}
+
+const timingWords = 2 + 3*int(core.NumPhases)
+
+func (t callTiming) words() []uint64 {
+	w := []uint64{t.start, t.end}
+	w = append(w, t.phase[:]...)
+	w = append(w, t.sent[:]...)
+	return append(w, t.recvd[:]...)
+}
+
+func timingOf(w []uint64) callTiming {
+	t := callTiming{start: w[0], end: w[1]}
+	np := int(core.NumPhases)
+	copy(t.phase[:], w[2:2+np])
+	copy(t.sent[:], w[2+np:2+2*np])
+	copy(t.recvd[:], w[2+2*np:2+3*np])
+	return t
+}
+
+// callSummary is one call combined over the ranks.
+type callSummary struct {
+	ms, rank0Ms, skewMs float64
+	phaseMs, wireMs     [core.NumPhases]float64
+}
+
+// summarize combines every rank's view of one call (ranks[r] is rank r's):
+// the call lasts from the first rank's start to the last rank's end; the
+// phases are the last rank's; a phase's wire time is the most bytes any
+// rank sent or received in it ÷ the rate (NaN when the rate is unknown).
+func summarize(ranks []callTiming, rateBitsPerSec float64) callSummary {
+	first, lastStart, last := ranks[0].start, ranks[0].start, 0
+	for r, t := range ranks {
+		first, lastStart = min(first, t.start), max(lastStart, t.start)
+		if t.end > ranks[last].end {
+			last = r
+		}
+	}
+	nsToMs := func(ns uint64) float64 { return float64(ns) / 1e6 }
+	s := callSummary{
+		ms:      nsToMs(ranks[last].end - first),
+		rank0Ms: nsToMs(ranks[0].end - ranks[0].start),
+		skewMs:  nsToMs(lastStart - first),
+	}
+	for p := range s.phaseMs {
+		s.phaseMs[p] = nsToMs(ranks[last].phase[p])
+		var most uint64
+		for _, t := range ranks {
+			most = max(most, t.sent[p], t.recvd[p])
+		}
+		s.wireMs[p] = math.NaN()
+		if rateBitsPerSec > 0 {
+			s.wireMs[p] = 1000 * float64(most) * 8 / rateBitsPerSec
+		}
+	}
+	return s
 }
 
 func run(o options) error {
@@ -209,6 +306,7 @@ func runAlgorithm(ctx context.Context, comm *core.Communicator, alg core.Algorit
 	var samples []sample
 	var acc []float32 // the last call's accumulator, for the error
 	var peakRSS float64
+	ran := alg // the algorithm that ran: auto's choice, for auto
 	total := o.warmup + o.iters
 	for c := 0; c < total; c++ {
 		w.next(grad)
@@ -216,7 +314,7 @@ func runAlgorithm(ctx context.Context, comm *core.Communicator, alg core.Algorit
 		if last {
 			peakRSS = rssMiB("VmHWM") // before the reference's extra buffers
 			acc = slices.Clone(grad)
-			if st := comm.TensorStateOf(id); st != nil && !alg.Dense() {
+			if st := comm.TensorStateOf(id); st != nil && !ran.Dense() {
 				for i, r := range st.Residual {
 					acc[i] += r
 				}
@@ -230,27 +328,38 @@ func runAlgorithm(ctx context.Context, comm *core.Communicator, alg core.Algorit
 		if err != nil {
 			return "", err
 		}
-		el := time.Since(start)
-		if trace && rank == 0 {
-			// One line per call on stderr (BENCH_TRACE=1), to see which
-			// calls are slow: refreshes (c mod τ′ = 0), repartitions
-			// (c mod τ = 0) or reuse calls.
-			fmt.Fprintf(os.Stderr, "trace %v call %d reuse %v: %.2f ms (select %.2f), %d words sent, %d local, %d global\n",
-				alg, c, reuseCall(c, o.tau, o.tauPrime), ms(el), ms(st.Select), st.WordsSent(), st.LocalSelected, st.GlobalSelected)
+		end := time.Now()
+		if alg == core.Auto && rank == 0 && st.Algorithm != ran {
+			fmt.Fprintf(os.Stderr, "benchrank: auto chose %v at P=%d, n=%d, density %g (predicted %.2f ms)\n",
+				st.Algorithm, p, n, o.density, ms(st.Predicted))
+		}
+		ran = st.Algorithm
+		if trace {
+			// One line per call and rank on stderr (BENCH_TRACE=1), to see
+			// which calls are slow: refreshes (c mod τ′ = 0), repartitions
+			// (c mod τ = 0) or reuse calls, and in which phase.
+			var phases strings.Builder
+			for p := range core.NumPhases {
+				fmt.Fprintf(&phases, " %v %.2f", p, ms(st.Time(p)))
+			}
+			fmt.Fprintf(os.Stderr, "trace %v rank %d call %d reuse %v: %.2f ms (%s, predicted %.2f, ran %v), %d words sent, %d local, %d global\n",
+				alg, rank, c, reuseCall(c, o.tau, o.tauPrime), ms(end.Sub(start)), strings.TrimSpace(phases.String()), ms(st.Predicted), st.Algorithm, st.WordsSent(), st.LocalSelected, st.GlobalSelected)
 		}
 		if c >= o.warmup {
+			t := callTiming{start: uint64(start.UnixNano()), end: uint64(end.UnixNano())}
+			for p, ph := range st.Phases {
+				t.phase[p], t.sent[p], t.recvd[p] = uint64(ph.Time), ph.BytesSent, ph.BytesReceived
+			}
 			samples = append(samples, sample{
-				ms:       ms(el),
-				selectMs: ms(st.Select),
-				commMs:   ms(el - st.Select),
 				words:    float64(st.WordsSent()),
 				selected: float64(st.GlobalSelected),
 				reuse:    reuseCall(c, o.tau, o.tauPrime),
+				timing:   t,
 			})
 		}
 	}
 	peakRSS = math.Max(peakRSS, rssMiB("VmHWM"))
-	relErr, err := relativeError(ctx, comm, alg, acc, grad, k)
+	relErr, err := relativeError(ctx, comm, ran, acc, grad, k)
 	if err != nil {
 		return "", err
 	}
@@ -276,14 +385,37 @@ func runAlgorithm(ctx context.Context, comm *core.Communicator, alg core.Algorit
 	if err != nil {
 		return "", err
 	}
+	var timingWordsMine []uint64
+	for _, s := range samples {
+		timingWordsMine = append(timingWordsMine, s.timing.words()...)
+	}
+	timings, err := gatherExact(ctx, comm, timingWordsMine)
+	if err != nil {
+		return "", err
+	}
 	if rank != 0 {
 		return "", nil
+	}
+	calls := make([]callSummary, len(samples))
+	for c := range calls {
+		ranks := make([]callTiming, p)
+		for r := range ranks {
+			ranks[r] = timingOf(timings[r][c*timingWords : (c+1)*timingWords])
+		}
+		calls[c] = summarize(ranks, o.rateBitsPerSec)
+	}
+	callCol := func(f func(s callSummary) float64) []float64 {
+		v := make([]float64, len(calls))
+		for c, s := range calls {
+			v[c] = f(s)
+		}
+		return v
 	}
 	wMedian, wMean, wReuse := meanOver(all, p, 0), meanOver(all, p, 1), meanOver(all, p, 2)
 	peak, base := maxOver(all, p, 3), maxOver(all, p, 4)
 
 	kk := k
-	if alg.Dense() {
+	if ran.Dense() {
 		kk = n // a dense allreduce sends everything: its bound is 2n(P−1)/P
 	}
 	lower := 2 * float64(kk) * float64(p-1) / float64(p)
@@ -291,16 +423,22 @@ func runAlgorithm(ctx context.Context, comm *core.Communicator, alg core.Algorit
 	if o.rateBitsPerSec > 0 {
 		lowerMs = 1000 * lower * 32 / o.rateBitsPerSec
 	}
-	times := col(func(s sample) float64 { return s.ms }, false)
+	times := callCol(func(s callSummary) float64 { return s.ms })
 	selected := median(col(func(s sample) float64 { return s.selected }, false))
-	if alg.Dense() {
+	if ran.Dense() {
 		selected = float64(n)
 	}
-	return fmt.Sprintf("%v,%d,%d,%g,%d,%d,%.2f,%.2f,%.2f,%.2f,%.2f,%.0f,%.0f,%.0f,%.0f,%.0f,%.3f,%.2f,%.0f,%.3g,%.0f,%.0f",
-		alg, p, n, o.density, k, o.iters, median(times), slices.Min(times), slices.Max(times),
-		median(col(func(s sample) float64 { return s.selectMs }, false)),
-		median(col(func(s sample) float64 { return s.commMs }, false)),
-		wMedian, wMean, wReuse, formula(alg, p, n, k), lower, wReuse/lower, lowerMs,
+	var phases, wires []string
+	for ph := range core.NumPhases {
+		phases = append(phases, fmt.Sprintf("%.2f", median(callCol(func(s callSummary) float64 { return s.phaseMs[ph] }))))
+		wires = append(wires, fmt.Sprintf("%.2f", median(callCol(func(s callSummary) float64 { return s.wireMs[ph] }))))
+	}
+	return fmt.Sprintf("%v,%d,%d,%g,%d,%d,%d,%d,%.2f,%.2f,%.2f,%.2f,%.2f,%s,%s,%.0f,%.0f,%.0f,%.0f,%.0f,%.3f,%.2f,%.0f,%.3g,%.0f,%.0f",
+		alg, p, n, o.density, k, o.rep, o.position, o.iters, median(times), slices.Min(times), slices.Max(times),
+		median(callCol(func(s callSummary) float64 { return s.rank0Ms })),
+		median(callCol(func(s callSummary) float64 { return s.skewMs })),
+		strings.Join(phases, ","), strings.Join(wires, ","),
+		wMedian, wMean, wReuse, formula(ran, p, n, k), lower, wReuse/lower, lowerMs,
 		selected, relErr, peak, base), nil
 }
 
@@ -356,6 +494,35 @@ func gather(ctx context.Context, comm *core.Communicator, v []float64) ([]float6
 	out := make([]float64, len(buf))
 	for i, x := range buf {
 		out[i] = float64(x)
+	}
+	return out, nil
+}
+
+// gatherExact returns every rank's v (the same length on every rank), rank
+// r's at [r], exactly: each value travels as four 16-bit pieces, one float32
+// slot each, in a dense sum where only the owner's slots are nonzero (a
+// float32 holds any integer below 2^24 exactly, and adding zeros keeps it).
+func gatherExact(ctx context.Context, comm *core.Communicator, v []uint64) ([][]uint64, error) {
+	p, r := comm.Size(), comm.Rank()
+	buf := make([]float32, 4*p*len(v))
+	own := buf[4*r*len(v):]
+	for i, x := range v {
+		for j := range 4 {
+			own[4*i+j] = float32(x >> (16 * j) & 0xffff)
+		}
+	}
+	if _, err := comm.Allreduce(ctx, buf, false, core.DenseRing); err != nil {
+		return nil, err
+	}
+	out := make([][]uint64, p)
+	for q := range out {
+		out[q] = make([]uint64, len(v))
+		slots := buf[4*q*len(v):]
+		for i := range out[q] {
+			for j := range 4 {
+				out[q][i] |= uint64(slots[4*i+j]) << (16 * j)
+			}
+		}
 	}
 	return out, nil
 }

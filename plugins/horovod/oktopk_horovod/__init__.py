@@ -16,9 +16,16 @@ oktopk compressor to plain ``hvd.DistributedOptimizer`` fails at the first
 backward with a message saying so; it never falls back to a dense exchange.
 """
 
-from oktopk import ALGORITHMS, OkTopkError
+from oktopk import OkTopkError, _lib
 
 from .compression import Compression, OkTopkCompressor
 from .optimizer import DistributedOptimizer
 
 __all__ = ["ALGORITHMS", "Compression", "DistributedOptimizer", "OkTopkCompressor", "OkTopkError"]
+
+
+def __getattr__(name):
+    # The library's algorithm names, read from it when first asked for.
+    if name == "ALGORITHMS":
+        return _lib.algorithms()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -3,7 +3,12 @@
 import horovod.torch as hvd
 from horovod.torch.compression import Compressor
 
-from oktopk import ALGORITHMS
+from oktopk import _lib
+from oktopk.comm import value_dtype_name
+
+# The algorithms that send float16 or bfloat16 values (each rounding has one
+# rank whose residual takes its error; the others forward partial sums).
+_REDUCED_VALUE_ALGORITHMS = ("oktopk", "topka", "gaussiank")
 
 
 class OkTopkCompressor(Compressor):
@@ -14,21 +19,29 @@ class OkTopkCompressor(Compressor):
     output densely. Used by ``hvd.DistributedOptimizer`` it raises instead.
     """
 
-    def __init__(self, density=0.01, algorithm="oktopk", tau=64, tau_prime=32, timeout=60.0):
+    def __init__(self, density=0.01, algorithm=None, tau=64, tau_prime=32, timeout=60.0, value_dtype="float32", stochastic_rounding=False):
         if not isinstance(density, (int, float)) or not 0.0 < density <= 1.0:
             raise ValueError(f"density must be in (0, 1], got {density!r}")
-        if algorithm not in ALGORITHMS:
-            raise ValueError(f"unknown algorithm {algorithm!r}; one of {', '.join(ALGORITHMS)}")
+        if algorithm is None:
+            algorithm = _lib.default_algorithm()
+        _lib.algorithm_code(algorithm)  # ValueError naming the choices
         for name, value in (("tau", tau), ("tau_prime", tau_prime)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if not isinstance(timeout, (int, float)) or not timeout > 0:
             raise ValueError(f"timeout must be positive, got {timeout!r}")
+        value_dtype = value_dtype_name(value_dtype)
+        if value_dtype != "float32" and algorithm not in _REDUCED_VALUE_ALGORITHMS:
+            raise ValueError(f"value_dtype {value_dtype} needs algorithm oktopk, topka or gaussiank, not {algorithm!r}")
+        if not isinstance(stochastic_rounding, bool) or stochastic_rounding and value_dtype == "float32":
+            raise ValueError(f"stochastic_rounding must be a bool, and True only with float16 or bfloat16 values, got {stochastic_rounding!r}")
         self.density = float(density)
         self.algorithm = algorithm
         self.tau = tau
         self.tau_prime = tau_prime
         self.timeout = float(timeout)
+        self.value_dtype = value_dtype
+        self.stochastic_rounding = stochastic_rounding
 
     def compress(self, tensor):
         raise RuntimeError(
@@ -41,16 +54,24 @@ class OkTopkCompressor(Compressor):
         raise RuntimeError("oktopk: Compression.oktopk() needs oktopk_horovod.DistributedOptimizer")
 
     def __repr__(self):
-        return f"Compression.oktopk(density={self.density}, algorithm={self.algorithm!r})"
+        return f"Compression.oktopk(density={self.density}, algorithm={self.algorithm!r}, value_dtype={self.value_dtype!r})"
 
 
 class Compression(hvd.Compression):
     """Horovod's compression choices (``none``, ``fp16``) plus ``oktopk``."""
 
     @staticmethod
-    def oktopk(density=0.01, algorithm="oktopk", tau=64, tau_prime=32, timeout=60.0):
+    def oktopk(density=0.01, algorithm=None, tau=64, tau_prime=32, timeout=60.0, value_dtype="float32", stochastic_rounding=False):
         """Ok-Topk sparse allreduce sending about ``density`` of each
         gradient bucket; the rest waits in a residual (error feedback).
-        ``algorithm`` picks any of ``oktopk.ALGORITHMS`` (dense ones and the
-        sparse baselines too)."""
-        return OkTopkCompressor(density, algorithm, tau, tau_prime, timeout)
+        ``algorithm`` picks any of ``oktopk.ALGORITHMS``: ``"auto"`` (the
+        library picks per bucket and call from a cost model and the measured
+        link), dense ones and the sparse baselines too; ``None``, the
+        library's default (``"oktopk"`` in this version).
+        ``value_dtype="float16"`` (or ``"bfloat16"``) sends the selected
+        values in 16 bits, what Horovod's fp16 compression does for a dense
+        allreduce: each pair is 6 bytes instead of 8, and the rounding errors
+        stay in the residuals (``stochastic_rounding`` rounds unbiasedly at
+        random instead of to nearest); for ``oktopk``, ``topka`` and
+        ``gaussiank``."""
+        return OkTopkCompressor(density, algorithm, tau, tau_prime, timeout, value_dtype, stochastic_rounding)

@@ -35,7 +35,7 @@ import horovod.torch as hvd
 import torch
 
 from oktopk import Communicator, OkTopkError
-from oktopk._lib import NON_FINITE
+from oktopk._lib import NON_FINITE, algorithm_name
 from oktopk.comm import route_source_address
 
 from .compression import OkTopkCompressor
@@ -120,6 +120,9 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
         self.bytes_sent = 0
         self.bytes_received = 0
         self.comm_seconds = 0.0
+        # Library calls per algorithm that ran (with "auto", what it chose
+        # for each bucket and step).
+        self.algorithm_counts = {}
         self._comm = Communicator.from_exchange(
             hvd.rank(),
             hvd.size(),
@@ -131,6 +134,8 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
             compressor.tau_prime,
             compressor.timeout,
             bind_host=_default_bind_host(),
+            value_dtype=compressor.value_dtype,
+            stochastic_rounding=compressor.stochastic_rounding,
         )
         # One worker: buckets reach the library in bucket order on every
         # rank; the calls release the GIL, so backward goes on meanwhile.
@@ -236,6 +241,8 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
                 self.bytes_sent += stats.bytes_sent
                 self.bytes_received += stats.bytes_received
                 self.comm_seconds += stats.total_seconds
+                ran = algorithm_name(stats.algorithm)
+                self.algorithm_counts[ran] = self.algorithm_counts.get(ran, 0) + 1
 
     def _staging_for(self, n, dtype, pinned):
         """n elements of dtype in the optimizer's staging memory (pinned for
@@ -311,14 +318,24 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
     # -- checkpointing of the sparse state ------------------------------------
 
     def oktopk_state_dict(self):
-        """Every bucket's residual and thresholds, to save beside the
-        optimizer's ``state_dict()`` so a resumed run continues exactly."""
+        """Every bucket's residual and thresholds, and the rank and world
+        size they belong to, to save beside the optimizer's ``state_dict()``
+        so a resumed run continues exactly. Every rank saves its own."""
         self._worker.submit(lambda: None).result()
-        return {bucket.tensor_id: self._comm.save_tensor_state(bucket.tensor_id) for bucket in self._buckets}
+        tensors = {bucket.tensor_id: self._comm.save_tensor_state(bucket.tensor_id) for bucket in self._buckets}
+        return {"rank": hvd.rank(), "world_size": hvd.size(), "tensors": tensors}
 
     def load_oktopk_state_dict(self, state):
+        """Restore this rank's ``oktopk_state_dict()``. Another rank's, or
+        one saved at another world size, raises ValueError: residuals are
+        each rank's own unsent gradients and cannot be repartitioned."""
+        if "tensors" in state:
+            _check_owner(state.get("rank"), state.get("world_size"))
+            tensors = state["tensors"]
+        else:
+            tensors = state  # saved before states recorded their rank (the library still checks)
         ids = {bucket.tensor_id for bucket in self._buckets}
-        for tensor_id, blob in state.items():
+        for tensor_id, blob in tensors.items():
             if tensor_id not in ids:
                 raise ValueError(f"oktopk: checkpoint holds bucket {tensor_id:#x}, which this model does not have")
             self._comm.load_tensor_state(tensor_id, blob)
@@ -332,6 +349,26 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
             self._comm.destroy()
             self._comm = None
         self._staging = {}
+
+
+def _check_owner(saved_rank, saved_size):
+    """Refuse a checkpoint of another rank or world size, saying what to do."""
+    if saved_size is None:
+        return
+    rank, size = hvd.rank(), hvd.size()
+    if saved_size != size:
+        raise ValueError(
+            f"oktopk: this oktopk state was saved by a run of {saved_size} ranks, and this run has {size}: each rank's "
+            f"residuals are its own and cannot be repartitioned. Resume with {saved_size} ranks, or do not load the "
+            f"oktopk state (load only the model and optimizer) and its residuals start afresh."
+        )
+    if saved_rank != rank:
+        raise ValueError(
+            f"oktopk: this oktopk state belongs to rank {saved_rank}, and this process is rank {rank} of {size}: each "
+            f"rank keeps its own residuals and must load its own state. Save every rank's oktopk_state_dict() (e.g. to "
+            f"a file named with hvd.rank()), or collect them on rank 0 with hvd.allgather_object, and load on each rank "
+            f"the state of that rank."
+        )
 
 
 def _default_bind_host():

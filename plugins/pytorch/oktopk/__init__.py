@@ -4,8 +4,17 @@
 >>> ddp_model.register_comm_hook(OkTopkState(density=0.01), oktopk_hook)
 """
 
-from ._lib import ALGORITHMS, OkTopkError, library_path, library_version
+from . import _lib
+from ._lib import OkTopkError, library_path, library_version
 from .comm import Communicator
 from .ddp import OkTopkState, oktopk_hook
 
 __all__ = ["ALGORITHMS", "Communicator", "OkTopkError", "OkTopkState", "library_path", "library_version", "oktopk_hook"]
+
+
+def __getattr__(name):
+    # ALGORITHMS, the names the library knows ("auto" included), comes from
+    # the library itself, loaded when first asked for.
+    if name == "ALGORITHMS":
+        return _lib.algorithms()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -11,21 +11,9 @@ import ctypes
 import os
 import threading
 
-_ALGORITHMS = [
-    "dense_ring",
-    "dense_rabenseifner",
-    "oktopk",
-    "topka",
-    "topkdsa",
-    "ssar_recursive_double",
-    "ssar_split_allgather",
-    "dsar_split_allgather",
-    "gtopk",
-    "gaussiank",
-]
-ALGORITHMS = tuple(_ALGORITHMS)
-
 FLOAT32, FLOAT16, BFLOAT16 = 0, 1, 2
+STOCHASTIC_ROUNDING = 0x100  # or-ed into config.value_dtype
+VALUE_DTYPES = {"float32": FLOAT32, "float16": FLOAT16, "bfloat16": BFLOAT16}
 
 _RESULT_NAMES = {
     0: "success",
@@ -48,7 +36,12 @@ class OkTopkError(RuntimeError):
 
     def __init__(self, code, message):
         self.code = code
-        super().__init__(f"oktopk: {_RESULT_NAMES.get(code, code)}: {message}")
+        # The library's own messages already open with "oktopk: <what
+        # failed>:" (e.g. "oktopk: invalid argument: tensor 7: ..."); only
+        # other messages get the result's name in front.
+        if not message.startswith("oktopk: "):
+            message = f"oktopk: {_RESULT_NAMES.get(code, code)}: {message}"
+        super().__init__(message)
 
 
 class Config(ctypes.Structure):
@@ -83,6 +76,23 @@ class Stats(ctypes.Structure):
         ("reduce_seconds", ctypes.c_double),
         ("allgather_seconds", ctypes.c_double),
         ("total_seconds", ctypes.c_double),
+        # 0.4: the phases the fields above leave out
+        ("agree_seconds", ctypes.c_double),
+        ("global_select_seconds", ctypes.c_double),
+        ("balance_seconds", ctypes.c_double),
+        ("output_seconds", ctypes.c_double),
+        # ---- added in 0.4: which algorithm ran ("auto"'s choice) ----
+        ("algorithm", ctypes.c_int32),
+        ("predicted_seconds", ctypes.c_double),
+    ]
+
+
+class LinkModel(ctypes.Structure):
+    _fields_ = [
+        ("size", ctypes.c_uint32),
+        ("latency_seconds", ctypes.c_double),
+        ("seconds_per_byte", ctypes.c_double),
+        ("pass_seconds_per_byte", ctypes.c_double),
     ]
 
 
@@ -152,6 +162,8 @@ def _declare(lib):
     sig = {
         "oktopk_get_version": (c.c_int, []),
         "oktopk_get_error_string": (c.c_char_p, [c.c_int]),
+        "oktopk_algorithm_name": (c.c_char_p, [c.c_int]),
+        "oktopk_comm_measure_link": (c.c_int, [i64, P(LinkModel)]),
         "oktopk_config_init": (None, [P(Config)]),
         "oktopk_get_last_error": (c.c_int, [i64, c.c_char_p, sz, P(c.c_int)]),
         "oktopk_make_token": (c.c_int, [c.c_char_p, sz]),
@@ -159,8 +171,10 @@ def _declare(lib):
         "oktopk_comm_connect": (c.c_int, [i64, P(c.c_char_p), c.c_int]),
         "oktopk_comm_abort": (c.c_int, [i64]),
         "oktopk_comm_destroy": (c.c_int, [i64]),
+        "oktopk_comm_dropped": (c.c_int, [i64, P(u64)]),
         "oktopk_allreduce": (c.c_int, [i64, c.c_void_p, sz, c.c_int, c.c_int, c.c_int]),
         "oktopk_sparse_allreduce": (c.c_int, [i64, u64, c.c_void_p, sz, c.c_int, P(Stats)]),
+        "oktopk_sparse_allreduce_hold": (c.c_int, [i64, u64, c.c_void_p, sz, c.c_int, P(sz), sz, P(Stats)]),
         "oktopk_tensor_state_size": (c.c_int, [i64, u64, P(sz)]),
         "oktopk_tensor_state_save": (c.c_int, [i64, u64, c.c_void_p, sz]),
         "oktopk_tensor_state_load": (c.c_int, [i64, u64, c.c_void_p, sz]),
@@ -203,15 +217,65 @@ def check(code, comm=0):
         raise OkTopkError(code, last_error(comm))
 
 
-def default_config(algorithm="oktopk", density=0.01, tau=64, tau_prime=32, timeout=60.0, bind_host=None):
-    """A config with the library's defaults and these settings. bind_host
-    (bytes) must outlive the config: ctypes keeps only a pointer."""
+_algorithms = None
+
+
+def algorithms():
+    """The algorithm names the loaded library knows, in the order of its
+    oktopk_algorithm_t values (loading the library on first use)."""
+    global _algorithms
+    if _algorithms is None:
+        names, code = [], 0
+        while (name := lib().oktopk_algorithm_name(code)) is not None:
+            names.append(name.decode())
+            code += 1
+        _algorithms = tuple(names)
+    return _algorithms
+
+
+def __getattr__(name):
+    # ALGORITHMS comes from the library, loaded only when first asked for:
+    # importing the package must work without it (it says what to do then).
+    if name == "ALGORITHMS":
+        return algorithms()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def algorithm_code(name):
+    """The oktopk_algorithm_t value of an algorithm name; ValueError naming
+    the choices for an unknown one."""
+    names = algorithms()
+    if name not in names:
+        raise ValueError(f"unknown algorithm {name!r}; one of {', '.join(names)}")
+    return names.index(name)
+
+
+def algorithm_name(code):
+    """The name of an oktopk_algorithm_t value (as stats report it)."""
+    names = algorithms()
+    return names[code] if 0 <= code < len(names) else f"algorithm({code})"
+
+
+def default_algorithm():
+    """The algorithm the library uses when none is named."""
     cfg = Config()
     lib().oktopk_config_init(ctypes.byref(cfg))
-    cfg.algorithm = _ALGORITHMS.index(algorithm)
+    return algorithm_name(cfg.algorithm)
+
+
+def default_config(algorithm=None, density=0.01, tau=64, tau_prime=32, timeout=60.0, bind_host=None,
+                   value_dtype="float32", stochastic_rounding=False):
+    """A config with the library's defaults and these settings (algorithm
+    None: the library's default). bind_host (bytes) must outlive the config:
+    ctypes keeps only a pointer. value_dtype is a name in VALUE_DTYPES."""
+    cfg = Config()
+    lib().oktopk_config_init(ctypes.byref(cfg))
+    if algorithm is not None:
+        cfg.algorithm = algorithm_code(algorithm)
     cfg.density = density
     cfg.tau = tau
     cfg.tau_prime = tau_prime
+    cfg.value_dtype = VALUE_DTYPES[value_dtype] | (STOCHASTIC_ROUNDING if stochastic_rounding else 0)
     cfg.timeout_ms = int(timeout * 1000)
     if bind_host is not None:
         cfg.bind_host = bind_host
@@ -222,3 +286,9 @@ def new_stats():
     s = Stats()
     s.size = ctypes.sizeof(Stats)
     return s
+
+
+def new_link_model():
+    m = LinkModel()
+    m.size = ctypes.sizeof(LinkModel)
+    return m

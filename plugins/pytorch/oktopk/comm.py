@@ -16,6 +16,20 @@ from . import _lib
 from ._lib import OkTopkError
 
 _DTYPES = {torch.float32: _lib.FLOAT32, torch.float16: _lib.FLOAT16, torch.bfloat16: _lib.BFLOAT16}
+_VALUE_DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+
+
+def value_dtype_name(value_dtype):
+    """The name ("float32", "float16" or "bfloat16") of the precision sparse
+    values travel in, given as that name or as the torch dtype; ValueError
+    for anything else."""
+    if isinstance(value_dtype, torch.dtype):
+        name = _VALUE_DTYPE_NAMES.get(value_dtype)
+    else:
+        name = value_dtype if isinstance(value_dtype, str) and value_dtype in _lib.VALUE_DTYPES else None
+    if name is None:
+        raise ValueError(f"value_dtype must be float32, float16 or bfloat16 (a name or a torch dtype), got {value_dtype!r}")
+    return name
 
 # Communicators are created in the same order on every rank (the training
 # script is the same), so a per-process counter names each one's store keys.
@@ -112,9 +126,18 @@ class Communicator:
 
     Setup waits on the store for at most ``timeout`` seconds. ``bind_host``
     is the address to bind and advertise; by default the one on the route to
-    the store's host (see :func:`default_bind_host`)."""
+    the store's host (see :func:`default_bind_host`).
 
-    def __init__(self, group=None, algorithm="oktopk", density=0.01, tau=64, tau_prime=32, timeout=60.0, bind_host=None):
+    ``value_dtype`` ("float32", "float16" or "bfloat16") is the precision
+    selected values travel in, rounded stochastically when
+    ``stochastic_rounding``; the rounding errors stay in the residuals.
+
+    Calls must come from one thread at a time: a call made from another
+    thread while one runs raises ``OkTopkError`` (invalid usage, code 2)
+    and is not made."""
+
+    def __init__(self, group=None, algorithm=None, density=0.01, tau=64, tau_prime=32, timeout=60.0, bind_host=None,
+                 value_dtype="float32", stochastic_rounding=False):
         store = dist.PrefixStore(f"c{next(_instance_counter)}/", _store_for(group))
         rank, size = dist.get_rank(group), dist.get_world_size(group)
 
@@ -134,25 +157,30 @@ class Communicator:
         self.group = group
         if bind_host is None:
             bind_host = default_bind_host(group)
-        self._connect(rank, size, share_token, gather_endpoints, algorithm, density, tau, tau_prime, timeout, bind_host)
+        self._connect(rank, size, share_token, gather_endpoints, algorithm, density, tau, tau_prime, timeout, bind_host,
+                      value_dtype, stochastic_rounding)
 
     @classmethod
-    def from_exchange(cls, rank, size, share_token, gather_endpoints, algorithm="oktopk", density=0.01, tau=64, tau_prime=32, timeout=60.0, bind_host=None):
+    def from_exchange(cls, rank, size, share_token, gather_endpoints, algorithm=None, density=0.01, tau=64, tau_prime=32, timeout=60.0, bind_host=None,
+                      value_dtype="float32", stochastic_rounding=False):
         """A communicator whose rendezvous goes through the caller's own
         collectives (Horovod's, say): ``share_token(token_or_None)`` returns
         rank 0's token bytes on every rank, ``gather_endpoints(endpoint)``
         returns every rank's endpoint bytes in rank order. ``bind_host``:
-        None is the library's default (OKTOPK_SOCKET_IFNAME, else loopback)."""
+        None is the library's default (OKTOPK_SOCKET_IFNAME, else loopback).
+        ``algorithm`` None is the library's default algorithm."""
         self = cls.__new__(cls)
         self.group = None
-        self._connect(rank, size, share_token, gather_endpoints, algorithm, density, tau, tau_prime, timeout, bind_host)
+        self._connect(rank, size, share_token, gather_endpoints, algorithm, density, tau, tau_prime, timeout, bind_host,
+                      value_dtype, stochastic_rounding)
         return self
 
-    def _connect(self, rank, size, share_token, gather_endpoints, algorithm, density, tau, tau_prime, timeout, bind_host=None):
+    def _connect(self, rank, size, share_token, gather_endpoints, algorithm, density, tau, tau_prime, timeout, bind_host=None,
+                 value_dtype="float32", stochastic_rounding=False):
         self.rank, self.size, self.handle = rank, size, 0
         lib = _lib.lib()
         host = bind_host.encode() if bind_host else None  # outlives cfg's pointer to it
-        cfg = _lib.default_config(algorithm, density, tau, tau_prime, timeout, host)
+        cfg = _lib.default_config(algorithm, density, tau, tau_prime, timeout, host, value_dtype_name(value_dtype), stochastic_rounding)
         mine = None
         if rank == 0:
             buf = ctypes.create_string_buffer(128)
@@ -178,28 +206,48 @@ class Communicator:
     def _check(self, code):
         _lib.check(code, self.handle)
 
-    def sparse_allreduce_(self, tensor_id, tensor):
+    def sparse_allreduce_(self, tensor_id, tensor, hold=()):
         """Averaged sparse allreduce of a contiguous CPU tensor, in place,
-        with error feedback kept under ``tensor_id``. Returns the call's
-        statistics."""
+        with error feedback kept under ``tensor_id``. ``hold`` lists
+        ascending, disjoint (start, end) ranges of the tensor this rank holds
+        back for this call: not sent, kept in its residual (for entries whose
+        result the caller discards). Returns the call's statistics."""
         dtype = _DTYPES.get(tensor.dtype)
         if dtype is None:
             raise TypeError(f"oktopk: unsupported dtype {tensor.dtype} (float32, float16, bfloat16)")
         if tensor.device.type != "cpu" or not tensor.is_contiguous():
             raise ValueError("oktopk: sparse_allreduce_ needs a contiguous CPU tensor")
         stats = _lib.new_stats()
-        self._check(_lib.lib().oktopk_sparse_allreduce(
-            self.handle, tensor_id, tensor.data_ptr(), tensor.numel(), dtype, ctypes.byref(stats)))
+        if hold:
+            ranges = (ctypes.c_size_t * (2 * len(hold)))(*(x for r in hold for x in r))
+            self._check(_lib.lib().oktopk_sparse_allreduce_hold(
+                self.handle, tensor_id, tensor.data_ptr(), tensor.numel(), dtype, ranges, len(hold), ctypes.byref(stats)))
+        else:
+            self._check(_lib.lib().oktopk_sparse_allreduce(
+                self.handle, tensor_id, tensor.data_ptr(), tensor.numel(), dtype, ctypes.byref(stats)))
         return stats
 
     def allreduce_(self, tensor, average=True, algorithm="dense_ring"):
-        """Dense allreduce of a contiguous CPU tensor, in place."""
+        """Dense allreduce of a contiguous CPU tensor, in place
+        (``algorithm``: "dense_ring", "dense_rabenseifner" or "auto")."""
         dtype = _DTYPES.get(tensor.dtype)
         if dtype is None:
             raise TypeError(f"oktopk: unsupported dtype {tensor.dtype}")
         self._check(_lib.lib().oktopk_allreduce(
-            self.handle, tensor.data_ptr(), tensor.numel(), dtype, int(average), _lib.ALGORITHMS.index(algorithm)))
+            self.handle, tensor.data_ptr(), tensor.numel(), dtype, int(average), _lib.algorithm_code(algorithm)))
         return tensor
+
+    def measure_link(self):
+        """Measure the link again (a collective: every rank calls it at the
+        same point) for the "auto" algorithm's choices; returns the agreed
+        model, the same on every rank, as a dict of seconds."""
+        link = _lib.new_link_model()
+        self._check(_lib.lib().oktopk_comm_measure_link(self.handle, ctypes.byref(link)))
+        return {
+            "latency_seconds": link.latency_seconds,
+            "seconds_per_byte": link.seconds_per_byte,
+            "pass_seconds_per_byte": link.pass_seconds_per_byte,
+        }
 
     def save_tensor_state(self, tensor_id):
         lib = _lib.lib()
@@ -212,6 +260,17 @@ class Communicator:
     def load_tensor_state(self, tensor_id, blob):
         buf = ctypes.create_string_buffer(blob, len(blob))
         self._check(_lib.lib().oktopk_tensor_state_load(self.handle, tensor_id, buf, len(blob)))
+
+    @property
+    def dropped(self):
+        """What this rank has refused so far (an int): connections to its
+        port that did not authenticate, and frames that failed validation.
+        Refused traffic never reaches a call; a nonzero count says only that
+        something other than this job's ranks reached the port. Raises
+        OkTopkError once the communicator is destroyed."""
+        count = ctypes.c_uint64(0)
+        self._check(_lib.lib().oktopk_comm_dropped(self.handle, ctypes.byref(count)))
+        return count.value
 
     def abort(self):
         if self.handle:

@@ -22,14 +22,17 @@ import torch
 import torch.distributed as dist
 
 from . import _lib
-from ._lib import ALGORITHMS, OkTopkError
-from .comm import Communicator
+from ._lib import OkTopkError
+from .comm import Communicator, value_dtype_name
 
 # The bucket dtypes liboktopk reduces; the dense warm-up would take others,
 # so they are refused on the first hook call rather than at the first sparse
 # step.
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _MAX_INT32 = 2**31 - 1
+# The algorithms that send float16 or bfloat16 values: each of their roundings
+# has one rank whose residual takes its error (the others forward partial sums).
+_REDUCED_VALUE_ALGORITHMS = ("oktopk", "topka", "gaussiank")
 
 
 def _is_real(x):
@@ -63,16 +66,41 @@ class OkTopkState:
     :param process_group: the group to reduce over (``None``: the default).
     :param density: fraction of each bucket's entries sent, a real number in
         (0, 1].
-    :param algorithm: one of ``oktopk.ALGORITHMS`` (``"oktopk"`` by default;
-        dense ones, the sparse baselines).
-    :param warmup_iters: iterations reduced densely first. DDP rebuilds its
-        buckets after the first iteration, so per-bucket state is only safe
-        from the second on (PowerSGD keeps a warm-up for the same reason);
-        at least 1.
+    :param algorithm: one of ``oktopk.ALGORITHMS``: ``"auto"`` (the library
+        picks per bucket and call from a cost model and the measured link),
+        ``"oktopk"``, the dense ones, the sparse baselines. ``None`` (the
+        default) is the library's default, ``"oktopk"`` in this version.
+    :param warmup_iters: iterations reduced densely first; at least 2.
+        DDP reduces its first iteration in a provisional bucket layout and
+        rebuilds its buckets after it. The hook keeps residuals in the
+        rebuilt layout, which it first sees in the second iteration; only
+        from the third on is that layout known before every step, so that a
+        checkpoint taken at any step holds it (PowerSGD likewise starts after
+        DDP's first two iterations).
     :param tau: Ok-Topk's space repartition period (iterations).
     :param tau_prime: threshold refresh period (iterations).
     :param timeout: seconds a call, or the communicator's setup, may wait for
         a peer before it raises :class:`OkTopkError` instead of hanging.
+    :param value_dtype: the precision selected values travel in:
+        ``"float32"`` (default), ``"float16"`` or ``"bfloat16"`` (or the torch
+        dtype), for the algorithms ``oktopk``, ``topka`` and ``gaussiank``.
+        16-bit values make each sent (index, value) pair 6 bytes instead of
+        8; the rounding errors stay in the residuals, so nothing is lost.
+    :param stochastic_rounding: round 16-bit values up or down at random,
+        unbiasedly, instead of to nearest (reproducible: the random bits are
+        a hash of the bucket, step, rank and index).
+
+    With ``find_unused_parameters=True``, a parameter that DDP found unused
+    on this rank at a step is held back: its residual is kept, not sent, and
+    DDP's result for it (discarded when no rank used it) loses nothing of
+    it. The hook learns which parameters were used from
+    post-accumulate-grad hooks it registers on the bucket parameters (until
+    :meth:`close`); before those are in place, and on torch without them, a
+    parameter whose bucket slot is all zeros (which is what DDP leaves for
+    an unused one) counts as unused.
+
+    ``algorithm_counts`` counts the library calls per algorithm that ran
+    (with ``"auto"``, the one it chose for each bucket and step).
 
     Buckets may be float32, float16 or bfloat16, on CPU or CUDA; CUDA buckets
     are staged through pinned host memory. A step whose gradient holds NaN or
@@ -88,11 +116,14 @@ class OkTopkState:
         "tau",
         "tau_prime",
         "timeout",
+        "value_dtype",
+        "stochastic_rounding",
         "process_group",
         "iter",
         "bytes_sent",
         "bytes_received",
         "comm_seconds",
+        "algorithm_counts",
         "_comm",
         "_worker",
         "_pending_state",
@@ -102,31 +133,53 @@ class OkTopkState:
         "_lock",
         "_param_index",
         "_staging",
+        "_hook_iters",
+        "_owner",
+        "_used",
+        "_grad_hooks",
     ]
 
-    def __init__(self, process_group=None, density=0.01, algorithm="oktopk", warmup_iters=1, tau=64, tau_prime=32, timeout=60.0):
+    def __init__(self, process_group=None, density=0.01, algorithm=None, warmup_iters=2, tau=64, tau_prime=32, timeout=60.0,
+                 value_dtype="float32", stochastic_rounding=False):
         if not _is_real(density) or not 0.0 < density <= 1.0:
             raise ValueError(f"density must be a real number in (0, 1], got {density!r}")
-        if algorithm not in ALGORITHMS:
-            raise ValueError(f"unknown algorithm {algorithm!r}; one of {', '.join(ALGORITHMS)}")
-        if not _is_int(warmup_iters) or warmup_iters < 1:
-            raise ValueError(f"warmup_iters must be an integer >= 1 (DDP rebuilds buckets after the first iteration), got {warmup_iters!r}")
+        if algorithm is None:
+            algorithm = _lib.default_algorithm()
+        _lib.algorithm_code(algorithm)  # ValueError naming the choices
+        if not _is_int(warmup_iters) or warmup_iters < 2:
+            raise ValueError(
+                f"warmup_iters must be an integer >= 2 (DDP rebuilds its buckets after the first iteration, and the "
+                f"hook learns the rebuilt layout in the second), got {warmup_iters!r}"
+            )
         for name, value in (("tau", tau), ("tau_prime", tau_prime)):
             if not _is_int(value) or not 1 <= value <= _MAX_INT32:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if not _is_real(timeout) or not 0.0 < timeout <= _MAX_INT32 / 1000:
             raise ValueError(f"timeout must be a positive number of seconds (at most {_MAX_INT32 // 1000}), got {timeout!r}")
+        value_dtype = value_dtype_name(value_dtype)
+        if value_dtype != "float32" and algorithm not in _REDUCED_VALUE_ALGORITHMS:
+            raise ValueError(
+                f"value_dtype {value_dtype} needs algorithm oktopk, topka or gaussiank; {algorithm!r} keeps no residual or "
+                f"sends partial sums, whose rounding errors no rank's residual could take back"
+            )
+        if not isinstance(stochastic_rounding, bool) or stochastic_rounding and value_dtype == "float32":
+            raise ValueError(f"stochastic_rounding must be a bool, and True only with float16 or bfloat16 values, got {stochastic_rounding!r}")
         self.density = float(density)
         self.algorithm = algorithm
         self.warmup_iters = int(warmup_iters)
         self.tau = int(tau)
         self.tau_prime = int(tau_prime)
         self.timeout = float(timeout)
+        self.value_dtype = value_dtype
+        self.stochastic_rounding = stochastic_rounding
         self.process_group = process_group
         self.iter = 0
         self.bytes_sent = 0
         self.bytes_received = 0
         self.comm_seconds = 0.0
+        # Sparse library calls per algorithm that ran (with "auto", what it
+        # chose), e.g. {"oktopk": 120, "dense_rabenseifner": 40}.
+        self.algorithm_counts = {}
         self._comm = None
         self._worker = None
         self._pending_state = {}
@@ -143,6 +196,19 @@ class OkTopkState:
         # grown to the largest group and reused by every call; see
         # _staging_for.
         self._staging = {}
+        # Iterations this process has run through the hook: DDP's first one
+        # (0 here) uses its provisional bucket layout, every later one the
+        # rebuilt layout, whatever state.iter a checkpoint resumed from.
+        self._hook_iters = 0
+        # (rank, world size) a loaded checkpoint belongs to, until checked
+        # against this process's (at load, or at communicator setup when the
+        # process group did not exist yet at load).
+        self._owner = None
+        # Canonical index -> whether the parameter's gradient was accumulated
+        # since its bucket was last reduced (None: not known, its hook was
+        # registered since), and the hooks' handles.
+        self._used = {}
+        self._grad_hooks = []
 
     # -- a bucket layout that survives DDP's bucket rebuild ------------------
     #
@@ -153,12 +219,16 @@ class OkTopkState:
     # members, so neither DDP's reordering inside a bucket nor a process
     # restart changes which residual a gradient entry meets.
     #
-    # The groups are the buckets of the first sparse iteration (DDP's rebuilt
-    # layout). A DDP bucket whose members are not one known group (the first
-    # iteration of a resumed run sees DDP's initial layout again) goes to a
-    # pool instead; each group is reduced once all its parameters have
-    # arrived, and a bucket's future completes once all of its parameters
-    # are reduced. Hooks fire in the same order on every rank, so every rank
+    # The groups are DDP's rebuilt buckets, recorded from the first iteration
+    # that is not DDP's first in this process: in a run from the start that
+    # is iteration 1, still in the warm-up (warmup_iters >= 2), so the layout
+    # is in every checkpoint taken at or after the first sparse step; a run
+    # resumed from a checkpoint taken before that learns it the same way. A
+    # DDP bucket whose members are not one known group (the first iteration
+    # of a resumed run sees DDP's initial layout again) goes to a pool
+    # instead; each group is reduced once all its parameters have arrived,
+    # and a bucket's future completes once all of its parameters are
+    # reduced. Hooks fire in the same order on every rank, so every rank
     # issues the same library calls in the same order.
 
     def _members(self, bucket):
@@ -166,21 +236,103 @@ class OkTopkState:
         the bucket's parameters, in bucket order."""
         at, members = 0, []
         for p in bucket.parameters():
-            index = self._param_index.setdefault(id(p), len(self._param_index))
+            index = self._param_index.get(id(p))
+            if index is None:
+                index = self._param_index[id(p)] = len(self._param_index)
+                self._watch(p, index)
             members.append((index, at, at + p.numel()))
             at += p.numel()
         return members
+
+    # -- parameters DDP found unused ----------------------------------------
+    #
+    # With find_unused_parameters=True, DDP zeroes an unused parameter's slot
+    # in the bucket before the hook runs, and when no rank used it, leaves
+    # its .grad untouched, discarding what the hook returns for it. A residual
+    # the library sent for it would then be lost. So each rank holds back the
+    # parameters it did not use at this step (the library keeps their
+    # residual); where another rank used one, that rank's values still arrive
+    # and DDP applies the average, as without oktopk.
+    #
+    # A post-accumulate-grad hook marks a parameter used; it runs before
+    # DDP's own hook on the same gradient accumulator, so before the bucket
+    # is reduced. Under no_sync() the marks accumulate until the synchronised
+    # step, as DDP's own record of used parameters does.
+
+    def _watch(self, p, index):
+        self._used[index] = None
+        if hasattr(p, "register_post_accumulate_grad_hook"):  # torch >= 2.1
+            self._grad_hooks.append(p.register_post_accumulate_grad_hook(lambda _, i=index: self._used.__setitem__(i, True)))
+
+    def _take_unused(self, members, tensor):
+        """Canonical indices of the bucket's parameters unused on this rank
+        since its last reduction; resets the marks. A parameter without a
+        mark yet counts as unused when its slot in tensor is all zeros
+        (tensor None: only reset the marks)."""
+        unused = set()
+        for i, a, b in members:
+            used = self._used.get(i)
+            if used is None:
+                used = tensor is None or bool(tensor[a:b].any())
+            self._used[i] = False
+            if not used:
+                unused.add(i)
+        return unused
 
     def _add_group(self, group_id, members):
         self._groups[group_id] = members
         for i in members:
             self._group_of[i] = group_id
 
+    def _learn_group(self, indices):
+        """Record a rebuilt-layout bucket (sorted canonical indices) as a
+        group unless its parameters already belong to groups; returns its
+        group id."""
+        group_id = _group_id(indices)
+        if group_id not in self._groups and not any(i in self._group_of for i in indices):
+            self._add_group(group_id, tuple(indices))
+        return group_id
+
+    # -- which rank a checkpoint belongs to ---------------------------------
+
+    def _placement(self):
+        """(rank, world size) of this process in the state's group, or None
+        before the process group exists."""
+        if not dist.is_available() or not dist.is_initialized():
+            return None
+        return dist.get_rank(self.process_group), dist.get_world_size(self.process_group)
+
+    def _check_owner(self):
+        """Refuse a checkpoint of another rank or world size: its residuals
+        are another rank's unsent gradients, or a partition among another
+        number of ranks. Loaded anyway it would make the run drift, or fail
+        at the first sparse step."""
+        here = self._placement()
+        if self._owner is None or here is None:
+            return
+        (rank, size), (saved_rank, saved_size) = here, self._owner
+        if saved_size != size:
+            raise ValueError(
+                f"oktopk: this OkTopkState checkpoint was saved by a run of {saved_size} ranks, and this run has {size}: "
+                f"each rank's residuals are its own and cannot be repartitioned. Resume with {saved_size} ranks, or do "
+                f"not load the oktopk state (load only the model and optimizer) and its residuals start afresh."
+            )
+        if saved_rank != rank:
+            raise ValueError(
+                f"oktopk: this OkTopkState checkpoint belongs to rank {saved_rank}, and this process is rank {rank} of "
+                f"{size}: each rank keeps its own residuals and must load its own state. Save every rank's state_dict() "
+                f"(e.g. to a file named with dist.get_rank()), or collect them on rank 0 with dist.gather_object, and "
+                f"load on each rank the state of that rank."
+            )
+        self._owner = None  # checked
+
     # -- communicator and worker, made on first sparse use -----------------
 
     def _communicator(self):
         if self._comm is None:
-            self._comm = Communicator(self.process_group, self.algorithm, self.density, self.tau, self.tau_prime, self.timeout)
+            self._check_owner()
+            self._comm = Communicator(self.process_group, self.algorithm, self.density, self.tau, self.tau_prime, self.timeout,
+                                      value_dtype=self.value_dtype, stochastic_rounding=self.stochastic_rounding)
             for bucket_id, blob in self._pending_state.items():
                 self._comm.load_tensor_state(bucket_id, blob)
             self._pending_state = {}
@@ -192,9 +344,19 @@ class OkTopkState:
 
     def _reduce_pieces(self, group_id, pieces):
         """Sparse allreduce of the concatenation of pieces ((tensor, start,
-        end), canonical order), written back into them. A step the library
-        skipped for a non-finite gradient (on any rank, so on every rank)
-        comes back as NaN."""
+        end, held), canonical order), written back into them; the held ones
+        (parameters unused on this rank) are held back in the library. A step
+        the library skipped for a non-finite gradient (on any rank, so on
+        every rank) comes back as NaN."""
+        hold, at = [], 0
+        for _, a, b, held in pieces:
+            if held:
+                if hold and hold[-1][1] == at:
+                    hold[-1] = (hold[-1][0], at + b - a)
+                else:
+                    hold.append((at, at + b - a))
+            at += b - a
+        pieces = [piece[:3] for piece in pieces]
         merged = [pieces[0]]
         for t, a, b in pieces[1:]:
             if t is merged[-1][0] and a == merged[-1][2]:
@@ -220,7 +382,7 @@ class OkTopkState:
                 host[at : at + b - a].copy_(t[a:b])
                 at += b - a
         try:
-            stats = self._comm.sparse_allreduce_(group_id, host)
+            stats = self._comm.sparse_allreduce_(group_id, host, hold)
         except OkTopkError as e:
             if e.code != _lib.NON_FINITE:
                 raise
@@ -236,6 +398,8 @@ class OkTopkState:
                 self.bytes_sent += stats.bytes_sent
                 self.bytes_received += stats.bytes_received
                 self.comm_seconds += stats.total_seconds
+                ran = _lib.algorithm_name(stats.algorithm)
+                self.algorithm_counts[ran] = self.algorithm_counts.get(ran, 0) + 1
 
     def _staging_for(self, n, dtype, pinned):
         """n elements of dtype in the state's staging memory (pinned for
@@ -253,19 +417,20 @@ class OkTopkState:
         return buf[:need].view(dtype)
 
     def _reduce_bucket(self, group_id, tensor, slices, fut, stream):
-        # Worker thread: one DDP bucket that is exactly one group.
+        # Worker thread: one DDP bucket that is exactly one group; slices are
+        # (start, end, held).
         try:
             with _on_stream(stream):
-                self._reduce_pieces(group_id, [(tensor, a, b) for a, b in slices])
+                self._reduce_pieces(group_id, [(tensor, a, b, held) for a, b, held in slices])
                 fut.set_result(tensor)
         except BaseException as e:  # noqa: BLE001 - the future carries it to DDP
             fut.set_exception(e)
 
-    def _pool_bucket(self, tensor, members, fut, stream):
+    def _pool_bucket(self, tensor, members, unused, fut, stream):
         # Worker thread: a DDP bucket that is not one group (see above).
         pending = _PendingBucket(tensor, fut, stream, {i for i, _, _ in members})
         for i, a, b in members:
-            self._pool[i] = (pending, a, b)
+            self._pool[i] = (pending, a, b, i in unused)
 
         def reduce_complete_groups():
             for group_id in sorted({self._group_of[i] for i, _, _ in members if i in self._group_of}):
@@ -294,7 +459,7 @@ class OkTopkState:
         try:
             work()
         except BaseException as e:  # noqa: BLE001 - every waiting future carries it to DDP
-            waiting = {id(p): p for p, _, _ in self._pool.values()}
+            waiting = {id(p): p for p, _, _, _ in self._pool.values()}
             self._pool.clear()
             for p in waiting.values():
                 if not p.future.done():
@@ -305,13 +470,13 @@ class OkTopkState:
         entries = [self._pool[i] for i in members]
         try:
             with _on_stream(entries[0][0].stream):
-                self._reduce_pieces(group_id, [(p.tensor, a, b) for p, a, b in entries])
+                self._reduce_pieces(group_id, [(p.tensor, a, b, held) for p, a, b, held in entries])
         except BaseException as e:  # noqa: BLE001
-            for p, _, _ in entries:
+            for p, _, _, _ in entries:
                 if not p.future.done():
                     p.future.set_exception(e)
             raise
-        for i, (p, _, _) in zip(members, entries):
+        for i, (p, _, _, _) in zip(members, entries):
             del self._pool[i]
             p.remaining.discard(i)
             if not p.remaining:
@@ -321,9 +486,10 @@ class OkTopkState:
     # -- checkpointing -----------------------------------------------------
 
     def state_dict(self):
-        """Iteration counter, the parameter groups residuals are kept in, and
-        every group's residual and thresholds, so a resumed run continues
-        where this one stopped (also into DDP's initial bucket layout)."""
+        """Iteration counter, the parameter groups residuals are kept in,
+        every group's residual and thresholds, and the rank and world size
+        they belong to, so a resumed run continues where this one stopped
+        (also into DDP's initial bucket layout). Every rank saves its own."""
         tensors = dict(self._pending_state)
         if self._comm is not None:
             if self._worker is not None:
@@ -331,11 +497,31 @@ class OkTopkState:
             for group_id in sorted(self._groups):
                 tensors[group_id] = self._comm.save_tensor_state(group_id)
         layout = {group_id: list(members) for group_id, members in self._groups.items()}
-        return {"iter": self.iter, "density": self.density, "algorithm": self.algorithm, "tensors": tensors, "layout": layout}
+        rank, size = self._placement() or self._owner or (None, None)
+        return {
+            "iter": self.iter,
+            "density": self.density,
+            "algorithm": self.algorithm,
+            "tensors": tensors,
+            "layout": layout,
+            "rank": rank,
+            "world_size": size,
+        }
 
     def load_state_dict(self, state):
+        """Restore a state_dict() saved by this same rank of a run of the same
+        world size; another rank's or another size's raises ValueError (here,
+        or at the first sparse step when the process group does not exist
+        yet), saying what to do."""
         if state.get("algorithm", self.algorithm) != self.algorithm:
             raise ValueError(f"checkpoint was made with algorithm {state['algorithm']!r}, this state uses {self.algorithm!r}")
+        previous = self._owner
+        self._owner = None if state.get("world_size") is None else (int(state["rank"]), int(state["world_size"]))
+        try:
+            self._check_owner()
+        except ValueError:
+            self._owner = previous
+            raise
         self.iter = int(state["iter"])
         tensors = dict(state.get("tensors", {}))
         self._groups, self._group_of = {}, {}
@@ -353,10 +539,16 @@ class OkTopkState:
             "tau": self.tau,
             "tau_prime": self.tau_prime,
             "timeout": self.timeout,
+            "value_dtype": self.value_dtype,
+            "stochastic_rounding": self.stochastic_rounding,
         }
 
     def __setstate__(self, state):
-        OkTopkState.__init__(self, None, state["density"], state["algorithm"], state["warmup_iters"], state["tau"], state["tau_prime"], state["timeout"])
+        # A state pickled before warm-ups of 1 were refused: its iterations
+        # past the warm-up are unaffected by the longer one.
+        warmup_iters = max(state["warmup_iters"], 2)
+        OkTopkState.__init__(self, None, state["density"], state["algorithm"], warmup_iters, state["tau"], state["tau_prime"], state["timeout"],
+                             state.get("value_dtype", "float32"), state.get("stochastic_rounding", False))
         self.load_state_dict(state)
 
     def close(self):
@@ -371,6 +563,10 @@ class OkTopkState:
             self._comm.destroy()
             self._comm = None
         self._staging = {}
+        for handle in self._grad_hooks:
+            handle.remove()
+        self._grad_hooks = []
+        self._used = {i: None for i in self._used}
 
 
 def _on_stream(stream):
@@ -397,10 +593,16 @@ def oktopk_hook(state: OkTopkState, bucket: dist.GradBucket) -> torch.futures.Fu
     # Every bucket of one iteration is in the same phase: they were all
     # fired with the same state.iter, which the last one advances.
     phase_iter = state.iter
+    rebuilt = state._hook_iters > 0  # not DDP's first, provisional, layout
     if is_last:
         state.iter += 1
+        state._hook_iters += 1
     members = state._members(bucket)  # numbers the parameters in the first layout
-    if phase_iter < state.warmup_iters:
+    sparse = phase_iter >= state.warmup_iters
+    unused = state._take_unused(members, tensor if sparse else None)
+    if not sparse:
+        if rebuilt:
+            state._learn_group(sorted(i for i, _, _ in members))
         group = state.process_group
         world = dist.get_world_size(group)
         fut = dist.all_reduce(tensor, group=group, async_op=True).get_future()
@@ -414,14 +616,12 @@ def oktopk_hook(state: OkTopkState, bucket: dist.GradBucket) -> torch.futures.Fu
     else:
         fut, stream = torch.futures.Future(), None
     indices = sorted(i for i, _, _ in members)
-    group_id = _group_id(indices)
-    if group_id in state._groups or not any(i in state._group_of for i in indices):
-        if group_id not in state._groups:
-            state._add_group(group_id, tuple(indices))
-        slices = [(a, b) for _, a, b in sorted(members)]  # canonical order
+    group_id = state._learn_group(indices)
+    if group_id in state._groups:
+        slices = [(a, b, i in unused) for i, a, b in sorted(members)]  # canonical order
         state._worker.submit(state._reduce_bucket, group_id, tensor, slices, fut, stream)
     else:
-        state._worker.submit(state._pool_bucket, tensor, members, fut, stream)
+        state._worker.submit(state._pool_bucket, tensor, members, unused, fut, stream)
     if is_last:
         state._worker.submit(state._flush_pool)
     return fut

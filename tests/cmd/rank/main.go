@@ -8,6 +8,12 @@
 // ended through its exit status: exitError for a call that failed cleanly
 // (after printing "call N failed after D: err" and "closed in D"),
 // exitWrongResult for a wrong element. Anything else is a crash.
+//
+// In -auto mode it runs a random sequence of Auto calls, the same sequence
+// on every rank (tensors of 1 to 2^17 elements, densities from 0.1% to 1,
+// the three caller dtypes, re-measurements of the link in between), and
+// prints each call's algorithm and output hash, which must be the same on
+// every rank.
 package main
 
 import (
@@ -15,6 +21,7 @@ import (
 	"flag"
 	"fmt"
 	"hash/fnv"
+	"math/rand/v2"
 	"os"
 	"time"
 
@@ -29,7 +36,15 @@ func main() {
 	loop := flag.Int("loop", 0, "instead: this many verified calls of -alg, each limited by -call-timeout (fault tests)")
 	callTimeout := flag.Duration("call-timeout", 3*time.Second, "limit of one call in -loop mode")
 	algName := flag.String("alg", "oktopk", "algorithm of -loop mode")
+	auto := flag.Int("auto", 0, "instead: this many random Auto calls, printing each one's algorithm and output hash")
 	flag.Parse()
+	if *auto > 0 {
+		if err := runAuto(*auto, *timeout); err != nil {
+			fmt.Fprintln(os.Stderr, "rank:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if *loop > 0 {
 		alg, err := core.ParseAlgorithm(*algName)
 		if err != nil {
@@ -146,6 +161,59 @@ func run(n, iters int, timeout time.Duration) error {
 		h := fnv.New64a()
 		h.Write(core.Float32Bytes(data))
 		fmt.Printf("rank %d/%d %-22s ok hash %016x\n", rank, p, alg, h.Sum64())
+	}
+	return nil
+}
+
+// runAuto runs calls random Auto calls (see the package comment).
+func runAuto(calls int, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	z, err := transport.InitFromEnv(ctx, transport.ZMQOptions{})
+	if err != nil {
+		return err
+	}
+	defer z.Close()
+	comm := core.NewCommunicator(z)
+	sizes := []int{1, 21, 300, 5000, 40000, 1 << 17}
+	densities := []float64{0.001, 0.01, 0.1, 1}
+	dtypes := []transport.Dtype{transport.DtypeFloat32, transport.DtypeFloat16, transport.DtypeBFloat16}
+	shared := rand.New(rand.NewPCG(7, 7)) // the same on every rank
+	own := rand.New(rand.NewPCG(7, uint64(comm.Rank())+1))
+	half := make([]uint16, sizes[len(sizes)-1])
+	for i := 0; i < calls; i++ {
+		if i%10 == 0 {
+			start := time.Now()
+			m, err := comm.MeasureLink(ctx)
+			if err != nil {
+				return fmt.Errorf("measuring the link before call %d: %w", i, err)
+			}
+			fmt.Printf("link measured in %.1f ms: %v\n", float64(time.Since(start).Microseconds())/1e3, m)
+		}
+		tensor := shared.IntN(len(sizes))
+		n, dt := sizes[tensor], dtypes[shared.IntN(len(dtypes))]
+		cfg := core.Config{Algorithm: core.Auto, Density: densities[shared.IntN(len(densities))], Tau: 4, TauPrime: 8}
+		grad := make([]float32, n)
+		for j := range grad {
+			grad[j] = float32(own.NormFloat64())
+		}
+		// What the C ABI does with a half-precision buffer: values of that
+		// precision, reduced as float32.
+		switch dt {
+		case transport.DtypeFloat16:
+			core.Float32ToFloat16(half[:n], grad)
+			core.Float16ToFloat32(grad, half[:n])
+		case transport.DtypeBFloat16:
+			core.Float32ToBFloat16(half[:n], grad)
+			core.BFloat16ToFloat32(grad, half[:n])
+		}
+		st, err := comm.SparseAllreduce(core.WithCallerDtype(ctx, dt), uint64(tensor), grad, cfg)
+		if err != nil {
+			return fmt.Errorf("auto call %d (n=%d, density %g, %v): %w", i, n, cfg.Density, dt, err)
+		}
+		h := fnv.New64a()
+		h.Write(core.Float32Bytes(grad))
+		fmt.Printf("auto call %d %v %016x\n", i, st.Algorithm, h.Sum64())
 	}
 	return nil
 }

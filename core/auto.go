@@ -1,0 +1,381 @@
+package core
+
+// Auto: the collective of every call chosen from a cost model, as NCCL's
+// tuner picks ring or tree per call.
+//
+// A call with Auto works as follows.
+//
+//  1. Link model. The communicator's first Auto call measures α, β and γ
+//     under a sequence number of its own (linkmodel.go), unless
+//     MeasureLink or SetLinkModel gave it one already.
+//  2. Predict. For every candidate, predict the call's time from what
+//     every rank knows alike — n, k = ⌈density·n⌉, P, τ, τ′ and the agreed
+//     model — never from what one rank alone knows (its local count, its
+//     residual, whether it already holds a state): rounds·α + bytes·β +
+//     bytes of memory passes·γ (predictTerms below has each algorithm's
+//     terms, counted from this library's implementations: the rounds of
+//     the NaN agreement and of the ring allgathers included, and Ok-Topk's
+//     volume as measured, 2.2× the lower bound in calls that reuse its
+//     thresholds). Every rank computes the same numbers in the same order,
+//     each product rounded on its own (no fused multiply-add), so every
+//     rank chooses the same algorithm; a rank that chose otherwise would
+//     fail the call with ErrMismatch on "algorithm", never mix data.
+//  3. Choose. The cheapest sparse algorithm, unless a dense allreduce is
+//     predicted within denseMargin of it: dense is exact (nothing waits in
+//     a residual), so a sparse algorithm must save time to be worth its
+//     error feedback. With one rank nothing travels and dense is chosen.
+//     Two algorithms are not candidates. Gaussiank: its count is only
+//     estimated, so its volume cannot be predicted, and on the model's
+//     terms it equals TopkA with more passes. gTopk: it loses gradient
+//     mass — a rank whose partial sum was cut on the way up the tree still
+//     zeroes its selected entry when another subtree brings that index to
+//     the root — and Auto must never lose mass whatever it switches to.
+//  4. Run the choice on the tensor's state, which every Auto call keeps
+//     (so that a checkpoint holds every tensor, whatever was chosen).
+//     Residuals are per tensor whatever the algorithm. A dense choice
+//     reduces gradient + residual and empties the residual, so switching
+//     never strands gradient mass. NaN or Inf on any rank shows in the sum,
+//     which every rank holds bitwise alike, so every rank skips the step
+//     (ErrNonFinite) with its buffer and state as before, without an
+//     agreement round. Ok-Topk's state stays valid across other
+//     algorithms: its region boundaries and global threshold are values
+//     every rank agreed on, and its reused local threshold, stale after
+//     other calls, is guarded as always (when more than 4k/3 or fewer than
+//     k/2 entries pass it, that call selects exactly). Every call, dense
+//     ones on a state included, counts in the tensor's call count, which
+//     schedules Ok-Topk's refreshes alike on every rank.
+//
+// OKTOPK_DEBUG_AUTO=1 logs every choice, its prediction and its measured
+// time (and the runner-up) to stderr; Stats carries the algorithm that ran
+// and the prediction on every call.
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/bits"
+	"os"
+	"time"
+
+	"github.com/oktopk/oktopk/transport"
+)
+
+// denseMargin: a dense allreduce is chosen when predicted within this
+// fraction of the fastest sparse algorithm.
+const denseMargin = 0.05
+
+// okTopkReuseVolume is Ok-Topk's payload in calls that reuse its thresholds,
+// as a multiple of the lower bound 2k(P−1)/P words, as measured by the
+// benchmark at every P (2.21–2.27).
+const okTopkReuseVolume = 2.2
+
+// Passes over an n-element float32 array (4n bytes each, read or written)
+// of one call, counted from the implementations.
+const (
+	// Dense under Auto: a copy kept to undo a failed or skipped step (2),
+	// gradient + residual (3), the reduction's adds and copies (5(P−1)/P,
+	// added where used), the check for NaN/Inf fused with the average (2),
+	// the residual emptied (1).
+	denseAutoPasses = 8.0
+	// Exact top-k baselines: accumulate grad + residual (3), exact top-k
+	// (1.8, the radix select's measured cost over one read), residual update
+	// (2), scatter of the result (1).
+	exactSelectPasses = 7.8
+	// Gaussiank: accumulate (3), mean and deviation (1), selection and its
+	// corrections (4), residual (2), scatter (1).
+	gaussianPasses = 11.0
+	// Ok-Topk in a reuse call: accumulation fused with the threshold
+	// selection (3.2), residual (2), scatter (1); plus 3/P for the owner's
+	// dense region sum and 1.6/τ′ for the exact refresh.
+	okTopkPasses = 6.2
+)
+
+// costTerms are one call's predicted work on one rank's critical path.
+type costTerms struct {
+	rounds  float64 // messages in sequence
+	bytes   float64 // bytes sent in sequence
+	passes  float64 // passes over an n-element float32 array
+	entries float64 // (index, value) pairs merged or copied: 16 bytes of memory traffic each
+}
+
+// mul is a product rounded on its own: Go may fuse a*b+c into one
+// multiply-add on some architectures, which rounds differently, and every
+// rank must compute the same bits.
+func mul(a, b float64) float64 { return float64(a * b) }
+
+// predictTerms are alg's terms for a call on n elements selecting k, over p
+// ranks; sparseInput: the sparse-input form, whose cost follows the pairs,
+// not n (no passes over n).
+func predictTerms(alg Algorithm, n, k, p int, cfg Config, sparseInput bool) costTerms {
+	N, K, P := float64(n), float64(k), float64(p)
+	L := float64(bits.Len(uint(p - 1))) // ⌈log₂ P⌉
+	pp := 1 << (bits.Len(uint(p)) - 1)  // P′, the largest power of two ≤ P
+	Pp, Lp := float64(pp), float64(bits.Len(uint(pp))-1)
+	fold := b2f(pp != p) // Rabenseifner and SSAR fold the extra ranks in and out
+	f := (P - 1) / P
+	// The sum of the P selections: disjoint at worst.
+	U := math.Min(N, mul(K, P))
+	var t costTerms
+	switch alg {
+	case DenseRing:
+		t = costTerms{rounds: 2 * (P - 1), bytes: mul(8*N, f), passes: denseAutoPasses + 5*f}
+	case DenseRabenseifner:
+		t = costTerms{rounds: 2*Lp + 2*fold, bytes: mul(8*N, (Pp-1)/Pp) + mul(8*N, fold), passes: denseAutoPasses + 5*f}
+	case TopkA, Gaussiank:
+		// The NaN agreement (⌈log₂ P⌉ rounds), then a ring allgather of k
+		// pairs per rank, summed in rank order: the running sum grows by
+		// k pairs per part.
+		t = costTerms{rounds: L + P - 1, bytes: mul(8*K, P-1), passes: exactSelectPasses, entries: mul(K, (mul(P, P)+P-2)/2)}
+		if alg == Gaussiank {
+			t.passes = gaussianPasses
+		}
+	case SSARRecursiveDouble:
+		// Agreement, then recursive doubling: round i sends the partial
+		// sum of 2^i ranks.
+		t = costTerms{rounds: L + Lp + 2*fold, bytes: mul(8*K, Pp-1) + mul(fold, 8*K+8*U), passes: exactSelectPasses, entries: mul(2*K, Pp)}
+	case TopkDSA, SSARSplitAllgather, DSARSplitAllgather:
+		// Agreement, split (P−1 exchanges of k/P pairs), ring allgather of
+		// the reduced regions: pairs, or dense values past the switch.
+		gather := mul(8*U, f)
+		switch {
+		case alg == TopkDSA && 3*U > N, alg == DSARSplitAllgather && 2*U >= N:
+			gather = mul(4*N, f)
+		}
+		t = costTerms{rounds: L + 2*(P-1), bytes: mul(8*K, f) + gather, passes: exactSelectPasses, entries: mul(K, P) + U}
+	case GTopk:
+		// Agreement, then a binomial tree up and down: the root receives
+		// and sends k pairs in each of ⌈log₂ P⌉ rounds.
+		t = costTerms{rounds: 3 * L, bytes: mul(16*K, L), passes: exactSelectPasses, entries: mul(4*K, L)}
+	case OkTopk:
+		if k == n && !sparseInput {
+			// Density 1: its NaN agreement, then a dense ring (accumulated
+			// into a scratch array: no copy kept, one copied back).
+			t = predictTerms(DenseRing, n, k, p, cfg, false)
+			t.rounds += L
+			break
+		}
+		tau, tauPrime := float64(cfg.Tau), float64(cfg.TauPrime)
+		// Split and reduce (P−1), histograms, one refinement round,
+		// balance, allgatherv; a repartition every τ calls and a few more
+		// refinement rounds for the exact cut every τ′.
+		t = costTerms{
+			rounds: P - 1 + 3*L + 1 + L/tau + 4*L/tauPrime,
+			bytes: mul(okTopkReuseVolume*8*K, f) + mul(4*(81+64), P-1) +
+				mul(16*(P+1), P-1)/tau,
+			passes:  okTopkPasses + 3/P + 1.6/tauPrime,
+			entries: 3 * K,
+		}
+	}
+	if sparseInput {
+		t.passes = 0
+	}
+	if p <= 1 {
+		t.rounds, t.bytes = 0, 0 // nothing travels
+	}
+	return t
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// seconds is the model's time for terms t on n elements.
+func (m LinkModel) seconds(t costTerms, n int) float64 {
+	memory := mul(mul(t.passes, 4*float64(n))+mul(t.entries, 16), m.Gamma)
+	return mul(t.rounds, m.Alpha) + mul(t.bytes, m.Beta) + memory
+}
+
+// Predict is the model's time for one call of alg on n elements with cfg's
+// density and periods over p ranks (a dense gradient; alg not Auto).
+func (m LinkModel) Predict(alg Algorithm, n, p int, cfg Config) time.Duration {
+	return duration(m.seconds(predictTerms(alg, n, cfg.K(n), p, cfg, false), n))
+}
+
+// Choose is Auto's choice for a call on a dense gradient of n elements with
+// cfg's density and periods over p ranks, and its predicted time.
+func (m LinkModel) Choose(n, p int, cfg Config) (Algorithm, time.Duration) {
+	ch := m.choose(n, p, cfg, false)
+	return ch.alg, duration(ch.predicted)
+}
+
+// choice is an Auto decision: the algorithm, its prediction, and the
+// runner-up (for the debug log).
+type choice struct {
+	alg, next                Algorithm
+	predicted, nextPredicted float64
+}
+
+// autoCandidates are the algorithms Auto chooses from (see the top).
+var autoCandidates = []Algorithm{DenseRing, DenseRabenseifner, OkTopk, TopkA, TopkDSA,
+	SSARRecursiveDouble, SSARSplitAllgather, DSARSplitAllgather}
+
+// choose ranks the candidates for a call (sparseInput: the sparse-input
+// form, among the algorithms that have one). Ties go to the earlier
+// algorithm of the enum.
+func (m LinkModel) choose(n, p int, cfg Config, sparseInput bool) choice {
+	k := cfg.K(n)
+	bestDense, bestSparse := choice{alg: -1, next: -1}, choice{alg: -1, next: -1}
+	for _, a := range autoCandidates {
+		if sparseInput {
+			if _, ok := sparseInputAlgorithms[a]; !ok {
+				continue
+			}
+		}
+		t := m.seconds(predictTerms(a, n, k, p, cfg, sparseInput), n)
+		best := &bestSparse
+		if a.Dense() {
+			best = &bestDense
+		}
+		switch {
+		case best.alg < 0 || t < best.predicted:
+			best.next, best.nextPredicted = best.alg, best.predicted
+			best.alg, best.predicted = a, t
+		case best.next < 0 || t < best.nextPredicted:
+			best.next, best.nextPredicted = a, t
+		}
+	}
+	if sparseInput {
+		return bestSparse
+	}
+	if p <= 1 || bestDense.predicted <= mul(bestSparse.predicted, 1+denseMargin) {
+		return choice{alg: bestDense.alg, predicted: bestDense.predicted, next: bestSparse.alg, nextPredicted: bestSparse.predicted}
+	}
+	return choice{alg: bestSparse.alg, predicted: bestSparse.predicted, next: bestDense.alg, nextPredicted: bestDense.predicted}
+}
+
+func duration(seconds float64) time.Duration {
+	return time.Duration(math.Round(seconds * 1e9))
+}
+
+// predicted is the model's time for a call of alg, or 0 without a model.
+func (c *Communicator) predicted(alg Algorithm, n int, cfg Config) time.Duration {
+	if c.link == nil || !alg.Valid() || alg == Auto {
+		return 0
+	}
+	return c.link.Predict(alg, n, c.Size(), cfg)
+}
+
+// autoSparseAllreduce is SparseAllreduce with Auto, as call seq (taken by
+// begin, the arguments checked). The link measurement, when there is none
+// yet, takes seq and the collective the next number.
+func (c *Communicator) autoSparseAllreduce(ctx context.Context, seq, id uint64, grad []float32, cfg Config, hold []Span) (Stats, error) {
+	var stats Stats
+	n := len(grad)
+	st, undo, err := c.callState(id, n, cfg)
+	if err != nil {
+		return stats, c.refuse(ctx, seq, err)
+	}
+	if seq, err = c.ensureLink(ctx, seq); err != nil {
+		undo()
+		return stats, c.end(err)
+	}
+	ch := c.link.choose(n, c.Size(), cfg, false)
+	if ch.alg.Dense() {
+		err = c.autoDense(ctx, seq, id, st, grad, ch.alg, &stats)
+		if err != nil {
+			undo()
+		}
+	} else {
+		err = c.sparseCall(ctx, seq, id, st, undo, grad, ch.alg, hold, &stats)
+	}
+	stats.Predicted = duration(ch.predicted)
+	c.logChoice(seq, id, n, cfg.K(n), ch, stats, err)
+	return stats, c.end(err)
+}
+
+// autoDense runs a dense choice of Auto as call seq: it reduces grad +
+// residual in grad and empties the residual. A failure, or NaN/Inf in the
+// sum (so on some rank, and seen alike by every rank), leaves grad and the
+// state as they were: grad is copied first into the communicator's scratch
+// (one array for every tensor, where a per-tensor accumulator would double
+// the memory of tensors that Auto keeps dense).
+func (c *Communicator) autoDense(ctx context.Context, seq, id uint64, st *TensorState, grad []float32, alg Algorithm, stats *Stats) error {
+	n, p := len(grad), c.Size()
+	start := time.Now()
+	stats.Algorithm, stats.K = alg, n
+	desc := DescribeCall(ctx, id, n, n)
+	desc.Completed = uint32(st.Iter)
+	call := NewCall(c.T, alg.Op(), seq, stats, WithDesc(desc))
+	if cap(c.before) < n {
+		c.before = make([]float32, n)
+	}
+	copy(c.before[:n], grad)
+	Accumulate(grad, grad, st.Residual) // NaN/Inf show in the sum
+	err := denseAlgorithms[alg](ctx, call, grad)
+	if err == nil {
+		if bad := scaleCountingNonFinite(grad, p); bad > 0 {
+			err = fmt.Errorf("%w: %d entries of the sum over the ranks: %w", ErrNonFinite, bad, errStepSkipped)
+		}
+	}
+	stats.Total = time.Since(start)
+	if err != nil {
+		copy(grad, c.before[:n])
+		return err
+	}
+	clear(st.Residual)
+	st.Iter++
+	stats.LocalSelected, stats.GlobalSelected = n, n
+	return nil
+}
+
+// scaleCountingNonFinite divides by p (as scale) and counts the entries
+// that are NaN or ±Inf.
+func scaleCountingNonFinite(v []float32, p int) int {
+	bad := 0
+	fp := float32(p)
+	for i, x := range v {
+		if x-x != 0 {
+			bad++
+		}
+		if p > 1 {
+			v[i] = x / fp
+		}
+	}
+	return bad
+}
+
+// autoChoose resolves Auto for the dense and sparse-input calls, as call seq
+// (the link measurement, when needed, takes seq); it returns the algorithm,
+// its prediction and the collective's sequence number.
+func (c *Communicator) autoChoose(ctx context.Context, seq uint64, n int, cfg Config, sparseInput bool) (choice, uint64, error) {
+	seq, err := c.ensureLink(ctx, seq)
+	if err != nil {
+		return choice{}, seq, err
+	}
+	if !sparseInput {
+		// A dense allreduce: the faster of the two dense algorithms.
+		r := c.link.seconds(predictTerms(DenseRing, n, n, c.Size(), cfg, false), n)
+		h := c.link.seconds(predictTerms(DenseRabenseifner, n, n, c.Size(), cfg, false), n)
+		if h < r {
+			return choice{alg: DenseRabenseifner, predicted: h, next: DenseRing, nextPredicted: r}, seq, nil
+		}
+		return choice{alg: DenseRing, predicted: r, next: DenseRabenseifner, nextPredicted: h}, seq, nil
+	}
+	return c.link.choose(n, c.Size(), cfg, true), seq, nil
+}
+
+func debugAuto() bool { return transport.Getenv("OKTOPK_DEBUG_AUTO") == "1" }
+
+func logAuto(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "oktopk: auto: "+format+"\n", args...)
+}
+
+// logChoice logs one Auto call when OKTOPK_DEBUG_AUTO=1.
+func (c *Communicator) logChoice(seq, id uint64, n, k int, ch choice, st Stats, err error) {
+	if !debugAuto() {
+		return
+	}
+	outcome := fmt.Sprintf("took %.3f ms", ms(st.Total))
+	if err != nil {
+		outcome = fmt.Sprintf("failed after %.3f ms: %v", ms(st.Total), err)
+	}
+	next := "none"
+	if ch.next >= 0 {
+		next = fmt.Sprintf("%v %.3f ms", ch.next, ch.nextPredicted*1e3)
+	}
+	logAuto("rank %d call %d tensor %d n=%d k=%d P=%d: %v predicted %.3f ms, %s (next: %s)",
+		c.Rank(), seq, id, n, k, c.Size(), ch.alg, ch.predicted*1e3, outcome, next)
+}

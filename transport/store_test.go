@@ -1,0 +1,99 @@
+package transport
+
+import (
+	"context"
+	"encoding/binary"
+	"net"
+	"runtime"
+	"testing"
+	"time"
+)
+
+// A store request whose bin header claims a 1 GiB value, 12 bytes in all:
+// decoding it must not allocate what it claims (msgpack's []byte decoding
+// allocates the claimed length up front), and the connection is dropped.
+func TestStoreRequestClaimingAHugeValueAllocatesNothingOfIt(t *testing.T) {
+	srv, err := ServeStore("127.0.0.1", 0, "job-token")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	body := []byte{0x81, 0xa1, 'v', 0xc6, 0x40, 0, 0, 0} // {"v": bin32 of 2^30 bytes}
+	msg := binary.LittleEndian.AppendUint32(nil, uint32(len(body)))
+	msg = append(msg, body...)
+
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	for i := 0; i < 4; i++ {
+		c, err := net.Dial("tcp", srv.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Write(msg); err != nil {
+			t.Fatal(err)
+		}
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		var b [1]byte
+		if _, err := c.Read(b[:]); err == nil {
+			t.Errorf("connection %d: the server answered a malformed request instead of dropping it", i)
+		}
+		c.Close()
+	}
+	runtime.ReadMemStats(&after)
+	if grew := after.TotalAlloc - before.TotalAlloc; grew > 16<<20 {
+		t.Fatalf("4 requests of %d bytes made the process allocate %d MiB", len(msg), grew>>20)
+	}
+	if srv.Refused() < 4 {
+		t.Errorf("refused %d, want at least 4", srv.Refused())
+	}
+}
+
+// Connections that have not shown the job token are capped: past
+// maxUnauthenticatedConns idle ones, more are closed at once and counted;
+// once the strangers go, the job's ranks are served as before.
+func TestStoreCapsConnectionsThatHaveNotShownTheToken(t *testing.T) {
+	srv, err := ServeStore("127.0.0.1", 0, "job-token")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	const extra = 16
+	var idle []net.Conn
+	for i := 0; i < maxUnauthenticatedConns+extra; i++ {
+		c, err := net.Dial("tcp", srv.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		idle = append(idle, c)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for srv.Refused() < extra && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := srv.Refused(); got != extra {
+		t.Fatalf("refused %d connections of %d, want %d over the cap of %d", got, len(idle), extra, maxUnauthenticatedConns)
+	}
+	if got := srv.strangers.Load(); got != maxUnauthenticatedConns {
+		t.Fatalf("%d unauthenticated connections held, want the cap %d", got, maxUnauthenticatedConns)
+	}
+	for _, c := range idle {
+		c.Close()
+	}
+	for srv.strangers.Load() > 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	st, err := DialStore(ctx, srv.Addr(), "job-token")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.(*tcpStore).Close()
+	if err := st.Set(ctx, "k", []byte("v")); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := st.Get(ctx, "k"); err != nil || string(v) != "v" {
+		t.Fatalf("get after the strangers left: %q, %v", v, err)
+	}
+}
