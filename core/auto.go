@@ -299,17 +299,23 @@ func (c *Communicator) autoDense(ctx context.Context, seq, id uint64, st *Tensor
 	desc := DescribeCall(ctx, id, n, n)
 	desc.Completed = uint32(st.Iter)
 	call := NewCall(c.T, alg.Op(), seq, stats, WithDesc(desc))
+	// The copy and the accumulate pass are the select phase, as in the
+	// sparse algorithms; the phases are ended before the total is taken,
+	// so that they add up to it (the algorithm's last phase stays open).
+	call.Phase(PhaseSelect)
 	if cap(c.before) < n {
 		c.before = make([]float32, n)
 	}
 	copy(c.before[:n], grad)
 	Accumulate(grad, grad, st.Residual) // NaN/Inf show in the sum
 	err := denseAlgorithms[alg](ctx, call, grad)
+	call.Phase(PhaseOutput)
 	if err == nil {
 		if bad := scaleCountingNonFinite(grad, p); bad > 0 {
 			err = fmt.Errorf("%w: %d entries of the sum over the ranks: %w", ErrNonFinite, bad, errStepSkipped)
 		}
 	}
+	call.EndPhases()
 	stats.Total = time.Since(start)
 	if err != nil {
 		copy(grad, c.before[:n])

@@ -9,61 +9,78 @@ package core
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"sort"
 
 	"github.com/oktopk/oktopk/transport"
 )
 
-// reduceWithErrorFeedback is the dense-gradient form of a baseline: it forms
-// acc = grad + residual, agrees with every rank that all of them are finite
-// (else every rank skips the step), selects this rank's entries with
-// selectLocal, reduces them with reduce (which returns the summed global
-// result, identical on every rank), and only then — once nothing can fail any
-// more — writes the averaged result into grad and the new residual into st
-// (the entries selected here and present in the global result are zeroed; the
-// rest wait for a later call).
 // exactLocalTopK is the local selection of the top-k baselines: the exact
 // top-k of acc, with the threshold that reselects it by |acc| > threshold
 // (the (k+1)-th largest magnitude) recorded in the call's statistics, both
-// from the selection's own passes.
-func exactLocalTopK(call *Call) func(acc []float32, k int) (Sparse, error) {
-	return func(acc []float32, k int) (Sparse, error) {
+// from the selection's own passes, in dst's storage. NaN or ±Inf in acc is
+// ErrNonFinite.
+func exactLocalTopK(call *Call) func(dst Sparse, acc vec, k int) (Sparse, error) {
+	return func(dst Sparse, acc vec, k int) (Sparse, error) {
 		var th float32
-		local, err := SelectByThreshold(Sparse{}, acc, k, &th, true)
+		local, _, err := selectByThresholdOf(dst, acc, k, &th, true, selectionChunks(acc.len()))
 		call.Stats.LocalThreshold = th
 		return local, err
 	}
 }
 
+// reduceWithErrorFeedback is the dense-gradient form of a baseline: it
+// selects this rank's entries of acc = grad + residual with selectLocal
+// (acc is never stored: the selection's passes form it as they read, see
+// vec.go), agrees with every rank that all of them are finite (else every
+// rank skips the step), reduces the entries with reduce (which returns the
+// summed global result, identical on every rank), and only then — once
+// nothing can fail any more — writes the averaged result into grad and the
+// new residual into st (for the entries selected here and present in the
+// global result, acc less the value sent: zero, or the rounding error of a
+// 16-bit value; the rest, held entries included, wait for a later call).
+//
+// selectLocal writes into the storage it is given (the communicator's,
+// kept for the next call) and reports NaN or ±Inf in acc as ErrNonFinite;
+// they are then counted for the agreement, in a pass of their own only on
+// that rare path.
 func reduceWithErrorFeedback(ctx context.Context, call *Call, st *TensorState, grad []float32,
-	selectLocal func(acc []float32, k int) (Sparse, error), reduce sparseInputFunc) error {
+	selectLocal func(dst Sparse, acc vec, k int) (Sparse, error), reduce sparseInputFunc) error {
 	n := len(grad)
 	if len(st.Residual) != n {
 		return fmt.Errorf("%w: residual holds %d elements, gradient %d", ErrInvalidArgument, len(st.Residual), n)
 	}
-	// The accumulator is kept in the tensor's state: no per-call allocation
-	// proportional to n.
-	call.Phase(PhaseSelect) // the accumulate pass counts as selection, as in Ok-Topk's fused pass
-	if cap(st.scratch.acc) < n {
-		st.scratch.acc = make([]float32, n)
+	// acc = grad + residual, never stored: the selection's passes form it.
+	call.Phase(PhaseSelect)
+	acc := sumVec(grad, st.Residual)
+	k := st.Config.K(n)
+	storage := call.selection(st)
+	sc := call.okTopkScratch(st)
+	var local Sparse
+	var err error
+	bad := 0
+	if k == 0 {
+		bad = acc.countNonFinite() // nothing is selected, so nothing else looks
+		local = *storage
+		local.Reset()
+	} else {
+		local, sc.held, err = selectHolding(acc, call.Hold, sc.held, func() (Sparse, error) { return selectLocal(*storage, acc, k) })
+		*storage = local
+		if errors.Is(err, ErrNonFinite) {
+			bad, err = acc.countNonFinite(), nil
+		}
+		if err != nil {
+			return err
+		}
 	}
-	acc := st.scratch.acc[:n]
-	bad := Accumulate(acc, grad, st.Residual)
+	// The values leave this rank in the wire's precision; foldResidual
+	// keeps what the rounding took off.
+	roundingOf(call, st.Config, st.Iter, roundContribution).apply(local)
 	call.Phase(PhaseAgree)
 	if err := agreeOnInput(ctx, call, bad, nil); err != nil {
 		return err
 	}
-	call.Phase(PhaseSelect)
-	k := st.Config.K(n)
-	local, held, err := selectHolding(acc, call.Hold, st.scratch.held, func() (Sparse, error) { return selectLocal(acc, k) })
-	st.scratch.held = held
-	if err != nil {
-		return err
-	}
-	// The values leave this rank in the wire's precision; UpdateResidual
-	// keeps what the rounding took off.
-	roundingOf(call, st.Config, st.Iter, roundContribution).apply(local)
 	call.Stats.LocalSelected = local.Len()
 	global, err := reduce(ctx, call, n, local, k) // it times its own phases
 	if err != nil {
@@ -71,8 +88,8 @@ func reduceWithErrorFeedback(ctx context.Context, call *Call, st *TensorState, g
 	}
 	call.Phase(PhaseOutput)
 	call.Stats.GlobalSelected = global.Len()
-	UpdateResidual(st.Residual, acc, local, global)
-	ScatterAverage(grad, global, call.Size())
+	foldResidual(st.Residual, grad, local, global)
+	writeAverage(grad, global, call.Size())
 	st.Iter++
 	return nil
 }

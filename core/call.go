@@ -29,9 +29,40 @@ type Call struct {
 	Values ValueType
 	Hold   []Span
 
-	mu         sync.Mutex // Stats is updated by concurrent exchanges of one call
-	phase      Phase      // the phase running, whose Stats.Phases entry counts the bytes moved
-	phaseStart time.Time  // when it started; zero before the first Phase
+	mu         sync.Mutex   // Stats is updated by concurrent exchanges of one call
+	phase      Phase        // the phase running, whose Stats.Phases entry counts the bytes moved
+	phaseStart time.Time    // when it started; zero before the first Phase
+	scratch    *callScratch // lent by the communicator for this call; nil: none
+}
+
+// callScratch is working memory a Communicator lends to its calls, one at a
+// time (a communicator runs one call at a time): however many tensors it
+// reduces, it holds one set of Ok-Topk's buffers and of the sparse
+// baselines' selection, sized for the largest, instead of one per tensor.
+type callScratch struct {
+	okTopk    okTopkScratch
+	selection Sparse // a baseline's local selection
+}
+
+// withScratch lends s to the call.
+func withScratch(s *callScratch) CallOption { return func(c *Call) { c.scratch = s } }
+
+// okTopkScratch is the buffers of Ok-Topk's steps for this call: the
+// communicator's when it lent them, else the tensor's own.
+func (c *Call) okTopkScratch(st *TensorState) *okTopkScratch {
+	if c.scratch != nil {
+		return &c.scratch.okTopk
+	}
+	return &st.scratch
+}
+
+// selection is the storage of a baseline's local selection for this call:
+// the communicator's when it lent one, else the tensor's own.
+func (c *Call) selection(st *TensorState) *Sparse {
+	if c.scratch != nil {
+		return &c.scratch.selection
+	}
+	return &st.scratch.local
 }
 
 // NewCall starts a call and announces it to the transport (see
@@ -82,8 +113,14 @@ func (c *Call) tag(step uint32) transport.Tag {
 	return transport.Tag{Op: c.Op, Seq: c.Seq, Step: step}
 }
 
-// Send sends one message of this call to peer.
-func (c *Call) Send(ctx context.Context, peer int, step uint32, dtype transport.Dtype, count uint64, payload []byte) error {
+// Send sends one message of this call to peer. A panic in the transport
+// comes back as ErrInternal, as from SendRecv.
+func (c *Call) Send(ctx context.Context, peer int, step uint32, dtype transport.Dtype, count uint64, payload []byte) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = panicError(v)
+		}
+	}()
 	if err := c.T.Send(ctx, peer, c.tag(step), dtype, count, payload); err != nil {
 		return err
 	}
@@ -91,9 +128,15 @@ func (c *Call) Send(ctx context.Context, peer int, step uint32, dtype transport.
 	return nil
 }
 
-// Recv receives the message of this call's step from peer.
-func (c *Call) Recv(ctx context.Context, peer int, step uint32) (transport.Message, error) {
-	m, err := c.T.Recv(ctx, peer, c.tag(step))
+// Recv receives the message of this call's step from peer. A panic in the
+// transport comes back as ErrInternal, as from SendRecv.
+func (c *Call) Recv(ctx context.Context, peer int, step uint32) (m transport.Message, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			m, err = transport.Message{}, panicError(v)
+		}
+	}()
+	m, err = c.T.Recv(ctx, peer, c.tag(step))
 	if err != nil {
 		return m, err
 	}

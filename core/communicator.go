@@ -59,8 +59,9 @@ type Communicator struct {
 	seq      uint64
 	states   map[uint64]*TensorState
 	poisoned error
-	before   []float32  // the caller's data before a dense allreduce, put back if it fails
-	link     *LinkModel // Auto's link model, the same on every rank; nil until measured or set
+	before   []float32   // the caller's data before a dense allreduce, put back if it fails
+	link     *LinkModel  // Auto's link model, the same on every rank; nil until measured or set
+	scratch  callScratch // lent to each sparse call (calls run one at a time)
 }
 
 // NewCommunicator wraps a connected transport.
@@ -328,7 +329,7 @@ func (c *Communicator) sparseCall(ctx context.Context, seq, id uint64, st *Tenso
 	stats.K = st.Config.K(len(grad))
 	desc := DescribeCall(ctx, id, len(grad), stats.K)
 	desc.Completed = uint32(st.Iter)
-	call := NewCall(c.T, alg.Op(), seq, stats, WithDesc(desc))
+	call := NewCall(c.T, alg.Op(), seq, stats, WithDesc(desc), withScratch(&c.scratch))
 	call.Values, call.Hold = st.Config.Values, hold
 	err := sparseAlgorithms[alg](ctx, call, st, grad)
 	call.EndPhases()

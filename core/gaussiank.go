@@ -28,6 +28,7 @@ package core
 
 import (
 	"context"
+	"fmt"
 	"math"
 )
 
@@ -41,11 +42,11 @@ const (
 func init() {
 	registerSparse(Gaussiank, func(ctx context.Context, call *Call, st *TensorState, grad []float32) error {
 		return reduceWithErrorFeedback(ctx, call, st, grad,
-			func(acc []float32, k int) (Sparse, error) {
-				// The selection's storage is kept in the tensor's state for
-				// the next call; nothing holds it once this call returns.
-				s, th := gaussianSelectInto(st.scratch.local, acc, k, st.Config.Density, selectionChunks(len(acc)))
-				st.scratch.local = s
+			func(dst Sparse, acc vec, k int) (Sparse, error) {
+				s, th, nonFinite := gaussianSelectOf(dst, acc, k, st.Config.Density, selectionChunks(acc.len()))
+				if nonFinite > 0 {
+					return s, fmt.Errorf("%w: %d entries", ErrNonFinite, nonFinite)
+				}
 				call.Stats.LocalThreshold = th
 				st.LocalThreshold = th
 				return s, nil
@@ -73,7 +74,17 @@ func gaussianSelect(acc []float32, k int, density float64) (Sparse, float32) {
 // σ, one selection, and one more per correction that lowers th (a raise only
 // filters the entries already selected).
 func gaussianSelectInto(dst Sparse, acc []float32, k int, density float64, chunks int) (Sparse, float32) {
-	n := len(acc)
+	dst, th, _ := gaussianSelectOf(dst, plainVec(acc), k, density, chunks)
+	return dst, th
+}
+
+// gaussianSelectOf is gaussianSelectInto on a vec (vec.go); it also returns
+// how many entries of acc are NaN or ±Inf, counted by its first selection
+// pass (acc need not be finite; the caller skips the step when the count is
+// not 0, and the selection is then meaningless). With k ≥ n the count
+// takes a pass of its own.
+func gaussianSelectOf(dst Sparse, acc vec, k int, density float64, chunks int) (Sparse, float32, int) {
+	n := acc.len()
 	dst.Reset()
 	if k >= n {
 		// Density 1: everything; a threshold from μ could drop entries near 0.
@@ -81,10 +92,10 @@ func gaussianSelectInto(dst Sparse, acc []float32, k int, density float64, chunk
 		for i := range dst.Idx {
 			dst.Idx[i] = uint32(i)
 		}
-		copy(dst.Val, acc)
-		return dst, -1
+		acc.copyTo(dst.Val)
+		return dst, -1, countNonFinite(dst.Val)
 	}
-	mean, std := meanStd(acc, chunks)
+	mean, std := meanStdOf(acc, chunks)
 	z := math.Abs(normalQuantile(density / 2))
 	th := float32(mean + z*std)
 	if th <= 0 {
@@ -94,7 +105,12 @@ func gaussianSelectInto(dst Sparse, acc []float32, k int, density float64, chunk
 	}
 
 	lowCount, highCount := (1-gaussiankTolerance)*float64(k), (1+gaussiankTolerance)*float64(k)
-	dst, _ = selectAbove(dst, acc, th, chunks)
+	// Every NaN and ±Inf is counted whatever th is (even a NaN th from a
+	// non-finite μ): selectAbove scans every block holding one.
+	dst, nonFinite := selectAboveOf(dst, acc, th, chunks)
+	if nonFinite > 0 {
+		return dst, th, nonFinite
+	}
 	for try := 0; try < gaussiankTries; try++ {
 		c := float64(dst.Len())
 		if c > highCount {
@@ -103,12 +119,12 @@ func gaussianSelectInto(dst Sparse, acc []float32, k int, density float64, chunk
 		} else if c < lowCount {
 			th *= gaussiankLower
 			dst.Reset()
-			dst, _ = selectAbove(dst, acc, th, chunks)
+			dst, _ = selectAboveOf(dst, acc, th, chunks)
 		} else {
 			break
 		}
 	}
-	return dst, th
+	return dst, th, 0
 }
 
 // momentBlock is the block of entries whose sums are formed together: the
@@ -120,11 +136,18 @@ const momentBlock = 1 << 14
 // pass: sums of x−s and (x−s)² in float64, s = x[0], which keeps the
 // subtraction Σ(x−s)² − (Σ(x−s))²/n well conditioned when |μ| ≫ σ.
 func meanStd(x []float32, chunks int) (mean, std float64) {
-	n := len(x)
+	return meanStdOf(plainVec(x), chunks)
+}
+
+// meanStdOf is meanStd on a vec (vec.go). A block of a sum is read a tile
+// at a time, the accumulators carried from tile to tile: tiles hold a
+// multiple of 4 entries, so the additions are the same as in one pass.
+func meanStdOf(x vec, chunks int) (mean, std float64) {
+	n := x.len()
 	if n == 0 {
 		return 0, 0
 	}
-	shift := float64(x[0])
+	shift := float64(x.at(0))
 	blocks := (n + momentBlock - 1) / momentBlock
 	sc := getScratch()
 	defer putScratch(sc)
@@ -132,9 +155,13 @@ func meanStd(x []float32, chunks int) (mean, std float64) {
 		sc.moments = make([]float64, 2*blocks)
 	}
 	sums := sc.moments[:2*blocks]
-	forEachChunk(blocks, max(1, min(chunks, blocks)), func(_, lo, hi int) {
+	chunks = max(1, min(chunks, blocks))
+	tiles := sc.tilesFor(x, chunks)
+	forEachChunk(blocks, chunks, func(c, lo, hi int) {
 		for b := lo; b < hi; b++ {
-			sums[2*b], sums[2*b+1] = blockMoments(x[b*momentBlock:min(n, (b+1)*momentBlock)], shift)
+			var m moments
+			x.each(b*momentBlock, min(n, (b+1)*momentBlock), tiles[c], func(span []float32, _ int) { m.add(span, shift) })
+			sums[2*b], sums[2*b+1] = m.s0+m.s1, m.q0+m.q1
 		}
 	})
 	var s, q float64
@@ -146,11 +173,15 @@ func meanStd(x []float32, chunks int) (mean, std float64) {
 	return mean, math.Sqrt(max(0, (q-s*s/float64(n))/float64(n)))
 }
 
-// blockMoments is Σ(x−shift) and Σ(x−shift)²: two accumulators each, fed a
-// pair at a time, so the additions do not wait on one another and nothing
-// spills out of registers.
-func blockMoments(x []float32, shift float64) (sum, sumSq float64) {
-	var s0, s1, q0, q1 float64
+// moments accumulates Σ(x−shift) and Σ(x−shift)² of a block: two
+// accumulators each, fed a pair at a time, so the additions do not wait on
+// one another and nothing spills out of registers.
+type moments struct{ s0, s1, q0, q1 float64 }
+
+// add takes in x; only the block's last span may hold a count that is not a
+// multiple of 4.
+func (m *moments) add(x []float32, shift float64) {
+	s0, s1, q0, q1 := m.s0, m.s1, m.q0, m.q1
 	i := 0
 	for ; i+4 <= len(x); i += 4 {
 		b := x[i : i+4 : i+4]
@@ -165,5 +196,5 @@ func blockMoments(x []float32, shift float64) (sum, sumSq float64) {
 		s0 += d
 		q0 += d * d
 	}
-	return s0 + s1, q0 + q1
+	m.s0, m.s1, m.q0, m.q1 = s0, s1, q0, q1
 }

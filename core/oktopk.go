@@ -89,8 +89,10 @@ package core
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
+	mathbits "math/bits"
 	"sort"
 
 	"github.com/oktopk/oktopk/transport"
@@ -117,15 +119,30 @@ const (
 // reference does, so memory for arrived contributions stays bounded.
 const maxExchangesInFlight = 4
 
-// okTopkScratch is reused across calls on one tensor: no per-call
-// allocation proportional to n in steady state.
+// okTopkScratch is the storage of one call's steps, reused from call to
+// call: a call through a Communicator uses the communicator's (callScratch,
+// one set for all its tensors), any other call the tensor's own. Nothing in
+// it is n elements long: acc = grad + residual is never stored (vec.go), and
+// step 3 sums only this rank's region, n/P entries; everything else holds
+// about k entries. So a steady-state call allocates nothing in proportion
+// to n, and only the transport's messages in proportion to k.
 type okTopkScratch struct {
-	acc       []float32
-	local     Sparse
-	regionSum []float32
-	touched   []bool
-	held      []float32 // entries held back (selectHolding)
-	ownerErr  Sparse    // rounding errors of this owner's sums, for its residual
+	local     Sparse         // step 1: this rank's selection
+	held      []float32      // step 1: grad's and the residual's held entries, stashed (selectHolding)
+	encoded   []byte         // step 3: the selection's regions, encoded for their owners
+	decoded   []Sparse       // step 3: the contributions received, per sender
+	regionSum []float32      // step 3: this rank's region, summed densely
+	touched   []uint64       // step 3: which entries of regionSum some rank sent (bits)
+	dense     denseRegionSum // step 3: the region's sum over regionSum and touched
+	reduced   Sparse         // step 3: the region's reduced entries
+	kept      Sparse         // step 4: the reduced entries above the global cut
+	ownerErr  Sparse         // step 4: rounding errors of this owner's sums, for its residual
+	sends     []byte         // step 5: the kept entries other ranks' shares take, encoded
+	parts     []Sparse       // step 5: the parts of this rank's share received, per owner
+	balanced  Sparse         // step 5: this rank's share
+	share     []byte         // step 5: this rank's share, encoded for the allgather
+	blocks    []Sparse       // step 5: the shares gathered, decoded, per rank
+	global    Sparse         // step 5: the global result
 
 	histogramWords int // words this rank sent in the last call's histogram exchanges
 }
@@ -137,50 +154,54 @@ var errStepSkipped = fmt.Errorf("every rank skipped this step")
 
 func okTopkAllreduce(ctx context.Context, call *Call, st *TensorState, grad []float32) error {
 	n, p := len(grad), call.Size()
-	call.Phase(PhaseSelect) // the accumulator's first allocation counts as selection, as in the baselines
+	call.Phase(PhaseSelect) // the passes that form acc count as selection, as in the baselines
 	k := st.Config.K(n)
-	sc := &st.scratch
-	if cap(sc.acc) < n {
-		sc.acc = make([]float32, n)
+	if len(st.Residual) != n {
+		return fmt.Errorf("%w: residual holds %d elements, gradient %d", ErrInvalidArgument, len(st.Residual), n)
 	}
-	acc := sc.acc[:n]
+	// acc = grad + residual, never stored: every pass forms it as it reads.
+	acc := sumVec(grad, st.Residual)
 	if k == n && p > 1 {
-		return okTopkDense(ctx, call, st, grad, acc)
+		return okTopkDense(ctx, call, st, grad)
 	}
+	sc := call.okTopkScratch(st)
 	// With k = n every entry is kept, which only the exact path does
 	// without a threshold (a zero sum is still a selected entry).
 	exact := st.Iter%st.Config.TauPrime == 0 || k == n
 	savedLocal, savedGlobal := st.LocalThreshold, st.GlobalThreshold
 
-	// Step 1: local threshold and selection.
+	// Step 1: local threshold and selection, in the same passes that form
+	// acc (on a reuse call, one pass); NaN or Inf in acc is found by them.
+	// Held entries read as zero and are never selected (selectHolding).
 	local := sc.local
 	local.Reset()
 	var nonFinite bool
-	if !exact && k > 0 && st.LocalThreshold > 0 && len(call.Hold) == 0 {
-		// A reuse call: error feedback's accumulation and the threshold
-		// selection share one pass over memory.
-		chunks := selectionChunks(n)
-		var bad int
-		local, bad = accumulateAbove(local, acc, grad, st.Residual, st.LocalThreshold, chunks)
-		if nonFinite = bad > 0; nonFinite {
-			local.Reset()
-		} else {
-			var err error
-			if local, _, err = reuseThreshold(local, acc, k, &st.LocalThreshold, 0, chunks); err != nil {
-				return err
-			}
-		}
-	} else if nonFinite = Accumulate(acc, grad, st.Residual) > 0; !nonFinite {
-		var err error
+	var err error
+	if k == 0 {
+		nonFinite = acc.countNonFinite() > 0 // nothing to select, but every rank must agree
+	} else {
 		local, sc.held, err = selectHolding(acc, call.Hold, sc.held, func() (Sparse, error) {
 			if k == n {
-				return selectAll(local, acc), nil // density 1: everything is selected
+				// density 1 on one rank: everything is selected
+				s := selectAll(local, acc)
+				if bad := countNonFinite(s.Val); bad > 0 {
+					return s, fmt.Errorf("%w: %d entries", ErrNonFinite, bad)
+				}
+				return s, nil
 			}
-			return SelectByThreshold(local, acc, k, &st.LocalThreshold, exact)
+			s, _, err := selectByThresholdOf(local, acc, k, &st.LocalThreshold, exact, selectionChunks(n))
+			return s, err
 		})
-		if err != nil {
-			return err
+		if errors.Is(err, ErrNonFinite) {
+			nonFinite, err = true, nil
 		}
+	}
+	if err != nil {
+		st.LocalThreshold = savedLocal
+		return err
+	}
+	if nonFinite {
+		local.Reset()
 	}
 	// The values leave this rank in the wire's precision; the residual keeps
 	// what the rounding took off (step 6).
@@ -200,7 +221,7 @@ func okTopkAllreduce(ctx context.Context, call *Call, st *TensorState, grad []fl
 
 	// Step 3: split and reduce my region.
 	r := call.Rank()
-	reduced, err := splitAndReduce(ctx, call, st.Boundaries, local, sc.denseRegionSum(st.Boundaries[r], st.Boundaries[r+1]))
+	reduced, err := splitAndReduce(ctx, call, st.Boundaries, local, sc.denseRegionSum(st.Boundaries[r], st.Boundaries[r+1]), sc)
 	if err != nil {
 		return err
 	}
@@ -219,12 +240,13 @@ func okTopkAllreduce(ctx context.Context, call *Call, st *TensorState, grad []fl
 
 	// Step 6: residual, then the averaged result into the caller's buffer.
 	call.Phase(PhaseOutput)
-	// An owner's residual also takes the rounding errors of its sums.
-	UpdateResidual(st.Residual, acc, local, global)
+	// The residual keeps acc less the values sent (the rounding errors of
+	// 16-bit ones), and an owner's also the rounding errors of its sums.
+	foldResidual(st.Residual, grad, local, global)
 	for j, i := range sc.ownerErr.Idx {
 		st.Residual[i] += sc.ownerErr.Val[j]
 	}
-	ScatterAverage(grad, global, p)
+	writeAverage(grad, global, p)
 	st.Iter++
 	return nil
 }
@@ -233,41 +255,55 @@ func okTopkAllreduce(ctx context.Context, call *Call, st *TensorState, grad []fl
 // grad + residual, averaged into grad, in float32 whatever Config.Values
 // (a ring's partial sums are rounded at every hop). Held entries go into
 // the ring as zeros and stay in the residual. A failed call leaves grad,
-// the residual and the state as they were (the ring writes only acc, this
-// tensor's scratch).
-func okTopkDense(ctx context.Context, call *Call, st *TensorState, grad, acc []float32) error {
+// the residual and the state as they were: the ring reads acc as it goes
+// (never stored) and writes grad only once every message has arrived, and
+// the held entries are put back.
+func okTopkDense(ctx context.Context, call *Call, st *TensorState, grad []float32) error {
 	n, p := len(grad), call.Size()
-	bad := Accumulate(acc, grad, st.Residual) // in the select phase, as the sparse path's
+	bad := sumVec(grad, st.Residual).countNonFinite() // in the select phase, as the sparse path's
 	call.Phase(PhaseAgree)
 	if err := agreeOnInput(ctx, call, bad, nil); err != nil {
 		return err
 	}
-	held := st.scratch.held[:0]
+	// acc is not stored, so a held entry reads as zero with both its terms
+	// cleared: grad's, then the residual's, are stashed per range.
+	sc := call.okTopkScratch(st)
+	held := sc.held[:0]
 	for _, h := range call.Hold {
-		held = append(held, acc[h.Start:h.End]...)
-		clear(acc[h.Start:h.End])
+		held = append(held, grad[h.Start:h.End]...)
+		held = append(held, st.Residual[h.Start:h.End]...)
+		clear(grad[h.Start:h.End])
+		clear(st.Residual[h.Start:h.End])
 	}
-	st.scratch.held = held
-	if err := RingAllreduce(ctx, call, acc); err != nil { // it times its own phases
+	sc.held = held
+	if err := ringAllreduce(ctx, call, grad, st.Residual, grad); err != nil { // it times its own phases
+		at := 0
+		for _, h := range call.Hold {
+			at += copy(grad[h.Start:h.End], held[at:])
+			at += copy(st.Residual[h.Start:h.End], held[at:])
+		}
 		return err
 	}
 	call.Phase(PhaseOutput)
-	scale(acc, p)
-	copy(grad, acc)
+	scale(grad, p)
 	clear(st.Residual)
 	at := 0
 	for _, h := range call.Hold {
-		at += copy(st.Residual[h.Start:h.End], held[at:])
+		w := h.End - h.Start
+		sumVec(held[at:at+w], held[at+w:at+2*w]).copyTo(st.Residual[h.Start:h.End]) // acc, finite (agreed above)
+		at += 2 * w
 	}
-	call.Stats.LocalSelected, call.Stats.GlobalSelected = n-len(held), n
+	call.Stats.LocalSelected, call.Stats.GlobalSelected = n-len(held)/2, n
 	st.Iter++
 	return nil
 }
 
-func selectAll(dst Sparse, x []float32) Sparse {
-	for i, v := range x {
-		dst.Append(uint32(i), v)
+func selectAll(dst Sparse, x vec) Sparse {
+	dst = growSparse(dst, x.len())
+	for i := range dst.Idx {
+		dst.Idx[i] = uint32(i)
 	}
+	x.copyTo(dst.Val)
 	return dst
 }
 
@@ -332,40 +368,63 @@ type regionSum interface {
 }
 
 // denseRegionSum keeps the sum in a dense array over the region's width,
-// the tensor's scratch: for the dense-gradient call, which makes passes
-// over n elements anyway and keeps its scratch between calls.
+// the call's scratch: for the dense-gradient call, which makes passes over
+// n elements anyway and keeps its scratch between calls.
 type denseRegionSum struct {
 	lo      uint32
 	sum     []float32
-	touched []bool
+	touched []uint64 // which entries some contribution held, a bit per entry
+	count   int      // entries touched
+	out     *Sparse  // the result's storage, kept for the next call
 }
 
+// denseRegionSum returns sc's dense sum over [lo, hi), emptied.
 func (sc *okTopkScratch) denseRegionSum(lo, hi uint32) *denseRegionSum {
 	width := int(hi - lo)
+	// The region is summed densely, but only the entries some rank sent
+	// are ever read or written: an entry's first contribution is added to
+	// 0 (as if the sum had been cleared) and marks it in touched, a bit per
+	// entry. Only the bits are cleared per call, n/(32P) words.
+	// A repartition moves the boundaries, so the buffers are made with a
+	// quarter's slack: not anew after every repartition that widens the
+	// region a little. (Pages never written cost no memory.)
 	if cap(sc.regionSum) < width {
-		sc.regionSum = make([]float32, width)
-		sc.touched = make([]bool, width)
+		sc.regionSum = make([]float32, width+width/4)
 	}
-	d := &denseRegionSum{lo: lo, sum: sc.regionSum[:width], touched: sc.touched[:width]}
-	clear(d.sum)
-	clear(d.touched)
-	return d
+	words := (width + 63) / 64
+	if cap(sc.touched) < words {
+		sc.touched = make([]uint64, words+words/4)
+	}
+	sc.dense = denseRegionSum{lo: lo, sum: sc.regionSum[:width], touched: sc.touched[:words], out: &sc.reduced}
+	clear(sc.dense.touched)
+	return &sc.dense
 }
 
 func (d *denseRegionSum) add(c Sparse) {
 	for j, ix := range c.Idx {
-		d.sum[ix-d.lo] += c.Val[j]
-		d.touched[ix-d.lo] = true
+		e := ix - d.lo
+		w, bit := e/64, uint64(1)<<(e%64)
+		if d.touched[w]&bit == 0 {
+			d.touched[w] |= bit
+			d.sum[e] = 0 + c.Val[j] // the bits of adding to a cleared sum (−0 becomes +0)
+			d.count++
+		} else {
+			d.sum[e] += c.Val[j]
+		}
 	}
 }
 
 func (d *denseRegionSum) result() Sparse {
-	var reduced Sparse
-	for j, t := range d.touched {
-		if t {
-			reduced.Append(d.lo+uint32(j), d.sum[j])
+	reduced := growSparse(*d.out, d.count)
+	j := 0
+	for w, bits := range d.touched {
+		for ; bits != 0; bits &= bits - 1 {
+			e := w*64 + mathbits.TrailingZeros64(bits)
+			reduced.Idx[j], reduced.Val[j] = d.lo+uint32(e), d.sum[e]
+			j++
 		}
 	}
+	*d.out = reduced
 	return reduced
 }
 
@@ -413,17 +472,34 @@ func (m *mergedRegionSum) add(c Sparse) {
 func (m *mergedRegionSum) result() Sparse { return m.sum }
 
 // splitAndReduce is step 3: it returns the reduced entries of this rank's
-// region (every index any rank contributed, ascending), summed into sum.
-func splitAndReduce(ctx context.Context, call *Call, bounds []uint32, local Sparse, sum regionSum) (Sparse, error) {
+// region (every index any rank contributed, ascending), summed into sum; the
+// messages are encoded and decoded in sc's storage.
+func splitAndReduce(ctx context.Context, call *Call, bounds []uint32, local Sparse, sum regionSum, sc *okTopkScratch) (Sparse, error) {
 	p, r := call.Size(), call.Rank()
 	lo, hi := bounds[r], bounds[r+1]
+
+	// Each region's entries of the selection, encoded for its owner into
+	// its own part of one buffer (the parts never overlap, so the
+	// exchanges in flight encode at once).
+	at := make([]int, p+1) // region j is local[at[j]:at[j+1]]
+	for j := 1; j < p; j++ {
+		at[j] = at[j-1] + sort.Search(local.Len()-at[j-1], func(i int) bool { return local.Idx[at[j-1]+i] >= bounds[j] })
+	}
+	at[p] = local.Len()
+	if cap(sc.encoded) < 8*local.Len() {
+		sc.encoded = make([]byte, 8*local.Len())
+	}
+	for len(sc.decoded) < p {
+		sc.decoded = append(sc.decoded, Sparse{})
+	}
+	region := func(j int) Sparse { return Sparse{Idx: local.Idx[at[j]:at[j+1]], Val: local.Val[at[j]:at[j+1]]} }
 
 	contributions := make([]Sparse, p)
 	arrived := make([]chan struct{}, p)
 	for i := range arrived {
 		arrived[i] = make(chan struct{})
 	}
-	contributions[r] = regionOf(local, lo, hi)
+	contributions[r] = region(r)
 	close(arrived[r])
 
 	g, gctx := errgroup.WithContext(ctx)
@@ -438,8 +514,8 @@ func splitAndReduce(ctx context.Context, call *Call, bounds []uint32, local Spar
 			}
 			goSafe(g, func() error {
 				defer func() { <-slots }()
-				out := regionOf(local, bounds[to], bounds[to+1])
-				payload := encodeSparseAs(nil, out, bounds[to], call.Values)
+				out := region(to)
+				payload := encodeSparseAs(sc.encoded[8*at[to]:8*at[to+1]:8*at[to+1]], out, bounds[to], call.Values)
 				m, err := call.SendRecv(gctx, to, stepSplit, call.Values.sparseDtype(), uint64(out.Len()), payload, from)
 				if err != nil {
 					return err
@@ -447,7 +523,8 @@ func splitAndReduce(ctx context.Context, call *Call, bounds []uint32, local Spar
 				if m.Dtype != call.Values.sparseDtype() {
 					return fmt.Errorf("%w: rank %d sent %s in split-and-reduce, this rank %s (another value type configured?)", ErrMismatch, from, m.Dtype, call.Values.sparseDtype())
 				}
-				in, err := decodeSparseAs(Sparse{}, m.Payload, m.Count, lo, hi, call.Values)
+				in, err := decodeSparseAs(sc.decoded[from], m.Payload, m.Count, lo, hi, call.Values)
+				sc.decoded[from] = in // kept for the next call, grown or not
 				if err != nil {
 					return fmt.Errorf("from rank %d: %w", from, err)
 				}
@@ -471,7 +548,6 @@ func splitAndReduce(ctx context.Context, call *Call, bounds []uint32, local Spar
 				return nil // the failing exchange reports the error
 			}
 			sum.add(contributions[src])
-			contributions[src] = Sparse{} // summed: its storage can go
 		}
 		return nil
 	})
@@ -487,10 +563,11 @@ func globalSelection(ctx context.Context, call *Call, st *TensorState, reduced S
 	// Every owner announces a magnitude histogram of its reduced entries
 	// (and whether it saw NaN/Inf); every rank sums them identically.
 	call.Phase(PhaseGlobalSelect)
-	sc := &st.scratch
-	sc.histogramWords = 0
+	words := &st.scratch.histogramWords
+	*words = 0
+	sc := call.okTopkScratch(st)
 	base := histogramBase(st.GlobalThreshold)
-	hists, anyNonFinite, err := exchangeHistograms(ctx, call, reduced, base, nonFinite, &sc.histogramWords)
+	hists, anyNonFinite, err := exchangeHistograms(ctx, call, reduced, base, nonFinite, words)
 	if err != nil {
 		return Sparse{}, false, err
 	}
@@ -504,25 +581,25 @@ func globalSelection(ctx context.Context, call *Call, st *TensorState, reduced S
 	// ties to the lower index, for a few histogram rounds instead of
 	// gathering every owner's candidates). Every rank computes the same
 	// cut, and every owner's count, from the same histograms.
-	cut, err := chooseGlobalCut(ctx, call, reduced, hists, base, k, exact, &sc.histogramWords)
+	cut, err := chooseGlobalCut(ctx, call, reduced, hists, base, k, exact, words)
 	if err != nil {
 		return Sparse{}, false, err
 	}
-	kept := cut.keep(reduced, call.Rank())
+	sc.kept = cut.keep(sc.kept, reduced, call.Rank())
 	// Each owner rounds its sums once to the wire's precision; every rank,
 	// this one too, uses the rounded sums, and this owner's residual takes
 	// the rounding errors (values.go).
 	sc.ownerErr.Reset()
 	if call.Values != ValuesFloat32 {
-		sc.ownerErr = roundingOf(call, st.Config, st.Iter, roundOwnerSum).applyKeepingErrors(kept, sc.ownerErr)
+		sc.ownerErr = roundingOf(call, st.Config, st.Iter, roundOwnerSum).applyKeepingErrors(sc.kept, sc.ownerErr)
 	}
 	call.Phase(PhaseBalance)
-	balanced, err := balance(ctx, call, kept, cut.counts)
+	balanced, err := balance(ctx, call, sc.kept, cut.counts, sc)
 	if err != nil {
 		return Sparse{}, false, err
 	}
 	call.Phase(PhaseAllgather)
-	global, err := gatherSparse(ctx, call, stepAllgather, balanced, uint32(st.N))
+	global, err := gatherSparse(ctx, call, stepAllgather, balanced, uint32(st.N), sc)
 	if err != nil {
 		return Sparse{}, false, err
 	}
@@ -608,8 +685,11 @@ type globalCut struct {
 	counts []int // entries each owner keeps
 }
 
-func (c globalCut) keep(reduced Sparse, owner int) Sparse {
-	var kept Sparse
+// keep returns the entries of reduced the cut keeps on owner, in dst's
+// storage (reset first).
+func (c globalCut) keep(dst, reduced Sparse, owner int) Sparse {
+	kept := dst
+	kept.Reset()
 	ties := 0
 	if c.quota != nil {
 		ties = c.quota[owner]
@@ -831,7 +911,8 @@ func exchangeRefinement(ctx context.Context, call *Call, step uint32, reduced Sp
 // balance is step 5's first half: the kept entries of all owners, taken in
 // index order, are cut into P equal shares; rank j receives share j. Each
 // owner sends the parts of its entries that fall in other ranks' shares.
-func balance(ctx context.Context, call *Call, kept Sparse, counts []int) (Sparse, error) {
+// The result is in sc's storage.
+func balance(ctx context.Context, call *Call, kept Sparse, counts []int, sc *okTopkScratch) (Sparse, error) {
 	p, r := call.Size(), call.Rank()
 	total := 0
 	starts := make([]int, p+1) // global position of each owner's first entry
@@ -844,18 +925,27 @@ func balance(ctx context.Context, call *Call, kept Sparse, counts []int) (Sparse
 	overlap := func(aLo, aHi, bLo, bHi int) (int, int) { return max(aLo, bLo), min(aHi, bHi) }
 
 	g, gctx := errgroup.WithContext(ctx)
-	// Send my entries that belong to other ranks' shares.
+	// Send my entries that belong to other ranks' shares, each part encoded
+	// into its own place in one buffer (the parts never overlap).
+	if cap(sc.sends) < 8*kept.Len() {
+		sc.sends = make([]byte, 8*kept.Len())
+	}
 	for j := 0; j < p; j++ {
 		lo, hi := overlap(starts[r], starts[r+1], share(j), share(j+1))
 		if j == r || lo >= hi {
 			continue
 		}
-		part := Sparse{Idx: kept.Idx[lo-starts[r] : hi-starts[r]], Val: kept.Val[lo-starts[r] : hi-starts[r]]}
+		a, b := lo-starts[r], hi-starts[r]
+		part := Sparse{Idx: kept.Idx[a:b], Val: kept.Val[a:b]}
+		payload := encodeSparseAs(sc.sends[8*a:8*b:8*b], part, 0, call.Values)
 		goSafe(g, func() error {
-			return call.Send(gctx, j, stepBalance, call.Values.sparseDtype(), uint64(part.Len()), encodeSparseAs(nil, part, 0, call.Values))
+			return call.Send(gctx, j, stepBalance, call.Values.sparseDtype(), uint64(part.Len()), payload)
 		})
 	}
 	// Receive the parts of my share that other owners hold, in owner order.
+	for len(sc.parts) < p {
+		sc.parts = append(sc.parts, Sparse{})
+	}
 	parts := make([]Sparse, p)
 	for o := 0; o < p; o++ {
 		lo, hi := overlap(starts[o], starts[o+1], share(r), share(r+1))
@@ -874,48 +964,69 @@ func balance(ctx context.Context, call *Call, kept Sparse, counts []int) (Sparse
 			if m.Count != uint64(hi-lo) || m.Dtype != call.Values.sparseDtype() {
 				return fmt.Errorf("%w: rank %d moved %d entries of %s, want %d of %s", ErrMismatch, o, m.Count, m.Dtype, hi-lo, call.Values.sparseDtype())
 			}
-			s, err := decodeSparseAs(Sparse{}, m.Payload, m.Count, 0, ^uint32(0), call.Values)
-			parts[o] = s
+			s, err := decodeSparseAs(sc.parts[o], m.Payload, m.Count, 0, ^uint32(0), call.Values)
+			sc.parts[o], parts[o] = s, s
 			return err
 		})
 	}
 	if err := g.Wait(); err != nil {
 		return Sparse{}, err
 	}
-	var out Sparse
+	sc.balanced = concatSparse(sc.balanced, parts)
+	return sc.balanced, nil
+}
+
+// concatSparse returns the parts one after the other in dst's storage
+// (reset first, grown when too small).
+func concatSparse(dst Sparse, parts []Sparse) Sparse {
+	total := 0
 	for _, s := range parts {
-		out.Idx = append(out.Idx, s.Idx...)
-		out.Val = append(out.Val, s.Val...)
+		total += s.Len()
 	}
-	return out, nil
+	dst = reserveSparse(Sparse{Idx: dst.Idx[:0], Val: dst.Val[:0]}, total)
+	dst.Reset()
+	for _, s := range parts {
+		dst.Idx = append(dst.Idx, s.Idx...)
+		dst.Val = append(dst.Val, s.Val...)
+	}
+	return dst
 }
 
 // gatherSparse allgathers every rank's sparse block (Bruck's algorithm: the
 // balanced shares are of about one size) and concatenates them in rank
 // order; blocks must be disjoint and ascending across ranks, which
 // DecodeSparse and the order check enforce.
-func gatherSparse(ctx context.Context, call *Call, step uint32, mine Sparse, n uint32) (Sparse, error) {
+func gatherSparse(ctx context.Context, call *Call, step uint32, mine Sparse, n uint32, sc *okTopkScratch) (Sparse, error) {
 	dtype := call.Values.sparseDtype()
-	blocks, err := AllgathervBruck(ctx, call, step, Block{Dtype: dtype, Count: uint64(mine.Len()), Payload: encodeSparseAs(nil, mine, 0, call.Values)})
+	sc.share = encodeSparseAs(sc.share, mine, 0, call.Values)
+	blocks, err := AllgathervBruck(ctx, call, step, Block{Dtype: dtype, Count: uint64(mine.Len()), Payload: sc.share})
 	if err != nil {
 		return Sparse{}, err
 	}
-	var out Sparse
+	for len(sc.blocks) < len(blocks) {
+		sc.blocks = append(sc.blocks, Sparse{})
+	}
+	parts := make([]Sparse, len(blocks))
+	var last int64 = -1 // the largest index so far
 	for r, b := range blocks {
 		if b.Dtype != dtype {
 			return Sparse{}, fmt.Errorf("%w: rank %d sent %s in the allgather, this rank %s", ErrMismatch, r, b.Dtype, dtype)
 		}
-		s, err := decodeSparseAs(Sparse{}, b.Payload, b.Count, 0, n, call.Values)
+		s, err := decodeSparseAs(sc.blocks[r], b.Payload, b.Count, 0, n, call.Values)
+		sc.blocks[r] = s
 		if err != nil {
 			return Sparse{}, fmt.Errorf("from rank %d: %w", r, err)
 		}
-		if len(out.Idx) > 0 && len(s.Idx) > 0 && s.Idx[0] <= out.Idx[len(out.Idx)-1] {
-			return Sparse{}, fmt.Errorf("%w: rank %d's block overlaps the one before", transport.ErrBadFrame, r)
+		if s.Len() > 0 {
+			if int64(s.Idx[0]) <= last {
+				return Sparse{}, fmt.Errorf("%w: rank %d's block overlaps the one before", transport.ErrBadFrame, r)
+			}
+			last = int64(s.Idx[s.Len()-1])
 		}
-		out.Idx = append(out.Idx, s.Idx...)
-		out.Val = append(out.Val, s.Val...)
+		parts[r] = s
 	}
-	return out, nil
+	sc.global = concatSparse(sc.global, parts)
+	return sc.global, nil
 }
 
 // okTopkSparseInput runs steps 2–5 on a caller's own selection (no state,
@@ -931,7 +1042,7 @@ func okTopkSparseInput(ctx context.Context, call *Call, n int, in Sparse, k int)
 	if err != nil {
 		return Sparse{}, err
 	}
-	reduced, err := splitAndReduce(ctx, call, b, in, &mergedRegionSum{})
+	reduced, err := splitAndReduce(ctx, call, b, in, &mergedRegionSum{}, call.okTopkScratch(st))
 	if err != nil {
 		return Sparse{}, err
 	}

@@ -26,6 +26,9 @@ package core
 //  4. Unfold: each even rank of the first 2e sends the result to the odd rank
 //     above it.
 //
+// Ranges longer than densePiece values (1 MiB) travel as several messages
+// (dense.go), each added or copied in place as it arrives.
+//
 // Cost: 2 log P' α + 2n(P'−1)/P' β per rank, plus (when P is not a power of
 // two) 2α and n β for the fold and the unfold: the latency of a tree with the
 // bandwidth of the ring.
@@ -34,8 +37,6 @@ import (
 	"context"
 	"fmt"
 	"math/bits"
-
-	"github.com/oktopk/oktopk/transport"
 )
 
 func init() { registerDense(DenseRabenseifner, RabenseifnerAllreduce) }
@@ -51,30 +52,28 @@ func RabenseifnerAllreduce(ctx context.Context, call *Call, data []float32) erro
 	pow2 := 1 << rounds
 	extra := p - pow2
 	foldStep, firstHalving, firstDoubling, unfoldStep := uint32(0), uint32(1), uint32(1+rounds), uint32(1+2*rounds)
-	var scratch []float32
 
-	// exchange sends send to peer and returns the peer's len(into) values.
-	exchange := func(peer int, step uint32, send []float32, want int, what string) ([]float32, error) {
-		m, err := call.SendRecv(ctx, peer, step, transport.DtypeFloat32, uint64(len(send)), float32Bytes(send), peer)
+	// recvInto receives len(into) values from peer (pieces of at most
+	// densePiece values, dense.go) and adds them into into, or copies them.
+	recvInto := func(peer int, step uint32, into []float32, add bool, what string) error {
+		err := recvPieces(ctx, call, peer, step, len(into), false, func(lo int, vals []float32) {
+			if add {
+				addInto(into[lo:lo+len(vals)], vals)
+			} else {
+				copy(into[lo:], vals)
+			}
+		})
 		if err != nil {
-			return nil, fmt.Errorf("oktopk: rabenseifner %s with rank %d: %w", what, peer, err)
+			return fmt.Errorf("oktopk: rabenseifner %s from rank %d: %w", what, peer, err)
 		}
-		vals, err := receivedFloats(m, want, &scratch)
-		if err != nil {
-			return nil, fmt.Errorf("oktopk: rabenseifner %s from rank %d: %w", what, peer, err)
-		}
-		return vals, nil
+		return nil
 	}
-	recvInto := func(peer int, step uint32, what string) ([]float32, error) {
-		m, err := call.Recv(ctx, peer, step)
-		if err != nil {
-			return nil, fmt.Errorf("oktopk: rabenseifner %s from rank %d: %w", what, peer, err)
+	// exchange sends send to peer and receives the peer's values for into.
+	exchange := func(peer int, step uint32, send, into []float32, add bool, what string) error {
+		if err := sendPieces(ctx, call, peer, step, send); err != nil {
+			return fmt.Errorf("oktopk: rabenseifner %s with rank %d: %w", what, peer, err)
 		}
-		vals, err := receivedFloats(m, n, &scratch)
-		if err != nil {
-			return nil, fmt.Errorf("oktopk: rabenseifner %s from rank %d: %w", what, peer, err)
-		}
-		return vals, nil
+		return recvInto(peer, step, into, add, what)
 	}
 
 	// Step 1: fold the extra ranks into their even neighbours.
@@ -82,23 +81,17 @@ func RabenseifnerAllreduce(ctx context.Context, call *Call, data []float32) erro
 	var v int
 	switch {
 	case r < 2*extra && r%2 == 1:
-		if err := call.Send(ctx, r-1, foldStep, transport.DtypeFloat32, uint64(n), float32Bytes(data)); err != nil {
+		if err := sendPieces(ctx, call, r-1, foldStep, data); err != nil {
 			return fmt.Errorf("oktopk: rabenseifner fold to rank %d: %w", r-1, err)
 		}
+		// The unfold's pieces are copied into data as they arrive: the
+		// output phase is in the receive.
 		call.Phase(PhaseAllgather)
-		vals, err := recvInto(r-1, unfoldStep, "unfold")
-		if err != nil {
-			return err
-		}
-		call.Phase(PhaseOutput)
-		copy(data, vals)
-		return nil
+		return recvInto(r-1, unfoldStep, data, false, "unfold")
 	case r < 2*extra:
-		vals, err := recvInto(r+1, foldStep, "fold")
-		if err != nil {
+		if err := recvInto(r+1, foldStep, data, true, "fold"); err != nil {
 			return err
 		}
-		addInto(data, vals)
 		v = r / 2
 	default:
 		v = r - extra
@@ -119,11 +112,9 @@ func RabenseifnerAllreduce(ctx context.Context, call *Call, data []float32) erro
 		if v&d != 0 {
 			keep, send = send, keep
 		}
-		vals, err := exchange(realRank(v^d), firstHalving+uint32(j), send, len(keep), "reduce-scatter")
-		if err != nil {
+		if err := exchange(realRank(v^d), firstHalving+uint32(j), send, keep, true, "reduce-scatter"); err != nil {
 			return err
 		}
-		addInto(keep, vals)
 		if v&d != 0 {
 			lo = mid
 		} else {
@@ -140,17 +131,15 @@ func RabenseifnerAllreduce(ctx context.Context, call *Call, data []float32) erro
 			sibLo, sibHi = lo-width, lo
 		}
 		into := span(sibLo, sibHi)
-		vals, err := exchange(realRank(v^d), firstDoubling+uint32(j), span(lo, hi), len(into), "allgather")
-		if err != nil {
+		if err := exchange(realRank(v^d), firstDoubling+uint32(j), span(lo, hi), into, false, "allgather"); err != nil {
 			return err
 		}
-		copy(into, vals)
 		lo, hi = min(lo, sibLo), max(hi, sibHi)
 	}
 
 	// Step 4: hand the result to the folded-in neighbour.
 	if r < 2*extra {
-		if err := call.Send(ctx, r+1, unfoldStep, transport.DtypeFloat32, uint64(n), float32Bytes(data)); err != nil {
+		if err := sendPieces(ctx, call, r+1, unfoldStep, data); err != nil {
 			return fmt.Errorf("oktopk: rabenseifner unfold to rank %d: %w", r+1, err)
 		}
 	}

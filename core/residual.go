@@ -39,6 +39,11 @@ func UpdateResidual(residual, acc []float32, local, global Sparse) {
 		}
 		residual[i] = v
 	}
+	zeroSent(residual, local, global)
+}
+
+// zeroSent zeroes the residual's entries that are in both local and global.
+func zeroSent(residual []float32, local, global Sparse) {
 	g := 0
 	for j, i := range local.Idx {
 		for g < len(global.Idx) && global.Idx[g] < i {
@@ -54,10 +59,48 @@ func UpdateResidual(residual, acc []float32, local, global Sparse) {
 	}
 }
 
+// foldResidual is UpdateResidual for a call that never stored acc = grad +
+// residual (vec.go): it forms acc a last time, in place, to become the
+// residual (a NaN or ±Inf becoming 0, as in UpdateResidual), and zeroes grad
+// in the same pass, ready for the result (writeAverage). One pass over
+// memory does what UpdateResidual and ScatterAverage's clear did in two.
+// The sums are bitwise those the selection saw.
+func foldResidual(residual, grad []float32, local, global Sparse) {
+	residual = residual[:len(grad)]
+	i := 0
+	for ; i+4 <= len(grad); i += 4 {
+		g4, r4 := grad[i:i+4:i+4], residual[i:i+4:i+4]
+		v0, v1, v2, v3 := g4[0]+r4[0], g4[1]+r4[1], g4[2]+r4[2], g4[3]+r4[3]
+		if v0-v0 != 0 || v1-v1 != 0 || v2-v2 != 0 || v3-v3 != 0 {
+			v0, v1, v2, v3 = finiteOr0(v0), finiteOr0(v1), finiteOr0(v2), finiteOr0(v3)
+		}
+		r4[0], r4[1], r4[2], r4[3] = v0, v1, v2, v3
+		g4[0], g4[1], g4[2], g4[3] = 0, 0, 0, 0
+	}
+	for ; i < len(grad); i++ {
+		residual[i] = finiteOr0(grad[i] + residual[i])
+		grad[i] = 0
+	}
+	zeroSent(residual, local, global)
+}
+
+func finiteOr0(v float32) float32 {
+	if v-v != 0 { // NaN and ±Inf
+		return 0
+	}
+	return v
+}
+
 // ScatterAverage writes the global sparse sum, divided by p, into out as a
 // dense vector (zeros elsewhere).
 func ScatterAverage(out []float32, global Sparse, p int) {
 	clear(out)
+	writeAverage(out, global, p)
+}
+
+// writeAverage writes the global sparse sum, divided by p, into out's
+// entries at its indices (out is zero elsewhere already).
+func writeAverage(out []float32, global Sparse, p int) {
 	fp := float32(p)
 	for j, i := range global.Idx {
 		if p == 1 {

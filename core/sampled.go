@@ -43,7 +43,7 @@ func SampledThreshold(x []float32, k, s int, seed uint64) (float32, error) {
 	}
 	sc := getScratch()
 	defer putScratch(sc)
-	sample := sc.drawSample(x, s, seed)
+	sample := sc.drawSample(plainVec(x), s, seed)
 	if firstNaN(sample) >= 0 {
 		return 0, fmt.Errorf("%w: NaN in the sample", ErrNonFinite)
 	}
@@ -53,7 +53,7 @@ func SampledThreshold(x []float32, k, s int, seed uint64) (float32, error) {
 
 // drawSample returns s entries of x drawn by drawStratified, in the
 // scratch's own storage (valid until the scratch is put back).
-func (sc *selectionScratch) drawSample(x []float32, s int, seed uint64) []float32 {
+func (sc *selectionScratch) drawSample(x vec, s int, seed uint64) []float32 {
 	if cap(sc.sample) < s {
 		sc.sample = make([]float32, s)
 	}
@@ -68,8 +68,8 @@ func (sc *selectionScratch) drawSample(x []float32, s int, seed uint64) []float3
 // layer's shape), with lower variance than draws with replacement, and read
 // in increasing address order: far fewer cache and TLB misses than as many
 // scattered reads of a large x. len(sample) ≤ len(x) < 2^32.
-func drawStratified(sample, x []float32, seed uint64) {
-	n, s := len(x), len(sample)
+func drawStratified(sample []float32, x vec, seed uint64) {
+	n, s := x.len(), len(sample)
 	rng := rand.New(rand.NewPCG(seed, uint64(n)))
 	// Stratum j is [⌊j·n/s⌋, ⌊(j+1)·n/s⌋), stepped without a division:
 	// each is n/s wide, one wider whenever the remainders add up past s.
@@ -83,7 +83,7 @@ func drawStratified(sample, x []float32, seed uint64) {
 		}
 		// The high half of a 32×32-bit product: uniform in [0, width) up to
 		// a bias below width/2^32.
-		sample[j] = x[lo+int((uint64(uint32(rng.Uint64()))*uint64(width))>>32)]
+		sample[j] = x.at(lo + int((uint64(uint32(rng.Uint64()))*uint64(width))>>32))
 		lo += width
 	}
 }

@@ -37,23 +37,51 @@ func SelectByThreshold(dst Sparse, x []float32, k int, th *float32, exact bool) 
 // also reports whether the exact selection ran, asked for or as the fallback
 // when the reused threshold had drifted too far.
 func selectByThreshold(dst Sparse, x []float32, k int, th *float32, exact bool, chunks int) (Sparse, bool, error) {
+	return selectByThresholdOf(dst, plainVec(x), k, th, exact, chunks)
+}
+
+// selectByThresholdOf is selectByThreshold on a vec (vec.go).
+func selectByThresholdOf(dst Sparse, x vec, k int, th *float32, exact bool, chunks int) (Sparse, bool, error) {
 	dst.Reset()
-	n := len(x)
+	n := x.len()
 	if k == 0 || n == 0 {
 		return dst, false, nil
 	}
 	if exact || *th <= 0 {
 		return selectExact(dst, x, k, th, chunks)
 	}
-	dst, nonFinite := selectAbove(dst, x, *th, chunks)
-	return reuseThreshold(dst, x, k, th, nonFinite, chunks)
+	// More than 4k/3 entries above th make reuseThreshold raise it, at most
+	// thresholdMaxRaises times; so beyond that many no entry needs storing
+	// (a scale change could pass all of x), only the counts above th's
+	// raises, which tell which raise reuseThreshold would stop at.
+	var ths [raisedCount]float32
+	ths[0] = *th
+	for j := 1; j < raisedCount; j++ {
+		ths[j] = ths[j-1] * thresholdRaise
+	}
+	dst, nonFinite, counts := selectAboveCapped(dst, x, &ths, thresholdTooMany*float64(k), chunks)
+	if nonFinite > 0 || counts == nil {
+		return reuseThreshold(dst, x, k, th, nonFinite, chunks)
+	}
+	// The selection overflowed: take the raise reuseThreshold would have
+	// stopped at, and select above it with a pass of its own (rare: the
+	// gradient's scale moved), or go exact when no raise is enough.
+	for j := 1; j < raisedCount; j++ {
+		if float64(counts[j]) <= thresholdTooMany*float64(k) {
+			*th = ths[j]
+			dst, nonFinite = selectAboveOf(dst, x, *th, chunks)
+			return reuseThreshold(dst, x, k, th, nonFinite, chunks)
+		}
+	}
+	*th = ths[raisedCount-1]
+	return selectExact(dst, x, k, th, chunks)
 }
 
 // reuseThreshold finishes a reuse call once dst holds the entries of x with
 // |x| > *th (nonFinite of x's entries being NaN or ±Inf): raise the
 // threshold while far too many passed, fall back to an exact selection when
 // it has drifted too far, and nudge it for the next call.
-func reuseThreshold(dst Sparse, x []float32, k int, th *float32, nonFinite, chunks int) (Sparse, bool, error) {
+func reuseThreshold(dst Sparse, x vec, k int, th *float32, nonFinite, chunks int) (Sparse, bool, error) {
 	if nonFinite > 0 {
 		dst.Reset()
 		return dst, false, fmt.Errorf("%w: %d entries", ErrNonFinite, nonFinite)
@@ -80,8 +108,8 @@ func reuseThreshold(dst Sparse, x []float32, k int, th *float32, nonFinite, chun
 // selectExact selects the exact top-k into dst and sets *th to the (k+1)-th
 // largest magnitude (0 when k = n), both from the same two passes. ±Inf are
 // ErrNonFinite here too: the threshold path must agree with the reuse path.
-func selectExact(dst Sparse, x []float32, k int, th *float32, chunks int) (Sparse, bool, error) {
-	dst, next, infinities, err := topK(dst, x, k, chunks)
+func selectExact(dst Sparse, x vec, k int, th *float32, chunks int) (Sparse, bool, error) {
+	dst, next, infinities, err := topKOf(dst, x, k, chunks)
 	switch {
 	case err != nil:
 		dst.Reset()
@@ -89,7 +117,7 @@ func selectExact(dst Sparse, x []float32, k int, th *float32, chunks int) (Spars
 	case infinities > 0:
 		dst.Reset()
 		return dst, true, fmt.Errorf("%w: %d entries are ±Inf", ErrNonFinite, infinities)
-	case k < len(x):
+	case k < x.len():
 		*th = math.Float32frombits(next)
 	default:
 		*th = 0

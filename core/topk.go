@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
+	"slices"
 	"sync"
 	"unsafe"
 )
@@ -77,6 +78,7 @@ type selectionScratch struct {
 	sample       []float32 // SampledThreshold's and topKBySample's sample
 	positions    Sparse    // topKBySample's top k among the copied values
 	moments      []float64 // meanStd's per-block sums
+	tiles        []*tile   // per chunk, for passes over a sum (vec.go)
 }
 
 // scratches holds the selectionScratch not in use. A free list rather than
@@ -135,38 +137,46 @@ func floatBits(x []float32) []uint32 {
 }
 
 // highHistograms counts the top 16 bits of the keys of each chunk.
-func (sc *selectionScratch) highHistograms(x []float32, chunks int) chunkHistograms {
+func (sc *selectionScratch) highHistograms(v vec, chunks int) chunkHistograms {
 	perChunk := histograms(&sc.high, chunks)
-	forEachChunk(len(x), chunks, func(c, lo, hi int) {
+	tiles := sc.tilesFor(v, chunks)
+	forEachChunk(v.len(), chunks, func(c, lo, hi int) {
 		h := perChunk[c]
 		clear(h[:])
-		bits := floatBits(x[lo:hi])
-		i := 0
-		for ; i+4 <= len(bits); i += 4 {
-			b := bits[i : i+4 : i+4]
-			h[(b[0]&^signBit)>>16]++
-			h[(b[1]&^signBit)>>16]++
-			h[(b[2]&^signBit)>>16]++
-			h[(b[3]&^signBit)>>16]++
-		}
-		for _, u := range bits[i:] {
-			h[(u&^signBit)>>16]++
-		}
+		v.each(lo, hi, tiles[c], func(x []float32, _ int) { countHigh(h, x) })
 	})
 	return perChunk
 }
 
+func countHigh(h *histogram, x []float32) {
+	bits := floatBits(x)
+	i := 0
+	for ; i+4 <= len(bits); i += 4 {
+		b := bits[i : i+4 : i+4]
+		h[(b[0]&^signBit)>>16]++
+		h[(b[1]&^signBit)>>16]++
+		h[(b[2]&^signBit)>>16]++
+		h[(b[3]&^signBit)>>16]++
+	}
+	for _, u := range bits[i:] {
+		h[(u&^signBit)>>16]++
+	}
+}
+
 // lowHistograms counts, per chunk, the low 16 bits of the keys in bucket b.
-func (sc *selectionScratch) lowHistograms(x []float32, chunks int, b uint32) chunkHistograms {
+func (sc *selectionScratch) lowHistograms(v vec, chunks int, b uint32) chunkHistograms {
 	perChunk := histograms(&sc.low, chunks)
-	forEachChunk(len(x), chunks, func(c, lo, hi int) {
+	tiles := sc.tilesFor(v, chunks)
+	forEachChunk(v.len(), chunks, func(c, lo, hi int) {
 		h := perChunk[c]
 		clear(h[:])
-		for _, u := range floatBits(x[lo:hi]) {
-			if u&^signBit>>16 == b {
-				h[u&0xffff]++
+		v.each(lo, hi, tiles[c], func(x []float32, _ int) {
+			for _, u := range floatBits(x) {
+				if u&^signBit>>16 == b {
+					h[u&0xffff]++
+				}
 			}
-		}
+		})
 	})
 	return perChunk
 }
@@ -240,10 +250,15 @@ func TopKInto(dst Sparse, x []float32, k int) (Sparse, error) {
 // the (k+1)-th largest |x| (0 when k = 0 or k = n), the exact threshold
 // below the selection, and how many entries are ±Inf (found by the histogram).
 func topK(dst Sparse, x []float32, k, chunks int) (_ Sparse, next uint32, infinities int, _ error) {
-	n := len(x)
+	return topKOf(dst, plainVec(x), k, chunks)
+}
+
+// topKOf is topK on a vec (a sum is never stored; vec.go).
+func topKOf(dst Sparse, x vec, k, chunks int) (_ Sparse, next uint32, infinities int, _ error) {
+	n := x.len()
 	dst.Reset()
 	if k < 0 || k > n {
-		return dst, 0, 0, fmt.Errorf("%w: k=%d with n=%d", ErrInvalidArgument, k, len(x))
+		return dst, 0, 0, fmt.Errorf("%w: k=%d with n=%d", ErrInvalidArgument, k, n)
 	}
 	if n == 0 {
 		return dst, 0, 0, nil
@@ -262,7 +277,7 @@ func topK(dst Sparse, x []float32, k, chunks int) (_ Sparse, next uint32, infini
 	if infinities = high.nonFiniteInBuckets(); infinities > 0 {
 		// ±Inf or NaN are present; only a NaN is an error (±Inf are the
 		// largest magnitudes), and only then does x get a second look.
-		if i := firstNaN(x); i >= 0 {
+		if i := x.firstNaN(); i >= 0 {
 			return dst, 0, 0, fmt.Errorf("%w: NaN at index %d", ErrNonFinite, i)
 		}
 	}
@@ -274,7 +289,7 @@ func topK(dst Sparse, x []float32, k, chunks int) (_ Sparse, next uint32, infini
 		for i := range dst.Idx {
 			dst.Idx[i] = uint32(i)
 		}
-		copy(dst.Val, x)
+		x.copyTo(dst.Val)
 		return dst, 0, infinities, nil
 	}
 
@@ -293,7 +308,7 @@ func topK(dst Sparse, x []float32, k, chunks int) (_ Sparse, next uint32, infini
 			want += counts[c]
 		}
 		dst = growSparse(dst, want)
-		collectChunks(dst, x, chunks, counts, b<<16, nil)
+		collectChunks(sc, dst, x, chunks, counts, b<<16, nil)
 		// ... ordered within bucket b by their low 16 bits, ...
 		low := sc.candidateLow
 		clear(low[:])
@@ -338,7 +353,7 @@ func topK(dst Sparse, x []float32, k, chunks int) (_ Sparse, next uint32, infini
 		counts[c] = greater + tieCounts[c]
 	}
 	dst = growSparse(dst, k)
-	collectChunks(dst, x, chunks, counts, kth, tieCounts)
+	collectChunks(sc, dst, x, chunks, counts, kth, tieCounts)
 	return dst, next, infinities, nil
 }
 
@@ -359,8 +374,8 @@ const (
 
 // topKBySample is the sampled path of topK; ok is false when topK must take
 // its histogram path instead (dst's contents are then undefined).
-func topKBySample(dst Sparse, x []float32, k, chunks int, margin float64) (_ Sparse, next uint32, ok bool) {
-	n := len(x)
+func topKBySample(dst Sparse, x vec, k, chunks int, margin float64) (_ Sparse, next uint32, ok bool) {
+	n := x.len()
 	// A sample rank r = k·s/n of at least 64, on at most n/8 entries.
 	s := min(n/8, max(n/1024, 64*n/k))
 	sc := getScratch()
@@ -387,7 +402,7 @@ func topKBySample(dst Sparse, x []float32, k, chunks int, margin float64) (_ Spa
 		return dst, 0, false
 	}
 	dst.Reset()
-	dst, nonFinite := selectAbove(dst, x, math.Float32frombits(t-1), chunks)
+	dst, nonFinite := selectAboveOf(dst, x, math.Float32frombits(t-1), chunks)
 	if nonFinite > 0 || dst.Len() <= k {
 		return dst, 0, false
 	}
@@ -425,8 +440,9 @@ func resolveBucket(low chunkHistograms, b uint32, above, k int) (next, kth uint3
 // in parallel, chunk c writing its counts[c] entries after those of the
 // chunks before it: keys > kth, and the first ties[c] keys equal to kth (all
 // of them when ties is nil).
-func collectChunks(dst Sparse, x []float32, chunks int, counts []int, kth uint32, ties []int) {
-	forEachChunk(len(x), chunks, func(c, lo, hi int) {
+func collectChunks(sc *selectionScratch, dst Sparse, x vec, chunks int, counts []int, kth uint32, ties []int) {
+	tiles := sc.tilesFor(x, chunks)
+	forEachChunk(x.len(), chunks, func(c, lo, hi int) {
 		at := 0
 		for _, m := range counts[:c] {
 			at += m
@@ -435,25 +451,28 @@ func collectChunks(dst Sparse, x []float32, chunks int, counts []int, kth uint32
 		if ties != nil {
 			t = ties[c]
 		}
-		collect(dst.Idx[at:at+counts[c]], dst.Val[at:at+counts[c]], x[lo:hi], lo, kth, t)
+		idx, val, j := dst.Idx[at:at+counts[c]], dst.Val[at:at+counts[c]], 0
+		x.each(lo, hi, tiles[c], func(span []float32, base int) {
+			j, t = collect(idx, val, j, span, base, kth, t)
+		})
 	})
 }
 
 // collect writes the entries of x (x[0] at index base) with key > kth, and
-// the first ties with key = kth, into idx and val, which hold exactly as
-// many.
-func collect(idx []uint32, val []float32, x []float32, base int, kth uint32, ties int) {
+// the first ties with key = kth, into idx and val from position j on, and
+// returns the next position and the ties left.
+func collect(idx []uint32, val []float32, j int, x []float32, base int, kth uint32, ties int) (int, int) {
 	// Keys ≥ kth are rare (about k of n): a blockScan finds the blocks that
 	// hold one, and collectSome looks at those alone.
 	s := newBlockScan(x, kth) // kth ≤ infKey: x holds no NaN here
-	j, ties := collectSome(idx, val, 0, x[:s.from], base, kth, ties)
+	j, ties = collectSome(idx, val, j, x[:s.from], base, kth, ties)
 	var found [tileBlocks]int
 	for hits := s.nextTile(&found); hits != nil; hits = s.nextTile(&found) {
 		for _, lo := range hits {
 			j, ties = collectSome(idx, val, j, x[lo:lo+scanBlock], base+lo, kth, ties)
 		}
 	}
-	collectSome(idx, val, j, x[s.end:], base+s.end, kth, ties)
+	return collectSome(idx, val, j, x[s.end:], base+s.end, kth, ties)
 }
 
 func collectSome(idx []uint32, val []float32, j int, x []float32, base int, kth uint32, ties int) (int, int) {
@@ -495,8 +514,8 @@ func kthLargestKey(x []float32, k, chunks int) uint32 {
 	chunks = max(1, min(chunks, len(x)))
 	sc := getScratch()
 	defer putScratch(sc)
-	b, above := sc.highHistograms(x, chunks).digitOfRank(0xffff, k, 0) // NaN, if any, sorts above +Inf
-	d, _ := sc.lowHistograms(x, chunks, b).digitOfRank(0xffff, k, above)
+	b, above := sc.highHistograms(plainVec(x), chunks).digitOfRank(0xffff, k, 0) // NaN, if any, sorts above +Inf
+	d, _ := sc.lowHistograms(plainVec(x), chunks, b).digitOfRank(0xffff, k, above)
 	return b<<16 | d
 }
 
@@ -529,41 +548,129 @@ func minKeyAbove(th float32) uint32 {
 }
 
 func selectAbove(dst Sparse, x []float32, th float32, chunks int) (Sparse, int) {
+	return selectAboveOf(dst, plainVec(x), th, chunks)
+}
+
+// selectAboveOf is selectAbove on a vec. On a sum (error feedback's grad +
+// residual) it is the accumulation fused with the selection: one read of
+// both, each tile of sums scanned while in the L1 cache, nothing stored.
+func selectAboveOf(dst Sparse, x vec, th float32, chunks int) (Sparse, int) {
 	minKey := minKeyAbove(th)
-	return selectInChunks(dst, len(x), chunks, func(part Sparse, lo, hi int) (Sparse, int) {
-		return appendAbove(part, x[lo:hi], lo, minKey)
+	chunks = max(1, min(chunks, x.len()))
+	sc := getScratch()
+	defer putScratch(sc)
+	tiles := sc.tilesFor(x, chunks)
+	return selectInChunks(sc, dst, x.len(), chunks, func(c int, part Sparse, lo, hi int) (Sparse, int) {
+		bad := 0
+		x.each(lo, hi, tiles[c], func(span []float32, base int) {
+			var b int
+			part, b = appendAbove(part, span, base, minKey)
+			bad += b
+		})
+		return part, bad
 	})
 }
 
-// accumulateAbove is error feedback's accumulation fused with a threshold
-// selection, in one pass over memory instead of two: it writes acc = grad +
-// residual and appends to dst (ascending by index) the entries with |acc| >
-// th, counting the non-finite entries of acc as selectAbove does.
-func accumulateAbove(dst Sparse, acc, grad, residual []float32, th float32, chunks int) (Sparse, int) {
-	minKey := minKeyAbove(th)
-	return selectInChunks(dst, len(grad), chunks, func(part Sparse, lo, hi int) (Sparse, int) {
-		return accumulateAppendAbove(part, acc[lo:hi], grad[lo:hi], residual[lo:hi], lo, minKey)
+// raisedCount is how many thresholds selectAboveCapped counts for: the
+// reused one and its raises.
+const raisedCount = thresholdMaxRaises + 1
+
+// selectAboveCapped is selectAboveOf for a reused threshold, whose selection
+// may be far larger than k when the gradient's scale has moved (all of x,
+// at worst), with storage that never grows past about limit entries per
+// chunk: once a chunk has stored more than limit entries it stores no more
+// and, for the rest of its part of x, counts instead the entries above each
+// of ths (ths[0] the threshold selected by, ths[1:] its raises). Then
+// counts is not nil and holds, per threshold, the entries of all of x above
+// it; dst holds nothing. The non-finite count is complete either way.
+func selectAboveCapped(dst Sparse, x vec, ths *[raisedCount]float32, limit float64, chunks int) (_ Sparse, nonFinite int, counts *[raisedCount]int) {
+	var minKeys [raisedCount]uint32
+	for j, th := range ths {
+		minKeys[j] = minKeyAbove(th)
+	}
+	chunks = max(1, min(chunks, x.len()))
+	sc := getScratch()
+	defer putScratch(sc)
+	tiles := sc.tilesFor(x, chunks)
+	over := make([]bool, chunks)
+	counted := make([][raisedCount]int, chunks)
+	dst, nonFinite = selectInChunks(sc, dst, x.len(), chunks, func(c int, part Sparse, lo, hi int) (Sparse, int) {
+		bad := 0
+		x.tiles(lo, hi, tiles[c], func(span []float32, base int) {
+			if over[c] {
+				bad += countAboveKeys(span, &minKeys, &counted[c])
+				return
+			}
+			var b int
+			part, b = appendAbove(part, span, base, minKeys[0])
+			bad += b
+			if float64(part.Len()) > limit {
+				// Count what is stored, and store nothing more.
+				over[c] = true
+				for _, v := range part.Val {
+					addAboveKeys(key(v), &minKeys, &counted[c])
+				}
+				part.Reset()
+			}
+		})
+		return part, bad
 	})
+	if !slices.Contains(over, true) {
+		return dst, nonFinite, nil
+	}
+	// Some chunk stopped storing: the others' entries are counted here.
+	counts = new([raisedCount]int)
+	for _, v := range dst.Val {
+		addAboveKeys(key(v), &minKeys, counts)
+	}
+	for c := range counted {
+		for j := range counts {
+			counts[j] += counted[c][j]
+		}
+	}
+	dst.Reset()
+	return dst, nonFinite, counts
+}
+
+// countAboveKeys adds to counts[j] the finite entries of x with key ≥
+// minKeys[j] (ascending keys) and returns how many entries are NaN or ±Inf.
+func countAboveKeys(x []float32, minKeys *[raisedCount]uint32, counts *[raisedCount]int) (nonFinite int) {
+	for _, u := range floatBits(x) {
+		u &^= signBit
+		if u >= infKey {
+			nonFinite++
+		} else if u >= minKeys[0] {
+			addAboveKeys(u, minKeys, counts)
+		}
+	}
+	return nonFinite
+}
+
+func addAboveKeys(u uint32, minKeys *[raisedCount]uint32, counts *[raisedCount]int) {
+	for j, m := range minKeys {
+		if u < m {
+			return
+		}
+		counts[j]++
+	}
 }
 
 // selectInChunks runs a selection over [0, n) split into chunks, each chunk
 // appending its entries (ascending) to its own part on its own goroutine,
 // then places the parts in dst in order, in parallel again. It returns dst
 // and the sum of the chunks' non-finite counts.
-func selectInChunks(dst Sparse, n, chunks int, selectChunk func(part Sparse, lo, hi int) (Sparse, int)) (Sparse, int) {
+func selectInChunks(sc *selectionScratch, dst Sparse, n, chunks int, selectChunk func(c int, part Sparse, lo, hi int) (Sparse, int)) (Sparse, int) {
 	chunks = max(1, min(chunks, n))
 	if chunks == 1 {
-		return selectChunk(dst, 0, n)
+		return selectChunk(0, dst, 0, n)
 	}
-	sc := getScratch()
-	defer putScratch(sc)
 	for len(sc.parts) < chunks {
 		sc.parts = append(sc.parts, Sparse{})
 	}
 	parts, nonFinite := sc.parts[:chunks], sc.countsFor(chunks)
 	forEachChunk(n, chunks, func(c, lo, hi int) {
 		parts[c].Reset()
-		parts[c], nonFinite[c] = selectChunk(parts[c], lo, hi)
+		parts[c], nonFinite[c] = selectChunk(c, parts[c], lo, hi)
 	})
 	start, total, bad := dst.Len(), 0, 0
 	for c := range parts {
@@ -721,32 +828,6 @@ func storeHits(idx []uint32, val []float32, n int, x []float32, base int, minKey
 func pairAtLeast(w, y uint64) uint32 {
 	d := (w | 0x80000000_80000000) - y
 	return uint32(d>>firstEntryTopBit&1 | d>>secondEntryTopBit&1<<1)
-}
-
-// accumulateAppendAbove is appendAbove on acc = grad + residual, a tile at
-// a time: the tile's sums are written, then scanned while still in the L1
-// cache, so memory sees one pass.
-func accumulateAppendAbove(dst Sparse, acc, grad, residual []float32, base int, minKey uint32) (Sparse, int) {
-	n := len(grad)
-	acc, residual = acc[:n], residual[:n]
-	nonFinite := 0
-	for lo := 0; lo < n; lo += tileBlocks * scanBlock {
-		hi := min(n, lo+tileBlocks*scanBlock)
-		a, g, r := acc[lo:hi], grad[lo:hi], residual[lo:hi]
-		g, r = g[:len(a)], r[:len(a)]
-		i := 0
-		for ; i+4 <= len(a); i += 4 {
-			a4, g4, r4 := a[i:i+4:i+4], g[i:i+4:i+4], r[i:i+4:i+4]
-			a4[0], a4[1], a4[2], a4[3] = g4[0]+r4[0], g4[1]+r4[1], g4[2]+r4[2], g4[3]+r4[3]
-		}
-		for ; i < len(a); i++ {
-			a[i] = g[i] + r[i]
-		}
-		var bad int
-		dst, bad = appendAbove(dst, a, base+lo, minKey)
-		nonFinite += bad
-	}
-	return dst, nonFinite
 }
 
 //go:noinline

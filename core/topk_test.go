@@ -2,6 +2,7 @@ package core
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"runtime"
@@ -179,7 +180,7 @@ func TestTopKBySampleIsExactOrDeclines(t *testing.T) {
 	for _, k := range []int{sampledTopKMinK, n / 100, n / 8} {
 		want := topKFromOrder(x, order, k)
 		for _, chunks := range []int{1, 3} {
-			got, next, ok := topKBySample(Sparse{}, x, k, chunks, sampledTopKMargin)
+			got, next, ok := topKBySample(Sparse{}, plainVec(x), k, chunks, sampledTopKMargin)
 			if !ok {
 				t.Fatalf("k=%d chunks=%d: the sampled path declined a normal input", k, chunks)
 			}
@@ -189,7 +190,7 @@ func TestTopKBySampleIsExactOrDeclines(t *testing.T) {
 		}
 		// A margin of −3σ puts the sample's key above the (k+1)-th largest
 		// almost surely: too few entries pass and the path must decline.
-		if _, _, ok := topKBySample(Sparse{}, x, k, 1, -3); ok {
+		if _, _, ok := topKBySample(Sparse{}, plainVec(x), k, 1, -3); ok {
 			t.Fatalf("k=%d: the sampled path accepted a sample key above the (k+1)-th largest", k)
 		}
 	}
@@ -596,39 +597,95 @@ func FuzzTopK(f *testing.F) {
 	})
 }
 
-// The fused accumulation and selection of Ok-Topk's reuse calls writes the
-// same acc, selects the same entries and counts the same non-finite entries
-// as Accumulate followed by SelectAboveChecked, on one chunk or several.
-func TestAccumulateAboveEqualsAccumulateThenSelect(t *testing.T) {
+// Error feedback never stores acc = grad + residual (vec.go): every pass
+// forms the sums as it reads. Each selection on such a sum must give
+// bitwise what it gives on the stored Accumulate — the threshold selection
+// and its non-finite count, the exact top-k (sampled, light-bucket and
+// heavy-bucket paths, ties included) with its next key, the Gaussian
+// estimate — on one chunk or several; and foldResidual must leave the
+// residual and the gradient as UpdateResidual and ScatterAverage do.
+func TestSelectionsOnSumEqualStoredAccumulate(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 6))
-	for _, n := range []int{0, 1, 7, 8, 9, 1000, 1 << 16} {
-		for _, poison := range []float32{0, float32(math.NaN()), float32(math.Inf(1)), float32(math.Inf(-1))} {
+	for _, n := range []int{0, 1, 7, 8, 9, 1000, 1 << 16, 3*tileLen + 5} {
+		for _, shape := range []string{"normal", "ties", "nan", "+inf", "-inf"} {
 			grad, residual := make([]float32, n), make([]float32, n)
 			for i := range grad {
 				grad[i], residual[i] = float32(rng.NormFloat64()), float32(rng.NormFloat64())*0.1
+				if shape == "ties" { // a heavy bucket: most sums in one top-16-bit bucket
+					grad[i], residual[i] = float32(1+rng.IntN(4))*0.25, 0
+				}
 			}
-			if poison != 0 && n > 0 {
-				grad[rng.IntN(n)] = poison
+			if n > 0 {
+				switch shape {
+				case "nan":
+					grad[rng.IntN(n)] = float32(math.NaN())
+				case "+inf":
+					grad[rng.IntN(n)] = float32(math.Inf(1))
+				case "-inf":
+					residual[rng.IntN(n)] = float32(math.Inf(-1))
+				}
 			}
-			th := float32(2.2)
-			wantAcc := make([]float32, n)
-			Accumulate(wantAcc, grad, residual)
-			want, wantBad := SelectAboveChecked(Sparse{}, wantAcc, th)
+			acc := make([]float32, n)
+			Accumulate(acc, grad, residual)
+			sum := sumVec(grad, residual)
 			for _, chunks := range []int{1, 3} {
-				acc := make([]float32, n)
-				got, bad := accumulateAbove(Sparse{}, acc, grad, residual, th, chunks)
-				if bad != wantBad {
-					t.Fatalf("n=%d chunks=%d poison=%v: %d non-finite, want %d", n, chunks, poison, bad, wantBad)
+				where := fmt.Sprintf("n=%d %s chunks=%d", n, shape, chunks)
+				th := float32(2.2)
+				want, wantBad := selectAbove(Sparse{}, acc, th, chunks)
+				got, bad := selectAboveOf(Sparse{}, sum, th, chunks)
+				if bad != wantBad || !sameSparse(got, want) {
+					t.Fatalf("%s: threshold selection differs (%d entries, %d non-finite; want %d, %d)", where, got.Len(), bad, want.Len(), wantBad)
 				}
-				if i, differ := firstDifference(acc, wantAcc); differ {
-					t.Fatalf("n=%d chunks=%d: acc[%d] = %v, want %v", n, chunks, i, acc[i], wantAcc[i])
+				for _, k := range []int{0, 1, n / 100, n / 3, n} {
+					if k < 0 || k > n {
+						continue
+					}
+					want, wantNext, wantInf, wantErr := topK(Sparse{}, acc, k, chunks)
+					got, next, inf, err := topKOf(Sparse{}, sum, k, chunks)
+					if (err == nil) != (wantErr == nil) || next != wantNext || inf != wantInf || !sameSparse(got, want) {
+						t.Fatalf("%s k=%d: top-k differs (err %v, want %v; next %x, want %x)", where, k, err, wantErr, next, wantNext)
+					}
 				}
-				if !slices.Equal(got.Idx, want.Idx) || !slices.Equal(float32Bytes(got.Val), float32Bytes(want.Val)) {
-					t.Fatalf("n=%d chunks=%d poison=%v: selected %d entries, want %d (or different ones)", n, chunks, poison, got.Len(), want.Len())
+				if shape == "normal" && n > 0 {
+					m, sd := meanStdOf(sum, chunks)
+					wm, wsd := meanStd(acc, chunks)
+					if m != wm || sd != wsd {
+						t.Fatalf("%s: mean, std %v, %v; want %v, %v", where, m, sd, wm, wsd)
+					}
+					k := max(1, n/100)
+					want, wantTh := gaussianSelectInto(Sparse{}, acc, k, 0.01, chunks)
+					got, th, bad := gaussianSelectOf(Sparse{}, sum, k, 0.01, chunks)
+					if bad != 0 || th != wantTh || !sameSparse(got, want) {
+						t.Fatalf("%s: Gaussian selection differs", where)
+					}
 				}
+			}
+			// The end of a call: the selection of the stored acc, a global
+			// result that keeps some of it and adds other entries.
+			local, _ := selectAbove(Sparse{}, acc, 1.5, 1)
+			var global Sparse
+			for j, ix := range local.Idx {
+				if j%2 == 0 {
+					global.Append(ix, local.Val[j]*3)
+				}
+			}
+			wantResidual, wantGrad := slices.Clone(residual), slices.Clone(grad)
+			UpdateResidual(wantResidual, acc, local, global)
+			ScatterAverage(wantGrad, global, 4)
+			foldResidual(residual, grad, local, global)
+			writeAverage(grad, global, 4)
+			if i, differ := firstDifference(residual, wantResidual); differ {
+				t.Fatalf("n=%d %s: residual[%d] = %v, want %v", n, shape, i, residual[i], wantResidual[i])
+			}
+			if i, differ := firstDifference(grad, wantGrad); differ {
+				t.Fatalf("n=%d %s: grad[%d] = %v, want %v", n, shape, i, grad[i], wantGrad[i])
 			}
 		}
 	}
+}
+
+func sameSparse(a, b Sparse) bool {
+	return slices.Equal(a.Idx, b.Idx) && slices.Equal(float32Bytes(a.Val), float32Bytes(b.Val))
 }
 
 // firstDifference is the first index where a and b differ bitwise.

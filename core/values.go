@@ -279,27 +279,47 @@ func checkHold(hold []Span, n int) error {
 // selectHolding runs sel with the held entries of acc read as zero, puts
 // them back, and drops any held entry from the selection (an exact top-k
 // takes zeros when fewer than k entries are nonzero): a held entry is never
-// sent, so UpdateResidual keeps all of acc there. stash is scratch storage,
-// returned for reuse.
-func selectHolding(acc []float32, hold []Span, stash []float32, sel func() (Sparse, error)) (Sparse, []float32, error) {
+// sent, so the residual keeps all of acc there. acc is not stored (vec.go),
+// so its terms are cleared there: grad's entries, then the residual's, go
+// to stash (scratch storage, returned for reuse) and come back bit for bit.
+// NaN or ±Inf in a held entry is ErrNonFinite, as anywhere else in acc:
+// every rank skips the step rather than keep it in the residual.
+func selectHolding(acc vec, hold []Span, stash []float32, sel func() (Sparse, error)) (Sparse, []float32, error) {
 	if len(hold) == 0 {
 		s, err := sel()
 		return s, stash, err
 	}
 	stash = stash[:0]
+	bad := 0
 	for _, h := range hold {
-		stash = append(stash, acc[h.Start:h.End]...)
-		clear(acc[h.Start:h.End])
+		held := vec{x: acc.x[h.Start:h.End]}
+		if acc.r != nil {
+			held.r = acc.r[h.Start:h.End]
+		}
+		bad += held.countNonFinite()
+		stash = append(stash, held.x...)
+		clear(held.x)
+		if held.r != nil {
+			stash = append(stash, held.r...)
+			clear(held.r)
+		}
 	}
 	s, err := sel()
 	at := 0
 	for _, h := range hold {
-		at += copy(acc[h.Start:h.End], stash[at:])
+		at += copy(acc.x[h.Start:h.End], stash[at:])
+		if acc.r != nil {
+			at += copy(acc.r[h.Start:h.End], stash[at:])
+		}
 	}
 	if err != nil {
 		return s, stash, err
 	}
-	return dropHeld(s, hold), stash, nil
+	s = dropHeld(s, hold)
+	if bad > 0 {
+		return s, stash, fmt.Errorf("%w: %d held entries", ErrNonFinite, bad)
+	}
+	return s, stash, nil
 }
 
 // dropHeld filters s (ascending) in place to the entries outside hold.

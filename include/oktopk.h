@@ -61,6 +61,20 @@
  * call uses them, from
  * the process's environment at that moment: a setenv() made after the
  * library was loaded takes effect.
+ *
+ * Memory. Per tensor reduced sparsely a rank keeps its residual, n float32
+ * values whatever the buffer's dtype; per communicator, working memory
+ * reused by every call: Ok-Topk's sum of this rank's region (n/P float32
+ * values for the largest tensor), Rabenseifner's copy of the buffer (n
+ * values, to put back after a failure), and for float16/bfloat16 buffers
+ * their float32 copy (n values). Everything else lives for one call: the
+ * messages (the dense ring keeps the n values it receives until its last
+ * step; dense messages are at most 1 MiB each) and about k entries of
+ * sparse working memory. The library sets the Go collector's GOGC to 25
+ * when it is loaded, so that its heap stays within a quarter of what it
+ * holds (Go's default lets it double); OKTOPK_GOGC (a percentage, or
+ * "off"), or Go's own GOGC or GOMEMLIMIT, set in the environment before
+ * the library is loaded, replace that setting.
  */
 #ifndef OKTOPK_H
 #define OKTOPK_H

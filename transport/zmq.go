@@ -55,6 +55,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -607,6 +608,14 @@ type outboxState struct {
 // a peer whose inbox is not connected is copied and held, and its sender
 // answered, until the connection is back.
 func (z *ZMQ) outboxLoop(sock *zmq.Socket) {
+	// ZeroMQ copies each payload into memory malloc takes from the calling
+	// thread's arena. On one thread of its own, the outbox reuses its own
+	// arena's free memory for the next payload; hopping between the Go
+	// runtime's threads it would leave a freed payload-sized block in each
+	// thread's arena (measured with per-peer senders: dense ring, P = 4,
+	// n = 2^24: 2.75 × n × 4 B of retained C memory per rank, instead of
+	// about one payload per peer).
+	runtime.LockOSThread()
 	defer z.owners.Done()
 	defer sock.Close()
 	defer close(z.out.stopped)

@@ -18,6 +18,16 @@
  *   oktopk_test peerdeath  P processes: the last rank dies without a word;
  *                        the others' next call fails (not hangs) and their
  *                        destroy returns within about a second.
+ *   oktopk_test memory ALG N CALLS [LIMIT [DTYPE]]
+ *                        P processes (tests/c/memory.sh runs one job per
+ *                        algorithm): CALLS calls of algorithm ALG (a name of
+ *                        oktopk.h's OKTOPK_ALGO_*, lower case without the
+ *                        prefix) on N elements of DTYPE (float32, or
+ *                        bfloat16) at density 1%; prints "MEM" lines with
+ *                        this rank's peak RSS growth over a baseline taken
+ *                        once the caller's buffers are allocated and
+ *                        touched, in units of N x the element size, and
+ *                        fails when that exceeds LIMIT (if not 0).
  *   oktopk_test env      one process: every environment setting the library
  *                        reads, set with setenv() after the library was
  *                        loaded, takes effect.
@@ -1310,6 +1320,114 @@ static int run_cycles(int cycles) {
 
 /* ------------------------------------------------------------------------ */
 
+/* One field of /proc/self/status (VmRSS, VmHWM) in KiB, or -1. */
+static long status_kib(const char *field) {
+  FILE *f = fopen("/proc/self/status", "r");
+  if (!f) return -1;
+  char line[256];
+  long v = -1;
+  size_t len = strlen(field);
+  while (fgets(line, sizeof line, f))
+    if (strncmp(line, field, len) == 0 && line[len] == ':') {
+      v = atol(line + len + 1);
+      break;
+    }
+  fclose(f);
+  return v;
+}
+
+/* Resets VmHWM to the current RSS (Linux >= 4.0); 0 on success. */
+static int reset_peak_rss(void) {
+  FILE *f = fopen("/proc/self/clear_refs", "w");
+  if (!f) return -1;
+  int ok = fputs("5", f) >= 0;
+  return fclose(f) == 0 && ok ? 0 : -1;
+}
+
+/* A gradient of distinct magnitudes (no ties, unlike fill_gradient's small
+ * integers), as a trained network's are: uniform in (-1, 1), scaled by a
+ * factor that varies along the vector. */
+static void fill_continuous(float *x, size_t n, int rank, int call) {
+  lcg = 1000003ull * (uint64_t)(rank + 1) + 7919ull * (uint64_t)call;
+  for (size_t i = 0; i < n; i++)
+    x[i] = ((float)next_rand() / 1073741824.0f - 1.0f) * (1.0f + (float)(i % 1021) / 256.0f); /* next_rand: 31 bits */
+}
+
+static const char *const algorithm_names[] = {"dense_ring", "dense_rabenseifner", "oktopk", "topka", "topkdsa",
+                                              "ssar_recursive_double", "ssar_split_allgather", "dsar_split_allgather",
+                                              "gtopk", "gaussiank"};
+
+/* Peak RSS growth of one algorithm's calls: the caller's gradient (n floats)
+ * is allocated and touched before the baseline, so what grows is what the
+ * library holds (residual, scratch, message buffers, the Go heap's headroom)
+ * and nothing of the workload's. The gradient is refilled before every call
+ * (the call overwrites it with the result); the fill writes the same pages,
+ * so it adds nothing to RSS. */
+static int run_memory(const char *alg_name, size_t n, int calls, double limit, const char *dtype_name) {
+  int alg = -1;
+  for (int a = 0; a < (int)(sizeof algorithm_names / sizeof *algorithm_names); a++)
+    if (strcmp(alg_name, algorithm_names[a]) == 0) alg = a;
+  int half = strcmp(dtype_name, "bfloat16") == 0;
+  if (alg < 0 || n == 0 || calls < 1 || (!half && strcmp(dtype_name, "float32") != 0)) {
+    fprintf(stderr, "memory: unknown algorithm %s or dtype %s, or n or calls is 0\n", alg_name, dtype_name);
+    return 2;
+  }
+  oktopk_dtype_t dtype = half ? OKTOPK_BFLOAT16 : OKTOPK_FLOAT32;
+  size_t width = half ? 2 : 4;
+  oktopk_config_t cfg;
+  oktopk_config_init(&cfg);
+  cfg.timeout_ms = 600000; /* many ranks on few cores: slow, never stuck */
+  cfg.algorithm = alg;
+  cfg.density = 0.01;
+  /* Refresh and repartition inside the measured calls, as training does
+   * every tau' and tau calls. */
+  cfg.tau_prime = 4;
+  cfg.tau = 8;
+  oktopk_comm_t comm;
+  OK(oktopk_comm_init_env(&comm, &cfg));
+  int rank, size;
+  OK(oktopk_comm_rank(comm, &rank));
+  OK(oktopk_comm_size(comm, &size));
+  rank_ = rank;
+  float *grad = malloc(n * sizeof *grad);
+  uint16_t *grad16 = half ? malloc(n * sizeof *grad16) : NULL;
+  REQUIRE(grad != NULL && (!half || grad16 != NULL));
+  fill_continuous(grad, n, rank, 0);
+  for (size_t i = 0; half && i < n; i++) grad16[i] = to_half(grad[i], OKTOPK_BFLOAT16);
+  void *buffer = half ? (void *)grad16 : (void *)grad;
+  REQUIRE(reset_peak_rss() == 0);
+  long base = status_kib("VmRSS"), peak = base;
+  double unit = (double)n * (double)width / 1024; /* n x the element size, in KiB */
+  double t0 = now();
+  for (int call = 1; call <= calls; call++) {
+    fill_continuous(grad, n, rank, call);
+    for (size_t i = 0; half && i < n; i++) grad16[i] = to_half(grad[i], OKTOPK_BFLOAT16);
+    oktopk_stats_t st = {.size = sizeof st};
+    if (alg <= OKTOPK_ALGO_DENSE_RABENSEIFNER)
+      OK(oktopk_allreduce(comm, buffer, n, dtype, 1, alg));
+    else
+      OK(oktopk_sparse_allreduce(comm, 1, buffer, n, dtype, &st));
+    long hwm = status_kib("VmHWM"), rss = status_kib("VmRSS");
+    peak = hwm > peak ? hwm : peak;
+    printf("call %2d: rss %+7.1f MiB, peak %+7.1f MiB (%.2f x n x %zu B); selected %lld here, %lld in all (k = %lld)\n",
+           call, (rss - base) / 1024.0, (peak - base) / 1024.0, (peak - base) / unit, width, (long long)st.local_selected,
+           (long long)st.global_selected, (long long)st.k);
+  }
+  printf("MEM %s dtype=%s P=%d n=%zu calls=%d base_mib=%.1f peak_extra_mib=%.1f ratio=%.2f seconds=%.1f\n", alg_name,
+         dtype_name, size, n, calls, base / 1024.0, (peak - base) / 1024.0, (peak - base) / unit, now() - t0);
+  OK(oktopk_comm_destroy(comm));
+  free(grad);
+  free(grad16);
+  if (limit > 0 && (peak - base) / unit > limit) {
+    fprintf(stderr, "rank %d: %s's peak RSS grew by %.2f x n x %zu B, above the limit of %.2f\n", rank, alg_name,
+            (peak - base) / unit, width, limit);
+    return 1;
+  }
+  return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+
 /* Every variable the library reads from the environment. */
 static const char *const env_settings[] = {"OKTOPK_CURVE", "OKTOPK_SOCKET_IFNAME", "OKTOPK_STALL_WARN",
                                            "OKTOPK_JOB_TOKEN", "OKTOPK_RENDEZVOUS_PORT", "MASTER_ADDR",
@@ -1545,8 +1663,12 @@ int main(int argc, char **argv) {
   if (argc >= 2 && strcmp(argv[1], "errors") == 0) return run_errors();
   if (argc >= 3 && strcmp(argv[1], "cycles") == 0) return run_cycles(atoi(argv[2]));
   if (argc >= 2 && strcmp(argv[1], "peerdeath") == 0) return run_peer_death();
+  if (argc >= 5 && strcmp(argv[1], "memory") == 0)
+    return run_memory(argv[2], (size_t)strtoull(argv[3], NULL, 0), atoi(argv[4]), argc >= 6 ? atof(argv[5]) : 0,
+                      argc >= 7 ? argv[6] : "float32");
   if (argc >= 2 && strcmp(argv[1], "env") == 0) return run_env(argv);
   if (argc >= 3 && strcmp(argv[1], "join") == 0) return run_join(atoi(argv[2]));
-  fprintf(stderr, "usage: %s ranks | errors | cycles N | peerdeath | env | join MS\n", argv[0]);
+  fprintf(stderr, "usage: %s ranks | errors | cycles N | peerdeath | env | join MS | memory ALG N CALLS [LIMIT [DTYPE]]\n",
+          argv[0]);
   return 2;
 }

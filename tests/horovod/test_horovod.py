@@ -28,11 +28,12 @@ def horovodrun(np, worker, *args, timeout=400):
     return results
 
 
-@pytest.mark.parametrize("np", [2, 4])
-def test_density_one_matches_horovod_average(np):
+@pytest.mark.parametrize("np,bucket_bytes", [(2, None), (4, None), (2, 1)])
+def test_density_one_matches_horovod_average(np, bucket_bytes):
     # Same average summed in another order: float32 rounding only. The
     # tolerance is relative to each parameter's largest gradient entry.
-    results = horovodrun(np, "density_one")
+    # bucket_bytes=1: a bucket per parameter, reduced in its own gradient.
+    results = horovodrun(np, "density_one", *(["5", bucket_bytes] if bucket_bytes else []))
     for r, res in results.items():
         assert res["worst_relative_diff"] <= 1e-5, f"rank {r}: {res['worst_relative_diff']}"
         assert res["bytes_sent"] > 0, "no traffic went through oktopk"

@@ -32,18 +32,22 @@ def small_model():
     return nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 5))
 
 
-def density_one(out, steps="5"):
+def density_one(out, steps="5", bucket_bytes=str(oktopk_horovod.optimizer.BUCKET_BYTES)):
     """With density 1.0 the sparse average must equal Horovod's dense
     average of the same gradients (another summation order: float32
     rounding only). Models start from different seeds per rank, so this also
-    checks that hvd.broadcast_parameters still works with our optimizer."""
+    checks that hvd.broadcast_parameters still works with our optimizer.
+    With bucket_bytes=1 every parameter is a bucket of its own, reduced in
+    place in its gradient; by default all share one, gathered into the
+    optimizer's staging memory."""
     hvd.init()
     torch.set_num_threads(1)
     torch.manual_seed(100 + hvd.rank())
     model = small_model()
     reference = small_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.0)  # parameters never move: the same model every step
-    opt = oktopk_horovod.DistributedOptimizer(opt, named_parameters=model.named_parameters(), compression=oktopk_horovod.Compression.oktopk(density=1.0))
+    opt = oktopk_horovod.DistributedOptimizer(opt, named_parameters=model.named_parameters(), compression=oktopk_horovod.Compression.oktopk(density=1.0),
+                                              bucket_bytes=int(bucket_bytes))
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     reference.load_state_dict(model.state_dict())
     after_broadcast = hvd.allgather_object(digest(model))

@@ -516,6 +516,99 @@ def unsupported_dtype(rank, world, port, out):
     dist.destroy_process_group()
 
 
+class _FixedGradient(torch.autograd.Function):
+    """Gives w the gradient g, the same tensor every step: backward then
+    allocates nothing of w's size (a fresh gradient tensor every step would
+    make the C allocator's RSS jump by its size, hiding what the hook and
+    the library hold)."""
+
+    @staticmethod
+    def forward(ctx, w, g):
+        ctx.g = g
+        return w.new_zeros(())
+
+    @staticmethod
+    def backward(ctx, _):
+        return ctx.g, None
+
+
+class _ReversedStack(nn.Module):
+    """A large flat parameter with a fixed gradient, and square layers
+    applied in the reverse of their registration order: DDP's first bucket
+    layout follows registration (reversed), its rebuilt one the order
+    gradients become ready, so after the rebuild the layers' bucket holds
+    its parameters out of the order the hook keeps residuals in, and the
+    hook gathers them through its staging memory."""
+
+    def __init__(self, flat, width, depth):
+        super().__init__()
+        torch.manual_seed(0)
+        self.flat = nn.Parameter(torch.zeros(flat))
+        self.layers = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
+
+    def forward(self, x, flat_grad):
+        for layer in reversed(self.layers):
+            x = torch.tanh(layer(x))
+        return x, _FixedGradient.apply(self.flat, flat_grad)
+
+
+def _rss_kib():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise RuntimeError("no VmRSS in /proc/self/status")
+
+
+def rss_steady(rank, world, port, out, warm, steps):
+    """RSS before the first sparse step (the dense warm-up steps load
+    nothing of liboktopk), the largest over the second half of `warm`
+    sparse steps, and the largest over the `steps` after; and the hook's
+    staging buffers at both points."""
+    setup(rank, world, port)
+    flat, width, depth = 1 << 22, 256, 3  # 4.4 M parameters, 17 MB of float32 gradients
+    # Every rank builds the same parameters: no broadcast of them at start.
+    m = DDP(_ReversedStack(flat, width, depth), bucket_cap_mb=4, init_sync=False)
+    # Two dense steps: DDP rebuilds its buckets in the second, so its new
+    # bucket memory is there before the first sparse step.
+    state = OkTopkState(algorithm="oktopk", density=0.01, warmup_iters=2, tau=4, tau_prime=2)  # what the bound below counts
+    m.register_comm_hook(state, oktopk_hook)
+    o = torch.optim.SGD(m.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(rank)
+    x, y = torch.randn(8, width, generator=g), torch.randn(8, width, generator=g)
+    flat_grad = torch.randn(flat, generator=g)
+
+    def step():
+        o.zero_grad(set_to_none=False)  # gradients stay allocated between steps
+        out, zero = m(x, flat_grad)
+        (F.mse_loss(out, y) + zero).backward()
+        o.step()
+
+    step()  # dense warm-up
+    step()
+    before = _rss_kib()
+    # The warm-up's second half sets the level: the library's collector has
+    # run through its cycles by then, and its heap tops out at the same
+    # level every cycle.
+    base = 0
+    for i in range(warm):
+        step()
+        if i >= warm // 2:
+            base = max(base, _rss_kib())
+    state._worker.submit(lambda: None).result()
+    staging = {k: v.data_ptr() for k, v in state._staging.items()}
+    peak = base
+    for _ in range(steps):
+        step()
+        peak = max(peak, _rss_kib())
+    state._worker.submit(lambda: None).result()
+    params = sum(p.numel() for p in m.parameters())
+    write(out, rank, {"before_kib": before, "base_kib": base, "peak_kib": peak, "gradient_kib": params * 4 // 1024,
+                      "staging_before": staging, "staging_after": {k: v.data_ptr() for k, v in state._staging.items()}})
+    state.close()
+    dist.destroy_process_group()
+
+
 class Branchy(nn.Module):
     """A trunk and head always used; `sometimes` used at some steps on every
     rank (globally unused at the others), `rank0` used on rank 0 only at

@@ -141,6 +141,9 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
         # rank; the calls release the GIL, so backward goes on meanwhile.
         self._worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="oktopk")
         self._lock = threading.Lock()
+        # Staging memory (worker thread only), one per kind (pinned or not),
+        # grown to the largest bucket and reused by every call.
+        self._staging = {}
         self._should_synchronize = True
         self._synchronized = False
         self._grad_accs = []
@@ -201,14 +204,20 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
                     )
                 p.grad = p.grad.to_dense()
         grads = [p.grad for p in bucket.params]
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        if flat.device.type != "cpu":
-            # Stage through pinned host memory; the library reads CPU memory.
-            staged = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
-            staged.copy_(flat)
-            host = staged
+        cuda = grads[0].device.type != "cpu"
+        if not cuda and len(grads) == 1 and grads[0].is_contiguous():
+            host = grads[0].view(-1)  # in place
         else:
-            host = flat
+            # The one copy of a bucket that remains, and why: the library
+            # reduces one contiguous vector in host memory, and a bucket's
+            # gradients are separate tensors (on the GPU for CUDA, copied
+            # to pinned memory: DMA transfers, no device-side concatenation).
+            # The staging memory is the optimizer's, reused.
+            host = self._staging_for(sum(g.numel() for g in grads), grads[0].dtype, cuda)
+            at = 0
+            for g in grads:
+                host[at : at + g.numel()].view_as(g).copy_(g)
+                at += g.numel()
         try:
             stats = self._comm.sparse_allreduce_(bucket.tensor_id, host)
         except OkTopkError as e:
@@ -222,10 +231,11 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
             host.fill_(float("nan"))
         if self._op == hvd.Sum:
             host.mul_(hvd.size())
-        at = 0
-        for g in grads:
-            g.copy_(host[at : at + g.numel()].view_as(g))
-            at += g.numel()
+        if host.data_ptr() != grads[0].data_ptr():
+            at = 0
+            for g in grads:
+                g.copy_(host[at : at + g.numel()].view_as(g))
+                at += g.numel()
         if stats is not None:
             with self._lock:
                 self.bytes_sent += stats.bytes_sent
@@ -233,6 +243,21 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
                 self.comm_seconds += stats.total_seconds
                 ran = algorithm_name(stats.algorithm)
                 self.algorithm_counts[ran] = self.algorithm_counts.get(ran, 0) + 1
+
+    def _staging_for(self, n, dtype, pinned):
+        """n elements of dtype in the optimizer's staging memory (pinned for
+        CUDA gradients): allocated once, grown only for a larger bucket,
+        reused by every call, which the single worker thread makes one at a
+        time (each call's copies back finish before the next call writes
+        it: copies to a CUDA tensor from pinned memory without non_blocking
+        wait for the transfer)."""
+        need = n * torch.empty(0, dtype=dtype).element_size()
+        buf = self._staging.get(pinned)
+        if buf is None or buf.numel() < need:
+            self._staging[pinned] = None  # the old buffer goes before the new one comes
+            buf = torch.empty(need, dtype=torch.uint8, pin_memory=pinned)
+            self._staging[pinned] = buf
+        return buf[:need].view(dtype)
 
     # -- Horovod's optimizer interface --------------------------------------
 
@@ -323,6 +348,7 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
         if self._comm is not None:
             self._comm.destroy()
             self._comm = None
+        self._staging = {}
 
 
 def _check_owner(saved_rank, saved_size):

@@ -132,6 +132,7 @@ class OkTopkState:
         "_pool",
         "_lock",
         "_param_index",
+        "_staging",
         "_hook_iters",
         "_owner",
         "_used",
@@ -191,6 +192,10 @@ class OkTopkState:
         self._pool = {}
         self._lock = threading.Lock()
         self._param_index = {}
+        # Staging memory (worker thread only), one per kind (pinned or not),
+        # grown to the largest group and reused by every call; see
+        # _staging_for.
+        self._staging = {}
         # Iterations this process has run through the hook: DDP's first one
         # (0 here) uses its provisional bucket layout, every later one the
         # rebuilt layout, whatever state.iter a checkpoint resumed from.
@@ -365,8 +370,13 @@ class OkTopkState:
         if not cuda and len(pieces) == 1 and pieces[0][1:] == (0, tensor.numel()) and tensor.is_contiguous():
             host = tensor  # in place
         else:
-            # CUDA: pinned host memory, so the copies are DMA transfers.
-            host = torch.empty(n, dtype=tensor.dtype, pin_memory=cuda)
+            # The one copy of a bucket that remains, and why: the library
+            # reads host memory (a CUDA bucket is copied to pinned host
+            # memory, so both copies are DMA transfers), and it keeps the
+            # residual in the group's canonical order (a CPU bucket whose
+            # parameters DDP laid out otherwise, or spread over buckets, is
+            # gathered). The staging memory is the state's, reused.
+            host = self._staging_for(n, tensor.dtype, cuda)
             at = 0
             for t, a, b in pieces:
                 host[at : at + b - a].copy_(t[a:b])
@@ -390,6 +400,21 @@ class OkTopkState:
                 self.comm_seconds += stats.total_seconds
                 ran = _lib.algorithm_name(stats.algorithm)
                 self.algorithm_counts[ran] = self.algorithm_counts.get(ran, 0) + 1
+
+    def _staging_for(self, n, dtype, pinned):
+        """n elements of dtype in the state's staging memory (pinned for
+        CUDA buckets): allocated once, grown only for a larger group, and
+        reused by every call, which the single worker thread makes one at a
+        time. Each call's copies back to the bucket finish before the next
+        call writes it (copies to a CUDA tensor from pinned memory without
+        non_blocking wait for the transfer)."""
+        need = n * torch.empty(0, dtype=dtype).element_size()
+        buf = self._staging.get(pinned)
+        if buf is None or buf.numel() < need:
+            self._staging[pinned] = None  # the old buffer goes before the new one comes
+            buf = torch.empty(need, dtype=torch.uint8, pin_memory=pinned)
+            self._staging[pinned] = buf
+        return buf[:need].view(dtype)
 
     def _reduce_bucket(self, group_id, tensor, slices, fut, stream):
         # Worker thread: one DDP bucket that is exactly one group; slices are
@@ -537,6 +562,7 @@ class OkTopkState:
         if self._comm is not None:
             self._comm.destroy()
             self._comm = None
+        self._staging = {}
         for handle in self._grad_hooks:
             handle.remove()
         self._grad_hooks = []
