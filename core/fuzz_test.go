@@ -78,7 +78,7 @@ func FuzzTensorState(f *testing.F) {
 			t.Fatalf("residual of %d for n=%d", len(st.Residual), st.N)
 		}
 		for i, x := range st.Boundaries {
-			if int(x) > st.N || (i > 0 && x < st.Boundaries[i-1]) {
+			if int(x) > st.N || (i > 0 && x < st.Boundaries[i-1]) || (i == 0 && x != 0) || (i == len(st.Boundaries)-1 && int(x) != st.N) {
 				t.Fatalf("boundaries %v for n=%d", st.Boundaries, st.N)
 			}
 		}

@@ -131,6 +131,11 @@ func (st *TensorState) UnmarshalBinary(b []byte) error {
 			return bad("region boundaries out of order")
 		}
 	}
+	// The regions partition [0, n): an entry outside every region would be
+	// sent to an owner whose region does not hold it.
+	if nb > 0 && (bounds[0] != 0 || bounds[nb-1] != uint32(n)) {
+		return bad(fmt.Sprintf("region boundaries run from %d to %d, not from 0 to n=%d", bounds[0], bounds[nb-1], n))
+	}
 	residual := make([]float32, n)
 	copy(float32Bytes(residual), b[uint64(fixed)+4*nb:])
 	for _, v := range residual {
