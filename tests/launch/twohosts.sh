@@ -102,7 +102,7 @@ for r in 0 1; do
 	done
 done
 for r in 2 3; do
-	if ! grep -q "never said hello to this rank's tcp://127.0.0.1:" "$tmp/loopback.$r"; then
+	if ! grep -q "never connected to this rank's tcp://127.0.0.1:" "$tmp/loopback.$r"; then
 		echo "twohosts.sh: FAIL: rank $r's error does not name its own loopback address"
 		fail=1
 	fi
