@@ -68,7 +68,7 @@ func routeToRendezvous(ctx context.Context, opts ZMQOptions, host string, port i
 }
 
 // connectProblem says, for a Connect that timed out, which peers' addresses
-// this rank never reached and which peers never said hello to this rank's
+// this rank never reached and which peers never connected to this rank's
 // own address: the two sides of an address that one host cannot reach.
 func (z *ZMQ) connectProblem(addrs []string) string {
 	var unreached []string
