@@ -244,7 +244,8 @@ func TestInitFromLaunchJoinsUnderEachLauncher(t *testing.T) {
 
 func TestInitFromLaunchFailureNamesTheLauncher(t *testing.T) {
 	// Rank 1 of an Open MPI job whose rank 0 never serves: the rendezvous
-	// times out, and the error says which launcher and address were used.
+	// times out, and the error says which launcher and address were used,
+	// and that rank 0 — the rank that serves that address — never answered.
 	port := freeRendezvousPort(t)
 	env := map[string]string{"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
 		"OKTOPK_RENDEZVOUS_PORT": fmt.Sprint(port)}
@@ -262,7 +263,7 @@ func TestInitFromLaunchFailureNamesTheLauncher(t *testing.T) {
 	if !errors.Is(err, ErrRendezvous) {
 		t.Errorf("%v does not wrap ErrRendezvous", err)
 	}
-	for _, w := range []string{"Open MPI launch", "OMPI_COMM_WORLD_RANK", fmt.Sprintf("127.0.0.1:%d", port), "OKTOPK_RENDEZVOUS_PORT"} {
+	for _, w := range []string{"Open MPI launch", "OMPI_COMM_WORLD_RANK", fmt.Sprintf("127.0.0.1:%d", port), "OKTOPK_RENDEZVOUS_PORT", "rank 0 "} {
 		if !strings.Contains(err.Error(), w) {
 			t.Errorf("%q does not name %q", err, w)
 		}

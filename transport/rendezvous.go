@@ -95,7 +95,7 @@ func NewUniqueID(opts ZMQOptions) (UniqueID, *StoreServer, error) {
 func InitFromUniqueID(ctx context.Context, id UniqueID, rank, size int, opts ZMQOptions) (*ZMQ, error) {
 	store, err := DialStore(ctx, id.Addr, id.Token)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w; the process that made the unique ID (usually rank 0) serves it and never answered: it has exited or is unreachable from this host", err)
 	}
 	defer store.(*tcpStore).Close()
 	if host, port, err := net.SplitHostPort(id.Addr); err == nil {
@@ -134,7 +134,9 @@ func initFromLaunch(ctx context.Context, opts ZMQOptions, getenv func(string) st
 	z, err := func() (*ZMQ, error) {
 		store, err := DialStore(ctx, net.JoinHostPort(addr, strconv.Itoa(port)), storeToken)
 		if err != nil {
-			return nil, err
+			// Rank 0 serves the store: a store that never answers means rank 0
+			// has not started, has exited, or cannot be reached from here.
+			return nil, fmt.Errorf("%w; rank 0 serves it and never answered: it has not started, has exited, or is unreachable from this host", err)
 		}
 		defer store.(*tcpStore).Close()
 		token := storeToken
