@@ -40,13 +40,35 @@ func exactLocalTopK(call *Call) func(dst Sparse, acc vec, k int) (Sparse, error)
 // new residual into st (for the entries selected here and present in the
 // global result, acc less the value sent: zero, or the rounding error of a
 // 16-bit value; the rest, held entries included, wait for a later call).
+// Such a reduce sums every contribution to an index it keeps, so a value
+// sent but left out of the result is still whole in the sender's residual.
+func reduceWithErrorFeedback(ctx context.Context, call *Call, st *TensorState, grad []float32,
+	selectLocal func(dst Sparse, acc vec, k int) (Sparse, error), reduce sparseInputFunc) error {
+	return reduceWithFeedback(ctx, call, st, grad, selectLocal, func(ctx context.Context, call *Call, n int, local Sparse, k int) (Sparse, Sparse, Sparse, error) {
+		global, err := reduce(ctx, call, n, local, k)
+		return global, global, Sparse{}, err
+	})
+}
+
+// feedbackReduceFunc reduces this rank's selected entries local, like a
+// sparseInputFunc, for error feedback: beside the summed global result it
+// returns consumed, the indices where the value this rank sent is now
+// accounted for elsewhere (the residual loses it), and back, sums the
+// reduction dropped on this rank, which this rank's residual takes in (both
+// ascending by index). A reduction that drops partial sums on the way
+// (gTopk's truncations) reports them in back, so no mass is lost.
+type feedbackReduceFunc func(ctx context.Context, call *Call, n int, local Sparse, k int) (global, consumed, back Sparse, err error)
+
+// reduceWithFeedback is reduceWithErrorFeedback for a feedbackReduceFunc:
+// the new residual is acc less the values sent at consumed's indices, plus
+// back.
 //
 // selectLocal writes into the storage it is given (the communicator's,
 // kept for the next call) and reports NaN or ±Inf in acc as ErrNonFinite;
 // they are then counted for the agreement, in a pass of their own only on
 // that rare path.
-func reduceWithErrorFeedback(ctx context.Context, call *Call, st *TensorState, grad []float32,
-	selectLocal func(dst Sparse, acc vec, k int) (Sparse, error), reduce sparseInputFunc) error {
+func reduceWithFeedback(ctx context.Context, call *Call, st *TensorState, grad []float32,
+	selectLocal func(dst Sparse, acc vec, k int) (Sparse, error), reduce feedbackReduceFunc) error {
 	n := len(grad)
 	if len(st.Residual) != n {
 		return fmt.Errorf("%w: residual holds %d elements, gradient %d", ErrInvalidArgument, len(st.Residual), n)
@@ -82,13 +104,14 @@ func reduceWithErrorFeedback(ctx context.Context, call *Call, st *TensorState, g
 		return err
 	}
 	call.Stats.LocalSelected = local.Len()
-	global, err := reduce(ctx, call, n, local, k) // it times its own phases
+	global, consumed, back, err := reduce(ctx, call, n, local, k) // it times its own phases
 	if err != nil {
 		return err
 	}
 	call.Phase(PhaseOutput)
 	call.Stats.GlobalSelected = global.Len()
-	foldResidual(st.Residual, grad, local, global)
+	foldResidual(st.Residual, grad, local, consumed)
+	addToResidual(st.Residual, back)
 	writeAverage(grad, global, call.Size())
 	st.Iter++
 	return nil
@@ -207,6 +230,30 @@ func sparseTopK(s Sparse, k int) (Sparse, error) {
 		out.Idx[j] = s.Idx[p]
 	}
 	return out, nil
+}
+
+// sparseTopKSplit is sparseTopK that also returns the entries it leaves
+// out (ascending by index, in new storage; empty when none are).
+func sparseTopKSplit(s Sparse, k int) (kept, dropped Sparse, err error) {
+	if s.Len() <= k {
+		return s, Sparse{}, nil
+	}
+	pos, err := TopK(s.Val, k)
+	if err != nil {
+		return Sparse{}, Sparse{}, err
+	}
+	kept = Sparse{Idx: make([]uint32, len(pos.Idx)), Val: pos.Val}
+	dropped = Sparse{Idx: make([]uint32, 0, s.Len()-len(pos.Idx)), Val: make([]float32, 0, s.Len()-len(pos.Idx))}
+	next := 0 // pos.Idx is ascending: walk it beside s
+	for j := range s.Idx {
+		if next < len(pos.Idx) && int(pos.Idx[next]) == j {
+			kept.Idx[next] = s.Idx[j]
+			next++
+			continue
+		}
+		dropped.Append(s.Idx[j], s.Val[j])
+	}
+	return kept, dropped, nil
 }
 
 // regionBounds is the equal split of n indices over p owners: rank j owns

@@ -219,10 +219,13 @@ func referenceTopK(x map[uint32]float32, k int) map[uint32]float32 {
 
 // serialGTopk is the gTopk tree written out over all ranks at once: rank r
 // absorbs rank r+d (own values first) for d = 1, 2, 4, … and keeps the top k.
-func serialGTopk(in [][]float32, k int) (global map[uint32]float32, local []map[uint32]float32) {
+// cut[r] sums, per index, the partial sums rank r's truncations dropped (in
+// the order they were dropped).
+func serialGTopk(in [][]float32, k int) (global map[uint32]float32, local, cut []map[uint32]float32) {
 	p := len(in)
 	partial := make([]map[uint32]float32, p)
 	local = make([]map[uint32]float32, p)
+	cut = make([]map[uint32]float32, p)
 	for r, x := range in {
 		all := make(map[uint32]float32, len(x))
 		for i, v := range x {
@@ -230,6 +233,7 @@ func serialGTopk(in [][]float32, k int) (global map[uint32]float32, local []map[
 		}
 		local[r] = referenceTopK(all, k)
 		partial[r] = local[r]
+		cut[r] = make(map[uint32]float32)
 	}
 	for d := 1; d < p; d *= 2 {
 		for r := 0; r+d < p; r += 2 * d {
@@ -241,14 +245,35 @@ func serialGTopk(in [][]float32, k int) (global map[uint32]float32, local []map[
 				merged[i] += v // own value first, then the child's
 			}
 			partial[r] = referenceTopK(merged, k)
+			for i, v := range merged {
+				if _, kept := partial[r][i]; !kept {
+					cut[r][i] += v
+				}
+			}
 		}
 	}
-	return partial[0], local
+	return partial[0], local, cut
+}
+
+// cutButKept counts the indices in global of which some rank's truncation
+// dropped a nonzero partial sum: the contributions the paper's residual
+// rule loses.
+func cutButKept(global map[uint32]float32, cut []map[uint32]float32) int {
+	count := 0
+	for i := range global {
+		for _, c := range cut {
+			if c[i] != 0 {
+				count++
+				break
+			}
+		}
+	}
+	return count
 }
 
 // gTopk against the serial tree, with many magnitude ties (integer values in
-// ±100) so the tie rule is exercised; the residual keeps everything but the
-// entries selected here that survived to the global result.
+// ±100) so the tie rule is exercised; the residual loses every entry sent
+// from here and takes the partial sums this rank's truncations dropped.
 func TestGTopkEqualsSerialTreeReference(t *testing.T) {
 	for _, p := range []int{1, 2, 3, 5, 8} {
 		for _, n := range []int{1000, 4099} {
@@ -261,7 +286,7 @@ func TestGTopkEqualsSerialTreeReference(t *testing.T) {
 					}
 					cfg := baselineConfig(GTopk, density)
 					k := cfg.K(n)
-					global, local := serialGTopk(in, k)
+					global, local, cut := serialGTopk(in, k)
 					if len(global) != k {
 						t.Fatalf("reference kept %d entries, want k=%d", len(global), k)
 					}
@@ -285,18 +310,63 @@ func TestGTopkEqualsSerialTreeReference(t *testing.T) {
 								t.Fatalf("rank %d index %d: got %v, serial tree %v", r, i, grads[r][i], want)
 							}
 							_, sent := local[r][uint32(i)]
-							_, kept := global[uint32(i)]
 							wantRes := in[r][i]
-							if sent && kept {
+							if sent {
 								wantRes = 0
 							}
+							wantRes += cut[r][uint32(i)]
 							if math.Float32bits(residuals[r][i]) != math.Float32bits(wantRes) {
-								t.Fatalf("rank %d residual[%d] = %v, want %v (sent %v, kept %v)", r, i, residuals[r][i], wantRes, sent, kept)
+								t.Fatalf("rank %d residual[%d] = %v, want %v (sent %v, cut here %v)", r, i, residuals[r][i], wantRes, sent, cut[r][uint32(i)])
 							}
 						}
 					}
 				})
 			}
+		}
+	}
+}
+
+// gTopk keeps the gradient mass where a partial sum is cut below the root
+// while its index reaches the root through another subtree. P = 4, k = 2:
+// ranks 0 and 1 hold 1000 at index 0, ranks 2 and 3 hold 1 there; rank 2
+// merges rank 3 and keeps indices 5 and 6 (100, 90), cutting the sum 2 at
+// index 0, while rank 0's 2000 at index 0 is kept at the root. The paper's
+// rule zeroes index 0 on ranks 2 and 3 (both selected it, and it is in the
+// result): the 2 is in no output and no residual. Over three calls with the
+// residual carried, the gradients must equal P × the outputs plus the
+// residuals, and after the first call rank 2, which cut the 2, holds it.
+func TestGTopkKeepsMassOfPartialSumCutBelowRoot(t *testing.T) {
+	const p, n, calls = 4, 8, 3
+	cfg := baselineConfig(GTopk, 0.25)
+	if k := cfg.K(n); k != 2 {
+		t.Fatalf("k = %d, the case needs 2", k)
+	}
+	grad := [][]float32{
+		{0: 1000, 1: 50, 7: 0},
+		{0: 1000, 2: 40, 7: 0},
+		{0: 1, 5: 100, 7: 0},
+		{0: 1, 6: 90, 7: 0},
+	}
+	global, _, cut := serialGTopk(grad, 2)
+	if _, kept := global[0]; !kept || cut[2][0] != 2 || cutButKept(global, cut) == 0 {
+		t.Fatalf("the data do not make the case: global %v, rank 2 cut %v", global, cut[2])
+	}
+	grads := make([][][]float32, calls)
+	for c := range grads {
+		grads[c] = cloneAll(grad)
+	}
+	outs, residuals, _ := runCalls(t, p, cfg, grads, nil)
+	checkMass(t, grads, outs, residuals)
+	_, first, _ := runCalls(t, p, cfg, grads[:1], nil)
+	wantAfter := [][]float32{
+		{1: 50, 2: 40, 6: 90, 7: 0}, // own 50 cut at the root; rank 1's 40 at d = 1; rank 3's 90 at the root
+		{7: 0},
+		{0: 2, 7: 0}, // the sum of ranks 2 and 3 at index 0, cut at d = 1
+		{7: 0},
+	}
+	for r := range wantAfter {
+		if i, bad := firstBitwiseDifference(first[r], wantAfter[r]); bad {
+			t.Errorf("rank %d: residual after the first call is %v at %d, want %v", r, first[r][i], i, wantAfter[r])
 		}
 	}
 }

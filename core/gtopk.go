@@ -22,9 +22,18 @@ package core
 //     subtree — would get its copy only when the last one did, and the
 //     broadcast's critical path would grow from ⌈log P⌉ to about
 //     ⌈log P⌉(⌈log P⌉+1)/2 message times.
-//  4. Residual: entries selected here and kept in the final result are zeroed;
-//     the rest — never selected, or dropped by a truncation on the way up —
-//     stay in the residual for a later call.
+//  4. Residual: every entry a rank sent up leaves its residual, and a rank
+//     that truncates a sum on the way up puts the partial sums it dropped
+//     into its own residual; entries never selected stay where they were.
+//     Only the rank that cut a partial sum knows of it: the sum combines
+//     several ranks' contributions, and its index may still reach the root
+//     through another subtree, so the paper's rule (zero the entries
+//     selected here and kept in the result) loses it. With this rule, in
+//     every call the ranks' residuals after plus the summed result equal
+//     the ranks' grad + residual before, up to float32 rounding; mass only
+//     moves between ranks' residuals, which error feedback allows (Ok-Topk's
+//     owners keep other ranks' rounding errors too). The sparse-input form
+//     keeps no residual: what its truncations drop is gone, as in the paper.
 //
 // Cost: 2⌈log P⌉α, plus ⌈log P⌉α for the broadcast's acknowledgements;
 // every message is at most k pairs (2k words) and the critical path is
@@ -42,17 +51,35 @@ import (
 
 func init() {
 	registerSparse(GTopk, func(ctx context.Context, call *Call, st *TensorState, grad []float32) error {
-		return reduceWithErrorFeedback(ctx, call, st, grad, exactLocalTopK(call), gTopkReduce)
+		return reduceWithFeedback(ctx, call, st, grad, exactLocalTopK(call),
+			func(ctx context.Context, call *Call, n int, local Sparse, k int) (Sparse, Sparse, Sparse, error) {
+				var dropped Sparse
+				global, err := gTopkTree(ctx, call, n, local, k, &dropped)
+				return global, local, dropped, err // step 4: all of local went up the tree
+			})
 	})
-	registerSparseInput(GTopk, gTopkReduce)
+	registerSparseInput(GTopk, func(ctx context.Context, call *Call, n int, in Sparse, k int) (Sparse, error) {
+		return gTopkTree(ctx, call, n, in, k, nil)
+	})
 }
 
-// gTopkReduce returns the tree-reduced top-k of the ranks' inputs (each cut
-// to its own top k first).
-func gTopkReduce(ctx context.Context, call *Call, n int, in Sparse, k int) (Sparse, error) {
+// gTopkTree returns the tree-reduced top-k of the ranks' inputs (each cut
+// to its own top k first). Unless dropped is nil, it also sums there what
+// this rank's truncations left out, its own cut to k included (step 4).
+func gTopkTree(ctx context.Context, call *Call, n int, in Sparse, k int, dropped *Sparse) (Sparse, error) {
 	p, r := call.Size(), call.Rank()
+	truncate := func(s Sparse) (Sparse, error) {
+		if dropped == nil {
+			return sparseTopK(s, k)
+		}
+		kept, cut, err := sparseTopKSplit(s, k)
+		if cut.Len() > 0 {
+			*dropped = sparseAdd(*dropped, cut)
+		}
+		return kept, err
+	}
 	call.Phase(PhaseSelect)
-	partial, err := sparseTopK(in, k)
+	partial, err := truncate(in)
 	if err != nil {
 		return Sparse{}, err
 	}
@@ -89,7 +116,7 @@ func gTopkReduce(ctx context.Context, call *Call, n int, in Sparse, k int) (Spar
 			if err != nil {
 				return Sparse{}, err
 			}
-			if partial, err = sparseTopK(sparseAdd(partial, child), k); err != nil {
+			if partial, err = truncate(sparseAdd(partial, child)); err != nil {
 				return Sparse{}, err
 			}
 		}

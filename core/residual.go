@@ -5,7 +5,10 @@ package core
 // the entries zeroed that this rank selected AND that made it into the global
 // result. Everything else — never selected, or selected but dropped by the
 // global selection — waits in the residual for a later call. Values sent in
-// reduced precision leave their rounding error there instead of zero.
+// reduced precision leave their rounding error there instead of zero. gTopk
+// differs (gtopk.go, step 4): partial sums its tree drops on the way up
+// belong to no one sender, so every entry a rank sent leaves its residual
+// and the rank that dropped a sum takes it into its own.
 
 // Accumulate writes acc = grad + residual and reports how many entries are
 // not finite, so the caller can skip the step on every rank before anything
@@ -82,6 +85,14 @@ func foldResidual(residual, grad []float32, local, global Sparse) {
 		grad[i] = 0
 	}
 	zeroSent(residual, local, global)
+}
+
+// addToResidual adds s's values into the residual at s's indices; a sum
+// that overflows to ±Inf becomes 0, as in UpdateResidual.
+func addToResidual(residual []float32, s Sparse) {
+	for j, i := range s.Idx {
+		residual[i] = finiteOr0(residual[i] + s.Val[j])
+	}
 }
 
 func finiteOr0(v float32) float32 {

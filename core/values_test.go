@@ -133,14 +133,23 @@ func massRun(t *testing.T, p, n, iters int, cfg Config, hold func(rank, it int) 
 			grads[it][0][it] = 9e4
 		}
 	}
-	outs = make([][][]float32, iters)
+	outs, residuals, stats = runCalls(t, p, cfg, grads, hold)
+	return grads, outs, residuals, stats
+}
+
+// runCalls runs one call of cfg per grads[it] (grads[it][rank] is rank's
+// gradient) on one tensor, its residual carried from call to call, and
+// returns every rank's outputs per call, final residual and summed stats.
+func runCalls(t *testing.T, p int, cfg Config, grads [][][]float32, hold func(rank, it int) []Span) (outs [][][]float32, residuals [][]float32, stats []Stats) {
+	t.Helper()
+	outs = make([][][]float32, len(grads))
 	for it := range outs {
 		outs[it] = make([][]float32, p)
 	}
 	residuals = make([][]float32, p)
 	stats = make([]Stats, p)
 	runInProc(t, p, func(ctx context.Context, rank int, c *Communicator) error {
-		for it := 0; it < iters; it++ {
+		for it := range grads {
 			g := append([]float32(nil), grads[it][rank]...)
 			var h []Span
 			if hold != nil {
@@ -156,7 +165,7 @@ func massRun(t *testing.T, p, n, iters int, cfg Config, hold func(rank, it int) 
 		residuals[rank] = append([]float32(nil), c.TensorStateOf(5).Residual...)
 		return nil
 	})
-	return grads, outs, residuals, stats
+	return outs, residuals, stats
 }
 
 // checkMass asserts that, for every entry, the sum over ranks and calls of
@@ -219,6 +228,45 @@ func TestReducedPrecisionMassIsExact(t *testing.T) {
 					})
 				}
 			}
+		}
+	}
+}
+
+// Every sparse algorithm with float32 values, over calls with the residual
+// carried: the gradients equal P × the outputs plus the final residuals, up
+// to float32 rounding (checkMass), and every rank's output is the same bits.
+// Ok-Topk's τ′ is small, so its calls that reuse thresholds are in the mix.
+// For gTopk the first call's data must make the case its tree's truncations
+// once lost: a partial sum cut below the root at an index that reaches the
+// root through another subtree (impossible at P = 2, whose only truncation
+// is the root's).
+func TestSparseAlgorithmsKeepMass(t *testing.T) {
+	n, iters := 2000, 20
+	if raceEnabled { // the same property, at a size the race detector gets through in seconds
+		n, iters = 1000, 6
+	}
+	for _, alg := range Algorithms() {
+		if alg.Dense() || alg == Auto {
+			continue
+		}
+		for _, p := range []int{2, 3, 5, 8} {
+			t.Run(fmt.Sprintf("%v/P=%d", alg, p), func(t *testing.T) {
+				cfg := Config{Algorithm: alg, Density: 0.02, Tau: 8, TauPrime: 4}
+				grads, outs, residuals, _ := massRun(t, p, n, iters, cfg, nil)
+				if alg == GTopk && p > 2 {
+					if global, _, cut := serialGTopk(grads[0], cfg.K(n)); cutButKept(global, cut) == 0 {
+						t.Fatal("no partial sum was cut below the root at an index the root kept")
+					}
+				}
+				checkMass(t, grads, outs, residuals)
+				for it := range outs {
+					for r := 1; r < p; r++ {
+						if hashFloats(outs[it][r]) != hashFloats(outs[it][0]) {
+							t.Fatalf("call %d: rank %d's output differs from rank 0's", it, r)
+						}
+					}
+				}
+			})
 		}
 	}
 }
