@@ -24,12 +24,10 @@ package core
 //     predicted within denseMargin of it: dense is exact (nothing waits in
 //     a residual), so a sparse algorithm must save time to be worth its
 //     error feedback. With one rank nothing travels and dense is chosen.
-//     Two algorithms are not candidates. Gaussiank: its count is only
-//     estimated, so its volume cannot be predicted, and on the model's
-//     terms it equals TopkA with more passes. gTopk: it loses gradient
-//     mass — a rank whose partial sum was cut on the way up the tree still
-//     zeroes its selected entry when another subtree brings that index to
-//     the root — and Auto must never lose mass whatever it switches to.
+//     Gaussiank is not a candidate: its count is only estimated, so its
+//     volume cannot be predicted, and on the model's terms it equals TopkA
+//     with more passes. (gTopk is one: its error feedback keeps every
+//     partial sum its tree cuts, so switching to it loses no mass.)
 //  4. Run the choice on the tensor's state, which every Auto call keeps
 //     (so that a checkpoint holds every tensor, whatever was chosen).
 //     Residuals are per tensor whatever the algorithm. A dense choice
@@ -210,7 +208,7 @@ type choice struct {
 
 // autoCandidates are the algorithms Auto chooses from (see the top).
 var autoCandidates = []Algorithm{DenseRing, DenseRabenseifner, OkTopk, TopkA, TopkDSA,
-	SSARRecursiveDouble, SSARSplitAllgather, DSARSplitAllgather}
+	SSARRecursiveDouble, SSARSplitAllgather, DSARSplitAllgather, GTopk}
 
 // choose ranks the candidates for a call (sparseInput: the sparse-input
 // form, among the algorithms that have one). Ties go to the earlier
