@@ -259,7 +259,7 @@ func (c *Communicator) predicted(alg Algorithm, n int, cfg Config) time.Duration
 // autoSparseAllreduce is SparseAllreduce with Auto, as call seq (taken by
 // begin, the arguments checked). The link measurement, when there is none
 // yet, takes seq and the collective the next number.
-func (c *Communicator) autoSparseAllreduce(ctx context.Context, seq, id uint64, grad []float32, cfg Config, hold []Span) (Stats, error) {
+func (c *Communicator) autoSparseAllreduce(ctx context.Context, seq, id uint64, grad []float32, cfg Config, opts CallOptions) (Stats, error) {
 	var stats Stats
 	n := len(grad)
 	st, undo, err := c.callState(id, n, cfg)
@@ -270,6 +270,13 @@ func (c *Communicator) autoSparseAllreduce(ctx context.Context, seq, id uint64, 
 		undo()
 		return stats, c.end(err)
 	}
+	var sums *xiSums
+	if opts.MeasureXi {
+		if sums, seq, err = c.measureXiSums(ctx, seq, id, st, grad); err != nil {
+			undo()
+			return stats, c.end(err)
+		}
+	}
 	ch := c.link.choose(n, c.Size(), cfg, false)
 	if ch.alg.Dense() {
 		err = c.autoDense(ctx, seq, id, st, grad, ch.alg, &stats)
@@ -277,7 +284,10 @@ func (c *Communicator) autoSparseAllreduce(ctx context.Context, seq, id uint64, 
 			undo()
 		}
 	} else {
-		err = c.sparseCall(ctx, seq, id, st, undo, grad, ch.alg, hold, &stats)
+		err = c.sparseCall(ctx, seq, id, st, undo, grad, ch.alg, opts.Hold, &stats)
+	}
+	if err == nil && sums != nil {
+		sums.report(&stats, grad, c.Size())
 	}
 	stats.Predicted = duration(ch.predicted)
 	c.logChoice(seq, id, n, cfg.K(n), ch, stats, err)

@@ -316,6 +316,17 @@ type Stats struct {
 	// communicator has no link model: see Communicator.MeasureLink).
 	Algorithm Algorithm
 	Predicted time.Duration
+
+	// ξ of the call (xi.go), when the call was asked to measure it
+	// (CallOptions.MeasureXi) and ran a sparse algorithm (or Auto chose
+	// one, or chose dense, whose ξ is 0 up to rounding): XiMeasured says
+	// so, Xi is the ratio and XiGradNorm its denominator ‖Σ_r grad_r‖, so
+	// that several tensors' ξ combine into one (the root of the sum of the
+	// squared numerators over the root of the sum of the squared
+	// denominators).
+	XiMeasured bool
+	Xi         float64
+	XiGradNorm float64
 }
 
 // Time is the time phase p took in the call.

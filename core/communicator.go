@@ -264,6 +264,22 @@ func (c *Communicator) SparseAllreduce(ctx context.Context, id uint64, grad []fl
 // parameter unused on every rank untouched) — so that error feedback loses
 // nothing of them. Dense algorithms keep no residual and ignore hold.
 func (c *Communicator) SparseAllreduceHolding(ctx context.Context, id uint64, grad []float32, cfg Config, hold []Span) (Stats, error) {
+	return c.SparseAllreduceWith(ctx, id, grad, cfg, CallOptions{Hold: hold})
+}
+
+// CallOptions are the extras of one sparse call (SparseAllreduceWith).
+type CallOptions struct {
+	// Hold is the ranges of grad this rank holds back for this call
+	// (SparseAllreduceHolding).
+	Hold []Span
+	// MeasureXi makes the call also measure ξ (xi.go) into Stats.Xi; every
+	// rank must ask for it in the same call (else ErrMismatch).
+	MeasureXi bool
+}
+
+// SparseAllreduceWith is SparseAllreduce with the call's extras: held
+// ranges and the measurement of ξ.
+func (c *Communicator) SparseAllreduceWith(ctx context.Context, id uint64, grad []float32, cfg Config, opts CallOptions) (Stats, error) {
 	var stats Stats
 	seq, err := c.begin()
 	if err != nil {
@@ -275,13 +291,15 @@ func (c *Communicator) SparseAllreduceHolding(ctx context.Context, id uint64, gr
 	if uint64(len(grad)) > maxElements {
 		return stats, c.refuse(ctx, seq, fmt.Errorf("%w: %d elements, at most 2^32-1", ErrInvalidArgument, len(grad)))
 	}
-	if err := checkHold(hold, len(grad)); err != nil {
+	if err := checkHold(opts.Hold, len(grad)); err != nil {
 		return stats, c.refuse(ctx, seq, err)
 	}
 	if cfg.Algorithm == Auto {
-		return c.autoSparseAllreduce(ctx, seq, id, grad, cfg, hold)
+		return c.autoSparseAllreduce(ctx, seq, id, grad, cfg, opts)
 	}
 	if cfg.Algorithm.Dense() {
+		// A dense algorithm keeps no residual and selects nothing: there is
+		// no selection error to measure, so MeasureXi is ignored.
 		return c.allreduce(ctx, seq, id, grad, true, cfg.Algorithm)
 	}
 	if _, ok := sparseAlgorithms[cfg.Algorithm]; !ok {
@@ -291,8 +309,18 @@ func (c *Communicator) SparseAllreduceHolding(ctx context.Context, id uint64, gr
 	if err != nil {
 		return stats, c.refuse(ctx, seq, err)
 	}
+	var sums *xiSums
+	if opts.MeasureXi {
+		if sums, seq, err = c.measureXiSums(ctx, seq, id, st, grad); err != nil {
+			undo()
+			return stats, c.end(err)
+		}
+	}
 	stats.Predicted = c.predicted(cfg.Algorithm, len(grad), cfg)
-	err = c.sparseCall(ctx, seq, id, st, undo, grad, cfg.Algorithm, hold, &stats)
+	err = c.sparseCall(ctx, seq, id, st, undo, grad, cfg.Algorithm, opts.Hold, &stats)
+	if err == nil && sums != nil {
+		sums.report(&stats, grad, c.Size())
+	}
 	return stats, c.end(err)
 }
 

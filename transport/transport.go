@@ -35,11 +35,12 @@ const (
 	OpBarrier
 	OpControl
 	OpLinkProbe // the link measurement of core's auto algorithm choice
+	OpXiSums    // the dense sums a call that measures ξ reduces first (core/xi.go)
 )
 
 var opNames = [...]string{"none", "allreduce_ring", "allreduce_rabenseifner", "allgather",
 	"oktopk", "topka", "topkdsa", "ssar_recursive_double", "ssar_split_allgather",
-	"dsar_split_allgather", "gtopk", "gaussiank", "broadcast", "barrier", "control", "link_probe"}
+	"dsar_split_allgather", "gtopk", "gaussiank", "broadcast", "barrier", "control", "link_probe", "xi_sums"}
 
 func (o Op) String() string {
 	if int(o) < len(opNames) {
