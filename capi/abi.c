@@ -151,6 +151,13 @@ oktopk_result_t oktopk_sparse_allreduce_hold(oktopk_comm_t comm, uint64_t tensor
   return go_oktopk_sparse_allreduce_hold(comm, tensor_id, data, count, dtype, hold, hold_count, stats);
 }
 
+oktopk_result_t oktopk_sparse_allreduce_ex(oktopk_comm_t comm, uint64_t tensor_id, void *data, size_t count,
+                                           oktopk_dtype_t dtype, const oktopk_call_options_t *options,
+                                           oktopk_stats_t *stats) {
+  REFUSE_IN_CHILD;
+  return go_oktopk_sparse_allreduce_ex(comm, tensor_id, data, count, dtype, options, stats);
+}
+
 oktopk_result_t oktopk_sparse_allreduce_sparse(oktopk_comm_t comm, size_t n, const uint32_t *in_indices,
                                                const float *in_values, size_t in_count, uint32_t *out_indices,
                                                float *out_values, size_t out_capacity, size_t *out_count,

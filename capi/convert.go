@@ -155,6 +155,11 @@ func writeStats(out *C.oktopk_stats_t, st core.Stats) error {
 			*p = C.float(v)
 		}
 	}
+	f64 := func(p *C.double, v float64) {
+		if has(uintptr(unsafe.Pointer(p))-uintptr(unsafe.Pointer(out)), 8) {
+			*p = C.double(v)
+		}
+	}
 	sec := func(p *C.double, d time.Duration) {
 		if has(uintptr(unsafe.Pointer(p))-uintptr(unsafe.Pointer(out)), 8) {
 			*p = C.double(d.Seconds())
@@ -180,6 +185,13 @@ func writeStats(out *C.oktopk_stats_t, st core.Stats) error {
 	// Added in 0.4: Auto's choice.
 	i32(&out.algorithm, int(st.Algorithm))
 	sec(&out.predicted_seconds, st.Predicted)
+	// Added in 0.5: xi, -1 when not measured.
+	xi, norm := -1.0, -1.0
+	if st.XiMeasured {
+		xi, norm = st.Xi, st.XiGradNorm
+	}
+	f64(&out.xi, xi)
+	f64(&out.xi_gradient_norm, norm)
 	return nil
 }
 
@@ -289,13 +301,58 @@ func denseOp(c *communicator, data unsafe.Pointer, count int, dtype C.oktopk_dty
 }
 
 func sparseOp(c *communicator, id uint64, data unsafe.Pointer, count int, dtype C.oktopk_dtype_t, hold []core.Span) operation {
-	cfg := c.settings.sparse
+	return sparseOpWith(c, id, data, count, dtype, c.settings.sparse, core.CallOptions{Hold: hold})
+}
+
+// sparseOpWith is sparseOp with this call's settings and options.
+func sparseOpWith(c *communicator, id uint64, data unsafe.Pointer, count int, dtype C.oktopk_dtype_t, cfg core.Config, opts core.CallOptions) operation {
 	return func(ctx context.Context, cc *core.Communicator) (core.Stats, error) {
 		ctx = callerDtype(ctx, dtype)
 		return c.withFloat32(data, count, dtype, func(x []float32) (core.Stats, error) {
-			return cc.SparseAllreduceHolding(ctx, id, x, cfg, hold)
+			return cc.SparseAllreduceWith(ctx, id, x, cfg, opts)
 		})
 	}
+}
+
+// readCallOptions reads the fields of the caller's options that fit in its
+// size into this call's settings (the communicator's, with the density
+// replaced when asked) and options. NULL is no options.
+func readCallOptions(o *C.oktopk_call_options_t, base core.Config, count C.size_t) (core.Config, core.CallOptions, error) {
+	var opts core.CallOptions
+	if o == nil {
+		return base, opts, nil
+	}
+	size := uintptr(o.size)
+	if size < 8 {
+		return base, opts, invalidArgument("options.size is %d; set it to sizeof(oktopk_call_options_t)", size)
+	}
+	has := func(p unsafe.Pointer, width uintptr) bool {
+		return uintptr(p)-uintptr(unsafe.Pointer(o))+width <= size
+	}
+	const known = C.OKTOPK_CALL_DENSITY | C.OKTOPK_CALL_MEASURE_XI
+	flags := o.flags
+	if flags&^known != 0 {
+		return base, opts, invalidArgument("options.flags 0x%x has unknown bits 0x%x", uint32(flags), uint32(flags&^known))
+	}
+	if flags&C.OKTOPK_CALL_DENSITY != 0 {
+		if !has(unsafe.Pointer(&o.density), 8) {
+			return base, opts, invalidArgument("options.flags asks for a density, and options.size %d leaves it out", size)
+		}
+		d := float64(o.density)
+		if !(d >= 0 && d <= 1) {
+			return base, opts, invalidArgument("options.density %v not in [0, 1]", d)
+		}
+		base.Density = d
+	}
+	opts.MeasureXi = flags&C.OKTOPK_CALL_MEASURE_XI != 0
+	if has(unsafe.Pointer(&o.hold_count), 8) && o.hold_count > 0 {
+		spans, err := readHold(unsafe.Pointer(o.hold), o.hold_count, count)
+		if err != nil {
+			return base, opts, err
+		}
+		opts.Hold = spans
+	}
+	return base, opts, nil
 }
 
 // readHold copies the caller's held ranges (pairs of size_t) and checks

@@ -21,6 +21,7 @@ typedef const oktopk_config_t oktopk_const_config;
 typedef const oktopk_unique_id_t oktopk_const_unique_id;
 typedef const void oktopk_const_void;
 typedef const size_t oktopk_const_size_t;
+typedef const oktopk_call_options_t oktopk_const_call_options;
 */
 import "C"
 
@@ -417,6 +418,32 @@ func go_oktopk_sparse_allreduce_hold(comm C.oktopk_comm_t, tensorID C.uint64_t, 
 			return c.refuse(err, true)
 		}
 		st, err := c.do(false, sparseOp(c, uint64(tensorID), data, int(count), dtype, spans))
+		if werr := writeStats(stats, st); err == nil {
+			err = werr
+		}
+		return err
+	})
+}
+
+//export go_oktopk_sparse_allreduce_ex
+func go_oktopk_sparse_allreduce_ex(comm C.oktopk_comm_t, tensorID C.uint64_t, data unsafe.Pointer, count C.size_t, dtype C.oktopk_dtype_t,
+	options *C.oktopk_const_call_options, stats *C.oktopk_stats_t) C.oktopk_result_t {
+	return call(int64(comm), func() error {
+		c, err := comms.get("communicator", int64(comm))
+		if err != nil {
+			return err
+		}
+		if err := checkBuffer(data, count, dtype); err != nil {
+			return c.refuse(err, true)
+		}
+		if err := checkStats(stats); err != nil {
+			return c.refuse(err, true)
+		}
+		cfg, opts, err := readCallOptions((*C.oktopk_call_options_t)(options), c.settings.sparse, count)
+		if err != nil {
+			return c.refuse(err, true)
+		}
+		st, err := c.do(false, sparseOpWith(c, uint64(tensorID), data, int(count), dtype, cfg, opts))
 		if werr := writeStats(stats, st); err == nil {
 			err = werr
 		}

@@ -88,7 +88,7 @@ extern "C" {
 
 /* ABI version: major changes break callers, minor ones only add. */
 #define OKTOPK_VERSION_MAJOR 0
-#define OKTOPK_VERSION_MINOR 4
+#define OKTOPK_VERSION_MINOR 5
 #define OKTOPK_VERSION_PATCH 0
 #define OKTOPK_VERSION_CODE \
   (OKTOPK_VERSION_MAJOR * 10000 + OKTOPK_VERSION_MINOR * 100 + OKTOPK_VERSION_PATCH)
@@ -226,6 +226,14 @@ typedef struct {
   int32_t algorithm;        /* oktopk_algorithm_t that ran; never OKTOPK_ALGO_AUTO */
   double predicted_seconds; /* the cost model's time for it (compare total_seconds);
                              * 0 while the communicator's link is unmeasured */
+  /* ---- added in 0.5: xi, measured on request (OKTOPK_CALL_MEASURE_XI) ---- */
+  double xi;               /* ||Topk(sum_r acc_r) - P x result|| / ||sum_r grad_r||, acc_r =
+                            * grad_r + residual_r before the call, Topk the exact top-k (the
+                            * call's k) of the sum: Assumption 1 of the Ok-Topk paper. The same
+                            * on every rank; -1 when not measured (not asked for, or a dense
+                            * algorithm ran by request, which selects nothing) */
+  double xi_gradient_norm; /* ||sum_r grad_r||, xi's denominator (to combine tensors); -1 when
+                            * xi was not measured */
 } oktopk_stats_t;
 
 /* The link model behind OKTOPK_ALGO_AUTO, the same on every rank. `size`
@@ -349,6 +357,33 @@ oktopk_result_t oktopk_sparse_allreduce(oktopk_comm_t comm, uint64_t tensor_id, 
 oktopk_result_t oktopk_sparse_allreduce_hold(oktopk_comm_t comm, uint64_t tensor_id, void *data, size_t count,
                                              oktopk_dtype_t dtype, const size_t *hold, size_t hold_count,
                                              oktopk_stats_t *stats);
+
+/* Added in 0.5: per-call options of oktopk_sparse_allreduce_ex. Zero the
+ * struct, set `size` to sizeof(oktopk_call_options_t), then the flags and the
+ * fields they name; the library reads only the fields that fit in `size`.
+ * Every rank must pass the same density and flags in the same call (a rank
+ * that differs fails the call with oktopkMismatch on every rank, which
+ * leaves every buffer and tensor state as it was). */
+#define OKTOPK_CALL_DENSITY 0x1    /* this call's k is ceil(density * n), not the communicator's */
+#define OKTOPK_CALL_MEASURE_XI 0x2 /* measure xi into the stats (see oktopk_stats_t.xi): the call
+                                    * first sums this rank's gradient and gradient + residual over
+                                    * the ranks (a dense allreduce of 2 x count values, not counted
+                                    * in the stats' bytes), then runs as it would without, with a
+                                    * bitwise identical result */
+typedef struct {
+  uint32_t size;       /* sizeof(oktopk_call_options_t) */
+  uint32_t flags;      /* OKTOPK_CALL_* or-ed; other bits are oktopkInvalidArgument */
+  double density;      /* with OKTOPK_CALL_DENSITY: 0 <= density <= 1, as oktopk_config_t.density */
+  const size_t *hold;  /* hold_count ranges held back, as oktopk_sparse_allreduce_hold */
+  size_t hold_count;
+} oktopk_call_options_t;
+
+/* oktopk_sparse_allreduce with per-call options (NULL: none, the same as
+ * oktopk_sparse_allreduce). A density schedule passes each call's density
+ * here; the tensor's thresholds carry over when k changes between calls. */
+oktopk_result_t oktopk_sparse_allreduce_ex(oktopk_comm_t comm, uint64_t tensor_id, void *data, size_t count,
+                                           oktopk_dtype_t dtype, const oktopk_call_options_t *options,
+                                           oktopk_stats_t *stats);
 
 /* Sparse in, sparse out, no state: in_count (index, value) pairs of a vector
  * of length n, indices strictly increasing and < n. The averaged global

@@ -187,6 +187,41 @@ static void test_sparse_full_density(oktopk_comm_t comm, int rank, int size) {
   free(g);
 }
 
+/* oktopk_sparse_allreduce_ex (communicator density 1): a per-call density
+ * sets that call's k, and the next call without one is back at the
+ * communicator's; xi is -1 unless asked for, about 0 at density 1 (the
+ * result is the whole sum, up to the summation order); unknown flags and a
+ * density outside [0, 1] are refused on every rank, which keeps the
+ * communicator usable. */
+static void test_call_options(oktopk_comm_t comm, int rank) {
+  const size_t n = 4099;
+  float *x = malloc(n * sizeof *x);
+  const double densities[] = {0.25, 0.1, 0.0};
+  for (int i = 0; i < 3; i++) {
+    fill_gradient(x, n, rank, 40 + i);
+    oktopk_call_options_t o = {.size = sizeof o, .flags = OKTOPK_CALL_DENSITY, .density = densities[i]};
+    oktopk_stats_t st = {.size = sizeof st};
+    OK(oktopk_sparse_allreduce_ex(comm, 7, x, n, OKTOPK_FLOAT32, &o, &st));
+    REQUIRE(st.k == (int64_t)ceil(densities[i] * (double)n));
+    REQUIRE(st.xi == -1 && st.xi_gradient_norm == -1);
+  }
+  fill_gradient(x, n, rank, 43);
+  oktopk_stats_t st = {.size = sizeof st};
+  OK(oktopk_sparse_allreduce_ex(comm, 7, x, n, OKTOPK_FLOAT32, NULL, &st));
+  REQUIRE(st.k == (int64_t)n);
+  fill_gradient(x, n, rank, 44);
+  oktopk_call_options_t xi = {.size = sizeof xi, .flags = OKTOPK_CALL_MEASURE_XI};
+  OK(oktopk_sparse_allreduce_ex(comm, 7, x, n, OKTOPK_FLOAT32, &xi, &st));
+  REQUIRE(st.xi >= 0 && st.xi < 1e-6 && st.xi_gradient_norm > 0);
+  oktopk_call_options_t bad = {.size = sizeof bad, .flags = 0x80};
+  EXPECT(oktopk_sparse_allreduce_ex(comm, 7, x, n, OKTOPK_FLOAT32, &bad, &st), oktopkInvalidArgument);
+  bad.flags = OKTOPK_CALL_DENSITY;
+  bad.density = 1.5;
+  EXPECT(oktopk_sparse_allreduce_ex(comm, 7, x, n, OKTOPK_FLOAT32, &bad, &st), oktopkInvalidArgument);
+  OK(oktopk_sparse_allreduce_ex(comm, 7, x, n, OKTOPK_FLOAT32, NULL, &st));
+  free(x);
+}
+
 /* Density 1%: the blocking results, then the same inputs on fresh tensors
  * through 8 requests started before any is waited on: bitwise equal. */
 static void test_sparse_async(oktopk_comm_t comm, int rank) {
@@ -533,6 +568,7 @@ static int run_ranks(void) {
 
   test_dense(env_comm, rank, size);
   test_sparse_full_density(env_comm, rank, size);
+  test_call_options(env_comm, rank);
   test_sparse_in_sparse_out(env_comm, rank, size);
   test_sparse_every_algorithm(env_comm, rank, size);
   test_float16_values(env_comm, rank, size);
