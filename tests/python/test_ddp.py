@@ -5,6 +5,7 @@ process group; oktopk's communicator rendezvouses through that group's own
 store and moves gradients over its ZeroMQ transport.
 """
 
+import math
 import os
 import pickle
 import time
@@ -280,3 +281,41 @@ def test_error_feedback_is_exact_with_unused_parameters_and_16_bit_values():
             # Not by holding everything back: every parameter, used at some
             # sparse steps, got values through.
             assert (applied != 0).any(), f"{value_dtype} {name}: nothing was ever applied"
+
+
+@pytest.fixture(scope="module")
+def schedule_run(tmp_path_factory):
+    """One run of workers.density_schedule on 2 ranks, for the tests below."""
+    return run(workers.density_schedule, 2, str(tmp_path_factory.mktemp("schedule")))
+
+
+def test_density_schedule_is_alike_on_every_rank_and_resumes_exactly(schedule_run):
+    # density 0.01, schedule (0.5, 4), warm-up 2: sparse step s = iteration - 2
+    # runs at 0.5 * 0.02 ** (s / 4) (on a 2**-30 grid) until s = 4, then 0.01.
+    results = schedule_run
+    n = results[0]["full"]["n"]  # one bucket holds the whole small model
+    want = {it: round(0.5 * 0.02 ** ((it - 2) / 4) * 2**30) / 2**30 if it < 6 else 0.01 for it in range(2, 9)}
+    for r in (0, 1):
+        full, resumed, no_xi = results[r]["full"], results[r]["resumed"], results[r]["no_xi"]
+        for it in range(2, 9):
+            density, ks, _, _ = full["steps"][it]
+            assert density == pytest.approx(want[it], rel=1e-12), (r, it, density)
+            assert ks == [math.ceil(density * n)], (r, it, ks, density)
+            assert full["steps"][it][:2] == results[1 - r]["full"]["steps"][it][:2], f"ranks differ at {it}"
+            assert no_xi["steps"][it][:2] == full["steps"][it][:2]
+        for it in range(5, 9):
+            assert resumed["steps"][it][:2] == full["steps"][it][:2], f"rank {r}: resumed differs at {it}"
+        assert resumed["params"] == full["params"], f"rank {r}: resumed run's parameters differ"
+
+
+def test_xi_measured_every_other_step_alike_on_every_rank_and_changes_nothing(schedule_run):
+    results = schedule_run
+    for r in (0, 1):
+        full, no_xi = results[r]["full"], results[r]["no_xi"]
+        assert all(xi is None for _, _, xi, _ in no_xi["steps"].values())
+        for it in range(2, 9):
+            _, _, xi, xi_step = full["steps"][it]
+            assert xi_step == it - (it % 2), (r, it, xi_step)  # sparse steps 0, 2, 4, 6
+            assert 0 < xi < math.inf, (r, it, xi)  # k < n: something is left out
+            assert (xi, xi_step) == results[1 - r]["full"]["steps"][it][2:], f"ranks' xi differ at {it}"
+        assert full["params"] == no_xi["params"], f"rank {r}: measuring xi changed the training"

@@ -701,3 +701,40 @@ def unused_parameters(rank, world, port, out, value_dtypes, warmup, steps):
         state.close()
     write(out, rank, results)
     dist.destroy_process_group()
+
+
+def density_schedule(rank, world, port, out, ckpt):
+    """Train 9 steps with a density schedule and ξ measured every other
+    sparse step, saving after step 5; resume from that checkpoint in a state
+    built without a schedule; and train a twin model without ξ. Records, per
+    step, the density, every group's k and the last ξ."""
+    setup(rank, world, port)
+    path = os.path.join(ckpt, f"rank{rank}-schedule.pt")
+
+    def train(first, state, save=None):
+        m = DDP(small_model())
+        o = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+        if first:
+            saved = torch.load(path, weights_only=False)
+            m.module.load_state_dict(saved["model"])
+            o.load_state_dict(saved["optimizer"])
+            state.load_state_dict(saved["oktopk"])
+        m.register_comm_hook(state, oktopk_hook)
+        steps = {}
+        for step in range(first, 9):
+            x, y = batch(rank, step)
+            o.zero_grad()
+            F.cross_entropy(m(x), y).backward()
+            o.step()
+            steps[step] = (state.last_density, sorted(state.last_k.values()), state.last_xi, state.last_xi_step)
+            if save == step + 1:
+                torch.save({"model": m.module.state_dict(), "optimizer": o.state_dict(), "oktopk": state.state_dict()}, path)
+        params = b"".join(p.detach().numpy().tobytes() for p in m.parameters())
+        state.close()
+        return {"steps": steps, "params": params, "n": sum(p.numel() for p in m.parameters())}
+
+    full = train(0, OkTopkState(density=0.01, warmup_iters=2, density_schedule=(0.5, 4), measure_xi_every=2), save=5)
+    resumed = train(5, OkTopkState(density=0.01, warmup_iters=2))
+    no_xi = train(0, OkTopkState(density=0.01, warmup_iters=2, density_schedule=(0.5, 4)))
+    write(out, rank, {"full": full, "resumed": resumed, "no_xi": no_xi})
+    dist.destroy_process_group()

@@ -84,6 +84,24 @@ class Stats(ctypes.Structure):
         # ---- added in 0.4: which algorithm ran ("auto"'s choice) ----
         ("algorithm", ctypes.c_int32),
         ("predicted_seconds", ctypes.c_double),
+        # ---- added in 0.5: xi, -1 when not measured ----
+        ("xi", ctypes.c_double),
+        ("xi_gradient_norm", ctypes.c_double),
+    ]
+
+
+CALL_DENSITY, CALL_MEASURE_XI = 0x1, 0x2  # oktopk_call_options_t.flags
+
+
+class CallOptions(ctypes.Structure):
+    """oktopk_call_options_t (0.5): one call's density, xi, held ranges."""
+
+    _fields_ = [
+        ("size", ctypes.c_uint32),
+        ("flags", ctypes.c_uint32),
+        ("density", ctypes.c_double),
+        ("hold", ctypes.POINTER(ctypes.c_size_t)),
+        ("hold_count", ctypes.c_size_t),
     ]
 
 
@@ -175,6 +193,7 @@ def _declare(lib):
         "oktopk_allreduce": (c.c_int, [i64, c.c_void_p, sz, c.c_int, c.c_int, c.c_int]),
         "oktopk_sparse_allreduce": (c.c_int, [i64, u64, c.c_void_p, sz, c.c_int, P(Stats)]),
         "oktopk_sparse_allreduce_hold": (c.c_int, [i64, u64, c.c_void_p, sz, c.c_int, P(sz), sz, P(Stats)]),
+        "oktopk_sparse_allreduce_ex": (c.c_int, [i64, u64, c.c_void_p, sz, c.c_int, P(CallOptions), P(Stats)]),
         "oktopk_tensor_state_size": (c.c_int, [i64, u64, P(sz)]),
         "oktopk_tensor_state_save": (c.c_int, [i64, u64, c.c_void_p, sz]),
         "oktopk_tensor_state_load": (c.c_int, [i64, u64, c.c_void_p, sz]),

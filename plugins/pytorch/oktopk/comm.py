@@ -206,20 +206,34 @@ class Communicator:
     def _check(self, code):
         _lib.check(code, self.handle)
 
-    def sparse_allreduce_(self, tensor_id, tensor, hold=()):
+    def sparse_allreduce_(self, tensor_id, tensor, hold=(), density=None, measure_xi=False):
         """Averaged sparse allreduce of a contiguous CPU tensor, in place,
         with error feedback kept under ``tensor_id``. ``hold`` lists
         ascending, disjoint (start, end) ranges of the tensor this rank holds
         back for this call: not sent, kept in its residual (for entries whose
-        result the caller discards). Returns the call's statistics."""
+        result the caller discards). ``density`` (None: the communicator's)
+        is this call's; ``measure_xi`` also measures ξ (the stats' ``xi``,
+        -1 when not measured). Every rank must pass the same density and
+        measure_xi. Returns the call's statistics."""
         dtype = _DTYPES.get(tensor.dtype)
         if dtype is None:
             raise TypeError(f"oktopk: unsupported dtype {tensor.dtype} (float32, float16, bfloat16)")
         if tensor.device.type != "cpu" or not tensor.is_contiguous():
             raise ValueError("oktopk: sparse_allreduce_ needs a contiguous CPU tensor")
         stats = _lib.new_stats()
-        if hold:
-            ranges = (ctypes.c_size_t * (2 * len(hold)))(*(x for r in hold for x in r))
+        ranges = (ctypes.c_size_t * (2 * len(hold)))(*(x for r in hold for x in r)) if hold else None
+        if density is not None or measure_xi:
+            opts = _lib.CallOptions(size=ctypes.sizeof(_lib.CallOptions))
+            if density is not None:
+                opts.flags |= _lib.CALL_DENSITY
+                opts.density = density
+            if measure_xi:
+                opts.flags |= _lib.CALL_MEASURE_XI
+            if hold:
+                opts.hold, opts.hold_count = ranges, len(hold)
+            self._check(_lib.lib().oktopk_sparse_allreduce_ex(
+                self.handle, tensor_id, tensor.data_ptr(), tensor.numel(), dtype, ctypes.byref(opts), ctypes.byref(stats)))
+        elif hold:
             self._check(_lib.lib().oktopk_sparse_allreduce_hold(
                 self.handle, tensor_id, tensor.data_ptr(), tensor.numel(), dtype, ranges, len(hold), ctypes.byref(stats)))
         else:

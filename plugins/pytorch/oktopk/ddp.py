@@ -15,6 +15,7 @@ rest wait in a per-bucket residual (error feedback).
 import concurrent.futures
 import contextlib
 import hashlib
+import math
 import numbers
 import threading
 
@@ -24,6 +25,7 @@ import torch.distributed as dist
 from . import _lib
 from ._lib import OkTopkError
 from .comm import Communicator, value_dtype_name
+from .schedule import check_schedule, density_at
 
 # The bucket dtypes liboktopk reduces; the dense warm-up would take others,
 # so they are refused on the first hook call rather than at the first sparse
@@ -89,6 +91,22 @@ class OkTopkState:
     :param stochastic_rounding: round 16-bit values up or down at random,
         unbiasedly, instead of to nearest (reproducible: the random bits are
         a hash of the bucket, step, rank and index).
+    :param density_schedule: ``None`` (``density`` from the first sparse
+        step), or ``(start_density, decay_steps)`` or ``(start_density,
+        decay_steps, stage_steps)``: the density starts at
+        ``start_density`` and decays exponentially to ``density`` over
+        ``decay_steps`` sparse steps, changing every ``stage_steps`` steps
+        (see ``oktopk.schedule``). It follows ``iter``, which
+        :meth:`state_dict` saves with the schedule, so a resumed run
+        continues it exactly.
+    :param measure_xi_every: ``None`` (never), or n: every n-th sparse step
+        (the first included) also measures ξ, the distance of the result from
+        the exact top-k of the accumulated gradients' sum relative to the
+        gradients' sum (Assumption 1 of the Ok-Topk paper), over all buckets:
+        ``last_xi`` then holds it and ``last_xi_step`` the step (``iter``
+        before it), the same on every rank. A measured step costs a dense
+        allreduce of twice the gradients more, and its result is bitwise
+        what it is unmeasured. Dense algorithms measure nothing.
 
     With ``find_unused_parameters=True``, a parameter that DDP found unused
     on this rank at a step is held back: its residual is kept, not sent, and
@@ -118,6 +136,12 @@ class OkTopkState:
         "timeout",
         "value_dtype",
         "stochastic_rounding",
+        "density_schedule",
+        "measure_xi_every",
+        "last_density",
+        "last_k",
+        "last_xi",
+        "last_xi_step",
         "process_group",
         "iter",
         "bytes_sent",
@@ -137,10 +161,11 @@ class OkTopkState:
         "_owner",
         "_used",
         "_grad_hooks",
+        "_xi_sums",
     ]
 
     def __init__(self, process_group=None, density=0.01, algorithm=None, warmup_iters=2, tau=64, tau_prime=32, timeout=60.0,
-                 value_dtype="float32", stochastic_rounding=False):
+                 value_dtype="float32", stochastic_rounding=False, density_schedule=None, measure_xi_every=None):
         if not _is_real(density) or not 0.0 < density <= 1.0:
             raise ValueError(f"density must be a real number in (0, 1], got {density!r}")
         if algorithm is None:
@@ -164,7 +189,21 @@ class OkTopkState:
             )
         if not isinstance(stochastic_rounding, bool) or stochastic_rounding and value_dtype == "float32":
             raise ValueError(f"stochastic_rounding must be a bool, and True only with float16 or bfloat16 values, got {stochastic_rounding!r}")
+        density_schedule = check_schedule(density_schedule, float(density))
+        if measure_xi_every is not None and (not _is_int(measure_xi_every) or measure_xi_every < 1):
+            raise ValueError(f"measure_xi_every must be None or a positive integer, got {measure_xi_every!r}")
         self.density = float(density)
+        self.density_schedule = density_schedule
+        self.measure_xi_every = measure_xi_every
+        # The density of the latest sparse step, the k of each group's latest
+        # call, and the latest measured ξ with its step.
+        self.last_density = None
+        self.last_k = {}
+        self.last_xi = None
+        self.last_xi_step = None
+        # step -> [sum of squared numerators, of squared denominators] of
+        # the step's buckets so far (worker thread, under _lock).
+        self._xi_sums = {}
         self.algorithm = algorithm
         self.warmup_iters = int(warmup_iters)
         self.tau = int(tau)
@@ -342,12 +381,13 @@ class OkTopkState:
             self._worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="oktopk")
         return self._comm
 
-    def _reduce_pieces(self, group_id, pieces):
+    def _reduce_pieces(self, group_id, pieces, call):
         """Sparse allreduce of the concatenation of pieces ((tensor, start,
         end, held), canonical order), written back into them; the held ones
         (parameters unused on this rank) are held back in the library. A step
         the library skipped for a non-finite gradient (on any rank, so on
-        every rank) comes back as NaN."""
+        every rank) comes back as NaN. call is (density or None, the step
+        when ξ is measured or None)."""
         hold, at = [], 0
         for _, a, b, held in pieces:
             if held:
@@ -382,7 +422,8 @@ class OkTopkState:
                 host[at : at + b - a].copy_(t[a:b])
                 at += b - a
         try:
-            stats = self._comm.sparse_allreduce_(group_id, host, hold)
+            density, xi_step = call
+            stats = self._comm.sparse_allreduce_(group_id, host, hold, density=density, measure_xi=xi_step is not None)
         except OkTopkError as e:
             if e.code != _lib.NON_FINITE:
                 raise
@@ -400,6 +441,30 @@ class OkTopkState:
                 self.comm_seconds += stats.total_seconds
                 ran = _lib.algorithm_name(stats.algorithm)
                 self.algorithm_counts[ran] = self.algorithm_counts.get(ran, 0) + 1
+                self.last_k[group_id] = stats.k
+                if stats.xi >= 0:
+                    self._add_xi(xi_step, stats.xi, stats.xi_gradient_norm)
+
+    def _add_xi(self, step, xi, norm):
+        # Under _lock. The step's ξ over its buckets so far: the root of the
+        # summed squared distances over the root of the summed squared
+        # gradient norms (each bucket's distance is xi * norm).
+        sums = self._xi_sums.setdefault(step, [0.0, 0.0])
+        for old in [s for s in self._xi_sums if s < step]:
+            del self._xi_sums[old]
+        sums[0] += (xi * norm) ** 2 if norm > 0 else (0.0 if xi == 0 else math.inf)
+        sums[1] += norm * norm
+        num, den = math.sqrt(sums[0]), math.sqrt(sums[1])
+        self.last_xi = 0.0 if num == 0 else num / den if den > 0 else math.inf
+        self.last_xi_step = step
+
+    def _call(self, step):
+        """(density or None, ξ step or None) of sparse iteration ``step``
+        (state.iter when its buckets fired): the same on every rank."""
+        s = step - self.warmup_iters
+        density = None if self.density_schedule is None else density_at(self.density_schedule, self.density, s)
+        measure = self.measure_xi_every is not None and s % self.measure_xi_every == 0
+        return density, (step if measure else None)
 
     def _staging_for(self, n, dtype, pinned):
         """n elements of dtype in the state's staging memory (pinned for
@@ -416,17 +481,17 @@ class OkTopkState:
             self._staging[pinned] = buf
         return buf[:need].view(dtype)
 
-    def _reduce_bucket(self, group_id, tensor, slices, fut, stream):
+    def _reduce_bucket(self, group_id, tensor, slices, fut, stream, call):
         # Worker thread: one DDP bucket that is exactly one group; slices are
         # (start, end, held).
         try:
             with _on_stream(stream):
-                self._reduce_pieces(group_id, [(tensor, a, b, held) for a, b, held in slices])
+                self._reduce_pieces(group_id, [(tensor, a, b, held) for a, b, held in slices], call)
                 fut.set_result(tensor)
         except BaseException as e:  # noqa: BLE001 - the future carries it to DDP
             fut.set_exception(e)
 
-    def _pool_bucket(self, tensor, members, unused, fut, stream):
+    def _pool_bucket(self, tensor, members, unused, fut, stream, call):
         # Worker thread: a DDP bucket that is not one group (see above).
         pending = _PendingBucket(tensor, fut, stream, {i for i, _, _ in members})
         for i, a, b in members:
@@ -435,11 +500,11 @@ class OkTopkState:
         def reduce_complete_groups():
             for group_id in sorted({self._group_of[i] for i, _, _ in members if i in self._group_of}):
                 if all(i in self._pool for i in self._groups[group_id]):
-                    self._reduce_pooled(group_id)
+                    self._reduce_pooled(group_id, call)
 
         self._run_pool(reduce_complete_groups)
 
-    def _flush_pool(self):
+    def _flush_pool(self, call):
         # Worker thread, after an iteration's last bucket: parameters still
         # pooled belong to no known group (the model changed since the
         # checkpoint); each bucket's leftovers become a new group.
@@ -450,7 +515,7 @@ class OkTopkState:
             for group in leftovers.values():
                 group_id = _group_id(group)
                 self._add_group(group_id, tuple(group))
-                self._reduce_pooled(group_id)
+                self._reduce_pooled(group_id, call)
 
         if self._pool:
             self._run_pool(flush)
@@ -465,12 +530,12 @@ class OkTopkState:
                 if not p.future.done():
                     p.future.set_exception(e)
 
-    def _reduce_pooled(self, group_id):
+    def _reduce_pooled(self, group_id, call):
         members = self._groups[group_id]
         entries = [self._pool[i] for i in members]
         try:
             with _on_stream(entries[0][0].stream):
-                self._reduce_pieces(group_id, [(p.tensor, a, b, held) for p, a, b, held in entries])
+                self._reduce_pieces(group_id, [(p.tensor, a, b, held) for p, a, b, held in entries], call)
         except BaseException as e:  # noqa: BLE001
             for p, _, _, _ in entries:
                 if not p.future.done():
@@ -501,6 +566,7 @@ class OkTopkState:
         return {
             "iter": self.iter,
             "density": self.density,
+            "density_schedule": self.density_schedule,
             "algorithm": self.algorithm,
             "tensors": tensors,
             "layout": layout,
@@ -515,6 +581,9 @@ class OkTopkState:
         yet), saying what to do."""
         if state.get("algorithm", self.algorithm) != self.algorithm:
             raise ValueError(f"checkpoint was made with algorithm {state['algorithm']!r}, this state uses {self.algorithm!r}")
+        # The schedule is part of the run: a resumed run continues the saved
+        # one (a checkpoint from before schedules existed keeps this state's).
+        schedule = check_schedule(state["density_schedule"], self.density) if "density_schedule" in state else self.density_schedule
         previous = self._owner
         self._owner = None if state.get("world_size") is None else (int(state["rank"]), int(state["world_size"]))
         try:
@@ -523,6 +592,7 @@ class OkTopkState:
             self._owner = previous
             raise
         self.iter = int(state["iter"])
+        self.density_schedule = schedule
         tensors = dict(state.get("tensors", {}))
         self._groups, self._group_of = {}, {}
         for group_id, members in state.get("layout", {}).items():
@@ -541,6 +611,7 @@ class OkTopkState:
             "timeout": self.timeout,
             "value_dtype": self.value_dtype,
             "stochastic_rounding": self.stochastic_rounding,
+            "measure_xi_every": self.measure_xi_every,
         }
 
     def __setstate__(self, state):
@@ -548,7 +619,8 @@ class OkTopkState:
         # past the warm-up are unaffected by the longer one.
         warmup_iters = max(state["warmup_iters"], 2)
         OkTopkState.__init__(self, None, state["density"], state["algorithm"], warmup_iters, state["tau"], state["tau_prime"], state["timeout"],
-                             state.get("value_dtype", "float32"), state.get("stochastic_rounding", False))
+                             state.get("value_dtype", "float32"), state.get("stochastic_rounding", False),
+                             state.get("density_schedule"), state.get("measure_xi_every"))
         self.load_state_dict(state)
 
     def close(self):
@@ -608,6 +680,8 @@ def oktopk_hook(state: OkTopkState, bucket: dist.GradBucket) -> torch.futures.Fu
         fut = dist.all_reduce(tensor, group=group, async_op=True).get_future()
         return fut.then(lambda f: f.value()[0].div_(world))
     state._communicator()
+    call = state._call(phase_iter)
+    state.last_density = state.density if call[0] is None else call[0]
     if tensor.device.type == "cuda":
         # The worker copies on the stream backward produced the bucket on;
         # the future's CUDA events make DDP wait for the copy back.
@@ -619,9 +693,9 @@ def oktopk_hook(state: OkTopkState, bucket: dist.GradBucket) -> torch.futures.Fu
     group_id = state._learn_group(indices)
     if group_id in state._groups:
         slices = [(a, b, i in unused) for i, a, b in sorted(members)]  # canonical order
-        state._worker.submit(state._reduce_bucket, group_id, tensor, slices, fut, stream)
+        state._worker.submit(state._reduce_bucket, group_id, tensor, slices, fut, stream, call)
     else:
-        state._worker.submit(state._pool_bucket, tensor, members, unused, fut, stream)
+        state._worker.submit(state._pool_bucket, tensor, members, unused, fut, stream, call)
     if is_last:
-        state._worker.submit(state._flush_pool)
+        state._worker.submit(state._flush_pool, call)
     return fut
