@@ -2,6 +2,7 @@
 Horovod's own processes, Horovod's collectives for the rendezvous, and
 liboktopk's ZeroMQ transport for the gradients."""
 
+import math
 import os
 import pickle
 import subprocess
@@ -137,3 +138,23 @@ def test_oktopk_state_of_another_rank_or_world_size_is_refused_at_load():
         assert f"belongs to rank {1 - r}" in res["error"] and f"this process is rank {r} of 2" in res["error"], res["error"]
     res = horovodrun(1, "state_of_another_rank_or_size", ckpt)[0]
     assert res["error"] is not None and "saved by a run of 2 ranks, and this run has 1" in res["error"], res["error"]
+
+
+def test_density_schedule_alike_on_every_rank_resumes_exactly_and_measures_xi(tmp_path):
+    # density 0.01, schedule (0.5, 4): optimizer step s runs at
+    # 0.5 * 0.02 ** (s / 4) (on a 2**-30 grid) until s = 4, then 0.01; every
+    # other step measures xi.
+    results = horovodrun(2, "density_schedule", str(tmp_path))
+    n = results[0]["full"]["n"]  # one bucket holds the whole small model
+    for r in (0, 1):
+        full, resumed = results[r]["full"], results[r]["resumed"]
+        for s in range(7):
+            want = round(0.5 * 0.02 ** (s / 4) * 2**30) / 2**30 if s < 4 else 0.01
+            density, ks, xi, xi_step = full["steps"][s]
+            assert density == pytest.approx(want, rel=1e-12), (r, s, density)
+            assert ks == [math.ceil(density * n)], (r, s, ks)
+            assert full["steps"][s] == results[1 - r]["full"]["steps"][s], f"ranks differ at step {s}"
+            assert xi_step == s - s % 2 and 0 < xi < math.inf, (r, s, xi, xi_step)
+        for s in range(3, 7):
+            assert resumed["steps"][s][:2] == full["steps"][s][:2], f"rank {r}: resumed differs at step {s}"
+        assert resumed["params"] == full["params"], f"rank {r}: resumed run's parameters differ"

@@ -5,6 +5,7 @@ from horovod.torch.compression import Compressor
 
 from oktopk import _lib
 from oktopk.comm import value_dtype_name
+from oktopk.schedule import check_schedule
 
 # The algorithms that send float16 or bfloat16 values (each rounding has one
 # rank whose residual takes its error; the others forward partial sums).
@@ -19,7 +20,8 @@ class OkTopkCompressor(Compressor):
     output densely. Used by ``hvd.DistributedOptimizer`` it raises instead.
     """
 
-    def __init__(self, density=0.01, algorithm=None, tau=64, tau_prime=32, timeout=60.0, value_dtype="float32", stochastic_rounding=False):
+    def __init__(self, density=0.01, algorithm=None, tau=64, tau_prime=32, timeout=60.0, value_dtype="float32", stochastic_rounding=False,
+                 density_schedule=None, measure_xi_every=None):
         if not isinstance(density, (int, float)) or not 0.0 < density <= 1.0:
             raise ValueError(f"density must be in (0, 1], got {density!r}")
         if algorithm is None:
@@ -35,7 +37,12 @@ class OkTopkCompressor(Compressor):
             raise ValueError(f"value_dtype {value_dtype} needs algorithm oktopk, topka or gaussiank, not {algorithm!r}")
         if not isinstance(stochastic_rounding, bool) or stochastic_rounding and value_dtype == "float32":
             raise ValueError(f"stochastic_rounding must be a bool, and True only with float16 or bfloat16 values, got {stochastic_rounding!r}")
+        density_schedule = check_schedule(density_schedule, float(density))
+        if measure_xi_every is not None and (not isinstance(measure_xi_every, int) or isinstance(measure_xi_every, bool) or measure_xi_every < 1):
+            raise ValueError(f"measure_xi_every must be None or a positive integer, got {measure_xi_every!r}")
         self.density = float(density)
+        self.density_schedule = density_schedule
+        self.measure_xi_every = measure_xi_every
         self.algorithm = algorithm
         self.tau = tau
         self.tau_prime = tau_prime
@@ -61,7 +68,8 @@ class Compression(hvd.Compression):
     """Horovod's compression choices (``none``, ``fp16``) plus ``oktopk``."""
 
     @staticmethod
-    def oktopk(density=0.01, algorithm=None, tau=64, tau_prime=32, timeout=60.0, value_dtype="float32", stochastic_rounding=False):
+    def oktopk(density=0.01, algorithm=None, tau=64, tau_prime=32, timeout=60.0, value_dtype="float32", stochastic_rounding=False,
+               density_schedule=None, measure_xi_every=None):
         """Ok-Topk sparse allreduce sending about ``density`` of each
         gradient bucket; the rest waits in a residual (error feedback).
         ``algorithm`` picks any of ``oktopk.ALGORITHMS``: ``"auto"`` (the
@@ -73,5 +81,12 @@ class Compression(hvd.Compression):
         allreduce: each pair is 6 bytes instead of 8, and the rounding errors
         stay in the residuals (``stochastic_rounding`` rounds unbiasedly at
         random instead of to nearest); for ``oktopk``, ``topka`` and
-        ``gaussiank``."""
-        return OkTopkCompressor(density, algorithm, tau, tau_prime, timeout, value_dtype, stochastic_rounding)
+        ``gaussiank``.
+        ``density_schedule`` (``(start_density, decay_steps)`` or
+        ``(start_density, decay_steps, stage_steps)``) starts at
+        ``start_density`` and decays exponentially to ``density`` over
+        ``decay_steps`` optimizer steps (see ``oktopk.schedule``);
+        ``oktopk_state_dict()`` saves the step count with it.
+        ``measure_xi_every=n`` measures ξ every n-th step (the optimizer's
+        ``last_xi``), as ``OkTopkState`` does."""
+        return OkTopkCompressor(density, algorithm, tau, tau_prime, timeout, value_dtype, stochastic_rounding, density_schedule, measure_xi_every)

@@ -36,7 +36,8 @@ import torch
 
 from oktopk import Communicator, OkTopkError
 from oktopk._lib import NON_FINITE, algorithm_name
-from oktopk.comm import route_source_address
+from oktopk.comm import XiTally, route_source_address
+from oktopk.schedule import check_schedule, density_at
 
 from .compression import OkTopkCompressor
 
@@ -123,6 +124,16 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
         # Library calls per algorithm that ran (with "auto", what it chose
         # for each bucket and step).
         self.algorithm_counts = {}
+        # Steps whose gradients were reduced (the density schedule's and ξ's
+        # step count, saved by oktopk_state_dict), the schedule, the density
+        # of the latest step, each bucket's latest k, the latest measured ξ.
+        self.sparse_step = 0
+        self.density_schedule = compressor.density_schedule
+        self.last_density = None
+        self.last_k = {}
+        self.last_xi = None
+        self.last_xi_step = None
+        self._xi_tally = XiTally()
         self._comm = Communicator.from_exchange(
             hvd.rank(),
             hvd.size(),
@@ -191,10 +202,18 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
         # every rank, whatever order autograd finished the buckets in.
         while self._next_bucket < len(self._buckets) and self._buckets[self._next_bucket].pending == 0:
             bucket = self._buckets[self._next_bucket]
-            bucket.future = self._worker.submit(self._reduce, bucket)
+            bucket.future = self._worker.submit(self._reduce, bucket, self._call())
             self._next_bucket += 1
 
-    def _reduce(self, bucket):
+    def _call(self):
+        """(density or None, ξ step or None) of this step's calls, the same
+        on every rank (the step count is)."""
+        step, every = self.sparse_step, self._compressor.measure_xi_every
+        density = None if self.density_schedule is None else density_at(self.density_schedule, self._compressor.density, step)
+        self.last_density = self._compressor.density if density is None else density
+        return density, (step if every is not None and step % every == 0 else None)
+
+    def _reduce(self, bucket, call):
         for p in bucket.params:
             if p.grad.is_sparse:
                 if not self._sparse_as_dense:
@@ -219,7 +238,8 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
                 host[at : at + g.numel()].view_as(g).copy_(g)
                 at += g.numel()
         try:
-            stats = self._comm.sparse_allreduce_(bucket.tensor_id, host)
+            density, xi_step = call
+            stats = self._comm.sparse_allreduce_(bucket.tensor_id, host, density=density, measure_xi=xi_step is not None)
         except OkTopkError as e:
             if e.code != NON_FINITE:
                 raise
@@ -243,6 +263,10 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
                 self.comm_seconds += stats.total_seconds
                 ran = algorithm_name(stats.algorithm)
                 self.algorithm_counts[ran] = self.algorithm_counts.get(ran, 0) + 1
+                self.last_k[bucket.tensor_id] = stats.k
+                if stats.xi >= 0:
+                    self.last_xi = self._xi_tally.add(xi_step, stats.xi, stats.xi_gradient_norm)
+                    self.last_xi_step = xi_step
 
     def _staging_for(self, n, dtype, pinned):
         """n elements of dtype in the optimizer's staging memory (pinned for
@@ -278,6 +302,7 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
             try:
                 for bucket in self._buckets:
                     bucket.future.result()
+                self.sparse_step += 1
             finally:
                 self._reset_step()
         self._synchronized = True
@@ -323,7 +348,8 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
         so a resumed run continues exactly. Every rank saves its own."""
         self._worker.submit(lambda: None).result()
         tensors = {bucket.tensor_id: self._comm.save_tensor_state(bucket.tensor_id) for bucket in self._buckets}
-        return {"rank": hvd.rank(), "world_size": hvd.size(), "tensors": tensors}
+        return {"rank": hvd.rank(), "world_size": hvd.size(), "tensors": tensors, "step": self.sparse_step,
+                "density_schedule": self.density_schedule}
 
     def load_oktopk_state_dict(self, state):
         """Restore this rank's ``oktopk_state_dict()``. Another rank's, or
@@ -334,11 +360,20 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
             tensors = state["tensors"]
         else:
             tensors = state  # saved before states recorded their rank (the library still checks)
+        # The schedule and its step count are part of the run: a resumed run
+        # continues the saved one (a checkpoint from before schedules keeps
+        # this optimizer's, from its step count).
+        schedule = self.density_schedule
+        if "density_schedule" in state:
+            schedule = check_schedule(state["density_schedule"], self._compressor.density)
         ids = {bucket.tensor_id for bucket in self._buckets}
-        for tensor_id, blob in tensors.items():
+        for tensor_id in tensors:
             if tensor_id not in ids:
                 raise ValueError(f"oktopk: checkpoint holds bucket {tensor_id:#x}, which this model does not have")
+        for tensor_id, blob in tensors.items():
             self._comm.load_tensor_state(tensor_id, blob)
+        self.density_schedule = schedule
+        self.sparse_step = int(state.get("step", self.sparse_step))
 
     def close(self):
         """Release the communicator (also done at interpreter exit)."""

@@ -6,6 +6,7 @@ import ctypes
 import datetime
 import ipaddress
 import itertools
+import math
 import os
 import socket
 
@@ -119,6 +120,26 @@ def _wait_for(store, keys, timeout, what, missing=None):
         code = 5 if "timeout" in str(e).lower() or "timed out" in str(e).lower() else 4
         raise OkTopkError(code, f"communicator setup: {what} not in the store within {timeout:g} s{detail}; "
                                 f"a rank died or never reached its first oktopk step: {e}") from e
+
+
+class XiTally:
+    """ξ of one step over the calls (buckets) that measured it: the root of
+    the summed squared distances over the root of the summed squared
+    gradient norms (a call's distance is its xi times its norm), so that it
+    is the ξ of the whole gradient, not an average of the buckets'."""
+
+    def __init__(self):
+        self.step, self._num2, self._den2 = None, 0.0, 0.0
+
+    def add(self, step, xi, norm):
+        """Add a call of ``step`` (a newer step starts afresh); returns the
+        step's ξ so far."""
+        if step != self.step:
+            self.step, self._num2, self._den2 = step, 0.0, 0.0
+        self._num2 += (xi * norm) ** 2 if norm > 0 else (0.0 if xi == 0 else math.inf)
+        self._den2 += norm * norm
+        num, den = math.sqrt(self._num2), math.sqrt(self._den2)
+        return 0.0 if num == 0 else num / den if den > 0 else math.inf
 
 
 class Communicator:

@@ -15,7 +15,6 @@ rest wait in a per-bucket residual (error feedback).
 import concurrent.futures
 import contextlib
 import hashlib
-import math
 import numbers
 import threading
 
@@ -24,7 +23,7 @@ import torch.distributed as dist
 
 from . import _lib
 from ._lib import OkTopkError
-from .comm import Communicator, value_dtype_name
+from .comm import Communicator, XiTally, value_dtype_name
 from .schedule import check_schedule, density_at
 
 # The bucket dtypes liboktopk reduces; the dense warm-up would take others,
@@ -201,9 +200,8 @@ class OkTopkState:
         self.last_k = {}
         self.last_xi = None
         self.last_xi_step = None
-        # step -> [sum of squared numerators, of squared denominators] of
-        # the step's buckets so far (worker thread, under _lock).
-        self._xi_sums = {}
+        # The latest measured step's buckets so far (worker thread, under _lock).
+        self._xi_sums = XiTally()
         self.algorithm = algorithm
         self.warmup_iters = int(warmup_iters)
         self.tau = int(tau)
@@ -446,16 +444,8 @@ class OkTopkState:
                     self._add_xi(xi_step, stats.xi, stats.xi_gradient_norm)
 
     def _add_xi(self, step, xi, norm):
-        # Under _lock. The step's ξ over its buckets so far: the root of the
-        # summed squared distances over the root of the summed squared
-        # gradient norms (each bucket's distance is xi * norm).
-        sums = self._xi_sums.setdefault(step, [0.0, 0.0])
-        for old in [s for s in self._xi_sums if s < step]:
-            del self._xi_sums[old]
-        sums[0] += (xi * norm) ** 2 if norm > 0 else (0.0 if xi == 0 else math.inf)
-        sums[1] += norm * norm
-        num, den = math.sqrt(sums[0]), math.sqrt(sums[1])
-        self.last_xi = 0.0 if num == 0 else num / den if den > 0 else math.inf
+        # Under _lock: the step's ξ over its buckets so far.
+        self.last_xi = self._xi_sums.add(step, xi, norm)
         self.last_xi_step = step
 
     def _call(self, step):
