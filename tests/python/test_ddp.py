@@ -234,8 +234,10 @@ def test_forked_child_cannot_call_the_library():
 
 def test_rss_does_not_grow_over_hook_calls_after_warm_up():
     # After warm-up every buffer the hook and the library need exists: the
-    # residuals, the library's scratch, the hook's staging memory (this
-    # model's buckets need it, see workers._ReversedStack). Later calls
+    # residuals, the library's scratch, the hook's staging memory (the
+    # groups are laid out in ascending order, as checkpoints of the earlier
+    # hook hold them, and DDP lays out the layers' bucket otherwise, see
+    # workers.rss_steady, so it is gathered at every step). Later calls
     # reuse them; RSS moves only by the library's collector headroom (a
     # quarter of what it holds) and allocator noise, well under a gradient.
     # What they hold is a residual per bucket, Ok-Topk's region sum (half a
@@ -319,3 +321,19 @@ def test_xi_measured_every_other_step_alike_on_every_rank_and_changes_nothing(sc
             assert 0 < xi < math.inf, (r, it, xi)  # k < n: something is left out
             assert (xi, xi_step) == results[1 - r]["full"]["steps"][it][2:], f"ranks' xi differ at {it}"
         assert full["params"] == no_xi["params"], f"rank {r}: measuring xi changed the training"
+
+
+def test_cpu_buckets_are_reduced_in_place_in_ddps_rebuilt_layout():
+    # The hook keeps each group's residual in the order DDP's rebuilt bucket
+    # lays its parameters out, so a CPU bucket goes to the library as it is:
+    # no staging memory is ever allocated. Laid out in ascending parameter
+    # order (the reverse of the order gradients become ready in a
+    # sequential model), every bucket of two or more parameters was copied
+    # out and back at every step.
+    results = run(workers.in_place, 2, 4)
+    for r, res in results.items():
+        seen = {k: v for k, v in res.items() if k != "params"}
+        assert res["groups"] >= 2 and res["largest_group"] >= 2, f"rank {r}: no bucket of several parameters to lay out: {seen}"
+        assert res["calls"] == 4 * res["groups"], f"rank {r}: {seen}"
+        assert res["staging"] == {}, f"rank {r}: the hook copied a CPU bucket into staging memory: {seen}"
+    assert results[0]["params"] == results[1]["params"], "ranks ended with different parameters"

@@ -516,6 +516,28 @@ def unsupported_dtype(rank, world, port, out):
     dist.destroy_process_group()
 
 
+def in_place(rank, world, port, out, steps):
+    """`steps` sparse steps of a sequential model in buckets of a few
+    parameters each: the hook's groups, the library calls, and the staging
+    memory the hook allocated."""
+    setup(rank, world, port)
+    m = DDP(deeper_model(), bucket_cap_mb=0.02)
+    state = OkTopkState(algorithm="oktopk", density=0.1, warmup_iters=2)
+    m.register_comm_hook(state, oktopk_hook)
+    o = torch.optim.SGD(m.parameters(), lr=0.1)
+    for step in range(state.warmup_iters + steps):
+        x, y = batch(rank, step)
+        o.zero_grad()
+        F.cross_entropy(m(x), y).backward()
+        o.step()
+    state._worker.submit(lambda: None).result()
+    write(out, rank, {"groups": len(state._groups), "largest_group": max(len(g) for g in state._groups.values()),
+                      "calls": sum(state.algorithm_counts.values()), "staging": {k: v.numel() for k, v in state._staging.items()},
+                      "params": b"".join(p.detach().numpy().tobytes() for p in m.parameters())})
+    state.close()
+    dist.destroy_process_group()
+
+
 class _FixedGradient(torch.autograd.Function):
     """Gives w the gradient g, the same tensor every step: backward then
     allocates nothing of w's size (a fresh gradient tensor every step would
@@ -534,11 +556,8 @@ class _FixedGradient(torch.autograd.Function):
 
 class _ReversedStack(nn.Module):
     """A large flat parameter with a fixed gradient, and square layers
-    applied in the reverse of their registration order: DDP's first bucket
-    layout follows registration (reversed), its rebuilt one the order
-    gradients become ready, so after the rebuild the layers' bucket holds
-    its parameters out of the order the hook keeps residuals in, and the
-    hook gathers them through its staging memory."""
+    applied in the reverse of their registration order, in a bucket of
+    their own."""
 
     def __init__(self, flat, width, depth):
         super().__init__()
@@ -564,7 +583,11 @@ def rss_steady(rank, world, port, out, warm, steps):
     """RSS before the first sparse step (the dense warm-up steps load
     nothing of liboktopk), the largest over the second half of `warm`
     sparse steps, and the largest over the `steps` after; and the hook's
-    staging buffers at both points."""
+    staging buffers at both points. The groups are laid out in ascending
+    parameter order, as a checkpoint of an earlier version of the hook
+    holds them, so the layers' bucket, whose parameters DDP lays out in the
+    order their gradients become ready, is gathered through the staging
+    memory at every step."""
     setup(rank, world, port)
     flat, width, depth = 1 << 22, 256, 3  # 4.4 M parameters, 17 MB of float32 gradients
     # Every rank builds the same parameters: no broadcast of them at start.
@@ -586,6 +609,9 @@ def rss_steady(rank, world, port, out, warm, steps):
 
     step()  # dense warm-up
     step()
+    saved = state.state_dict()
+    saved["layout"] = {group_id: sorted(members) for group_id, members in saved["layout"].items()}
+    state.load_state_dict(saved)
     before = _rss_kib()
     # The warm-up's second half sets the level: the library's collector has
     # run through its cycles by then, and its heap tops out at the same

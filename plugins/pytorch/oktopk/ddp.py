@@ -251,10 +251,16 @@ class OkTopkState:
     #
     # Residuals live in the library under one tensor id per group of
     # parameters. Parameters are numbered as first seen (the first
-    # iteration's layout, the same in every run of the same model), a group
-    # is kept in ascending canonical order, and its id derives from its
-    # members, so neither DDP's reordering inside a bucket nor a process
-    # restart changes which residual a gradient entry meets.
+    # iteration's layout, the same in every run of the same model), a
+    # group's id derives from its members, and its residual is laid out in
+    # the order of its parameters in the bucket it was learned from, which
+    # the layout records (and a checkpoint keeps); so neither DDP's
+    # reordering inside a bucket nor a process restart changes which
+    # residual a gradient entry meets. That order is the rebuilt bucket's
+    # own, so a CPU bucket is reduced in place, with no copy: ascending
+    # canonical order, which this hook kept before (and which checkpoints
+    # saved then still hold), is the reverse of the order gradients become
+    # ready in a typical model, and made every bucket a gather and scatter.
     #
     # The groups are DDP's rebuilt buckets, recorded from the first iteration
     # that is not DDP's first in this process: in a run from the start that
@@ -322,9 +328,9 @@ class OkTopkState:
             self._group_of[i] = group_id
 
     def _learn_group(self, indices):
-        """Record a rebuilt-layout bucket (sorted canonical indices) as a
-        group unless its parameters already belong to groups; returns its
-        group id."""
+        """Record a rebuilt-layout bucket (canonical indices in bucket order)
+        as a group, its residual laid out in that order, unless its
+        parameters already belong to groups; returns its group id."""
         group_id = _group_id(indices)
         if group_id not in self._groups and not any(i in self._group_of for i in indices):
             self._add_group(group_id, tuple(indices))
@@ -381,11 +387,11 @@ class OkTopkState:
 
     def _reduce_pieces(self, group_id, pieces, call):
         """Sparse allreduce of the concatenation of pieces ((tensor, start,
-        end, held), canonical order), written back into them; the held ones
-        (parameters unused on this rank) are held back in the library. A step
-        the library skipped for a non-finite gradient (on any rank, so on
-        every rank) comes back as NaN. call is (density or None, the step
-        when ξ is measured or None)."""
+        end, held), in the group's layout), written back into them; the held
+        ones (parameters unused on this rank) are held back in the library. A
+        step the library skipped for a non-finite gradient (on any rank, so on
+        every rank) comes back as NaN. call is (density or None, the step when
+        ξ is measured or None)."""
         hold, at = [], 0
         for _, a, b, held in pieces:
             if held:
@@ -411,9 +417,11 @@ class OkTopkState:
             # The one copy of a bucket that remains, and why: the library
             # reads host memory (a CUDA bucket is copied to pinned host
             # memory, so both copies are DMA transfers), and it keeps the
-            # residual in the group's canonical order (a CPU bucket whose
-            # parameters DDP laid out otherwise, or spread over buckets, is
-            # gathered). The staging memory is the state's, reused.
+            # residual in the group's layout (a CPU bucket whose parameters
+            # DDP laid out otherwise, as in the first iteration of a resumed
+            # run or under a checkpoint saved in ascending order, or a group
+            # spread over buckets, is gathered). The staging memory is the
+            # state's, reused.
             host = self._staging_for(n, tensor.dtype, cuda)
             at = 0
             for t, a, b in pieces:
@@ -664,7 +672,7 @@ def oktopk_hook(state: OkTopkState, bucket: dist.GradBucket) -> torch.futures.Fu
     unused = state._take_unused(members, tensor if sparse else None)
     if not sparse:
         if rebuilt:
-            state._learn_group(sorted(i for i, _, _ in members))
+            state._learn_group([i for i, _, _ in members])
         group = state.process_group
         world = dist.get_world_size(group)
         fut = dist.all_reduce(tensor, group=group, async_op=True).get_future()
@@ -679,10 +687,10 @@ def oktopk_hook(state: OkTopkState, bucket: dist.GradBucket) -> torch.futures.Fu
         stream = torch.cuda.current_stream(tensor.device)
     else:
         fut, stream = torch.futures.Future(), None
-    indices = sorted(i for i, _, _ in members)
-    group_id = state._learn_group(indices)
+    group_id = state._learn_group([i for i, _, _ in members])
     if group_id in state._groups:
-        slices = [(a, b, i in unused) for i, a, b in sorted(members)]  # canonical order
+        where = {i: (a, b) for i, a, b in members}
+        slices = [where[i] + (i in unused,) for i in state._groups[group_id]]  # the group's layout
         state._worker.submit(state._reduce_bucket, group_id, tensor, slices, fut, stream, call)
     else:
         state._worker.submit(state._pool_bucket, tensor, members, unused, fut, stream, call)
