@@ -57,3 +57,32 @@ NR == FNR { if (v("algorithm") == "torch_gloo_allreduce") gloo[v("P") SUBSEP v("
 		v("words_reuse_mean"), v("words_median"), v("formula_words"), v("reuse_over_lower_bound"), num(v("lower_bound_ms")), \
 		v("global_selected"), v("rel_error"), v("peak_rss_mib"), v("base_rss_mib")
 }' "$CSV" "$CSV"
+
+# Auto against the best fixed algorithm of each configuration (torch's gloo
+# is not one of ours, so it is left out), with what Auto ran there
+# (BENCH_AUTO: run.sh's log of Auto's choices, "P:n:density auto chose ALG ...").
+if awk -F, 'NR > 1 && $1 == "auto" { found = 1 } END { exit !found }' "$CSV"; then
+	printf '\n## Auto against the best fixed algorithm\n\n'
+	echo "| P | n | density | auto ms | auto ran | best fixed algorithm | its ms | auto ÷ best |"
+	echo "|---|---|---|---|---|---|---|---|"
+	choices=$(mktemp)
+	[[ -f ${BENCH_AUTO:-} ]] && awk '$2 == "auto" && $3 == "chose" { print $1 "," $4 }' "$BENCH_AUTO" >"$choices"
+	awk -F, '
+	FILENAME == choices { if (!(($1, $2) in had)) { had[$1, $2] = 1; ran[$1] = ran[$1] (ran[$1] == "" ? "" : ", ") $2 }; next }
+	FNR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
+	{
+		cfg = $(col["P"]) ":" $(col["n"]) ":" $(col["density"]); alg = $(col["algorithm"]); t = $(col["median_ms"]) + 0
+		if (!(cfg in seen)) { seen[cfg] = 1; order[++n] = cfg }
+		if (alg == "auto") autot[cfg] = t
+		else if (alg != "torch_gloo_allreduce" && (!(cfg in best) || t < best[cfg])) { best[cfg] = t; bestalg[cfg] = alg }
+	}
+	END {
+		for (i = 1; i <= n; i++) {
+			c = order[i]
+			if (!(c in autot) || !(c in best)) continue
+			split(c, f, ":")
+			printf "| %s | %s | %s | %.2f | %s | %s | %.2f | %.2f |\n", f[1], f[2], f[3], autot[c], (c in ran ? ran[c] : "?"), bestalg[c], best[c], autot[c] / best[c]
+		}
+	}' choices="$choices" "$choices" "$CSV"
+	rm -f "$choices"
+fi

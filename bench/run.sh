@@ -71,6 +71,10 @@ fi
 
 mkdir -p "$OUTDIR" "$LOGS"
 RUNS=$OUTDIR/bench_runs.csv CSV=$OUTDIR/bench.csv
+# Auto's start-up link measurement and its choices, per configuration and
+# repetition, from the ranks' logs (rank 0 prints them): kept for the
+# configurations not measured again under BENCH_APPEND=1, like the CSV.
+AUTO=$OUTDIR/auto.txt
 HEADER=$("$BENCHRANK" -print-header)
 if [[ ${BENCH_APPEND:-0} == 1 && -f $RUNS && $(head -n 1 "$RUNS") == "$HEADER" ]]; then
 	# Drop the rows of the configurations about to be measured again.
@@ -79,8 +83,15 @@ if [[ ${BENCH_APPEND:-0} == 1 && -f $RUNS && $(head -n 1 "$RUNS") == "$HEADER" ]
 		NR > 1 && !(($2 ":" $3 ":" $4) in skip)' "$RUNS" >"$keep"
 	{ echo "$HEADER"; cat "$keep"; } >"$RUNS"
 	rm -f "$keep"
+	if [[ -f $AUTO ]]; then
+		keep=$(mktemp)
+		awk -v cfgs="${CONFIGS[*]}" 'BEGIN { n = split(cfgs, c, " "); for (i = 1; i <= n; i++) skip[c[i]] = 1 }
+			!($1 in skip)' "$AUTO" >"$keep"
+		mv "$keep" "$AUTO"
+	fi
 else
 	echo "$HEADER" >"$RUNS"
+	rm -f "$AUTO"
 fi
 
 # shuffled SEED WORD...: the words in a random order drawn from SEED
@@ -137,6 +148,9 @@ for cfg in "${CONFIGS[@]}"; do
 	rm -f "$rows"
 	BENCH_MODE=$MODE BENCH_RATE=$RATE in_cluster "$P" "$rows" "${jobs[@]}"
 	grep -h '^[a-z_]*,' "$rows" >>"$RUNS"
+	for log in "$rows".r*.log; do
+		grep -h "^benchrank: auto" "$log" 2>/dev/null | sed "s/^benchrank: /$cfg /" >>"$AUTO" || true
+	done
 	if [[ $(grep -c '^[a-z_]*,' "$rows") != $((REPS * $(wc -w <<<"$ALGS"))) ]]; then
 		echo "run.sh: P=$P n=$N density=$D: fewer rows than algorithms × repetitions (logs: $LOGS)" >&2
 		exit 1
@@ -147,7 +161,15 @@ echo "measured ${#CONFIGS[@]} configurations in $(elapsed)" >&2
 "$PY" "$HERE/aggregate.py" --reps "$REPS" "$RUNS" >"$CSV"
 "$HERE/check_csv.sh" "$CSV" $ALGS
 BENCH_MODE=$MODE BENCH_RATE=$RATE BENCH_ITERS=$ITERS BENCH_WARMUP=$WARMUP BENCH_DENSE_ITERS=$DENSE_ITERS \
-	BENCH_TAU=$TAU BENCH_TAU_PRIME=$TAU_PRIME BENCH_REPS=$REPS BENCH_SEED=$SEED "$HERE/report.sh" "$CSV" >"$OUTDIR/bench.md"
+	BENCH_TAU=$TAU BENCH_TAU_PRIME=$TAU_PRIME BENCH_REPS=$REPS BENCH_SEED=$SEED BENCH_AUTO=$AUTO "$HERE/report.sh" "$CSV" >"$OUTDIR/bench.md"
+if [[ -s $AUTO ]]; then
+	{
+		printf '\n## Auto: its link measurement and its choices\n\n'
+		echo "Rank 0's log of every \`auto\` job (P:n:density first): the start-up link measurement, timed after a barrier, and every call whose choice differed from the call before."
+		echo
+		sed 's/^/    /' "$AUTO"
+	} >>"$OUTDIR/bench.md"
+fi
 
 if [[ ${BENCH_PLOT:-1} == 1 ]]; then
 	"$PY" "$HERE/plot.py" "$CSV" "$OUTDIR"

@@ -307,6 +307,23 @@ func runAlgorithm(ctx context.Context, comm *core.Communicator, alg core.Algorit
 	var acc []float32 // the last call's accumulator, for the error
 	var peakRSS float64
 	ran := alg // the algorithm that ran: auto's choice, for auto
+	if alg == core.Auto {
+		// Auto's start-up cost: the link measurement its first call would
+		// make, made here on its own after a barrier and timed (it ends with
+		// the ranks agreeing on the figures, so every rank ends together).
+		if _, err := comm.Allreduce(ctx, barrier, false, core.DenseRing); err != nil {
+			return "", err
+		}
+		start := time.Now()
+		m, err := comm.MeasureLink(ctx)
+		if err != nil {
+			return "", err
+		}
+		if rank == 0 {
+			fmt.Fprintf(os.Stderr, "benchrank: auto's link measurement took %.1f ms at P=%d: alpha %.1f us, beta %.3f ns/B (%.0f Mbit/s), gamma %.3f ns/B\n",
+				ms(time.Since(start)), p, m.Alpha*1e6, m.Beta*1e9, 8/m.Beta/1e6, m.Gamma*1e9)
+		}
+	}
 	total := o.warmup + o.iters
 	for c := 0; c < total; c++ {
 		w.next(grad)
