@@ -74,7 +74,7 @@ func reduceWithErrorFeedback(ctx context.Context, call *Call, st *TensorState, g
 			return err
 		}
 	}
-	// The values leave this rank in the wire's precision; foldResidual
+	// The values leave this rank in the wire's precision; foldOutput
 	// keeps what the rounding took off.
 	roundingOf(call, st.Config, st.Iter, roundContribution).apply(local)
 	call.Phase(PhaseAgree)
@@ -88,8 +88,7 @@ func reduceWithErrorFeedback(ctx context.Context, call *Call, st *TensorState, g
 	}
 	call.Phase(PhaseOutput)
 	call.Stats.GlobalSelected = global.Len()
-	foldResidual(st.Residual, grad, local, global)
-	writeAverage(grad, global, call.Size())
+	foldOutput(st.Residual, grad, local, global, Sparse{}, call.Size())
 	st.Iter++
 	return nil
 }

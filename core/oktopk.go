@@ -50,7 +50,12 @@ package core
 //     same sparse global result, divided by P and written densely into the
 //     caller's buffer.
 //  6. Residual (error feedback). residual = acc with exactly the entries
-//     zeroed that were selected locally and are in the global result.
+//     zeroed that were selected locally and are in the global result. It
+//     is formed in the pass that writes the result into the caller's
+//     buffer, the call's one pass over n after its last message (a failed
+//     call must leave both as they were, so neither can be written
+//     earlier), with the sparse updates made tile by tile while the tile
+//     is in the cache (foldOutput).
 //
 // Values travel as float32, or as float16 or bfloat16 (Config.Values,
 // values.go): each rank rounds its selection before step 3, each owner its
@@ -241,12 +246,9 @@ func okTopkAllreduce(ctx context.Context, call *Call, st *TensorState, grad []fl
 	// Step 6: residual, then the averaged result into the caller's buffer.
 	call.Phase(PhaseOutput)
 	// The residual keeps acc less the values sent (the rounding errors of
-	// 16-bit ones), and an owner's also the rounding errors of its sums.
-	foldResidual(st.Residual, grad, local, global)
-	for j, i := range sc.ownerErr.Idx {
-		st.Residual[i] += sc.ownerErr.Val[j]
-	}
-	writeAverage(grad, global, p)
+	// 16-bit ones), and an owner's also the rounding errors of its sums; in
+	// the same pass grad becomes the result.
+	foldOutput(st.Residual, grad, local, global, sc.ownerErr, p)
 	st.Iter++
 	return nil
 }
