@@ -62,39 +62,77 @@ func TestAllgatherEqualGathersEveryBlockInLogRounds(t *testing.T) {
 // the rank that receives from it names it, with ErrMismatch; no rank hangs.
 func TestAllgatherEqualRefusesBlocksOfDifferentSizes(t *testing.T) {
 	const p = 5
-	errs := runInProcErrors(t, p, 10*time.Second, func(ctx context.Context, rank int, c *Communicator) error {
-		m := 8
-		if rank == 3 {
-			m = 12
-		}
-		_, err := AllgatherEqual(ctx, NewCall(c.T, OkTopk.Op(), 1, nil), 0, blockOf(rank, m))
-		return err
-	})
-	named := false
-	for r, err := range errs {
-		switch {
-		case err == nil:
-			t.Errorf("rank %d: no error", r)
-		case !errors.Is(err, ErrMismatch):
-			t.Errorf("rank %d: %v, want ErrMismatch", r, err)
-		case strings.Contains(err.Error(), "rank 3 sent 12 bytes"):
-			named = true
-		}
-	}
-	if !named {
-		t.Fatalf("no rank named rank 3's 12 bytes: %v", errs)
+	type gather func(context.Context, *Call, uint32, []byte) ([][]byte, error)
+	for name, fn := range map[string]gather{"bruck": AllgatherEqual, "direct": AllgatherEqualDirect} {
+		t.Run(name, func(t *testing.T) {
+			errs := runInProcErrors(t, p, 10*time.Second, func(ctx context.Context, rank int, c *Communicator) error {
+				m := 8
+				if rank == 3 {
+					m = 12
+				}
+				_, err := fn(ctx, NewCall(c.T, OkTopk.Op(), 1, nil), 0, blockOf(rank, m))
+				return err
+			})
+			named := false
+			for r, err := range errs {
+				switch {
+				case err == nil:
+					t.Errorf("rank %d: no error", r)
+				case !errors.Is(err, ErrMismatch):
+					t.Errorf("rank %d: %v, want ErrMismatch", r, err)
+				case strings.Contains(err.Error(), "rank 3 sent 12 bytes"):
+					named = true
+				}
+			}
+			if !named {
+				t.Fatalf("no rank named rank 3's 12 bytes: %v", errs)
+			}
+		})
 	}
 }
 
-// Both allgathers of blocks of any size give every rank every block, dtype
-// and count included, in rank order, with P−1 messages per rank.
-func TestAllgathervAndBruckGatherBlocksOfAnySize(t *testing.T) {
+// The direct allgather of equal blocks gives every rank every block in rank
+// order in one round: P−1 messages per rank carrying (P−1)m bytes, every
+// one sent before any is received (TestOkTopkReuseCallAllgathersInOneRound
+// checks the order).
+func TestAllgatherEqualDirectGathersEveryBlock(t *testing.T) {
+	for _, p := range []int{1, 2, 3, 5, 8, 13} {
+		for _, m := range []int{0, 1, 324} {
+			t.Run(fmt.Sprintf("P=%d/m=%d", p, m), func(t *testing.T) {
+				runInProc(t, p, func(ctx context.Context, rank int, c *Communicator) error {
+					call := NewCall(c.T, OkTopk.Op(), 1, nil)
+					blocks, err := AllgatherEqualDirect(ctx, call, 0, blockOf(rank, m))
+					if err != nil {
+						return err
+					}
+					if len(blocks) != p {
+						return fmt.Errorf("rank %d: %d blocks, want %d", rank, len(blocks), p)
+					}
+					for r, b := range blocks {
+						if !bytes.Equal(b, blockOf(r, m)) {
+							return fmt.Errorf("rank %d: block %d is %v, want %v", rank, r, b, blockOf(r, m))
+						}
+					}
+					if call.Stats.BytesSent != uint64((p-1)*m) || call.Stats.MessagesSent != uint64(p-1) {
+						return fmt.Errorf("rank %d sent %d bytes in %d messages, want (P-1)m = %d in P-1", rank, call.Stats.BytesSent, call.Stats.MessagesSent, (p-1)*m)
+					}
+					return nil
+				})
+			})
+		}
+	}
+}
+
+// The allgathers of blocks of any size (ring, Bruck, direct) give every
+// rank every block, dtype and count included, in rank order, with P−1
+// messages per rank.
+func TestAllgathervBruckAndDirectGatherBlocksOfAnySize(t *testing.T) {
 	type gather func(context.Context, *Call, uint32, Block) ([]Block, error)
 	blockOfRank := func(r int) Block {
 		m := (r * 37) % 11 // 0…10 float32s, some ranks empty
 		return Block{Dtype: transport.DtypeFloat32, Count: uint64(m), Payload: blockOf(r, 4*m)}
 	}
-	for name, fn := range map[string]gather{"ring": Allgatherv, "bruck": AllgathervBruck} {
+	for name, fn := range map[string]gather{"ring": Allgatherv, "bruck": AllgathervBruck, "direct": AllgatherDirect} {
 		for _, p := range []int{1, 2, 3, 5, 7, 8, 13} {
 			t.Run(fmt.Sprintf("%s/P=%d", name, p), func(t *testing.T) {
 				runInProc(t, p, func(ctx context.Context, rank int, c *Communicator) error {

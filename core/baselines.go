@@ -96,7 +96,7 @@ func reduceWithFeedback(ctx context.Context, call *Call, st *TensorState, grad [
 			return err
 		}
 	}
-	// The values leave this rank in the wire's precision; foldResidual
+	// The values leave this rank in the wire's precision; foldOutput
 	// keeps what the rounding took off.
 	roundingOf(call, st.Config, st.Iter, roundContribution).apply(local)
 	call.Phase(PhaseAgree)
@@ -110,9 +110,7 @@ func reduceWithFeedback(ctx context.Context, call *Call, st *TensorState, grad [
 	}
 	call.Phase(PhaseOutput)
 	call.Stats.GlobalSelected = global.Len()
-	foldResidual(st.Residual, grad, local, consumed)
-	addToResidual(st.Residual, back)
-	writeAverage(grad, global, call.Size())
+	foldOutputConsumed(st.Residual, grad, local, consumed, global, back, call.Size())
 	st.Iter++
 	return nil
 }

@@ -2,10 +2,14 @@ package core
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"sync"
 	"testing"
+
+	"github.com/oktopk/oktopk/transport"
 )
 
 // scaledGradients is driftingGradients multiplied by a per-call scale, the
@@ -297,4 +301,145 @@ func TestOkTopkReuseGlobalSelectionKeepsTopOfReducedEntries(t *testing.T) {
 			})
 		}
 	}
+}
+
+// A reuse call's allgathers — the histograms, every refinement round, the
+// balanced shares — each take one round of messages up to P = 16
+// (okTopkDirectMaxP): a rank sends its block straight to every rank before
+// it receives any, where Bruck's algorithm took ⌈log₂ P⌉ rounds in a row
+// (send, wait for a block, send it on). So a reuse call without
+// refinement has three rounds after its split (histograms, balance,
+// allgather) instead of 2⌈log₂ P⌉ + 1, nine at P = 8 with the split's two.
+// A transport in between counts, per rank and allgather, the sends that
+// follow one of that allgather's receives.
+func TestOkTopkReuseCallAllgathersInOneRound(t *testing.T) {
+	for _, p := range []int{4, 8} {
+		t.Run(fmt.Sprint("P=", p), func(t *testing.T) {
+			const n, calls = 1 << 14, 5
+			cfg := okTopkConfig(0.01) // τ = 64, τ′ = 32: every call after the first reuses
+			gen := newDriftingGradients(p, n, 21)
+			inputs := make([][][]float32, calls)
+			for it := range inputs {
+				inputs[it] = gen.next()
+			}
+			ledger := &roundLedger{op: OkTopk.Op(), p: p, ex: map[exchangeKey]*exchangeRounds{}}
+			inner := transport.NewInProc(p)
+			ctx, cancel := context.WithTimeout(context.Background(), inProcTimeout)
+			defer cancel()
+			errs := make([]error, p)
+			var wg sync.WaitGroup
+			for r := range p {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					c := NewCommunicator(&roundTransport{Transport: inner[r], ledger: ledger})
+					for it := range inputs {
+						if _, err := c.SparseAllreduce(ctx, 1, append([]float32(nil), inputs[it][r]...), cfg); err != nil {
+							errs[r] = err
+							for _, tr := range inner {
+								tr.Abort(err)
+							}
+							return
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			for _, tr := range inner {
+				tr.Close()
+			}
+			if err := errors.Join(errs...); err != nil {
+				t.Fatal(err)
+			}
+			gathers := 0
+			for key, ex := range ledger.ex {
+				if key.seq == 1 {
+					continue // the first call is exact, with its repartition
+				}
+				gathers++
+				if ex.rounds != 1 {
+					t.Errorf("call %d, rank %d, allgather at step %#x: %d rounds in a row, want 1", key.seq, key.rank, key.first, ex.rounds)
+				}
+			}
+			if want := 2 * p * (calls - 1); gathers < want {
+				t.Errorf("saw %d allgathers of reuse calls on all ranks, want at least %d (histograms and shares)", gathers, want)
+			}
+		})
+	}
+}
+
+// exchangeKey is one rank's part in one allgather of one call: first is
+// the allgather's first step number.
+type exchangeKey struct {
+	seq   uint64
+	rank  int
+	first uint32
+}
+
+type exchangeRounds struct {
+	rounds   int  // 1 + the sends that followed a receive
+	received bool // a receive since the last send
+}
+
+// roundLedger counts the rounds of Ok-Topk's allgathers, rank by rank.
+type roundLedger struct {
+	op transport.Op
+	p  int
+	mu sync.Mutex
+	ex map[exchangeKey]*exchangeRounds
+}
+
+// gather is the allgather a step belongs to: the histograms (stepCounts),
+// a refinement round, or the shares (stepAllgather); false for the split
+// and the balance.
+func (l *roundLedger) gather(step uint32) (uint32, bool) {
+	switch {
+	case step >= stepRefine:
+		return stepRefine + (step-stepRefine)/AllgatherSteps(l.p)*AllgatherSteps(l.p), true
+	case step>>20 == stepCounts>>20:
+		return stepCounts, true
+	case step>>20 == stepAllgather>>20:
+		return stepAllgather, true
+	}
+	return 0, false
+}
+
+func (l *roundLedger) note(tag transport.Tag, rank int, send bool) {
+	first, ok := l.gather(tag.Step)
+	if tag.Op != l.op || !ok {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	key := exchangeKey{tag.Seq, rank, first}
+	ex := l.ex[key]
+	if ex == nil {
+		ex = &exchangeRounds{rounds: 1}
+		l.ex[key] = ex
+	}
+	switch {
+	case !send:
+		ex.received = true
+	case ex.received:
+		ex.rounds++
+		ex.received = false
+	}
+}
+
+type roundTransport struct {
+	transport.Transport
+	ledger *roundLedger
+}
+
+func (l *roundTransport) Send(ctx context.Context, peer int, tag transport.Tag, dtype transport.Dtype, count uint64, payload []byte) error {
+	l.ledger.note(tag, l.Rank(), true)
+	return l.Transport.Send(ctx, peer, tag, dtype, count, payload)
+}
+
+func (l *roundTransport) Recv(ctx context.Context, peer int, tag transport.Tag) (transport.Message, error) {
+	m, err := l.Transport.Recv(ctx, peer, tag)
+	if err == nil {
+		l.ledger.note(tag, l.Rank(), false)
+	}
+	return m, err
 }

@@ -10,6 +10,8 @@ package core
 // belong to no one sender, so every entry a rank sent leaves its residual
 // and the rank that dropped a sum takes it into its own.
 
+import "sort"
+
 // Accumulate writes acc = grad + residual and reports how many entries are
 // not finite, so the caller can skip the step on every rank before anything
 // non-finite reaches the residual or the wire.
@@ -62,39 +64,6 @@ func zeroSent(residual []float32, local, global Sparse) {
 	}
 }
 
-// foldResidual is UpdateResidual for a call that never stored acc = grad +
-// residual (vec.go): it forms acc a last time, in place, to become the
-// residual (a NaN or ±Inf becoming 0, as in UpdateResidual), and zeroes grad
-// in the same pass, ready for the result (writeAverage). One pass over
-// memory does what UpdateResidual and ScatterAverage's clear did in two.
-// The sums are bitwise those the selection saw.
-func foldResidual(residual, grad []float32, local, global Sparse) {
-	residual = residual[:len(grad)]
-	i := 0
-	for ; i+4 <= len(grad); i += 4 {
-		g4, r4 := grad[i:i+4:i+4], residual[i:i+4:i+4]
-		v0, v1, v2, v3 := g4[0]+r4[0], g4[1]+r4[1], g4[2]+r4[2], g4[3]+r4[3]
-		if v0-v0 != 0 || v1-v1 != 0 || v2-v2 != 0 || v3-v3 != 0 {
-			v0, v1, v2, v3 = finiteOr0(v0), finiteOr0(v1), finiteOr0(v2), finiteOr0(v3)
-		}
-		r4[0], r4[1], r4[2], r4[3] = v0, v1, v2, v3
-		g4[0], g4[1], g4[2], g4[3] = 0, 0, 0, 0
-	}
-	for ; i < len(grad); i++ {
-		residual[i] = finiteOr0(grad[i] + residual[i])
-		grad[i] = 0
-	}
-	zeroSent(residual, local, global)
-}
-
-// addToResidual adds s's values into the residual at s's indices; a sum
-// that overflows to ±Inf becomes 0, as in UpdateResidual.
-func addToResidual(residual []float32, s Sparse) {
-	for j, i := range s.Idx {
-		residual[i] = finiteOr0(residual[i] + s.Val[j])
-	}
-}
-
 func finiteOr0(v float32) float32 {
 	if v-v != 0 { // NaN and ±Inf
 		return 0
@@ -120,4 +89,86 @@ func writeAverage(out []float32, global Sparse, p int) {
 			out[i] = global.Val[j] / fp
 		}
 	}
+}
+
+// foldOutput ends a call that never stored acc = grad + residual (vec.go),
+// in one pass over memory after its last message: it forms acc a last time,
+// in place, to become the residual, less what this rank sent of the global
+// result (zeroSent), plus an owner's rounding errors of its sums (ownerErr,
+// ascending; empty for float32 values); and it writes the global result,
+// divided by p, into grad, zero elsewhere (writeAverage). It goes tile by
+// tile, and each tile's sparse updates are made while the tile is still in
+// the cache: made after the pass, each was a cache miss, about 2k of them
+// per call. Residual and grad end bitwise as UpdateResidual, the errors
+// added, and ScatterAverage leave them, the sums being those the selection
+// saw.
+//
+// acc must be finite: a call reaches its end only when every rank found no
+// NaN or ±Inf in its acc (the step is skipped on every rank otherwise), so
+// the pass does not look again (looking cost a sixth of its time). Large
+// vectors are cut into chunks folded in parallel, as the selection is
+// (parallel.go).
+func foldOutput(residual, grad []float32, local, global, ownerErr Sparse, p int) {
+	foldOutputIn(residual, grad, local, global, global, ownerErr, p, selectionChunks(len(grad)))
+}
+
+// foldOutputConsumed is foldOutput for a reduction that says itself which
+// of the entries this rank sent are accounted for elsewhere (consumed,
+// ascending; foldOutput's is the global result) and what its residual takes
+// in (added, ascending: gTopk's partial sums dropped here, baselines.go).
+func foldOutputConsumed(residual, grad []float32, local, consumed, global, added Sparse, p int) {
+	foldOutputIn(residual, grad, local, consumed, global, added, p, selectionChunks(len(grad)))
+}
+
+func foldOutputIn(residual, grad []float32, local, consumed, global, added Sparse, p, chunks int) {
+	n := len(grad)
+	residual = residual[:n]
+	fp := float32(p)
+	forEachChunk(n, chunks, func(_, lo, hi int) {
+		from := func(s Sparse) int {
+			return sort.Search(len(s.Idx), func(j int) bool { return s.Idx[j] >= uint32(lo) })
+		}
+		jl, js, je, jg := from(local), from(consumed), from(added), from(global)
+		for t := lo; t < hi; t += tileLen {
+			end := min(hi, t+tileLen)
+			foldTile(residual[t:end], grad[t:end])
+			// The entries this rank sent that are consumed (kept in the
+			// result) leave the residual (zeroSent).
+			for ; jl < len(local.Idx) && int(local.Idx[jl]) < end; jl++ {
+				i := local.Idx[jl]
+				for js < len(consumed.Idx) && consumed.Idx[js] < i {
+					js++
+				}
+				if js < len(consumed.Idx) && consumed.Idx[js] == i {
+					residual[i] = finiteOr0(residual[i] - local.Val[jl])
+				}
+			}
+			// An owner's rounding errors, or sums dropped here; a sum that
+			// overflows becomes 0, as in UpdateResidual.
+			for ; je < len(added.Idx) && int(added.Idx[je]) < end; je++ {
+				residual[added.Idx[je]] = finiteOr0(residual[added.Idx[je]] + added.Val[je])
+			}
+			for ; jg < len(global.Idx) && int(global.Idx[jg]) < end; jg++ {
+				if p == 1 {
+					grad[global.Idx[jg]] = global.Val[jg]
+				} else {
+					grad[global.Idx[jg]] = global.Val[jg] / fp
+				}
+			}
+		}
+	})
+}
+
+// foldTile sets r = g + r and g = 0.
+func foldTile(r, g []float32) {
+	r = r[:len(g)]
+	i := 0
+	for ; i+4 <= len(g); i += 4 {
+		g4, r4 := g[i:i+4:i+4], r[i:i+4:i+4]
+		r4[0], r4[1], r4[2], r4[3] = g4[0]+r4[0], g4[1]+r4[1], g4[2]+r4[2], g4[3]+r4[3]
+	}
+	for ; i < len(g); i++ {
+		r[i] += g[i]
+	}
+	clear(g)
 }

@@ -8,7 +8,7 @@ package core
 // select pass always did. A pass then reads grad and residual instead of
 // acc, but the pass that wrote acc is gone, and the last pass forms acc a
 // last time as the new residual while it clears the gradient (residual.go's
-// foldResidual), which were two passes: a call makes fewer passes over
+// foldOutput), which were two passes: a call makes fewer passes over
 // memory than before. It moves as many bytes on Ok-Topk's reuse calls (the
 // hot path: 6n words) and fewer on its sampled exact refreshes (6n instead
 // of 7n); a selection that reads acc two or three times (the exact top-k's
