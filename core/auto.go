@@ -155,9 +155,14 @@ func predictTerms(alg Algorithm, n, k, p int, cfg Config, sparseInput bool) cost
 		tau, tauPrime := float64(cfg.Tau), float64(cfg.TauPrime)
 		// Split and reduce (P−1), histograms, one refinement round,
 		// balance, allgatherv; a repartition every τ calls and a few more
-		// refinement rounds for the exact cut every τ′.
+		// refinement rounds for the exact cut every τ′. Each allgather is
+		// one round up to okTopkDirectMaxP ranks, Bruck's ⌈log₂ P⌉ above.
+		g := L
+		if p <= okTopkDirectMaxP {
+			g = 1
+		}
 		t = costTerms{
-			rounds: P - 1 + 3*L + 1 + L/tau + 4*L/tauPrime,
+			rounds: P - 1 + 3*g + 1 + g/tau + 4*g/tauPrime,
 			bytes: mul(okTopkReuseVolume*8*K, f) + mul(4*(81+64), P-1) +
 				mul(16*(P+1), P-1)/tau,
 			passes:  okTopkPasses + 3/P + 1.6/tauPrime,
