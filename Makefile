@@ -25,7 +25,7 @@ WHEEL_VENV := $(OKTOPK_CACHE)/venv-wheel-$(shell sha256sum $(WHEEL_REQ) | cut -c
 WHEEL_PY := $(WHEEL_VENV)/bin/python
 GO_SOURCES := $(shell find core transport capi -name '*.go' -not -name '*_test.go') go.mod go.sum
 
-.PHONY: all deps deps-launch venv-wheel build test test-go test-c test-launch test-python test-wheel test-venvs test-horovod wheel demo bench bench-quick bench-smoke bench-go examples header-check clean venv venv-horovod print-py chaos chaos-smoke fuzz
+.PHONY: all deps deps-launch venv-wheel build test test-go test-c test-launch test-python test-wheel test-venvs test-horovod wheel demo bench bench-quick bench-smoke bench-e2e bench-e2e-smoke bench-go examples header-check clean venv venv-horovod print-py chaos chaos-smoke fuzz
 
 all: build
 
@@ -108,7 +108,7 @@ venv-horovod:
 		touch $(HVD_VENV)/.ok; \
 	fi
 
-test: test-go test-c test-launch test-python test-wheel test-horovod test-venvs bench-smoke chaos-smoke
+test: test-go test-c test-launch test-python test-wheel test-horovod test-venvs bench-smoke bench-e2e-smoke chaos-smoke
 
 # Fuzz budgets are counts of executions, about 10 s each on a 2-core machine,
 # not durations: with a duration Go's fuzz coordinator can report a bare
@@ -263,8 +263,8 @@ demo: $(LIB) venv
 	done
 
 # The emulated-cluster benchmark (root: network namespaces and tc), every
-# algorithm and torch gloo over P × n × density, plots, then the end-to-end
-# DDP rows (BENCH_E2E=0 skips them). Knobs: bench/run.sh's header
+# algorithm and torch gloo over P × n × density, plots, then time to
+# accuracy (make bench-e2e; BENCH_E2E=0 skips it). Knobs: bench/run.sh's header
 # (BENCH_P, BENCH_N, BENCH_DENSITY, BENCH_CONFIGS, BENCH_RATE, BENCH_ITERS,
 # BENCH_MODE=loopback, ...). Writes results/.
 BENCH_E2E ?= 1
@@ -285,6 +285,26 @@ bench-smoke: venv $(BUILD)/benchrank
 	BENCH_MODE=loopback BENCH_CONFIGS=2:65536:0.01 BENCH_REPS=2 BENCH_ITERS=3 BENCH_WARMUP=1 BENCH_DENSE_ITERS=2 \
 		BENCH_TAU=3 BENCH_TAU_PRIME=2 BENCH_E2E=0 BENCH_LOGS=$(BUILD)/bench-smoke/logs \
 		timeout 300 bench/run.sh $(BUILD)/benchrank $(PY) $(BUILD)/bench-smoke
+
+# Time to accuracy on the emulated cluster (root: network namespaces and
+# tc): the same model, seed and data trained under plain DDP,
+# fp16_compress_hook, powerSGD_hook rank 1 and 4 and oktopk_hook (as a user
+# gets it, algorithm="auto", a density schedule) for a step budget; training
+# seconds and steps to a held-out accuracy, final accuracy, bytes per step.
+# Writes results/tta.csv, tta_curve.csv, tta.png and a table in bench.md.
+# Knobs: bench/ddp_e2e.sh's header (BENCH_E2E_P, BENCH_E2E_STEPS,
+# BENCH_E2E_TARGET, BENCH_E2E_EVAL, BENCH_RATE, BENCH_MODE=loopback, ...).
+bench-e2e: $(LIB) venv
+	bench/ddp_e2e.sh $(PY) results
+
+# Seconds: loopback (no root), P = 2, every method once on a 9k-parameter
+# MLP for 6 steps in the same two processes, target 0%; fails unless
+# tta.csv has a row per method with every field a number. Never touches
+# results/.
+bench-e2e-smoke: $(LIB) venv
+	BENCH_MODE=loopback BENCH_E2E_P=2 BENCH_E2E_WIDTH=64 BENCH_E2E_STEPS=6 BENCH_E2E_EVAL=3 BENCH_E2E_TARGET=0 \
+		BENCH_E2E_POWERSGD_START=2 BENCH_E2E_SCHED_STEPS=2 BENCH_E2E_STRICT=1 BENCH_E2E_TOGETHER=1 \
+		BENCH_LOGS=$(BUILD)/bench-e2e-smoke/logs timeout 120 bench/ddp_e2e.sh $(PY) $(BUILD)/bench-e2e-smoke
 
 # Go benchmarks: transport beside raw ZeroMQ, and the collectives in process.
 bench-go: $(BUILD)/.deps

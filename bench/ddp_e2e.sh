@@ -1,53 +1,76 @@
 #!/usr/bin/env bash
-# The end-to-end rows: bench/ddp_e2e.py with every hook, one after the other
-# on the same emulated cluster (bench/cluster.sh), written to OUTDIR/e2e.csv
-# and appended to OUTDIR/bench.md.
+# make bench-e2e (and the end of make bench with BENCH_E2E=1): time to
+# accuracy. bench/ddp_e2e.py trains the same model from the same seed and
+# data with every method (plain DDP, fp16_compress_hook, powerSGD_hook rank
+# 1 and 4, oktopk_hook as a user gets it, with algorithm="auto", and with a
+# density schedule), one after the other on the same emulated cluster
+# (bench/cluster.sh), evaluating on rank 0 outside the timed region; then
+# bench/tta_report.py writes OUTDIR/tta.csv (a row per method),
+# OUTDIR/tta_curve.csv (accuracy at every evaluation), a table appended to
+# OUTDIR/bench.md (replacing an earlier one) and, with BENCH_PLOT=1,
+# OUTDIR/tta.png (accuracy against training seconds, bench/plot.py).
 #
-#   BENCH_E2E_P=8 BENCH_E2E_STEPS=12 bench/ddp_e2e.sh PYTHON OUTDIR
+#   bench/ddp_e2e.sh PYTHON OUTDIR
+#
+# Knobs (environment):
+#   BENCH_MODE=netns|loopback BENCH_RATE=200mbit   the cluster (bench/cluster.sh)
+#   BENCH_E2E_P=8                ranks
+#   BENCH_E2E_STEPS=100          step budget of every method
+#   BENCH_E2E_TARGET=95          held-out accuracy, percent
+#   BENCH_E2E_EVAL=5             evaluate every this many steps
+#   BENCH_E2E_STOP=0             1: stop each method at its target
+#   BENCH_E2E_MODEL=mlp BENCH_E2E_WIDTH=   (mlp: 4096; cnn: 13)
+#   BENCH_E2E_DENSITY=0.01       oktopk's density
+#   BENCH_E2E_POWERSGD_START=10  powerSGD's dense warm-up steps
+#   BENCH_E2E_SCHED_STEPS=50     oktopk_sched's decay steps
+#   BENCH_E2E_METHODS="ddp fp16 powersgd1 powersgd4 oktopk oktopk_auto oktopk_sched"
+#   BENCH_E2E_ARGS=              more bench/ddp_e2e.py arguments (--lr, --batch-size, --seed)
+#   BENCH_E2E_STRICT=0           1: every field must be a number (the smoke run)
+#   BENCH_E2E_TOGETHER=0         1: every method in the same processes (the smoke run)
+#   BENCH_PLOT=1 BENCH_LOGS=build/bench-logs
 set -euo pipefail
 PY=$1 OUTDIR=$2
 HERE=$(cd "$(dirname "$0")" && pwd)
 P=${BENCH_E2E_P:-8}
-STEPS=${BENCH_E2E_STEPS:-12}
-ARGS=${BENCH_E2E_ARGS:-}
+STEPS=${BENCH_E2E_STEPS:-100}
+TARGET=${BENCH_E2E_TARGET:-95}
+EVAL=${BENCH_E2E_EVAL:-5}
+MODEL=${BENCH_E2E_MODEL:-mlp}
+METHODS=${BENCH_E2E_METHODS:-"ddp fp16 powersgd1 powersgd4 oktopk oktopk_auto oktopk_sched"}
 LOGS=${BENCH_LOGS:-build/bench-logs}
+ARGS=(--model "$MODEL" --steps "$STEPS" --target "$TARGET" --eval-every "$EVAL"
+	--density "${BENCH_E2E_DENSITY:-0.01}" --powersgd-start "${BENCH_E2E_POWERSGD_START:-10}"
+	--sched-steps "${BENCH_E2E_SCHED_STEPS:-50}")
+[[ -n ${BENCH_E2E_WIDTH:-} ]] && ARGS+=(--width "$BENCH_E2E_WIDTH")
+[[ ${BENCH_E2E_STOP:-0} == 1 ]] && ARGS+=(--stop-at-target)
 mkdir -p "$OUTDIR" "$LOGS"
-CSV=$OUTDIR/e2e.csv
-rows=$LOGS/e2e-P$P.csv
+rows=$LOGS/tta-P$P.out
 rm -f "$rows"
+# Each method in fresh processes; BENCH_E2E_TOGETHER=1 runs them all in
+# one job, one after the other in the same processes, which saves an
+# interpreter start (seconds of torch import per rank) per method.
+run_methods=($METHODS)
+if [[ ${BENCH_E2E_TOGETHER:-0} == 1 ]]; then
+	joined=$(echo $METHODS) # one space between names
+	run_methods=("${joined// /,}")
+fi
 jobs=()
-for hook in ddp fp16 powersgd oktopk; do
-	jobs+=("PYTHONPATH='$HERE/../plugins/pytorch' '$PY' '$HERE/ddp_e2e.py' --hook $hook --steps $STEPS $ARGS")
+for method in "${run_methods[@]}"; do
+	jobs+=("PYTHONPATH='$HERE/../plugins/pytorch' '$PY' '$HERE/ddp_e2e.py' --method $method ${ARGS[*]} ${BENCH_E2E_ARGS:-}")
 done
-echo "end to end: P=$P, ${#jobs[@]} hooks, $STEPS timed steps each (${BENCH_MODE:-netns}, ${BENCH_RATE:-200mbit})" >&2
+echo "time to accuracy: P=$P, $MODEL, methods: $METHODS; $STEPS steps, target $TARGET%, evaluated every $EVAL (${BENCH_MODE:-netns}, ${BENCH_RATE:-200mbit})" >&2
+START=$SECONDS
 CHILD=
 trap '[[ -n $CHILD ]] && kill -TERM "$CHILD" 2>/dev/null; exit 143' INT TERM
 "$HERE/cluster.sh" "$P" "$rows" "${jobs[@]}" &
 CHILD=$!
 wait "$CHILD"
 CHILD=
-{
-	echo "hook,P,params,density,steps,batch_per_rank,it_per_s,ms_per_step,accuracy,loss"
-	grep -h '^[a-z0-9]*,' "$rows"
-} >"$CSV"
-if [[ $(($(wc -l <"$CSV") - 1)) != "${#jobs[@]}" ]]; then
-	echo "ddp_e2e.sh: fewer rows than hooks (logs: $rows.r*.log)" >&2
-	exit 1
+strict=()
+[[ ${BENCH_E2E_STRICT:-0} == 1 ]] && strict=(--strict)
+BENCH_MODE=${BENCH_MODE:-netns} BENCH_RATE=${BENCH_RATE:-200mbit} \
+	"$PY" "$HERE/tta_report.py" "${strict[@]}" --sched-steps "${BENCH_E2E_SCHED_STEPS:-50}" --methods "$METHODS" "$rows" "$OUTDIR"
+if [[ ${BENCH_PLOT:-1} == 1 ]]; then
+	"$PY" "$HERE/plot.py" --tta "$OUTDIR/tta_curve.csv" "$OUTDIR/tta.png" "$TARGET"
 fi
-awk -F, -v mode="${BENCH_MODE:-netns}" -v rate="${BENCH_RATE:-200mbit}" '
-NR == 1 { next }
-NR == 2 {
-	printf "\n## End to end: DDP training, P = %s, %s (%s)\n\n", $2, mode, rate
-	printf "The VGG-style CNN of examples/pytorch/cnn.py at %s parameters, %s steps of %s images per rank (the first 3 untimed), SGD lr 0.1, momentum 0.9, same seed for every hook (bench/ddp_e2e.py).\n\n", $3, $5, $6
-	print "| hook | iterations/s | ms per step | × plain DDP | test accuracy % | last loss |"
-	print "|---|---|---|---|---|---|"
-}
-NR >= 2 { if ($1 == "ddp") base = $7; rows[NR] = $0 }
-END {
-	for (i = 2; i <= NR; i++) {
-		split(rows[i], f, ",")
-		name = f[1] == "ddp" ? "plain DDP (gloo allreduce)" : f[1] == "fp16" ? "fp16_compress_hook" : f[1] == "powersgd" ? "powerSGD_hook (rank 1)" : "oktopk_hook (density " f[4] ")"
-		printf "| %s | %s | %s | %.1f | %s | %s |\n", name, f[7], f[8], f[7] / base, f[9], f[10]
-	}
-}' "$CSV" >>"$OUTDIR/bench.md"
-echo "wrote $CSV" >&2
+echo "time to accuracy: $((SECONDS - START)) s" >&2

@@ -4,9 +4,12 @@
   panel per (n, density), log scale;
 - volume_vs_p.png: measured words per rank (mean over the reuse calls)
   against P for the sparse algorithms, with their formulas (dashed) and the
-  lower bound 2k(P−1)/P (black), one panel per (n, density).
+  lower bound 2k(P−1)/P (black), one panel per (n, density);
+- with --tta, tta.png from bench/ddp_e2e.sh's curve CSV: held-out accuracy
+  against training seconds, one line per method, the target dashed.
 
     python bench/plot.py results/bench.csv results
+    python bench/plot.py --tta results/tta_curve.csv results/tta.png [TARGET]
 """
 
 import csv
@@ -101,7 +104,41 @@ def volume_vs_p(data, out):
     plt.close(fig)
 
 
+TTA_STYLE = {
+    "ddp": {"color": "black", "linewidth": 2},
+    "fp16": {"color": "tab:gray", "linewidth": 1.4},
+    "powersgd1": {"color": "tab:blue", "linewidth": 1.4},
+    "powersgd4": {"color": "tab:cyan", "linewidth": 1.4},
+    "oktopk": {"color": "tab:red", "linewidth": 2.5, "zorder": 5},
+    "oktopk_auto": {"color": "tab:orange", "linewidth": 1.6},
+    "oktopk_sched": {"color": "tab:purple", "linewidth": 1.6},
+}
+
+
+def tta(curve_csv, out, target=None):
+    by_method = defaultdict(list)
+    for r in load(curve_csv):
+        by_method[r["method"]].append((float(r["train_s"]), float(r["accuracy"])))
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for method, series in by_method.items():
+        series.sort()
+        st = TTA_STYLE.get(method, {"linewidth": 1.4})
+        ax.plot([t for t, _ in series], [a for _, a in series], marker=".", label=method, **st)
+    if target is not None:
+        ax.axhline(target, color="gray", linestyle="--", linewidth=1, label=f"target {target:g}%")
+    ax.set(title="held-out accuracy against training time (evaluation excluded)", xlabel="training seconds", ylabel="accuracy %")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    print(f"plot.py: wrote {out}", file=sys.stderr)
+
+
 def main():
+    if sys.argv[1] == "--tta":
+        tta(sys.argv[2], sys.argv[3], float(sys.argv[4]) if len(sys.argv) > 4 else None)
+        return
     csv_path, outdir = sys.argv[1], sys.argv[2]
     os.makedirs(outdir, exist_ok=True)
     data = panels(load(csv_path))

@@ -7,8 +7,8 @@
 # Writes OUTDIR/bench_runs.csv (a row per repetition), OUTDIR/bench.csv (a
 # row per configuration and algorithm: medians over the repetitions, with
 # their spread; bench/aggregate.py) and OUTDIR/bench.md (OUTDIR: results by
-# default), then the plots (bench/plot.py) and, with BENCH_E2E=1, the
-# end-to-end DDP rows (bench/ddp_e2e.py).
+# default), then the plots (bench/plot.py) and, with BENCH_E2E=1, time to
+# accuracy under DDP (bench/ddp_e2e.sh, make bench-e2e).
 #
 #   bench/run.sh BENCHRANK PYTHON [OUTDIR]
 #
@@ -23,7 +23,7 @@
 #   BENCH_ALGS="oktopk topka ..."    default: every algorithm, then gloo
 #   BENCH_APPEND=1                   keep OUTDIR's other configurations' rows
 #                                    (measured with the same BENCH_REPS)
-#   BENCH_PLOT=1 BENCH_E2E=0         plots; end-to-end rows (bench/ddp_e2e.sh)
+#   BENCH_PLOT=1 BENCH_E2E=0         plots; time to accuracy (bench/ddp_e2e.sh's knobs)
 #   BENCH_LOGS=build/bench-logs      every rank's output
 #   BENCH_TRACE=1                    rank 0 logs every call (time, words, counts)
 set -euo pipefail
