@@ -303,7 +303,7 @@ bench-e2e: $(LIB) venv
 # results/.
 bench-e2e-smoke: $(LIB) venv
 	BENCH_MODE=loopback BENCH_E2E_P=2 BENCH_E2E_WIDTH=64 BENCH_E2E_STEPS=6 BENCH_E2E_EVAL=3 BENCH_E2E_TARGET=0 \
-		BENCH_E2E_POWERSGD_START=2 BENCH_E2E_SCHED_STEPS=2 BENCH_E2E_STRICT=1 BENCH_E2E_TOGETHER=1 \
+		BENCH_E2E_POWERSGD_START=2 BENCH_E2E_SCHED_STEPS=2 BENCH_E2E_METHODS="ddp fp16 powersgd1 powersgd4 oktopk oktopk_auto oktopk_sched oktopk_w3" BENCH_E2E_STRICT=1 BENCH_E2E_TOGETHER=1 \
 		BENCH_LOGS=$(BUILD)/bench-e2e-smoke/logs timeout 120 bench/ddp_e2e.sh $(PY) $(BUILD)/bench-e2e-smoke
 
 # Go benchmarks: transport beside raw ZeroMQ, and the collectives in process.

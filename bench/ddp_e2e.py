@@ -39,6 +39,9 @@ Methods (``--method``):
   algorithm per bucket and call from its cost model and the measured link).
 - ``oktopk_sched``: the same with ``density_schedule=(0.25,
   --sched-steps)``: the density starts at 25% and decays to ``--density``.
+- ``oktopk_wN`` (e.g. ``oktopk_w10``): the same as ``oktopk`` with N dense
+  warm-up steps (``warmup_iters=N``) instead of two: the evidence for the
+  warm-up default.
 
 Bytes per step are what one rank sends per step once the method compresses
 (after its dense warm-up), averaged over the ranks: for oktopk the library's
@@ -73,6 +76,7 @@ collects them and bench/tta_report.py reports them.
 
 import argparse
 import os
+import re
 import sys
 import time
 
@@ -111,6 +115,12 @@ def evaluate(model, x, y):
     return acc, loss
 
 
+def warmup_of(method):
+    """N of an ``oktopk_wN`` method (N >= 2), else None."""
+    m = re.fullmatch(r"oktopk_w(\d+)", method)
+    return int(m.group(1)) if m and int(m.group(1)) >= 2 else None
+
+
 def ring_bytes(elements, world, width=4):
     """Bytes one rank sends in a ring allreduce of `elements` values."""
     return 2 * elements * width * (world - 1) / world
@@ -138,8 +148,8 @@ def main():
         ap.error(f"--powersgd-start must be at least 2 (powerSGD with error feedback starts after DDP's first steps), got {args.powersgd_start}")
     methods = args.method.split(",")
     for m in methods:
-        if m not in METHODS:
-            ap.error(f"--method {m!r} is none of {', '.join(METHODS)}")
+        if m not in METHODS and warmup_of(m) is None:
+            ap.error(f"--method {m!r} is none of {', '.join(METHODS)}, nor oktopk_wN (N >= 2 dense warm-up steps)")
     width = args.width if args.width is not None else (4096 if args.model == "mlp" else 13)
 
     dist.init_process_group("gloo")
@@ -172,6 +182,8 @@ def train(method, args, width, data):
         kwargs = {"algorithm": "auto"} if method == "oktopk_auto" else {}
         if method == "oktopk_sched":
             kwargs["density_schedule"] = (0.25, args.sched_steps)
+        if warmup_of(method) is not None:
+            kwargs["warmup_iters"] = warmup_of(method)
         state = OkTopkState(density=args.density, **kwargs)
         model.register_comm_hook(state, oktopk_hook)
         warmup, density = state.warmup_iters, args.density

@@ -23,7 +23,8 @@
 #   BENCH_E2E_DENSITY=0.01       oktopk's density
 #   BENCH_E2E_POWERSGD_START=10  powerSGD's dense warm-up steps
 #   BENCH_E2E_SCHED_STEPS=50     oktopk_sched's decay steps
-#   BENCH_E2E_METHODS="ddp fp16 powersgd1 powersgd4 oktopk oktopk_auto oktopk_sched"
+#   BENCH_E2E_METHODS="ddp fp16 powersgd1 powersgd4 oktopk oktopk_auto oktopk_sched oktopk_w10 oktopk_w25"
+#                                (oktopk_wN: N dense warm-up steps)
 #   BENCH_E2E_ARGS=              more bench/ddp_e2e.py arguments (--lr, --batch-size, --seed)
 #   BENCH_E2E_STRICT=0           1: every field must be a number (the smoke run)
 #   BENCH_E2E_TOGETHER=0         1: every method in the same processes (the smoke run)
@@ -36,7 +37,7 @@ STEPS=${BENCH_E2E_STEPS:-100}
 TARGET=${BENCH_E2E_TARGET:-95}
 EVAL=${BENCH_E2E_EVAL:-5}
 MODEL=${BENCH_E2E_MODEL:-mlp}
-METHODS=${BENCH_E2E_METHODS:-"ddp fp16 powersgd1 powersgd4 oktopk oktopk_auto oktopk_sched"}
+METHODS=${BENCH_E2E_METHODS:-"ddp fp16 powersgd1 powersgd4 oktopk oktopk_auto oktopk_sched oktopk_w10 oktopk_w25"}
 LOGS=${BENCH_LOGS:-build/bench-logs}
 ARGS=(--model "$MODEL" --steps "$STEPS" --target "$TARGET" --eval-every "$EVAL"
 	--density "${BENCH_E2E_DENSITY:-0.01}" --powersgd-start "${BENCH_E2E_POWERSGD_START:-10}"

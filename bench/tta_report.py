@@ -33,6 +33,13 @@ NAMES = {
 }
 
 
+def method_name(method):
+    """The table's name of a method (oktopk_wN: N dense warm-up steps)."""
+    if method.startswith("oktopk_w") and method[len("oktopk_w"):].isdigit():
+        return "oktopk_hook, density {density}, warmup_iters=" + method[len("oktopk_w"):]
+    return NAMES[method]
+
+
 def number(s):
     try:
         return float(s)
@@ -89,7 +96,7 @@ def table(recs, sched_steps, mode, rate):
         t = float(r["time_to_target_s"])
         reached = not math.isnan(t)
         speedup = f"{base / t:.1f}" if reached and not math.isnan(base) and t > 0 else "–"
-        name = NAMES[r["method"]].format(density=r["density"], sched=sched_steps)
+        name = method_name(r["method"]).format(density=r["density"], sched=sched_steps)
         at = "" if int(r["final_step"]) == int(r["steps"]) else f" (step {r['final_step']})"
         out.append(
             f"| {name} | {t:.1f} | {r['steps_to_target']} | {speedup} | {r['final_accuracy']}{at} | {r['final_loss']} | "
