@@ -315,8 +315,8 @@ func sparseOpWith(c *communicator, id uint64, data unsafe.Pointer, count int, dt
 }
 
 // readCallOptions reads the fields of the caller's options that fit in its
-// size into this call's settings (the communicator's, with the density
-// replaced when asked) and options. NULL is no options.
+// size into this call's settings (the communicator's, with the density and
+// τ′ replaced when asked) and options. NULL is no options.
 func readCallOptions(o *C.oktopk_call_options_t, base core.Config, count C.size_t) (core.Config, core.CallOptions, error) {
 	var opts core.CallOptions
 	if o == nil {
@@ -329,7 +329,7 @@ func readCallOptions(o *C.oktopk_call_options_t, base core.Config, count C.size_
 	has := func(p unsafe.Pointer, width uintptr) bool {
 		return uintptr(p)-uintptr(unsafe.Pointer(o))+width <= size
 	}
-	const known = C.OKTOPK_CALL_DENSITY | C.OKTOPK_CALL_MEASURE_XI
+	const known = C.OKTOPK_CALL_DENSITY | C.OKTOPK_CALL_MEASURE_XI | C.OKTOPK_CALL_TAU_PRIME
 	flags := o.flags
 	if flags&^known != 0 {
 		return base, opts, invalidArgument("options.flags 0x%x has unknown bits 0x%x", uint32(flags), uint32(flags&^known))
@@ -343,6 +343,15 @@ func readCallOptions(o *C.oktopk_call_options_t, base core.Config, count C.size_
 			return base, opts, invalidArgument("options.density %v not in [0, 1]", d)
 		}
 		base.Density = d
+	}
+	if flags&C.OKTOPK_CALL_TAU_PRIME != 0 {
+		if !has(unsafe.Pointer(&o.tau_prime), 4) {
+			return base, opts, invalidArgument("options.flags asks for a tau_prime, and options.size %d leaves it out", size)
+		}
+		if o.tau_prime < 1 {
+			return base, opts, invalidArgument("options.tau_prime %d < 1", int32(o.tau_prime))
+		}
+		base.TauPrime = int(o.tau_prime)
 	}
 	opts.MeasureXi = flags&C.OKTOPK_CALL_MEASURE_XI != 0
 	if has(unsafe.Pointer(&o.hold_count), 8) && o.hold_count > 0 {

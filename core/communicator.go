@@ -357,6 +357,7 @@ func (c *Communicator) sparseCall(ctx context.Context, seq, id uint64, st *Tenso
 	stats.K = st.Config.K(len(grad))
 	desc := DescribeCall(ctx, id, len(grad), stats.K)
 	desc.Completed = uint32(st.Iter)
+	desc.Exact = alg == OkTopk && st.okTopkExact(stats.K, len(grad))
 	call := NewCall(c.T, alg.Op(), seq, stats, WithDesc(desc), withScratch(&c.scratch))
 	call.Values, call.Hold = st.Config.Values, hold
 	err := sparseAlgorithms[alg](ctx, call, st, grad)

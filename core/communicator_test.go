@@ -1,9 +1,11 @@
 package core
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -276,6 +278,52 @@ func TestStatesFromDifferentStepsAreAMismatch(t *testing.T) {
 		if !errors.Is(err, ErrMismatch) || !strings.Contains(err.Error(), "completed calls: rank") ||
 			!strings.Contains(err.Error(), "has 2") || !strings.Contains(err.Error(), "has 3") {
 			return fmt.Errorf("call with states from different steps: %v, want ErrMismatch naming completed calls 2 and 3", err)
+		}
+		return nil
+	})
+	for r, err := range errs {
+		if err != nil {
+			t.Errorf("rank %d: %v", r, err)
+		}
+	}
+}
+
+// Ranks whose τ′ differs make one call exact on one rank and a reuse call on
+// another, which would cut the global selection differently: the call's
+// descriptor carries whether it is exact, so every rank fails with
+// ErrMismatch naming it (which aborts the communicator, as every mismatch
+// does), leaving the caller's buffer and the tensor's state as they were.
+func TestTauPrimeThatDiffersAcrossRanksIsAMismatch(t *testing.T) {
+	const p, n = 2, 300
+	grad := func(rank, it int) []float32 {
+		g := make([]float32, n)
+		for i := range g {
+			g[i] = float32((i*7+rank*5+it*3)%29) - 14
+		}
+		return g
+	}
+	errs := runInProcErrors(t, p, 10*time.Second, func(ctx context.Context, rank int, c *Communicator) error {
+		cfg := Config{Algorithm: OkTopk, Density: 0.05, Tau: 4, TauPrime: 3}
+		if _, err := c.SparseAllreduce(ctx, 5, grad(rank, 0), cfg); err != nil { // call 0: exact on both
+			return err
+		}
+		before, err := c.TensorStateOf(5).MarshalBinary()
+		if err != nil {
+			return err
+		}
+		mine := cfg
+		mine.TauPrime = 1 + rank*2 // rank 0: τ′ 1 (call 1 exact), rank 1: τ′ 3 (a reuse call)
+		g := grad(rank, 1)
+		_, err = c.SparseAllreduce(ctx, 5, g, mine)
+		if !errors.Is(err, ErrMismatch) || !strings.Contains(err.Error(), "exact selection") {
+			return fmt.Errorf("call with τ′ %d: %v, want ErrMismatch naming the exact selection", mine.TauPrime, err)
+		}
+		after, err := c.TensorStateOf(5).MarshalBinary()
+		if err != nil {
+			return err
+		}
+		if !bytes.Equal(before, after) || !slices.Equal(g, grad(rank, 1)) {
+			return fmt.Errorf("the refused call changed the tensor's state or the caller's buffer")
 		}
 		return nil
 	})

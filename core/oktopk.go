@@ -187,6 +187,15 @@ func okTopkGather(ctx context.Context, call *Call, step uint32, own Block) ([]Bl
 // the step, and the communicator stays usable.
 var errStepSkipped = fmt.Errorf("every rank skipped this step")
 
+// okTopkExact says whether the tensor's next Ok-Topk call, selecting k of
+// n, selects exactly: every τ′ calls, and with k = n, where every entry is
+// kept, which only the exact path does without a threshold (a zero sum is
+// still a selected entry). The call's descriptor carries it, so that ranks
+// with different τ′ fail with ErrMismatch instead of cutting differently.
+func (st *TensorState) okTopkExact(k, n int) bool {
+	return st.Iter%st.Config.TauPrime == 0 || k == n
+}
+
 func okTopkAllreduce(ctx context.Context, call *Call, st *TensorState, grad []float32) error {
 	n, p := len(grad), call.Size()
 	call.Phase(PhaseSelect) // the passes that form acc count as selection, as in the baselines
@@ -200,9 +209,7 @@ func okTopkAllreduce(ctx context.Context, call *Call, st *TensorState, grad []fl
 		return okTopkDense(ctx, call, st, grad)
 	}
 	sc := call.okTopkScratch(st)
-	// With k = n every entry is kept, which only the exact path does
-	// without a threshold (a zero sum is still a selected entry).
-	exact := st.Iter%st.Config.TauPrime == 0 || k == n
+	exact := st.okTopkExact(k, n)
 	savedLocal, savedGlobal := st.LocalThreshold, st.GlobalThreshold
 
 	// Step 1: local threshold and selection, in the same passes that form

@@ -88,7 +88,7 @@ extern "C" {
 
 /* ABI version: major changes break callers, minor ones only add. */
 #define OKTOPK_VERSION_MAJOR 0
-#define OKTOPK_VERSION_MINOR 5
+#define OKTOPK_VERSION_MINOR 6
 #define OKTOPK_VERSION_PATCH 0
 #define OKTOPK_VERSION_CODE \
   (OKTOPK_VERSION_MAJOR * 10000 + OKTOPK_VERSION_MINOR * 100 + OKTOPK_VERSION_PATCH)
@@ -361,7 +361,7 @@ oktopk_result_t oktopk_sparse_allreduce_hold(oktopk_comm_t comm, uint64_t tensor
 /* Added in 0.5: per-call options of oktopk_sparse_allreduce_ex. Zero the
  * struct, set `size` to sizeof(oktopk_call_options_t), then the flags and the
  * fields they name; the library reads only the fields that fit in `size`.
- * Every rank must pass the same density and flags in the same call (a rank
+ * Every rank must pass the same density, tau_prime and flags in the same call (a rank
  * that differs fails the call with oktopkMismatch on every rank, which
  * leaves every buffer and tensor state as it was). */
 #define OKTOPK_CALL_DENSITY 0x1    /* this call's k is ceil(density * n), not the communicator's */
@@ -370,12 +370,18 @@ oktopk_result_t oktopk_sparse_allreduce_hold(oktopk_comm_t comm, uint64_t tensor
                                     * the ranks (a dense allreduce of 2 x count values, not counted
                                     * in the stats' bytes), then runs as it would without, with a
                                     * bitwise identical result */
+#define OKTOPK_CALL_TAU_PRIME 0x4  /* added in 0.6: this call's tau_prime, not the communicator's:
+                                    * Ok-Topk selects exactly when the tensor's completed calls are
+                                    * a multiple of it (an adaptive tau'; ranks whose tau' makes one
+                                    * call exact and another not fail with oktopkMismatch) */
 typedef struct {
   uint32_t size;       /* sizeof(oktopk_call_options_t) */
   uint32_t flags;      /* OKTOPK_CALL_* or-ed; other bits are oktopkInvalidArgument */
   double density;      /* with OKTOPK_CALL_DENSITY: 0 <= density <= 1, as oktopk_config_t.density */
   const size_t *hold;  /* hold_count ranges held back, as oktopk_sparse_allreduce_hold */
   size_t hold_count;
+  /* ---- added in 0.6 ---- */
+  int32_t tau_prime;   /* with OKTOPK_CALL_TAU_PRIME: >= 1, as oktopk_config_t.tau_prime */
 } oktopk_call_options_t;
 
 /* oktopk_sparse_allreduce with per-call options (NULL: none, the same as

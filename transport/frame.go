@@ -30,9 +30,10 @@ import (
 //	 88    1 call: dtype of the caller's buffer
 //	 89    1 abort reason (abort frames): 0 failure, 1 mismatch
 //	 90    4 call: calls completed on the tensor before this one (mod 2^32)
-//	 94    2 reserved, zero
+//	 94    1 call: 1 when it selects exactly (refreshes reused thresholds), else 0
+//	 95    1 reserved, zero
 //
-// Bytes 64–93 are the sender's CallDesc (zero outside a started call); the
+// Bytes 64–94 are the sender's CallDesc (zero outside a started call); the
 // receiver compares it with its own, so that ranks which issued different
 // calls under one sequence number fail with ErrMismatch.
 //
@@ -125,6 +126,9 @@ func (h *frameHeader) encode(b []byte) {
 	b[89] = byte(h.reason)
 	binary.LittleEndian.PutUint32(b[90:], h.call.Completed)
 	b[94], b[95] = 0, 0
+	if h.call.Exact {
+		b[94] = 1
+	}
 }
 
 // decodeFrameHeader parses and validates a header frame against what this
@@ -141,7 +145,7 @@ func decodeFrameHeader(b []byte, token tokenDigest, generation uint32, size int)
 		return h, fmt.Errorf("%w: protocol version %d, want %d", ErrBadFrame, v, protocolVersion)
 	}
 	h.kind = frameKind(b[6])
-	if h.kind < kindData || h.kind > kindRefuse || b[7] != 0 || b[46] != 0 || b[47] != 0 || b[94] != 0 || b[95] != 0 {
+	if h.kind < kindData || h.kind > kindRefuse || b[7] != 0 || b[46] != 0 || b[47] != 0 || b[94] > 1 || b[95] != 0 {
 		return h, fmt.Errorf("%w: bad kind or reserved bytes", ErrBadFrame)
 	}
 	copy(h.token[:], b[8:24])
@@ -168,6 +172,7 @@ func decodeFrameHeader(b []byte, token tokenDigest, generation uint32, size int)
 		K:         binary.LittleEndian.Uint64(b[80:]),
 		Dtype:     Dtype(b[88]),
 		Completed: binary.LittleEndian.Uint32(b[90:]),
+		Exact:     b[94] == 1,
 	}
 	h.reason = abortReason(b[89])
 	if h.call.Dtype > DtypeUint64 || h.reason > abortMismatch {

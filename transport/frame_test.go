@@ -5,7 +5,7 @@ import (
 	"testing"
 )
 
-var testCall = CallDesc{Tensor: 9, N: 1000, K: 10, Dtype: DtypeBFloat16, Completed: 1<<32 - 3}
+var testCall = CallDesc{Tensor: 9, N: 1000, K: 10, Dtype: DtypeBFloat16, Completed: 1<<32 - 3, Exact: true}
 
 func validHeader(kind frameKind, dtype Dtype, count, length uint64) []byte {
 	h := frameHeader{kind: kind, token: digestToken("tok"), generation: 3, sender: 1,
@@ -76,6 +76,7 @@ func TestFrameHeaderRoundTripAndRejections(t *testing.T) {
 		"unknown call dtype":  {withByte(b, 88, 99), "tok", 3, 4, ErrBadFrame},
 		"unknown abort code":  {withByte(b, 89, 7), "tok", 3, 4, ErrBadFrame},
 		"reserved byte set":   {withByte(b, 95, 1), "tok", 3, 4, ErrBadFrame},
+		"exact flag of 2":     {withByte(b, 94, 2), "tok", 3, 4, ErrBadFrame},
 		"long abort text":     {longB, "tok", 3, 4, ErrBadFrame},
 		"long refusal text":   {longRefuseB, "tok", 3, 4, ErrBadFrame},
 		"unknown kind":        {withByte(b, 6, byte(kindRefuse+1)), "tok", 3, 4, ErrBadFrame},

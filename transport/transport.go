@@ -99,6 +99,10 @@ type CallDesc struct {
 	// hold states from different steps, for example states saved after a
 	// call that completed on some ranks and failed on others.
 	Completed uint32
+	// Exact says the call selects exactly, refreshing the thresholds it
+	// otherwise reuses (Ok-Topk's every-τ′ calls): ranks that disagree would
+	// cut the global selection differently.
+	Exact bool
 }
 
 // checkSameCall compares the call rank self issued (op, mine) with what
@@ -119,6 +123,8 @@ func checkSameCall(self, peer int, seq uint64, op Op, mine CallDesc, theirOp Op,
 		field, a, b = "k", fmt.Sprint(mine.K), fmt.Sprint(theirs.K)
 	case mine.Completed != theirs.Completed:
 		field, a, b = "completed calls", fmt.Sprint(mine.Completed), fmt.Sprint(theirs.Completed)
+	case mine.Exact != theirs.Exact:
+		field, a, b = "exact selection", fmt.Sprint(mine.Exact), fmt.Sprint(theirs.Exact)
 	default:
 		return nil
 	}
@@ -128,7 +134,7 @@ func checkSameCall(self, peer int, seq uint64, op Op, mine CallDesc, theirOp Op,
 // MismatchError says which field of a call differed between two ranks.
 // errors.Is(err, ErrMismatch) holds for it.
 type MismatchError struct {
-	Field  string    // algorithm, tensor, n, dtype, k or completed calls
+	Field  string    // algorithm, tensor, n, dtype, k, completed calls or exact selection
 	Seq    uint64    // the call's sequence number
 	Ranks  [2]int    // the two ranks compared
 	Values [2]string // the field's value on each

@@ -219,6 +219,22 @@ static void test_call_options(oktopk_comm_t comm, int rank) {
   bad.density = 1.5;
   EXPECT(oktopk_sparse_allreduce_ex(comm, 7, x, n, OKTOPK_FLOAT32, &bad, &st), oktopkInvalidArgument);
   OK(oktopk_sparse_allreduce_ex(comm, 7, x, n, OKTOPK_FLOAT32, NULL, &st));
+  /* A per-call tau_prime of 1 (0.6): every Ok-Topk call selects exactly,
+   * exactly k entries on every rank, also on calls the communicator's
+   * tau_prime would have reused a threshold in. */
+  for (int i = 0; i < 4; i++) {
+    fill_gradient(x, n, rank, 50 + i);
+    oktopk_call_options_t o = {.size = sizeof o, .flags = OKTOPK_CALL_DENSITY | OKTOPK_CALL_TAU_PRIME, .density = 0.05, .tau_prime = 1};
+    OK(oktopk_sparse_allreduce_ex(comm, 11, x, n, OKTOPK_FLOAT32, &o, &st));
+    REQUIRE(st.algorithm == OKTOPK_ALGO_OKTOPK && st.k == (int64_t)ceil(0.05 * (double)n) && st.local_selected == st.k);
+  }
+  bad.flags = OKTOPK_CALL_TAU_PRIME;
+  bad.tau_prime = 0;
+  EXPECT(oktopk_sparse_allreduce_ex(comm, 11, x, n, OKTOPK_FLOAT32, &bad, &st), oktopkInvalidArgument);
+  bad.tau_prime = 1;
+  bad.size = offsetof(oktopk_call_options_t, tau_prime); /* a 0.5 caller's struct */
+  EXPECT(oktopk_sparse_allreduce_ex(comm, 11, x, n, OKTOPK_FLOAT32, &bad, &st), oktopkInvalidArgument);
+  OK(oktopk_sparse_allreduce_ex(comm, 11, x, n, OKTOPK_FLOAT32, NULL, &st));
   free(x);
 }
 

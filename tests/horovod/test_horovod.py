@@ -158,3 +158,29 @@ def test_density_schedule_alike_on_every_rank_resumes_exactly_and_measures_xi(tm
         for s in range(3, 7):
             assert resumed["steps"][s][:2] == full["steps"][s][:2], f"rank {r}: resumed differs at step {s}"
         assert resumed["params"] == full["params"], f"rank {r}: resumed run's parameters differ"
+
+
+def test_adaptive_density_and_tau_prime_alike_on_every_rank_and_resume_exactly(tmp_path):
+    # density 2**-7, adaptive (2**-7, 2**-4, max_xi 1e-3), ξ every other
+    # step: every measured ξ (k < n) is above 1e-3, so the density doubles
+    # after steps 0, 2, 4 and then stays at 2**-4; τ′ starts at 8 and
+    # follows the agreed drift by the rules.
+    from oktopk.adaptive import DRIFT_HIGH, DRIFT_LOW
+
+    results = horovodrun(2, "adaptive", str(tmp_path))
+    n = results[0]["full"]["n"]  # one bucket holds the whole small model
+    for r in (0, 1):
+        full, resumed = results[r]["full"]["steps"], results[r]["resumed"]["steps"]
+        tau_prime = 8
+        for s in range(8):
+            density, tp, ks, adaptations, (xi, drift) = full[s]
+            assert density == 2.0 ** -(7 - min((s + 1) // 2, 3)), (r, s, density)
+            assert ks == [math.ceil(density * n)], (r, s, ks)
+            assert tp == tau_prime, (r, s, tp, tau_prime)
+            assert adaptations == s // 2 + 1 and 1e-3 < xi < math.inf and 0 <= drift < math.inf, (r, s, full[s])
+            if s % 2 == 0:
+                tau_prime = max(1, tau_prime // 2) if drift > DRIFT_HIGH else min(8, 2 * tau_prime) if drift < DRIFT_LOW else tau_prime
+            assert full[s] == results[1 - r]["full"]["steps"][s], f"ranks differ at step {s}"
+        for s in range(5, 8):
+            assert resumed[s] == full[s], f"rank {r}: resumed differs at step {s}"
+        assert results[r]["resumed"]["params"] == results[r]["full"]["params"], f"rank {r}: resumed run's parameters differ"

@@ -290,6 +290,45 @@ def density_schedule(out, ckpt):
     return {"full": full, "resumed": resumed}
 
 
+def adaptive(out, ckpt):
+    """Train 8 steps with Compression.oktopk(density=2**-7, tau_prime=8,
+    adaptive=(2**-7, 2**-4, 1e-3), measure_xi_every=2), saving after step
+    5; then resume from that checkpoint with a compressor without adaptive.
+    Records per step the density, τ′, every bucket's k and the adaptation's
+    inputs."""
+    hvd.init()
+    torch.set_num_threads(1)
+    path = os.path.join(ckpt, f"rank{hvd.rank()}-adaptive.pt")
+
+    def train(first, compression, save=None):
+        torch.manual_seed(3)
+        model = small_model()
+        opt = oktopk_horovod.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), named_parameters=model.named_parameters(),
+                                                  compression=compression)
+        if first:
+            saved = torch.load(path, weights_only=False)
+            model.load_state_dict(saved["model"])
+            opt.load_state_dict(saved["optimizer"])
+            opt.load_oktopk_state_dict(saved["oktopk"])
+        steps = {}
+        for step in range(first, 8):
+            g = torch.Generator().manual_seed(1000 * step + hvd.rank())
+            x, y = torch.randn(32, 20, generator=g), torch.randint(0, 5, (32,), generator=g)
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+            c = opt._adaptive
+            steps[step] = (opt.last_density, opt.last_tau_prime, sorted(opt.last_k.values()), c.adaptations, c.last_inputs)
+            if save == step + 1:
+                torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "oktopk": opt.oktopk_state_dict()}, path)
+        opt.close()
+        return {"steps": steps, "params": digest(model), "n": sum(p.numel() for p in model.parameters())}
+
+    full = train(0, oktopk_horovod.Compression.oktopk(density=2.0**-7, tau_prime=8, adaptive=(2.0**-7, 2.0**-4, 1e-3), measure_xi_every=2), save=5)
+    resumed = train(5, oktopk_horovod.Compression.oktopk(density=2.0**-7, tau_prime=8))
+    return {"full": full, "resumed": resumed}
+
+
 if __name__ == "__main__":
     name, outdir = sys.argv[1], sys.argv[2]
     result = globals()[name](outdir, *sys.argv[3:])

@@ -323,6 +323,44 @@ def test_xi_measured_every_other_step_alike_on_every_rank_and_changes_nothing(sc
         assert full["params"] == no_xi["params"], f"rank {r}: measuring xi changed the training"
 
 
+def test_adaptive_density_and_tau_prime_follow_the_rules_alike_on_every_rank_and_resume_exactly(tmp_path):
+    # density 2**-7, adaptive (2**-7, 2**-4, max_xi 1e-3), warm-up 2, ξ every
+    # other sparse step: every measured ξ (k < n) is above 1e-3, so the
+    # density doubles after sparse steps 0, 2, 4 and then stays at 2**-4.
+    # τ′ starts at 8 and follows the agreed drift by the rules.
+    from oktopk.adaptive import DRIFT_HIGH, DRIFT_LOW
+
+    results = run(workers.adaptive, 2, str(tmp_path))
+    n = results[0]["full"]["n"]  # one bucket holds the whole small model
+    for r in (0, 1):
+        full, resumed = results[r]["full"]["steps"], results[r]["resumed"]["steps"]
+        tau_prime = 8
+        for it in range(2, 12):
+            s = it - 2
+            density, tp, ks, adaptations, inputs = full[it]
+            assert density == 2.0 ** -(7 - min((s + 1) // 2, 3)), (r, it, density)
+            assert ks == [math.ceil(density * n)], (r, it, ks, density)
+            assert tp == tau_prime, (r, it, tp, tau_prime)
+            assert adaptations == s // 2 + 1, (r, it, adaptations)  # after each even sparse step
+            xi, drift = inputs
+            assert 1e-3 < xi < math.inf and 0 <= drift < math.inf, (r, it, inputs)
+            if s % 2 == 0:  # the adaptation after this step sets the next step's τ′
+                tau_prime = max(1, tau_prime // 2) if drift > DRIFT_HIGH else min(8, 2 * tau_prime) if drift < DRIFT_LOW else tau_prime
+            assert full[it] == results[1 - r]["full"]["steps"][it], f"ranks differ at {it}"
+        for it in range(7, 12):
+            assert resumed[it] == full[it], f"rank {r}: resumed differs at {it}"
+        assert results[r]["resumed"]["params"] == results[r]["full"]["params"], f"rank {r}: resumed run's parameters differ"
+
+
+def test_adaptive_is_refused_with_a_density_schedule_or_bad_bounds():
+    with pytest.raises(ValueError, match="both set the density"):
+        OkTopkState(adaptive=(0.001, 0.1), density_schedule=(0.5, 4))
+    with pytest.raises(ValueError, match="densities"):
+        OkTopkState(adaptive=(0.1, 0.01))
+    assert OkTopkState(adaptive=(0.001, 0.1)).measure_xi_every == 50
+    assert OkTopkState(adaptive=(0.001, 0.1), measure_xi_every=7).measure_xi_every == 7
+
+
 def test_cpu_buckets_are_reduced_in_place_in_ddps_rebuilt_layout():
     # The hook keeps each group's residual in the order DDP's rebuilt bucket
     # lays its parameters out, so a CPU bucket goes to the library as it is:

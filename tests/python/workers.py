@@ -729,6 +729,47 @@ def unused_parameters(rank, world, port, out, value_dtypes, warmup, steps):
     dist.destroy_process_group()
 
 
+def adaptive(rank, world, port, out, ckpt):
+    """Train 12 steps with adaptive=(2**-7, 2**-4, 1e-3) (so every measured
+    ξ is above max_xi and the density doubles after each measurement) and ξ
+    measured every other sparse step, saving after step 7; resume from that
+    checkpoint in a state built without adaptive (or measure_xi_every: the
+    checkpoint holds both). Records, per step, the
+    density, τ′, every group's k, and the adaptation's inputs."""
+    setup(rank, world, port)
+    path = os.path.join(ckpt, f"rank{rank}-adaptive.pt")
+
+    def train(first, state, save=None):
+        m = DDP(small_model())
+        o = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+        if first:
+            saved = torch.load(path, weights_only=False)
+            m.module.load_state_dict(saved["model"])
+            o.load_state_dict(saved["optimizer"])
+            state.load_state_dict(saved["oktopk"])
+        m.register_comm_hook(state, oktopk_hook)
+        steps = {}
+        for step in range(first, 12):
+            x, y = batch(rank, step)
+            o.zero_grad()
+            F.cross_entropy(m(x), y).backward()
+            o.step()
+            if state._worker is not None:  # (none yet in the dense warm-up)
+                state._worker.submit(lambda: None).result()  # the step's adaptation, queued after its buckets, is done
+            c = state._adaptive
+            steps[step] = (state.last_density, state.last_tau_prime, sorted(state.last_k.values()), c and c.adaptations, c and c.last_inputs)
+            if save == step + 1:
+                torch.save({"model": m.module.state_dict(), "optimizer": o.state_dict(), "oktopk": state.state_dict()}, path)
+        params = b"".join(p.detach().numpy().tobytes() for p in m.parameters())
+        state.close()
+        return {"steps": steps, "params": params, "n": sum(p.numel() for p in m.parameters())}
+
+    full = train(0, OkTopkState(density=2.0**-7, warmup_iters=2, tau_prime=8, adaptive=(2.0**-7, 2.0**-4, 1e-3), measure_xi_every=2), save=7)
+    resumed = train(7, OkTopkState(density=2.0**-7, warmup_iters=2, tau_prime=8))
+    write(out, rank, {"full": full, "resumed": resumed})
+    dist.destroy_process_group()
+
+
 def density_schedule(rank, world, port, out, ckpt):
     """Train 9 steps with a density schedule and ξ measured every other
     sparse step, saving after step 5; resume from that checkpoint in a state

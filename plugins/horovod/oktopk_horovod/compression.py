@@ -5,6 +5,7 @@ from horovod.torch.compression import Compressor
 
 from oktopk import _lib
 from oktopk.comm import value_dtype_name
+from oktopk.adaptive import DEFAULT_EVERY, check_adaptive
 from oktopk.schedule import check_schedule
 
 # The algorithms that send float16 or bfloat16 values (each rounding has one
@@ -21,7 +22,7 @@ class OkTopkCompressor(Compressor):
     """
 
     def __init__(self, density=0.01, algorithm=None, tau=64, tau_prime=32, timeout=60.0, value_dtype="float32", stochastic_rounding=False,
-                 density_schedule=None, measure_xi_every=None):
+                 density_schedule=None, measure_xi_every=None, adaptive=None):
         if not isinstance(density, (int, float)) or not 0.0 < density <= 1.0:
             raise ValueError(f"density must be in (0, 1], got {density!r}")
         if algorithm is None:
@@ -40,6 +41,12 @@ class OkTopkCompressor(Compressor):
         density_schedule = check_schedule(density_schedule, float(density))
         if measure_xi_every is not None and (not isinstance(measure_xi_every, int) or isinstance(measure_xi_every, bool) or measure_xi_every < 1):
             raise ValueError(f"measure_xi_every must be None or a positive integer, got {measure_xi_every!r}")
+        adaptive = check_adaptive(adaptive, tau_prime)
+        if adaptive is not None and density_schedule is not None:
+            raise ValueError("adaptive and density_schedule both set the density of each step: pass one of them")
+        if adaptive is not None and measure_xi_every is None:
+            measure_xi_every = DEFAULT_EVERY
+        self.adaptive = adaptive
         self.density = float(density)
         self.density_schedule = density_schedule
         self.measure_xi_every = measure_xi_every
@@ -69,7 +76,7 @@ class Compression(hvd.Compression):
 
     @staticmethod
     def oktopk(density=0.01, algorithm=None, tau=64, tau_prime=32, timeout=60.0, value_dtype="float32", stochastic_rounding=False,
-               density_schedule=None, measure_xi_every=None):
+               density_schedule=None, measure_xi_every=None, adaptive=None):
         """Ok-Topk sparse allreduce sending about ``density`` of each
         gradient bucket; the rest waits in a residual (error feedback).
         ``algorithm`` picks any of ``oktopk.ALGORITHMS``: ``"auto"`` (the
@@ -88,5 +95,11 @@ class Compression(hvd.Compression):
         ``decay_steps`` optimizer steps (see ``oktopk.schedule``);
         ``oktopk_state_dict()`` saves the step count with it.
         ``measure_xi_every=n`` measures ξ every n-th step (the optimizer's
-        ``last_xi``), as ``OkTopkState`` does."""
-        return OkTopkCompressor(density, algorithm, tau, tau_prime, timeout, value_dtype, stochastic_rounding, density_schedule, measure_xi_every)
+        ``last_xi``), as ``OkTopkState`` does.
+        ``adaptive=(min_density, max_density[, max_xi[, min_tau_prime]])``
+        sets each step's density from the measured ξ and τ′ from the ranks'
+        count drift, within these bounds, as ``OkTopkState`` does (see
+        ``oktopk.adaptive``); ``oktopk_state_dict()`` saves where it
+        stands."""
+        return OkTopkCompressor(density, algorithm, tau, tau_prime, timeout, value_dtype, stochastic_rounding, density_schedule, measure_xi_every,
+                                adaptive)

@@ -37,6 +37,7 @@ import torch
 from oktopk import Communicator, OkTopkError
 from oktopk._lib import NON_FINITE, algorithm_name
 from oktopk.comm import XiTally, route_source_address
+from oktopk.adaptive import AdaptiveControl, check_adaptive
 from oktopk.schedule import check_schedule, density_at
 
 from .compression import OkTopkCompressor
@@ -130,6 +131,9 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
         self.sparse_step = 0
         self.density_schedule = compressor.density_schedule
         self.last_density = None
+        self.last_tau_prime = None
+        self._adaptive = None if compressor.adaptive is None else AdaptiveControl(compressor.adaptive, compressor.density, compressor.tau_prime)
+        self._measure_xi_every = compressor.measure_xi_every
         self.last_k = {}
         self.last_xi = None
         self.last_xi_step = None
@@ -208,10 +212,14 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
     def _call(self):
         """(density or None, ξ step or None) of this step's calls, the same
         on every rank (the step count is)."""
-        step, every = self.sparse_step, self._compressor.measure_xi_every
+        step, every = self.sparse_step, self._measure_xi_every
         density = None if self.density_schedule is None else density_at(self.density_schedule, self._compressor.density, step)
+        tau_prime = None
+        if self._adaptive is not None:  # adapted in synchronize(), between steps
+            density, tau_prime = self._adaptive.density, self._adaptive.tau_prime
+            self.last_tau_prime = tau_prime
         self.last_density = self._compressor.density if density is None else density
-        return density, (step if every is not None and step % every == 0 else None)
+        return density, (step if every is not None and step % every == 0 else None), tau_prime
 
     def _reduce(self, bucket, call):
         for p in bucket.params:
@@ -238,8 +246,9 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
                 host[at : at + g.numel()].view_as(g).copy_(g)
                 at += g.numel()
         try:
-            density, xi_step = call
-            stats = self._comm.sparse_allreduce_(bucket.tensor_id, host, density=density, measure_xi=xi_step is not None)
+            density, xi_step, tau_prime = call
+            stats = self._comm.sparse_allreduce_(bucket.tensor_id, host, density=density, measure_xi=xi_step is not None,
+                                                 tau_prime=tau_prime)
         except OkTopkError as e:
             if e.code != NON_FINITE:
                 raise
@@ -267,6 +276,8 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
                 if stats.xi >= 0:
                     self.last_xi = self._xi_tally.add(xi_step, stats.xi, stats.xi_gradient_norm)
                     self.last_xi_step = xi_step
+                if self._adaptive is not None and ran == "oktopk":
+                    self._adaptive.record(stats.k, stats.local_selected)
 
     def _staging_for(self, n, dtype, pinned):
         """n elements of dtype in the optimizer's staging memory (pinned for
@@ -302,10 +313,20 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
             try:
                 for bucket in self._buckets:
                     bucket.future.result()
+                if self._adaptive is not None and self.sparse_step % self._measure_xi_every == 0:
+                    self._adapt(self.sparse_step)
                 self.sparse_step += 1
             finally:
                 self._reset_step()
         self._synchronized = True
+
+    def _adapt(self, step):
+        """After step ``step``, which measured ξ, every call of it done:
+        agree on the count drift (a one-number allreduce through the
+        library) and adapt the density and τ′ of the steps that follow."""
+        drift = torch.tensor([self._adaptive.drift], dtype=torch.float32)
+        self._comm.allreduce_(drift, average=True)
+        self._adaptive.adapt(self.last_xi if self.last_xi_step == step else None, float(drift.item()))
 
     @contextlib.contextmanager
     def skip_synchronize(self):
@@ -349,7 +370,8 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
         self._worker.submit(lambda: None).result()
         tensors = {bucket.tensor_id: self._comm.save_tensor_state(bucket.tensor_id) for bucket in self._buckets}
         return {"rank": hvd.rank(), "world_size": hvd.size(), "tensors": tensors, "step": self.sparse_step,
-                "density_schedule": self.density_schedule}
+                "density_schedule": self.density_schedule,
+                "adaptive": None if self._adaptive is None else {**self._adaptive.state_dict(), "measure_xi_every": self._measure_xi_every}}
 
     def load_oktopk_state_dict(self, state):
         """Restore this rank's ``oktopk_state_dict()``. Another rank's, or
@@ -374,6 +396,12 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
             self._comm.load_tensor_state(tensor_id, blob)
         self.density_schedule = schedule
         self.sparse_step = int(state.get("step", self.sparse_step))
+        # So is the adaptation: where it stood, under the saved bounds.
+        if state.get("adaptive") is not None:
+            bounds = check_adaptive(state["adaptive"]["bounds"], self._compressor.tau_prime)
+            self._adaptive = AdaptiveControl(bounds, self._compressor.density, self._compressor.tau_prime)
+            self._adaptive.load_state_dict(state["adaptive"])
+            self._measure_xi_every = state["adaptive"]["measure_xi_every"]
 
     def close(self):
         """Release the communicator (also done at interpreter exit)."""

@@ -90,11 +90,11 @@ class Stats(ctypes.Structure):
     ]
 
 
-CALL_DENSITY, CALL_MEASURE_XI = 0x1, 0x2  # oktopk_call_options_t.flags
+CALL_DENSITY, CALL_MEASURE_XI, CALL_TAU_PRIME = 0x1, 0x2, 0x4  # oktopk_call_options_t.flags
 
 
 class CallOptions(ctypes.Structure):
-    """oktopk_call_options_t (0.5): one call's density, xi, held ranges."""
+    """oktopk_call_options_t (0.6): one call's density, xi, held ranges, τ′."""
 
     _fields_ = [
         ("size", ctypes.c_uint32),
@@ -102,6 +102,8 @@ class CallOptions(ctypes.Structure):
         ("density", ctypes.c_double),
         ("hold", ctypes.POINTER(ctypes.c_size_t)),
         ("hold_count", ctypes.c_size_t),
+        # ---- added in 0.6 ----
+        ("tau_prime", ctypes.c_int32),
     ]
 
 

@@ -227,15 +227,15 @@ class Communicator:
     def _check(self, code):
         _lib.check(code, self.handle)
 
-    def sparse_allreduce_(self, tensor_id, tensor, hold=(), density=None, measure_xi=False):
+    def sparse_allreduce_(self, tensor_id, tensor, hold=(), density=None, measure_xi=False, tau_prime=None):
         """Averaged sparse allreduce of a contiguous CPU tensor, in place,
         with error feedback kept under ``tensor_id``. ``hold`` lists
         ascending, disjoint (start, end) ranges of the tensor this rank holds
         back for this call: not sent, kept in its residual (for entries whose
-        result the caller discards). ``density`` (None: the communicator's)
-        is this call's; ``measure_xi`` also measures ξ (the stats' ``xi``,
-        -1 when not measured). Every rank must pass the same density and
-        measure_xi. Returns the call's statistics."""
+        result the caller discards). ``density`` and ``tau_prime`` (None: the
+        communicator's) are this call's; ``measure_xi`` also measures ξ (the
+        stats' ``xi``, -1 when not measured). Every rank must pass the same
+        density, tau_prime and measure_xi. Returns the call's statistics."""
         dtype = _DTYPES.get(tensor.dtype)
         if dtype is None:
             raise TypeError(f"oktopk: unsupported dtype {tensor.dtype} (float32, float16, bfloat16)")
@@ -243,11 +243,14 @@ class Communicator:
             raise ValueError("oktopk: sparse_allreduce_ needs a contiguous CPU tensor")
         stats = _lib.new_stats()
         ranges = (ctypes.c_size_t * (2 * len(hold)))(*(x for r in hold for x in r)) if hold else None
-        if density is not None or measure_xi:
+        if density is not None or measure_xi or tau_prime is not None:
             opts = _lib.CallOptions(size=ctypes.sizeof(_lib.CallOptions))
             if density is not None:
                 opts.flags |= _lib.CALL_DENSITY
                 opts.density = density
+            if tau_prime is not None:
+                opts.flags |= _lib.CALL_TAU_PRIME
+                opts.tau_prime = tau_prime
             if measure_xi:
                 opts.flags |= _lib.CALL_MEASURE_XI
             if hold:

@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from . import _lib
 from ._lib import OkTopkError
+from .adaptive import DEFAULT_EVERY, AdaptiveControl, check_adaptive
 from .comm import Communicator, XiTally, value_dtype_name
 from .schedule import check_schedule, density_at
 
@@ -106,6 +107,14 @@ class OkTopkState:
         before it), the same on every rank. A measured step costs a dense
         allreduce of twice the gradients more, and its result is bitwise
         what it is unmeasured. Dense algorithms measure nothing.
+    :param adaptive: ``None``, or ``(min_density, max_density[, max_xi[,
+        min_tau_prime]])``: each step's density and τ′ are set from the
+        measured ξ and the ranks' count drift, within these bounds (see
+        ``oktopk.adaptive``; ``max_xi`` 1.0 and ``min_tau_prime``
+        ``tau_prime // 8`` by default), starting from ``density`` and
+        ``tau_prime``; ``measure_xi_every`` is then 50 unless given.
+        ``last_density`` and ``last_tau_prime`` say what the latest step
+        used. Not with ``density_schedule``.
 
     With ``find_unused_parameters=True``, a parameter that DDP found unused
     on this rank at a step is held back: its residual is kept, not sent, and
@@ -138,6 +147,10 @@ class OkTopkState:
         "density_schedule",
         "measure_xi_every",
         "last_density",
+        "last_tau_prime",
+        "adaptive",
+        "_adaptive",
+        "_adapt_error",
         "last_k",
         "last_xi",
         "last_xi_step",
@@ -164,7 +177,8 @@ class OkTopkState:
     ]
 
     def __init__(self, process_group=None, density=0.01, algorithm=None, warmup_iters=2, tau=64, tau_prime=32, timeout=60.0,
-                 value_dtype="float32", stochastic_rounding=False, density_schedule=None, measure_xi_every=None):
+                 value_dtype="float32", stochastic_rounding=False, density_schedule=None, measure_xi_every=None,
+                 adaptive=None):
         if not _is_real(density) or not 0.0 < density <= 1.0:
             raise ValueError(f"density must be a real number in (0, 1], got {density!r}")
         if algorithm is None:
@@ -191,6 +205,15 @@ class OkTopkState:
         density_schedule = check_schedule(density_schedule, float(density))
         if measure_xi_every is not None and (not _is_int(measure_xi_every) or measure_xi_every < 1):
             raise ValueError(f"measure_xi_every must be None or a positive integer, got {measure_xi_every!r}")
+        adaptive = check_adaptive(adaptive, int(tau_prime))
+        if adaptive is not None and density_schedule is not None:
+            raise ValueError("adaptive and density_schedule both set the density of each step: pass one of them")
+        if adaptive is not None and measure_xi_every is None:
+            measure_xi_every = DEFAULT_EVERY
+        self.adaptive = adaptive
+        self._adaptive = None if adaptive is None else AdaptiveControl(adaptive, float(density), int(tau_prime))
+        self._adapt_error = None
+        self.last_tau_prime = None
         self.density = float(density)
         self.density_schedule = density_schedule
         self.measure_xi_every = measure_xi_every
@@ -429,7 +452,12 @@ class OkTopkState:
                 at += b - a
         try:
             density, xi_step = call
-            stats = self._comm.sparse_allreduce_(group_id, host, hold, density=density, measure_xi=xi_step is not None)
+            tau_prime = None
+            if self._adaptive is not None:  # this worker thread adapts them, between steps
+                density, tau_prime = self._adaptive.density, self._adaptive.tau_prime
+                self.last_density, self.last_tau_prime = density, tau_prime
+            stats = self._comm.sparse_allreduce_(group_id, host, hold, density=density, measure_xi=xi_step is not None,
+                                                 tau_prime=tau_prime)
         except OkTopkError as e:
             if e.code != _lib.NON_FINITE:
                 raise
@@ -450,6 +478,28 @@ class OkTopkState:
                 self.last_k[group_id] = stats.k
                 if stats.xi >= 0:
                     self._add_xi(xi_step, stats.xi, stats.xi_gradient_norm)
+                if self._adaptive is not None and ran == "oktopk":
+                    self._adaptive.record(stats.k, stats.local_selected)
+
+    def _adapt(self, step):
+        """Worker thread, after the last call of sparse iteration ``step``,
+        which measured ξ: agree on the count drift (a one-number allreduce)
+        and adapt the density and τ′ of the steps that follow (their calls
+        come after this in the worker's queue, on every rank). A failure is
+        raised by the next bucket."""
+        try:
+            drift = torch.tensor([self._adaptive.drift], dtype=torch.float32)
+            self._comm.allreduce_(drift, average=True)
+            with self._lock:
+                xi = self.last_xi if self.last_xi_step == step else None
+            self._adaptive.adapt(xi, float(drift.item()))
+        except BaseException as e:  # noqa: BLE001 - the next bucket's future carries it to DDP
+            self._adapt_error = e
+
+    def _raise_adapt_error(self):
+        if self._adapt_error is not None:
+            e, self._adapt_error = self._adapt_error, None
+            raise e
 
     def _add_xi(self, step, xi, norm):
         # Under _lock: the step's ξ over its buckets so far.
@@ -483,6 +533,7 @@ class OkTopkState:
         # Worker thread: one DDP bucket that is exactly one group; slices are
         # (start, end, held).
         try:
+            self._raise_adapt_error()
             with _on_stream(stream):
                 self._reduce_pieces(group_id, [(tensor, a, b, held) for a, b, held in slices], call)
                 fut.set_result(tensor)
@@ -532,6 +583,7 @@ class OkTopkState:
         members = self._groups[group_id]
         entries = [self._pool[i] for i in members]
         try:
+            self._raise_adapt_error()
             with _on_stream(entries[0][0].stream):
                 self._reduce_pieces(group_id, [(p.tensor, a, b, held) for p, a, b, held in entries], call)
         except BaseException as e:  # noqa: BLE001
@@ -565,6 +617,7 @@ class OkTopkState:
             "iter": self.iter,
             "density": self.density,
             "density_schedule": self.density_schedule,
+            "adaptive": None if self._adaptive is None else {**self._adaptive.state_dict(), "measure_xi_every": self.measure_xi_every},
             "algorithm": self.algorithm,
             "tensors": tensors,
             "layout": layout,
@@ -591,6 +644,13 @@ class OkTopkState:
             raise
         self.iter = int(state["iter"])
         self.density_schedule = schedule
+        # So is the adaptation: where it stood, under the saved bounds.
+        if state.get("adaptive") is not None:
+            saved = state["adaptive"]
+            self.adaptive = check_adaptive(saved["bounds"], self.tau_prime)
+            self._adaptive = AdaptiveControl(self.adaptive, self.density, self.tau_prime)
+            self._adaptive.load_state_dict(saved)
+            self.measure_xi_every = saved["measure_xi_every"]
         tensors = dict(state.get("tensors", {}))
         self._groups, self._group_of = {}, {}
         for group_id, members in state.get("layout", {}).items():
@@ -618,7 +678,8 @@ class OkTopkState:
         warmup_iters = max(state["warmup_iters"], 2)
         OkTopkState.__init__(self, None, state["density"], state["algorithm"], warmup_iters, state["tau"], state["tau_prime"], state["timeout"],
                              state.get("value_dtype", "float32"), state.get("stochastic_rounding", False),
-                             state.get("density_schedule"), state.get("measure_xi_every"))
+                             state.get("density_schedule"), state.get("measure_xi_every"),
+                             None if state.get("adaptive") is None else state["adaptive"]["bounds"])
         self.load_state_dict(state)
 
     def close(self):
@@ -679,7 +740,8 @@ def oktopk_hook(state: OkTopkState, bucket: dist.GradBucket) -> torch.futures.Fu
         return fut.then(lambda f: f.value()[0].div_(world))
     state._communicator()
     call = state._call(phase_iter)
-    state.last_density = state.density if call[0] is None else call[0]
+    if state._adaptive is None:
+        state.last_density = state.density if call[0] is None else call[0]
     if tensor.device.type == "cuda":
         # The worker copies on the stream backward produced the bucket on;
         # the future's CUDA events make DDP wait for the copy back.
@@ -696,4 +758,6 @@ def oktopk_hook(state: OkTopkState, bucket: dist.GradBucket) -> torch.futures.Fu
         state._worker.submit(state._pool_bucket, tensor, members, unused, fut, stream, call)
     if is_last:
         state._worker.submit(state._flush_pool, call)
+        if state._adaptive is not None and call[1] is not None:
+            state._worker.submit(state._adapt, call[1])
     return fut
