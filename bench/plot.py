@@ -115,20 +115,35 @@ TTA_STYLE = {
 }
 
 
+WARMUP_STYLES = [{"color": "tab:pink", "linestyle": "--"}, {"color": "tab:brown", "linestyle": "--"}, {"color": "tab:olive", "linestyle": "--"}]
+
+
 def tta(curve_csv, out, target=None):
+    """Accuracy against training seconds, one line per method: the whole
+    run, and beside it the approach to the target, enlarged."""
     by_method = defaultdict(list)
     for r in load(curve_csv):
         by_method[r["method"]].append((float(r["train_s"]), float(r["accuracy"])))
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for method, series in by_method.items():
-        series.sort()
-        st = TTA_STYLE.get(method, {"linewidth": 1.4})
-        ax.plot([t for t, _ in series], [a for _, a in series], marker=".", label=method, **st)
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5))
+    warmups = iter(WARMUP_STYLES * 4)
+    styles = {m: TTA_STYLE.get(m) or (next(warmups) | {"linewidth": 1.4} if m.startswith("oktopk_w") else {"linewidth": 1.4}) for m in by_method}
+    for ax in axes:
+        for method, series in by_method.items():
+            series.sort()
+            ax.plot([t for t, _ in series], [a for _, a in series], marker=".", label=method, **styles[method])
+        if target is not None:
+            ax.axhline(target, color="gray", linestyle="--", linewidth=1, label=f"target {target:g}%")
+        ax.set(xlabel="training seconds", ylabel="accuracy %")
+        ax.grid(True, alpha=0.3)
+    axes[0].set_title("held-out accuracy against training time (evaluation excluded)")
     if target is not None:
-        ax.axhline(target, color="gray", linestyle="--", linewidth=1, label=f"target {target:g}%")
-    ax.set(title="held-out accuracy against training time (evaluation excluded)", xlabel="training seconds", ylabel="accuracy %")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
+        # Up to a little past the last method's first time at the target.
+        firsts = [min(t for t, a in series if a >= target) for series in by_method.values() if any(a >= target for _, a in series)]
+        if firsts:
+            axes[1].set_xlim(0, 1.3 * max(firsts))
+        axes[1].set_ylim(target - 12, 100)
+    axes[1].set_title("the approach to the target, enlarged")
+    axes[0].legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
