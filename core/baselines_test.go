@@ -510,7 +510,7 @@ func TestNormalQuantileMatchesKnownValues(t *testing.T) {
 }
 
 // wordsBound is the cost model's words per rank for one call, as written in
-// DESIGN.md §2 (or in the algorithm's file for those the table lacks), and
+// each algorithm's opening comment (from its paper's cost analysis), and
 // the slack the comparison allows. The equal-split formulas assume the
 // selections spread evenly over the P regions; random ones do within 2%.
 // The sparse baselines add the ⌈log P⌉ words of the agreement on NaN/Inf

@@ -40,7 +40,7 @@ func (v vec) at(i int) float32 {
 }
 
 // tileLen is how many sums one tile holds: 4096 floats, 16 KiB, the block
-// scan's tile (topk.go), so a tile's second look finds it in the L1 cache.
+// scan's tile (topk_scan.go), so a tile's second look finds it in the L1 cache.
 const tileLen = tileBlocks * scanBlock
 
 type tile [tileLen]float32

@@ -164,7 +164,8 @@ func (w *workload) next(dst []float32) {
 	}
 }
 
-// formula is the words-per-rank bound of DESIGN.md's cost table.
+// formula is the words-per-rank bound each algorithm's file states (from its
+// paper's cost analysis).
 func formula(alg core.Algorithm, p, n, k int) float64 {
 	P, N, K := float64(p), float64(n), float64(k)
 	switch alg {
