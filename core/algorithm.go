@@ -109,7 +109,7 @@ func (c Config) Validate() error {
 	case !c.Values.Valid():
 		return fmt.Errorf("%w: %v (float32, float16 or bfloat16)", ErrInvalidArgument, c.Values)
 	case c.Values != ValuesFloat32 && !c.Algorithm.takesReducedValues():
-		return fmt.Errorf("%w: %v values need algorithm oktopk, topka or gaussiank: %s", ErrInvalidArgument, c.Values, c.Algorithm.whyNoReducedValues())
+		return fmt.Errorf("%w: %v values need algorithm oktopk, topka, gaussiank or auto: %s", ErrInvalidArgument, c.Values, c.Algorithm.whyNoReducedValues())
 	case c.Stochastic && c.Values == ValuesFloat32:
 		return fmt.Errorf("%w: stochastic rounding needs float16 or bfloat16 values", ErrInvalidArgument)
 	}

@@ -227,6 +227,9 @@ func (m LinkModel) choose(n, p int, cfg Config, sparseInput bool) choice {
 				continue
 			}
 		}
+		if cfg.Values != ValuesFloat32 && !a.Dense() && !a.takesReducedValues() {
+			continue // it would sum rounded partial sums no residual can take back
+		}
 		t := m.seconds(predictTerms(a, n, k, p, cfg, sparseInput), n)
 		best := &bestSparse
 		if a.Dense() {

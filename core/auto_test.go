@@ -435,6 +435,62 @@ func TestAutoPicksAllgatherAtTwoRanks(t *testing.T) {
 	}
 }
 
+// With 16-bit values Auto chooses only among the algorithms that can send
+// them (Ok-Topk, TopkA) and the dense ones: at every P, n and density where
+// it chose another sparse algorithm for float32 values, it chooses one of
+// those; and a call runs end to end with float16 values, the same on every
+// rank. (Before, a Config with Auto and 16-bit values was refused.)
+func TestAutoWithHalfValuesChoosesOnlyAlgorithmsThatSendThem(t *testing.T) {
+	changed := 0
+	for _, m := range testLinkModels {
+		for _, p := range []int{2, 3, 4, 8, 16, 64} {
+			for _, n := range []int{1000, 1 << 16, 1 << 20, 1 << 24} {
+				for _, d := range []float64{0.001, 0.01, 0.1} {
+					cfg := Config{Algorithm: Auto, Density: d, Tau: 64, TauPrime: 32}
+					f32, _ := m.Choose(n, p, cfg)
+					cfg.Values = ValuesFloat16
+					if err := cfg.Validate(); err != nil {
+						t.Fatalf("auto with float16 values refused: %v", err)
+					}
+					alg, _ := m.Choose(n, p, cfg)
+					if !alg.Dense() && alg != OkTopk && alg != TopkA {
+						t.Errorf("%v, P=%d, n=%d, density %g: %v with float16 values", m, p, n, d, alg)
+					}
+					if f32 != alg {
+						changed++
+					}
+				}
+			}
+		}
+	}
+	if changed == 0 {
+		t.Error("no configuration where float32 values chose an algorithm that cannot send float16 ones: the test checks nothing")
+	}
+	const p, n = 4, 4096
+	outs := make([][]float32, p)
+	runInProc(t, p, func(ctx context.Context, rank int, c *Communicator) error {
+		cfg := Config{Algorithm: Auto, Density: 0.05, Tau: 4, TauPrime: 2, Values: ValuesFloat16}
+		g := make([]float32, n)
+		for i := range g {
+			g[i] = float32((i*13+rank*7)%101) - 50
+		}
+		st, err := c.SparseAllreduce(ctx, 3, g, cfg)
+		if err != nil {
+			return err
+		}
+		if !st.Algorithm.Dense() && st.Algorithm != OkTopk && st.Algorithm != TopkA {
+			return fmt.Errorf("ran %v with float16 values", st.Algorithm)
+		}
+		outs[rank] = g
+		return nil
+	})
+	for r := 1; r < p; r++ {
+		if !slices.Equal(outs[r], outs[0]) {
+			t.Fatalf("rank %d's result differs from rank 0's", r)
+		}
+	}
+}
+
 // The measured model is bitwise the same on every rank, for any P (one
 // rank included), and measures something on every link.
 func TestLinkModelIsBitwiseTheSameOnEveryRank(t *testing.T) {

@@ -108,7 +108,12 @@ func (v ValueType) width() int {
 
 // takesReducedValues: the algorithms whose every rounding has an owner
 // (see the top of this file).
-func (a Algorithm) takesReducedValues() bool { return a == OkTopk || a == TopkA || a == Gaussiank }
+// takesReducedValues says whether a can send 16-bit values: Auto can, as it
+// then chooses among those that can (and the dense ones, which send float32
+// and keep no residual).
+func (a Algorithm) takesReducedValues() bool {
+	return a == OkTopk || a == TopkA || a == Gaussiank || a == Auto
+}
 
 func (a Algorithm) whyNoReducedValues() string {
 	if a.Dense() {

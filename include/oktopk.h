@@ -126,8 +126,10 @@ typedef enum {
  * (tensor id, call number on the tensor, rank, index), so reruns are
  * bitwise reproducible. Only OKTOPK_ALGO_OKTOPK, _TOPKA and _GAUSSIANK take
  * 16-bit values (the others forward partial sums whose rounding no one
- * residual could take back, or keep no residual): config init refuses
- * other algorithms with them, and oktopk_sparse_allreduce_sparse (no
+ * residual could take back, or keep no residual), and since 0.6
+ * OKTOPK_ALGO_AUTO, which then chooses among Ok-Topk, TopkA and the dense
+ * allreduces (these send float32): config init refuses other algorithms
+ * with them, and oktopk_sparse_allreduce_sparse (no
  * residual) refuses them. At density 1 Ok-Topk is a dense ring allreduce
  * in float32. Every rank must use the same value_dtype (else
  * oktopkMismatch). */

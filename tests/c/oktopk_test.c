@@ -1126,7 +1126,7 @@ static int run_errors(void) {
   bad.algorithm = OKTOPK_ALGO_SSAR_SPLIT_ALLGATHER; /* forwards partial sums: no owner for their rounding */
   EXPECT(oktopk_comm_bind(&comm, 1, 0, "t", &bad, ep, sizeof ep), oktopkInvalidArgument);
   OK(oktopk_get_last_error(0, msg, sizeof msg, NULL));
-  REQUIRE(strstr(msg, "bfloat16 values need algorithm oktopk, topka or gaussiank") != NULL);
+  REQUIRE(strstr(msg, "bfloat16 values need algorithm oktopk, topka, gaussiank or auto") != NULL);
   /* An older caller's shorter config: the fields past its size are not read. */
   bad = cfg;
   bad.size = (uint32_t)offsetof(oktopk_config_t, density);

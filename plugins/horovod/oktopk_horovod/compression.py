@@ -10,7 +10,7 @@ from oktopk.schedule import check_schedule
 
 # The algorithms that send float16 or bfloat16 values (each rounding has one
 # rank whose residual takes its error; the others forward partial sums).
-_REDUCED_VALUE_ALGORITHMS = ("oktopk", "topka", "gaussiank")
+_REDUCED_VALUE_ALGORITHMS = ("oktopk", "topka", "gaussiank", "auto")
 
 
 class OkTopkCompressor(Compressor):
@@ -35,7 +35,7 @@ class OkTopkCompressor(Compressor):
             raise ValueError(f"timeout must be positive, got {timeout!r}")
         value_dtype = value_dtype_name(value_dtype)
         if value_dtype != "float32" and algorithm not in _REDUCED_VALUE_ALGORITHMS:
-            raise ValueError(f"value_dtype {value_dtype} needs algorithm oktopk, topka or gaussiank, not {algorithm!r}")
+            raise ValueError(f"value_dtype {value_dtype} needs algorithm oktopk, topka, gaussiank or auto, not {algorithm!r}")
         if not isinstance(stochastic_rounding, bool) or stochastic_rounding and value_dtype == "float32":
             raise ValueError(f"stochastic_rounding must be a bool, and True only with float16 or bfloat16 values, got {stochastic_rounding!r}")
         density_schedule = check_schedule(density_schedule, float(density))
@@ -87,8 +87,8 @@ class Compression(hvd.Compression):
         values in 16 bits, what Horovod's fp16 compression does for a dense
         allreduce: each pair is 6 bytes instead of 8, and the rounding errors
         stay in the residuals (``stochastic_rounding`` rounds unbiasedly at
-        random instead of to nearest); for ``oktopk``, ``topka`` and
-        ``gaussiank``.
+        random instead of to nearest); for ``oktopk``, ``topka``,
+        ``gaussiank`` and ``auto``.
         ``density_schedule`` (``(start_density, decay_steps)`` or
         ``(start_density, decay_steps, stage_steps)``) starts at
         ``start_density`` and decays exponentially to ``density`` over

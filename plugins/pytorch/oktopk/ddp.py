@@ -34,7 +34,7 @@ SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _MAX_INT32 = 2**31 - 1
 # The algorithms that send float16 or bfloat16 values: each of their roundings
 # has one rank whose residual takes its error (the others forward partial sums).
-_REDUCED_VALUE_ALGORITHMS = ("oktopk", "topka", "gaussiank")
+_REDUCED_VALUE_ALGORITHMS = ("oktopk", "topka", "gaussiank", "auto")
 
 
 def _is_real(x):
@@ -85,7 +85,7 @@ class OkTopkState:
         a peer before it raises :class:`OkTopkError` instead of hanging.
     :param value_dtype: the precision selected values travel in:
         ``"float32"`` (default), ``"float16"`` or ``"bfloat16"`` (or the torch
-        dtype), for the algorithms ``oktopk``, ``topka`` and ``gaussiank``.
+        dtype), for the algorithms ``oktopk``, ``topka``, ``gaussiank`` and ``auto``.
         16-bit values make each sent (index, value) pair 6 bytes instead of
         8; the rounding errors stay in the residuals, so nothing is lost.
     :param stochastic_rounding: round 16-bit values up or down at random,
@@ -197,7 +197,7 @@ class OkTopkState:
         value_dtype = value_dtype_name(value_dtype)
         if value_dtype != "float32" and algorithm not in _REDUCED_VALUE_ALGORITHMS:
             raise ValueError(
-                f"value_dtype {value_dtype} needs algorithm oktopk, topka or gaussiank; {algorithm!r} keeps no residual or "
+                f"value_dtype {value_dtype} needs algorithm oktopk, topka, gaussiank or auto; {algorithm!r} keeps no residual or "
                 f"sends partial sums, whose rounding errors no rank's residual could take back"
             )
         if not isinstance(stochastic_rounding, bool) or stochastic_rounding and value_dtype == "float32":
