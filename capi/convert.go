@@ -7,7 +7,6 @@ import "C"
 
 import (
 	"context"
-	"math"
 	"time"
 	"unsafe"
 
@@ -229,17 +228,14 @@ func boolInt(b bool) C.int {
 	return 0
 }
 
-// maxElements bounds a tensor: sparse indices are uint32.
-const maxElements = math.MaxUint32
-
 func checkBuffer(data unsafe.Pointer, count C.size_t, dtype C.oktopk_dtype_t) error {
 	switch {
 	case data == nil:
 		return invalidArgument("data is NULL")
 	case count == 0:
 		return invalidArgument("count is 0")
-	case uint64(count) > maxElements:
-		return invalidArgument("count %d exceeds %d elements", uint64(count), uint64(maxElements))
+	case uint64(count) > core.MaxElements:
+		return invalidArgument("count %d exceeds %d elements", uint64(count), uint64(core.MaxElements))
 	}
 	switch dtype {
 	case C.OKTOPK_FLOAT32, C.OKTOPK_FLOAT16, C.OKTOPK_BFLOAT16:

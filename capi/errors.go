@@ -9,7 +9,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime/debug"
 	"sync"
 	"unsafe"
 
@@ -27,7 +26,7 @@ func resultOf(err error) C.oktopk_result_t {
 		return C.oktopkSuccess
 	case errors.Is(err, errInProgress):
 		return C.oktopkInProgress
-	case errors.As(err, new(*panicError)), errors.Is(err, core.ErrInternal):
+	case errors.Is(err, core.ErrInternal):
 		return C.oktopkInternalError
 	case errors.Is(err, core.ErrInvalidArgument):
 		return C.oktopkInvalidArgument
@@ -55,15 +54,12 @@ func resultOf(err error) C.oktopk_result_t {
 // errInProgress is oktopk_test's "not yet"; it is not recorded as an error.
 var errInProgress = errors.New("oktopk: request in progress")
 
-// panicError carries a recovered panic across the ABI as oktopkInternalError.
-type panicError struct {
-	value any
-	stack []byte
-}
+// abiPanic is a panic recovered at the ABI boundary (core.PanicError),
+// told apart from the internal errors core returns by itself: it leaves
+// the communicator in an unknown state, so the communicator is broken.
+type abiPanic struct{ error }
 
-func (p *panicError) Error() string {
-	return fmt.Sprintf("oktopk: internal error (please report): panic: %v\n%s", p.value, p.stack)
-}
+func (p abiPanic) Unwrap() error { return p.error }
 
 func invalidArgument(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{core.ErrInvalidArgument}, args...)...)
@@ -110,7 +106,7 @@ func call(comm int64, body func() error) C.oktopk_result_t {
 func protect(body func() error) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			err = &panicError{value: p, stack: debug.Stack()}
+			err = abiPanic{core.PanicError(p)}
 		}
 	}()
 	return body()

@@ -28,7 +28,7 @@ func TestResultOfMapsEveryErrorValueToItsCode(t *testing.T) {
 	}{
 		{nil, success},
 		{errInProgress, inProgress},
-		{&panicError{value: "boom"}, internalError},
+		{abiPanic{core.PanicError("boom")}, internalError},
 		{wrap(core.ErrInternal), internalError},
 		{wrap(core.ErrInvalidArgument), invalidArgumentCode},
 		{wrap(core.ErrInvalidUsage), invalidUsageCode},
@@ -59,8 +59,8 @@ func TestProtectTurnsAPanicIntoAnInternalError(t *testing.T) {
 		m["x"] = 1
 		return nil
 	})
-	var p *panicError
-	if !errors.As(err, &p) || int(resultOf(err)) != internalError {
+	var p abiPanic
+	if !errors.As(err, &p) || int(resultOf(err)) != internalError || !strings.Contains(err.Error(), "assignment to entry in nil map") {
 		t.Fatalf("got %v", err)
 	}
 }

@@ -215,7 +215,7 @@ func (c *communicator) execute(r *request) (core.Stats, error) {
 		st, err = r.run(ctx, cc)
 		return err
 	})
-	if errors.As(err, new(*panicError)) {
+	if errors.As(err, new(abiPanic)) {
 		c.broken.Store(true)
 		c.abort(fmt.Errorf("%w: internal error in an earlier call", transport.ErrAborted))
 	}

@@ -477,8 +477,8 @@ func go_oktopk_sparse_allreduce_sparse(comm C.oktopk_comm_t, n C.size_t, inIndic
 			return err
 		}
 		switch {
-		case n == 0 || uint64(n) > maxElements:
-			return c.refuse(invalidArgument("n = %d is not in 1..%d", uint64(n), uint64(maxElements)), true)
+		case n == 0 || uint64(n) > core.MaxElements:
+			return c.refuse(invalidArgument("n = %d is not in 1..%d", uint64(n), uint64(core.MaxElements)), true)
 		case inCount > n:
 			return c.refuse(invalidArgument("in_count %d > n %d", uint64(inCount), uint64(n)), true)
 		case inCount > 0 && (inIndices == nil || inValues == nil):
@@ -645,8 +645,8 @@ func go_oktopk_tensor_state_load(comm C.oktopk_comm_t, tensorID C.uint64_t, buf 
 func go_oktopk_topk(x *C.oktopk_const_float, n C.size_t, k C.size_t, indices *C.uint32_t, values *C.float) C.oktopk_result_t {
 	return call(0, func() error {
 		switch {
-		case uint64(n) > maxElements:
-			return invalidArgument("n = %d exceeds %d", uint64(n), uint64(maxElements))
+		case uint64(n) > core.MaxElements:
+			return invalidArgument("n = %d exceeds %d", uint64(n), uint64(core.MaxElements))
 		case k > n:
 			return invalidArgument("k = %d > n = %d", uint64(k), uint64(n))
 		case n > 0 && x == nil:
@@ -668,8 +668,8 @@ func go_oktopk_topk(x *C.oktopk_const_float, n C.size_t, k C.size_t, indices *C.
 func go_oktopk_threshold_select(x *C.oktopk_const_float, n C.size_t, threshold C.float, indices *C.uint32_t, values *C.float, capacity C.size_t, count *C.size_t) C.oktopk_result_t {
 	return call(0, func() error {
 		switch {
-		case uint64(n) > maxElements:
-			return invalidArgument("n = %d exceeds %d", uint64(n), uint64(maxElements))
+		case uint64(n) > core.MaxElements:
+			return invalidArgument("n = %d exceeds %d", uint64(n), uint64(core.MaxElements))
 		case n > 0 && x == nil:
 			return invalidArgument("x is NULL")
 		case capacity > 0 && (indices == nil || values == nil):

@@ -11,7 +11,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"sort"
 
 	"github.com/oktopk/oktopk/transport"
 )
@@ -258,13 +257,6 @@ func sparseTopKSplit(s Sparse, k int) (kept, dropped Sparse, err error) {
 // [start(j), start(j+1)), n/p or n/p+1 indices.
 func regionBounds(n, p, j int) (lo, hi uint32) {
 	return uint32(chunkStart(n, p, j)), uint32(chunkStart(n, p, j+1))
-}
-
-// sparseWithin is the part of s (a view, not a copy) with lo ≤ index < hi.
-func sparseWithin(s Sparse, lo, hi uint32) Sparse {
-	a := sort.Search(s.Len(), func(i int) bool { return s.Idx[i] >= lo })
-	b := a + sort.Search(s.Len()-a, func(i int) bool { return s.Idx[a+i] >= hi })
-	return Sparse{Idx: s.Idx[a:b], Val: s.Val[a:b]}
 }
 
 // regionBlock puts the entries of region [lo, hi) on the wire: as

@@ -118,7 +118,7 @@ func (c *Call) tag(step uint32) transport.Tag {
 func (c *Call) Send(ctx context.Context, peer int, step uint32, dtype transport.Dtype, count uint64, payload []byte) (err error) {
 	defer func() {
 		if v := recover(); v != nil {
-			err = panicError(v)
+			err = PanicError(v)
 		}
 	}()
 	if err := c.T.Send(ctx, peer, c.tag(step), dtype, count, payload); err != nil {
@@ -133,7 +133,7 @@ func (c *Call) Send(ctx context.Context, peer int, step uint32, dtype transport.
 func (c *Call) Recv(ctx context.Context, peer int, step uint32) (m transport.Message, err error) {
 	defer func() {
 		if v := recover(); v != nil {
-			m, err = transport.Message{}, panicError(v)
+			m, err = transport.Message{}, PanicError(v)
 		}
 	}()
 	m, err = c.T.Recv(ctx, peer, c.tag(step))
@@ -153,7 +153,7 @@ func (c *Call) Recv(ctx context.Context, peer int, step uint32) (m transport.Mes
 func (c *Call) SendRecv(ctx context.Context, to int, step uint32, dtype transport.Dtype, count uint64, payload []byte, from int) (msg transport.Message, err error) {
 	defer func() {
 		if v := recover(); v != nil {
-			msg, err = transport.Message{}, panicError(v)
+			msg, err = transport.Message{}, PanicError(v)
 		}
 	}()
 	if err := c.T.Send(ctx, to, c.tag(step), dtype, count, payload); err != nil {
@@ -179,7 +179,7 @@ func goSafe(g *errgroup.Group, f func() error) {
 	g.Go(func() (err error) {
 		defer func() {
 			if v := recover(); v != nil {
-				err = panicError(v)
+				err = PanicError(v)
 			}
 		}()
 		return f()
@@ -188,7 +188,10 @@ func goSafe(g *errgroup.Group, f func() error) {
 
 // panicError is ErrInternal for a recovered panic, with its value and the
 // stack of the goroutine that panicked.
-func panicError(v any) error {
+// PanicError is ErrInternal carrying a recovered panic and its stack: what
+// a call returns (and the C ABI reports as oktopkInternalError) instead of
+// crashing the host process.
+func PanicError(v any) error {
 	return fmt.Errorf("%w: panic: %v\n%s", ErrInternal, v, debug.Stack())
 }
 

@@ -191,8 +191,9 @@ func (c *Communicator) allreduce(ctx context.Context, seq, tensor uint64, data [
 	return st, c.end(err)
 }
 
-// maxElements is the largest n a sparse call takes: indices travel as uint32.
-const maxElements = math.MaxUint32
+// MaxElements is the largest n a sparse call takes: indices travel as
+// uint32.
+const MaxElements = math.MaxUint32
 
 // tensorSnapshot is what a sparse call may change in a tensor's state before
 // it knows the call will succeed; a failed call restores it, so a retry (or a
@@ -288,7 +289,7 @@ func (c *Communicator) SparseAllreduceWith(ctx context.Context, id uint64, grad 
 	if err := cfg.Validate(); err != nil {
 		return stats, c.refuse(ctx, seq, err)
 	}
-	if uint64(len(grad)) > maxElements {
+	if uint64(len(grad)) > MaxElements {
 		return stats, c.refuse(ctx, seq, fmt.Errorf("%w: %d elements, at most 2^32-1", ErrInvalidArgument, len(grad)))
 	}
 	if err := checkHold(opts.Hold, len(grad)); err != nil {
@@ -387,7 +388,7 @@ func (c *Communicator) SparseAllreduceSparse(ctx context.Context, n int, in Spar
 	if err := cfg.Validate(); err != nil {
 		return Sparse{}, stats, c.refuse(ctx, seq, err)
 	}
-	if n < 0 || uint64(n) > maxElements {
+	if n < 0 || uint64(n) > MaxElements {
 		return Sparse{}, stats, c.refuse(ctx, seq, fmt.Errorf("%w: n=%d not in 0…2^32-1", ErrInvalidArgument, n))
 	}
 	alg := cfg.Algorithm

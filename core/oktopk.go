@@ -102,7 +102,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"sort"
 )
 
 func init() {
@@ -115,7 +114,7 @@ func init() {
 const (
 	stepRepartition uint32 = 0 << 20
 	stepSplit       uint32 = 1 << 20
-	stepCounts      uint32 = 2 << 20
+	stepHistograms  uint32 = 2 << 20
 	stepBalance     uint32 = 4 << 20
 	stepAllgather   uint32 = 5 << 20
 	stepRefine      uint32 = 6 << 20 // P steps per refinement round
@@ -384,13 +383,6 @@ func repartition(ctx context.Context, call *Call, local Sparse, n int) ([]uint32
 	}
 	bounds[0], bounds[p] = 0, uint32(n)
 	return bounds, nil
-}
-
-// regionOf returns the slice of s (ascending) inside [lo, hi).
-func regionOf(s Sparse, lo, hi uint32) Sparse {
-	a := sort.Search(len(s.Idx), func(i int) bool { return s.Idx[i] >= lo })
-	b := a + sort.Search(len(s.Idx)-a, func(i int) bool { return s.Idx[a+i] >= hi })
-	return Sparse{Idx: s.Idx[a:b], Val: s.Val[a:b]}
 }
 
 // okTopkSparseInput runs steps 2–5 on a caller's own selection (no state,

@@ -321,7 +321,7 @@ func exchangeHistograms(ctx context.Context, call *Call, reduced Sparse, base in
 		payload[4*histogramBins] = 1
 	}
 	sent := call.Stats.BytesSent
-	blocks, err := okTopkGatherEqual(ctx, call, stepCounts, payload)
+	blocks, err := okTopkGatherEqual(ctx, call, stepHistograms, payload)
 	*words += int(call.Stats.BytesSent-sent) / 4
 	if err != nil {
 		return nil, false, err

@@ -389,15 +389,15 @@ type roundLedger struct {
 	ex map[exchangeKey]*exchangeRounds
 }
 
-// gather is the allgather a step belongs to: the histograms (stepCounts),
+// gather is the allgather a step belongs to: the histograms (stepHistograms),
 // a refinement round, or the shares (stepAllgather); false for the split
 // and the balance.
 func (l *roundLedger) gather(step uint32) (uint32, bool) {
 	switch {
 	case step >= stepRefine:
 		return stepRefine + (step-stepRefine)/AllgatherSteps(l.p)*AllgatherSteps(l.p), true
-	case step>>20 == stepCounts>>20:
-		return stepCounts, true
+	case step>>20 == stepHistograms>>20:
+		return stepHistograms, true
 	case step>>20 == stepAllgather>>20:
 		return stepAllgather, true
 	}

@@ -177,11 +177,11 @@ func splitReduceAllgather(ctx context.Context, call *Call, n int, in Sparse, den
 	// Steps 1 and 2: rotated exchange of the regions, the owner reduces.
 	call.Phase(PhaseReduce)
 	parts := make([]Sparse, p)
-	parts[r] = sparseWithin(in, lo, hi)
+	parts[r] = regionOf(in, lo, hi)
 	for i := 1; i < p; i++ {
 		to, from := (r+i)%p, (r-i+p)%p
 		toLo, toHi := regionBounds(n, p, to)
-		out := sparseWithin(in, toLo, toHi)
+		out := regionOf(in, toLo, toHi)
 		b := regionBlock(out, toLo, toHi, denseSplit(out.Len(), int(toHi-toLo)))
 		m, err := call.SendRecv(ctx, to, uint32(i-1), b.Dtype, b.Count, b.Payload, from)
 		if err != nil {

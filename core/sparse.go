@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"sort"
 	"unsafe"
 
 	"github.com/oktopk/oktopk/transport"
@@ -123,4 +124,12 @@ func init() {
 // IsFinite reports whether v is neither NaN nor ±Inf.
 func IsFinite(v float32) bool {
 	return !math.IsNaN(float64(v)) && !math.IsInf(float64(v), 0)
+}
+
+// regionOf returns the slice of s (ascending) inside [lo, hi), sharing its
+// storage.
+func regionOf(s Sparse, lo, hi uint32) Sparse {
+	a := sort.Search(len(s.Idx), func(i int) bool { return s.Idx[i] >= lo })
+	b := a + sort.Search(len(s.Idx)-a, func(i int) bool { return s.Idx[a+i] >= hi })
+	return Sparse{Idx: s.Idx[a:b], Val: s.Val[a:b]}
 }

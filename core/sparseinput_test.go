@@ -16,7 +16,7 @@ import (
 // pairs sit at both ends of the index space and on the ranks' region
 // boundaries, and overlap between ranks so that sums are formed.
 func TestSparseInputCostFollowsPairsNotN(t *testing.T) {
-	const p, n = 3, maxElements
+	const p, n = 3, MaxElements
 	third := uint32(n / 3)
 	inputs := []Sparse{
 		{Idx: []uint32{0, third - 1, third, n - 1}, Val: []float32{1, 2, 3, 4}},

@@ -64,10 +64,10 @@ func (s *blockScan) nextTile(found *[tileBlocks]int) []int {
 	y, at, m := s.cmp, s.from+2*s.j, 0
 	for j := 0; j+8 <= len(words); j += 8 {
 		w := words[j : j+8 : j+8]
-		any := ((w[0] | signs) - y) | ((w[1] | signs) - y) | ((w[2] | signs) - y) | ((w[3] | signs) - y) |
+		hit := ((w[0] | signs) - y) | ((w[1] | signs) - y) | ((w[2] | signs) - y) | ((w[3] | signs) - y) |
 			((w[4] | signs) - y) | ((w[5] | signs) - y) | ((w[6] | signs) - y) | ((w[7] | signs) - y)
 		found[m&(tileBlocks-1)] = at + 2*j
-		m += int((any>>31 | any>>63) & 1)
+		m += int((hit>>31 | hit>>63) & 1)
 	}
 	s.j += len(words)
 	return found[:m]

@@ -404,7 +404,10 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
             self._measure_xi_every = state["adaptive"]["measure_xi_every"]
 
     def close(self):
-        """Release the communicator (also done at interpreter exit)."""
+        """Release the worker thread and the communicator. Call it when
+        training ends; an optimizer never closed releases them only when
+        it is garbage-collected (nothing is registered to run at
+        interpreter exit)."""
         if self._worker is not None:
             self._worker.shutdown(wait=True)
             self._worker = None
