@@ -729,43 +729,53 @@ def unused_parameters(rank, world, port, out, value_dtypes, warmup, steps):
     dist.destroy_process_group()
 
 
+def train_resumable(rank, path, first, last, state, record, save=None):
+    """Train small_model under DDP with state's hook over steps first..last-1
+    (from the checkpoint at path when first > 0, saving one there after
+    step save-1); record(state) is kept per step. Returns the records, the
+    parameters' bytes and the model's size."""
+    m = DDP(small_model())
+    o = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+    if first:
+        saved = torch.load(path, weights_only=False)
+        m.module.load_state_dict(saved["model"])
+        o.load_state_dict(saved["optimizer"])
+        state.load_state_dict(saved["oktopk"])
+    m.register_comm_hook(state, oktopk_hook)
+    steps = {}
+    for step in range(first, last):
+        x, y = batch(rank, step)
+        o.zero_grad()
+        F.cross_entropy(m(x), y).backward()
+        o.step()
+        steps[step] = record(state)
+        if save == step + 1:
+            torch.save({"model": m.module.state_dict(), "optimizer": o.state_dict(), "oktopk": state.state_dict()}, path)
+    params = b"".join(p.detach().numpy().tobytes() for p in m.parameters())
+    state.close()
+    return {"steps": steps, "params": params, "n": sum(p.numel() for p in m.parameters())}
+
+
 def adaptive(rank, world, port, out, ckpt):
     """Train 12 steps with adaptive=(2**-7, 2**-4, 1e-3) (so every measured
     ξ is above max_xi and the density doubles after each measurement) and ξ
     measured every other sparse step, saving after step 7; resume from that
     checkpoint in a state built without adaptive (or measure_xi_every: the
-    checkpoint holds both). Records, per step, the
-    density, τ′, every group's k, and the adaptation's inputs."""
+    checkpoint holds both). Records, per step, the density, τ′, every
+    group's k, and the adaptation's inputs."""
     setup(rank, world, port)
     path = os.path.join(ckpt, f"rank{rank}-adaptive.pt")
 
-    def train(first, state, save=None):
-        m = DDP(small_model())
-        o = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
-        if first:
-            saved = torch.load(path, weights_only=False)
-            m.module.load_state_dict(saved["model"])
-            o.load_state_dict(saved["optimizer"])
-            state.load_state_dict(saved["oktopk"])
-        m.register_comm_hook(state, oktopk_hook)
-        steps = {}
-        for step in range(first, 12):
-            x, y = batch(rank, step)
-            o.zero_grad()
-            F.cross_entropy(m(x), y).backward()
-            o.step()
-            if state._worker is not None:  # (none yet in the dense warm-up)
-                state._worker.submit(lambda: None).result()  # the step's adaptation, queued after its buckets, is done
-            c = state._adaptive
-            steps[step] = (state.last_density, state.last_tau_prime, sorted(state.last_k.values()), c and c.adaptations, c and c.last_inputs)
-            if save == step + 1:
-                torch.save({"model": m.module.state_dict(), "optimizer": o.state_dict(), "oktopk": state.state_dict()}, path)
-        params = b"".join(p.detach().numpy().tobytes() for p in m.parameters())
-        state.close()
-        return {"steps": steps, "params": params, "n": sum(p.numel() for p in m.parameters())}
+    def record(state):
+        if state._worker is not None:  # (none yet in the dense warm-up)
+            state._worker.submit(lambda: None).result()  # the step's adaptation, queued after its buckets, is done
+        c = state._adaptive
+        return (state.last_density, state.last_tau_prime, sorted(state.last_k.values()), c and c.adaptations, c and c.last_inputs)
 
-    full = train(0, OkTopkState(density=2.0**-7, warmup_iters=2, tau_prime=8, adaptive=(2.0**-7, 2.0**-4, 1e-3), measure_xi_every=2), save=7)
-    resumed = train(7, OkTopkState(density=2.0**-7, warmup_iters=2, tau_prime=8))
+    bounds = (2.0**-7, 2.0**-4, 1e-3)
+    full = train_resumable(rank, path, 0, 12, OkTopkState(density=2.0**-7, warmup_iters=2, tau_prime=8, adaptive=bounds, measure_xi_every=2),
+                           record, save=7)
+    resumed = train_resumable(rank, path, 7, 12, OkTopkState(density=2.0**-7, warmup_iters=2, tau_prime=8), record)
     write(out, rank, {"full": full, "resumed": resumed})
     dist.destroy_process_group()
 
@@ -778,30 +788,11 @@ def density_schedule(rank, world, port, out, ckpt):
     setup(rank, world, port)
     path = os.path.join(ckpt, f"rank{rank}-schedule.pt")
 
-    def train(first, state, save=None):
-        m = DDP(small_model())
-        o = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
-        if first:
-            saved = torch.load(path, weights_only=False)
-            m.module.load_state_dict(saved["model"])
-            o.load_state_dict(saved["optimizer"])
-            state.load_state_dict(saved["oktopk"])
-        m.register_comm_hook(state, oktopk_hook)
-        steps = {}
-        for step in range(first, 9):
-            x, y = batch(rank, step)
-            o.zero_grad()
-            F.cross_entropy(m(x), y).backward()
-            o.step()
-            steps[step] = (state.last_density, sorted(state.last_k.values()), state.last_xi, state.last_xi_step)
-            if save == step + 1:
-                torch.save({"model": m.module.state_dict(), "optimizer": o.state_dict(), "oktopk": state.state_dict()}, path)
-        params = b"".join(p.detach().numpy().tobytes() for p in m.parameters())
-        state.close()
-        return {"steps": steps, "params": params, "n": sum(p.numel() for p in m.parameters())}
+    def record(state):
+        return (state.last_density, sorted(state.last_k.values()), state.last_xi, state.last_xi_step)
 
-    full = train(0, OkTopkState(density=0.01, warmup_iters=2, density_schedule=(0.5, 4), measure_xi_every=2), save=5)
-    resumed = train(5, OkTopkState(density=0.01, warmup_iters=2))
-    no_xi = train(0, OkTopkState(density=0.01, warmup_iters=2, density_schedule=(0.5, 4)))
+    full = train_resumable(rank, path, 0, 9, OkTopkState(density=0.01, warmup_iters=2, density_schedule=(0.5, 4), measure_xi_every=2), record, save=5)
+    resumed = train_resumable(rank, path, 5, 9, OkTopkState(density=0.01, warmup_iters=2), record)
+    no_xi = train_resumable(rank, path, 0, 9, OkTopkState(density=0.01, warmup_iters=2, density_schedule=(0.5, 4)), record)
     write(out, rank, {"full": full, "resumed": resumed, "no_xi": no_xi})
     dist.destroy_process_group()
