@@ -253,6 +253,34 @@ def plain_horovod_refuses(out):
     return {"error": None}
 
 
+def train_resumable(path, first, last, compression, record, save=None):
+    """Train small_model under oktopk_horovod.DistributedOptimizer with
+    compression over steps first..last-1 (from the checkpoint at path when
+    first > 0, saving one there after step save-1); record(opt) is kept per
+    step. Returns the records, the parameters' digest and the model's size."""
+    torch.manual_seed(3)
+    model = small_model()
+    opt = oktopk_horovod.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), named_parameters=model.named_parameters(),
+                                              compression=compression)
+    if first:
+        saved = torch.load(path, weights_only=False)
+        model.load_state_dict(saved["model"])
+        opt.load_state_dict(saved["optimizer"])
+        opt.load_oktopk_state_dict(saved["oktopk"])
+    steps = {}
+    for step in range(first, last):
+        g = torch.Generator().manual_seed(1000 * step + hvd.rank())
+        x, y = torch.randn(32, 20, generator=g), torch.randint(0, 5, (32,), generator=g)
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        steps[step] = record(opt)
+        if save == step + 1:
+            torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "oktopk": opt.oktopk_state_dict()}, path)
+    opt.close()
+    return {"steps": steps, "params": digest(model), "n": sum(p.numel() for p in model.parameters())}
+
+
 def density_schedule(out, ckpt):
     """Train 7 steps with Compression.oktopk(density=0.01,
     density_schedule=(0.5, 4), measure_xi_every=2), saving after step 3;
@@ -262,31 +290,11 @@ def density_schedule(out, ckpt):
     torch.set_num_threads(1)
     path = os.path.join(ckpt, f"rank{hvd.rank()}.pt")
 
-    def train(first, compression, save=None):
-        torch.manual_seed(3)
-        model = small_model()
-        opt = oktopk_horovod.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), named_parameters=model.named_parameters(),
-                                                  compression=compression)
-        if first:
-            saved = torch.load(path, weights_only=False)
-            model.load_state_dict(saved["model"])
-            opt.load_state_dict(saved["optimizer"])
-            opt.load_oktopk_state_dict(saved["oktopk"])
-        steps = {}
-        for step in range(first, 7):
-            g = torch.Generator().manual_seed(1000 * step + hvd.rank())
-            x, y = torch.randn(32, 20, generator=g), torch.randint(0, 5, (32,), generator=g)
-            opt.zero_grad()
-            F.cross_entropy(model(x), y).backward()
-            opt.step()
-            steps[step] = (opt.last_density, sorted(opt.last_k.values()), opt.last_xi, opt.last_xi_step)
-            if save == step + 1:
-                torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "oktopk": opt.oktopk_state_dict()}, path)
-        opt.close()
-        return {"steps": steps, "params": digest(model), "n": sum(p.numel() for p in model.parameters())}
+    def record(opt):
+        return (opt.last_density, sorted(opt.last_k.values()), opt.last_xi, opt.last_xi_step)
 
-    full = train(0, oktopk_horovod.Compression.oktopk(density=0.01, density_schedule=(0.5, 4), measure_xi_every=2), save=3)
-    resumed = train(3, oktopk_horovod.Compression.oktopk(density=0.01))
+    full = train_resumable(path, 0, 7, oktopk_horovod.Compression.oktopk(density=0.01, density_schedule=(0.5, 4), measure_xi_every=2), record, save=3)
+    resumed = train_resumable(path, 3, 7, oktopk_horovod.Compression.oktopk(density=0.01), record)
     return {"full": full, "resumed": resumed}
 
 
@@ -300,32 +308,13 @@ def adaptive(out, ckpt):
     torch.set_num_threads(1)
     path = os.path.join(ckpt, f"rank{hvd.rank()}-adaptive.pt")
 
-    def train(first, compression, save=None):
-        torch.manual_seed(3)
-        model = small_model()
-        opt = oktopk_horovod.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), named_parameters=model.named_parameters(),
-                                                  compression=compression)
-        if first:
-            saved = torch.load(path, weights_only=False)
-            model.load_state_dict(saved["model"])
-            opt.load_state_dict(saved["optimizer"])
-            opt.load_oktopk_state_dict(saved["oktopk"])
-        steps = {}
-        for step in range(first, 8):
-            g = torch.Generator().manual_seed(1000 * step + hvd.rank())
-            x, y = torch.randn(32, 20, generator=g), torch.randint(0, 5, (32,), generator=g)
-            opt.zero_grad()
-            F.cross_entropy(model(x), y).backward()
-            opt.step()
-            c = opt._adaptive
-            steps[step] = (opt.last_density, opt.last_tau_prime, sorted(opt.last_k.values()), c.adaptations, c.last_inputs)
-            if save == step + 1:
-                torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "oktopk": opt.oktopk_state_dict()}, path)
-        opt.close()
-        return {"steps": steps, "params": digest(model), "n": sum(p.numel() for p in model.parameters())}
+    def record(opt):
+        c = opt._adaptive
+        return (opt.last_density, opt.last_tau_prime, sorted(opt.last_k.values()), c.adaptations, c.last_inputs)
 
-    full = train(0, oktopk_horovod.Compression.oktopk(density=2.0**-7, tau_prime=8, adaptive=(2.0**-7, 2.0**-4, 1e-3), measure_xi_every=2), save=5)
-    resumed = train(5, oktopk_horovod.Compression.oktopk(density=2.0**-7, tau_prime=8))
+    compression = oktopk_horovod.Compression.oktopk(density=2.0**-7, tau_prime=8, adaptive=(2.0**-7, 2.0**-4, 1e-3), measure_xi_every=2)
+    full = train_resumable(path, 0, 8, compression, record, save=5)
+    resumed = train_resumable(path, 5, 8, oktopk_horovod.Compression.oktopk(density=2.0**-7, tau_prime=8), record)
     return {"full": full, "resumed": resumed}
 
 
