@@ -61,13 +61,19 @@ func initFromUniqueID(text string, rank, size int, s settings) (*communicator, e
 	ctx, cancel := initContext(s)
 	defer cancel()
 	net, err := transport.InitFromUniqueID(ctx, id, rank, size, zmqOptions(rank, size, id.Token, s))
-	if err != nil {
-		return nil, err
-	}
+	// Whatever the outcome, this id's rendezvous is over here: the
+	// communicator takes the server, or a failure closes it (its port and
+	// goroutines would otherwise stay for the life of the process).
 	uniqueIDServers.Lock()
 	server := uniqueIDServers.m[text]
 	delete(uniqueIDServers.m, text)
 	uniqueIDServers.Unlock()
+	if err != nil {
+		if server != nil {
+			server.Close()
+		}
+		return nil, err
+	}
 	c := newCommunicator(rank, size, s, net, storeCloser(server))
 	c.connected()
 	return c, nil

@@ -266,7 +266,10 @@ oktopk_result_t oktopk_get_last_error(oktopk_comm_t comm, char *buf, size_t len,
 /* ---- communicator lifecycle ------------------------------------------ */
 /* NCCL style: rank 0 calls oktopk_get_unique_id (it starts rendezvous on
  * rank 0's address), sends the id to the other ranks by its own means, then
- * every rank calls oktopk_comm_init_rank. */
+ * every rank calls oktopk_comm_init_rank. The rendezvous lasts until the
+ * process that made the id has called oktopk_comm_init_rank with it: the
+ * communicator then owns it, or, when that call failed, it is closed (make
+ * a new id to try again). */
 oktopk_result_t oktopk_get_unique_id(oktopk_unique_id_t *id, const oktopk_config_t *config);
 oktopk_result_t oktopk_comm_init_rank(oktopk_comm_t *comm, int nranks, const oktopk_unique_id_t *id,
                                       int rank, const oktopk_config_t *config);
