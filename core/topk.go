@@ -82,8 +82,12 @@ type selectionScratch struct {
 // scratches holds the selectionScratch not in use. A free list rather than
 // a sync.Pool: a pool is emptied by every garbage collection and keeps one
 // object per P, so steady-state calls would still grow new histograms and
-// buffers now and then; this list holds as many as selections have ever run
-// at once (usually one per tensor being reduced concurrently).
+// buffers now and then; this list keeps up to maxFreeScratches (usually one
+// per tensor being reduced concurrently), and leaves any beyond that, from
+// a burst of concurrent selections, to the garbage collector, so a burst
+// does not hold its memory for the life of the process.
+const maxFreeScratches = 8
+
 var scratches struct {
 	sync.Mutex
 	free []*selectionScratch
@@ -103,7 +107,9 @@ func getScratch() *selectionScratch {
 
 func putScratch(sc *selectionScratch) {
 	scratches.Lock()
-	scratches.free = append(scratches.free, sc)
+	if len(scratches.free) < maxFreeScratches {
+		scratches.free = append(scratches.free, sc)
+	}
 	scratches.Unlock()
 }
 

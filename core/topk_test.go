@@ -719,3 +719,21 @@ func firstDifference(a, b []float32) (int, bool) {
 	}
 	return 0, false
 }
+
+// The free list of selection scratch keeps at most maxFreeScratches: a
+// burst of concurrent selections leaves the rest to the garbage collector.
+func TestScratchFreeListIsBounded(t *testing.T) {
+	held := make([]*selectionScratch, 3*maxFreeScratches)
+	for i := range held {
+		held[i] = getScratch()
+	}
+	for _, sc := range held {
+		putScratch(sc)
+	}
+	scratches.Lock()
+	n := len(scratches.free)
+	scratches.Unlock()
+	if n > maxFreeScratches {
+		t.Fatalf("%d scratches kept after a burst of %d, at most %d wanted", n, len(held), maxFreeScratches)
+	}
+}
