@@ -9,7 +9,7 @@ import (
 // Errors of package core; transport's errors (timeout, aborted, mismatch,
 // remote) pass through wrapped. The C ABI maps each to one result code.
 var (
-	ErrInvalidArgument = errors.New("oktopk: invalid argument")
+	ErrInvalidArgument = transport.ErrInvalidArgument
 	ErrInvalidUsage    = errors.New("oktopk: invalid usage")
 	ErrNonFinite       = errors.New("oktopk: gradient holds NaN or Inf")
 	ErrMismatch        = transport.ErrMismatch

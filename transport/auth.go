@@ -171,9 +171,9 @@ func (z *ZMQ) learnPeers(endpoints []string) (addrs, serverKeys []string, err er
 		switch {
 		case r == z.opts.Rank:
 		case z.curve != nil && serverKeys[r] == "":
-			return nil, nil, fmt.Errorf("oktopk: invalid argument: this rank uses CURVE but rank %d's endpoint %q carries no key (set OKTOPK_CURVE or the config's curve on every rank)", r, ep)
+			return nil, nil, fmt.Errorf("%w: this rank uses CURVE but rank %d's endpoint %q carries no key (set OKTOPK_CURVE or the config's curve on every rank)", ErrInvalidArgument, r, ep)
 		case z.curve == nil && serverKeys[r] != "":
-			return nil, nil, fmt.Errorf("oktopk: invalid argument: rank %d uses CURVE but this rank does not (set OKTOPK_CURVE or the config's curve on every rank)", r)
+			return nil, nil, fmt.Errorf("%w: rank %d uses CURVE but this rank does not (set OKTOPK_CURVE or the config's curve on every rank)", ErrInvalidArgument, r)
 		}
 	}
 	if c := z.curve; c != nil {

@@ -216,6 +216,10 @@ var (
 	ErrBadPeer    = errors.New("oktopk: peer rank out of range")
 	ErrAuth       = errors.New("oktopk: connection with wrong job token refused")
 	ErrRendezvous = errors.New("oktopk: rendezvous failed")
+	// ErrInvalidArgument is a bad setting or argument; package core's
+	// ErrInvalidArgument is this same value, so every layer's reports map
+	// to the one result code.
+	ErrInvalidArgument = errors.New("oktopk: invalid argument")
 )
 
 // ContextError turns a context error into ErrTimeout / ErrAborted with what

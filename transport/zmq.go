@@ -228,7 +228,7 @@ func ResolveBindHost(bindHost, ifname string) (string, error) {
 // serving it; it does not connect to peers (see Connect).
 func ListenZMQ(opts ZMQOptions) (*ZMQ, error) {
 	if opts.Size < 1 || opts.Rank < 0 || opts.Rank >= opts.Size {
-		return nil, fmt.Errorf("oktopk: invalid argument: rank %d of %d", opts.Rank, opts.Size)
+		return nil, fmt.Errorf("%w: rank %d of %d", ErrInvalidArgument, opts.Rank, opts.Size)
 	}
 	if opts.ConnectTimeout <= 0 {
 		opts.ConnectTimeout = 60 * time.Second
@@ -401,7 +401,7 @@ func routingIDRank(id []byte) int {
 // Connect means the whole job is reachable.
 func (z *ZMQ) Connect(ctx context.Context, endpoints []string) error {
 	if len(endpoints) != z.opts.Size {
-		return fmt.Errorf("oktopk: invalid argument: %d endpoints for %d ranks", len(endpoints), z.opts.Size)
+		return fmt.Errorf("%w: %d endpoints for %d ranks", ErrInvalidArgument, len(endpoints), z.opts.Size)
 	}
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
