@@ -118,6 +118,25 @@ def test_bad_settings_raise_value_error(kwargs):
         oktopk_horovod.Compression.oktopk(**kwargs)
 
 
+@pytest.mark.parametrize(
+    "kwargs",
+    [dict(density=True), dict(tau=True), dict(timeout=10**9), dict(tau_prime=2**31), dict(adaptive=(0.1, 0.01)),
+     dict(adaptive=(0.001, 0.1), density_schedule=(0.5, 4)), dict(measure_xi_every=0)],
+)
+def test_settings_are_checked_as_the_ddp_state_checks_them(kwargs):
+    # One validator for both plugins: whatever OkTopkState refuses,
+    # Compression.oktopk refuses with the same message (it took True as a
+    # density, and bounds the DDP state refused).
+    import oktopk_horovod
+    from oktopk import OkTopkState
+
+    with pytest.raises(ValueError) as ddp:
+        OkTopkState(**kwargs)
+    with pytest.raises(ValueError) as hvd:
+        oktopk_horovod.Compression.oktopk(**kwargs)
+    assert str(hvd.value) == str(ddp.value)
+
+
 def test_other_compressions_are_plain_horovod():
     import horovod.torch as hvd
     import torch

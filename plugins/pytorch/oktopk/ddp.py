@@ -15,7 +15,6 @@ rest wait in a per-bucket residual (error feedback).
 import concurrent.futures
 import contextlib
 import hashlib
-import numbers
 import threading
 
 import torch
@@ -23,26 +22,15 @@ import torch.distributed as dist
 
 from . import _lib
 from ._lib import OkTopkError
-from .adaptive import DEFAULT_EVERY, AdaptiveControl, check_adaptive
-from .comm import Communicator, XiTally, value_dtype_name
+from .adaptive import AdaptiveControl, check_adaptive
+from .comm import Communicator, XiTally
 from .schedule import check_schedule, density_at
+from .settings import check_settings, is_int
 
 # The bucket dtypes liboktopk reduces; the dense warm-up would take others,
 # so they are refused on the first hook call rather than at the first sparse
 # step.
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_MAX_INT32 = 2**31 - 1
-# The algorithms that send float16 or bfloat16 values: each of their roundings
-# has one rank whose residual takes its error (the others forward partial sums).
-_REDUCED_VALUE_ALGORITHMS = ("oktopk", "topka", "gaussiank", "auto")
-
-
-def _is_real(x):
-    return isinstance(x, numbers.Real) and not isinstance(x, bool)
-
-
-def _is_int(x):
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
 def _group_id(members):
@@ -179,37 +167,14 @@ class OkTopkState:
     def __init__(self, process_group=None, density=0.01, algorithm=None, warmup_iters=2, tau=64, tau_prime=32, timeout=60.0,
                  value_dtype="float32", stochastic_rounding=False, density_schedule=None, measure_xi_every=None,
                  adaptive=None):
-        if not _is_real(density) or not 0.0 < density <= 1.0:
-            raise ValueError(f"density must be a real number in (0, 1], got {density!r}")
-        if algorithm is None:
-            algorithm = _lib.default_algorithm()
-        _lib.algorithm_code(algorithm)  # ValueError naming the choices
-        if not _is_int(warmup_iters) or warmup_iters < 2:
+        if not is_int(warmup_iters) or warmup_iters < 2:
             raise ValueError(
                 f"warmup_iters must be an integer >= 2 (DDP rebuilds its buckets after the first iteration, and the "
                 f"hook learns the rebuilt layout in the second), got {warmup_iters!r}"
             )
-        for name, value in (("tau", tau), ("tau_prime", tau_prime)):
-            if not _is_int(value) or not 1 <= value <= _MAX_INT32:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if not _is_real(timeout) or not 0.0 < timeout <= _MAX_INT32 / 1000:
-            raise ValueError(f"timeout must be a positive number of seconds (at most {_MAX_INT32 // 1000}), got {timeout!r}")
-        value_dtype = value_dtype_name(value_dtype)
-        if value_dtype != "float32" and algorithm not in _REDUCED_VALUE_ALGORITHMS:
-            raise ValueError(
-                f"value_dtype {value_dtype} needs algorithm oktopk, topka, gaussiank or auto; {algorithm!r} keeps no residual or "
-                f"sends partial sums, whose rounding errors no rank's residual could take back"
-            )
-        if not isinstance(stochastic_rounding, bool) or stochastic_rounding and value_dtype == "float32":
-            raise ValueError(f"stochastic_rounding must be a bool, and True only with float16 or bfloat16 values, got {stochastic_rounding!r}")
-        density_schedule = check_schedule(density_schedule, float(density))
-        if measure_xi_every is not None and (not _is_int(measure_xi_every) or measure_xi_every < 1):
-            raise ValueError(f"measure_xi_every must be None or a positive integer, got {measure_xi_every!r}")
-        adaptive = check_adaptive(adaptive, int(tau_prime))
-        if adaptive is not None and density_schedule is not None:
-            raise ValueError("adaptive and density_schedule both set the density of each step: pass one of them")
-        if adaptive is not None and measure_xi_every is None:
-            measure_xi_every = DEFAULT_EVERY
+        (density, algorithm, tau, tau_prime, timeout, value_dtype, stochastic_rounding, density_schedule, measure_xi_every,
+         adaptive) = check_settings(density, algorithm, tau, tau_prime, timeout, value_dtype, stochastic_rounding, density_schedule,
+                                    measure_xi_every, adaptive)
         self.adaptive = adaptive
         self._adaptive = None if adaptive is None else AdaptiveControl(adaptive, float(density), int(tau_prime))
         self._adapt_error = None

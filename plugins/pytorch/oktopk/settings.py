@@ -1,0 +1,65 @@
+"""The sparse-allreduce settings shared by the DDP hook's OkTopkState and
+Horovod's Compression.oktopk: their defaults and their checks, in one place,
+so that both accept and refuse the same values with the same messages."""
+
+import numbers
+from collections import namedtuple
+
+from . import _lib
+from .adaptive import DEFAULT_EVERY, check_adaptive
+from .comm import value_dtype_name
+from .schedule import check_schedule
+
+MAX_INT32 = 2**31 - 1
+# The algorithms that send float16 or bfloat16 values: each of their roundings
+# has one rank whose residual takes its error (the others forward partial
+# sums); auto then chooses among those and the dense ones.
+REDUCED_VALUE_ALGORITHMS = ("oktopk", "topka", "gaussiank", "auto")
+
+Settings = namedtuple(
+    "Settings",
+    "density algorithm tau tau_prime timeout value_dtype stochastic_rounding density_schedule measure_xi_every adaptive",
+)
+
+
+def is_real(x):
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def is_int(x):
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def check_settings(density=0.01, algorithm=None, tau=64, tau_prime=32, timeout=60.0, value_dtype="float32", stochastic_rounding=False,
+                   density_schedule=None, measure_xi_every=None, adaptive=None):
+    """The settings, checked and normalized (algorithm None: the library's
+    default; measure_xi_every None with adaptive: its default); ValueError
+    naming the first bad one."""
+    if not is_real(density) or not 0.0 < density <= 1.0:
+        raise ValueError(f"density must be a real number in (0, 1], got {density!r}")
+    if algorithm is None:
+        algorithm = _lib.default_algorithm()
+    _lib.algorithm_code(algorithm)  # ValueError naming the choices
+    for name, value in (("tau", tau), ("tau_prime", tau_prime)):
+        if not is_int(value) or not 1 <= value <= MAX_INT32:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if not is_real(timeout) or not 0.0 < timeout <= MAX_INT32 / 1000:
+        raise ValueError(f"timeout must be a positive number of seconds (at most {MAX_INT32 // 1000}), got {timeout!r}")
+    value_dtype = value_dtype_name(value_dtype)
+    if value_dtype != "float32" and algorithm not in REDUCED_VALUE_ALGORITHMS:
+        raise ValueError(
+            f"value_dtype {value_dtype} needs algorithm oktopk, topka, gaussiank or auto; {algorithm!r} keeps no residual or "
+            f"sends partial sums, whose rounding errors no rank's residual could take back"
+        )
+    if not isinstance(stochastic_rounding, bool) or stochastic_rounding and value_dtype == "float32":
+        raise ValueError(f"stochastic_rounding must be a bool, and True only with float16 or bfloat16 values, got {stochastic_rounding!r}")
+    density_schedule = check_schedule(density_schedule, float(density))
+    if measure_xi_every is not None and (not is_int(measure_xi_every) or measure_xi_every < 1):
+        raise ValueError(f"measure_xi_every must be None or a positive integer, got {measure_xi_every!r}")
+    adaptive = check_adaptive(adaptive, int(tau_prime))
+    if adaptive is not None and density_schedule is not None:
+        raise ValueError("adaptive and density_schedule both set the density of each step: pass one of them")
+    if adaptive is not None and measure_xi_every is None:
+        measure_xi_every = DEFAULT_EVERY
+    return Settings(float(density), algorithm, int(tau), int(tau_prime), float(timeout), value_dtype, stochastic_rounding, density_schedule,
+                    measure_xi_every, adaptive)
