@@ -35,8 +35,12 @@ dist.all_gather(gathered, flat)
 same = all(torch.equal(gathered[0], t) for t in gathered)
 with open("/proc/self/maps") as f:
     zmq = sorted({line.split()[-1] for line in f if "libzmq" in line})
-print(f"RANK {rank} oktopk={oktopk.__file__} library={oktopk.library_path()} torch={torch.__file__} "
-      f"libzmq={','.join(zmq)} communicator={state._comm is not None} identical={same}", flush=True)
+# One write of the whole line (well under PIPE_BUF), so that the two ranks'
+# lines, sharing torchrun's stdout, never interleave (print writes the text
+# and the newline separately).
+line = (f"RANK {rank} oktopk={oktopk.__file__} library={oktopk.library_path()} torch={torch.__file__} "
+        f"libzmq={','.join(zmq)} communicator={state._comm is not None} identical={same}\n")
+os.write(sys.stdout.fileno(), line.encode())
 state.close()
 dist.destroy_process_group()
 sys.exit(0 if same else 1)
