@@ -1,6 +1,7 @@
 package core
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"strings"
@@ -34,28 +35,83 @@ const (
 // oktopk_config_init and the Python plugins) uses.
 const DefaultAlgorithm = OkTopk
 
-var algorithmNames = [...]string{"dense_ring", "dense_rabenseifner", "oktopk", "topka", "topkdsa",
-	"ssar_recursive_double", "ssar_split_allgather", "dsar_split_allgather", "gtopk", "gaussiank", "auto"}
+// denseAllreduceFunc sums data over every rank, in place; every rank ends
+// with bitwise identical data.
+type denseAllreduceFunc func(ctx context.Context, call *Call, data []float32) error
 
-var algorithmOps = [...]transport.Op{transport.OpAllreduceRing, transport.OpAllreduceRabenseifner,
-	transport.OpOkTopk, transport.OpTopkA, transport.OpTopkDSA, transport.OpSSARRecursiveDouble,
-	transport.OpSSARSplitAllgather, transport.OpDSARSplitAllgather, transport.OpGTopk, transport.OpGaussiank,
-	transport.OpNone} // Auto: never on the wire
+// sparseAllreduceFunc reduces one rank's dense gradient with error feedback:
+// on return grad holds the averaged sparse global result (zeros elsewhere,
+// bitwise identical on every rank) and st.Residual what was not sent.
+type sparseAllreduceFunc func(ctx context.Context, call *Call, st *TensorState, grad []float32) error
+
+// sparseInputFunc reduces sparse inputs with no state and returns the summed
+// (not averaged) sparse global result, identical on every rank.
+type sparseInputFunc func(ctx context.Context, call *Call, n int, in Sparse, k int) (Sparse, error)
+
+// algorithmEntry is one row of the algorithm table: the algorithm's name,
+// the operation kind its frames carry, and its entry points, nil where it
+// has none. Every algorithm file holds the functions its row names.
+type algorithmEntry struct {
+	name        string
+	op          transport.Op
+	dense       denseAllreduceFunc  // a dense allreduce: no selection, no residual
+	sparse      sparseAllreduceFunc // a dense gradient in, reduced with error feedback
+	sparseInput sparseInputFunc     // sparse inputs in, no state
+	halfValues  bool                // sends float16/bfloat16 values (values.go)
+}
+
+// algorithms is the table, indexed by Algorithm. It is filled in init, not
+// by an initializer, because the entry points reach back into it (their
+// errors name algorithms through String, which reads it), which Go would
+// reject as an initialization cycle.
+var algorithms [numAlgorithms]algorithmEntry
+
+func init() {
+	algorithms = [numAlgorithms]algorithmEntry{
+		DenseRing:         {name: "dense_ring", op: transport.OpAllreduceRing, dense: RingAllreduce},
+		DenseRabenseifner: {name: "dense_rabenseifner", op: transport.OpAllreduceRabenseifner, dense: RabenseifnerAllreduce},
+		OkTopk: {name: "oktopk", op: transport.OpOkTopk, sparse: okTopkAllreduce, sparseInput: okTopkSparseInput,
+			halfValues: true},
+		TopkA: {name: "topka", op: transport.OpTopkA, sparse: withExactTopK(topkAReduce), sparseInput: topkAReduce,
+			halfValues: true},
+		TopkDSA: {name: "topkdsa", op: transport.OpTopkDSA, sparse: withExactTopK(topkDSAReduce), sparseInput: topkDSAReduce},
+		SSARRecursiveDouble: {name: "ssar_recursive_double", op: transport.OpSSARRecursiveDouble,
+			sparse: withExactTopK(ssarRecursiveDouble), sparseInput: ssarRecursiveDouble},
+		SSARSplitAllgather: {name: "ssar_split_allgather", op: transport.OpSSARSplitAllgather,
+			sparse: withExactTopK(ssarSplitAllgather), sparseInput: ssarSplitAllgather},
+		DSARSplitAllgather: {name: "dsar_split_allgather", op: transport.OpDSARSplitAllgather,
+			sparse: withExactTopK(dsarSplitAllgather), sparseInput: dsarSplitAllgather},
+		GTopk:     {name: "gtopk", op: transport.OpGTopk, sparse: gTopkAllreduce, sparseInput: gTopkSparseInput},
+		Gaussiank: {name: "gaussiank", op: transport.OpGaussiank, sparse: gaussiankAllreduce, halfValues: true},
+		// Auto runs another row's entry points; it chooses among those
+		// that send half values when asked to.
+		Auto: {name: "auto", op: transport.OpNone, halfValues: true}, // never on the wire
+	}
+}
 
 func (a Algorithm) String() string {
 	if a.Valid() {
-		return algorithmNames[a]
+		return algorithms[a].name
 	}
 	return fmt.Sprintf("algorithm(%d)", int(a))
 }
 
 func (a Algorithm) Valid() bool { return a >= 0 && a < numAlgorithms }
 
+// row is a's row of the table; an invalid a has an empty one (no entry
+// points).
+func (a Algorithm) row() algorithmEntry {
+	if !a.Valid() {
+		return algorithmEntry{}
+	}
+	return algorithms[a]
+}
+
 // Dense reports whether a is a dense allreduce (no selection, no residual).
-func (a Algorithm) Dense() bool { return a == DenseRing || a == DenseRabenseifner }
+func (a Algorithm) Dense() bool { return a.row().dense != nil }
 
 // Op is the frame-header operation kind of a's messages.
-func (a Algorithm) Op() transport.Op { return algorithmOps[a] }
+func (a Algorithm) Op() transport.Op { return a.row().op }
 
 // Algorithms lists every algorithm in enum order.
 func Algorithms() []Algorithm {
@@ -68,12 +124,14 @@ func Algorithms() []Algorithm {
 
 // ParseAlgorithm accepts the names of String, case-insensitively.
 func ParseAlgorithm(name string) (Algorithm, error) {
-	for i, n := range algorithmNames {
-		if strings.EqualFold(name, n) {
-			return Algorithm(i), nil
+	names := make([]string, 0, numAlgorithms)
+	for a, row := range algorithms {
+		if strings.EqualFold(name, row.name) {
+			return Algorithm(a), nil
 		}
+		names = append(names, row.name)
 	}
-	return 0, fmt.Errorf("%w: unknown algorithm %q (one of %s)", ErrInvalidArgument, name, strings.Join(algorithmNames[:], ", "))
+	return 0, fmt.Errorf("%w: unknown algorithm %q (one of %s)", ErrInvalidArgument, name, strings.Join(names, ", "))
 }
 
 // Config holds the settings of sparse allreduce for one tensor.

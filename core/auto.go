@@ -223,7 +223,7 @@ func (m LinkModel) choose(n, p int, cfg Config, sparseInput bool) choice {
 	bestDense, bestSparse := choice{alg: -1, next: -1}, choice{alg: -1, next: -1}
 	for _, a := range autoCandidates {
 		if sparseInput {
-			if _, ok := sparseInputAlgorithms[a]; !ok {
+			if a.row().sparseInput == nil {
 				continue
 			}
 		}
@@ -324,7 +324,7 @@ func (c *Communicator) autoDense(ctx context.Context, seq, id uint64, st *Tensor
 	}
 	copy(c.before[:n], grad)
 	Accumulate(grad, grad, st.Residual) // NaN/Inf show in the sum
-	err := denseAlgorithms[alg](ctx, call, grad)
+	err := algorithms[alg].dense(ctx, call, grad)
 	call.Phase(PhaseOutput)
 	if err == nil {
 		if bad := scaleCountingNonFinite(grad, p); bad > 0 {

@@ -29,6 +29,14 @@ func exactLocalTopK(call *Call) func(dst Sparse, acc vec, k int) (Sparse, error)
 	}
 }
 
+// withExactTopK is reduce's dense-gradient form over the exact local top-k:
+// the entry point of the baselines that differ only in their reduction.
+func withExactTopK(reduce sparseInputFunc) sparseAllreduceFunc {
+	return func(ctx context.Context, call *Call, st *TensorState, grad []float32) error {
+		return reduceWithErrorFeedback(ctx, call, st, grad, exactLocalTopK(call), reduce)
+	}
+}
+
 // reduceWithErrorFeedback is the dense-gradient form of a baseline: it
 // selects this rank's entries of acc = grad + residual with selectLocal
 // (acc is never stored: the selection's passes form it as they read, see

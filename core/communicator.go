@@ -12,33 +12,6 @@ import (
 	"github.com/oktopk/oktopk/transport"
 )
 
-// denseAllreduceFunc sums data over every rank, in place; every rank ends
-// with bitwise identical data.
-type denseAllreduceFunc func(ctx context.Context, call *Call, data []float32) error
-
-// sparseAllreduceFunc reduces one rank's dense gradient with error feedback:
-// on return grad holds the averaged sparse global result (zeros elsewhere,
-// bitwise identical on every rank) and st.Residual what was not sent.
-type sparseAllreduceFunc func(ctx context.Context, call *Call, st *TensorState, grad []float32) error
-
-// sparseInputFunc reduces sparse inputs with no state and returns the summed
-// (not averaged) sparse global result, identical on every rank.
-type sparseInputFunc func(ctx context.Context, call *Call, n int, in Sparse, k int) (Sparse, error)
-
-// The algorithm files register themselves here in their init functions, so
-// the dispatcher never has to know their internals.
-var (
-	denseAlgorithms       = map[Algorithm]denseAllreduceFunc{}
-	sparseAlgorithms      = map[Algorithm]sparseAllreduceFunc{}
-	sparseInputAlgorithms = map[Algorithm]sparseInputFunc{}
-)
-
-func registerDense(a Algorithm, f denseAllreduceFunc)   { denseAlgorithms[a] = f }
-func registerSparse(a Algorithm, f sparseAllreduceFunc) { sparseAlgorithms[a] = f }
-func registerSparseInput(a Algorithm, f sparseInputFunc) {
-	sparseInputAlgorithms[a] = f
-}
-
 // Communicator runs collectives over one transport in the order they are
 // issued, which must be the same on every rank: each call takes the next
 // sequence number, and the sequence number tags its messages. One call runs
@@ -147,7 +120,7 @@ func (c *Communicator) Allreduce(ctx context.Context, data []float32, average bo
 	if err != nil {
 		return Stats{}, err
 	}
-	if _, ok := denseAlgorithms[alg]; !ok && alg != Auto {
+	if alg.row().dense == nil && alg != Auto {
 		return Stats{}, c.refuse(ctx, seq, fmt.Errorf("%w: %v is not a dense allreduce", ErrInvalidArgument, alg))
 	}
 	if alg == Auto {
@@ -164,7 +137,7 @@ func (c *Communicator) Allreduce(ctx context.Context, data []float32, average bo
 // tensor (0 if none) goes into the call's descriptor.
 func (c *Communicator) allreduce(ctx context.Context, seq, tensor uint64, data []float32, average bool, alg Algorithm) (Stats, error) {
 	st := Stats{Algorithm: alg, Predicted: c.predicted(alg, len(data), DefaultConfig())}
-	f := denseAlgorithms[alg]
+	f := algorithms[alg].dense
 	start := time.Now()
 	call := NewCall(c.T, alg.Op(), seq, &st, WithDesc(DescribeCall(ctx, tensor, len(data), len(data))))
 	// Rabenseifner reduces in place, so a failure midway would leave partial
@@ -303,7 +276,7 @@ func (c *Communicator) SparseAllreduceWith(ctx context.Context, id uint64, grad 
 		// no selection error to measure, so MeasureXi is ignored.
 		return c.allreduce(ctx, seq, id, grad, true, cfg.Algorithm)
 	}
-	if _, ok := sparseAlgorithms[cfg.Algorithm]; !ok {
+	if cfg.Algorithm.row().sparse == nil {
 		return stats, c.refuse(ctx, seq, fmt.Errorf("%w: %v is not built into this library", ErrInvalidArgument, cfg.Algorithm))
 	}
 	st, undo, err := c.callState(id, len(grad), cfg)
@@ -361,7 +334,7 @@ func (c *Communicator) sparseCall(ctx context.Context, seq, id uint64, st *Tenso
 	desc.Exact = alg == OkTopk && st.okTopkExact(stats.K, len(grad))
 	call := NewCall(c.T, alg.Op(), seq, stats, WithDesc(desc), withScratch(&c.scratch))
 	call.Values, call.Hold = st.Config.Values, hold
-	err := sparseAlgorithms[alg](ctx, call, st, grad)
+	err := algorithms[alg].sparse(ctx, call, st, grad)
 	call.EndPhases()
 	if err != nil {
 		undo()
@@ -392,7 +365,7 @@ func (c *Communicator) SparseAllreduceSparse(ctx context.Context, n int, in Spar
 		return Sparse{}, stats, c.refuse(ctx, seq, fmt.Errorf("%w: n=%d not in 0…2^32-1", ErrInvalidArgument, n))
 	}
 	alg := cfg.Algorithm
-	if _, ok := sparseInputAlgorithms[alg]; !ok && alg != Auto {
+	if alg.row().sparseInput == nil && alg != Auto {
 		return Sparse{}, stats, c.refuse(ctx, seq, fmt.Errorf("%w: %v has no sparse-input form", ErrInvalidArgument, alg))
 	}
 	if cfg.Values != ValuesFloat32 {
@@ -406,7 +379,7 @@ func (c *Communicator) SparseAllreduceSparse(ctx context.Context, n int, in Spar
 		}
 		seq, alg, stats.Predicted = next, ch.alg, duration(ch.predicted)
 	}
-	f := sparseInputAlgorithms[alg]
+	f := algorithms[alg].sparseInput
 	start := time.Now()
 	stats.Algorithm = alg
 	stats.K = cfg.K(n)

@@ -39,22 +39,22 @@ const (
 	gaussiankLower     = 0.9  // too few selected: th ×= 0.9
 )
 
-func init() {
-	registerSparse(Gaussiank, func(ctx context.Context, call *Call, st *TensorState, grad []float32) error {
-		return reduceWithErrorFeedback(ctx, call, st, grad,
-			func(dst Sparse, acc vec, k int) (Sparse, error) {
-				s, th, nonFinite := gaussianSelectOf(dst, acc, k, st.Config.Density, selectionChunks(acc.len()))
-				if nonFinite > 0 {
-					return s, fmt.Errorf("%w: %d entries", ErrNonFinite, nonFinite)
-				}
-				call.Stats.LocalThreshold = th
-				st.LocalThreshold = th
-				return s, nil
-			},
-			func(ctx context.Context, call *Call, n int, local Sparse, _ int) (Sparse, error) {
-				return allgatherSparseSum(ctx, call, 0, n, local)
-			})
-	})
+// gaussiankAllreduce is Gaussiank with error feedback: the Gaussian
+// threshold's selection, allgathered and summed.
+func gaussiankAllreduce(ctx context.Context, call *Call, st *TensorState, grad []float32) error {
+	return reduceWithErrorFeedback(ctx, call, st, grad,
+		func(dst Sparse, acc vec, k int) (Sparse, error) {
+			s, th, nonFinite := gaussianSelectOf(dst, acc, k, st.Config.Density, selectionChunks(acc.len()))
+			if nonFinite > 0 {
+				return s, fmt.Errorf("%w: %d entries", ErrNonFinite, nonFinite)
+			}
+			call.Stats.LocalThreshold = th
+			st.LocalThreshold = th
+			return s, nil
+		},
+		func(ctx context.Context, call *Call, n int, local Sparse, _ int) (Sparse, error) {
+			return allgatherSparseSum(ctx, call, 0, n, local)
+		})
 }
 
 // normalQuantile is Φ⁻¹(q), the standard normal quantile, for 0 < q < 1:

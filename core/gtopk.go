@@ -49,18 +49,21 @@ import (
 	"github.com/oktopk/oktopk/transport"
 )
 
-func init() {
-	registerSparse(GTopk, func(ctx context.Context, call *Call, st *TensorState, grad []float32) error {
-		return reduceWithFeedback(ctx, call, st, grad, exactLocalTopK(call),
-			func(ctx context.Context, call *Call, n int, local Sparse, k int) (Sparse, Sparse, Sparse, error) {
-				var dropped Sparse
-				global, err := gTopkTree(ctx, call, n, local, k, &dropped)
-				return global, local, dropped, err // step 4: all of local went up the tree
-			})
-	})
-	registerSparseInput(GTopk, func(ctx context.Context, call *Call, n int, in Sparse, k int) (Sparse, error) {
-		return gTopkTree(ctx, call, n, in, k, nil)
-	})
+// gTopkAllreduce is gTopk with error feedback: the exact local top-k goes
+// up the tree, and what the tree's truncations dropped on this rank goes
+// back into its residual.
+func gTopkAllreduce(ctx context.Context, call *Call, st *TensorState, grad []float32) error {
+	return reduceWithFeedback(ctx, call, st, grad, exactLocalTopK(call),
+		func(ctx context.Context, call *Call, n int, local Sparse, k int) (Sparse, Sparse, Sparse, error) {
+			var dropped Sparse
+			global, err := gTopkTree(ctx, call, n, local, k, &dropped)
+			return global, local, dropped, err // step 4: all of local went up the tree
+		})
+}
+
+// gTopkSparseInput is gTopk's sparse-input form: the tree alone.
+func gTopkSparseInput(ctx context.Context, call *Call, n int, in Sparse, k int) (Sparse, error) {
+	return gTopkTree(ctx, call, n, in, k, nil)
 }
 
 // gTopkTree returns the tree-reduced top-k of the ranks' inputs (each cut

@@ -104,11 +104,6 @@ import (
 	"fmt"
 )
 
-func init() {
-	registerSparse(OkTopk, okTopkAllreduce)
-	registerSparseInput(OkTopk, okTopkSparseInput)
-}
-
 // Step numbers of the phases of one call; each phase uses steps from its
 // base up, so phases never share a tag.
 const (

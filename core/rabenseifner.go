@@ -39,8 +39,6 @@ import (
 	"math/bits"
 )
 
-func init() { registerDense(DenseRabenseifner, RabenseifnerAllreduce) }
-
 // RabenseifnerAllreduce sums data over every rank of call, in place.
 func RabenseifnerAllreduce(ctx context.Context, call *Call, data []float32) error {
 	p, r := call.Size(), call.Rank()

@@ -33,8 +33,6 @@ import (
 	"github.com/oktopk/oktopk/transport"
 )
 
-func init() { registerDense(DenseRing, RingAllreduce) }
-
 // RingAllreduce sums data over every rank of call, in place. data is
 // written only after the last message has arrived, so a call that fails
 // leaves it as it was: the partial sums live in the received buffers, which

@@ -53,19 +53,6 @@ import (
 	"github.com/oktopk/oktopk/transport"
 )
 
-func init() {
-	for alg, reduce := range map[Algorithm]sparseInputFunc{
-		SSARRecursiveDouble: ssarRecursiveDouble,
-		SSARSplitAllgather:  ssarSplitAllgather,
-		DSARSplitAllgather:  dsarSplitAllgather,
-	} {
-		registerSparse(alg, func(ctx context.Context, call *Call, st *TensorState, grad []float32) error {
-			return reduceWithErrorFeedback(ctx, call, st, grad, exactLocalTopK(call), reduce)
-		})
-		registerSparseInput(alg, reduce)
-	}
-}
-
 // ssarRecursiveDouble sums the ranks' sparse inputs by recursive doubling.
 func ssarRecursiveDouble(ctx context.Context, call *Call, n int, in Sparse, _ int) (Sparse, error) {
 	p, r := call.Size(), call.Rank()

@@ -20,13 +20,6 @@ package core
 
 import "context"
 
-func init() {
-	registerSparse(TopkA, func(ctx context.Context, call *Call, st *TensorState, grad []float32) error {
-		return reduceWithErrorFeedback(ctx, call, st, grad, exactLocalTopK(call), topkAReduce)
-	})
-	registerSparseInput(TopkA, topkAReduce)
-}
-
 // topkAReduce gathers every rank's (at most k) selected entries and returns
 // their sum. A sparse input with more than k entries is cut to its top k
 // first, as a dense gradient would be.

@@ -28,13 +28,6 @@ package core
 
 import "context"
 
-func init() {
-	registerSparse(TopkDSA, func(ctx context.Context, call *Call, st *TensorState, grad []float32) error {
-		return reduceWithErrorFeedback(ctx, call, st, grad, exactLocalTopK(call), topkDSAReduce)
-	})
-	registerSparseInput(TopkDSA, topkDSAReduce)
-}
-
 // topkDSAReduce sums the ranks' (at most k) selected entries; a sparse input
 // with more than k entries is cut to its top k first.
 func topkDSAReduce(ctx context.Context, call *Call, n int, in Sparse, k int) (Sparse, error) {

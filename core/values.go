@@ -106,14 +106,11 @@ func (v ValueType) width() int {
 	return 2
 }
 
-// takesReducedValues: the algorithms whose every rounding has an owner
-// (see the top of this file).
-// takesReducedValues says whether a can send 16-bit values: Auto can, as it
-// then chooses among those that can (and the dense ones, which send float32
-// and keep no residual).
-func (a Algorithm) takesReducedValues() bool {
-	return a == OkTopk || a == TopkA || a == Gaussiank || a == Auto
-}
+// takesReducedValues says whether a can send 16-bit values: the algorithms
+// whose every rounding has an owner (see the top of this file). Auto can, as
+// it then chooses among those that can (and the dense ones, which send
+// float32 and keep no residual).
+func (a Algorithm) takesReducedValues() bool { return a.row().halfValues }
 
 func (a Algorithm) whyNoReducedValues() string {
 	if a.Dense() {

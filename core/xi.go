@@ -52,7 +52,7 @@ func (c *Communicator) measureXiSums(ctx context.Context, seq, id uint64, st *Te
 	desc := DescribeCall(ctx, id, 2*n, 2*n)
 	desc.Completed = uint32(st.Iter)
 	call := NewCall(c.T, transport.OpXiSums, seq, nil, WithDesc(desc))
-	err := denseAlgorithms[DenseRing](ctx, call, buf)
+	err := RingAllreduce(ctx, call, buf)
 	call.EndPhases()
 	if err != nil {
 		return nil, seq, fmt.Errorf("oktopk: the sums that measure xi: %w", err)

@@ -109,6 +109,13 @@ func (h *harness) report() string {
 		b.WriteString("\n")
 	}
 
+	// The legend comes before the failures, so that a log's tail, often
+	// all a CI run shows, holds them.
+	b.WriteString("\n## Fault kinds\n\n")
+	for _, k := range kinds {
+		fmt.Fprintf(&b, "- %s: %s.\n", k.name, k.what)
+	}
+
 	// Failures.
 	var failures []string
 	for _, f := range h.results {
@@ -131,10 +138,6 @@ func (h *harness) report() string {
 	}
 	if len(h.problems) > 0 {
 		fmt.Fprintf(&b, "\n## Harness problems (%d)\n\n- %s\n", len(h.problems), strings.Join(h.problems, "\n- "))
-	}
-	b.WriteString("\n## Fault kinds\n\n")
-	for _, k := range kinds {
-		fmt.Fprintf(&b, "- %s: %s.\n", k.name, k.what)
 	}
 	return b.String()
 }
