@@ -330,6 +330,11 @@ type Stats struct {
 	XiMeasured bool
 	Xi         float64
 	XiGradNorm float64
+
+	// Ok-Topk: the words of BytesSent that went to the global cut's
+	// histogram exchanges (counts, not values), which its cost tests keep
+	// apart from the payload the paper's bounds count.
+	histogramWords int
 }
 
 // Time is the time phase p took in the call.

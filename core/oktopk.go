@@ -143,8 +143,6 @@ type okTopkScratch struct {
 	share     []byte         // step 5: this rank's share, encoded for the allgather
 	blocks    []Sparse       // step 5: the shares gathered, decoded, per rank
 	global    Sparse         // step 5: the global result
-
-	histogramWords int // words this rank sent in the last call's histogram exchanges
 }
 
 // okTopkDirectMaxP is the most ranks for which Ok-Topk's allgathers (the

@@ -20,11 +20,9 @@ func globalSelection(ctx context.Context, call *Call, st *TensorState, reduced S
 	// Every owner announces a magnitude histogram of its reduced entries
 	// (and whether it saw NaN/Inf); every rank sums them identically.
 	call.Phase(PhaseGlobalSelect)
-	words := &st.scratch.histogramWords
-	*words = 0
 	sc := call.okTopkScratch(st)
 	base := histogramBase(st.GlobalThreshold)
-	hists, anyNonFinite, err := exchangeHistograms(ctx, call, reduced, base, nonFinite, words)
+	hists, anyNonFinite, err := exchangeHistograms(ctx, call, reduced, base, nonFinite)
 	if err != nil {
 		return Sparse{}, false, err
 	}
@@ -38,7 +36,7 @@ func globalSelection(ctx context.Context, call *Call, st *TensorState, reduced S
 	// ties to the lower index, for a few histogram rounds instead of
 	// gathering every owner's candidates). Every rank computes the same
 	// cut, and every owner's count, from the same histograms.
-	cut, err := chooseGlobalCut(ctx, call, reduced, hists, base, k, exact, words)
+	cut, err := chooseGlobalCut(ctx, call, reduced, hists, base, k, exact)
 	if err != nil {
 		return Sparse{}, false, err
 	}
@@ -179,7 +177,7 @@ func (c globalCut) threshold() float32 {
 // down to a single key if need be, whose ties are then split by owner
 // order. So a reuse call keeps within the window or exactly k entries,
 // unless fewer than k were reduced at all (then it keeps them all).
-func chooseGlobalCut(ctx context.Context, call *Call, reduced Sparse, hists [][histogramBins]uint32, base, k int, exact bool, histogramWords *int) (globalCut, error) {
+func chooseGlobalCut(ctx context.Context, call *Call, reduced Sparse, hists [][histogramBins]uint32, base, k int, exact bool) (globalCut, error) {
 	p := len(hists)
 	acceptable := func(total, k int) bool { return total == k || !exact && acceptableCount(total, k) }
 	coarse := func(o, b int) int { return int(hists[o][b]) }
@@ -195,7 +193,7 @@ func chooseGlobalCut(ctx context.Context, call *Call, reduced Sparse, hists [][h
 	above = ownerCounts(above, coarse, b+1, histogramBins)
 	lo, hi := binLow(base, b), binLow(base, b+1)
 	for round := uint32(0); ; round++ {
-		sub, err := exchangeRefinement(ctx, call, stepRefine+round*AllgatherSteps(p), reduced, lo, hi, histogramWords)
+		sub, err := exchangeRefinement(ctx, call, stepRefine+round*AllgatherSteps(p), reduced, lo, hi)
 		if err != nil {
 			return globalCut{}, err
 		}
@@ -308,7 +306,7 @@ func abs(x int) int {
 }
 
 // exchangeHistograms allgathers every owner's histogram and non-finite flag.
-func exchangeHistograms(ctx context.Context, call *Call, reduced Sparse, base int, nonFinite bool, words *int) ([][histogramBins]uint32, bool, error) {
+func exchangeHistograms(ctx context.Context, call *Call, reduced Sparse, base int, nonFinite bool) ([][histogramBins]uint32, bool, error) {
 	var mine [histogramBins]uint32
 	for _, v := range reduced.Val {
 		mine[histogramBin(v, base)]++
@@ -322,7 +320,7 @@ func exchangeHistograms(ctx context.Context, call *Call, reduced Sparse, base in
 	}
 	sent := call.Stats.BytesSent
 	blocks, err := okTopkGatherEqual(ctx, call, stepHistograms, payload)
-	*words += int(call.Stats.BytesSent-sent) / 4
+	call.Stats.histogramWords += int(call.Stats.BytesSent-sent) / 4
 	if err != nil {
 		return nil, false, err
 	}
@@ -339,7 +337,7 @@ func exchangeHistograms(ctx context.Context, call *Call, reduced Sparse, base in
 
 // exchangeRefinement allgathers every owner's histogram of its reduced
 // entries with keys in [lo, hi), refineBins sub-bins.
-func exchangeRefinement(ctx context.Context, call *Call, step uint32, reduced Sparse, lo, hi uint64, words *int) ([][refineBins]uint32, error) {
+func exchangeRefinement(ctx context.Context, call *Call, step uint32, reduced Sparse, lo, hi uint64) ([][refineBins]uint32, error) {
 	var mine [refineBins]uint32
 	for _, v := range reduced.Val {
 		if key := magnitudeKey(v); key >= lo && key < hi {
@@ -352,7 +350,7 @@ func exchangeRefinement(ctx context.Context, call *Call, step uint32, reduced Sp
 	}
 	sent := call.Stats.BytesSent
 	blocks, err := okTopkGatherEqual(ctx, call, step, payload)
-	*words += int(call.Stats.BytesSent-sent) / 4
+	call.Stats.histogramWords += int(call.Stats.BytesSent-sent) / 4
 	if err != nil {
 		return nil, err
 	}

@@ -51,7 +51,7 @@ func okTopkRun(t *testing.T, p int, cfg Config, inputs [][][]float32) [][]okTopk
 			if err != nil {
 				return fmt.Errorf("call %d: %w", it, err)
 			}
-			calls[rank] = append(calls[rank], okTopkCall{st, c.TensorStateOf(1).scratch.histogramWords})
+			calls[rank] = append(calls[rank], okTopkCall{st, st.histogramWords})
 		}
 		return nil
 	})
