@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding"
 	"strings"
 
 	"github.com/oktopk/oktopk/core"
@@ -22,12 +21,8 @@ func (c *communicator) saveState(id uint64) ([]byte, error) {
 		if st == nil {
 			return core.Stats{}, invalidArgument("tensor %d has no state yet (no sparse allreduce or load on it)", id)
 		}
-		m, ok := any(st).(encoding.BinaryMarshaler)
-		if !ok {
-			return core.Stats{}, invalidUsage("tensor state serialisation is not built into this library")
-		}
 		var err error
-		out, err = m.MarshalBinary()
+		out, err = st.MarshalBinary()
 		return core.Stats{}, err
 	})
 	return out, err
@@ -40,11 +35,7 @@ func (c *communicator) saveState(id uint64) ([]byte, error) {
 func (c *communicator) loadState(id uint64, b []byte) error {
 	_, err := c.do(true, func(_ context.Context, cc *core.Communicator) (core.Stats, error) {
 		st := new(core.TensorState)
-		u, ok := any(st).(encoding.BinaryUnmarshaler)
-		if !ok {
-			return core.Stats{}, invalidUsage("tensor state serialisation is not built into this library")
-		}
-		if err := u.UnmarshalBinary(b); err != nil {
+		if err := st.UnmarshalBinary(b); err != nil {
 			return core.Stats{}, invalidArgument("tensor %d: %s", id, withoutSentinel(err, core.ErrInvalidArgument))
 		}
 		if err := st.CheckOwner(c.rank, c.size); err != nil {
