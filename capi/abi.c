@@ -22,9 +22,6 @@ static const char forked_message[] =
     "oktopk: called in a child process created by fork() after the library was loaded; "
     "the Go runtime does not survive fork: use the spawn or forkserver start method, or load oktopk in the child";
 
-#define REFUSE_IN_CHILD \
-  if (forked_child()) return oktopkInvalidUsage
-
 int oktopk_get_version(void) { return OKTOPK_VERSION_CODE; }
 
 const char *oktopk_get_error_string(oktopk_result_t result) {
@@ -56,9 +53,9 @@ void oktopk_config_init(oktopk_config_t *config) {
 }
 
 oktopk_result_t oktopk_get_last_error(oktopk_comm_t comm, char *buf, size_t len, int *truncated) {
-  if (buf == NULL || len == 0) return oktopkInvalidArgument;
   if (forked_child()) {
-    // No Go state is safe here; the message needs none.
+    // No Go state is safe here; the message and the check need none.
+    if (buf == NULL || len == 0) return oktopkInvalidArgument;
     size_t n = strlen(forked_message);
     int cut = n >= len;
     if (cut) n = len - 1;
@@ -70,155 +67,71 @@ oktopk_result_t oktopk_get_last_error(oktopk_comm_t comm, char *buf, size_t len,
   return go_oktopk_get_last_error(comm, buf, len, truncated);
 }
 
-oktopk_result_t oktopk_get_unique_id(oktopk_unique_id_t *id, const oktopk_config_t *config) {
-  REFUSE_IN_CHILD;
-  return go_oktopk_get_unique_id(id, config);
-}
+// FORWARD(name, (parameters), (arguments)) defines oktopk_name, which
+// refuses a forked child and otherwise returns go_oktopk_name(arguments).
+// Every result-returning function but oktopk_get_last_error is one; the
+// header's prototypes check each definition's parameters.
+#define FORWARD(name, params, args)                \
+  oktopk_result_t oktopk_##name params {           \
+    if (forked_child()) return oktopkInvalidUsage; \
+    return go_oktopk_##name args;                  \
+  }
 
-oktopk_result_t oktopk_comm_init_rank(oktopk_comm_t *comm, int nranks, const oktopk_unique_id_t *id, int rank,
-                                      const oktopk_config_t *config) {
-  REFUSE_IN_CHILD;
-  return go_oktopk_comm_init_rank(comm, nranks, id, rank, config);
-}
-
-oktopk_result_t oktopk_comm_init_env(oktopk_comm_t *comm, const oktopk_config_t *config) {
-  REFUSE_IN_CHILD;
-  return go_oktopk_comm_init_env(comm, config);
-}
-
-oktopk_result_t oktopk_make_token(char *buf, size_t len) {
-  REFUSE_IN_CHILD;
-  return go_oktopk_make_token(buf, len);
-}
-
-oktopk_result_t oktopk_comm_bind(oktopk_comm_t *comm, int nranks, int rank, const char *job_token,
-                                 const oktopk_config_t *config, char *endpoint, size_t endpoint_len) {
-  REFUSE_IN_CHILD;
-  return go_oktopk_comm_bind(comm, nranks, rank, job_token, config, endpoint, endpoint_len);
-}
-
-oktopk_result_t oktopk_comm_connect(oktopk_comm_t comm, const char *const *endpoints, int nranks) {
-  REFUSE_IN_CHILD;
-  return go_oktopk_comm_connect(comm, endpoints, nranks);
-}
-
-oktopk_result_t oktopk_comm_rank(oktopk_comm_t comm, int *rank) {
-  REFUSE_IN_CHILD;
-  return go_oktopk_comm_rank(comm, rank);
-}
-
-oktopk_result_t oktopk_comm_size(oktopk_comm_t comm, int *size) {
-  REFUSE_IN_CHILD;
-  return go_oktopk_comm_size(comm, size);
-}
-
-oktopk_result_t oktopk_comm_abort(oktopk_comm_t comm) {
-  REFUSE_IN_CHILD;
-  return go_oktopk_comm_abort(comm);
-}
-
-oktopk_result_t oktopk_comm_dropped(oktopk_comm_t comm, uint64_t *count) {
-  REFUSE_IN_CHILD;
-  return go_oktopk_comm_dropped(comm, count);
-}
-
-oktopk_result_t oktopk_comm_destroy(oktopk_comm_t comm) {
-  REFUSE_IN_CHILD;
-  return go_oktopk_comm_destroy(comm);
-}
-
-oktopk_result_t oktopk_comm_measure_link(oktopk_comm_t comm, oktopk_link_model_t *link) {
-  REFUSE_IN_CHILD;
-  return go_oktopk_comm_measure_link(comm, link);
-}
-
-oktopk_result_t oktopk_allreduce(oktopk_comm_t comm, void *data, size_t count, oktopk_dtype_t dtype, int average,
-                                 int algorithm) {
-  REFUSE_IN_CHILD;
-  return go_oktopk_allreduce(comm, data, count, dtype, average, algorithm);
-}
-
-oktopk_result_t oktopk_sparse_allreduce(oktopk_comm_t comm, uint64_t tensor_id, void *data, size_t count,
-                                        oktopk_dtype_t dtype, oktopk_stats_t *stats) {
-  REFUSE_IN_CHILD;
-  return go_oktopk_sparse_allreduce(comm, tensor_id, data, count, dtype, stats);
-}
-
-oktopk_result_t oktopk_sparse_allreduce_hold(oktopk_comm_t comm, uint64_t tensor_id, void *data, size_t count,
-                                             oktopk_dtype_t dtype, const size_t *hold, size_t hold_count,
-                                             oktopk_stats_t *stats) {
-  REFUSE_IN_CHILD;
-  return go_oktopk_sparse_allreduce_hold(comm, tensor_id, data, count, dtype, hold, hold_count, stats);
-}
-
-oktopk_result_t oktopk_sparse_allreduce_ex(oktopk_comm_t comm, uint64_t tensor_id, void *data, size_t count,
-                                           oktopk_dtype_t dtype, const oktopk_call_options_t *options,
-                                           oktopk_stats_t *stats) {
-  REFUSE_IN_CHILD;
-  return go_oktopk_sparse_allreduce_ex(comm, tensor_id, data, count, dtype, options, stats);
-}
-
-oktopk_result_t oktopk_sparse_allreduce_sparse(oktopk_comm_t comm, size_t n, const uint32_t *in_indices,
-                                               const float *in_values, size_t in_count, uint32_t *out_indices,
-                                               float *out_values, size_t out_capacity, size_t *out_count,
-                                               oktopk_stats_t *stats) {
-  REFUSE_IN_CHILD;
-  return go_oktopk_sparse_allreduce_sparse(comm, n, in_indices, in_values, in_count, out_indices, out_values,
-                                           out_capacity, out_count, stats);
-}
-
-oktopk_result_t oktopk_allreduce_start(oktopk_comm_t comm, void *data, size_t count, oktopk_dtype_t dtype,
-                                       int average, int algorithm, oktopk_request_t *request) {
-  REFUSE_IN_CHILD;
-  return go_oktopk_allreduce_start(comm, data, count, dtype, average, algorithm, request);
-}
-
-oktopk_result_t oktopk_sparse_allreduce_start(oktopk_comm_t comm, uint64_t tensor_id, void *data, size_t count,
-                                              oktopk_dtype_t dtype, oktopk_request_t *request) {
-  REFUSE_IN_CHILD;
-  return go_oktopk_sparse_allreduce_start(comm, tensor_id, data, count, dtype, request);
-}
-
-oktopk_result_t oktopk_test(oktopk_request_t request) {
-  REFUSE_IN_CHILD;
-  return go_oktopk_test(request);
-}
-
-oktopk_result_t oktopk_wait(oktopk_request_t request, oktopk_stats_t *stats) {
-  REFUSE_IN_CHILD;
-  return go_oktopk_wait(request, stats);
-}
-
-oktopk_result_t oktopk_request_free(oktopk_request_t request) {
-  REFUSE_IN_CHILD;
-  return go_oktopk_request_free(request);
-}
-
-oktopk_result_t oktopk_tensor_state_size(oktopk_comm_t comm, uint64_t tensor_id, size_t *size) {
-  REFUSE_IN_CHILD;
-  return go_oktopk_tensor_state_size(comm, tensor_id, size);
-}
-
-oktopk_result_t oktopk_tensor_state_save(oktopk_comm_t comm, uint64_t tensor_id, void *buf, size_t len) {
-  REFUSE_IN_CHILD;
-  return go_oktopk_tensor_state_save(comm, tensor_id, buf, len);
-}
-
-oktopk_result_t oktopk_tensor_state_load(oktopk_comm_t comm, uint64_t tensor_id, const void *buf, size_t len) {
-  REFUSE_IN_CHILD;
-  return go_oktopk_tensor_state_load(comm, tensor_id, buf, len);
-}
-
-oktopk_result_t oktopk_topk(const float *x, size_t n, size_t k, uint32_t *indices, float *values) {
-  REFUSE_IN_CHILD;
-  return go_oktopk_topk(x, n, k, indices, values);
-}
-
-oktopk_result_t oktopk_threshold_select(const float *x, size_t n, float threshold, uint32_t *indices, float *values,
-                                        size_t capacity, size_t *count) {
-  REFUSE_IN_CHILD;
-  return go_oktopk_threshold_select(x, n, threshold, indices, values, capacity, count);
-}
+FORWARD(get_unique_id, (oktopk_unique_id_t *id, const oktopk_config_t *config), (id, config))
+FORWARD(comm_init_rank,
+        (oktopk_comm_t *comm, int nranks, const oktopk_unique_id_t *id, int rank, const oktopk_config_t *config),
+        (comm, nranks, id, rank, config))
+FORWARD(comm_init_env, (oktopk_comm_t *comm, const oktopk_config_t *config), (comm, config))
+FORWARD(make_token, (char *buf, size_t len), (buf, len))
+FORWARD(comm_bind,
+        (oktopk_comm_t *comm, int nranks, int rank, const char *job_token, const oktopk_config_t *config,
+         char *endpoint, size_t endpoint_len),
+        (comm, nranks, rank, job_token, config, endpoint, endpoint_len))
+FORWARD(comm_connect, (oktopk_comm_t comm, const char *const *endpoints, int nranks), (comm, endpoints, nranks))
+FORWARD(comm_rank, (oktopk_comm_t comm, int *rank), (comm, rank))
+FORWARD(comm_size, (oktopk_comm_t comm, int *size), (comm, size))
+FORWARD(comm_abort, (oktopk_comm_t comm), (comm))
+FORWARD(comm_dropped, (oktopk_comm_t comm, uint64_t *count), (comm, count))
+FORWARD(comm_destroy, (oktopk_comm_t comm), (comm))
+FORWARD(comm_measure_link, (oktopk_comm_t comm, oktopk_link_model_t *link), (comm, link))
+FORWARD(allreduce,
+        (oktopk_comm_t comm, void *data, size_t count, oktopk_dtype_t dtype, int average, int algorithm),
+        (comm, data, count, dtype, average, algorithm))
+FORWARD(sparse_allreduce,
+        (oktopk_comm_t comm, uint64_t tensor_id, void *data, size_t count, oktopk_dtype_t dtype, oktopk_stats_t *stats),
+        (comm, tensor_id, data, count, dtype, stats))
+FORWARD(sparse_allreduce_hold,
+        (oktopk_comm_t comm, uint64_t tensor_id, void *data, size_t count, oktopk_dtype_t dtype, const size_t *hold,
+         size_t hold_count, oktopk_stats_t *stats),
+        (comm, tensor_id, data, count, dtype, hold, hold_count, stats))
+FORWARD(sparse_allreduce_ex,
+        (oktopk_comm_t comm, uint64_t tensor_id, void *data, size_t count, oktopk_dtype_t dtype,
+         const oktopk_call_options_t *options, oktopk_stats_t *stats),
+        (comm, tensor_id, data, count, dtype, options, stats))
+FORWARD(sparse_allreduce_sparse,
+        (oktopk_comm_t comm, size_t n, const uint32_t *in_indices, const float *in_values, size_t in_count,
+         uint32_t *out_indices, float *out_values, size_t out_capacity, size_t *out_count, oktopk_stats_t *stats),
+        (comm, n, in_indices, in_values, in_count, out_indices, out_values, out_capacity, out_count, stats))
+FORWARD(allreduce_start,
+        (oktopk_comm_t comm, void *data, size_t count, oktopk_dtype_t dtype, int average, int algorithm,
+         oktopk_request_t *request),
+        (comm, data, count, dtype, average, algorithm, request))
+FORWARD(sparse_allreduce_start,
+        (oktopk_comm_t comm, uint64_t tensor_id, void *data, size_t count, oktopk_dtype_t dtype,
+         oktopk_request_t *request),
+        (comm, tensor_id, data, count, dtype, request))
+FORWARD(test, (oktopk_request_t request), (request))
+FORWARD(wait, (oktopk_request_t request, oktopk_stats_t *stats), (request, stats))
+FORWARD(request_free, (oktopk_request_t request), (request))
+FORWARD(tensor_state_size, (oktopk_comm_t comm, uint64_t tensor_id, size_t *size), (comm, tensor_id, size))
+FORWARD(tensor_state_save, (oktopk_comm_t comm, uint64_t tensor_id, void *buf, size_t len), (comm, tensor_id, buf, len))
+FORWARD(tensor_state_load,
+        (oktopk_comm_t comm, uint64_t tensor_id, const void *buf, size_t len),
+        (comm, tensor_id, buf, len))
+FORWARD(topk, (const float *x, size_t n, size_t k, uint32_t *indices, float *values), (x, n, k, indices, values))
+FORWARD(threshold_select,
+        (const float *x, size_t n, float threshold, uint32_t *indices, float *values, size_t capacity, size_t *count),
+        (x, n, threshold, indices, values, capacity, count))
 
 int oktopk_debug_goroutines(void) {
   if (forked_child()) return -1;

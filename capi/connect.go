@@ -1,3 +1,7 @@
+// How communicators come to exist, the only file that knows: NCCL-style
+// unique id, torchrun-style environment, or the two-step bind and connect
+// for callers that rendezvous through their own framework.
+
 package main
 
 import (
@@ -7,10 +11,6 @@ import (
 
 	"github.com/oktopk/oktopk/transport"
 )
-
-// This file is the only one that knows how communicators come to exist:
-// NCCL-style unique id, torchrun-style environment, or the two-step bind and
-// connect for callers that rendezvous through their own framework.
 
 func zmqOptions(rank, size int, token string, s settings) transport.ZMQOptions {
 	return transport.ZMQOptions{

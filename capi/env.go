@@ -1,3 +1,6 @@
+// Environment reads through libc's getenv, so a setenv made after the
+// library was loaded counts.
+
 package main
 
 /*

@@ -1,3 +1,7 @@
+// Errors at the ABI boundary: resultOf, the one mapping from an error to a
+// result code; call and callOn, which every export body runs through; and
+// the last-error slots that oktopk_get_last_error reads.
+
 package main
 
 /*
@@ -16,10 +20,15 @@ import (
 	"github.com/oktopk/oktopk/transport"
 )
 
-// resultOf maps an error value to its C result code. It is the only place
-// where that mapping happens. Order matters where one error wraps several
-// sentinels: a communicator poisoned by a timeout reports ErrAborted wrapping
-// ErrTimeout, and the caller must learn that the communicator is unusable.
+// resultOf maps an error value to its C result code: core's and transport's
+// sentinels, a panic (abiPanic wraps core.ErrInternal), a context's
+// cancellation or deadline, and anything else from the operating system.
+// It is the only place in Go where a result code is chosen; every export
+// that returns one returns resultOf's. (abi.c answers in C alone for a
+// forked child, where no Go may run.) Order matters where one error wraps
+// several sentinels: a communicator poisoned by a timeout reports
+// ErrAborted wrapping ErrTimeout, and the caller must learn that the
+// communicator is unusable.
 func resultOf(err error) C.oktopk_result_t {
 	switch {
 	case err == nil:
@@ -101,6 +110,25 @@ func call(comm int64, body func() error) C.oktopk_result_t {
 		record(comm, err)
 	}
 	return resultOf(err)
+}
+
+// callOn is call for an export on a communicator: it looks comm up and runs
+// body on it. An unknown or destroyed handle fails with ErrInvalidUsage
+// before body runs, recorded in the global slot only.
+func callOn(comm C.oktopk_comm_t, body func(c *communicator) error) C.oktopk_result_t {
+	return call(int64(comm), func() error {
+		c, err := lookup(comm)
+		if err != nil {
+			return err
+		}
+		return body(c)
+	})
+}
+
+// lookup returns the live communicator comm names, or ErrInvalidUsage
+// saying whether it was destroyed or never existed.
+func lookup(comm C.oktopk_comm_t) (*communicator, error) {
+	return comms.get("communicator", int64(comm))
 }
 
 func protect(body func() error) (err error) {

@@ -1,3 +1,6 @@
+// The Go collector's policy (GOGC, GOMEMLIMIT, OKTOPK_GOGC), set when the
+// library is loaded.
+
 package main
 
 /*

@@ -1,12 +1,68 @@
+// Per-tensor state (residual, thresholds, counters) for checkpoints: the
+// exports that size, save and load it, and how a save and a load run on the
+// communicator's queue.
+
 package main
+
+/*
+#include "const_types.h"
+*/
+import "C"
 
 import (
 	"context"
-	"encoding"
+	"math"
 	"strings"
+	"unsafe"
 
 	"github.com/oktopk/oktopk/core"
 )
+
+//export go_oktopk_tensor_state_size
+func go_oktopk_tensor_state_size(comm C.oktopk_comm_t, tensorID C.uint64_t, size *C.size_t) C.oktopk_result_t {
+	return callOn(comm, func(c *communicator) error {
+		if size == nil {
+			return invalidArgument("size is NULL")
+		}
+		b, err := c.saveState(uint64(tensorID))
+		if err != nil {
+			return err
+		}
+		*size = C.size_t(len(b))
+		return nil
+	})
+}
+
+//export go_oktopk_tensor_state_save
+func go_oktopk_tensor_state_save(comm C.oktopk_comm_t, tensorID C.uint64_t, buf unsafe.Pointer, n C.size_t) C.oktopk_result_t {
+	return callOn(comm, func(c *communicator) error {
+		if buf == nil {
+			return invalidArgument("buf is NULL")
+		}
+		b, err := c.saveState(uint64(tensorID))
+		if err != nil {
+			return err
+		}
+		if uint64(n) < uint64(len(b)) {
+			return invalidArgument("state of tensor %d needs %d bytes, buffer has %d", uint64(tensorID), len(b), uint64(n))
+		}
+		copy(unsafe.Slice((*byte)(buf), len(b)), b)
+		return nil
+	})
+}
+
+//export go_oktopk_tensor_state_load
+func go_oktopk_tensor_state_load(comm C.oktopk_comm_t, tensorID C.uint64_t, buf *C.oktopk_const_void, n C.size_t) C.oktopk_result_t {
+	return callOn(comm, func(c *communicator) error {
+		if buf == nil || n == 0 {
+			return invalidArgument("buf is NULL or len is 0")
+		}
+		if uint64(n) > math.MaxInt32 {
+			return invalidArgument("state of %d bytes is larger than any tensor state", uint64(n))
+		}
+		return c.loadState(uint64(tensorID), C.GoBytes(unsafe.Pointer(buf), C.int(n)))
+	})
+}
 
 // Tensor state save and load go through the communicator's queue, so a save
 // sees every call issued before it, and a load applies before every call
@@ -22,12 +78,8 @@ func (c *communicator) saveState(id uint64) ([]byte, error) {
 		if st == nil {
 			return core.Stats{}, invalidArgument("tensor %d has no state yet (no sparse allreduce or load on it)", id)
 		}
-		m, ok := any(st).(encoding.BinaryMarshaler)
-		if !ok {
-			return core.Stats{}, invalidUsage("tensor state serialisation is not built into this library")
-		}
 		var err error
-		out, err = m.MarshalBinary()
+		out, err = st.MarshalBinary()
 		return core.Stats{}, err
 	})
 	return out, err
@@ -40,11 +92,7 @@ func (c *communicator) saveState(id uint64) ([]byte, error) {
 func (c *communicator) loadState(id uint64, b []byte) error {
 	_, err := c.do(true, func(_ context.Context, cc *core.Communicator) (core.Stats, error) {
 		st := new(core.TensorState)
-		u, ok := any(st).(encoding.BinaryUnmarshaler)
-		if !ok {
-			return core.Stats{}, invalidUsage("tensor state serialisation is not built into this library")
-		}
-		if err := u.UnmarshalBinary(b); err != nil {
+		if err := st.UnmarshalBinary(b); err != nil {
 			return core.Stats{}, invalidArgument("tensor %d: %s", id, withoutSentinel(err, core.ErrInvalidArgument))
 		}
 		if err := st.CheckOwner(c.rank, c.size); err != nil {

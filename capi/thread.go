@@ -1,3 +1,6 @@
+// Which C thread is calling: collectives on one communicator come from one
+// thread at a time.
+
 package main
 
 /*
