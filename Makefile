@@ -23,7 +23,7 @@ HVD_PY := $(HVD_VENV)/bin/python
 WHEEL_REQ := plugins/wheel-requirements.txt
 WHEEL_VENV := $(OKTOPK_CACHE)/venv-wheel-$(shell sha256sum $(WHEEL_REQ) | cut -c1-12)
 WHEEL_PY := $(WHEEL_VENV)/bin/python
-GO_SOURCES := $(shell find core transport capi -name '*.go' -not -name '*_test.go') go.mod go.sum
+GO_SOURCES := $(shell find core transport capi -name '*.go' -not -name '*_test.go') $(wildcard capi/*.c capi/*.h) go.mod go.sum
 
 .PHONY: all deps deps-launch venv-wheel build test test-go test-c test-launch test-python test-wheel test-venvs test-horovod wheel demo bench bench-quick bench-smoke bench-e2e bench-e2e-smoke bench-go examples header-check clean venv venv-horovod print-py chaos chaos-smoke fuzz
 
