@@ -235,7 +235,9 @@ func ContextError(ctx context.Context, what string) error {
 	return fmt.Errorf("%w: %s: %w", ErrAborted, what, err)
 }
 
-func checkPeer(t Transport, peer int) error {
+// CheckPeer refuses a peer rank that is out of range or t's own, with
+// ErrBadPeer: what every Send and Recv checks first.
+func CheckPeer(t Transport, peer int) error {
 	if peer < 0 || peer >= t.Size() || peer == t.Rank() {
 		return fmt.Errorf("%w: peer %d with rank %d of %d", ErrBadPeer, peer, t.Rank(), t.Size())
 	}
