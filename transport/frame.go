@@ -93,8 +93,8 @@ const (
 	AbortMismatch AbortReason = 1
 )
 
-// FrameHeader is a frame's header, decoded: what a transport over a byte
-// stream (package zmq) sends ahead of each payload and checks on arrival.
+// FrameHeader is a frame's header, decoded: what a transport between
+// processes (package zmq) sends ahead of each payload and checks on arrival.
 type FrameHeader struct {
 	Kind       FrameKind
 	Token      TokenDigest

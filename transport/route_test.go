@@ -35,3 +35,18 @@ func TestRouteSourceAddress(t *testing.T) {
 		t.Errorf("route to this machine's %s: source %q", own, got)
 	}
 }
+
+func TestResolveBindHostNeverWildcardByDefault(t *testing.T) {
+	t.Setenv("OKTOPK_SOCKET_IFNAME", "")
+	h, err := ResolveBindHost("", "")
+	if err != nil || h != "127.0.0.1" {
+		t.Fatalf("default bind host %q, %v", h, err)
+	}
+	h, err = ResolveBindHost("", "lo")
+	if err != nil || h != "127.0.0.1" {
+		t.Fatalf("interface lo: %q, %v", h, err)
+	}
+	if _, err := ResolveBindHost("", "no-such-if0"); err == nil {
+		t.Fatal("unknown interface accepted")
+	}
+}

@@ -4,7 +4,10 @@
 // Transport with a Tag naming the operation, its sequence number on the
 // communicator and the step within it, so messages of concurrent operations
 // never cross. Two implementations exist: an in-process one over channels
-// (for unit tests) and a ZeroMQ TCP one (what a user runs).
+// (for unit tests) and a ZeroMQ TCP one in package transport/zmq (what a
+// user runs). This package also holds what both share: the frame format,
+// the mailbox that matches messages to receives, and the rendezvous (a
+// Store, a unique id, a launcher's environment).
 package transport
 
 import (
