@@ -1,5 +1,8 @@
 package zmq
 
+// The send path as callers see it: Send, StartCall and RefuseCall hand
+// frames to the outbox's goroutine and wait until the payload is copied.
+
 import (
 	"context"
 	"fmt"
