@@ -435,7 +435,7 @@ func strangerFrame(kind byte, sender uint32, seq, count uint64) []byte {
 	return b
 }
 
-// storeRequest has the store's wire fields (transport/store.go).
+// storeRequest has the store's wire fields (transport/store_wire.go).
 type storeRequest struct {
 	Token  string `msgpack:"t"`
 	Op     string `msgpack:"o"`
