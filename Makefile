@@ -127,9 +127,9 @@ test-go: $(BUILD)/.deps
 	$(GO) test -count=1 -timeout 20m ./core ./tests
 	@# Fuzz the decoders of everything that comes off the wire, and selection.
 	$(GO) test -run '^$$' -fuzz FuzzDecodeFrame -fuzztime $(FUZZ_DECODE_EXECS) ./transport
-	$(GO) test -run '^$$' -fuzz '^FuzzInboxMessage$$' -fuzztime $(FUZZ_WIRE_EXECS) ./transport
+	$(GO) test -run '^$$' -fuzz '^FuzzInboxMessage$$' -fuzztime $(FUZZ_WIRE_EXECS) ./transport/zmq
 	$(GO) test -run '^$$' -fuzz '^FuzzStoreMessage$$' -fuzztime $(FUZZ_WIRE_EXECS) ./transport
-	$(GO) test -run '^$$' -fuzz '^FuzzSplitEndpoint$$' -fuzztime $(FUZZ_DECODE_EXECS) ./transport
+	$(GO) test -run '^$$' -fuzz '^FuzzSplitEndpoint$$' -fuzztime $(FUZZ_DECODE_EXECS) ./transport/zmq
 	$(GO) test -run '^$$' -fuzz FuzzDecodeSparse -fuzztime $(FUZZ_DECODE_EXECS) ./core
 	$(GO) test -run '^$$' -fuzz '^FuzzPeerPayload$$' -fuzztime $(FUZZ_PAYLOAD_EXECS) ./core
 	$(GO) test -run '^$$' -fuzz '^FuzzTensorState$$' -fuzztime $(FUZZ_WIRE_EXECS) ./core
@@ -143,8 +143,8 @@ test-go: $(BUILD)/.deps
 # from the coordinator's bare "context deadline exceeded" at the end of a
 # duration (golang/go#75804, see above).
 FUZZ_TIME ?= 10m
-FUZZ_TARGETS := transport:FuzzDecodeFrame transport:FuzzInboxMessage transport:FuzzStoreMessage \
-	transport:FuzzSplitEndpoint core:FuzzDecodeSparse core:FuzzPeerPayload core:FuzzTensorState
+FUZZ_TARGETS := transport:FuzzDecodeFrame transport/zmq:FuzzInboxMessage transport:FuzzStoreMessage \
+	transport/zmq:FuzzSplitEndpoint core:FuzzDecodeSparse core:FuzzPeerPayload core:FuzzTensorState
 fuzz: $(BUILD)/.deps
 	GO=$(GO) tests/fuzz.sh $(FUZZ_TIME) $(FUZZ_TARGETS)
 
@@ -308,7 +308,7 @@ bench-e2e-smoke: $(LIB) venv
 
 # Go benchmarks: transport beside raw ZeroMQ, and the collectives in process.
 bench-go: $(BUILD)/.deps
-	$(GO) test -run '^$$' -bench TransferOverLoopback -benchtime 10x ./transport
+	$(GO) test -run '^$$' -bench TransferOverLoopback -benchtime 10x ./transport/zmq
 	$(GO) test -run '^$$' -bench RingAllreduceBetweenProcesses -benchtime 1x ./tests
 	$(GO) test -run '^$$' -bench . -benchtime 10x ./core
 

@@ -10,10 +10,11 @@ import (
 	"sync"
 
 	"github.com/oktopk/oktopk/transport"
+	"github.com/oktopk/oktopk/transport/zmq"
 )
 
-func zmqOptions(rank, size int, token string, s settings) transport.ZMQOptions {
-	return transport.ZMQOptions{
+func zmqOptions(rank, size int, token string, s settings) zmq.Options {
+	return zmq.Options{
 		Rank: rank, Size: size, Token: token,
 		BindHost: s.bindHost, Ifname: s.ifname,
 		ConnectTimeout: s.timeout,
@@ -38,7 +39,7 @@ var uniqueIDServers = struct {
 }{m: make(map[string]*transport.StoreServer)}
 
 func newUniqueID(s settings) (string, error) {
-	id, server, err := transport.NewUniqueID(zmqOptions(0, 0, "", s))
+	id, server, err := zmq.NewUniqueID(zmqOptions(0, 0, "", s))
 	if err != nil {
 		return "", err
 	}
@@ -60,7 +61,7 @@ func initFromUniqueID(text string, rank, size int, s settings) (*communicator, e
 	}
 	ctx, cancel := initContext(s)
 	defer cancel()
-	net, err := transport.InitFromUniqueID(ctx, id, rank, size, zmqOptions(rank, size, id.Token, s))
+	net, err := zmq.InitFromUniqueID(ctx, id, rank, size, zmqOptions(rank, size, id.Token, s))
 	// Whatever the outcome, this id's rendezvous is over here: the
 	// communicator takes the server, or a failure closes it (its port and
 	// goroutines would otherwise stay for the life of the process).
@@ -82,7 +83,7 @@ func initFromUniqueID(text string, rank, size int, s settings) (*communicator, e
 func initFromEnv(s settings) (*communicator, error) {
 	ctx, cancel := initContext(s)
 	defer cancel()
-	net, err := transport.InitFromEnv(ctx, zmqOptions(0, 0, "", s))
+	net, err := zmq.InitFromEnv(ctx, zmqOptions(0, 0, "", s))
 	if err != nil {
 		return nil, err
 	}
@@ -92,7 +93,7 @@ func initFromEnv(s settings) (*communicator, error) {
 }
 
 func bind(rank, size int, token string, s settings) (*communicator, error) {
-	net, err := transport.ListenZMQ(zmqOptions(rank, size, token, s))
+	net, err := zmq.Listen(zmqOptions(rank, size, token, s))
 	if err != nil {
 		return nil, err
 	}

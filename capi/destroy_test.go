@@ -9,6 +9,7 @@ import (
 
 	"github.com/oktopk/oktopk/core"
 	"github.com/oktopk/oktopk/transport"
+	"github.com/oktopk/oktopk/transport/zmq"
 )
 
 // destroySlack is what a loaded machine (tests share two cores) may add to
@@ -22,9 +23,9 @@ func twoCommunicators(t *testing.T) [2]*communicator {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	token := transport.NewToken()
-	var nets [2]*transport.ZMQ
+	var nets [2]*zmq.Transport
 	for r := range nets {
-		z, err := transport.ListenZMQ(transport.ZMQOptions{Rank: r, Size: 2, Token: token})
+		z, err := zmq.Listen(zmq.Options{Rank: r, Size: 2, Token: token})
 		if err != nil {
 			t.Fatal(err)
 		}

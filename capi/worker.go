@@ -15,6 +15,7 @@ import (
 
 	"github.com/oktopk/oktopk/core"
 	"github.com/oktopk/oktopk/transport"
+	"github.com/oktopk/oktopk/transport/zmq"
 )
 
 // maxOutstanding bounds the requests queued on one communicator; a caller
@@ -39,7 +40,7 @@ type communicator struct {
 	rank, size int
 	settings   settings
 
-	net   *transport.ZMQ
+	net   *zmq.Transport
 	store io.Closer // rendezvous server this rank runs, or nil
 
 	mu          sync.Mutex // guards comm, closed, issuer, collectives and sending on ops
@@ -66,7 +67,7 @@ type communicator struct {
 	scratch []float32
 }
 
-func newCommunicator(rank, size int, s settings, net *transport.ZMQ, store io.Closer) *communicator {
+func newCommunicator(rank, size int, s settings, net *zmq.Transport, store io.Closer) *communicator {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	c := &communicator{
 		rank: rank, size: size, settings: s, net: net, store: store,
@@ -244,7 +245,7 @@ const destroyCallGrace = 500 * time.Millisecond
 
 // destroyBound is what oktopk.h promises for oktopk_comm_destroy ("within
 // one second"): the grace, then closing the sockets.
-const destroyBound = destroyCallGrace + transport.CloseBound
+const destroyBound = destroyCallGrace + zmq.CloseBound
 
 // destroy stops the worker and releases the sockets within destroyBound.
 // Operations still queued or running are aborted rather than waited for, so

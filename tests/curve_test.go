@@ -12,15 +12,15 @@ import (
 	"time"
 
 	"github.com/oktopk/oktopk/core"
-	"github.com/oktopk/oktopk/transport"
+	"github.com/oktopk/oktopk/transport/zmq"
 )
 
 // curveComms connects p ranks like zmqComms, with CURVE on or off.
 func curveComms(t *testing.T, p int, curve bool) []*core.Communicator {
 	t.Helper()
-	comms := zmqCommsWith(t, p, func(r int, o *transport.ZMQOptions) { o.Curve = curve })
+	comms := zmqCommsWith(t, p, func(r int, o *zmq.Options) { o.Curve = curve })
 	for r, c := range comms {
-		if ep := c.T.(*transport.ZMQ).Endpoint(); curve && !strings.Contains(ep, "#curve=") {
+		if ep := c.T.(*zmq.Transport).Endpoint(); curve && !strings.Contains(ep, "#curve=") {
 			t.Fatalf("rank %d: CURVE on but endpoint %q carries no key", r, ep)
 		}
 	}
@@ -47,7 +47,7 @@ func eachRankCurve(p int, f func(r int) error) error {
 // answer) must equal that answer bit for bit, and several Ok-Topk
 // iterations must give, bit for bit, what the same job gives without CURVE.
 func TestCurveJobAllreducesBitwiseCorrect(t *testing.T) {
-	if !transport.CurveAvailable() {
+	if !zmq.CurveAvailable() {
 		t.Skip("libzmq here was built without CURVE (no libsodium/tweetnacl): CURVE test skipped")
 	}
 	const p, n, iters = 3, 10007, 6

@@ -13,10 +13,9 @@ import (
 	"testing"
 	"time"
 
-	zmq "github.com/pebbe/zmq4"
-
 	"github.com/oktopk/oktopk/core"
 	"github.com/oktopk/oktopk/transport"
+	"github.com/oktopk/oktopk/transport/zmq"
 )
 
 // strangerHeader is a 96-byte oktopk v2 header as a process without the
@@ -42,11 +41,11 @@ func strangerHeader(seq uint64, count, payloadLen uint64) []byte {
 // attack is one kind of garbage a stranger sends to addr ("host:port").
 type attack struct {
 	name string
-	send func(zctx *zmq.Context, addr string, seq uint64) error
+	send func(zctx *zmq.RawContext, addr string, seq uint64) error
 }
 
-func rawTCP(payload func() []byte) func(*zmq.Context, string, uint64) error {
-	return func(_ *zmq.Context, addr string, _ uint64) error {
+func rawTCP(payload func() []byte) func(*zmq.RawContext, string, uint64) error {
+	return func(_ *zmq.RawContext, addr string, _ uint64) error {
 		c, err := net.DialTimeout("tcp", addr, time.Second)
 		if err != nil {
 			return err
@@ -61,9 +60,9 @@ func rawTCP(payload func() []byte) func(*zmq.Context, string, uint64) error {
 // viaDealer opens a real ZMTP DEALER session to the rank's port (NULL
 // mechanism, no job password: the rank refuses it at the handshake) and
 // sends each message (a list of parts).
-func viaDealer(msgs func(seq uint64) [][][]byte) func(*zmq.Context, string, uint64) error {
-	return func(zctx *zmq.Context, addr string, seq uint64) error {
-		s, err := zctx.NewSocket(zmq.DEALER)
+func viaDealer(msgs func(seq uint64) [][][]byte) func(*zmq.RawContext, string, uint64) error {
+	return func(zctx *zmq.RawContext, addr string, seq uint64) error {
+		s, err := zctx.NewSocket(zmq.Dealer)
 		if err != nil {
 			return err
 		}
@@ -124,20 +123,20 @@ var attacks = []attack{
 // handshake refuses its connection before any of its frames is decoded (a
 // frame over the port's 4 KiB frame limit, even a handshake frame, closes
 // the connection as soon as its size is read); the memory bounds
-// themselves are tested in transport/zmq_flood_test.go.
+// themselves are tested in transport/zmq/flood_test.go.
 func TestGarbageOnThePortDuringAllreducesLeavesResultsExact(t *testing.T) {
 	const p, n, iters = 3, 20000, 60
-	comms := zmqCommsWith(t, p, func(_ int, o *transport.ZMQOptions) {
+	comms := zmqCommsWith(t, p, func(_ int, o *zmq.Options) {
 		o.MaxMessageBytes = garbageMaxMessage
 		o.Diagnostics.StallWarn = -1
 	})
-	victim := comms[1].T.(*transport.ZMQ)
+	victim := comms[1].T.(*zmq.Transport)
 	addr := strings.TrimPrefix(victim.Endpoint(), "tcp://")
 	if i := strings.Index(addr, "#"); i >= 0 {
 		addr = addr[:i]
 	}
 
-	zctx, err := zmq.NewContext()
+	zctx, err := zmq.NewRawContext()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/oktopk/oktopk/core"
 	"github.com/oktopk/oktopk/transport"
+	"github.com/oktopk/oktopk/transport/zmq"
 )
 
 // relComms connects p ranks in process: over memory ("inproc") or over real
@@ -19,7 +20,7 @@ import (
 func relComms(t *testing.T, kind string, p int, diag transport.Diagnostics) []*core.Communicator {
 	t.Helper()
 	if kind == "zmq" {
-		return zmqCommsWith(t, p, func(_ int, o *transport.ZMQOptions) { o.Diagnostics = diag })
+		return zmqCommsWith(t, p, func(_ int, o *zmq.Options) { o.Diagnostics = diag })
 	}
 	comms := make([]*core.Communicator, p)
 	for r, tr := range transport.NewInProcDiagnostics(p, diag) {
@@ -448,7 +449,7 @@ func TestStallWarningNamesTheLateRankAndSeq(t *testing.T) {
 				}}
 				comms = relComms(t, kind, p, diag)
 			} else {
-				comms = zmqCommsWith(t, p, func(r int, o *transport.ZMQOptions) {
+				comms = zmqCommsWith(t, p, func(r int, o *zmq.Options) {
 					o.Diagnostics = transport.Diagnostics{StallWarn: 700 * time.Millisecond, Log: logs[r].log}
 				})
 			}

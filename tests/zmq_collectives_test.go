@@ -21,6 +21,7 @@ import (
 
 	"github.com/oktopk/oktopk/core"
 	"github.com/oktopk/oktopk/transport"
+	"github.com/oktopk/oktopk/transport/zmq"
 )
 
 // zmqComms connects p ranks over ZeroMQ on loopback (one goroutine per
@@ -29,7 +30,7 @@ func zmqComms(t *testing.T, p int) []*core.Communicator { return zmqCommsWith(t,
 
 // zmqCommsWith is zmqComms with each rank's options changed by mutate
 // (nil: the defaults).
-func zmqCommsWith(t *testing.T, p int, mutate func(r int, o *transport.ZMQOptions)) []*core.Communicator {
+func zmqCommsWith(t *testing.T, p int, mutate func(r int, o *zmq.Options)) []*core.Communicator {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -42,11 +43,11 @@ func zmqCommsWith(t *testing.T, p int, mutate func(r int, o *transport.ZMQOption
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			o := transport.ZMQOptions{Rank: r, Size: p, Token: token}
+			o := zmq.Options{Rank: r, Size: p, Token: token}
 			if mutate != nil {
 				mutate(r, &o)
 			}
-			z, err := transport.RendezvousZMQ(ctx, store, o)
+			z, err := zmq.Rendezvous(ctx, store, o)
 			if err != nil {
 				errs[r] = err
 				return

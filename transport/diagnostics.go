@@ -45,7 +45,7 @@ func (d Diagnostics) withDefaults() Diagnostics {
 
 // explain says, for a receive of call seq from peer that is taking long,
 // which ranks hold it up. m.mu must be held.
-func (m *mailbox) explain(seq uint64, peer int) string {
+func (m *Mailbox) explain(seq uint64, peer int) string {
 	var behind []int
 	var last []string
 	for r, s := range m.started {
@@ -65,7 +65,7 @@ func (m *mailbox) explain(seq uint64, peer int) string {
 	// not only the one waited for, which may itself be waiting on it.
 	if m.silence != nil {
 		for r := range m.started {
-			if d := m.silence(r); r != m.rank && d > 2*heartbeatInterval {
+			if d := m.silence(r); r != m.rank && d > 0 {
 				s += fmt.Sprintf("; rank %d silent for %.1fs", r, d.Seconds())
 			}
 		}
@@ -74,7 +74,7 @@ func (m *mailbox) explain(seq uint64, peer int) string {
 }
 
 // warnStall logs the stall line once per call.
-func (m *mailbox) warnStall(peer int, tag Tag, waited time.Duration) {
+func (m *Mailbox) warnStall(peer int, tag Tag, waited time.Duration) {
 	m.mu.Lock()
 	if m.warned == tag.Seq {
 		m.mu.Unlock()
@@ -87,9 +87,9 @@ func (m *mailbox) warnStall(peer int, tag Tag, waited time.Duration) {
 	m.diag.Log(line)
 }
 
-// noteStarted records that rank has started call seq (from its heartbeat or
+// NoteStarted records that rank has started call seq (from its heartbeat or
 // one of its data frames).
-func (m *mailbox) noteStarted(rank int, seq uint64) {
+func (m *Mailbox) NoteStarted(rank int, seq uint64) {
 	m.mu.Lock()
 	if seq > m.started[rank] {
 		m.started[rank] = seq
@@ -97,8 +97,8 @@ func (m *mailbox) noteStarted(rank int, seq uint64) {
 	m.mu.Unlock()
 }
 
-// startedSeq is the latest call this rank has started, for its heartbeats.
-func (m *mailbox) startedSeq() uint64 {
+// StartedSeq is the latest call this rank has started, for its heartbeats.
+func (m *Mailbox) StartedSeq() uint64 {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.started[m.rank]

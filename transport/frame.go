@@ -54,89 +54,95 @@ import (
 const (
 	frameMagic      = 0x4b544b4f // "OKTK" little-endian
 	protocolVersion = 3
-	headerSize      = 96
+	HeaderSize      = 96 // bytes of every frame header (FrameHeader.Encode)
 	maxAbortText    = 1024
 	maxPayloadBytes = 1 << 40 // far above any message size limit; keeps count·width from overflowing
 )
 
-// frameKind separates algorithm data from the transport's own control
+// FrameKind separates algorithm data from the transport's own control
 // messages, which never reach the mailbox as data.
-type frameKind uint8
+type FrameKind uint8
 
 const (
-	kindData      frameKind = 1
-	kindHello     frameKind = 2 // sent once per peer by Connect
-	kindHeartbeat frameKind = 3 // liveness while idle
-	kindBye       frameKind = 4 // orderly Close
-	kindAbort     frameKind = 5 // the sender aborted: fail calls waiting on it
-	kindRefuse    frameKind = 6 // the sender refused call tag.Seq: fail that call here
+	FrameData      FrameKind = 1
+	FrameHello     FrameKind = 2 // sent once per peer by Connect
+	FrameHeartbeat FrameKind = 3 // liveness while idle
+	FrameBye       FrameKind = 4 // orderly Close
+	FrameAbort     FrameKind = 5 // the sender aborted: fail calls waiting on it
+	FrameRefuse    FrameKind = 6 // the sender refused call tag.Seq: fail that call here
 )
 
-type tokenDigest [16]byte
+// TokenDigest is what a frame carries of the job token: the first 16 bytes
+// of its SHA-256 (domain-separated), never the token itself.
+type TokenDigest [16]byte
 
-func digestToken(token string) tokenDigest {
+// DigestToken is token's digest, as frames carry it.
+func DigestToken(token string) TokenDigest {
 	sum := sha256.Sum256([]byte("oktopk job token\x00" + token))
-	var d tokenDigest
+	var d TokenDigest
 	copy(d[:], sum[:16])
 	return d
 }
 
-// abortReason says why a rank aborted, so that its peers fail with the same
+// AbortReason says why a rank aborted, so that its peers fail with the same
 // kind of error (a mismatch stays a mismatch on every rank).
-type abortReason uint8
+type AbortReason uint8
 
 const (
-	abortFailure  abortReason = 0
-	abortMismatch abortReason = 1
+	AbortFailure  AbortReason = 0
+	AbortMismatch AbortReason = 1
 )
 
-type frameHeader struct {
-	kind       frameKind
-	token      tokenDigest
-	generation uint32
-	sender     uint32
-	tag        Tag
-	call       CallDesc
-	dtype      Dtype
-	count      uint64
-	payloadLen uint64
-	reason     abortReason
+// FrameHeader is a frame's header, decoded: what a transport between
+// processes (package zmq) sends ahead of each payload and checks on arrival.
+type FrameHeader struct {
+	Kind       FrameKind
+	Token      TokenDigest
+	Generation uint32
+	Sender     uint32
+	Tag        Tag
+	Call       CallDesc
+	Dtype      Dtype
+	Count      uint64
+	PayloadLen uint64
+	Reason     AbortReason
 }
 
-func (h *frameHeader) encode(b []byte) {
-	_ = b[headerSize-1]
+// Encode writes the header into b, which holds at least HeaderSize bytes.
+func (h *FrameHeader) Encode(b []byte) {
+	_ = b[HeaderSize-1]
 	binary.LittleEndian.PutUint32(b[0:], frameMagic)
 	binary.LittleEndian.PutUint16(b[4:], protocolVersion)
-	b[6] = byte(h.kind)
+	b[6] = byte(h.Kind)
 	b[7] = 0
-	copy(b[8:24], h.token[:])
-	binary.LittleEndian.PutUint32(b[24:], h.generation)
-	binary.LittleEndian.PutUint32(b[28:], h.sender)
-	binary.LittleEndian.PutUint64(b[32:], h.tag.Seq)
-	binary.LittleEndian.PutUint32(b[40:], h.tag.Step)
-	b[44] = byte(h.tag.Op)
-	b[45] = byte(h.dtype)
+	copy(b[8:24], h.Token[:])
+	binary.LittleEndian.PutUint32(b[24:], h.Generation)
+	binary.LittleEndian.PutUint32(b[28:], h.Sender)
+	binary.LittleEndian.PutUint64(b[32:], h.Tag.Seq)
+	binary.LittleEndian.PutUint32(b[40:], h.Tag.Step)
+	b[44] = byte(h.Tag.Op)
+	b[45] = byte(h.Dtype)
 	b[46], b[47] = 0, 0
-	binary.LittleEndian.PutUint64(b[48:], h.count)
-	binary.LittleEndian.PutUint64(b[56:], h.payloadLen)
-	binary.LittleEndian.PutUint64(b[64:], h.call.Tensor)
-	binary.LittleEndian.PutUint64(b[72:], h.call.N)
-	binary.LittleEndian.PutUint64(b[80:], h.call.K)
-	b[88] = byte(h.call.Dtype)
-	b[89] = byte(h.reason)
-	binary.LittleEndian.PutUint32(b[90:], h.call.Completed)
+	binary.LittleEndian.PutUint64(b[48:], h.Count)
+	binary.LittleEndian.PutUint64(b[56:], h.PayloadLen)
+	binary.LittleEndian.PutUint64(b[64:], h.Call.Tensor)
+	binary.LittleEndian.PutUint64(b[72:], h.Call.N)
+	binary.LittleEndian.PutUint64(b[80:], h.Call.K)
+	b[88] = byte(h.Call.Dtype)
+	b[89] = byte(h.Reason)
+	binary.LittleEndian.PutUint32(b[90:], h.Call.Completed)
 	b[94], b[95] = 0, 0
-	if h.call.Exact {
+	if h.Call.Exact {
 		b[94] = 1
 	}
 }
 
-// decodeFrameHeader parses and validates a header frame against what this
+// DecodeFrameHeader parses and validates a header frame against what this
 // rank expects. It never allocates from wire-controlled sizes.
-func decodeFrameHeader(b []byte, token tokenDigest, generation uint32, size int) (frameHeader, error) {
-	var h frameHeader
-	if len(b) != headerSize {
-		return h, fmt.Errorf("%w: header of %d bytes, want %d", ErrBadFrame, len(b), headerSize)
+func DecodeFrameHeader(b []byte, token TokenDigest, generation uint32, size int) (FrameHeader, error) {
+	var h FrameHeader
+	if len(b) != HeaderSize {
+		return h, fmt.Errorf("%w: header of %d bytes, want %d", ErrBadFrame, len(b), HeaderSize)
 	}
 	if binary.LittleEndian.Uint32(b[0:]) != frameMagic {
 		return h, fmt.Errorf("%w: bad magic", ErrBadFrame)
@@ -144,29 +150,29 @@ func decodeFrameHeader(b []byte, token tokenDigest, generation uint32, size int)
 	if v := binary.LittleEndian.Uint16(b[4:]); v != protocolVersion {
 		return h, fmt.Errorf("%w: protocol version %d, want %d", ErrBadFrame, v, protocolVersion)
 	}
-	h.kind = frameKind(b[6])
-	if h.kind < kindData || h.kind > kindRefuse || b[7] != 0 || b[46] != 0 || b[47] != 0 || b[94] > 1 || b[95] != 0 {
+	h.Kind = FrameKind(b[6])
+	if h.Kind < FrameData || h.Kind > FrameRefuse || b[7] != 0 || b[46] != 0 || b[47] != 0 || b[94] > 1 || b[95] != 0 {
 		return h, fmt.Errorf("%w: bad kind or reserved bytes", ErrBadFrame)
 	}
-	copy(h.token[:], b[8:24])
-	if h.token != token {
+	copy(h.Token[:], b[8:24])
+	if h.Token != token {
 		return h, fmt.Errorf("%w: frame carries another job's token", ErrAuth)
 	}
-	h.generation = binary.LittleEndian.Uint32(b[24:])
-	if h.generation != generation {
-		return h, fmt.Errorf("%w: generation %d, want %d", ErrBadFrame, h.generation, generation)
+	h.Generation = binary.LittleEndian.Uint32(b[24:])
+	if h.Generation != generation {
+		return h, fmt.Errorf("%w: generation %d, want %d", ErrBadFrame, h.Generation, generation)
 	}
-	h.sender = binary.LittleEndian.Uint32(b[28:])
-	if int64(h.sender) >= int64(size) {
-		return h, fmt.Errorf("%w: sender rank %d of %d", ErrBadFrame, h.sender, size)
+	h.Sender = binary.LittleEndian.Uint32(b[28:])
+	if int64(h.Sender) >= int64(size) {
+		return h, fmt.Errorf("%w: sender rank %d of %d", ErrBadFrame, h.Sender, size)
 	}
-	h.tag.Seq = binary.LittleEndian.Uint64(b[32:])
-	h.tag.Step = binary.LittleEndian.Uint32(b[40:])
-	h.tag.Op = Op(b[44])
-	h.dtype = Dtype(b[45])
-	h.count = binary.LittleEndian.Uint64(b[48:])
-	h.payloadLen = binary.LittleEndian.Uint64(b[56:])
-	h.call = CallDesc{
+	h.Tag.Seq = binary.LittleEndian.Uint64(b[32:])
+	h.Tag.Step = binary.LittleEndian.Uint32(b[40:])
+	h.Tag.Op = Op(b[44])
+	h.Dtype = Dtype(b[45])
+	h.Count = binary.LittleEndian.Uint64(b[48:])
+	h.PayloadLen = binary.LittleEndian.Uint64(b[56:])
+	h.Call = CallDesc{
 		Tensor:    binary.LittleEndian.Uint64(b[64:]),
 		N:         binary.LittleEndian.Uint64(b[72:]),
 		K:         binary.LittleEndian.Uint64(b[80:]),
@@ -174,14 +180,14 @@ func decodeFrameHeader(b []byte, token tokenDigest, generation uint32, size int)
 		Completed: binary.LittleEndian.Uint32(b[90:]),
 		Exact:     b[94] == 1,
 	}
-	h.reason = abortReason(b[89])
-	if h.call.Dtype > DtypeUint64 || h.reason > abortMismatch {
+	h.Reason = AbortReason(b[89])
+	if h.Call.Dtype > DtypeUint64 || h.Reason > AbortMismatch {
 		return h, fmt.Errorf("%w: bad call dtype or abort reason", ErrBadFrame)
 	}
-	if (h.kind == kindAbort || h.kind == kindRefuse) && h.payloadLen > maxAbortText {
-		return h, fmt.Errorf("%w: abort or refusal text of %d bytes", ErrBadFrame, h.payloadLen)
+	if (h.Kind == FrameAbort || h.Kind == FrameRefuse) && h.PayloadLen > maxAbortText {
+		return h, fmt.Errorf("%w: abort or refusal text of %d bytes", ErrBadFrame, h.PayloadLen)
 	}
-	if err := checkPayloadSize(h.dtype, h.count, h.payloadLen); err != nil {
+	if err := checkPayloadSize(h.Dtype, h.Count, h.PayloadLen); err != nil {
 		return h, err
 	}
 	return h, nil

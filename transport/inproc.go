@@ -15,7 +15,7 @@ type InProc struct {
 type inprocRank struct {
 	group *InProc
 	rank  int
-	box   *mailbox
+	box   *Mailbox
 }
 
 // NewInProc returns size connected transports, one per rank, with the
@@ -27,7 +27,7 @@ func NewInProcDiagnostics(size int, diag Diagnostics) []Transport {
 	g := &InProc{}
 	ts := make([]Transport, size)
 	for r := 0; r < size; r++ {
-		ir := &inprocRank{group: g, rank: r, box: newMailbox(r, size, diag)}
+		ir := &inprocRank{group: g, rank: r, box: NewMailbox(r, size, diag)}
 		g.ranks = append(g.ranks, ir)
 		ts[r] = ir
 	}
@@ -39,19 +39,19 @@ func (t *inprocRank) Size() int { return len(t.group.ranks) }
 
 // StartCall tells every rank at once what heartbeats tell them over TCP.
 func (t *inprocRank) StartCall(op Op, seq uint64, call CallDesc) {
-	t.box.start(op, seq, call)
+	t.box.Start(op, seq, call)
 	for _, peer := range t.group.ranks {
 		if peer != t {
-			peer.box.noteStarted(t.rank, seq)
+			peer.box.NoteStarted(t.rank, seq)
 		}
 	}
 }
 
 func (t *inprocRank) Send(ctx context.Context, peer int, tag Tag, dtype Dtype, count uint64, payload []byte) error {
-	if err := checkPeer(t, peer); err != nil {
+	if err := CheckPeer(t, peer); err != nil {
 		return err
 	}
-	if err := t.box.err(); err != nil {
+	if err := t.box.Err(); err != nil {
 		return err
 	}
 	if ctx.Err() != nil {
@@ -59,32 +59,32 @@ func (t *inprocRank) Send(ctx context.Context, peer int, tag Tag, dtype Dtype, c
 	}
 	// Copy: the sender may reuse its buffer once Send returns, as with TCP.
 	p := append([]byte(nil), payload...)
-	t.group.ranks[peer].box.deliver(t.rank, Message{Tag: tag, Dtype: dtype, Count: count, Call: t.box.callOf(tag.Seq), Payload: p})
+	t.group.ranks[peer].box.Deliver(t.rank, Message{Tag: tag, Dtype: dtype, Count: count, Call: t.box.CallOf(tag.Seq), Payload: p})
 	return nil
 }
 
 func (t *inprocRank) Recv(ctx context.Context, peer int, tag Tag) (Message, error) {
-	if err := checkPeer(t, peer); err != nil {
+	if err := CheckPeer(t, peer); err != nil {
 		return Message{}, err
 	}
-	return t.box.receive(ctx, peer, tag)
+	return t.box.Receive(ctx, peer, tag)
 }
 
 // Abort fails this rank. A mismatch is passed on to the peers, as the abort
 // frame does over TCP, so every rank reports it; other failures stay local
 // (in-process tests abort every rank themselves).
 func (t *inprocRank) Abort(cause error) {
-	t.box.fail(fmt.Errorf("%w: %w", ErrAborted, cause))
-	if reason, text := t.box.abortReason(); reason == abortMismatch {
+	t.box.Fail(fmt.Errorf("%w: %w", ErrAborted, cause))
+	if reason, text := t.box.AbortReason(); reason == AbortMismatch {
 		for _, peer := range t.group.ranks {
 			if peer != t {
-				peer.box.peerAborted(t.rank, reason, text)
+				peer.box.PeerAborted(t.rank, reason, text)
 			}
 		}
 	}
 }
 
 func (t *inprocRank) Close() error {
-	t.box.fail(ErrClosed)
+	t.box.Fail(ErrClosed)
 	return nil
 }

@@ -9,14 +9,16 @@ import (
 	"time"
 )
 
-// mailbox holds messages that arrived before anyone asked for them and wakes
-// the receiver waiting for a given (peer, seq, step). Both transports deliver
-// into one, so matching, mismatch detection, stall diagnostics and failure
-// propagation behave the same in tests and in production.
-type mailbox struct {
+// Mailbox holds messages that arrived before anyone asked for them and wakes
+// the receiver waiting for a given (peer, seq, step). Both transports (the
+// in-process one and package zmq's) deliver into one, so matching, mismatch
+// detection, stall diagnostics and failure propagation behave the same in
+// tests and in production.
+type Mailbox struct {
 	rank int
 	diag Diagnostics
-	// silence reports how long a peer has sent nothing; nil where unknown.
+	// silence reports how long a peer has sent nothing while it should
+	// have (SetSilence); nil where unknown.
 	silence func(peer int) time.Duration
 
 	mu       sync.Mutex
@@ -43,8 +45,10 @@ type mailKey struct {
 	step uint32
 }
 
-func newMailbox(rank, size int, diag Diagnostics) *mailbox {
-	return &mailbox{
+// NewMailbox is the mailbox of rank in a job of size ranks; diag says when
+// and where a receive that waits long is reported.
+func NewMailbox(rank, size int, diag Diagnostics) *Mailbox {
+	return &Mailbox{
 		rank:     rank,
 		diag:     diag.withDefaults(),
 		pending:  make(map[mailKey][]Message),
@@ -56,9 +60,15 @@ func newMailbox(rank, size int, diag Diagnostics) *mailbox {
 	}
 }
 
-// start records the call this rank has begun and checks the frames of that
+// SetSilence installs how the stall warnings learn which peers fell silent:
+// silence(peer) is how long peer has sent nothing beyond what its
+// transport expects of a live peer (package zmq: two heartbeat intervals),
+// and 0 while it is heard from. Set it before the mailbox is used.
+func (m *Mailbox) SetSilence(silence func(peer int) time.Duration) { m.silence = silence }
+
+// Start records the call this rank has begun and checks the frames of that
 // call that peers sent before it started.
-func (m *mailbox) start(op Op, seq uint64, call CallDesc) {
+func (m *Mailbox) Start(op Op, seq uint64, call CallDesc) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.active, m.call, m.hasActive = Tag{Op: op, Seq: seq}, call, true
@@ -84,9 +94,9 @@ func (m *mailbox) start(op Op, seq uint64, call CallDesc) {
 	}
 }
 
-// callOf is the descriptor this rank's frames of call seq carry: the
+// CallOf is the descriptor this rank's frames of call seq carry: the
 // started call's, or zero for messages outside one.
-func (m *mailbox) callOf(seq uint64) CallDesc {
+func (m *Mailbox) CallOf(seq uint64) CallDesc {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.hasActive && m.active.Seq == seq {
@@ -95,11 +105,11 @@ func (m *mailbox) callOf(seq uint64) CallDesc {
 	return CallDesc{}
 }
 
-// deliver files msg from peer and wakes its receiver, if one waits. A frame
+// Deliver files msg from peer and wakes its receiver, if one waits. A frame
 // of the running call that disagrees with it fails the mailbox at once, even
 // if nobody waits for that frame: ranks running different algorithms may
 // never ask for each other's messages.
-func (m *mailbox) deliver(peer int, msg Message) {
+func (m *Mailbox) Deliver(peer int, msg Message) {
 	k := mailKey{peer, msg.Tag.Seq, msg.Tag.Step}
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -122,8 +132,8 @@ func (m *mailbox) deliver(peer int, msg Message) {
 	}
 }
 
-// receive blocks until the message for (peer, tag.Seq, tag.Step) is there.
-func (m *mailbox) receive(ctx context.Context, peer int, tag Tag) (Message, error) {
+// Receive blocks until the message for (peer, tag.Seq, tag.Step) is there.
+func (m *Mailbox) Receive(ctx context.Context, peer int, tag Tag) (Message, error) {
 	k := mailKey{peer, tag.Seq, tag.Step}
 	begun := time.Now()
 	var stall <-chan time.Time
@@ -189,7 +199,7 @@ func (m *mailbox) receive(ctx context.Context, peer int, tag Tag) (Message, erro
 }
 
 // failMismatchLocked fails the mailbox with a mismatch; m.mu must be held.
-func (m *mailbox) failMismatchLocked(err error) {
+func (m *Mailbox) failMismatchLocked(err error) {
 	if m.failed == nil {
 		var me *MismatchError
 		if errors.As(err, &me) {
@@ -201,14 +211,14 @@ func (m *mailbox) failMismatchLocked(err error) {
 	m.failLocked(err)
 }
 
-// fail makes every blocked and future receive return err (first error wins).
-func (m *mailbox) fail(err error) {
+// Fail makes every blocked and future receive return err (first error wins).
+func (m *Mailbox) Fail(err error) {
 	m.mu.Lock()
 	m.failLocked(err)
 	m.mu.Unlock()
 }
 
-func (m *mailbox) failLocked(err error) {
+func (m *Mailbox) failLocked(err error) {
 	if m.failed == nil {
 		m.failed = err
 		close(m.wakeAll)
@@ -216,8 +226,8 @@ func (m *mailbox) failLocked(err error) {
 	}
 }
 
-// failPeer makes receives from one peer return err (first error wins).
-func (m *mailbox) failPeer(peer int, err error) {
+// FailPeer makes receives from one peer return err (first error wins).
+func (m *Mailbox) FailPeer(peer int, err error) {
 	m.mu.Lock()
 	if m.peerErr[peer] == nil {
 		m.peerErr[peer] = err
@@ -227,35 +237,49 @@ func (m *mailbox) failPeer(peer int, err error) {
 	m.mu.Unlock()
 }
 
-func (m *mailbox) err() error {
+// Pending counts, per peer, the messages filed that no receive has taken
+// yet (a peer appears once anything of it was filed): what a transport's
+// tests check its deliveries against.
+func (m *Mailbox) Pending() map[int]int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n := map[int]int{}
+	for k, q := range m.pending {
+		n[k.peer] += len(q)
+	}
+	return n
+}
+
+// Err is the error that failed the mailbox (Fail, a mismatch), or nil.
+func (m *Mailbox) Err() error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.failed
 }
 
-// abortReason is what this rank tells its peers when it aborts: a mismatch
+// AbortReason is what this rank tells its peers when it aborts: a mismatch
 // is passed on as one (so every rank reports ErrMismatch, not a remote
 // failure), anything else as the error's text.
-func (m *mailbox) abortReason() (abortReason, string) {
+func (m *Mailbox) AbortReason() (AbortReason, string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.mismatch != "" {
-		return abortMismatch, truncateText(m.mismatch)
+		return AbortMismatch, truncateText(m.mismatch)
 	}
 	if m.failed == nil {
-		return abortFailure, ""
+		return AbortFailure, ""
 	}
 	if errors.Is(m.failed, ErrMismatch) {
-		return abortMismatch, truncateText(m.failed.Error())
+		return AbortMismatch, truncateText(m.failed.Error())
 	}
-	return abortFailure, truncateText(m.failed.Error())
+	return AbortFailure, truncateText(m.failed.Error())
 }
 
-// peerAborted handles a peer's abort: a mismatch fails every call of this
+// PeerAborted handles a peer's abort: a mismatch fails every call of this
 // rank too (the ranks disagree about the call, whoever this rank waits for);
 // any other failure fails the receives waiting on that peer.
-func (m *mailbox) peerAborted(peer int, reason abortReason, text string) {
-	if reason == abortMismatch {
+func (m *Mailbox) PeerAborted(peer int, reason AbortReason, text string) {
+	if reason == AbortMismatch {
 		m.mu.Lock()
 		if m.failed == nil {
 			m.mismatch = text
@@ -267,7 +291,7 @@ func (m *mailbox) peerAborted(peer int, reason abortReason, text string) {
 	if text == "" {
 		text = "no reason given"
 	}
-	m.failPeer(peer, fmt.Errorf("%w: peer %d aborted: %s", ErrRemote, peer, text))
+	m.FailPeer(peer, fmt.Errorf("%w: peer %d aborted: %s", ErrRemote, peer, text))
 }
 
 func truncateText(s string) string {

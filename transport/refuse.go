@@ -37,8 +37,8 @@ func (r peerRefusal) err(seq uint64) error {
 	return fmt.Errorf("%w: rank %d refused call %d: %s", ErrMismatch, r.peer, seq, r.text)
 }
 
-// refuse records that this rank refused call seq.
-func (m *mailbox) refuse(seq uint64) {
+// Refuse records that this rank refused call seq.
+func (m *Mailbox) Refuse(seq uint64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if seq > m.started[m.rank] {
@@ -53,8 +53,8 @@ func (m *mailbox) refuse(seq uint64) {
 	}
 }
 
-// peerRefused handles peer's refusal of call seq, with its reason.
-func (m *mailbox) peerRefused(peer int, seq uint64, text string) {
+// PeerRefused handles peer's refusal of call seq, with its reason.
+func (m *Mailbox) PeerRefused(peer int, seq uint64, text string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if seq > m.started[peer] {
@@ -82,7 +82,7 @@ func (m *mailbox) peerRefused(peer int, seq uint64, text string) {
 
 // forgetRefusalsLocked drops the refusals of calls up to seq, which this
 // rank has now reached; m.mu must be held.
-func (m *mailbox) forgetRefusalsLocked(seq uint64) {
+func (m *Mailbox) forgetRefusalsLocked(seq uint64) {
 	for s := range m.refusals {
 		if s <= seq {
 			delete(m.refusals, s)
@@ -90,36 +90,19 @@ func (m *mailbox) forgetRefusalsLocked(seq uint64) {
 	}
 }
 
-// refusalText is what a refuse frame carries: the reason, cut to the frame
+// RefusalText is what a refuse frame carries: the reason, cut to the frame
 // limit and made valid UTF-8.
-func refusalText(reason string) string {
+func RefusalText(reason string) string {
 	return truncateText(strings.TrimPrefix(reason, "oktopk: "))
 }
 
 // RefuseCall tells every peer at once, as refuse frames do over TCP.
 func (t *inprocRank) RefuseCall(_ context.Context, seq uint64, reason string) {
-	t.box.refuse(seq)
-	text := refusalText(reason)
+	t.box.Refuse(seq)
+	text := RefusalText(reason)
 	for _, peer := range t.group.ranks {
 		if peer != t {
-			peer.box.peerRefused(t.rank, seq, text)
+			peer.box.PeerRefused(t.rank, seq, text)
 		}
-	}
-}
-
-// RefuseCall sends a refuse frame to every peer and returns once each is
-// handed to ZeroMQ (or the transport is closed, or ctx ends), so that a
-// Close right after it still sends them before its bye.
-func (z *ZMQ) RefuseCall(ctx context.Context, seq uint64, reason string) {
-	z.box.refuse(seq)
-	text := []byte(refusalText(reason))
-	for r := 0; r < z.opts.Size; r++ {
-		if r == z.opts.Rank {
-			continue
-		}
-		h := frameHeader{kind: kindRefuse, tag: Tag{Seq: seq}, dtype: DtypeBytes, count: uint64(len(text)), payloadLen: uint64(len(text))}
-		// Errors need no handling: a peer that cannot be reached fails by
-		// itself (its connection drops, or it waits past its timeout).
-		_ = z.enqueue(ctx, r, &h, text)
 	}
 }

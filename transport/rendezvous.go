@@ -1,51 +1,55 @@
 package transport
 
-// Three ways for P processes to find each other, all ending in Connect with
-// the full list of endpoints:
-//   - a Store shared by the job (RendezvousZMQ): each rank publishes its
+// Three ways for P processes to find each other, all ending in a
+// transport's Connect with the full list of endpoints (package zmq's
+// Rendezvous, InitFromUniqueID and InitFromEnv are built on them):
+//   - a Store shared by the job (ExchangeEndpoints): each rank publishes its
 //     endpoint and reads everyone else's;
-//   - an NCCL-style unique id (NewUniqueID on rank 0, passed to the other
+//   - an NCCL-style unique id (a UniqueID made on rank 0, passed to the other
 //     ranks by the caller's own means): it names rank 0's StoreServer and
-//     carries the job token;
-//   - a launcher's environment (InitFromEnv): torchrun's MASTER_ADDR,
+//     carries the job token (JoinUniqueID);
+//   - a launcher's environment (JoinLaunch): torchrun's MASTER_ADDR,
 //     MASTER_PORT, RANK, WORLD_SIZE, or mpirun's or srun's variables
 //     (launchers.go).
-// A caller that did its own rendezvous uses ListenZMQ and Connect directly.
+// A caller that did its own rendezvous binds and connects a transport
+// directly (zmq.Listen, then Connect).
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"net"
 	"strconv"
 	"strings"
 )
 
-// RendezvousZMQ binds this rank, publishes its endpoint in store and
-// connects to every rank's.
-func RendezvousZMQ(ctx context.Context, store Store, opts ZMQOptions) (*ZMQ, error) {
-	z, err := ListenZMQ(opts)
-	if err != nil {
+// NewToken returns a random job token (32 bytes of entropy, hex).
+func NewToken() string {
+	b := make([]byte, 32)
+	if _, err := rand.Read(b); err != nil {
+		panic("oktopk: no randomness: " + err.Error())
+	}
+	return hex.EncodeToString(b)
+}
+
+// ExchangeEndpoints publishes endpoint in store as rank's, under the
+// communicator generation, and returns the endpoints of all size ranks in
+// rank order, waiting (as store.Get does) until every rank has published.
+func ExchangeEndpoints(ctx context.Context, store Store, generation uint32, rank, size int, endpoint string) ([]string, error) {
+	prefix := fmt.Sprintf("oktopk/g%d/ep/", generation)
+	if err := store.Set(ctx, prefix+strconv.Itoa(rank), []byte(endpoint)); err != nil {
 		return nil, err
 	}
-	prefix := fmt.Sprintf("oktopk/g%d/ep/", opts.Generation)
-	if err := store.Set(ctx, prefix+strconv.Itoa(opts.Rank), []byte(z.Endpoint())); err != nil {
-		z.Close()
-		return nil, err
-	}
-	endpoints := make([]string, opts.Size)
+	endpoints := make([]string, size)
 	for r := range endpoints {
 		v, err := store.Get(ctx, prefix+strconv.Itoa(r))
 		if err != nil {
-			z.Close()
 			return nil, fmt.Errorf("endpoint of rank %d: %w", r, err)
 		}
 		endpoints[r] = string(v)
 	}
-	if err := z.Connect(ctx, endpoints); err != nil {
-		z.Close()
-		return nil, err
-	}
-	return z, nil
+	return endpoints, nil
 }
 
 // UniqueID names rank 0's rendezvous server and the job token.
@@ -72,15 +76,11 @@ func ParseUniqueID(s string) (UniqueID, error) {
 	return UniqueID{Addr: addr, Token: token}, nil
 }
 
-// NewUniqueID starts a StoreServer on rank 0's bind host and returns its id.
-// The caller keeps the server running until every rank has connected (the
-// C ABI closes it with the communicator made from this id).
-func NewUniqueID(opts ZMQOptions) (UniqueID, *StoreServer, error) {
-	host, err := ResolveBindHost(opts.BindHost, opts.Ifname)
-	if err != nil {
-		return UniqueID{}, nil, err
-	}
-	token := opts.Token
+// ServeUniqueID starts a StoreServer on host (rank 0's bind host) and returns
+// its id, with token as the job token (a new one when ""). The caller keeps
+// the server running until every rank has connected (the C ABI closes it
+// with the communicator made from this id).
+func ServeUniqueID(host, token string) (UniqueID, *StoreServer, error) {
 	if token == "" {
 		token = NewToken()
 	}
@@ -91,78 +91,95 @@ func NewUniqueID(opts ZMQOptions) (UniqueID, *StoreServer, error) {
 	return UniqueID{Addr: srv.Addr(), Token: token}, srv, nil
 }
 
-// InitFromUniqueID joins the job named by id as rank of size.
-func InitFromUniqueID(ctx context.Context, id UniqueID, rank, size int, opts ZMQOptions) (*ZMQ, error) {
+// Placement is what a rendezvous has settled about a rank when it hands
+// over to the transport: its rank, the job's size and the job token.
+type Placement struct {
+	Rank, Size int
+	Token      string
+}
+
+// RouteFunc is told the rendezvous host's address as soon as it is known,
+// before the rank binds, so that a rank with no configured address can
+// bind the one on the route to it (RouteSourceAddress).
+type RouteFunc func(ctx context.Context, host string, port int)
+
+// JoinFunc binds this rank's transport as p says and connects it to the
+// job's other ranks through store (package zmq's Rendezvous does both).
+type JoinFunc[T any] func(ctx context.Context, store Store, p Placement) (T, error)
+
+// JoinUniqueID joins the job named by id as rank of size: it dials the
+// StoreServer that id names, tells route its address, and has join bind
+// and connect through it.
+func JoinUniqueID[T any](ctx context.Context, id UniqueID, rank, size int, route RouteFunc, join JoinFunc[T]) (T, error) {
+	var none T
 	store, err := DialStore(ctx, id.Addr, id.Token)
 	if err != nil {
-		return nil, fmt.Errorf("%w; the process that made the unique ID (usually rank 0) serves it and never answered: it has exited or is unreachable from this host", err)
+		return none, fmt.Errorf("%w; the process that made the unique ID (usually rank 0) serves it and never answered: it has exited or is unreachable from this host", err)
 	}
 	defer store.(*tcpStore).Close()
 	if host, port, err := net.SplitHostPort(id.Addr); err == nil {
 		p, _ := strconv.Atoi(port)
-		opts = routeToRendezvous(ctx, opts, host, p, Getenv)
+		route(ctx, host, p)
 	}
-	opts.Rank, opts.Size, opts.Token = rank, size, id.Token
-	return RendezvousZMQ(ctx, store, opts)
+	return join(ctx, store, Placement{Rank: rank, Size: size, Token: id.Token})
 }
 
-// InitFromEnv joins a job started by a launcher: torchrun (MASTER_ADDR,
+// JoinLaunch joins a job started by a launcher: torchrun (MASTER_ADDR,
 // MASTER_PORT, RANK, WORLD_SIZE), Open MPI's or MPICH's mpirun, or Slurm's
-// srun; launchers.go says which variables each sets and how the rendezvous
-// address is chosen. Rank 0 serves rendezvous there (by default on
+// srun, whose variables it reads through getenv; launchers.go says which
+// variables each sets and how the rendezvous address is chosen. It tells
+// route that address; rank 0 serves rendezvous there (by default on
 // MASTER_PORT+1, since torchrun's own store holds MASTER_PORT). The job
 // token is OKTOPK_JOB_TOKEN when set — then the rendezvous itself is
 // authenticated — otherwise rank 0 draws one and publishes it in the store.
-// Every error names the launcher and the rendezvous address it used.
-func InitFromEnv(ctx context.Context, opts ZMQOptions) (*ZMQ, error) {
-	return initFromLaunch(ctx, opts, Getenv)
-}
-
-func initFromLaunch(ctx context.Context, opts ZMQOptions, getenv func(string) string) (*ZMQ, error) {
+// Then join binds and connects through the store. Every error names the
+// launcher and the rendezvous address it used.
+//
+// On rank 0 it also returns the StoreServer, which must outlive the
+// transport join made (peers may still be reading the store): the caller
+// closes it with the transport. Other ranks get nil.
+func JoinLaunch[T any](ctx context.Context, getenv func(string) string, route RouteFunc, join JoinFunc[T]) (T, *StoreServer, error) {
+	var none T
 	launch, err := detectLaunch(getenv)
 	if err != nil {
-		return nil, err
+		return none, nil, err
 	}
 	addr, port, storeToken := launch.host, launch.port, launch.token
-	opts = routeToRendezvous(ctx, opts, addr, port, getenv)
+	route(ctx, addr, port)
 	var srv *StoreServer
 	if launch.rank == 0 {
 		if srv, err = ServeStore(addr, port, storeToken); err != nil {
-			return nil, fmt.Errorf("%w (%s)", err, launch)
+			return none, nil, fmt.Errorf("%w (%s)", err, launch)
 		}
 	}
-	z, err := func() (*ZMQ, error) {
+	t, err := func() (T, error) {
 		store, err := DialStore(ctx, net.JoinHostPort(addr, strconv.Itoa(port)), storeToken)
 		if err != nil {
 			// Rank 0 serves the store: a store that never answers means rank 0
 			// has not started, has exited, or cannot be reached from here.
-			return nil, fmt.Errorf("%w; rank 0 serves it and never answered: it has not started, has exited, or is unreachable from this host", err)
+			return none, fmt.Errorf("%w; rank 0 serves it and never answered: it has not started, has exited, or is unreachable from this host", err)
 		}
 		defer store.(*tcpStore).Close()
 		token := storeToken
 		if token == "" {
 			if launch.rank == 0 {
 				if err := store.Set(ctx, "oktopk/token", []byte(NewToken())); err != nil {
-					return nil, err
+					return none, err
 				}
 			}
 			v, err := store.Get(ctx, "oktopk/token")
 			if err != nil {
-				return nil, err
+				return none, err
 			}
 			token = string(v)
 		}
-		opts.Rank, opts.Size, opts.Token = launch.rank, launch.size, token
-		return RendezvousZMQ(ctx, store, opts)
+		return join(ctx, store, Placement{Rank: launch.rank, Size: launch.size, Token: token})
 	}()
 	if err != nil {
 		if srv != nil {
 			srv.Close()
 		}
-		return nil, fmt.Errorf("%w (%s)", err, launch)
+		return none, nil, fmt.Errorf("%w (%s)", err, launch)
 	}
-	if srv != nil {
-		z.onClose = func() { srv.Close() }
-	}
-	return z, nil
+	return t, srv, nil
 }

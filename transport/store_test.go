@@ -3,8 +3,11 @@ package transport
 import (
 	"context"
 	"encoding/binary"
+	"errors"
+	"fmt"
 	"net"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 )
@@ -95,5 +98,75 @@ func TestStoreCapsConnectionsThatHaveNotShownTheToken(t *testing.T) {
 	}
 	if v, err := st.Get(ctx, "k"); err != nil || string(v) != "v" {
 		t.Fatalf("get after the strangers left: %q, %v", v, err)
+	}
+}
+
+func TestStoreOverTCP(t *testing.T) {
+	srv, err := ServeStore("127.0.0.1", 0, "tok")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	a, err := DialStore(ctx, srv.Addr(), "tok")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := DialStore(ctx, srv.Addr(), "tok")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan []byte)
+	go func() {
+		v, err := b.Get(ctx, "k")
+		if err != nil {
+			t.Error(err)
+		}
+		got <- v
+	}()
+	time.Sleep(50 * time.Millisecond)
+	if err := a.Set(ctx, "k", []byte("v1")); err != nil {
+		t.Fatal(err)
+	}
+	if v := <-got; string(v) != "v1" {
+		t.Fatalf("Get after Set: %q", v)
+	}
+	for i := int64(1); i <= 3; i++ {
+		n, err := a.Add(ctx, "n", 1)
+		if err != nil || n != i {
+			t.Fatalf("Add #%d = %d, %v", i, n, err)
+		}
+	}
+	short, c2 := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer c2()
+	if err := b.Wait(short, "absent"); !errors.Is(err, ErrRendezvous) {
+		t.Fatalf("Wait for an absent key: %v", err)
+	}
+	bad, err := DialStore(ctx, srv.Addr(), "wrong")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bad.Get(ctx, "k"); !errors.Is(err, ErrAuth) {
+		t.Fatalf("wrong store token: want ErrAuth, got %v", err)
+	}
+}
+
+// A rendezvous port already taken fails at once with ErrRendezvous, and the
+// message names the port and the way out.
+func TestStoreOnATakenPortSaysWhich(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	port := taken.Addr().(*net.TCPAddr).Port
+	srv, err := ServeStore("127.0.0.1", port, "tok")
+	if err == nil {
+		srv.Close()
+		t.Fatalf("ServeStore on a port in use succeeded")
+	}
+	if !errors.Is(err, ErrRendezvous) || !strings.Contains(err.Error(), fmt.Sprintf("port %d is taken", port)) {
+		t.Fatalf("want ErrRendezvous naming port %d, got %v", port, err)
 	}
 }

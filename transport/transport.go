@@ -4,7 +4,10 @@
 // Transport with a Tag naming the operation, its sequence number on the
 // communicator and the step within it, so messages of concurrent operations
 // never cross. Two implementations exist: an in-process one over channels
-// (for unit tests) and a ZeroMQ TCP one (what a user runs).
+// (for unit tests) and a ZeroMQ TCP one in package transport/zmq (what a
+// user runs). This package also holds what both share: the frame format,
+// the mailbox that matches messages to receives, and the rendezvous (a
+// Store, a unique id, a launcher's environment).
 package transport
 
 import (
@@ -235,7 +238,9 @@ func ContextError(ctx context.Context, what string) error {
 	return fmt.Errorf("%w: %s: %w", ErrAborted, what, err)
 }
 
-func checkPeer(t Transport, peer int) error {
+// CheckPeer refuses a peer rank that is out of range or t's own, with
+// ErrBadPeer: what every Send and Recv checks first.
+func CheckPeer(t Transport, peer int) error {
 	if peer < 0 || peer >= t.Size() || peer == t.Rank() {
 		return fmt.Errorf("%w: peer %d with rank %d of %d", ErrBadPeer, peer, t.Rank(), t.Size())
 	}

@@ -55,7 +55,7 @@ import (
 	"time"
 
 	"github.com/oktopk/oktopk/core"
-	"github.com/oktopk/oktopk/transport"
+	"github.com/oktopk/oktopk/transport/zmq"
 )
 
 // Header is the CSV header; bench/gloo_allreduce.py prints the same columns.
@@ -267,7 +267,7 @@ func summarize(ranks []callTiming, rateBitsPerSec float64) callSummary {
 func run(o options) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Minute)
 	defer cancel()
-	z, err := transport.InitFromEnv(ctx, transport.ZMQOptions{})
+	z, err := zmq.InitFromEnv(ctx, zmq.Options{})
 	if err != nil {
 		return err
 	}

@@ -25,8 +25,7 @@ import (
 	"unsafe"
 
 	"github.com/oktopk/oktopk/core"
-	"github.com/oktopk/oktopk/transport"
-	zmq "github.com/pebbe/zmq4"
+	"github.com/oktopk/oktopk/transport/zmq"
 )
 
 func main() {
@@ -42,7 +41,7 @@ func main() {
 func run(sizeList string, iters int) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	z, err := transport.InitFromEnv(ctx, transport.ZMQOptions{})
+	z, err := zmq.InitFromEnv(ctx, zmq.Options{})
 	if err != nil {
 		return err
 	}
@@ -174,25 +173,25 @@ func compare(runs int, comm *core.Communicator, a, b func() error) (medianA, med
 // same processes.
 type rawRing struct {
 	comm     *core.Communicator
-	zctx     *zmq.Context
-	in, out  *zmq.Socket
+	zctx     *zmq.RawContext
+	in, out  *zmq.RawSocket
 	header   []byte
 	received []float32
 }
 
 func newRawRing(comm *core.Communicator) (*rawRing, error) {
-	zctx, err := zmq.NewContext()
+	zctx, err := zmq.NewRawContext()
 	if err != nil {
 		return nil, err
 	}
 	rr := &rawRing{comm: comm, zctx: zctx, header: make([]byte, 96)}
-	if rr.in, err = zctx.NewSocket(zmq.ROUTER); err != nil {
+	if rr.in, err = zctx.NewSocket(zmq.Router); err != nil {
 		return nil, err
 	}
-	if rr.out, err = zctx.NewSocket(zmq.DEALER); err != nil {
+	if rr.out, err = zctx.NewSocket(zmq.Dealer); err != nil {
 		return nil, err
 	}
-	for _, s := range []*zmq.Socket{rr.in, rr.out} {
+	for _, s := range []*zmq.RawSocket{rr.in, rr.out} {
 		if err := s.SetLinger(0); err != nil {
 			return nil, err
 		}
@@ -206,7 +205,7 @@ func newRawRing(comm *core.Communicator) (*rawRing, error) {
 	if err := rr.in.Bind("tcp://127.0.0.1:*"); err != nil {
 		return nil, err
 	}
-	ep, err := rr.in.GetLastEndpoint()
+	ep, err := rr.in.LastEndpoint()
 	if err != nil {
 		return nil, err
 	}
@@ -237,13 +236,13 @@ func newRawRing(comm *core.Communicator) (*rawRing, error) {
 // the left, returning its payload viewed as float32 (no copy when aligned,
 // as the transport's receive path does).
 func (rr *rawRing) exchange(send []float32, want int) ([]float32, error) {
-	if _, err := rr.out.SendBytes(rr.header, zmq.SNDMORE); err != nil {
+	if _, err := rr.out.SendBytes(rr.header, true); err != nil {
 		return nil, err
 	}
-	if _, err := rr.out.SendBytes(core.Float32Bytes(send), 0); err != nil {
+	if _, err := rr.out.SendBytes(core.Float32Bytes(send), false); err != nil {
 		return nil, err
 	}
-	msg, err := rr.in.RecvMessageBytes(0)
+	msg, err := rr.in.RecvMessageBytes()
 	if err != nil {
 		return nil, err
 	}

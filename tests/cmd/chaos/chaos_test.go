@@ -11,10 +11,9 @@ import (
 	"testing"
 	"time"
 
-	zmq "github.com/pebbe/zmq4"
-
 	"github.com/oktopk/oktopk/core"
 	"github.com/oktopk/oktopk/transport"
+	"github.com/oktopk/oktopk/transport/zmq"
 )
 
 // The plan injects exactly the faults asked for, every kind at least once,
@@ -276,12 +275,12 @@ func TestCheckOutcomeCountsEveryViolation(t *testing.T) {
 // the frames it announces after it reach the rank's decoder (and its
 // memory): a frame sent after the greeting arrives as a message.
 func TestFlooderGreetingIsAcceptedByZeroMQ(t *testing.T) {
-	zctx, err := zmq.NewContext()
+	zctx, err := zmq.NewRawContext()
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer zctx.Term()
-	router, err := zctx.NewSocket(zmq.ROUTER)
+	router, err := zctx.NewSocket(zmq.Router)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -291,7 +290,7 @@ func TestFlooderGreetingIsAcceptedByZeroMQ(t *testing.T) {
 	if err := router.Bind("tcp://127.0.0.1:*"); err != nil {
 		t.Fatal(err)
 	}
-	ep, _ := router.GetLastEndpoint()
+	ep, _ := router.LastEndpoint()
 	c, err := net.Dial("tcp", strings.TrimPrefix(ep, "tcp://"))
 	if err != nil {
 		t.Fatal(err)
@@ -308,7 +307,7 @@ func TestFlooderGreetingIsAcceptedByZeroMQ(t *testing.T) {
 	}
 	go bufio.NewReader(c).Discard(1 << 20) // the router's READY
 	for _, want := range []string{"hello", long} {
-		parts, err := router.RecvMessage(0)
+		parts, err := router.RecvMessage()
 		if err != nil || len(parts) != 2 || parts[1] != want {
 			t.Fatalf("router received %q, %v; want [id %.10q]", parts, err, want)
 		}

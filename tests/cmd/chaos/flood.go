@@ -34,8 +34,9 @@ import (
 	"syscall"
 	"time"
 
-	zmq "github.com/pebbe/zmq4"
 	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/oktopk/oktopk/transport/zmq"
 )
 
 // FloodReport is the flooder's output line.
@@ -264,7 +265,7 @@ func (f *flooder) emptyFrames(t target) {
 			c.Close()
 		}
 	}()
-	zctx, err := zmq.NewContext()
+	zctx, err := zmq.NewRawContext()
 	if err != nil {
 		f.fail(err)
 		wg.Wait()
@@ -272,7 +273,7 @@ func (f *flooder) emptyFrames(t target) {
 	}
 	defer zctx.Term()
 	for f.live() {
-		s, err := zctx.NewSocket(zmq.DEALER)
+		s, err := zctx.NewSocket(zmq.Dealer)
 		if err != nil {
 			f.fail(err)
 			break
@@ -434,7 +435,7 @@ func strangerFrame(kind byte, sender uint32, seq, count uint64) []byte {
 	return b
 }
 
-// storeRequest has the store's wire fields (transport/store.go).
+// storeRequest has the store's wire fields (transport/store_wire.go).
 type storeRequest struct {
 	Token  string `msgpack:"t"`
 	Op     string `msgpack:"o"`
@@ -468,14 +469,14 @@ func (f *flooder) wrongToken(t target) {
 		}
 		return
 	}
-	zctx, err := zmq.NewContext()
+	zctx, err := zmq.NewRawContext()
 	if err != nil {
 		f.fail(err)
 		return
 	}
 	defer zctx.Term()
 	for round := 0; f.live(); round++ {
-		s, err := zctx.NewSocket(zmq.DEALER)
+		s, err := zctx.NewSocket(zmq.Dealer)
 		if err != nil {
 			f.fail(err)
 			return
@@ -501,7 +502,7 @@ func (f *flooder) wrongToken(t target) {
 			}
 			if _, err := s.SendMessage(parts...); err == nil {
 				f.delivered.Add(1)
-			} else if !errors.Is(err, zmq.Errno(11)) {
+			} else if !errors.Is(err, zmq.ErrAgain) {
 				f.fail(err)
 			}
 		}

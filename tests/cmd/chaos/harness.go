@@ -16,7 +16,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/oktopk/oktopk/transport"
+	"github.com/oktopk/oktopk/transport/zmq"
 )
 
 type config struct {
@@ -131,7 +131,7 @@ func runCampaign(cfg config) int {
 	for _, k := range cfg.kinds {
 		kindByName(k)
 	}
-	plan := makePlan(cfg.seed, cfg.faults, h.cluster.netns, transport.CurveAvailable(), cfg.maxP, cfg.timeout, cfg.kinds...)
+	plan := makePlan(cfg.seed, cfg.faults, h.cluster.netns, zmq.CurveAvailable(), cfg.maxP, cfg.timeout, cfg.kinds...)
 	total := 0
 	for _, jp := range plan {
 		total += len(jp.faults)

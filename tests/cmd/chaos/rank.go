@@ -27,7 +27,7 @@ import (
 	"time"
 
 	"github.com/oktopk/oktopk/core"
-	"github.com/oktopk/oktopk/transport"
+	"github.com/oktopk/oktopk/transport/zmq"
 )
 
 // Command is one line of the rank program's input.
@@ -86,7 +86,7 @@ func rankMain(args []string) int {
 
 	ctx, cancel := context.WithTimeout(context.Background(), initTimeout)
 	start := time.Now()
-	z, err := transport.InitFromEnv(ctx, transport.ZMQOptions{})
+	z, err := zmq.InitFromEnv(ctx, zmq.Options{})
 	cancel()
 	if err != nil {
 		out.emit(Event{Ev: "initfail", Rank: rank, Class: classify(err), Err: err.Error(), TookNs: int64(time.Since(start))})

@@ -27,6 +27,7 @@ import (
 
 	"github.com/oktopk/oktopk/core"
 	"github.com/oktopk/oktopk/transport"
+	"github.com/oktopk/oktopk/transport/zmq"
 )
 
 func main() {
@@ -74,7 +75,7 @@ const (
 // returns the exit status.
 func runLoop(n, calls int, alg core.Algorithm, callTimeout time.Duration) int {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	z, err := transport.InitFromEnv(ctx, transport.ZMQOptions{})
+	z, err := zmq.InitFromEnv(ctx, zmq.Options{})
 	cancel()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "rank: joining:", err)
@@ -120,7 +121,7 @@ func runLoop(n, calls int, alg core.Algorithm, callTimeout time.Duration) int {
 func run(n, iters int, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	z, err := transport.InitFromEnv(ctx, transport.ZMQOptions{})
+	z, err := zmq.InitFromEnv(ctx, zmq.Options{})
 	if err != nil {
 		return err
 	}
@@ -169,7 +170,7 @@ func run(n, iters int, timeout time.Duration) error {
 func runAuto(calls int, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	z, err := transport.InitFromEnv(ctx, transport.ZMQOptions{})
+	z, err := zmq.InitFromEnv(ctx, zmq.Options{})
 	if err != nil {
 		return err
 	}

@@ -1,4 +1,4 @@
-package transport
+package zmq
 
 import (
 	"context"
@@ -6,7 +6,8 @@ import (
 	"testing"
 	"time"
 
-	zmq "github.com/pebbe/zmq4"
+	"github.com/oktopk/oktopk/transport"
+	"github.com/pebbe/zmq4"
 )
 
 // BenchmarkTransferOverLoopback moves one message of each size from one
@@ -24,9 +25,9 @@ func BenchmarkTransferOverLoopback(b *testing.B) {
 			b.SetBytes(int64(size))
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
-				tag := Tag{OpAllgather, uint64(i + 1), 0}
+				tag := transport.Tag{Op: transport.OpAllgather, Seq: uint64(i + 1), Step: 0}
 				errc := make(chan error, 1)
-				go func() { errc <- zs[0].Send(ctx, 1, tag, DtypeBytes, uint64(size), payload) }()
+				go func() { errc <- zs[0].Send(ctx, 1, tag, transport.DtypeBytes, uint64(size), payload) }()
 				if _, err := zs[1].Recv(ctx, 0, tag); err != nil {
 					b.Fatal(err)
 				}
@@ -36,13 +37,13 @@ func BenchmarkTransferOverLoopback(b *testing.B) {
 			}
 		})
 		b.Run(fmt.Sprintf("raw-zmq/%dMiB", size>>20), func(b *testing.B) {
-			zctx, _ := zmq.NewContext()
+			zctx, _ := zmq4.NewContext()
 			defer zctx.Term()
-			out, _ := zctx.NewSocket(zmq.ROUTER)
+			out, _ := zctx.NewSocket(zmq4.ROUTER)
 			out.SetSndhwm(0)
 			out.Bind("tcp://127.0.0.1:*")
 			ep, _ := out.GetLastEndpoint()
-			in, _ := zctx.NewSocket(zmq.ROUTER)
+			in, _ := zctx.NewSocket(zmq4.ROUTER)
 			in.SetRcvhwm(0)
 			in.SetIdentity("in")
 			in.Connect(ep)
@@ -51,15 +52,15 @@ func BenchmarkTransferOverLoopback(b *testing.B) {
 			out.SetLinger(0)
 			in.SetLinger(0)
 			id := []byte("in")
-			header := make([]byte, headerSize)
+			header := make([]byte, transport.HeaderSize)
 			time.Sleep(50 * time.Millisecond)
 			b.SetBytes(int64(size))
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
-				if _, err := out.SendBytes(id, zmq.SNDMORE); err != nil {
+				if _, err := out.SendBytes(id, zmq4.SNDMORE); err != nil {
 					b.Fatal(err)
 				}
-				if _, err := out.SendBytes(header, zmq.SNDMORE); err != nil {
+				if _, err := out.SendBytes(header, zmq4.SNDMORE); err != nil {
 					b.Fatal(err)
 				}
 				if _, err := out.SendBytes(payload, 0); err != nil {

@@ -1,4 +1,4 @@
-package transport
+package zmq
 
 import (
 	"bytes"
@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/oktopk/oktopk/transport"
 )
 
 // What a stranger — a process without the job token — may make a rank hold.
@@ -72,7 +74,7 @@ func longFrameHeader(flags byte, size uint64) []byte {
 // sent, the rank closes the connection, or until passes. It returns the bytes written; the connection
 // stays open until the test ends, so that whatever the rank holds for it is
 // still held when the test measures.
-func stranger(t *testing.T, z *ZMQ, opening []byte, pattern []byte, limit int, until time.Time) int {
+func stranger(t *testing.T, z *Transport, opening []byte, pattern []byte, limit int, until time.Time) int {
 	t.Helper()
 	addr, _, err := splitEndpoint(z.Endpoint())
 	if err != nil {
@@ -101,7 +103,7 @@ func stranger(t *testing.T, z *ZMQ, opening []byte, pattern []byte, limit int, u
 
 // refusedSoon waits up to two seconds for z to have refused at least want
 // connections more than before, and returns how many it refused.
-func refusedSoon(z *ZMQ, before, want uint64) uint64 {
+func refusedSoon(z *Transport, before, want uint64) uint64 {
 	deadline := time.Now().Add(2 * time.Second)
 	for z.Dropped()-before < want && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
@@ -141,7 +143,7 @@ func TestZMQStrangerFloodKeepsMemoryBounded(t *testing.T) {
 	if got := refusedSoon(victim, before, 2); got < 2 {
 		t.Fatalf("%d of the 2 flooding connections counted as refused", got)
 	}
-	recvReal(t, zs, 0, 1, Tag{OpAllgather, 1, 0})
+	recvReal(t, zs, 0, 1, transport.Tag{Op: transport.OpAllgather, Seq: 1, Step: 0})
 }
 
 // Six strangers announce 1 GiB frames and send 64 MiB each: three after a
@@ -177,7 +179,7 @@ func TestZMQStrangersCannotMakeARankBufferLargeFrames(t *testing.T) {
 	if got := refusedSoon(victim, before, 6); got < 6 {
 		t.Fatalf("%d of the 6 connections counted as refused", got)
 	}
-	recvReal(t, zs, 0, 1, Tag{OpAllgather, 1, 0})
+	recvReal(t, zs, 0, 1, transport.Tag{Op: transport.OpAllgather, Seq: 1, Step: 0})
 }
 
 // closeSlack is what a loaded machine (tests share two cores) may add to

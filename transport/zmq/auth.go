@@ -1,6 +1,6 @@
-package transport
+package zmq
 
-// Who may talk to a rank (zmq.go has the topology: each rank binds an
+// Who may talk to a rank (doc.go has the topology: each rank binds an
 // outbox, and every peer's inbox dials it; data flows outbox → inbox):
 //
 //   - Nobody can connect to an inbox: it only dials the addresses the
@@ -17,13 +17,13 @@ package transport
 //     message, which no high-water mark bounds. Like the token digest in
 //     frames, the PLAIN password travels in clear: it keeps out strangers,
 //     not someone who watches the network (that takes CURVE).
-//   - Every frame carries the job token's digest (frame.go). The outbox
-//     takes hello frames only; it records, at the first hello on each
-//     connection (ROUTER routing id), which rank's inbox it is, and sends
-//     that rank's messages there. A hello for a rank already bound to
+//   - Every frame carries the job token's digest (package transport's
+//     frame.go). The outbox takes hello frames only; it records, at the
+//     first hello on each connection (ROUTER routing id), which rank's
+//     inbox it is, and sends that rank's messages there. A hello for a rank already bound to
 //     another connection is dropped, so a process holding the token cannot
 //     take over a rank's messages once that rank has said hello.
-//   - With CURVE (ZMQOptions.Curve or OKTOPK_CURVE=1): each rank draws a
+//   - With CURVE (Options.Curve or OKTOPK_CURVE=1): each rank draws a
 //     keypair when it binds and advertises its public key inside its endpoint
 //     string ("tcp://host:port#curve=<64 hex>"), which travels through the
 //     same rendezvous as the endpoint. The outbox is a CURVE server; the
@@ -50,7 +50,8 @@ import (
 	"sync"
 	"sync/atomic"
 
-	zmq "github.com/pebbe/zmq4"
+	"github.com/oktopk/oktopk/transport"
+	"github.com/pebbe/zmq4"
 )
 
 // ErrCurveUnavailable: CURVE was asked for but libzmq was built without it.
@@ -63,11 +64,11 @@ const (
 )
 
 // CurveAvailable reports whether the linked libzmq supports CURVE.
-func CurveAvailable() bool { return zmq.HasCurve() }
+func CurveAvailable() bool { return zmq4.HasCurve() }
 
 // CurveFromEnv reports whether OKTOPK_CURVE asks for CURVE encryption.
 func CurveFromEnv() bool {
-	switch strings.ToLower(Getenv("OKTOPK_CURVE")) {
+	switch strings.ToLower(transport.Getenv("OKTOPK_CURVE")) {
 	case "1", "true", "yes", "on":
 		return true
 	}
@@ -86,17 +87,17 @@ type curveState struct {
 
 // newCurveState draws a keypair when CURVE is on (opts or environment) and
 // returns nil when it is off.
-func newCurveState(opts *ZMQOptions) (*curveState, error) {
+func newCurveState(opts *Options) (*curveState, error) {
 	if !opts.Curve && !CurveFromEnv() {
 		return nil, nil
 	}
 	opts.Curve = true
-	if !zmq.HasCurve() {
+	if !zmq4.HasCurve() {
 		return nil, ErrCurveUnavailable
 	}
-	public, secret, err := zmq.NewCurveKeypair()
+	public, secret, err := zmq4.NewCurveKeypair()
 	if err != nil {
-		return nil, fmt.Errorf("%w: CURVE keypair: %w", ErrRendezvous, err)
+		return nil, fmt.Errorf("%w: CURVE keypair: %w", transport.ErrRendezvous, err)
 	}
 	return &curveState{public: public, secret: secret, ready: make(chan struct{})}, nil
 }
@@ -114,8 +115,8 @@ func plainPassword(token string) string {
 // serveAuth binds the ZAP handler's socket in zctx and makes outbox a PLAIN
 // server, or a CURVE server when curve is set. Both must happen before the
 // outbox binds, or early handshakes would skip authentication.
-func serveAuth(zctx *zmq.Context, outbox *zmq.Socket, curve *curveState) (*zmq.Socket, error) {
-	zap, err := zctx.NewSocket(zmq.REP)
+func serveAuth(zctx *zmq4.Context, outbox *zmq4.Socket, curve *curveState) (*zmq4.Socket, error) {
+	zap, err := zctx.NewSocket(zmq4.REP)
 	if err != nil {
 		return nil, err
 	}
@@ -140,7 +141,7 @@ func (c *curveState) endpoint(addr string) string {
 	if c == nil {
 		return addr
 	}
-	return addr + curveEndpointMark + hex.EncodeToString([]byte(zmq.Z85decode(c.public)))
+	return addr + curveEndpointMark + hex.EncodeToString([]byte(zmq4.Z85decode(c.public)))
 }
 
 // splitEndpoint separates an advertised endpoint into the ZeroMQ address and
@@ -152,16 +153,16 @@ func splitEndpoint(ep string) (addr, publicKey string, err error) {
 	}
 	key, err := hex.DecodeString(keyHex)
 	if err != nil || len(key) != 32 {
-		return "", "", fmt.Errorf("%w: malformed CURVE key in endpoint %q", ErrRendezvous, ep)
+		return "", "", fmt.Errorf("%w: malformed CURVE key in endpoint %q", transport.ErrRendezvous, ep)
 	}
-	return addr, zmq.Z85encode(string(key)), nil
+	return addr, zmq4.Z85encode(string(key)), nil
 }
 
 // learnPeers reads the job's endpoints: the ZeroMQ address of each rank and,
 // with CURVE, its public key, which from now on the ZAP handler admits. Every
 // rank must agree on CURVE: a mixed job fails here with a clear error rather
 // than in handshakes that never complete.
-func (z *ZMQ) learnPeers(endpoints []string) (addrs, serverKeys []string, err error) {
+func (z *Transport) learnPeers(endpoints []string) (addrs, serverKeys []string, err error) {
 	addrs = make([]string, len(endpoints))
 	serverKeys = make([]string, len(endpoints))
 	for r, ep := range endpoints {
@@ -171,9 +172,9 @@ func (z *ZMQ) learnPeers(endpoints []string) (addrs, serverKeys []string, err er
 		switch {
 		case r == z.opts.Rank:
 		case z.curve != nil && serverKeys[r] == "":
-			return nil, nil, fmt.Errorf("%w: this rank uses CURVE but rank %d's endpoint %q carries no key (set OKTOPK_CURVE or the config's curve on every rank)", ErrInvalidArgument, r, ep)
+			return nil, nil, fmt.Errorf("%w: this rank uses CURVE but rank %d's endpoint %q carries no key (set OKTOPK_CURVE or the config's curve on every rank)", transport.ErrInvalidArgument, r, ep)
 		case z.curve == nil && serverKeys[r] != "":
-			return nil, nil, fmt.Errorf("%w: rank %d uses CURVE but this rank does not (set OKTOPK_CURVE or the config's curve on every rank)", ErrInvalidArgument, r)
+			return nil, nil, fmt.Errorf("%w: rank %d uses CURVE but this rank does not (set OKTOPK_CURVE or the config's curve on every rank)", transport.ErrInvalidArgument, r)
 		}
 	}
 	if c := z.curve; c != nil {
@@ -182,7 +183,7 @@ func (z *ZMQ) learnPeers(endpoints []string) (addrs, serverKeys []string, err er
 			if r == z.opts.Rank {
 				key = c.public
 			}
-			rankOf[zmq.Z85decode(key)] = r
+			rankOf[zmq4.Z85decode(key)] = r
 		}
 		c.mu.Lock()
 		if c.rankOf == nil {
@@ -197,7 +198,7 @@ func (z *ZMQ) learnPeers(endpoints []string) (addrs, serverKeys []string, err er
 // secureClient makes the inbox a PLAIN client with the job's password or,
 // with CURVE, a CURVE client of the peer whose key is serverKey (for the
 // connection made next), authenticating with this rank's own keypair.
-func (z *ZMQ) secureClient(sock *zmq.Socket, serverKey string) error {
+func (z *Transport) secureClient(sock *zmq4.Socket, serverKey string) error {
 	if z.curve == nil {
 		return sock.ClientAuthPlain(plainUser, plainPassword(z.opts.Token))
 	}
@@ -211,7 +212,7 @@ func (z *ZMQ) secureClient(sock *zmq.Socket, serverKey string) error {
 // CURVE requests that arrive before Connect has learnt the job's keys wait
 // for them (the handshake waits with them, up to handshakeLimit), so a
 // fast peer is not refused for being early.
-func (z *ZMQ) zapLoop(zap *zmq.Socket) {
+func (z *Transport) zapLoop(zap *zmq4.Socket) {
 	defer z.owners.Done()
 	defer zap.Close()
 	password := []byte(plainPassword(z.opts.Token))
@@ -261,12 +262,12 @@ func (z *ZMQ) zapLoop(zap *zmq.Socket) {
 // recvOutbox receives one message from the outbox without waiting, and,
 // with CURVE, the rank its connection authenticated as (-1 without CURVE,
 // or when unknown).
-func (z *ZMQ) recvOutbox(outbox *zmq.Socket) ([][]byte, int, error) {
+func (z *Transport) recvOutbox(outbox *zmq4.Socket) ([][]byte, int, error) {
 	if z.curve == nil {
-		parts, err := outbox.RecvMessageBytes(zmq.DONTWAIT)
+		parts, err := outbox.RecvMessageBytes(zmq4.DONTWAIT)
 		return parts, -1, err
 	}
-	parts, meta, err := outbox.RecvMessageBytesWithMetadata(zmq.DONTWAIT, "User-Id")
+	parts, meta, err := outbox.RecvMessageBytesWithMetadata(zmq4.DONTWAIT, "User-Id")
 	if err != nil {
 		return parts, -1, err
 	}
@@ -289,7 +290,7 @@ type connectionRanks struct {
 // CURVE). The first hello on a connection binds it to its sender; a hello
 // for a rank already bound to another connection, or any frame claiming a
 // rank other than its connection's, is refused.
-func (b *connectionRanks) admit(routingID []byte, kind frameKind, sender, keyRank int, curve bool) bool {
+func (b *connectionRanks) admit(routingID []byte, kind transport.FrameKind, sender, keyRank int, curve bool) bool {
 	if curve && keyRank != sender {
 		return false
 	}
@@ -300,7 +301,7 @@ func (b *connectionRanks) admit(routingID []byte, kind frameKind, sender, keyRan
 	if r, ok := b.rankOf[id]; ok {
 		return r == sender
 	}
-	if kind != kindHello {
+	if kind != transport.FrameHello {
 		return false
 	}
 	if _, taken := b.bound[sender]; taken {

@@ -1,4 +1,4 @@
-package transport
+package zmq
 
 import (
 	"bufio"
@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/oktopk/oktopk/transport"
 )
 
 // childRankEnv makes this test binary run as one rank of a test's job
@@ -39,7 +41,7 @@ func runChildRank(spec string) int {
 		fmt.Fprintln(os.Stderr, "child rank:", err)
 		return 1
 	}
-	z, err := ListenZMQ(ZMQOptions{Rank: rank, Size: size, Token: token})
+	z, err := Listen(Options{Rank: rank, Size: size, Token: token})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "child rank:", err)
 		return 1
@@ -64,13 +66,13 @@ func runChildRank(spec string) int {
 // startWithChildRank connects ranks 0 … size-2 in this process and rank
 // size-1 in a child process, all over TCP on loopback, and returns the
 // ranks in this process, the child, and every rank's endpoint.
-func startWithChildRank(t *testing.T, size int) ([]*ZMQ, *exec.Cmd, []string) {
+func startWithChildRank(t *testing.T, size int) ([]*Transport, *exec.Cmd, []string) {
 	t.Helper()
-	token := NewToken()
-	zs := make([]*ZMQ, size-1)
+	token := transport.NewToken()
+	zs := make([]*Transport, size-1)
 	endpoints := make([]string, size)
 	for r := range zs {
-		z, err := ListenZMQ(ZMQOptions{Rank: r, Size: size, Token: token})
+		z, err := Listen(Options{Rank: r, Size: size, Token: token})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -140,7 +142,7 @@ func TestZMQKilledPeerFailsWaitersThroughItsDroppedConnection(t *testing.T) {
 		go func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			_, err := z.Recv(ctx, 2, Tag{OpAllgather, 1, 0})
+			_, err := z.Recv(ctx, 2, transport.Tag{Op: transport.OpAllgather, Seq: 1, Step: 0})
 			results <- result{r, err, time.Now()}
 		}()
 	}
@@ -152,7 +154,7 @@ func TestZMQKilledPeerFailsWaitersThroughItsDroppedConnection(t *testing.T) {
 	for range zs {
 		res := <-results
 		d := res.at.Sub(killed)
-		if !errors.Is(res.err, ErrRemote) || !strings.Contains(res.err.Error(), "peer 2 disconnected") {
+		if !errors.Is(res.err, transport.ErrRemote) || !strings.Contains(res.err.Error(), "peer 2 disconnected") {
 			t.Errorf("rank %d: want ErrRemote naming peer 2 as disconnected, got %v after %v", res.rank, res.err, d)
 			continue
 		}
@@ -181,8 +183,8 @@ func TestZMQStoppedPeerIsNotTakenForDisconnected(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), deadline)
 	defer cancel()
 	start := time.Now()
-	_, err := zs[0].Recv(ctx, 1, Tag{OpAllgather, 1, 0})
-	if !errors.Is(err, ErrTimeout) || strings.Contains(err.Error(), "disconnected") {
+	_, err := zs[0].Recv(ctx, 1, transport.Tag{Op: transport.OpAllgather, Seq: 1, Step: 0})
+	if !errors.Is(err, transport.ErrTimeout) || strings.Contains(err.Error(), "disconnected") {
 		t.Fatalf("want a timeout, got %v", err)
 	}
 	if d := time.Since(start); d < deadline || d > deadline*11/10 {
@@ -205,7 +207,7 @@ func TestZMQDeadPeersAddressIsNotRedialed(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, err := zs[0].Recv(ctx, 1, Tag{OpAllgather, 1, 0}); !errors.Is(err, ErrRemote) {
+	if _, err := zs[0].Recv(ctx, 1, transport.Tag{Op: transport.OpAllgather, Seq: 1, Step: 0}); !errors.Is(err, transport.ErrRemote) {
 		t.Fatalf("want the killed peer declared dead (ErrRemote), got %v", err)
 	}
 	time.Sleep(2 * pollInterval) // the inbox's goroutine acts on it
