@@ -28,6 +28,10 @@ type StoreServer struct {
 	// strangers counts connections that have not shown the job token yet.
 	strangers atomic.Int32
 	refused   atomic.Uint64 // connections and requests dropped unauthenticated
+	// closing ends the waits of gets in progress, so Close never waits out
+	// a get's timeout (a stray client can ask for a key that never comes).
+	closing context.Context
+	stop    context.CancelFunc
 }
 
 // ServeStore listens on host:port (port 0: any free port).
@@ -44,6 +48,7 @@ func ServeStore(host string, port int, token string) (*StoreServer, error) {
 		return nil, fmt.Errorf("%w: store listen: %w%s", ErrRendezvous, err, hint)
 	}
 	s := &StoreServer{ln: ln, token: token, data: newMemStore(), conns: make(map[net.Conn]struct{})}
+	s.closing, s.stop = context.WithCancel(context.Background())
 	s.wg.Add(1)
 	go s.accept()
 	return s, nil
@@ -52,8 +57,10 @@ func ServeStore(host string, port int, token string) (*StoreServer, error) {
 // Addr is "host:port" for DialStore.
 func (s *StoreServer) Addr() string { return s.ln.Addr().String() }
 
-// Close stops serving and drops every connection.
+// Close stops serving and drops every connection; a get waiting for its key
+// fails at once.
 func (s *StoreServer) Close() error {
+	s.stop()
 	err := s.ln.Close()
 	s.mu.Lock()
 	for c := range s.conns {
@@ -132,7 +139,7 @@ func (s *StoreServer) serve(c net.Conn) {
 		case "set":
 			s.data.Set(context.Background(), req.Key, req.Value)
 		case "get":
-			ctx, cancel := context.WithTimeout(context.Background(), time.Duration(req.WaitMs)*time.Millisecond)
+			ctx, cancel := context.WithTimeout(s.closing, time.Duration(req.WaitMs)*time.Millisecond)
 			v, err := s.data.Get(ctx, req.Key)
 			cancel()
 			if err != nil {

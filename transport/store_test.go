@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"runtime"
 	"strings"
@@ -168,5 +169,41 @@ func TestStoreOnATakenPortSaysWhich(t *testing.T) {
 	}
 	if !errors.Is(err, ErrRendezvous) || !strings.Contains(err.Error(), fmt.Sprintf("port %d is taken", port)) {
 		t.Fatalf("want ErrRendezvous naming port %d, got %v", port, err)
+	}
+}
+
+// A get waiting for a key that never comes holds its connection's goroutine
+// on the server; Close ends that wait instead of waiting out the get's
+// timeout (a minute here), and the client learns the store went away.
+func TestStoreServerCloseEndsAGetInProgress(t *testing.T) {
+	srv, err := ServeStore("127.0.0.1", 0, "job-token")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	client, err := DialStore(ctx, srv.Addr(), "job-token")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.(io.Closer).Close()
+	got := make(chan error, 1)
+	go func() {
+		_, err := client.Get(ctx, "never-set")
+		got <- err
+	}()
+	time.Sleep(200 * time.Millisecond) // the get is waiting on the server
+	start := time.Now()
+	srv.Close()
+	if took := time.Since(start); took > time.Second {
+		t.Errorf("Close took %v with a get in progress, want well under a second", took)
+	}
+	select {
+	case err := <-got:
+		if !errors.Is(err, ErrRendezvous) {
+			t.Errorf("the waiting get returned %v, want ErrRendezvous", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Error("the waiting get did not return after the server closed")
 	}
 }
