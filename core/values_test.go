@@ -491,21 +491,5 @@ func TestReducedPrecisionResidualKeepsRoundingErrorsTwoRanks(t *testing.T) {
 		{in[0][0] - 1000.5 + 0.5, 700.7, 0.5, -0.25, 0, 1},
 		{in[1][0] - 1000, -1, 0.5, 0, in[1][4] + 1500, 0.75},
 	}
-	runInProc(t, 2, func(ctx context.Context, rank int, c *Communicator) error {
-		g := append([]float32(nil), in[rank]...)
-		cfg := Config{Algorithm: OkTopk, Density: 2.0 / 6.0, Tau: 1, TauPrime: 1, Values: ValuesFloat16}
-		if _, err := c.SparseAllreduce(ctx, 1, g, cfg); err != nil {
-			return err
-		}
-		res := c.TensorStateOf(1).Residual
-		for i := range g {
-			if g[i] != wantOut[i] {
-				return fmt.Errorf("rank %d output[%d] = %v, want %v", rank, i, g[i], wantOut[i])
-			}
-			if res[i] != wantResidual[rank][i] {
-				return fmt.Errorf("rank %d residual[%d] = %v, want %v", rank, i, res[i], wantResidual[rank][i])
-			}
-		}
-		return nil
-	})
+	checkTwoRankCall(t, Config{Algorithm: OkTopk, Density: 2.0 / 6.0, Tau: 1, TauPrime: 1, Values: ValuesFloat16}, in, wantOut, wantResidual)
 }
