@@ -12,6 +12,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/oktopk/oktopk/internal/testref"
 	"github.com/oktopk/oktopk/transport"
 )
 
@@ -300,7 +301,7 @@ func TestAutoDenseChoiceSkipsANonFiniteStepOnEveryRank(t *testing.T) {
 					if !errors.Is(err, ErrNonFinite) {
 						return fmt.Errorf("rank %d: %v, want ErrNonFinite", r, err)
 					}
-					if i, differs := firstBitwiseDifference(g, orig); differs {
+					if i, differs := testref.FirstBitwiseDifference(g, orig); differs {
 						return fmt.Errorf("rank %d: skipped step changed gradient[%d]", r, i)
 					}
 					if st := c.TensorStateOf(3); (st == nil) != (before == nil) {

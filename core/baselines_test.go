@@ -6,6 +6,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/oktopk/oktopk/internal/testref"
 )
 
 var sparseBaselines = []Algorithm{TopkA, TopkDSA, SSARRecursiveDouble, SSARSplitAllgather, DSARSplitAllgather, GTopk, Gaussiank}
@@ -48,7 +50,7 @@ func TestSparseBaselinesDensityOneEqualsDenseAverage(t *testing.T) {
 						return err
 					})
 					for r := range grads {
-						if i, bad := firstBitwiseDifference(grads[r], want); bad {
+						if i, bad := testref.FirstBitwiseDifference(grads[r], want); bad {
 							t.Fatalf("rank %d element %d: got %v, dense average %v", r, i, grads[r][i], want[i])
 						}
 						for i, v := range comms[r].TensorStateOf(1).Residual {
@@ -95,7 +97,7 @@ func TestSparseBaselinesRanksBitwiseIdentical(t *testing.T) {
 						t.Fatalf("call %d: empty result", c)
 					}
 					for r := 1; r < p; r++ {
-						if i, bad := firstBitwiseDifference(out[c][r], out[c][0]); bad {
+						if i, bad := testref.FirstBitwiseDifference(out[c][r], out[c][0]); bad {
 							t.Fatalf("call %d rank %d element %d: %v, rank 0 has %v", c, r, i, out[c][r][i], out[c][0][i])
 						}
 					}
@@ -103,22 +105,6 @@ func TestSparseBaselinesRanksBitwiseIdentical(t *testing.T) {
 			})
 		}
 	}
-}
-
-// randomSparse draws an integer-valued sparse vector holding each index with
-// probability density (values in ±1…±50, never 0).
-func randomSparse(rng *rand.Rand, n int, density float64) Sparse {
-	var s Sparse
-	for i := 0; i < n; i++ {
-		if rng.Float64() < density {
-			v := float32(rng.IntN(50) + 1)
-			if rng.IntN(2) == 0 {
-				v = -v
-			}
-			s.Append(uint32(i), v)
-		}
-	}
-	return s
 }
 
 // The sparse-input forms of SparCML return the exact sum of the inputs: the
@@ -228,7 +214,7 @@ func TestBaselinesResidualZeroesExactlyTheLocalSelection(t *testing.T) {
 						for i, v := range acc {
 							all[uint32(i)] = v
 						}
-						selected = referenceTopK(all, k)
+						selected = testref.TopK(all, k)
 					}
 					if len(selected) != st.LocalSelected || len(selected) == 0 {
 						return fmt.Errorf("call %d: test selects %d, algorithm reports %d", call, len(selected), st.LocalSelected)

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/oktopk/oktopk/internal/testref"
 	"github.com/oktopk/oktopk/transport"
 )
 
@@ -100,7 +101,7 @@ func TestFailedCallLeavesGradientAndStateAsTheyWere(t *testing.T) {
 							if err == nil {
 								return nil // this rank finished before the failure reached it
 							}
-							if i, differs := firstBitwiseDifference(g, orig); differs {
+							if i, differs := testref.FirstBitwiseDifference(g, orig); differs {
 								return fmt.Errorf("rank %d: failed call (%v) changed gradient[%d] from %v to %v", r, err, i, orig[i], g[i])
 							}
 							if st != nil {

@@ -9,77 +9,10 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"slices"
-	"sort"
 	"testing"
+
+	"github.com/oktopk/oktopk/internal/testref"
 )
-
-// referenceTopK picks the k largest |x[i]| among the indices present,
-// ties to the lower index, by sorting (independent of TopK).
-func referenceTopK(x map[uint32]float32, k int) map[uint32]float32 {
-	idx := make([]uint32, 0, len(x))
-	for i := range x {
-		idx = append(idx, i)
-	}
-	sort.Slice(idx, func(a, b int) bool {
-		ma, mb := math.Abs(float64(x[idx[a]])), math.Abs(float64(x[idx[b]]))
-		if ma != mb {
-			return ma > mb
-		}
-		return idx[a] < idx[b]
-	})
-	out := make(map[uint32]float32, k)
-	for _, i := range idx[:min(k, len(idx))] {
-		out[i] = x[i]
-	}
-	return out
-}
-
-// serialGTopk is the gTopk tree written out over all ranks at once on dense
-// inputs: every rank's exact local top-k, then gtopkTree.
-func serialGTopk(in [][]float32, k int) (global map[uint32]float32, local, cut []map[uint32]float32) {
-	local = make([]map[uint32]float32, len(in))
-	for r, x := range in {
-		all := make(map[uint32]float32, len(x))
-		for i, v := range x {
-			all[uint32(i)] = v
-		}
-		local[r] = referenceTopK(all, k)
-	}
-	global, cut = gtopkTree(local, k)
-	return global, local, cut
-}
-
-// gtopkTree is gTopk's tree on every rank's local selection: rank r absorbs
-// rank r+d (own values first) for d = 1, 2, 4, … and keeps the top k.
-// cut[r] sums, per index, the partial sums rank r's truncations dropped (in
-// the order they were dropped).
-func gtopkTree(local []map[uint32]float32, k int) (global map[uint32]float32, cut []map[uint32]float32) {
-	p := len(local)
-	partial := slices.Clone(local)
-	cut = make([]map[uint32]float32, p)
-	for r := range cut {
-		cut[r] = make(map[uint32]float32)
-	}
-	for d := 1; d < p; d *= 2 {
-		for r := 0; r+d < p; r += 2 * d {
-			merged := make(map[uint32]float32)
-			for i, v := range partial[r] {
-				merged[i] = v
-			}
-			for i, v := range partial[r+d] {
-				merged[i] += v // own value first, then the child's
-			}
-			partial[r] = referenceTopK(merged, k)
-			for i, v := range merged {
-				if _, kept := partial[r][i]; !kept {
-					cut[r][i] += v
-				}
-			}
-		}
-	}
-	return partial[0], cut
-}
 
 // cutButKept counts the indices in global of which some rank's truncation
 // dropped a nonzero partial sum: the contributions the paper's residual
@@ -112,7 +45,7 @@ func TestGTopkEqualsSerialTreeReference(t *testing.T) {
 					}
 					cfg := baselineConfig(GTopk, density)
 					k := cfg.K(n)
-					global, local, cut := serialGTopk(in, k)
+					global, local, cut := testref.GTopk(in, k)
 					if len(global) != k {
 						t.Fatalf("reference kept %d entries, want k=%d", len(global), k)
 					}
@@ -173,7 +106,7 @@ func TestGTopkKeepsMassOfPartialSumCutBelowRoot(t *testing.T) {
 		{0: 1, 5: 100, 7: 0},
 		{0: 1, 6: 90, 7: 0},
 	}
-	global, _, cut := serialGTopk(grad, 2)
+	global, _, cut := testref.GTopk(grad, 2)
 	if _, kept := global[0]; !kept || cut[2][0] != 2 || cutButKept(global, cut) == 0 {
 		t.Fatalf("the data do not make the case: global %v, rank 2 cut %v", global, cut[2])
 	}
@@ -191,7 +124,7 @@ func TestGTopkKeepsMassOfPartialSumCutBelowRoot(t *testing.T) {
 		{7: 0},
 	}
 	for r := range wantAfter {
-		if i, bad := firstBitwiseDifference(first[r], wantAfter[r]); bad {
+		if i, bad := testref.FirstBitwiseDifference(first[r], wantAfter[r]); bad {
 			t.Errorf("rank %d: residual after the first call is %v at %d, want %v", r, first[r][i], i, wantAfter[r])
 		}
 	}
@@ -220,9 +153,9 @@ func TestGTopkSparseInputEqualsSerialTreeReference(t *testing.T) {
 				for j, i := range s.Idx {
 					m[i] = s.Val[j]
 				}
-				local[r] = referenceTopK(m, k)
+				local[r] = testref.TopK(m, k)
 			}
-			global, _ := gtopkTree(local, k)
+			global, _ := testref.GTopkTree(local, k)
 			outs := make([]Sparse, p)
 			runInProc(t, p, func(ctx context.Context, r int, c *Communicator) error {
 				var err error

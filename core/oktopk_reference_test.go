@@ -66,18 +66,6 @@ func hashFloats(v []float32) uint64 {
 	return h.Sum64()
 }
 
-func integerInputsOkTopk(p, n int, seed uint64) [][]float32 {
-	rng := rand.New(rand.NewPCG(seed, 5))
-	in := make([][]float32, p)
-	for r := range in {
-		in[r] = make([]float32, n)
-		for i := range in[r] {
-			in[r][i] = float32(rng.IntN(201) - 100)
-		}
-	}
-	return in
-}
-
 // serialLocalTopK is rank-local exact selection, written independently of
 // TopK: the k largest |x|, ties to the lower index, ascending by index.
 func serialLocalTopK(x []float32, k int) []int {

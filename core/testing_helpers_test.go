@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/oktopk/oktopk/internal/testref"
 	"github.com/oktopk/oktopk/transport"
 )
 
@@ -95,4 +97,16 @@ func checkTwoRankCall(t *testing.T, cfg Config, in [][]float32, wantOut []float3
 		}
 		return nil
 	})
+}
+
+// integerInputsOkTopk is testref.IntegerInputs drawn from seed: P ranks' n
+// integer-valued floats, on which every summation order is exact.
+func integerInputsOkTopk(p, n int, seed uint64) [][]float32 {
+	return testref.IntegerInputs(rand.New(rand.NewPCG(seed, 5)), p, n)
+}
+
+// randomSparse is testref.RandomSparse as a Sparse.
+func randomSparse(rng *rand.Rand, n int, density float64) Sparse {
+	idx, val := testref.RandomSparse(rng, n, density)
+	return Sparse{Idx: idx, Val: val}
 }

@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"math"
 	"testing"
+
+	"github.com/oktopk/oktopk/internal/testref"
 )
 
 // massRun runs iters calls of cfg on P ranks with drifting gradients (and,
@@ -144,7 +146,7 @@ func TestSparseAlgorithmsKeepMass(t *testing.T) {
 				cfg := Config{Algorithm: alg, Density: 0.02, Tau: 8, TauPrime: 4}
 				grads, outs, residuals, _ := massRun(t, p, n, iters, cfg, nil)
 				if alg == GTopk && p > 2 {
-					if global, _, cut := serialGTopk(grads[0], cfg.K(n)); cutButKept(global, cut) == 0 {
+					if global, _, cut := testref.GTopk(grads[0], cfg.K(n)); cutButKept(global, cut) == 0 {
 						t.Fatal("no partial sum was cut below the root at an index the root kept")
 					}
 				}

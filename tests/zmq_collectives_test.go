@@ -6,20 +6,20 @@ package tests
 // every sparse algorithm at density 1 equal to the dense average, ranks
 // bitwise identical over many iterations, SparCML equal to the exact sum of
 // its sparse inputs, gTopk equal to its serial tree (those two in
-// zmq_sparse_input_test.go) — for P in {1, 2, 3, 5, 8}. The references here
-// are written out independently of core.
+// zmq_sparse_input_test.go) — for P in {1, 2, 3, 5, 8}. The references here,
+// and those in internal/testref, are written out independently of core.
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"math/rand/v2"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/oktopk/oktopk/core"
+	"github.com/oktopk/oktopk/internal/testref"
 	"github.com/oktopk/oktopk/transport"
 )
 
@@ -98,19 +98,10 @@ func runRanks(t *testing.T, comms []*core.Communicator, fn func(ctx context.Cont
 	}
 }
 
-// integerInputs gives every rank n integer-valued floats in [-100, 100]:
-// every partial sum of P ≤ 8 of them is exact in float32, so any summation
-// order gives the same bits and a serial sum is the exact reference.
+// integerInputs is testref.IntegerInputs drawn from seed: P ranks' n
+// integer-valued floats, on which every summation order is exact.
 func integerInputs(p, n int, seed uint64) [][]float32 {
-	rng := rand.New(rand.NewPCG(seed, uint64(n)))
-	in := make([][]float32, p)
-	for r := range in {
-		in[r] = make([]float32, n)
-		for i := range in[r] {
-			in[r][i] = float32(rng.IntN(201) - 100)
-		}
-	}
-	return in
+	return testref.IntegerInputs(rand.New(rand.NewPCG(seed, uint64(n))), p, n)
 }
 
 func serialSum(in [][]float32) []float32 {
@@ -121,18 +112,6 @@ func serialSum(in [][]float32) []float32 {
 		}
 	}
 	return out
-}
-
-func firstBitwiseDifference(got, want []float32) (int, bool) {
-	if len(got) != len(want) {
-		return -1, true
-	}
-	for i := range got {
-		if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
-			return i, true
-		}
-	}
-	return 0, false
 }
 
 var rankCounts = []int{1, 2, 3, 5, 8}
@@ -182,7 +161,7 @@ func TestDenseAllreduceOverZMQIsBitwiseSerialSum(t *testing.T) {
 							if _, err := c.Allreduce(ctx, data, average, alg); err != nil {
 								return err
 							}
-							if i, bad := firstBitwiseDifference(data, want); bad {
+							if i, bad := testref.FirstBitwiseDifference(data, want); bad {
 								return fmt.Errorf("element %d: %v, serial %v", i, data[i], want[i])
 							}
 							return nil
@@ -213,7 +192,7 @@ func TestSparseAlgorithmsOverZMQDensityOneEqualsDenseAverage(t *testing.T) {
 						if _, err := c.SparseAllreduce(ctx, id, g, config(alg, 1)); err != nil {
 							return err
 						}
-						if i, bad := firstBitwiseDifference(g, want); bad {
+						if i, bad := testref.FirstBitwiseDifference(g, want); bad {
 							return fmt.Errorf("element %d: %v, dense average %v", i, g[i], want[i])
 						}
 						for i, v := range c.TensorStateOf(id).Residual {
@@ -296,7 +275,7 @@ func TestSparseAlgorithmsOverZMQRanksBitwiseIdentical(t *testing.T) {
 						t.Fatalf("iteration %d: empty result", it)
 					}
 					for r := 1; r < p; r++ {
-						if i, bad := firstBitwiseDifference(out[r], out[0]); bad {
+						if i, bad := testref.FirstBitwiseDifference(out[r], out[0]); bad {
 							t.Fatalf("iteration %d: rank %d element %d is %v, rank 0 has %v", it, r, i, out[r][i], out[0][i])
 						}
 					}

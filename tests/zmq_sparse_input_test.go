@@ -1,6 +1,7 @@
 // Tests of the sparse-input baselines over real ZeroMQ sockets on loopback:
 // SparCML against the exact sum of its sparse inputs and gTopk against a
-// serial tree reference, both written out independently of core.
+// serial tree reference (internal/testref), both written out independently
+// of core.
 
 package tests
 
@@ -9,26 +10,16 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"sort"
 	"testing"
 
 	"github.com/oktopk/oktopk/core"
+	"github.com/oktopk/oktopk/internal/testref"
 )
 
-// randomSparse draws an integer-valued sparse vector holding each index with
-// probability density (values ±1…±50, never 0).
+// randomSparse is testref.RandomSparse as a core.Sparse.
 func randomSparse(rng *rand.Rand, n int, density float64) core.Sparse {
-	var s core.Sparse
-	for i := 0; i < n; i++ {
-		if rng.Float64() < density {
-			v := float32(rng.IntN(50) + 1)
-			if rng.IntN(2) == 0 {
-				v = -v
-			}
-			s.Append(uint32(i), v)
-		}
-	}
-	return s
+	idx, val := testref.RandomSparse(rng, n, density)
+	return core.Sparse{Idx: idx, Val: val}
 }
 
 // The SparCML variants' sparse-input forms over ZeroMQ return the exact sum
@@ -86,54 +77,6 @@ func TestSparCMLOverZMQEqualsExactSumOfSparseInputs(t *testing.T) {
 	}
 }
 
-// referenceTopK keeps the k largest |x[i]| among the present indices, ties
-// to the lower index, by sorting.
-func referenceTopK(x map[uint32]float32, k int) map[uint32]float32 {
-	idx := make([]uint32, 0, len(x))
-	for i := range x {
-		idx = append(idx, i)
-	}
-	sort.Slice(idx, func(a, b int) bool {
-		ma, mb := math.Abs(float64(x[idx[a]])), math.Abs(float64(x[idx[b]]))
-		if ma != mb {
-			return ma > mb
-		}
-		return idx[a] < idx[b]
-	})
-	out := make(map[uint32]float32, k)
-	for _, i := range idx[:min(k, len(idx))] {
-		out[i] = x[i]
-	}
-	return out
-}
-
-// serialGTopk is gTopk's binomial tree written out over all ranks at once:
-// each rank takes its top k; rank r absorbs rank r+d (own values first) for
-// d = 1, 2, 4, … and keeps the top k. It returns the final top k.
-func serialGTopk(in [][]float32, k int) map[uint32]float32 {
-	partial := make([]map[uint32]float32, len(in))
-	for r, x := range in {
-		all := make(map[uint32]float32, len(x))
-		for i, v := range x {
-			all[uint32(i)] = v
-		}
-		partial[r] = referenceTopK(all, k)
-	}
-	for d := 1; d < len(in); d *= 2 {
-		for r := 0; r+d < len(in); r += 2 * d {
-			merged := make(map[uint32]float32)
-			for i, v := range partial[r] {
-				merged[i] = v
-			}
-			for i, v := range partial[r+d] {
-				merged[i] += v
-			}
-			partial[r] = referenceTopK(merged, k)
-		}
-	}
-	return partial[0]
-}
-
 // gTopk over ZeroMQ against the serial tree, with many magnitude ties
 // (integer values in ±100) so the tie rule is exercised: every rank holds
 // exactly the tree's k entries divided by P, zeros elsewhere.
@@ -146,7 +89,7 @@ func TestGTopkOverZMQEqualsSerialTreeReference(t *testing.T) {
 				in := integerInputs(p, n, uint64(p)+7)
 				cfg := config(core.GTopk, density)
 				k := cfg.K(n)
-				global := serialGTopk(in, k)
+				global, _, _ := testref.GTopk(in, k)
 				want := make([]float32, n)
 				for i, v := range global {
 					want[i] = v / float32(p)
@@ -160,7 +103,7 @@ func TestGTopkOverZMQEqualsSerialTreeReference(t *testing.T) {
 					if st.GlobalSelected != k {
 						return fmt.Errorf("global result of %d entries, want k=%d", st.GlobalSelected, k)
 					}
-					if i, bad := firstBitwiseDifference(g, want); bad {
+					if i, bad := testref.FirstBitwiseDifference(g, want); bad {
 						return fmt.Errorf("index %d: %v, serial tree %v", i, g[i], want[i])
 					}
 					return nil

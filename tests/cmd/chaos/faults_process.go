@@ -11,19 +11,28 @@ import (
 	"time"
 )
 
-// faultBatch starts a batch long enough to be hit mid-call and waits until
-// every rank is running it; it returns the batch's results so far and a
-// random delay at which to strike.
-func (st *jobState) faultBatch() (map[int]*batchResult, time.Duration) {
+// faultBatch starts a batch long enough to be hit mid-call, waits until
+// every rank is running it, then waits a random delay: the moment to strike.
+// It returns the batch's results so far, and false (the rank reported in
+// res) when a rank hung or exited before the fault.
+func (st *jobState) faultBatch(res *faultResult) (map[int]*batchResult, bool) {
 	m := st.batchLength(800 * time.Millisecond)
 	st.j.sendCalls(perRank(st.uniform(m), st.all()))
-	res := map[int]*batchResult{}
+	results := map[int]*batchResult{}
 	for _, r := range st.all() {
-		res[r] = &batchResult{}
-		st.j.firstCall(r, res[r])
+		results[r] = &batchResult{}
+		st.j.firstCall(r, results[r])
 	}
 	span := time.Duration(m-1) * st.callTime
-	return res, time.Duration(st.rng.Int64N(int64(min(span*7/10, 500*time.Millisecond)) + 1))
+	delay := time.Duration(st.rng.Int64N(int64(min(span*7/10, 500*time.Millisecond)) + 1))
+	for r, b := range results {
+		if b.hung || b.eof {
+			st.checkBatch(res, r, b, true, 0)
+			return nil, false
+		}
+	}
+	time.Sleep(delay)
+	return results, true
 }
 
 // followUp gives ranks whose batch ended without noticing the fault (it came
@@ -59,14 +68,10 @@ func (st *jobState) signalFault(res *faultResult, kind string) bool {
 	if kind == "sigstop" {
 		sig, classes = syscall.SIGSTOP, []string{"timeout", "remote"}
 	}
-	results, delay := st.faultBatch()
-	for r, b := range results {
-		if b.hung || b.eof {
-			st.checkBatch(res, r, b, true, 0)
-			return false
-		}
+	results, ok := st.faultBatch(res)
+	if !ok {
+		return false
 	}
-	time.Sleep(delay)
 	struck := time.Now()
 	p := st.j.procs[v]
 	p.injected = sig
@@ -113,14 +118,10 @@ func (st *jobState) linkDown(res *faultResult) bool {
 	v := st.rng.IntN(st.plan.p)
 	res.victim = v
 	outage := 100*time.Millisecond + time.Duration(st.rng.Int64N(int64(st.plan.timeout*3/2)))
-	results, delay := st.faultBatch()
-	for r, b := range results {
-		if b.hung || b.eof {
-			st.checkBatch(res, r, b, true, 0)
-			return false
-		}
+	results, ok := st.faultBatch(res)
+	if !ok {
+		return false
 	}
-	time.Sleep(delay)
 	down := time.Now()
 	if err := st.h.cluster.linkDown(v); err != nil {
 		st.h.harnessProblem(fmt.Sprintf("job %d: %v", st.plan.id, err))
