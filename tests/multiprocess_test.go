@@ -59,17 +59,7 @@ func freePort(t testing.TB) int {
 func TestFourProcessesAllreduceOverTCP(t *testing.T) {
 	const p = 4
 	cmds, outs := startRanks(t, buildRank(t), p, "-n", "20011", "-iters", "2", "-timeout", "90s")
-	deadline := time.AfterFunc(120*time.Second, func() {
-		for _, c := range cmds {
-			c.Process.Kill()
-		}
-	})
-	defer deadline.Stop()
-	for r, c := range cmds {
-		if err := c.Wait(); err != nil {
-			t.Errorf("rank %d: %v\n%s", r, err, outs[r])
-		}
-	}
+	waitRanks(t, cmds, outs, 120*time.Second)
 	if t.Failed() {
 		return
 	}
@@ -95,6 +85,24 @@ func TestFourProcessesAllreduceOverTCP(t *testing.T) {
 		}
 	}
 	t.Logf("verified over TCP on %d processes: %d algorithms", p, len(hashes))
+}
+
+// waitRanks waits for every rank's process and reports each that failed,
+// with its output. After limit it kills them all, so that a hung job fails
+// the test instead of hanging it.
+func waitRanks(t testing.TB, cmds []*exec.Cmd, outs []*syncBuffer, limit time.Duration) {
+	t.Helper()
+	deadline := time.AfterFunc(limit, func() {
+		for _, c := range cmds {
+			c.Process.Kill()
+		}
+	})
+	defer deadline.Stop()
+	for r, c := range cmds {
+		if err := c.Wait(); err != nil {
+			t.Errorf("rank %d: %v\n%s", r, err, outs[r])
+		}
+	}
 }
 
 // startRanks launches p processes of bin as the ranks of a torchrun-style
