@@ -1,3 +1,8 @@
+// Tests of the sparse baselines (TopkA, TopkDSA, gTopk, Gaussiank, SparCML):
+// density one equals the dense average, ranks bitwise identical, SparCML's
+// sparse input summed exactly, the residual rule, Gaussiank's threshold and
+// the reported local threshold.
+
 package core
 
 import (
