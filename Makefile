@@ -159,7 +159,7 @@ CHAOS_FAULTS ?= 500
 CHAOS_SEED ?= 1
 CHAOS_OUT ?= $(BUILD)/chaos.md
 CHAOS_FLAGS ?=
-$(BUILD)/chaos: $(BUILD)/.deps $(GO_SOURCES) $(wildcard tests/cmd/chaos/*.go)
+$(BUILD)/chaos: $(BUILD)/.deps $(GO_SOURCES) $(wildcard tests/cmd/chaos/*.go tests/internal/*/*.go)
 	$(GO) build -o $@ ./tests/cmd/chaos
 
 chaos: $(BUILD)/chaos

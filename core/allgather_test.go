@@ -21,6 +21,26 @@ func blockOf(r, m int) []byte {
 	return b
 }
 
+// gatherEqualBlocks runs one equal-block allgather of rank's blockOf(rank, m)
+// and checks that it returned every rank's block, in rank order; it returns
+// the call for its statistics.
+func gatherEqualBlocks(ctx context.Context, c *Communicator, rank, p, m int, gather func(context.Context, *Call, uint32, []byte) ([][]byte, error)) (*Call, error) {
+	call := NewCall(c.T, OkTopk.Op(), 1, nil)
+	blocks, err := gather(ctx, call, 0, blockOf(rank, m))
+	if err != nil {
+		return nil, err
+	}
+	if len(blocks) != p {
+		return nil, fmt.Errorf("rank %d: %d blocks, want %d", rank, len(blocks), p)
+	}
+	for r, b := range blocks {
+		if !bytes.Equal(b, blockOf(r, m)) {
+			return nil, fmt.Errorf("rank %d: block %d is %v, want %v", rank, r, b, blockOf(r, m))
+		}
+	}
+	return call, nil
+}
+
 // Every rank ends with every rank's block in rank order, for P that are and
 // are not powers of two, in ⌈log₂ P⌉ messages per rank carrying (P−1)m bytes.
 func TestAllgatherEqualGathersEveryBlockInLogRounds(t *testing.T) {
@@ -28,18 +48,9 @@ func TestAllgatherEqualGathersEveryBlockInLogRounds(t *testing.T) {
 		for _, m := range []int{0, 1, 324} {
 			t.Run(fmt.Sprintf("P=%d/m=%d", p, m), func(t *testing.T) {
 				runInProc(t, p, func(ctx context.Context, rank int, c *Communicator) error {
-					call := NewCall(c.T, OkTopk.Op(), 1, nil)
-					blocks, err := AllgatherEqual(ctx, call, 0, blockOf(rank, m))
+					call, err := gatherEqualBlocks(ctx, c, rank, p, m, AllgatherEqual)
 					if err != nil {
 						return err
-					}
-					if len(blocks) != p {
-						return fmt.Errorf("rank %d: %d blocks, want %d", rank, len(blocks), p)
-					}
-					for r, b := range blocks {
-						if !bytes.Equal(b, blockOf(r, m)) {
-							return fmt.Errorf("rank %d: block %d is %v, want %v", rank, r, b, blockOf(r, m))
-						}
 					}
 					rounds := 0
 					for d := 1; d < p; d *= 2 {
@@ -100,18 +111,9 @@ func TestAllgatherEqualDirectGathersEveryBlock(t *testing.T) {
 		for _, m := range []int{0, 1, 324} {
 			t.Run(fmt.Sprintf("P=%d/m=%d", p, m), func(t *testing.T) {
 				runInProc(t, p, func(ctx context.Context, rank int, c *Communicator) error {
-					call := NewCall(c.T, OkTopk.Op(), 1, nil)
-					blocks, err := AllgatherEqualDirect(ctx, call, 0, blockOf(rank, m))
+					call, err := gatherEqualBlocks(ctx, c, rank, p, m, AllgatherEqualDirect)
 					if err != nil {
 						return err
-					}
-					if len(blocks) != p {
-						return fmt.Errorf("rank %d: %d blocks, want %d", rank, len(blocks), p)
-					}
-					for r, b := range blocks {
-						if !bytes.Equal(b, blockOf(r, m)) {
-							return fmt.Errorf("rank %d: block %d is %v, want %v", rank, r, b, blockOf(r, m))
-						}
 					}
 					if call.Stats.BytesSent != uint64((p-1)*m) || call.Stats.MessagesSent != uint64(p-1) {
 						return fmt.Errorf("rank %d sent %d bytes in %d messages, want (P-1)m = %d in P-1", rank, call.Stats.BytesSent, call.Stats.MessagesSent, (p-1)*m)

@@ -9,6 +9,8 @@ import (
 	"math/rand/v2"
 	"testing"
 	"time"
+
+	"github.com/oktopk/oktopk/internal/testref"
 )
 
 var denseAlgorithmsUnderTest = []Algorithm{DenseRing, DenseRabenseifner}
@@ -45,18 +47,6 @@ func cloneAll(in [][]float32) [][]float32 {
 	return out
 }
 
-func firstBitwiseDifference(got, want []float32) (int, bool) {
-	if len(got) != len(want) {
-		return -1, true
-	}
-	for i := range got {
-		if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
-			return i, true
-		}
-	}
-	return 0, false
-}
-
 func denseSizes(p int) []int {
 	sizes := []int{0, 1, 7, p - 1, 1000}
 	// The 2^20+3 case is kept to two rank counts: one power of two, one not.
@@ -79,7 +69,7 @@ func TestDenseAllreduceSumIsBitwiseSerialSum(t *testing.T) {
 						return err
 					})
 					for r := range data {
-						if i, bad := firstBitwiseDifference(data[r], want); bad {
+						if i, bad := testref.FirstBitwiseDifference(data[r], want); bad {
 							t.Fatalf("rank %d element %d: got %v, want %v", r, i, data[r][i], want[i])
 						}
 					}
@@ -105,7 +95,7 @@ func TestDenseAllreduceAverageIsBitwiseSerialAverage(t *testing.T) {
 					return err
 				})
 				for r := range data {
-					if i, bad := firstBitwiseDifference(data[r], want); bad {
+					if i, bad := testref.FirstBitwiseDifference(data[r], want); bad {
 						t.Fatalf("rank %d element %d: got %v, want %v", r, i, data[r][i], want[i])
 					}
 				}
@@ -134,7 +124,7 @@ func TestDenseAllreduceRanksBitwiseIdenticalOnArbitraryFloats(t *testing.T) {
 					return err
 				})
 				for r := 1; r < p; r++ {
-					if i, bad := firstBitwiseDifference(data[r], data[0]); bad {
+					if i, bad := testref.FirstBitwiseDifference(data[r], data[0]); bad {
 						t.Fatalf("rank %d element %d: %v, rank 0 has %v", r, i, data[r][i], data[0][i])
 					}
 				}

@@ -6,10 +6,10 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 
+	"github.com/oktopk/oktopk/internal/testref"
 	"github.com/oktopk/oktopk/transport"
 )
 
@@ -42,38 +42,18 @@ func (f *failingTransport) Recv(ctx context.Context, peer int, tag transport.Tag
 	return f.Transport.Recv(ctx, peer, tag)
 }
 
-// runWithFailingTransports is runInProcErrors over failingTransports: when a
-// rank fails, every transport is aborted so the others return promptly.
+// runWithFailingTransports is runRanks over failingTransports wrapping one
+// in-process group: when a rank fails, every transport is aborted so the
+// others return promptly.
 func runWithFailingTransports(p int, fn func(ctx context.Context, r int, c *Communicator, ft *failingTransport) error) []error {
 	ts := transport.NewInProc(p)
 	fts := make([]*failingTransport, p)
 	for r := range ts {
 		fts[r] = &failingTransport{Transport: ts[r]}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), inProcTimeout)
-	defer cancel()
-	errs := make([]error, p)
-	var wg sync.WaitGroup
-	var once sync.Once
-	for r := 0; r < p; r++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[r] = fn(ctx, r, NewCommunicator(fts[r]), fts[r])
-			if errs[r] != nil {
-				once.Do(func() {
-					for _, t := range ts {
-						t.Abort(fmt.Errorf("rank %d failed: %w", r, errs[r]))
-					}
-				})
-			}
-		}()
-	}
-	wg.Wait()
-	for _, t := range ts {
-		t.Close()
-	}
-	return errs
+	return runRanks(ts, inProcTimeout, func(ctx context.Context, r int) error {
+		return fn(ctx, r, NewCommunicator(fts[r]), fts[r])
+	})
 }
 
 // Nothing lost: for every algorithm, a call that fails at its m-th send or
@@ -121,7 +101,7 @@ func TestFailedCallLeavesGradientAndStateAsTheyWere(t *testing.T) {
 							if err == nil {
 								return nil // this rank finished before the failure reached it
 							}
-							if i, differs := firstBitwiseDifference(g, orig); differs {
+							if i, differs := testref.FirstBitwiseDifference(g, orig); differs {
 								return fmt.Errorf("rank %d: failed call (%v) changed gradient[%d] from %v to %v", r, err, i, orig[i], g[i])
 							}
 							if st != nil {

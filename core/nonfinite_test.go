@@ -8,6 +8,8 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+
+	"github.com/oktopk/oktopk/internal/testref"
 )
 
 var sparseAlgorithmsUnderTest = append([]Algorithm{OkTopk}, sparseBaselines...)
@@ -37,7 +39,7 @@ func sameState(st *TensorState, c stateCopy) error {
 	case !slices.Equal(st.Boundaries, c.boundaries):
 		return fmt.Errorf("region boundaries %v, were %v", st.Boundaries, c.boundaries)
 	}
-	if i, bad := firstBitwiseDifference(st.Residual, c.residual); bad {
+	if i, bad := testref.FirstBitwiseDifference(st.Residual, c.residual); bad {
 		return fmt.Errorf("residual[%d] = %v, was %v", i, st.Residual[i], c.residual[i])
 	}
 	return nil
@@ -101,7 +103,7 @@ func TestSparseNonFiniteOnOneRankSkipsStepOnEveryRank(t *testing.T) {
 						if _, err := c.SparseAllreduce(ctx, 1, g, cfg); !isSkip(err) {
 							return fmt.Errorf("rank %d: %v, want the skip status (ErrNonFinite, every rank skipped)", r, err)
 						}
-						if i, differs := firstBitwiseDifference(g, orig); differs {
+						if i, differs := testref.FirstBitwiseDifference(g, orig); differs {
 							return fmt.Errorf("rank %d: gradient[%d] changed to %v by a skipped step", r, i, g[i])
 						}
 						if err := sameState(c.TensorStateOf(1), before); err != nil {
@@ -112,10 +114,10 @@ func TestSparseNonFiniteOnOneRankSkipsStepOnEveryRank(t *testing.T) {
 						return err
 					})
 					for r := range after {
-						if i, differs := firstBitwiseDifference(after[r], control[r]); differs {
+						if i, differs := testref.FirstBitwiseDifference(after[r], control[r]); differs {
 							t.Fatalf("rank %d element %d: %v after the skipped step, %v without it", r, i, after[r][i], control[r][i])
 						}
-						if i, differs := firstBitwiseDifference(after[r], after[0]); differs {
+						if i, differs := testref.FirstBitwiseDifference(after[r], after[0]); differs {
 							t.Fatalf("rank %d element %d: %v, rank 0 has %v", r, i, after[r][i], after[0][i])
 						}
 					}

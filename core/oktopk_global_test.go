@@ -324,30 +324,15 @@ func TestOkTopkReuseCallAllgathersInOneRound(t *testing.T) {
 			}
 			ledger := &roundLedger{op: OkTopk.Op(), p: p, ex: map[exchangeKey]*exchangeRounds{}}
 			inner := transport.NewInProc(p)
-			ctx, cancel := context.WithTimeout(context.Background(), inProcTimeout)
-			defer cancel()
-			errs := make([]error, p)
-			var wg sync.WaitGroup
-			for r := range p {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					c := NewCommunicator(&roundTransport{Transport: inner[r], ledger: ledger})
-					for it := range inputs {
-						if _, err := c.SparseAllreduce(ctx, 1, append([]float32(nil), inputs[it][r]...), cfg); err != nil {
-							errs[r] = err
-							for _, tr := range inner {
-								tr.Abort(err)
-							}
-							return
-						}
+			errs := runRanks(inner, inProcTimeout, func(ctx context.Context, r int) error {
+				c := NewCommunicator(&roundTransport{Transport: inner[r], ledger: ledger})
+				for it := range inputs {
+					if _, err := c.SparseAllreduce(ctx, 1, append([]float32(nil), inputs[it][r]...), cfg); err != nil {
+						return err
 					}
-				}()
-			}
-			wg.Wait()
-			for _, tr := range inner {
-				tr.Close()
-			}
+				}
+				return nil
+			})
 			if err := errors.Join(errs...); err != nil {
 				t.Fatal(err)
 			}

@@ -84,27 +84,11 @@ func runWrapped(t *testing.T, in [][]float32, cfg Config, wrap func(transport.Tr
 	t.Helper()
 	p := len(in)
 	inner := transport.NewInProc(p)
-	ctx, cancel := context.WithTimeout(context.Background(), inProcTimeout)
-	defer cancel()
-	errs := make([]error, p)
-	var wg sync.WaitGroup
-	for r := range p {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			c := NewCommunicator(wrap(inner[r]))
-			_, errs[r] = c.SparseAllreduce(ctx, 1, append([]float32(nil), in[r]...), cfg)
-			if errs[r] != nil {
-				for _, tr := range inner {
-					tr.Abort(errs[r])
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	for _, tr := range inner {
-		tr.Close()
-	}
+	errs := runRanks(inner, inProcTimeout, func(ctx context.Context, r int) error {
+		c := NewCommunicator(wrap(inner[r]))
+		_, err := c.SparseAllreduce(ctx, 1, append([]float32(nil), in[r]...), cfg)
+		return err
+	})
 	if err := errors.Join(errs...); err != nil {
 		t.Fatal(err)
 	}

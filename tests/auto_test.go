@@ -16,17 +16,7 @@ import (
 func TestAutoChoicesAgreeAcrossProcesses(t *testing.T) {
 	const p, calls = 5, 40
 	cmds, outs := startRanks(t, buildRank(t), p, "-auto", "40", "-timeout", "90s")
-	deadline := time.AfterFunc(120*time.Second, func() {
-		for _, c := range cmds {
-			c.Process.Kill()
-		}
-	})
-	defer deadline.Stop()
-	for r, c := range cmds {
-		if err := c.Wait(); err != nil {
-			t.Errorf("rank %d: %v\n%s", r, err, outs[r])
-		}
-	}
+	waitRanks(t, cmds, outs, 120*time.Second)
 	if t.Failed() {
 		return
 	}

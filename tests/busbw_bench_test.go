@@ -57,16 +57,9 @@ func BenchmarkRingAllreduceBetweenProcesses(b *testing.B) {
 
 func runBusbw(b *testing.B, bin string, p int, iters string) []string {
 	cmds, outs := startRanks(b, bin, p, "-iters", iters)
-	kill := time.AfterFunc(10*time.Minute, func() {
-		for _, c := range cmds {
-			c.Process.Kill()
-		}
-	})
-	defer kill.Stop()
-	for r, c := range cmds {
-		if err := c.Wait(); err != nil {
-			b.Fatalf("rank %d: %v\n%s", r, err, outs[r])
-		}
+	waitRanks(b, cmds, outs, 10*time.Minute)
+	if b.Failed() {
+		b.FailNow()
 	}
 	var lines []string
 	sc := bufio.NewScanner(strings.NewReader(outs[0].String()))

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	mathrand "math/rand"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,34 +16,19 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/oktopk/oktopk/tests/internal/ports"
 )
 
-// freePort returns a TCP port that was free a moment ago, and checks the
-// one above it too (rank 0 serves rendezvous on MASTER_PORT+1). Both lie
-// below the kernel's ephemeral range: a port inside it can be taken before
-// rank 0 binds by any outgoing connection's source port, even by another
-// rank's own dial to it (a Linux self-connection, whose TIME_WAIT then blocks
-// the listener for a minute).
+// freePort returns a TCP port that was free a moment ago, with the one
+// above it, both below the kernel's ephemeral range (package ports says
+// why).
 func freePort(t testing.TB) int {
 	t.Helper()
-	low := 32768
-	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
-		if f := strings.Fields(string(b)); len(f) > 0 {
-			if v, err := strconv.Atoi(f[0]); err == nil {
-				low = v
-			}
-		}
-	}
+	low := ports.EphemeralLow()
 	for try := 0; try < 100; try++ {
 		port := 10000 + mathrand.Intn(low-10002)
-		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
-		if err != nil {
-			continue
-		}
-		l2, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port+1))
-		l.Close()
-		if err == nil {
-			l2.Close()
+		if ports.PairFree(port) {
 			return port
 		}
 	}
@@ -59,17 +43,7 @@ func freePort(t testing.TB) int {
 func TestFourProcessesAllreduceOverTCP(t *testing.T) {
 	const p = 4
 	cmds, outs := startRanks(t, buildRank(t), p, "-n", "20011", "-iters", "2", "-timeout", "90s")
-	deadline := time.AfterFunc(120*time.Second, func() {
-		for _, c := range cmds {
-			c.Process.Kill()
-		}
-	})
-	defer deadline.Stop()
-	for r, c := range cmds {
-		if err := c.Wait(); err != nil {
-			t.Errorf("rank %d: %v\n%s", r, err, outs[r])
-		}
-	}
+	waitRanks(t, cmds, outs, 120*time.Second)
 	if t.Failed() {
 		return
 	}
@@ -95,6 +69,24 @@ func TestFourProcessesAllreduceOverTCP(t *testing.T) {
 		}
 	}
 	t.Logf("verified over TCP on %d processes: %d algorithms", p, len(hashes))
+}
+
+// waitRanks waits for every rank's process and reports each that failed,
+// with its output. After limit it kills them all, so that a hung job fails
+// the test instead of hanging it.
+func waitRanks(t testing.TB, cmds []*exec.Cmd, outs []*syncBuffer, limit time.Duration) {
+	t.Helper()
+	deadline := time.AfterFunc(limit, func() {
+		for _, c := range cmds {
+			c.Process.Kill()
+		}
+	})
+	defer deadline.Stop()
+	for r, c := range cmds {
+		if err := c.Wait(); err != nil {
+			t.Errorf("rank %d: %v\n%s", r, err, outs[r])
+		}
+	}
 }
 
 // startRanks launches p processes of bin as the ranks of a torchrun-style

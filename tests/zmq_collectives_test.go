@@ -5,21 +5,21 @@ package tests
 // in-process transport — dense allreduce bitwise equal to a serial sum,
 // every sparse algorithm at density 1 equal to the dense average, ranks
 // bitwise identical over many iterations, SparCML equal to the exact sum of
-// its sparse inputs, gTopk equal to its serial tree — for P in {1, 2, 3, 5,
-// 8}. The references here are written out independently of core.
+// its sparse inputs, gTopk equal to its serial tree (those two in
+// zmq_sparse_input_test.go) — for P in {1, 2, 3, 5, 8}. The references here,
+// and those in internal/testref, are written out independently of core.
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"math/rand/v2"
-	"sort"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/oktopk/oktopk/core"
+	"github.com/oktopk/oktopk/internal/testref"
 	"github.com/oktopk/oktopk/transport"
 	"github.com/oktopk/oktopk/transport/zmq"
 )
@@ -99,19 +99,10 @@ func runRanks(t *testing.T, comms []*core.Communicator, fn func(ctx context.Cont
 	}
 }
 
-// integerInputs gives every rank n integer-valued floats in [-100, 100]:
-// every partial sum of P ≤ 8 of them is exact in float32, so any summation
-// order gives the same bits and a serial sum is the exact reference.
+// integerInputs is testref.IntegerInputs drawn from seed: P ranks' n
+// integer-valued floats, on which every summation order is exact.
 func integerInputs(p, n int, seed uint64) [][]float32 {
-	rng := rand.New(rand.NewPCG(seed, uint64(n)))
-	in := make([][]float32, p)
-	for r := range in {
-		in[r] = make([]float32, n)
-		for i := range in[r] {
-			in[r][i] = float32(rng.IntN(201) - 100)
-		}
-	}
-	return in
+	return testref.IntegerInputs(rand.New(rand.NewPCG(seed, uint64(n))), p, n)
 }
 
 func serialSum(in [][]float32) []float32 {
@@ -122,18 +113,6 @@ func serialSum(in [][]float32) []float32 {
 		}
 	}
 	return out
-}
-
-func firstBitwiseDifference(got, want []float32) (int, bool) {
-	if len(got) != len(want) {
-		return -1, true
-	}
-	for i := range got {
-		if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
-			return i, true
-		}
-	}
-	return 0, false
 }
 
 var rankCounts = []int{1, 2, 3, 5, 8}
@@ -183,7 +162,7 @@ func TestDenseAllreduceOverZMQIsBitwiseSerialSum(t *testing.T) {
 							if _, err := c.Allreduce(ctx, data, average, alg); err != nil {
 								return err
 							}
-							if i, bad := firstBitwiseDifference(data, want); bad {
+							if i, bad := testref.FirstBitwiseDifference(data, want); bad {
 								return fmt.Errorf("element %d: %v, serial %v", i, data[i], want[i])
 							}
 							return nil
@@ -214,7 +193,7 @@ func TestSparseAlgorithmsOverZMQDensityOneEqualsDenseAverage(t *testing.T) {
 						if _, err := c.SparseAllreduce(ctx, id, g, config(alg, 1)); err != nil {
 							return err
 						}
-						if i, bad := firstBitwiseDifference(g, want); bad {
+						if i, bad := testref.FirstBitwiseDifference(g, want); bad {
 							return fmt.Errorf("element %d: %v, dense average %v", i, g[i], want[i])
 						}
 						for i, v := range c.TensorStateOf(id).Residual {
@@ -297,166 +276,11 @@ func TestSparseAlgorithmsOverZMQRanksBitwiseIdentical(t *testing.T) {
 						t.Fatalf("iteration %d: empty result", it)
 					}
 					for r := 1; r < p; r++ {
-						if i, bad := firstBitwiseDifference(out[r], out[0]); bad {
+						if i, bad := testref.FirstBitwiseDifference(out[r], out[0]); bad {
 							t.Fatalf("iteration %d: rank %d element %d is %v, rank 0 has %v", it, r, i, out[r][i], out[0][i])
 						}
 					}
 				}
-			})
-		}
-	}
-}
-
-// randomSparse draws an integer-valued sparse vector holding each index with
-// probability density (values ±1…±50, never 0).
-func randomSparse(rng *rand.Rand, n int, density float64) core.Sparse {
-	var s core.Sparse
-	for i := 0; i < n; i++ {
-		if rng.Float64() < density {
-			v := float32(rng.IntN(50) + 1)
-			if rng.IntN(2) == 0 {
-				v = -v
-			}
-			s.Append(uint32(i), v)
-		}
-	}
-	return s
-}
-
-// The SparCML variants' sparse-input forms over ZeroMQ return the exact sum
-// of the inputs (divided by P), bitwise, on every rank: every input index is
-// in the result, the sparse-only variants add no other index, and DSAR's
-// dense regions hold zeros where no input had an entry. Densities 0.01 and
-// 0.8 keep DSAR's streams sparse and make them go dense.
-func TestSparCMLOverZMQEqualsExactSumOfSparseInputs(t *testing.T) {
-	const n = 4099
-	for _, p := range rankCounts {
-		comms := zmqComms(t, p)
-		for _, alg := range []core.Algorithm{core.SSARRecursiveDouble, core.SSARSplitAllgather, core.DSARSplitAllgather} {
-			for _, density := range []float64{0.01, 0.3, 0.8} {
-				t.Run(fmt.Sprintf("P=%d/%v/density=%v", p, alg, density), func(t *testing.T) {
-					rng := rand.New(rand.NewPCG(uint64(p), uint64(100*density)))
-					ins := make([]core.Sparse, p)
-					sum := make([]float32, n)
-					inUnion := make([]bool, n)
-					for r := range ins {
-						ins[r] = randomSparse(rng, n, density)
-						for j, i := range ins[r].Idx {
-							sum[i] += ins[r].Val[j]
-							inUnion[i] = true
-						}
-					}
-					runRanks(t, comms, func(ctx context.Context, r int, c *core.Communicator) error {
-						out, _, err := c.SparseAllreduceSparse(ctx, n, ins[r], config(alg, density))
-						if err != nil {
-							return err
-						}
-						got := make([]float32, n)
-						present := make([]bool, n)
-						for j, i := range out.Idx {
-							if i >= n || present[i] || (j > 0 && out.Idx[j-1] >= i) {
-								return fmt.Errorf("result index %d (entry %d) out of order or range", i, j)
-							}
-							got[i], present[i] = out.Val[j], true
-						}
-						for i := 0; i < n; i++ {
-							switch {
-							case inUnion[i] && !present[i]:
-								return fmt.Errorf("index %d of the inputs missing from the result", i)
-							case present[i] && !inUnion[i] && alg != core.DSARSplitAllgather:
-								return fmt.Errorf("index %d in the sparse result but in no input", i)
-							}
-							if want := sum[i] / float32(p); math.Float32bits(got[i]) != math.Float32bits(want) {
-								return fmt.Errorf("index %d: %v, exact sum/P %v", i, got[i], want)
-							}
-						}
-						return nil
-					})
-				})
-			}
-		}
-	}
-}
-
-// referenceTopK keeps the k largest |x[i]| among the present indices, ties
-// to the lower index, by sorting.
-func referenceTopK(x map[uint32]float32, k int) map[uint32]float32 {
-	idx := make([]uint32, 0, len(x))
-	for i := range x {
-		idx = append(idx, i)
-	}
-	sort.Slice(idx, func(a, b int) bool {
-		ma, mb := math.Abs(float64(x[idx[a]])), math.Abs(float64(x[idx[b]]))
-		if ma != mb {
-			return ma > mb
-		}
-		return idx[a] < idx[b]
-	})
-	out := make(map[uint32]float32, k)
-	for _, i := range idx[:min(k, len(idx))] {
-		out[i] = x[i]
-	}
-	return out
-}
-
-// serialGTopk is gTopk's binomial tree written out over all ranks at once:
-// each rank takes its top k; rank r absorbs rank r+d (own values first) for
-// d = 1, 2, 4, … and keeps the top k. It returns the final top k.
-func serialGTopk(in [][]float32, k int) map[uint32]float32 {
-	partial := make([]map[uint32]float32, len(in))
-	for r, x := range in {
-		all := make(map[uint32]float32, len(x))
-		for i, v := range x {
-			all[uint32(i)] = v
-		}
-		partial[r] = referenceTopK(all, k)
-	}
-	for d := 1; d < len(in); d *= 2 {
-		for r := 0; r+d < len(in); r += 2 * d {
-			merged := make(map[uint32]float32)
-			for i, v := range partial[r] {
-				merged[i] = v
-			}
-			for i, v := range partial[r+d] {
-				merged[i] += v
-			}
-			partial[r] = referenceTopK(merged, k)
-		}
-	}
-	return partial[0]
-}
-
-// gTopk over ZeroMQ against the serial tree, with many magnitude ties
-// (integer values in ±100) so the tie rule is exercised: every rank holds
-// exactly the tree's k entries divided by P, zeros elsewhere.
-func TestGTopkOverZMQEqualsSerialTreeReference(t *testing.T) {
-	const n = 4099
-	for _, p := range rankCounts {
-		comms := zmqComms(t, p)
-		for _, density := range []float64{0.01, 0.1} {
-			t.Run(fmt.Sprintf("P=%d/density=%v", p, density), func(t *testing.T) {
-				in := integerInputs(p, n, uint64(p)+7)
-				cfg := config(core.GTopk, density)
-				k := cfg.K(n)
-				global := serialGTopk(in, k)
-				want := make([]float32, n)
-				for i, v := range global {
-					want[i] = v / float32(p)
-				}
-				runRanks(t, comms, func(ctx context.Context, r int, c *core.Communicator) error {
-					g := append([]float32(nil), in[r]...)
-					st, err := c.SparseAllreduce(ctx, uint64(1000*density), g, cfg)
-					if err != nil {
-						return err
-					}
-					if st.GlobalSelected != k {
-						return fmt.Errorf("global result of %d entries, want k=%d", st.GlobalSelected, k)
-					}
-					if i, bad := firstBitwiseDifference(g, want); bad {
-						return fmt.Errorf("index %d: %v, serial tree %v", i, g[i], want[i])
-					}
-					return nil
-				})
 			})
 		}
 	}

@@ -11,26 +11,10 @@ shift
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-# A free port, and the one after it for rendezvous, both below the kernel's
-# ephemeral range: a port inside it can be taken between our check and rank
-# 0's bind by any outgoing connection's source port — even by another rank's
-# own dial to it, which Linux can turn into a self-connection whose TIME_WAIT
-# then blocks the listener for a minute (torchrun's default 29500 is below the
-# range for the same reason).
-free_port() {
-	local low p
-	low=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
-	for _ in $(seq 50); do
-		p=$((10000 + RANDOM % (low - 10002)))
-		if ! (exec 3<>/dev/tcp/127.0.0.1/$p) 2>/dev/null && ! (exec 3<>/dev/tcp/127.0.0.1/$((p + 1))) 2>/dev/null; then
-			echo "$p"
-			return
-		fi
-	done
-	echo "launch.sh: no free port found" >&2
-	exit 1
-}
-port=$(free_port)
+# A free port, and the one after it for rendezvous (free_port says why
+# below the ephemeral range).
+. "$(dirname "$0")/../launch/lib.sh"
+port=$(free_port) || exit 1
 
 pids=()
 for ((r = 0; r < P; r++)); do

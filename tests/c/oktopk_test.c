@@ -120,6 +120,26 @@ static void broadcast_bytes(oktopk_comm_t comm, int rank, char *bytes, size_t n)
   free(f);
 }
 
+/* A communicator of cfg joined NCCL style: rank 0 makes the unique id and
+ * hands it to every rank over env_comm. */
+static oktopk_comm_t init_rank_by_id(oktopk_comm_t env_comm, int rank, int size, const oktopk_config_t *cfg) {
+  oktopk_unique_id_t id;
+  memset(&id, 0, sizeof id);
+  if (rank == 0) OK(oktopk_get_unique_id(&id, cfg));
+  broadcast_bytes(env_comm, rank, id.internal, sizeof id.internal);
+  oktopk_comm_t comm;
+  OK(oktopk_comm_init_rank(&comm, size, &id, rank, cfg));
+  return comm;
+}
+
+/* This process's rank and size in comm; the rank is noted (rank_) for the
+ * failure messages. */
+static void note_rank(oktopk_comm_t comm, int *rank, int *size) {
+  OK(oktopk_comm_rank(comm, rank));
+  OK(oktopk_comm_size(comm, size));
+  rank_ = *rank;
+}
+
 /* ------------------------------------------------------------------------ */
 
 static void test_dense(oktopk_comm_t comm, int rank, int size) {
@@ -447,12 +467,7 @@ static void test_sparse_every_algorithm(oktopk_comm_t env_comm, int rank, int si
     cfg.timeout_ms = 20000;
     cfg.density = 1.0;
     cfg.algorithm = alg;
-    oktopk_unique_id_t id;
-    memset(&id, 0, sizeof id);
-    if (rank == 0) OK(oktopk_get_unique_id(&id, &cfg));
-    broadcast_bytes(env_comm, rank, id.internal, sizeof id.internal);
-    oktopk_comm_t comm;
-    OK(oktopk_comm_init_rank(&comm, size, &id, rank, &cfg));
+    oktopk_comm_t comm = init_rank_by_id(env_comm, rank, size, &cfg);
     if (alg != OKTOPK_ALGO_DENSE_RING && alg != OKTOPK_ALGO_DENSE_RABENSEIFNER && alg != OKTOPK_ALGO_GAUSSIANK)
       test_sparse_in_largest_n(comm, rank, size, alg); /* the algorithms with a sparse-input form */
     float ranks_sum = (float)(size * (size + 1) / 2);
@@ -494,12 +509,7 @@ static void test_float16_values(oktopk_comm_t env_comm, int rank, int size) {
     oktopk_config_init(&cfg);
     cfg.timeout_ms = 20000;
     cfg.value_dtype = dtypes[c];
-    oktopk_unique_id_t id;
-    memset(&id, 0, sizeof id);
-    if (rank == 0) OK(oktopk_get_unique_id(&id, &cfg));
-    broadcast_bytes(env_comm, rank, id.internal, sizeof id.internal);
-    oktopk_comm_t comm;
-    OK(oktopk_comm_init_rank(&comm, size, &id, rank, &cfg));
+    oktopk_comm_t comm = init_rank_by_id(env_comm, rank, size, &cfg);
     for (size_t i = 0; i < n; i++) x[i] = sinf((float)(i * (size_t)(rank + 3))) * (float)(1 + i % 97);
     oktopk_stats_t st = {.size = sizeof st};
     OK(oktopk_sparse_allreduce(comm, 9, x, n, OKTOPK_FLOAT32, &st));
@@ -577,9 +587,7 @@ static int run_ranks(void) {
   oktopk_comm_t env_comm;
   OK(oktopk_comm_init_env(&env_comm, &cfg));
   int rank, size;
-  OK(oktopk_comm_rank(env_comm, &rank));
-  OK(oktopk_comm_size(env_comm, &size));
-  rank_ = rank;
+  note_rank(env_comm, &rank, &size);
   REQUIRE(rank == atoi(getenv("RANK")) && size == atoi(getenv("WORLD_SIZE")));
 
   test_dense(env_comm, rank, size);
@@ -592,12 +600,7 @@ static int run_ranks(void) {
   /* A second communicator, NCCL style: rank 0 makes the id, hands it out. */
   oktopk_config_init(&cfg);
   cfg.timeout_ms = 20000;
-  oktopk_unique_id_t id;
-  memset(&id, 0, sizeof id);
-  if (rank == 0) OK(oktopk_get_unique_id(&id, &cfg));
-  broadcast_bytes(env_comm, rank, id.internal, sizeof id.internal);
-  oktopk_comm_t id_comm;
-  OK(oktopk_comm_init_rank(&id_comm, size, &id, rank, &cfg));
+  oktopk_comm_t id_comm = init_rank_by_id(env_comm, rank, size, &cfg);
 
   /* A third, two-step: token from rank 0, bind, gather endpoints, connect. */
   char token[128] = {0};
@@ -1252,9 +1255,7 @@ static int run_peer_death(void) {
   oktopk_comm_t comm;
   OK(oktopk_comm_init_env(&comm, &cfg));
   int rank, size;
-  OK(oktopk_comm_rank(comm, &rank));
-  OK(oktopk_comm_size(comm, &size));
-  rank_ = rank;
+  note_rank(comm, &rank, &size);
   float x[1024] = {0};
   OK(oktopk_allreduce(comm, x, 1024, OKTOPK_FLOAT32, 0, OKTOPK_ALGO_DENSE_RING));
   /* The dying rank's last sends of that call are queued, not yet delivered,
@@ -1438,9 +1439,7 @@ static int run_memory(const char *alg_name, size_t n, int calls, double limit, c
   oktopk_comm_t comm;
   OK(oktopk_comm_init_env(&comm, &cfg));
   int rank, size;
-  OK(oktopk_comm_rank(comm, &rank));
-  OK(oktopk_comm_size(comm, &size));
-  rank_ = rank;
+  note_rank(comm, &rank, &size);
   float *grad = malloc(n * sizeof *grad);
   uint16_t *grad16 = half ? malloc(n * sizeof *grad16) : NULL;
   REQUIRE(grad != NULL && (!half || grad16 != NULL));
@@ -1698,9 +1697,7 @@ static int run_join(int timeout_ms) {
     return 3;
   }
   int rank, size;
-  OK(oktopk_comm_rank(comm, &rank));
-  OK(oktopk_comm_size(comm, &size));
-  rank_ = rank;
+  note_rank(comm, &rank, &size);
   float x[4] = {(float)rank, 1, 2, 3};
   OK(oktopk_allreduce(comm, x, 4, OKTOPK_FLOAT32, 0, OKTOPK_ALGO_DENSE_RING));
   REQUIRE(x[0] == (float)(size * (size - 1) / 2) && x[1] == (float)size);

@@ -1,8 +1,11 @@
-# Shared by the launch tests (sourced, not run).
+# Shared by the launch tests and tests/c/launch.sh (sourced, not run).
 
 # free_port: a port that was free a moment ago, with the one after it, both
-# below the kernel's ephemeral range (a port inside it can be taken by any
-# outgoing connection's source port before the listener binds it).
+# below the kernel's ephemeral range: a port inside it can be taken between
+# the check and the listener's bind by any outgoing connection's source port,
+# even by another rank's own dial to it, which Linux can turn into a
+# self-connection whose TIME_WAIT then blocks the listener for a minute
+# (torchrun's default 29500 is below the range for the same reason).
 free_port() {
 	local low p
 	low=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)

@@ -5,31 +5,15 @@ endpoint is on its host's address (EXPECT_HOST)."""
 import os
 import sys
 
-import torch
 import torch.distributed as dist
-import torch.nn as nn
-import torch.nn.functional as F
-from torch.nn.parallel import DistributedDataParallel as DDP
+from ddp_steps import train_and_compare
 
 from oktopk import OkTopkState, oktopk_hook
 
 dist.init_process_group("gloo")
-rank, world = dist.get_rank(), dist.get_world_size()
-torch.manual_seed(0)
-model = DDP(nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4)))
+rank = dist.get_rank()
 state = OkTopkState(density=0.05)
-model.register_comm_hook(state, oktopk_hook)
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
-for step in range(5):
-    g = torch.Generator().manual_seed(step * 10 + rank)
-    x, y = torch.randn(8, 32, generator=g), torch.randint(0, 4, (8,), generator=g)
-    opt.zero_grad()
-    F.cross_entropy(model(x), y).backward()
-    opt.step()
-flat = torch.cat([p.detach().flatten() for p in model.parameters()])
-gathered = [torch.empty_like(flat) for _ in range(world)]
-dist.all_gather(gathered, flat)
-same = all(torch.equal(gathered[0], t) for t in gathered)
+same = train_and_compare(rank, state, oktopk_hook, steps=5, width=32)
 endpoint = state._comm.endpoint
 want = os.environ["EXPECT_HOST"]
 print(f"rank {rank}: endpoint {endpoint}, parameters identical on all ranks: {same}", flush=True)

@@ -112,6 +112,9 @@ def test_pytorch_wheel_in_a_fresh_venv_runs_ddp_without_system_libzmq(tmp_path, 
     assert installed(done) == {"oktopk"}, done.stdout
     script = tmp_path / "ddp_step.py"
     shutil.copy(os.path.join(HERE, "ddp_step.py"), script)
+    # Its training steps, which import torch only: oktopk still comes from
+    # the wheel alone, the source tree being nowhere on the script's path.
+    shutil.copy(os.path.join(ROOT, "tests", "python", "ddp_steps.py"), tmp_path)
     port = 20000 + os.getpid() % 9000
     run = subprocess.run(prefix + [python, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(port), str(script)],
                          cwd=tmp_path, env=dict(clean_env(), OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=300)

@@ -12,11 +12,12 @@ package main
 
 import (
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"strconv"
 	"strings"
+
+	"github.com/oktopk/oktopk/tests/internal/ports"
 )
 
 type cluster struct {
@@ -206,31 +207,14 @@ func (c *cluster) unslow(r int) error {
 // namespaces every job's ports are fresh anyway; on loopback the pair is
 // probed.
 func (c *cluster) freePortPair(next *int) int {
-	low := 32768
-	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
-		if f := strings.Fields(string(b)); len(f) > 0 {
-			if v, err := strconv.Atoi(f[0]); err == nil {
-				low = v
-			}
-		}
-	}
+	low := ports.EphemeralLow()
 	for try := 0; try < 200; try++ {
 		*next += 2
 		if *next+1 >= low {
 			*next = 10000
 		}
 		port := *next
-		if c.netns {
-			return port
-		}
-		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
-		if err != nil {
-			continue
-		}
-		l2, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port+1))
-		l.Close()
-		if err == nil {
-			l2.Close()
+		if c.netns || ports.PairFree(port) {
 			return port
 		}
 	}

@@ -6,132 +6,16 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 )
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.b.Len() > 4<<20 { // a rank that floods its own log is not kept in full
-		return len(p), nil
-	}
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-// rankProc is one rank's process.
-type rankProc struct {
-	rank     int
-	cmd      *exec.Cmd
-	stdin    io.WriteCloser
-	events   chan Event // closed when its standard output ends
-	stderr   *syncBuffer
-	badLines *syncBuffer // standard output that was not an event
-	exited   chan struct{}
-	waitErr  error
-	endpoint string
-	started  bool
-
-	injected syscall.Signal // the signal a fault sent it (0: none)
-	quitted  bool           // the harness sent SIGQUIT to a hung rank
-	closed   bool           // it said "closed"
-}
-
-func (p *rankProc) alive() bool {
-	select {
-	case <-p.exited:
-		return false
-	default:
-		return p.started
-	}
-}
-
-func (p *rankProc) send(cmd Command) error {
-	b, err := json.Marshal(cmd)
-	if err != nil {
-		return err
-	}
-	_, err = p.stdin.Write(append(b, '\n'))
-	return err
-}
-
-func (p *rankProc) signal(sig syscall.Signal) {
-	if p.started && p.cmd.Process != nil {
-		p.cmd.Process.Signal(sig)
-	}
-}
-
-// next waits up to d for p's next event; ok is false on timeout, and the
-// event is "eof" once its output ended (it exited).
-func (p *rankProc) next(d time.Duration) (Event, bool) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case e, ok := <-p.events:
-		if !ok {
-			return Event{Ev: "eof", Rank: p.rank}, true
-		}
-		return e, true
-	case <-t.C:
-		return Event{}, false
-	}
-}
-
-// exitDescription says how p ended: "exit 0", "exit 10", "signal killed".
-func (p *rankProc) exitDescription() string {
-	if !p.started {
-		return "not started"
-	}
-	select {
-	case <-p.exited:
-	default:
-		return "running"
-	}
-	if p.waitErr == nil {
-		return "exit 0"
-	}
-	var ee *exec.ExitError
-	if errors.As(p.waitErr, &ee) {
-		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-			return "signal " + ws.Signal().String()
-		}
-		return "exit " + strconv.Itoa(ee.ExitCode())
-	}
-	return p.waitErr.Error()
-}
-
-// panicked reports Go panic or runtime-fatal output in p's standard error.
-func (p *rankProc) panicked() string {
-	text := p.stderr.String()
-	for _, mark := range []string{"panic: ", "fatal error: ", "SIGSEGV", "SIGABRT", "WARNING: DATA RACE"} {
-		if i := strings.Index(text, mark); i >= 0 {
-			end := min(len(text), i+300)
-			return strings.TrimSpace(text[i:end])
-		}
-	}
-	return ""
-}
 
 // job is one set of rank processes.
 type job struct {
@@ -354,32 +238,23 @@ func (j *job) sendCalls(specs map[int][]CallSpec) {
 	}
 }
 
-// collect reads rank r's events until its batch ends. A rank is hung when no
-// event comes for longer than a call may take (its timeout + 10%) plus a
-// margin for a loaded machine.
+// collect reads rank r's events until its batch ends.
 func (j *job) collect(r int, into *batchResult) {
-	p := j.procs[r]
-	quiet := j.plan.timeout*11/10 + 3*time.Second
-	for !into.finished && !into.hung && !into.eof {
-		e, ok := p.next(quiet)
-		switch {
-		case !ok:
-			into.hung = true
-		case e.Ev == "eof":
-			into.eof = true
-		case e.Ev == "call" && e.Call != nil:
-			into.calls = append(into.calls, *e.Call)
-		case e.Ev == "batch":
-			into.finished = true
-		}
-	}
+	j.readUntil(r, into, func() bool { return false })
 }
 
 // firstCall waits until rank r has reported one call of the batch.
 func (j *job) firstCall(r int, into *batchResult) {
+	j.readUntil(r, into, func() bool { return len(into.calls) > 0 })
+}
+
+// readUntil reads rank r's events into into until done says so or the
+// batch ends. A rank is hung when no event comes for longer than a call may
+// take (its timeout + 10%) plus a margin for a loaded machine.
+func (j *job) readUntil(r int, into *batchResult, done func() bool) {
 	p := j.procs[r]
 	quiet := j.plan.timeout*11/10 + 3*time.Second
-	for len(into.calls) == 0 && !into.finished && !into.hung && !into.eof {
+	for !done() && !into.finished && !into.hung && !into.eof {
 		e, ok := p.next(quiet)
 		switch {
 		case !ok:

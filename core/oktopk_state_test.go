@@ -1,0 +1,152 @@
+// Tests of TensorState checkpoints: marshalling round trips, corrupt and
+// version-1 input, owner checks, and a restored run continuing exactly.
+
+package core
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+)
+
+func TestTensorStateMarshalRoundTripAndCorruptInput(t *testing.T) {
+	st := NewTensorState(5, okTopkConfig(0.2))
+	st.Iter, st.LocalThreshold, st.GlobalThreshold = 17, 0.5, 1.25
+	st.Boundaries = []uint32{0, 2, 5}
+	st.Rank, st.Size = 1, 2
+	copy(st.Residual, []float32{1, -2, 0, 3.5, -0.125})
+	b, err := st.MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got TensorState
+	if err := got.UnmarshalBinary(b); err != nil {
+		t.Fatal(err)
+	}
+	if got.N != 5 || got.Iter != 17 || got.Config != st.Config || got.LocalThreshold != 0.5 ||
+		got.GlobalThreshold != 1.25 || fmt.Sprint(got.Boundaries) != fmt.Sprint(st.Boundaries) ||
+		fmt.Sprint(got.Residual) != fmt.Sprint(st.Residual) || got.Rank != 1 || got.Size != 2 {
+		t.Fatalf("round trip: %+v", got)
+	}
+	// A rank outside its size is corrupt, not an owner to compare with.
+	badRank := append([]byte(nil), b...)
+	binary.LittleEndian.PutUint32(badRank[stateRankField:], 2)
+	if err := new(TensorState).UnmarshalBinary(badRank); !errors.Is(err, ErrInvalidArgument) {
+		t.Errorf("rank 2 of 2: %v", err)
+	}
+	for _, bad := range [][]byte{nil, b[:10], b[:len(b)-1], append(append([]byte(nil), b...), 0), []byte("OKTSgarbagegarbagegarbagegarbagegarbagegarbagegarbage")} {
+		var x TensorState
+		if err := x.UnmarshalBinary(bad); !errors.Is(err, ErrInvalidArgument) {
+			t.Errorf("corrupt state of %d bytes: %v", len(bad), err)
+		}
+	}
+}
+
+// A version-1 checkpoint (no rank and size) is still read, with its owner
+// unknown.
+func TestTensorStateReadsVersion1(t *testing.T) {
+	st := NewTensorState(3, okTopkConfig(0.5))
+	st.Iter, st.Rank, st.Size = 4, 1, 2
+	copy(st.Residual, []float32{0.5, 0, -1})
+	b, err := st.MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	v1 := append(append([]byte(nil), b[:stateFixedV1]...), b[stateFixed:]...)
+	binary.LittleEndian.PutUint32(v1[4:], 1)
+	var got TensorState
+	if err := got.UnmarshalBinary(v1); err != nil {
+		t.Fatal(err)
+	}
+	if got.Iter != 4 || got.Rank != 0 || got.Size != 0 || fmt.Sprint(got.Residual) != fmt.Sprint(st.Residual) {
+		t.Fatalf("version 1: %+v", got)
+	}
+	if err := got.CheckOwner(1, 3); err != nil {
+		t.Fatalf("a version-1 state without boundaries has no owner to refuse: %v", err)
+	}
+}
+
+// CheckOwner refuses another rank's state and a state of another
+// communicator size, each with a message saying what to do; a version-1
+// state is refused by its boundary count alone.
+func TestTensorStateCheckOwnerRefusesAnotherRankOrSize(t *testing.T) {
+	st := NewTensorState(8, okTopkConfig(0.5))
+	st.Rank, st.Size, st.Boundaries = 1, 4, []uint32{0, 2, 4, 6, 8}
+	if err := st.CheckOwner(1, 4); err != nil {
+		t.Fatalf("own state refused: %v", err)
+	}
+	for _, c := range []struct {
+		rank, size int
+		want       string
+	}{
+		{0, 4, "saved by rank 1, this is rank 0"},
+		{1, 2, "saved by a communicator of 4 ranks, this one has 2"},
+	} {
+		err := st.CheckOwner(c.rank, c.size)
+		if !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("rank %d of %d: %v, want ErrInvalidArgument saying %q", c.rank, c.size, err, c.want)
+		}
+		if strings.Count(err.Error(), ErrInvalidArgument.Error()) != 1 {
+			t.Errorf("sentinel repeated: %v", err)
+		}
+	}
+	st.Rank, st.Size = 0, 0 // version 1: only the boundaries tell
+	if err := st.CheckOwner(0, 2); !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "5 region boundaries") {
+		t.Errorf("version-1 state of 4 ranks into 2: %v", err)
+	}
+}
+
+// A checkpoint restored into new communicators continues exactly where the
+// uninterrupted run would have gone.
+func TestOkTopkStateRestoreContinuesExactly(t *testing.T) {
+	const p, n, iters, cut = 3, 4000, 10, 4
+	cfg := Config{Algorithm: OkTopk, Density: 0.05, Tau: 2, TauPrime: 3}
+	inputs := make([][][]float32, iters)
+	gen := newDriftingGradients(p, n, 5)
+	for it := range inputs {
+		inputs[it] = gen.next()
+	}
+	full := make([][]float32, p)
+	saved := make([][]byte, p)
+	runInProc(t, p, func(ctx context.Context, rank int, c *Communicator) error {
+		for it := 0; it < iters; it++ {
+			g := append([]float32(nil), inputs[it][rank]...)
+			if _, err := c.SparseAllreduce(ctx, 9, g, cfg); err != nil {
+				return err
+			}
+			full[rank] = g
+			if it+1 == cut {
+				if st := c.TensorStateOf(9); st.Rank != rank || st.Size != p {
+					return fmt.Errorf("rank %d: state records rank %d of %d", rank, st.Rank, st.Size)
+				}
+				b, err := c.TensorStateOf(9).MarshalBinary()
+				if err != nil {
+					return err
+				}
+				saved[rank] = b
+			}
+		}
+		return nil
+	})
+	runInProc(t, p, func(ctx context.Context, rank int, c *Communicator) error {
+		var st TensorState
+		if err := st.UnmarshalBinary(saved[rank]); err != nil {
+			return err
+		}
+		c.SetTensorState(9, &st)
+		var g []float32
+		for it := cut; it < iters; it++ {
+			g = append([]float32(nil), inputs[it][rank]...)
+			if _, err := c.SparseAllreduce(ctx, 9, g, cfg); err != nil {
+				return err
+			}
+		}
+		if hashFloats(g) != hashFloats(full[rank]) {
+			return fmt.Errorf("rank %d: resumed run differs from the uninterrupted one", rank)
+		}
+		return nil
+	})
+}
