@@ -94,8 +94,8 @@ func AllgatherEqual(ctx context.Context, call *Call, firstStep uint32, own []byt
 			return err
 		}
 		if msg.Count != uint64(cnt*m) || len(msg.Payload) != cnt*m {
-			return fmt.Errorf("%w: rank %d sent %d bytes in allgather round %d, where %d blocks of this rank's size make %d: the ranks' blocks differ in size",
-				ErrMismatch, from, len(msg.Payload), j, cnt, cnt*m)
+			return fmt.Errorf("%w: rank %d sent %d bytes in allgather round %d, where rank %d (this rank) expects %d, %d blocks of its size: the ranks' blocks differ in size",
+				ErrMismatch, from, len(msg.Payload), j, r, cnt*m, cnt)
 		}
 		slots = append(slots, msg.Payload...)
 		return nil
@@ -190,8 +190,8 @@ func AllgatherEqualDirect(ctx context.Context, call *Call, step uint32, own []by
 	out := make([][]byte, len(blocks))
 	for r, b := range blocks {
 		if b.Count != uint64(len(own)) || len(b.Payload) != len(own) || b.Dtype != transport.DtypeBytes {
-			return nil, fmt.Errorf("%w: rank %d sent %d bytes (%s) in the allgather, where this rank's block has %d: the ranks' blocks differ in size",
-				ErrMismatch, r, len(b.Payload), b.Dtype, len(own))
+			return nil, fmt.Errorf("%w: rank %d sent %d bytes (%s) in the allgather, where rank %d (this rank) expects %d, its block's size: the ranks' blocks differ in size",
+				ErrMismatch, r, len(b.Payload), b.Dtype, call.Rank(), len(own))
 		}
 		out[r] = b.Payload
 	}
