@@ -37,7 +37,7 @@ flat = torch.cat([p.detach().flatten() for p in model.parameters()])
 gathered = [torch.empty_like(flat) for _ in range(world)]
 dist.all_gather(gathered, flat)
 same = all(torch.equal(gathered[0], t) for t in gathered)
-sent = state._comm is not None
+sent = state._reducer.comm is not None
 print(f"slurm task {rank} of {world}: oktopk communicator {sent}, parameters identical on all tasks: {same}", flush=True)
 state.close()
 dist.destroy_process_group()

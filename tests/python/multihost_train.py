@@ -30,7 +30,7 @@ flat = torch.cat([p.detach().flatten() for p in model.parameters()])
 gathered = [torch.empty_like(flat) for _ in range(world)]
 dist.all_gather(gathered, flat)
 same = all(torch.equal(gathered[0], t) for t in gathered)
-endpoint = state._comm.endpoint
+endpoint = state._reducer.comm.endpoint
 want = os.environ["EXPECT_HOST"]
 print(f"rank {rank}: endpoint {endpoint}, parameters identical on all ranks: {same}", flush=True)
 state.close()
