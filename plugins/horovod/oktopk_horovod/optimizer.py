@@ -19,10 +19,11 @@ and why:
   the world size into a part before and a part after the sum, to keep fp16
   sums in range; the library sums in float32 and divides once, so the
   result is the same average and the factor needs no further work.
-* Sparse gradients (``nn.Embedding(sparse=True)``) are reduced densely when
-  ``sparse_as_dense=True``, as in Horovod; otherwise they are refused with a
-  message saying so (Horovod would allgather them, which is not a sparse
-  allreduce of the kind oktopk does).
+* Sparse gradients (``nn.Embedding(sparse=True)``) are made dense when
+  ``sparse_as_dense=True``, as in Horovod, and then reduced like every
+  other gradient (through liboktopk, at the same density); otherwise they
+  are refused with a message saying so (Horovod would allgather them, which
+  is not a sparse allreduce of the kind oktopk does).
 """
 
 import contextlib
@@ -199,8 +200,9 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
             self._next_bucket += 1
 
     def _call(self):
-        """(density or None, ξ step or None) of this step's calls, the same
-        on every rank (the step count is)."""
+        """(density or None, ξ step or None, τ′ or None) of this step's
+        calls, the same on every rank (the step count is, and the adaptation
+        its ranks agreed on)."""
         step, every = self.sparse_step, self._measure_xi_every
         density = None if self.density_schedule is None else density_at(self.density_schedule, self._compressor.density, step)
         tau_prime = None
@@ -312,9 +314,11 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
     # -- checkpointing of the sparse state ------------------------------------
 
     def oktopk_state_dict(self):
-        """Every bucket's residual and thresholds, and the rank and world
-        size they belong to, to save beside the optimizer's ``state_dict()``
-        so a resumed run continues exactly. Every rank saves its own."""
+        """Every bucket's residual and thresholds, the rank and world size
+        they belong to, the step count with the density schedule, and where
+        the adaptation stands, to save beside the optimizer's
+        ``state_dict()`` so a resumed run continues exactly. Every rank saves
+        its own."""
         self._reducer.drain()
         tensors = {bucket.tensor_id: self._reducer.comm.save_tensor_state(bucket.tensor_id) for bucket in self._buckets}
         return {"rank": hvd.rank(), "world_size": hvd.size(), "tensors": tensors, "step": self.sparse_step,
