@@ -67,7 +67,7 @@ def main():
     dist.all_gather(peaks, peak)
     staged = None
     if state is not None:
-        staged = {("pinned" if k else "host"): v.numel() for k, v in state._staging.items()}
+        staged = {("pinned" if k else "host"): v.numel() for k, v in state._reducer.staging.items()}
         state.close()
     if rank == 0:
         kib = [int(p.item()) for p in peaks]

@@ -76,7 +76,7 @@ def density_one(out, steps="5", bucket_bytes=str(oktopk_horovod.optimizer.BUCKET
         "grad_digests": grads_digests,
         "bytes_sent": opt.bytes_sent,
         "horovod_reductions": horovod_reductions,
-        "endpoint": opt._comm.endpoint,  # what this rank advertised, tcp://host:port
+        "endpoint": opt._reducer.comm.endpoint,  # what this rank advertised, tcp://host:port
     }
     opt.close()
     return result
@@ -309,7 +309,7 @@ def adaptive(out, ckpt):
     path = os.path.join(ckpt, f"rank{hvd.rank()}-adaptive.pt")
 
     def record(opt):
-        c = opt._adaptive
+        c = opt._reducer.adaptive
         return (opt.last_density, opt.last_tau_prime, sorted(opt.last_k.values()), c.adaptations, c.last_inputs)
 
     compression = oktopk_horovod.Compression.oktopk(density=2.0**-7, tau_prime=8, adaptive=(2.0**-7, 2.0**-4, 1e-3), measure_xi_every=2)

@@ -23,7 +23,7 @@ dist.init_process_group("gloo", init_method=f"tcp://{os.environ['MASTER_ADDR']}:
                         rank=rank, world_size=world)
 state = OkTopkState(density=0.05, timeout=60.0)
 same = train_and_compare(rank, state, oktopk_hook, steps=5, width=32)
-sent = state._comm is not None
+sent = state._reducer.comm is not None
 print(f"slurm task {rank} of {world}: oktopk communicator {sent}, parameters identical on all tasks: {same}", flush=True)
 state.close()
 dist.destroy_process_group()

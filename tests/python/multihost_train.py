@@ -14,7 +14,7 @@ dist.init_process_group("gloo")
 rank = dist.get_rank()
 state = OkTopkState(density=0.05)
 same = train_and_compare(rank, state, oktopk_hook, steps=5, width=32)
-endpoint = state._comm.endpoint
+endpoint = state._reducer.comm.endpoint
 want = os.environ["EXPECT_HOST"]
 print(f"rank {rank}: endpoint {endpoint}, parameters identical on all ranks: {same}", flush=True)
 state.close()

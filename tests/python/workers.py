@@ -117,7 +117,7 @@ def auto_counts(rank, world, port, out, steps):
         F.mse_loss(m(x), y).backward()
         o.step()
     params = b"".join(p.detach().numpy().tobytes() for p in m.parameters())
-    write(out, rank, {"counts": dict(state.algorithm_counts), "params": params, "buckets": len(state._groups)})
+    write(out, rank, {"counts": dict(state.algorithm_counts), "params": params, "buckets": len(state._layout.groups)})
     state.close()
     dist.destroy_process_group()
 
@@ -182,7 +182,7 @@ def checkpoint(rank, world, port, out, phase, ckpt, multi_bucket, cuts):
             o.step()
             if save and step + 1 in cuts:
                 torch.save({"model": m.module.state_dict(), "optimizer": o.state_dict(), "oktopk": state.state_dict()}, path(step + 1))
-        result = {"params": b"".join(p.detach().numpy().tobytes() for p in m.parameters()), "groups": len(state._groups)}
+        result = {"params": b"".join(p.detach().numpy().tobytes() for p in m.parameters()), "groups": len(state._layout.groups)}
         state.close()
         return result
 
@@ -244,7 +244,7 @@ def checkpoint_of_another_world_size(rank, world, port, out, ckpt):
         try:
             F.cross_entropy(m(x), y).backward()
         except Exception as e:  # noqa: BLE001 - what DDP re-raises is checked by the test
-            at_step = (step, str(e), early._comm is None)
+            at_step = (step, str(e), early._reducer.comm is None)
             break
     from oktopk import Communicator
 
@@ -530,9 +530,9 @@ def in_place(rank, world, port, out, steps):
         o.zero_grad()
         F.cross_entropy(m(x), y).backward()
         o.step()
-    state._worker.submit(lambda: None).result()
-    write(out, rank, {"groups": len(state._groups), "largest_group": max(len(g) for g in state._groups.values()),
-                      "calls": sum(state.algorithm_counts.values()), "staging": {k: v.numel() for k, v in state._staging.items()},
+    state._reducer.drain()
+    write(out, rank, {"groups": len(state._layout.groups), "largest_group": max(len(g) for g in state._layout.groups.values()),
+                      "calls": sum(state.algorithm_counts.values()), "staging": {k: v.numel() for k, v in state._reducer.staging.items()},
                       "params": b"".join(p.detach().numpy().tobytes() for p in m.parameters())})
     state.close()
     dist.destroy_process_group()
@@ -621,16 +621,16 @@ def rss_steady(rank, world, port, out, warm, steps):
         step()
         if i >= warm // 2:
             base = max(base, _rss_kib())
-    state._worker.submit(lambda: None).result()
-    staging = {k: v.data_ptr() for k, v in state._staging.items()}
+    state._reducer.drain()
+    staging = {k: v.data_ptr() for k, v in state._reducer.staging.items()}
     peak = base
     for _ in range(steps):
         step()
         peak = max(peak, _rss_kib())
-    state._worker.submit(lambda: None).result()
+    state._reducer.drain()
     params = sum(p.numel() for p in m.parameters())
     write(out, rank, {"before_kib": before, "base_kib": base, "peak_kib": peak, "gradient_kib": params * 4 // 1024,
-                      "staging_before": staging, "staging_after": {k: v.data_ptr() for k, v in state._staging.items()}})
+                      "staging_before": staging, "staging_after": {k: v.data_ptr() for k, v in state._reducer.staging.items()}})
     state.close()
     dist.destroy_process_group()
 
@@ -664,7 +664,7 @@ def residuals_by_parameter(state, model):
     out in the group's canonical parameter order."""
     sd = state.state_dict()
     index_of = {id(p): i for i, p in enumerate(model.parameters())}
-    canonical = {state._param_index[id(p)]: (name, p) for name, p in model.named_parameters()}
+    canonical = {state._layout.param_index[id(p)]: (name, p) for name, p in model.named_parameters()}
     out = {}
     for group_id, members in sd["layout"].items():
         blob = sd["tensors"][group_id]
@@ -767,9 +767,9 @@ def adaptive(rank, world, port, out, ckpt):
     path = os.path.join(ckpt, f"rank{rank}-adaptive.pt")
 
     def record(state):
-        if state._worker is not None:  # (none yet in the dense warm-up)
-            state._worker.submit(lambda: None).result()  # the step's adaptation, queued after its buckets, is done
-        c = state._adaptive
+        if state._reducer.worker is not None:  # (none yet in the dense warm-up)
+            state._reducer.drain()  # the step's adaptation, queued after its buckets, is done
+        c = state._reducer.adaptive
         return (state.last_density, state.last_tau_prime, sorted(state.last_k.values()), c and c.adaptations, c and c.last_inputs)
 
     bounds = (2.0**-7, 2.0**-4, 1e-3)

@@ -24,7 +24,7 @@ with open("/proc/self/maps") as f:
 # lines, sharing torchrun's stdout, never interleave (print writes the text
 # and the newline separately).
 line = (f"RANK {rank} oktopk={oktopk.__file__} library={oktopk.library_path()} torch={torch.__file__} "
-        f"libzmq={','.join(zmq)} communicator={state._comm is not None} identical={same}\n")
+        f"libzmq={','.join(zmq)} communicator={state._reducer.comm is not None} identical={same}\n")
 os.write(sys.stdout.fileno(), line.encode())
 state.close()
 dist.destroy_process_group()

@@ -3,7 +3,7 @@
 import horovod.torch as hvd
 from horovod.torch.compression import Compressor
 
-from oktopk.settings import check_settings
+from oktopk.settings import DEFAULTS, check_settings
 
 
 class OkTopkCompressor(Compressor):
@@ -14,21 +14,12 @@ class OkTopkCompressor(Compressor):
     output densely. Used by ``hvd.DistributedOptimizer`` it raises instead.
     """
 
-    def __init__(self, density=0.01, algorithm=None, tau=64, tau_prime=32, timeout=60.0, value_dtype="float32", stochastic_rounding=False,
-                 density_schedule=None, measure_xi_every=None, adaptive=None):
-        (density, algorithm, tau, tau_prime, timeout, value_dtype, stochastic_rounding, density_schedule, measure_xi_every,
-         adaptive) = check_settings(density, algorithm, tau, tau_prime, timeout, value_dtype, stochastic_rounding, density_schedule,
-                                    measure_xi_every, adaptive)
-        self.adaptive = adaptive
-        self.density = density
-        self.density_schedule = density_schedule
-        self.measure_xi_every = measure_xi_every
-        self.algorithm = algorithm
-        self.tau = tau
-        self.tau_prime = tau_prime
-        self.timeout = timeout
-        self.value_dtype = value_dtype
-        self.stochastic_rounding = stochastic_rounding
+    def __init__(self, density=DEFAULTS.density, algorithm=DEFAULTS.algorithm, tau=DEFAULTS.tau, tau_prime=DEFAULTS.tau_prime,
+                 timeout=DEFAULTS.timeout, value_dtype=DEFAULTS.value_dtype, stochastic_rounding=DEFAULTS.stochastic_rounding,
+                 density_schedule=DEFAULTS.density_schedule, measure_xi_every=DEFAULTS.measure_xi_every, adaptive=DEFAULTS.adaptive):
+        (self.density, self.algorithm, self.tau, self.tau_prime, self.timeout, self.value_dtype, self.stochastic_rounding,
+         self.density_schedule, self.measure_xi_every, self.adaptive) = check_settings(
+            density, algorithm, tau, tau_prime, timeout, value_dtype, stochastic_rounding, density_schedule, measure_xi_every, adaptive)
 
     def compress(self, tensor):
         raise RuntimeError(
@@ -48,8 +39,9 @@ class Compression(hvd.Compression):
     """Horovod's compression choices (``none``, ``fp16``) plus ``oktopk``."""
 
     @staticmethod
-    def oktopk(density=0.01, algorithm=None, tau=64, tau_prime=32, timeout=60.0, value_dtype="float32", stochastic_rounding=False,
-               density_schedule=None, measure_xi_every=None, adaptive=None):
+    def oktopk(density=DEFAULTS.density, algorithm=DEFAULTS.algorithm, tau=DEFAULTS.tau, tau_prime=DEFAULTS.tau_prime, timeout=DEFAULTS.timeout,
+               value_dtype=DEFAULTS.value_dtype, stochastic_rounding=DEFAULTS.stochastic_rounding, density_schedule=DEFAULTS.density_schedule,
+               measure_xi_every=DEFAULTS.measure_xi_every, adaptive=DEFAULTS.adaptive):
         """Ok-Topk sparse allreduce sending about ``density`` of each
         gradient bucket; the rest waits in a residual (error feedback).
         ``algorithm`` picks any of ``oktopk.ALGORITHMS``: ``"auto"`` (the

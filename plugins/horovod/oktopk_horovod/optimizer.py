@@ -19,13 +19,13 @@ and why:
   the world size into a part before and a part after the sum, to keep fp16
   sums in range; the library sums in float32 and divides once, so the
   result is the same average and the factor needs no further work.
-* Sparse gradients (``nn.Embedding(sparse=True)``) are reduced densely when
-  ``sparse_as_dense=True``, as in Horovod; otherwise they are refused with a
-  message saying so (Horovod would allgather them, which is not a sparse
-  allreduce of the kind oktopk does).
+* Sparse gradients (``nn.Embedding(sparse=True)``) are made dense when
+  ``sparse_as_dense=True``, as in Horovod, and then reduced like every
+  other gradient (through liboktopk, at the same density); otherwise they
+  are refused with a message saying so (Horovod would allgather them, which
+  is not a sparse allreduce of the kind oktopk does).
 """
 
-import concurrent.futures
 import contextlib
 import hashlib
 import os
@@ -34,10 +34,10 @@ import threading
 import horovod.torch as hvd
 import torch
 
-from oktopk import Communicator, OkTopkError
-from oktopk._lib import NON_FINITE, algorithm_name
-from oktopk.comm import XiTally, route_source_address
-from oktopk.adaptive import AdaptiveControl, check_adaptive
+from oktopk import Communicator
+from oktopk.adaptive import AdaptiveControl
+from oktopk.comm import route_source_address
+from oktopk.reducer import Reducer, ReducerStats
 from oktopk.schedule import check_schedule, density_at
 
 from .compression import OkTopkCompressor
@@ -87,7 +87,7 @@ def DistributedOptimizer(
         raise ValueError("oktopk: only the global process set is supported")
     if not isinstance(bucket_bytes, int) or bucket_bytes < 1:
         raise ValueError(f"bucket_bytes must be a positive integer, got {bucket_bytes!r}")
-    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_SparseDistributedOptimizer.__dict__))
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__, ReducerStats), dict(_SparseDistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op, bucket_bytes, sparse_as_dense)
 
 
@@ -102,9 +102,11 @@ class _Bucket:
         self.future = None
 
 
-class _SparseDistributedOptimizer(torch.optim.Optimizer):
+class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
     # Mixed into the wrapped optimizer's own class (as Horovod does), so
-    # isinstance checks, param_groups and state_dict behave as before.
+    # isinstance checks, param_groups and state_dict behave as before. Its
+    # statistics (bytes_sent, algorithm_counts, last_xi...) are its
+    # reducer's (ReducerStats), as the DDP state's are.
 
     def __init__(self, params, named_parameters, compressor, backward_passes_per_step, op, bucket_bytes, sparse_as_dense):
         super(self.__class__, self).__init__(params)
@@ -119,26 +121,19 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
         for bucket in self._buckets:
             for p in bucket.params:
                 self._bucket_of[p] = bucket
-        self.bytes_sent = 0
-        self.bytes_received = 0
-        self.comm_seconds = 0.0
-        # Library calls per algorithm that ran (with "auto", what it chose
-        # for each bucket and step).
-        self.algorithm_counts = {}
         # Steps whose gradients were reduced (the density schedule's and ξ's
         # step count, saved by oktopk_state_dict), the schedule, the density
-        # of the latest step, each bucket's latest k, the latest measured ξ.
+        # and τ′ of the latest step.
         self.sparse_step = 0
         self.density_schedule = compressor.density_schedule
         self.last_density = None
         self.last_tau_prime = None
-        self._adaptive = None if compressor.adaptive is None else AdaptiveControl(compressor.adaptive, compressor.density, compressor.tau_prime)
         self._measure_xi_every = compressor.measure_xi_every
-        self.last_k = {}
-        self.last_xi = None
-        self.last_xi_step = None
-        self._xi_tally = XiTally()
-        self._comm = Communicator.from_exchange(
+        # The communicator, the worker thread that issues the buckets to it
+        # in bucket order on every rank, and the calls' statistics.
+        adaptive = compressor.adaptive
+        self._reducer = Reducer(None if adaptive is None else AdaptiveControl(adaptive, compressor.density, compressor.tau_prime))
+        self._reducer.start(Communicator.from_exchange(
             hvd.rank(),
             hvd.size(),
             lambda token: hvd.broadcast_object(token, root_rank=0, name="oktopk.token"),
@@ -151,14 +146,9 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
             bind_host=_default_bind_host(),
             value_dtype=compressor.value_dtype,
             stochastic_rounding=compressor.stochastic_rounding,
-        )
-        # One worker: buckets reach the library in bucket order on every
-        # rank; the calls release the GIL, so backward goes on meanwhile.
-        self._worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="oktopk")
+        ))
+        # Guards the hooks' count of final gradients and the issue of buckets.
         self._lock = threading.Lock()
-        # Staging memory (worker thread only), one per kind (pinned or not),
-        # grown to the largest bucket and reused by every call.
-        self._staging = {}
         self._should_synchronize = True
         self._synchronized = False
         self._grad_accs = []
@@ -206,17 +196,19 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
         # every rank, whatever order autograd finished the buckets in.
         while self._next_bucket < len(self._buckets) and self._buckets[self._next_bucket].pending == 0:
             bucket = self._buckets[self._next_bucket]
-            bucket.future = self._worker.submit(self._reduce, bucket, self._call())
+            bucket.future = self._reducer.submit(self._reduce, bucket, self._call())
             self._next_bucket += 1
 
     def _call(self):
-        """(density or None, ξ step or None) of this step's calls, the same
-        on every rank (the step count is)."""
+        """(density or None, ξ step or None, τ′ or None) of this step's
+        calls, the same on every rank (the step count is, and the adaptation
+        its ranks agreed on)."""
         step, every = self.sparse_step, self._measure_xi_every
         density = None if self.density_schedule is None else density_at(self.density_schedule, self._compressor.density, step)
         tau_prime = None
-        if self._adaptive is not None:  # adapted in synchronize(), between steps
-            density, tau_prime = self._adaptive.density, self._adaptive.tau_prime
+        adaptive = self._reducer.adaptive
+        if adaptive is not None:  # adapted in synchronize(), between steps
+            density, tau_prime = adaptive.density, adaptive.tau_prime
             self.last_tau_prime = tau_prime
         self.last_density = self._compressor.density if density is None else density
         return density, (step if every is not None and step % every == 0 else None), tau_prime
@@ -239,25 +231,17 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
             # reduces one contiguous vector in host memory, and a bucket's
             # gradients are separate tensors (on the GPU for CUDA, copied
             # to pinned memory: DMA transfers, no device-side concatenation).
-            # The staging memory is the optimizer's, reused.
-            host = self._staging_for(sum(g.numel() for g in grads), grads[0].dtype, cuda)
+            # The staging memory is the reducer's, reused.
+            host = self._reducer.staging_for(sum(g.numel() for g in grads), grads[0].dtype, cuda)
             at = 0
             for g in grads:
                 host[at : at + g.numel()].view_as(g).copy_(g)
                 at += g.numel()
-        try:
-            density, xi_step, tau_prime = call
-            stats = self._comm.sparse_allreduce_(bucket.tensor_id, host, density=density, measure_xi=xi_step is not None,
-                                                 tau_prime=tau_prime)
-        except OkTopkError as e:
-            if e.code != NON_FINITE:
-                raise
-            # NaN or Inf on some rank: every rank skipped the step in the
-            # library (residuals kept). Report it as Horovod's dense average
-            # would, a non-finite gradient on every rank, so AMP's scaler or
-            # the user's own check skips the step everywhere.
-            stats = None
-            host.fill_(float("nan"))
+        # A step the library skipped (NaN or Inf on some rank) comes back as
+        # NaN on every rank, as Horovod's dense average would, so AMP's
+        # scaler or the user's own check skips it everywhere.
+        density, xi_step, tau_prime = call
+        self._reducer.sparse_allreduce_(bucket.tensor_id, host, density=density, xi_step=xi_step, tau_prime=tau_prime)
         if self._op == hvd.Sum:
             host.mul_(hvd.size())
         if host.data_ptr() != grads[0].data_ptr():
@@ -265,34 +249,6 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
             for g in grads:
                 g.copy_(host[at : at + g.numel()].view_as(g))
                 at += g.numel()
-        if stats is not None:
-            with self._lock:
-                self.bytes_sent += stats.bytes_sent
-                self.bytes_received += stats.bytes_received
-                self.comm_seconds += stats.total_seconds
-                ran = algorithm_name(stats.algorithm)
-                self.algorithm_counts[ran] = self.algorithm_counts.get(ran, 0) + 1
-                self.last_k[bucket.tensor_id] = stats.k
-                if stats.xi >= 0:
-                    self.last_xi = self._xi_tally.add(xi_step, stats.xi, stats.xi_gradient_norm)
-                    self.last_xi_step = xi_step
-                if self._adaptive is not None and ran == "oktopk":
-                    self._adaptive.record(stats.k, stats.local_selected)
-
-    def _staging_for(self, n, dtype, pinned):
-        """n elements of dtype in the optimizer's staging memory (pinned for
-        CUDA gradients): allocated once, grown only for a larger bucket,
-        reused by every call, which the single worker thread makes one at a
-        time (each call's copies back finish before the next call writes
-        it: copies to a CUDA tensor from pinned memory without non_blocking
-        wait for the transfer)."""
-        need = n * torch.empty(0, dtype=dtype).element_size()
-        buf = self._staging.get(pinned)
-        if buf is None or buf.numel() < need:
-            self._staging[pinned] = None  # the old buffer goes before the new one comes
-            buf = torch.empty(need, dtype=torch.uint8, pin_memory=pinned)
-            self._staging[pinned] = buf
-        return buf[:need].view(dtype)
 
     # -- Horovod's optimizer interface --------------------------------------
 
@@ -313,20 +269,14 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
             try:
                 for bucket in self._buckets:
                     bucket.future.result()
-                if self._adaptive is not None and self.sparse_step % self._measure_xi_every == 0:
-                    self._adapt(self.sparse_step)
+                if self._reducer.adaptive is not None and self.sparse_step % self._measure_xi_every == 0:
+                    # Every call of the step is done: the reducer's
+                    # communicator is free for the drift's allreduce.
+                    self._reducer.adapt(self.sparse_step)
                 self.sparse_step += 1
             finally:
                 self._reset_step()
         self._synchronized = True
-
-    def _adapt(self, step):
-        """After step ``step``, which measured ξ, every call of it done:
-        agree on the count drift (a one-number allreduce through the
-        library) and adapt the density and τ′ of the steps that follow."""
-        drift = torch.tensor([self._adaptive.drift], dtype=torch.float32)
-        self._comm.allreduce_(drift, average=True)
-        self._adaptive.adapt(self.last_xi if self.last_xi_step == step else None, float(drift.item()))
 
     @contextlib.contextmanager
     def skip_synchronize(self):
@@ -364,14 +314,16 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
     # -- checkpointing of the sparse state ------------------------------------
 
     def oktopk_state_dict(self):
-        """Every bucket's residual and thresholds, and the rank and world
-        size they belong to, to save beside the optimizer's ``state_dict()``
-        so a resumed run continues exactly. Every rank saves its own."""
-        self._worker.submit(lambda: None).result()
-        tensors = {bucket.tensor_id: self._comm.save_tensor_state(bucket.tensor_id) for bucket in self._buckets}
+        """Every bucket's residual and thresholds, the rank and world size
+        they belong to, the step count with the density schedule, and where
+        the adaptation stands, to save beside the optimizer's
+        ``state_dict()`` so a resumed run continues exactly. Every rank saves
+        its own."""
+        self._reducer.drain()
+        tensors = {bucket.tensor_id: self._reducer.comm.save_tensor_state(bucket.tensor_id) for bucket in self._buckets}
         return {"rank": hvd.rank(), "world_size": hvd.size(), "tensors": tensors, "step": self.sparse_step,
                 "density_schedule": self.density_schedule,
-                "adaptive": None if self._adaptive is None else {**self._adaptive.state_dict(), "measure_xi_every": self._measure_xi_every}}
+                "adaptive": self._reducer.adaptive_state(self._measure_xi_every)}
 
     def load_oktopk_state_dict(self, state):
         """Restore this rank's ``oktopk_state_dict()``. Another rank's, or
@@ -393,28 +345,19 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
             if tensor_id not in ids:
                 raise ValueError(f"oktopk: checkpoint holds bucket {tensor_id:#x}, which this model does not have")
         for tensor_id, blob in tensors.items():
-            self._comm.load_tensor_state(tensor_id, blob)
+            self._reducer.comm.load_tensor_state(tensor_id, blob)
         self.density_schedule = schedule
         self.sparse_step = int(state.get("step", self.sparse_step))
         # So is the adaptation: where it stood, under the saved bounds.
         if state.get("adaptive") is not None:
-            bounds = check_adaptive(state["adaptive"]["bounds"], self._compressor.tau_prime)
-            self._adaptive = AdaptiveControl(bounds, self._compressor.density, self._compressor.tau_prime)
-            self._adaptive.load_state_dict(state["adaptive"])
-            self._measure_xi_every = state["adaptive"]["measure_xi_every"]
+            self._measure_xi_every = self._reducer.load_adaptive(state["adaptive"], self._compressor.density, self._compressor.tau_prime)
 
     def close(self):
         """Release the worker thread and the communicator. Call it when
         training ends; an optimizer never closed releases them only when
         it is garbage-collected (nothing is registered to run at
         interpreter exit)."""
-        if self._worker is not None:
-            self._worker.shutdown(wait=True)
-            self._worker = None
-        if self._comm is not None:
-            self._comm.destroy()
-            self._comm = None
-        self._staging = {}
+        self._reducer.close()
 
 
 def _check_owner(saved_rank, saved_size):

@@ -15,20 +15,32 @@ FLOAT32, FLOAT16, BFLOAT16 = 0, 1, 2
 STOCHASTIC_ROUNDING = 0x100  # or-ed into config.value_dtype
 VALUE_DTYPES = {"float32": FLOAT32, "float16": FLOAT16, "bfloat16": BFLOAT16}
 
-_RESULT_NAMES = {
-    0: "success",
-    1: "invalid argument",
-    2: "invalid usage",
-    3: "system error",
-    4: "remote error",
-    5: "timeout",
-    6: "mismatch",
-    7: "aborted",
-    8: "internal error",
-    9: "in progress",
-    10: "non-finite gradient",
-}
+# oktopk_result_t (include/oktopk.h), the one copy of its values in Python.
+SUCCESS = 0
+INVALID_ARGUMENT = 1
+INVALID_USAGE = 2
+SYSTEM_ERROR = 3
+REMOTE_ERROR = 4
+TIMEOUT = 5
+MISMATCH = 6
+ABORTED = 7
+INTERNAL_ERROR = 8
+IN_PROGRESS = 9
 NON_FINITE = 10
+
+_RESULT_NAMES = {
+    SUCCESS: "success",
+    INVALID_ARGUMENT: "invalid argument",
+    INVALID_USAGE: "invalid usage",
+    SYSTEM_ERROR: "system error",
+    REMOTE_ERROR: "remote error",
+    TIMEOUT: "timeout",
+    MISMATCH: "mismatch",
+    ABORTED: "aborted",
+    INTERNAL_ERROR: "internal error",
+    IN_PROGRESS: "in progress",
+    NON_FINITE: "non-finite gradient",
+}
 
 
 class OkTopkError(RuntimeError):
@@ -130,7 +142,7 @@ def _mark_forked_child():
 class _ForkedChild:
     def __getattr__(self, name):
         raise OkTopkError(
-            2,
+            INVALID_USAGE,
             "liboktopk was loaded before this process was forked; a forked child "
             "(e.g. a DataLoader worker) cannot use it. Use "
             "multiprocessing_context='spawn' or 'forkserver' for workers that "
@@ -167,7 +179,7 @@ def library_path():
             return path
     looked = "; ".join(f"{what}: {path}" for what, path in candidates)
     raise OkTopkError(
-        2,
+        INVALID_USAGE,
         f"liboktopk.so not found ({looked}). From the oktopk repository run "
         "`make install-python` (builds the library and pip-installs this package "
         "with it), or `make` then `pip install ./plugins/pytorch`; or point "
@@ -233,8 +245,8 @@ def last_error(comm=0):
 
 
 def check(code, comm=0):
-    """Raise OkTopkError for a non-zero result code."""
-    if code != 0:
+    """Raise OkTopkError for a result code other than SUCCESS."""
+    if code != SUCCESS:
         raise OkTopkError(code, last_error(comm))
 
 

@@ -117,7 +117,7 @@ def _wait_for(store, keys, timeout, what, missing=None):
                 detail = f" (missing: {missing()})"
             except Exception:  # noqa: BLE001 - the store itself may be gone
                 pass
-        code = 5 if "timeout" in str(e).lower() or "timed out" in str(e).lower() else 4
+        code = _lib.TIMEOUT if "timeout" in str(e).lower() or "timed out" in str(e).lower() else _lib.REMOTE_ERROR
         raise OkTopkError(code, f"communicator setup: {what} not in the store within {timeout:g} s{detail}; "
                                 f"a rank died or never reached its first oktopk step: {e}") from e
 
@@ -154,7 +154,7 @@ class Communicator:
     ``stochastic_rounding``; the rounding errors stay in the residuals.
 
     Calls must come from one thread at a time: a call made from another
-    thread while one runs raises ``OkTopkError`` (invalid usage, code 2)
+    thread while one runs raises ``OkTopkError`` (code ``INVALID_USAGE``)
     and is not made."""
 
     def __init__(self, group=None, algorithm=None, density=0.01, tau=64, tau_prime=32, timeout=60.0, bind_host=None,

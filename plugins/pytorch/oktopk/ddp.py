@@ -12,20 +12,15 @@ returns a future of their average over the ranks, like PyTorch's
 rest wait in a per-bucket residual (error feedback).
 """
 
-import concurrent.futures
-import contextlib
-import hashlib
-import threading
-
 import torch
 import torch.distributed as dist
 
-from . import _lib
-from ._lib import OkTopkError
-from .adaptive import AdaptiveControl, check_adaptive
-from .comm import Communicator, XiTally
+from .adaptive import AdaptiveControl
+from .comm import Communicator
+from .layout import BucketLayout, on_stream
+from .reducer import Reducer, ReducerStats
 from .schedule import check_schedule, density_at
-from .settings import check_settings, is_int
+from .settings import DEFAULT_WARMUP_ITERS, DEFAULTS, check_settings, check_warmup_iters
 
 # The bucket dtypes liboktopk reduces; the dense warm-up would take others,
 # so they are refused on the first hook call rather than at the first sparse
@@ -33,23 +28,7 @@ from .settings import check_settings, is_int
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def _group_id(members):
-    """The library tensor id of a group of parameters (canonical indices)."""
-    key = ",".join(str(i) for i in sorted(members)).encode()
-    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little")
-
-
-class _PendingBucket:
-    """A DDP bucket waiting in the regrouping pool: its future completes
-    once every parameter in it has been reduced with its group."""
-
-    __slots__ = ["tensor", "future", "stream", "remaining"]
-
-    def __init__(self, tensor, future, stream, remaining):
-        self.tensor, self.future, self.stream, self.remaining = tensor, future, stream, remaining
-
-
-class OkTopkState:
+class OkTopkState(ReducerStats):
     """State of :func:`oktopk_hook`: hyperparameters, the communicator, and
     per-bucket residuals and thresholds (kept inside liboktopk).
 
@@ -123,6 +102,7 @@ class OkTopkState:
     skips the optimizer step, as with ``allreduce_hook``.
     """
 
+
     __slots__ = [
         "density",
         "algorithm",
@@ -134,93 +114,38 @@ class OkTopkState:
         "stochastic_rounding",
         "density_schedule",
         "measure_xi_every",
-        "last_density",
-        "last_tau_prime",
         "adaptive",
-        "_adaptive",
-        "_adapt_error",
-        "last_k",
-        "last_xi",
-        "last_xi_step",
         "process_group",
         "iter",
-        "bytes_sent",
-        "bytes_received",
-        "comm_seconds",
-        "algorithm_counts",
-        "_comm",
-        "_worker",
+        "last_density",
+        "last_tau_prime",
+        "_reducer",
+        "_layout",
         "_pending_state",
-        "_groups",
-        "_group_of",
-        "_pool",
-        "_lock",
-        "_param_index",
-        "_staging",
         "_hook_iters",
         "_owner",
-        "_used",
-        "_grad_hooks",
-        "_xi_sums",
+        "_adapt_error",
     ]
 
-    def __init__(self, process_group=None, density=0.01, algorithm=None, warmup_iters=2, tau=64, tau_prime=32, timeout=60.0,
-                 value_dtype="float32", stochastic_rounding=False, density_schedule=None, measure_xi_every=None,
-                 adaptive=None):
-        if not is_int(warmup_iters) or warmup_iters < 2:
-            raise ValueError(
-                f"warmup_iters must be an integer >= 2 (DDP rebuilds its buckets after the first iteration, and the "
-                f"hook learns the rebuilt layout in the second), got {warmup_iters!r}"
-            )
-        (density, algorithm, tau, tau_prime, timeout, value_dtype, stochastic_rounding, density_schedule, measure_xi_every,
-         adaptive) = check_settings(density, algorithm, tau, tau_prime, timeout, value_dtype, stochastic_rounding, density_schedule,
-                                    measure_xi_every, adaptive)
-        self.adaptive = adaptive
-        self._adaptive = None if adaptive is None else AdaptiveControl(adaptive, float(density), int(tau_prime))
-        self._adapt_error = None
-        self.last_tau_prime = None
-        self.density = float(density)
-        self.density_schedule = density_schedule
-        self.measure_xi_every = measure_xi_every
-        # The density of the latest sparse step, the k of each group's latest
-        # call, and the latest measured ξ with its step.
-        self.last_density = None
-        self.last_k = {}
-        self.last_xi = None
-        self.last_xi_step = None
-        # The latest measured step's buckets so far (worker thread, under _lock).
-        self._xi_sums = XiTally()
-        self.algorithm = algorithm
-        self.warmup_iters = int(warmup_iters)
-        self.tau = int(tau)
-        self.tau_prime = int(tau_prime)
-        self.timeout = float(timeout)
-        self.value_dtype = value_dtype
-        self.stochastic_rounding = stochastic_rounding
+    def __init__(self, process_group=None, density=DEFAULTS.density, algorithm=DEFAULTS.algorithm, warmup_iters=DEFAULT_WARMUP_ITERS,
+                 tau=DEFAULTS.tau, tau_prime=DEFAULTS.tau_prime, timeout=DEFAULTS.timeout, value_dtype=DEFAULTS.value_dtype,
+                 stochastic_rounding=DEFAULTS.stochastic_rounding, density_schedule=DEFAULTS.density_schedule,
+                 measure_xi_every=DEFAULTS.measure_xi_every, adaptive=DEFAULTS.adaptive):
+        self.warmup_iters = check_warmup_iters(warmup_iters)
+        (self.density, self.algorithm, self.tau, self.tau_prime, self.timeout, self.value_dtype, self.stochastic_rounding,
+         self.density_schedule, self.measure_xi_every, self.adaptive) = check_settings(
+            density, algorithm, tau, tau_prime, timeout, value_dtype, stochastic_rounding, density_schedule, measure_xi_every, adaptive)
         self.process_group = process_group
         self.iter = 0
-        self.bytes_sent = 0
-        self.bytes_received = 0
-        self.comm_seconds = 0.0
-        # Sparse library calls per algorithm that ran (with "auto", what it
-        # chose), e.g. {"oktopk": 120, "dense_rabenseifner": 40}.
-        self.algorithm_counts = {}
-        self._comm = None
-        self._worker = None
+        # The density and τ′ of the latest sparse step (τ′ with adaptive only).
+        self.last_density = None
+        self.last_tau_prime = None
+        # The communicator (made at the first sparse step), its worker
+        # thread, and the statistics of its calls (ReducerStats).
+        self._reducer = Reducer(None if self.adaptive is None else AdaptiveControl(self.adaptive, self.density, self.tau_prime))
+        self._layout = BucketLayout()
+        # Residuals and thresholds loaded before the communicator existed.
         self._pending_state = {}
-        # The layout residuals are kept in: library tensor id -> the sorted
-        # canonical indices of its parameters, and each parameter's group.
-        self._groups = {}
-        self._group_of = {}
-        # Regrouping pool (worker thread only): canonical index -> (pending
-        # bucket, start, end) of a parameter waiting for the rest of its group.
-        self._pool = {}
-        self._lock = threading.Lock()
-        self._param_index = {}
-        # Staging memory (worker thread only), one per kind (pinned or not),
-        # grown to the largest group and reused by every call; see
-        # _staging_for.
-        self._staging = {}
         # Iterations this process has run through the hook: DDP's first one
         # (0 here) uses its provisional bucket layout, every later one the
         # rebuilt layout, whatever state.iter a checkpoint resumed from.
@@ -229,100 +154,8 @@ class OkTopkState:
         # against this process's (at load, or at communicator setup when the
         # process group did not exist yet at load).
         self._owner = None
-        # Canonical index -> whether the parameter's gradient was accumulated
-        # since its bucket was last reduced (None: not known, its hook was
-        # registered since), and the hooks' handles.
-        self._used = {}
-        self._grad_hooks = []
-
-    # -- a bucket layout that survives DDP's bucket rebuild ------------------
-    #
-    # Residuals live in the library under one tensor id per group of
-    # parameters. Parameters are numbered as first seen (the first
-    # iteration's layout, the same in every run of the same model), a
-    # group's id derives from its members, and its residual is laid out in
-    # the order of its parameters in the bucket it was learned from, which
-    # the layout records (and a checkpoint keeps); so neither DDP's
-    # reordering inside a bucket nor a process restart changes which
-    # residual a gradient entry meets. That order is the rebuilt bucket's
-    # own, so a CPU bucket is reduced in place, with no copy: ascending
-    # canonical order, which this hook kept before (and which checkpoints
-    # saved then still hold), is the reverse of the order gradients become
-    # ready in a typical model, and made every bucket a gather and scatter.
-    #
-    # The groups are DDP's rebuilt buckets, recorded from the first iteration
-    # that is not DDP's first in this process: in a run from the start that
-    # is iteration 1, still in the warm-up (warmup_iters >= 2), so the layout
-    # is in every checkpoint taken at or after the first sparse step; a run
-    # resumed from a checkpoint taken before that learns it the same way. A
-    # DDP bucket whose members are not one known group (the first iteration
-    # of a resumed run sees DDP's initial layout again) goes to a pool
-    # instead; each group is reduced once all its parameters have arrived,
-    # and a bucket's future completes once all of its parameters are
-    # reduced. Hooks fire in the same order on every rank, so every rank
-    # issues the same library calls in the same order.
-
-    def _members(self, bucket):
-        """Canonical index and (start, end) in the bucket buffer of each of
-        the bucket's parameters, in bucket order."""
-        at, members = 0, []
-        for p in bucket.parameters():
-            index = self._param_index.get(id(p))
-            if index is None:
-                index = self._param_index[id(p)] = len(self._param_index)
-                self._watch(p, index)
-            members.append((index, at, at + p.numel()))
-            at += p.numel()
-        return members
-
-    # -- parameters DDP found unused ----------------------------------------
-    #
-    # With find_unused_parameters=True, DDP zeroes an unused parameter's slot
-    # in the bucket before the hook runs, and when no rank used it, leaves
-    # its .grad untouched, discarding what the hook returns for it. A residual
-    # the library sent for it would then be lost. So each rank holds back the
-    # parameters it did not use at this step (the library keeps their
-    # residual); where another rank used one, that rank's values still arrive
-    # and DDP applies the average, as without oktopk.
-    #
-    # A post-accumulate-grad hook marks a parameter used; it runs before
-    # DDP's own hook on the same gradient accumulator, so before the bucket
-    # is reduced. Under no_sync() the marks accumulate until the synchronised
-    # step, as DDP's own record of used parameters does.
-
-    def _watch(self, p, index):
-        self._used[index] = None
-        if hasattr(p, "register_post_accumulate_grad_hook"):  # torch >= 2.1
-            self._grad_hooks.append(p.register_post_accumulate_grad_hook(lambda _, i=index: self._used.__setitem__(i, True)))
-
-    def _take_unused(self, members, tensor):
-        """Canonical indices of the bucket's parameters unused on this rank
-        since its last reduction; resets the marks. A parameter without a
-        mark yet counts as unused when its slot in tensor is all zeros
-        (tensor None: only reset the marks)."""
-        unused = set()
-        for i, a, b in members:
-            used = self._used.get(i)
-            if used is None:
-                used = tensor is None or bool(tensor[a:b].any())
-            self._used[i] = False
-            if not used:
-                unused.add(i)
-        return unused
-
-    def _add_group(self, group_id, members):
-        self._groups[group_id] = members
-        for i in members:
-            self._group_of[i] = group_id
-
-    def _learn_group(self, indices):
-        """Record a rebuilt-layout bucket (canonical indices in bucket order)
-        as a group, its residual laid out in that order, unless its
-        parameters already belong to groups; returns its group id."""
-        group_id = _group_id(indices)
-        if group_id not in self._groups and not any(i in self._group_of for i in indices):
-            self._add_group(group_id, tuple(indices))
-        return group_id
+        # An adaptation's failure (worker thread), raised by the next bucket.
+        self._adapt_error = None
 
     # -- which rank a checkpoint belongs to ---------------------------------
 
@@ -357,212 +190,6 @@ class OkTopkState:
             )
         self._owner = None  # checked
 
-    # -- communicator and worker, made on first sparse use -----------------
-
-    def _communicator(self):
-        if self._comm is None:
-            self._check_owner()
-            self._comm = Communicator(self.process_group, self.algorithm, self.density, self.tau, self.tau_prime, self.timeout,
-                                      value_dtype=self.value_dtype, stochastic_rounding=self.stochastic_rounding)
-            for bucket_id, blob in self._pending_state.items():
-                self._comm.load_tensor_state(bucket_id, blob)
-            self._pending_state = {}
-            # One worker: buckets reach the library in the order DDP fired
-            # them, which is the same on every rank; the calls release the
-            # GIL, so backward goes on meanwhile.
-            self._worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="oktopk")
-        return self._comm
-
-    def _reduce_pieces(self, group_id, pieces, call):
-        """Sparse allreduce of the concatenation of pieces ((tensor, start,
-        end, held), in the group's layout), written back into them; the held
-        ones (parameters unused on this rank) are held back in the library. A
-        step the library skipped for a non-finite gradient (on any rank, so on
-        every rank) comes back as NaN. call is (density or None, the step when
-        ξ is measured or None)."""
-        hold, at = [], 0
-        for _, a, b, held in pieces:
-            if held:
-                if hold and hold[-1][1] == at:
-                    hold[-1] = (hold[-1][0], at + b - a)
-                else:
-                    hold.append((at, at + b - a))
-            at += b - a
-        pieces = [piece[:3] for piece in pieces]
-        merged = [pieces[0]]
-        for t, a, b in pieces[1:]:
-            if t is merged[-1][0] and a == merged[-1][2]:
-                merged[-1] = (t, merged[-1][1], b)  # adjacent in one buffer: one copy
-            else:
-                merged.append((t, a, b))
-        pieces = merged
-        tensor = pieces[0][0]
-        n = sum(b - a for _, a, b in pieces)
-        cuda = tensor.device.type == "cuda"
-        if not cuda and len(pieces) == 1 and pieces[0][1:] == (0, tensor.numel()) and tensor.is_contiguous():
-            host = tensor  # in place
-        else:
-            # The one copy of a bucket that remains, and why: the library
-            # reads host memory (a CUDA bucket is copied to pinned host
-            # memory, so both copies are DMA transfers), and it keeps the
-            # residual in the group's layout (a CPU bucket whose parameters
-            # DDP laid out otherwise, as in the first iteration of a resumed
-            # run or under a checkpoint saved in ascending order, or a group
-            # spread over buckets, is gathered). The staging memory is the
-            # state's, reused.
-            host = self._staging_for(n, tensor.dtype, cuda)
-            at = 0
-            for t, a, b in pieces:
-                host[at : at + b - a].copy_(t[a:b])
-                at += b - a
-        try:
-            density, xi_step = call
-            tau_prime = None
-            if self._adaptive is not None:  # this worker thread adapts them, between steps
-                density, tau_prime = self._adaptive.density, self._adaptive.tau_prime
-                self.last_density, self.last_tau_prime = density, tau_prime
-            stats = self._comm.sparse_allreduce_(group_id, host, hold, density=density, measure_xi=xi_step is not None,
-                                                 tau_prime=tau_prime)
-        except OkTopkError as e:
-            if e.code != _lib.NON_FINITE:
-                raise
-            stats = None
-            host.fill_(float("nan"))
-        if host is not tensor:
-            at = 0
-            for t, a, b in pieces:
-                t[a:b].copy_(host[at : at + b - a])
-                at += b - a
-        if stats is not None:
-            with self._lock:
-                self.bytes_sent += stats.bytes_sent
-                self.bytes_received += stats.bytes_received
-                self.comm_seconds += stats.total_seconds
-                ran = _lib.algorithm_name(stats.algorithm)
-                self.algorithm_counts[ran] = self.algorithm_counts.get(ran, 0) + 1
-                self.last_k[group_id] = stats.k
-                if stats.xi >= 0:
-                    self._add_xi(xi_step, stats.xi, stats.xi_gradient_norm)
-                if self._adaptive is not None and ran == "oktopk":
-                    self._adaptive.record(stats.k, stats.local_selected)
-
-    def _adapt(self, step):
-        """Worker thread, after the last call of sparse iteration ``step``,
-        which measured ξ: agree on the count drift (a one-number allreduce)
-        and adapt the density and τ′ of the steps that follow (their calls
-        come after this in the worker's queue, on every rank). A failure is
-        raised by the next bucket."""
-        try:
-            drift = torch.tensor([self._adaptive.drift], dtype=torch.float32)
-            self._comm.allreduce_(drift, average=True)
-            with self._lock:
-                xi = self.last_xi if self.last_xi_step == step else None
-            self._adaptive.adapt(xi, float(drift.item()))
-        except BaseException as e:  # noqa: BLE001 - the next bucket's future carries it to DDP
-            self._adapt_error = e
-
-    def _raise_adapt_error(self):
-        if self._adapt_error is not None:
-            e, self._adapt_error = self._adapt_error, None
-            raise e
-
-    def _add_xi(self, step, xi, norm):
-        # Under _lock: the step's ξ over its buckets so far.
-        self.last_xi = self._xi_sums.add(step, xi, norm)
-        self.last_xi_step = step
-
-    def _call(self, step):
-        """(density or None, ξ step or None) of sparse iteration ``step``
-        (state.iter when its buckets fired): the same on every rank."""
-        s = step - self.warmup_iters
-        density = None if self.density_schedule is None else density_at(self.density_schedule, self.density, s)
-        measure = self.measure_xi_every is not None and s % self.measure_xi_every == 0
-        return density, (step if measure else None)
-
-    def _staging_for(self, n, dtype, pinned):
-        """n elements of dtype in the state's staging memory (pinned for
-        CUDA buckets): allocated once, grown only for a larger group, and
-        reused by every call, which the single worker thread makes one at a
-        time. Each call's copies back to the bucket finish before the next
-        call writes it (copies to a CUDA tensor from pinned memory without
-        non_blocking wait for the transfer)."""
-        need = n * torch.empty(0, dtype=dtype).element_size()
-        buf = self._staging.get(pinned)
-        if buf is None or buf.numel() < need:
-            self._staging[pinned] = None  # the old buffer goes before the new one comes
-            buf = torch.empty(need, dtype=torch.uint8, pin_memory=pinned)
-            self._staging[pinned] = buf
-        return buf[:need].view(dtype)
-
-    def _reduce_bucket(self, group_id, tensor, slices, fut, stream, call):
-        # Worker thread: one DDP bucket that is exactly one group; slices are
-        # (start, end, held).
-        try:
-            self._raise_adapt_error()
-            with _on_stream(stream):
-                self._reduce_pieces(group_id, [(tensor, a, b, held) for a, b, held in slices], call)
-                fut.set_result(tensor)
-        except BaseException as e:  # noqa: BLE001 - the future carries it to DDP
-            fut.set_exception(e)
-
-    def _pool_bucket(self, tensor, members, unused, fut, stream, call):
-        # Worker thread: a DDP bucket that is not one group (see above).
-        pending = _PendingBucket(tensor, fut, stream, {i for i, _, _ in members})
-        for i, a, b in members:
-            self._pool[i] = (pending, a, b, i in unused)
-
-        def reduce_complete_groups():
-            for group_id in sorted({self._group_of[i] for i, _, _ in members if i in self._group_of}):
-                if all(i in self._pool for i in self._groups[group_id]):
-                    self._reduce_pooled(group_id, call)
-
-        self._run_pool(reduce_complete_groups)
-
-    def _flush_pool(self, call):
-        # Worker thread, after an iteration's last bucket: parameters still
-        # pooled belong to no known group (the model changed since the
-        # checkpoint); each bucket's leftovers become a new group.
-        def flush():
-            leftovers = {}
-            for i in sorted(self._pool):
-                leftovers.setdefault(id(self._pool[i][0]), []).append(i)
-            for group in leftovers.values():
-                group_id = _group_id(group)
-                self._add_group(group_id, tuple(group))
-                self._reduce_pooled(group_id, call)
-
-        if self._pool:
-            self._run_pool(flush)
-
-    def _run_pool(self, work):
-        try:
-            work()
-        except BaseException as e:  # noqa: BLE001 - every waiting future carries it to DDP
-            waiting = {id(p): p for p, _, _, _ in self._pool.values()}
-            self._pool.clear()
-            for p in waiting.values():
-                if not p.future.done():
-                    p.future.set_exception(e)
-
-    def _reduce_pooled(self, group_id, call):
-        members = self._groups[group_id]
-        entries = [self._pool[i] for i in members]
-        try:
-            self._raise_adapt_error()
-            with _on_stream(entries[0][0].stream):
-                self._reduce_pieces(group_id, [(p.tensor, a, b, held) for p, a, b, held in entries], call)
-        except BaseException as e:  # noqa: BLE001
-            for p, _, _, _ in entries:
-                if not p.future.done():
-                    p.future.set_exception(e)
-            raise
-        for i, (p, _, _, _) in zip(members, entries):
-            del self._pool[i]
-            p.remaining.discard(i)
-            if not p.remaining:
-                with _on_stream(p.stream):
-                    p.future.set_result(p.tensor)
-
     # -- checkpointing -----------------------------------------------------
 
     def state_dict(self):
@@ -571,21 +198,20 @@ class OkTopkState:
         they belong to, so a resumed run continues where this one stopped
         (also into DDP's initial bucket layout). Every rank saves its own."""
         tensors = dict(self._pending_state)
-        if self._comm is not None:
-            if self._worker is not None:
-                self._worker.submit(lambda: None).result()  # after every queued bucket
-            for group_id in sorted(self._groups):
-                tensors[group_id] = self._comm.save_tensor_state(group_id)
-        layout = {group_id: list(members) for group_id, members in self._groups.items()}
+        comm = self._reducer.comm
+        if comm is not None:
+            self._reducer.drain()  # after every queued bucket
+            for group_id in sorted(self._layout.groups):
+                tensors[group_id] = comm.save_tensor_state(group_id)
         rank, size = self._placement() or self._owner or (None, None)
         return {
             "iter": self.iter,
             "density": self.density,
             "density_schedule": self.density_schedule,
-            "adaptive": None if self._adaptive is None else {**self._adaptive.state_dict(), "measure_xi_every": self.measure_xi_every},
+            "adaptive": self._reducer.adaptive_state(self.measure_xi_every),
             "algorithm": self.algorithm,
             "tensors": tensors,
-            "layout": layout,
+            "layout": self._layout.state_dict(),
             "rank": rank,
             "world_size": size,
         }
@@ -611,18 +237,13 @@ class OkTopkState:
         self.density_schedule = schedule
         # So is the adaptation: where it stood, under the saved bounds.
         if state.get("adaptive") is not None:
-            saved = state["adaptive"]
-            self.adaptive = check_adaptive(saved["bounds"], self.tau_prime)
-            self._adaptive = AdaptiveControl(self.adaptive, self.density, self.tau_prime)
-            self._adaptive.load_state_dict(saved)
-            self.measure_xi_every = saved["measure_xi_every"]
+            self.measure_xi_every = self._reducer.load_adaptive(state["adaptive"], self.density, self.tau_prime)
+            self.adaptive = self._reducer.adaptive.bounds
         tensors = dict(state.get("tensors", {}))
-        self._groups, self._group_of = {}, {}
-        for group_id, members in state.get("layout", {}).items():
-            self._add_group(group_id, tuple(members))
-        if self._comm is not None:
+        self._layout.load_state_dict(state.get("layout", {}))
+        if self._reducer.comm is not None:
             for bucket_id, blob in tensors.items():
-                self._comm.load_tensor_state(bucket_id, blob)
+                self._reducer.comm.load_tensor_state(bucket_id, blob)
         else:
             self._pending_state = tensors
 
@@ -642,7 +263,7 @@ class OkTopkState:
         # past the warm-up are unaffected by the longer one.
         warmup_iters = max(state["warmup_iters"], 2)
         OkTopkState.__init__(self, None, state["density"], state["algorithm"], warmup_iters, state["tau"], state["tau_prime"], state["timeout"],
-                             state.get("value_dtype", "float32"), state.get("stochastic_rounding", False),
+                             state.get("value_dtype", DEFAULTS.value_dtype), state.get("stochastic_rounding", DEFAULTS.stochastic_rounding),
                              state.get("density_schedule"), state.get("measure_xi_every"),
                              None if state.get("adaptive") is None else state["adaptive"]["bounds"])
         self.load_state_dict(state)
@@ -652,22 +273,132 @@ class OkTopkState:
         training ends; a state never closed releases them only when it is
         garbage-collected (nothing is registered to run at interpreter
         exit)."""
-        if self._worker is not None:
-            self._worker.shutdown(wait=True)
-            self._worker = None
-        if self._comm is not None:
-            self._comm.destroy()
-            self._comm = None
-        self._staging = {}
-        for handle in self._grad_hooks:
-            handle.remove()
-        self._grad_hooks = []
-        self._used = {i: None for i in self._used}
+        self._reducer.close()
+        self._layout.remove_hooks()
 
 
-def _on_stream(stream):
-    """Run on the CUDA stream backward produced the bucket on (None: CPU)."""
-    return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+# -- the hook's work ---------------------------------------------------------
+#
+# The hook numbers each bucket's parameters, reduces the dense warm-up with
+# torch.distributed, and hands every sparse bucket to the state's reducer:
+# a bucket that is exactly one known group is reduced by itself, any other
+# goes through the layout's regrouping pool (see oktopk.layout).
+
+
+def _start(state):
+    """Make the communicator and its worker at the first sparse step, with
+    the residuals a checkpoint loaded before."""
+    if state._reducer.comm is None:
+        state._check_owner()
+        state._reducer.start(Communicator(state.process_group, state.algorithm, state.density, state.tau, state.tau_prime, state.timeout,
+                                          value_dtype=state.value_dtype, stochastic_rounding=state.stochastic_rounding))
+        for bucket_id, blob in state._pending_state.items():
+            state._reducer.comm.load_tensor_state(bucket_id, blob)
+        state._pending_state = {}
+
+
+def _call(state, step):
+    """(density or None, ξ step or None) of sparse iteration ``step``
+    (state.iter when its buckets fired): the same on every rank."""
+    s = step - state.warmup_iters
+    density = None if state.density_schedule is None else density_at(state.density_schedule, state.density, s)
+    measure = state.measure_xi_every is not None and s % state.measure_xi_every == 0
+    return density, (step if measure else None)
+
+
+def _reduce_pieces(state, group_id, pieces, call):
+    """Worker thread: sparse allreduce of the concatenation of pieces
+    ((tensor, start, end, held), in the group's layout), written back into
+    them; the held ones (parameters unused on this rank) are held back in the
+    library. A step the library skipped for a non-finite gradient comes back
+    as NaN (see Reducer.sparse_allreduce_). call is (density or None, the
+    step when ξ is measured or None)."""
+    hold, at = [], 0
+    for _, a, b, held in pieces:
+        if held:
+            if hold and hold[-1][1] == at:
+                hold[-1] = (hold[-1][0], at + b - a)
+            else:
+                hold.append((at, at + b - a))
+        at += b - a
+    pieces = [piece[:3] for piece in pieces]
+    merged = [pieces[0]]
+    for t, a, b in pieces[1:]:
+        if t is merged[-1][0] and a == merged[-1][2]:
+            merged[-1] = (t, merged[-1][1], b)  # adjacent in one buffer: one copy
+        else:
+            merged.append((t, a, b))
+    pieces = merged
+    tensor = pieces[0][0]
+    n = sum(b - a for _, a, b in pieces)
+    cuda = tensor.device.type == "cuda"
+    if not cuda and len(pieces) == 1 and pieces[0][1:] == (0, tensor.numel()) and tensor.is_contiguous():
+        host = tensor  # in place
+    else:
+        # The one copy of a bucket that remains, and why: the library
+        # reads host memory (a CUDA bucket is copied to pinned host
+        # memory, so both copies are DMA transfers), and it keeps the
+        # residual in the group's layout (a CPU bucket whose parameters
+        # DDP laid out otherwise, as in the first iteration of a resumed
+        # run or under a checkpoint saved in ascending order, or a group
+        # spread over buckets, is gathered). The staging memory is the
+        # reducer's, reused.
+        host = state._reducer.staging_for(n, tensor.dtype, cuda)
+        at = 0
+        for t, a, b in pieces:
+            host[at : at + b - a].copy_(t[a:b])
+            at += b - a
+    density, xi_step = call
+    tau_prime = None
+    adaptive = state._reducer.adaptive
+    if adaptive is not None:  # this worker thread adapts them, between steps
+        density, tau_prime = adaptive.density, adaptive.tau_prime
+        state.last_density, state.last_tau_prime = density, tau_prime
+    state._reducer.sparse_allreduce_(group_id, host, hold, density=density, xi_step=xi_step, tau_prime=tau_prime)
+    if host is not tensor:
+        at = 0
+        for t, a, b in pieces:
+            t[a:b].copy_(host[at : at + b - a])
+            at += b - a
+
+
+def _group_reducer(state, call):
+    """reduce(group_id, pieces, stream) for the layout's pool, in sparse
+    iteration ``call``: first raises an adaptation's failure."""
+    def reduce(group_id, pieces, stream):
+        _raise_adapt_error(state)
+        with on_stream(stream):
+            _reduce_pieces(state, group_id, pieces, call)
+
+    return reduce
+
+
+def _reduce_bucket(state, group_id, tensor, slices, fut, stream, call):
+    # Worker thread: one DDP bucket that is exactly one group; slices are
+    # (start, end, held).
+    try:
+        _group_reducer(state, call)(group_id, [(tensor, a, b, held) for a, b, held in slices], stream)
+        with on_stream(stream):
+            fut.set_result(tensor)
+    except BaseException as e:  # noqa: BLE001 - the future carries it to DDP
+        fut.set_exception(e)
+
+
+def _adapt(state, step):
+    """Worker thread, after the last call of sparse iteration ``step``,
+    which measured ξ: adapt the density and τ′ of the steps that follow
+    (their calls come after this in the worker's queue, on every rank). A
+    failure is raised by the next bucket."""
+    try:
+        state._reducer.adapt(step)
+    except BaseException as e:  # noqa: BLE001 - the next bucket's future carries it to DDP
+        state._adapt_error = e
+
+
+def _raise_adapt_error(state):
+    if state._adapt_error is not None:
+        e, state._adapt_error = state._adapt_error, None
+        raise e
 
 
 def oktopk_hook(state: OkTopkState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -693,19 +424,20 @@ def oktopk_hook(state: OkTopkState, bucket: dist.GradBucket) -> torch.futures.Fu
     if is_last:
         state.iter += 1
         state._hook_iters += 1
-    members = state._members(bucket)  # numbers the parameters in the first layout
+    layout = state._layout
+    members = layout.members(bucket)  # numbers the parameters in the first layout
     sparse = phase_iter >= state.warmup_iters
-    unused = state._take_unused(members, tensor if sparse else None)
+    unused = layout.take_unused(members, tensor if sparse else None)
     if not sparse:
         if rebuilt:
-            state._learn_group([i for i, _, _ in members])
+            layout.learn_group([i for i, _, _ in members])
         group = state.process_group
         world = dist.get_world_size(group)
         fut = dist.all_reduce(tensor, group=group, async_op=True).get_future()
         return fut.then(lambda f: f.value()[0].div_(world))
-    state._communicator()
-    call = state._call(phase_iter)
-    if state._adaptive is None:
+    _start(state)
+    call = _call(state, phase_iter)
+    if state._reducer.adaptive is None:
         state.last_density = state.density if call[0] is None else call[0]
     if tensor.device.type == "cuda":
         # The worker copies on the stream backward produced the bucket on;
@@ -714,15 +446,14 @@ def oktopk_hook(state: OkTopkState, bucket: dist.GradBucket) -> torch.futures.Fu
         stream = torch.cuda.current_stream(tensor.device)
     else:
         fut, stream = torch.futures.Future(), None
-    group_id = state._learn_group([i for i, _, _ in members])
-    if group_id in state._groups:
-        where = {i: (a, b) for i, a, b in members}
-        slices = [where[i] + (i in unused,) for i in state._groups[group_id]]  # the group's layout
-        state._worker.submit(state._reduce_bucket, group_id, tensor, slices, fut, stream, call)
+    reducer = state._reducer
+    group_id = layout.learn_group([i for i, _, _ in members])
+    if group_id in layout.groups:
+        reducer.submit(_reduce_bucket, state, group_id, tensor, layout.slices(group_id, members, unused), fut, stream, call)
     else:
-        state._worker.submit(state._pool_bucket, tensor, members, unused, fut, stream, call)
+        reducer.submit(layout.pool_bucket, tensor, members, unused, fut, stream, _group_reducer(state, call))
     if is_last:
-        state._worker.submit(state._flush_pool, call)
-        if state._adaptive is not None and call[1] is not None:
-            state._worker.submit(state._adapt, call[1])
+        reducer.submit(layout.flush, _group_reducer(state, call))
+        if reducer.adaptive is not None and call[1] is not None:
+            reducer.submit(_adapt, state, call[1])
     return fut

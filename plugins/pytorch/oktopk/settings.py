@@ -1,6 +1,7 @@
 """The sparse-allreduce settings shared by the DDP hook's OkTopkState and
 Horovod's Compression.oktopk: their defaults and their checks, in one place,
-so that both accept and refuse the same values with the same messages."""
+so that both accept and refuse the same values with the same messages (and
+the DDP hook's own warm-up length, beside them)."""
 
 import numbers
 from collections import namedtuple
@@ -22,6 +23,14 @@ Settings = namedtuple(
 )
 
 
+# Every setting's default, the one copy: the DDP state's and the Horovod
+# compressor's signatures take theirs from here (algorithm None: the
+# library's default; measure_xi_every None: never, or DEFAULT_EVERY with
+# adaptive).
+DEFAULTS = Settings(density=0.01, algorithm=None, tau=64, tau_prime=32, timeout=60.0, value_dtype="float32", stochastic_rounding=False,
+                    density_schedule=None, measure_xi_every=None, adaptive=None)
+
+
 def is_real(x):
     return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
@@ -30,8 +39,9 @@ def is_int(x):
     return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
-def check_settings(density=0.01, algorithm=None, tau=64, tau_prime=32, timeout=60.0, value_dtype="float32", stochastic_rounding=False,
-                   density_schedule=None, measure_xi_every=None, adaptive=None):
+def check_settings(density=DEFAULTS.density, algorithm=DEFAULTS.algorithm, tau=DEFAULTS.tau, tau_prime=DEFAULTS.tau_prime,
+                   timeout=DEFAULTS.timeout, value_dtype=DEFAULTS.value_dtype, stochastic_rounding=DEFAULTS.stochastic_rounding,
+                   density_schedule=DEFAULTS.density_schedule, measure_xi_every=DEFAULTS.measure_xi_every, adaptive=DEFAULTS.adaptive):
     """The settings, checked and normalized (algorithm None: the library's
     default; measure_xi_every None with adaptive: its default); ValueError
     naming the first bad one."""
@@ -63,3 +73,17 @@ def check_settings(density=0.01, algorithm=None, tau=64, tau_prime=32, timeout=6
         measure_xi_every = DEFAULT_EVERY
     return Settings(float(density), algorithm, int(tau), int(tau_prime), float(timeout), value_dtype, stochastic_rounding, density_schedule,
                     measure_xi_every, adaptive)
+
+
+DEFAULT_WARMUP_ITERS = 2
+
+
+def check_warmup_iters(warmup_iters):
+    """The DDP hook's dense warm-up length, checked; ValueError saying why
+    it must be at least 2."""
+    if not is_int(warmup_iters) or warmup_iters < 2:
+        raise ValueError(
+            f"warmup_iters must be an integer >= 2 (DDP rebuilds its buckets after the first iteration, and the "
+            f"hook learns the rebuilt layout in the second), got {warmup_iters!r}"
+        )
+    return int(warmup_iters)

@@ -1,0 +1,223 @@
+"""The DDP hook's bucket layout: which residual each gradient entry meets,
+whatever buckets DDP makes.
+
+Residuals live in the library under one tensor id per group of parameters.
+Parameters are numbered as first seen (the first iteration's layout, the
+same in every run of the same model), a group's id derives from its members,
+and its residual is laid out in the order of its parameters in the bucket it
+was learned from, which the layout records (and a checkpoint keeps); so
+neither DDP's reordering inside a bucket nor a process restart changes which
+residual a gradient entry meets. That order is the rebuilt bucket's own, so
+a CPU bucket is reduced in place, with no copy: ascending canonical order,
+which the hook kept before (and which checkpoints saved then still hold), is
+the reverse of the order gradients become ready in a typical model, and made
+every bucket a gather and scatter.
+
+The groups are DDP's rebuilt buckets, recorded from the first iteration that
+is not DDP's first in this process: in a run from the start that is
+iteration 1, still in the warm-up (warmup_iters >= 2), so the layout is in
+every checkpoint taken at or after the first sparse step; a run resumed from
+a checkpoint taken before that learns it the same way. A DDP bucket whose
+members are not one known group (the first iteration of a resumed run sees
+DDP's initial layout again) goes to a pool instead; each group is reduced
+once all its parameters have arrived, and a bucket's future completes once
+all of its parameters are reduced. Hooks fire in the same order on every
+rank, so every rank issues the same library calls in the same order.
+
+Parameters DDP found unused: with find_unused_parameters=True, DDP zeroes an
+unused parameter's slot in the bucket before the hook runs, and when no rank
+used it, leaves its .grad untouched, discarding what the hook returns for it.
+A residual the library sent for it would then be lost. So each rank holds
+back the parameters it did not use at this step (the library keeps their
+residual); where another rank used one, that rank's values still arrive and
+DDP applies the average, as without oktopk. A post-accumulate-grad hook marks
+a parameter used; it runs before DDP's own hook on the same gradient
+accumulator, so before the bucket is reduced. Under no_sync() the marks
+accumulate until the synchronised step, as DDP's own record of used
+parameters does.
+"""
+
+import contextlib
+import hashlib
+
+import torch
+
+
+def group_id_of(members):
+    """The library tensor id of a group of parameters (canonical indices)."""
+    key = ",".join(str(i) for i in sorted(members)).encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little")
+
+
+def on_stream(stream):
+    """Run on the CUDA stream backward produced the bucket on (None: CPU)."""
+    return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+
+
+class _PendingBucket:
+    """A DDP bucket waiting in the regrouping pool: its future completes
+    once every parameter in it has been reduced with its group."""
+
+    __slots__ = ["tensor", "future", "stream", "remaining"]
+
+    def __init__(self, tensor, future, stream, remaining):
+        self.tensor, self.future, self.stream, self.remaining = tensor, future, stream, remaining
+
+
+class BucketLayout:
+    """Canonical parameter numbers, the groups residuals are kept in, the
+    regrouping pool of buckets that are not one group, and the marks of the
+    parameters used since their bucket was last reduced."""
+
+    def __init__(self):
+        # id(parameter) -> canonical index.
+        self.param_index = {}
+        # Library tensor id -> the canonical indices of its parameters in
+        # its residual's order, and each parameter's group.
+        self.groups = {}
+        self.group_of = {}
+        # Regrouping pool (worker thread only): canonical index -> (pending
+        # bucket, start, end, held) of a parameter waiting for the rest of
+        # its group.
+        self._pool = {}
+        # Canonical index -> whether the parameter's gradient was accumulated
+        # since its bucket was last reduced (None: not known, its hook was
+        # registered since), and the hooks' handles.
+        self._used = {}
+        self._grad_hooks = []
+
+    def members(self, bucket):
+        """Canonical index and (start, end) in the bucket buffer of each of
+        the bucket's parameters, in bucket order."""
+        at, members = 0, []
+        for p in bucket.parameters():
+            index = self.param_index.get(id(p))
+            if index is None:
+                index = self.param_index[id(p)] = len(self.param_index)
+                self._watch(p, index)
+            members.append((index, at, at + p.numel()))
+            at += p.numel()
+        return members
+
+    # -- parameters DDP found unused ------------------------------------------
+
+    def _watch(self, p, index):
+        self._used[index] = None
+        if hasattr(p, "register_post_accumulate_grad_hook"):  # torch >= 2.1
+            self._grad_hooks.append(p.register_post_accumulate_grad_hook(lambda _, i=index: self._used.__setitem__(i, True)))
+
+    def take_unused(self, members, tensor):
+        """Canonical indices of the bucket's parameters unused on this rank
+        since its last reduction; resets the marks. A parameter without a
+        mark yet counts as unused when its slot in tensor is all zeros
+        (tensor None: only reset the marks)."""
+        unused = set()
+        for i, a, b in members:
+            used = self._used.get(i)
+            if used is None:
+                used = tensor is None or bool(tensor[a:b].any())
+            self._used[i] = False
+            if not used:
+                unused.add(i)
+        return unused
+
+    def remove_hooks(self):
+        """Remove the post-accumulate-grad hooks; marks are unknown again."""
+        for handle in self._grad_hooks:
+            handle.remove()
+        self._grad_hooks = []
+        self._used = {i: None for i in self._used}
+
+    # -- groups --------------------------------------------------------------
+
+    def add_group(self, group_id, members):
+        self.groups[group_id] = members
+        for i in members:
+            self.group_of[i] = group_id
+
+    def learn_group(self, indices):
+        """Record a rebuilt-layout bucket (canonical indices in bucket order)
+        as a group, its residual laid out in that order, unless its
+        parameters already belong to groups; returns its group id."""
+        group_id = group_id_of(indices)
+        if group_id not in self.groups and not any(i in self.group_of for i in indices):
+            self.add_group(group_id, tuple(indices))
+        return group_id
+
+    def slices(self, group_id, members, unused):
+        """(start, end, held) in the bucket of each of the group's
+        parameters, in the group's layout, for a bucket that is exactly the
+        group."""
+        where = {i: (a, b) for i, a, b in members}
+        return [where[i] + (i in unused,) for i in self.groups[group_id]]
+
+    def state_dict(self):
+        return {group_id: list(members) for group_id, members in self.groups.items()}
+
+    def load_state_dict(self, layout):
+        self.groups, self.group_of = {}, {}
+        for group_id, members in layout.items():
+            self.add_group(group_id, tuple(members))
+
+    # -- the regrouping pool (worker thread) -----------------------------------
+    #
+    # reduce(group_id, pieces, stream) reduces one group, given its pieces
+    # ((tensor, start, end, held), in the group's layout) on the stream of
+    # the bucket that holds its first one.
+
+    def pool_bucket(self, tensor, members, unused, fut, stream, reduce):
+        """A DDP bucket that is not one group: pool its parameters, and
+        reduce every group this completes."""
+        pending = _PendingBucket(tensor, fut, stream, {i for i, _, _ in members})
+        for i, a, b in members:
+            self._pool[i] = (pending, a, b, i in unused)
+
+        def reduce_complete_groups():
+            for group_id in sorted({self.group_of[i] for i, _, _ in members if i in self.group_of}):
+                if all(i in self._pool for i in self.groups[group_id]):
+                    self._reduce_pooled(group_id, reduce)
+
+        self._run(reduce_complete_groups)
+
+    def flush(self, reduce):
+        """After an iteration's last bucket: parameters still pooled belong
+        to no known group (the model changed since the checkpoint); each
+        bucket's leftovers become a new group."""
+        def flush():
+            leftovers = {}
+            for i in sorted(self._pool):
+                leftovers.setdefault(id(self._pool[i][0]), []).append(i)
+            for group in leftovers.values():
+                group_id = group_id_of(group)
+                self.add_group(group_id, tuple(group))
+                self._reduce_pooled(group_id, reduce)
+
+        if self._pool:
+            self._run(flush)
+
+    def _run(self, work):
+        try:
+            work()
+        except BaseException as e:  # noqa: BLE001 - every waiting future carries it to DDP
+            waiting = {id(p): p for p, _, _, _ in self._pool.values()}
+            self._pool.clear()
+            for p in waiting.values():
+                if not p.future.done():
+                    p.future.set_exception(e)
+
+    def _reduce_pooled(self, group_id, reduce):
+        members = self.groups[group_id]
+        entries = [self._pool[i] for i in members]
+        try:
+            reduce(group_id, [(p.tensor, a, b, held) for p, a, b, held in entries], entries[0][0].stream)
+        except BaseException as e:  # noqa: BLE001
+            for p, _, _, _ in entries:
+                if not p.future.done():
+                    p.future.set_exception(e)
+            raise
+        for i, (p, _, _, _) in zip(members, entries):
+            del self._pool[i]
+            p.remaining.discard(i)
+            if not p.remaining:
+                with on_stream(p.stream):
+                    p.future.set_result(p.tensor)

@@ -1,0 +1,175 @@
+"""What the DDP hook (``oktopk.ddp``) and the Horovod optimizer
+(``oktopk_horovod``) share below their own bookkeeping of buckets: one
+communicator and the one worker thread that makes every library call on it,
+the staging memory those calls reuse, their statistics, the adaptive control
+they feed, and what a step the library skipped for a non-finite gradient
+becomes (NaN on every rank).
+
+Why one worker thread: the library takes one call at a time per
+communicator, and every rank must make the same calls in the same order.
+The front ends submit buckets in an order every rank agrees on, and the one
+thread keeps it; the calls release the GIL, so backward goes on meanwhile.
+"""
+
+import concurrent.futures
+import threading
+
+import torch
+
+from . import _lib
+from ._lib import OkTopkError
+from .adaptive import AdaptiveControl, check_adaptive
+from .comm import XiTally
+
+
+class Reducer:
+    """A communicator's worker thread, staging memory and statistics.
+
+    ``adaptive`` is the :class:`oktopk.adaptive.AdaptiveControl` the calls
+    feed (or None). The statistics (``bytes_sent``, ``bytes_received``,
+    ``comm_seconds``, ``algorithm_counts``, ``last_k`` per tensor id,
+    ``last_xi`` and ``last_xi_step``) are written by the worker thread under
+    ``lock``."""
+
+    def __init__(self, adaptive=None):
+        self.comm = None
+        self.worker = None
+        self.adaptive = adaptive
+        self.lock = threading.Lock()
+        # Staging memory (worker thread only), one per kind (pinned or not),
+        # grown to the largest tensor and reused by every call.
+        self.staging = {}
+        self.bytes_sent = 0
+        self.bytes_received = 0
+        self.comm_seconds = 0.0
+        # Library calls per algorithm that ran (with "auto", what it chose
+        # for each tensor and step), e.g. {"oktopk": 120, "dense_ring": 40}.
+        self.algorithm_counts = {}
+        self.last_k = {}
+        self.last_xi = None
+        self.last_xi_step = None
+        self._xi = XiTally()
+
+    # -- lifecycle -----------------------------------------------------------
+
+    def start(self, comm):
+        """Take ``comm`` (a :class:`oktopk.Communicator`) and start the worker
+        thread that will make its calls."""
+        self.comm = comm
+        self.worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="oktopk")
+
+    def submit(self, fn, *args):
+        """Run ``fn(*args)`` on the worker thread after everything submitted
+        before; returns its ``concurrent.futures.Future``."""
+        return self.worker.submit(fn, *args)
+
+    def drain(self):
+        """Wait until everything submitted so far has run."""
+        if self.worker is not None:
+            self.worker.submit(lambda: None).result()
+
+    def close(self):
+        """Stop the worker thread (after what it was given) and destroy the
+        communicator."""
+        if self.worker is not None:
+            self.worker.shutdown(wait=True)
+            self.worker = None
+        if self.comm is not None:
+            self.comm.destroy()
+            self.comm = None
+        self.staging = {}
+
+    # -- worker thread -------------------------------------------------------
+
+    def staging_for(self, n, dtype, pinned):
+        """n elements of dtype in the staging memory (pinned for CUDA
+        tensors): allocated once, grown only for a larger tensor, and reused
+        by every call, which the single worker thread makes one at a time.
+        Each call's copies back finish before the next call writes it (copies
+        to a CUDA tensor from pinned memory without non_blocking wait for the
+        transfer)."""
+        need = n * torch.empty(0, dtype=dtype).element_size()
+        buf = self.staging.get(pinned)
+        if buf is None or buf.numel() < need:
+            self.staging[pinned] = None  # the old buffer goes before the new one comes
+            buf = torch.empty(need, dtype=torch.uint8, pin_memory=pinned)
+            self.staging[pinned] = buf
+        return buf[:need].view(dtype)
+
+    def sparse_allreduce_(self, tensor_id, host, hold=(), density=None, xi_step=None, tau_prime=None):
+        """Worker thread: the communicator's sparse allreduce of ``host`` (a
+        contiguous CPU tensor) in place, its statistics recorded; ``xi_step``
+        (None: not measured) is the step whose ξ the call measures. A step
+        the library skipped because a gradient held NaN or Inf (on some rank,
+        so on every rank; residuals kept) comes back as NaN in ``host``, as a
+        dense average would, so AMP's scaler or the user's own check skips
+        the optimizer step on every rank; the call then returns None, else
+        its statistics."""
+        try:
+            stats = self.comm.sparse_allreduce_(tensor_id, host, hold, density=density, measure_xi=xi_step is not None,
+                                                tau_prime=tau_prime)
+        except OkTopkError as e:
+            if e.code != _lib.NON_FINITE:
+                raise
+            host.fill_(float("nan"))
+            return None
+        with self.lock:
+            self.bytes_sent += stats.bytes_sent
+            self.bytes_received += stats.bytes_received
+            self.comm_seconds += stats.total_seconds
+            ran = _lib.algorithm_name(stats.algorithm)
+            self.algorithm_counts[ran] = self.algorithm_counts.get(ran, 0) + 1
+            self.last_k[tensor_id] = stats.k
+            if stats.xi >= 0:
+                self.last_xi = self._xi.add(xi_step, stats.xi, stats.xi_gradient_norm)
+                self.last_xi_step = xi_step
+            if self.adaptive is not None and ran == "oktopk":
+                self.adaptive.record(stats.k, stats.local_selected)
+        return stats
+
+    # -- adaptive density and τ′ ---------------------------------------------
+
+    def adapt(self, step):
+        """After every call of step ``step``, which measured ξ: agree on the
+        count drift (a one-number allreduce through the library) and adapt
+        the density and τ′ of the steps that follow. Called where no call of
+        the communicator can run at the same time (the worker thread, or
+        once every submitted call has finished)."""
+        drift = torch.tensor([self.adaptive.drift], dtype=torch.float32)
+        self.comm.allreduce_(drift, average=True)
+        with self.lock:
+            xi = self.last_xi if self.last_xi_step == step else None
+        self.adaptive.adapt(xi, float(drift.item()))
+
+    def adaptive_state(self, measure_xi_every):
+        """What a checkpoint saves of the adaptation (None without it)."""
+        return None if self.adaptive is None else {**self.adaptive.state_dict(), "measure_xi_every": measure_xi_every}
+
+    def load_adaptive(self, saved, density, tau_prime):
+        """Continue the adaptation an :meth:`adaptive_state` saved, under its
+        bounds (checked against ``tau_prime``), from ``density`` and
+        ``tau_prime`` as the run's settings; returns its ``measure_xi_every``.
+        ValueError for bounds that are not valid here."""
+        bounds = check_adaptive(saved["bounds"], tau_prime)
+        self.adaptive = AdaptiveControl(bounds, density, tau_prime)
+        self.adaptive.load_state_dict(saved)
+        return saved["measure_xi_every"]
+
+
+def _stat(name, doc):
+    return property(lambda self: getattr(self._reducer, name), doc=doc)
+
+
+class ReducerStats:
+    """A front end's statistics, read from its ``_reducer``, as its own
+    attributes (the DDP state's and the Horovod optimizer's are the same)."""
+
+    __slots__ = ()
+
+    bytes_sent = _stat("bytes_sent", "Bytes this rank sent in sparse calls.")
+    bytes_received = _stat("bytes_received", "Bytes this rank received in sparse calls.")
+    comm_seconds = _stat("comm_seconds", "Seconds the sparse calls took.")
+    algorithm_counts = _stat("algorithm_counts", 'Library calls per algorithm that ran (with "auto", the one it chose).')
+    last_k = _stat("last_k", "The k of each tensor id's latest call.")
+    last_xi = _stat("last_xi", "ξ of the latest measured step over its calls so far (None: none measured).")
+    last_xi_step = _stat("last_xi_step", "The step last_xi belongs to.")
