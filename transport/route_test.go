@@ -2,26 +2,10 @@ package transport
 
 import (
 	"context"
-	"net"
 	"testing"
-)
 
-// nonLoopbackIPv4 is one of this machine's own non-loopback IPv4 addresses:
-// a host other ranks could reach, which routes to itself.
-func nonLoopbackIPv4(t *testing.T) string {
-	t.Helper()
-	addrs, err := net.InterfaceAddrs()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, a := range addrs {
-		if ipn, ok := a.(*net.IPNet); ok && ipn.IP.To4() != nil && !ipn.IP.IsLoopback() {
-			return ipn.IP.String()
-		}
-	}
-	t.Fatal("this machine has no non-loopback IPv4 address to route to")
-	return ""
-}
+	"github.com/oktopk/oktopk/internal/testnet"
+)
 
 func TestRouteSourceAddress(t *testing.T) {
 	ctx := context.Background()
@@ -30,7 +14,7 @@ func TestRouteSourceAddress(t *testing.T) {
 			t.Errorf("route to %q: %q, want none (loopback or unresolvable)", host, got)
 		}
 	}
-	own := nonLoopbackIPv4(t)
+	own := testnet.NonLoopbackIPv4(t)
 	if got := RouteSourceAddress(ctx, own, 29500); got != own {
 		t.Errorf("route to this machine's %s: source %q", own, got)
 	}

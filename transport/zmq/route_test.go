@@ -10,29 +10,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/oktopk/oktopk/internal/testnet"
 	"github.com/oktopk/oktopk/transport"
 )
 
-// nonLoopbackIPv4 is one of this machine's own non-loopback IPv4 addresses:
-// a host other ranks could reach, which routes to itself.
-func nonLoopbackIPv4(t *testing.T) string {
-	t.Helper()
-	addrs, err := net.InterfaceAddrs()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, a := range addrs {
-		if ipn, ok := a.(*net.IPNet); ok && ipn.IP.To4() != nil && !ipn.IP.IsLoopback() {
-			return ipn.IP.String()
-		}
-	}
-	t.Fatal("this machine has no non-loopback IPv4 address to route to")
-	return ""
-}
-
 func TestRouteToRendezvousKeepsAConfiguredAddress(t *testing.T) {
 	ctx := context.Background()
-	own := nonLoopbackIPv4(t)
+	own := testnet.NonLoopbackIPv4(t)
 	none := envOf(nil)
 	for _, c := range []struct {
 		opts Options
@@ -58,7 +42,7 @@ func TestRouteToRendezvousKeepsAConfiguredAddress(t *testing.T) {
 // rank advertises the address on the route to it, not loopback (which
 // ranks on other hosts could not reach).
 func TestInitFromLaunchBindsTheRoutedAddress(t *testing.T) {
-	own := nonLoopbackIPv4(t)
+	own := testnet.NonLoopbackIPv4(t)
 	port := freeRendezvousPort(t)
 	const size = 2
 	zs := make([]*Transport, size)
