@@ -196,6 +196,9 @@ func writeStats(out *C.oktopk_stats_t, st core.Stats) error {
 	}
 	f64(&out.xi, xi)
 	f64(&out.xi_gradient_norm, norm)
+	// Added in 0.7: xi's traffic.
+	u64(&out.xi_bytes_sent, st.XiBytesSent)
+	u64(&out.xi_bytes_received, st.XiBytesReceived)
 	return nil
 }
 

@@ -331,6 +331,13 @@ type Stats struct {
 	Xi         float64
 	XiGradNorm float64
 
+	// The traffic of ξ's measurement (its dense allreduce of 2n values
+	// before the call), when the call measured ξ: kept apart from
+	// BytesSent and BytesReceived, which count the algorithm's own
+	// traffic, as the paper's bounds do.
+	XiBytesSent     uint64
+	XiBytesReceived uint64
+
 	// Ok-Topk: the words of BytesSent that went to the global cut's
 	// histogram exchanges (counts, not values), which its cost tests keep
 	// apart from the payload the paper's bounds count.

@@ -27,7 +27,8 @@ package core
 //
 // The cost (a dense allreduce of 2n values, an exact top-k, 2n words of
 // memory for the call) is what the diagnostic needs; the bytes it moves
-// are not counted in the call's Stats.
+// are the call's Stats.XiBytesSent and XiBytesReceived, apart from the
+// algorithm's own.
 
 import (
 	"context"
@@ -37,9 +38,11 @@ import (
 	"github.com/oktopk/oktopk/transport"
 )
 
-// xiSums holds Σ_r grad_r and Σ_r acc_r of one call.
+// xiSums holds Σ_r grad_r and Σ_r acc_r of one call, and the bytes this
+// rank sent and received to form them.
 type xiSums struct {
-	grad, acc []float32
+	grad, acc      []float32
+	sent, received uint64
 }
 
 // measureXiSums is step 1 as call seq (taken by begin); it returns the sums
@@ -51,20 +54,22 @@ func (c *Communicator) measureXiSums(ctx context.Context, seq, id uint64, st *Te
 	Accumulate(buf[n:], grad, st.Residual)
 	desc := DescribeCall(ctx, id, 2*n, 2*n)
 	desc.Completed = uint32(st.Iter)
-	call := NewCall(c.T, transport.OpXiSums, seq, nil, WithDesc(desc))
+	var traffic Stats
+	call := NewCall(c.T, transport.OpXiSums, seq, &traffic, WithDesc(desc))
 	err := RingAllreduce(ctx, call, buf)
 	call.EndPhases()
 	if err != nil {
 		return nil, seq, fmt.Errorf("oktopk: the sums that measure xi: %w", err)
 	}
 	c.seq++
-	return &xiSums{grad: buf[:n:n], acc: buf[n:]}, c.seq, nil
+	return &xiSums{grad: buf[:n:n], acc: buf[n:], sent: traffic.BytesSent, received: traffic.BytesReceived}, c.seq, nil
 }
 
 // report is step 3: ξ of the call whose averaged output over p ranks is out
 // and whose k is stats.K, into stats.
 func (x *xiSums) report(stats *Stats, out []float32, p int) {
 	stats.XiMeasured = true
+	stats.XiBytesSent, stats.XiBytesReceived = x.sent, x.received
 	var den float64
 	for _, g := range x.grad {
 		den += float64(g) * float64(g)

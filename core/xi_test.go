@@ -179,3 +179,49 @@ func TestXiAskedByOneRankOnlyIsMismatch(t *testing.T) {
 		}
 	}
 }
+
+// ξ's dense allreduce of 2n values is counted in XiBytesSent and
+// XiBytesReceived, apart from the algorithm's own bytes, which stay what
+// they are without ξ: over the ranks, the ring sends every one of the 2n
+// values P−1 times to reduce and P−1 times to gather, 2(P−1)·2n·4 bytes.
+func TestXiTrafficIsCountedApartFromTheAlgorithms(t *testing.T) {
+	const p, n, iters = 3, 1000, 4
+	inputs := scaledGradients(p, n, iters, 5, func(int) float64 { return 1 })
+	for _, alg := range []Algorithm{OkTopk, TopkA} {
+		cfg := okTopkConfig(0.02)
+		cfg.Algorithm = alg
+		run := func(measure bool) [][]Stats {
+			out := make([][]Stats, p)
+			runInProc(t, p, func(ctx context.Context, rank int, c *Communicator) error {
+				for it := range inputs {
+					st, err := c.SparseAllreduceWith(ctx, 1, slices.Clone(inputs[it][rank]), cfg, CallOptions{MeasureXi: measure})
+					if err != nil {
+						return fmt.Errorf("call %d: %w", it, err)
+					}
+					out[rank] = append(out[rank], st)
+				}
+				return nil
+			})
+			return out
+		}
+		with, without := run(true), run(false)
+		for it := range iters {
+			var sent, received uint64
+			for r := range p {
+				a, b := with[r][it], without[r][it]
+				if a.BytesSent != b.BytesSent || a.BytesReceived != b.BytesReceived {
+					t.Errorf("%v rank %d call %d: the algorithm's bytes %d/%d with xi, %d/%d without", alg, r, it,
+						a.BytesSent, a.BytesReceived, b.BytesSent, b.BytesReceived)
+				}
+				if b.XiBytesSent != 0 || b.XiBytesReceived != 0 {
+					t.Errorf("%v rank %d call %d: xi bytes %d/%d in a call that did not measure xi", alg, r, it, b.XiBytesSent, b.XiBytesReceived)
+				}
+				sent += a.XiBytesSent
+				received += a.XiBytesReceived
+			}
+			if want := uint64(2 * (p - 1) * 2 * n * 4); sent != want || received != want {
+				t.Errorf("%v call %d: the ranks' xi bytes sent %d, received %d; want %d each", alg, it, sent, received, want)
+			}
+		}
+	}
+}

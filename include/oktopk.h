@@ -88,7 +88,7 @@ extern "C" {
 
 /* ABI version: major changes break callers, minor ones only add. */
 #define OKTOPK_VERSION_MAJOR 0
-#define OKTOPK_VERSION_MINOR 6
+#define OKTOPK_VERSION_MINOR 7
 #define OKTOPK_VERSION_PATCH 0
 #define OKTOPK_VERSION_CODE \
   (OKTOPK_VERSION_MAJOR * 10000 + OKTOPK_VERSION_MINOR * 100 + OKTOPK_VERSION_PATCH)
@@ -236,6 +236,11 @@ typedef struct {
                             * algorithm ran by request, which selects nothing) */
   double xi_gradient_norm; /* ||sum_r grad_r||, xi's denominator (to combine tensors); -1 when
                             * xi was not measured */
+  /* ---- added in 0.7: the traffic of xi's measurement, apart from bytes_sent/received,
+   * which count the algorithm's own (what the paper's bounds count); 0 when xi was not
+   * measured ---- */
+  uint64_t xi_bytes_sent;
+  uint64_t xi_bytes_received;
 } oktopk_stats_t;
 
 /* The link model behind OKTOPK_ALGO_AUTO, the same on every rank. `size`
@@ -377,9 +382,10 @@ oktopk_result_t oktopk_sparse_allreduce_hold(oktopk_comm_t comm, uint64_t tensor
 #define OKTOPK_CALL_DENSITY 0x1    /* this call's k is ceil(density * n), not the communicator's */
 #define OKTOPK_CALL_MEASURE_XI 0x2 /* measure xi into the stats (see oktopk_stats_t.xi): the call
                                     * first sums this rank's gradient and gradient + residual over
-                                    * the ranks (a dense allreduce of 2 x count values, not counted
-                                    * in the stats' bytes), then runs as it would without, with a
-                                    * bitwise identical result */
+                                    * the ranks (a dense allreduce of 2 x count values, counted in
+                                    * the stats' xi_bytes_sent and xi_bytes_received since 0.7),
+                                    * then runs as it would without, with a bitwise identical
+                                    * result */
 #define OKTOPK_CALL_TAU_PRIME 0x4  /* added in 0.6: this call's tau_prime, not the communicator's:
                                     * Ok-Topk selects exactly when the tensor's completed calls are
                                     * a multiple of it (an adaptive tau'; ranks whose tau' makes one

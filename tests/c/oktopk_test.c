@@ -224,6 +224,7 @@ static void test_call_options(oktopk_comm_t comm, int rank) {
     OK(oktopk_sparse_allreduce_ex(comm, 7, x, n, OKTOPK_FLOAT32, &o, &st));
     REQUIRE(st.k == (int64_t)ceil(densities[i] * (double)n));
     REQUIRE(st.xi == -1 && st.xi_gradient_norm == -1);
+    REQUIRE(st.xi_bytes_sent == 0 && st.xi_bytes_received == 0);
   }
   fill_gradient(x, n, rank, 43);
   oktopk_stats_t st = {.size = sizeof st};
@@ -233,6 +234,10 @@ static void test_call_options(oktopk_comm_t comm, int rank) {
   oktopk_call_options_t xi = {.size = sizeof xi, .flags = OKTOPK_CALL_MEASURE_XI};
   OK(oktopk_sparse_allreduce_ex(comm, 7, x, n, OKTOPK_FLOAT32, &xi, &st));
   REQUIRE(st.xi >= 0 && st.xi < 1e-6 && st.xi_gradient_norm > 0);
+  /* xi's ring allreduce of 2n floats (0.7): this rank sends and receives
+   * its share, at most twice the 2n values. */
+  REQUIRE(st.xi_bytes_sent > 0 && st.xi_bytes_sent <= 2 * 2 * n * sizeof(float));
+  REQUIRE(st.xi_bytes_received > 0 && st.xi_bytes_received <= 2 * 2 * n * sizeof(float));
   oktopk_call_options_t bad = {.size = sizeof bad, .flags = 0x80};
   EXPECT(oktopk_sparse_allreduce_ex(comm, 7, x, n, OKTOPK_FLOAT32, &bad, &st), oktopkInvalidArgument);
   bad.flags = OKTOPK_CALL_DENSITY;

@@ -300,7 +300,7 @@ def test_density_schedule_is_alike_on_every_rank_and_resumes_exactly(schedule_ru
     for r in (0, 1):
         full, resumed, no_xi = results[r]["full"], results[r]["resumed"], results[r]["no_xi"]
         for it in range(2, 9):
-            density, ks, _, _ = full["steps"][it]
+            density, ks, _, _, _ = full["steps"][it]
             assert density == pytest.approx(want[it], rel=1e-12), (r, it, density)
             assert ks == [math.ceil(density * n)], (r, it, ks, density)
             assert full["steps"][it][:2] == results[1 - r]["full"]["steps"][it][:2], f"ranks differ at {it}"
@@ -314,13 +314,25 @@ def test_xi_measured_every_other_step_alike_on_every_rank_and_changes_nothing(sc
     results = schedule_run
     for r in (0, 1):
         full, no_xi = results[r]["full"], results[r]["no_xi"]
-        assert all(xi is None for _, _, xi, _ in no_xi["steps"].values())
+        assert all(xi is None for _, _, xi, _, _ in no_xi["steps"].values())
         for it in range(2, 9):
-            _, _, xi, xi_step = full["steps"][it]
+            _, _, xi, xi_step, _ = full["steps"][it]
             assert xi_step == it - (it % 2), (r, it, xi_step)  # sparse steps 0, 2, 4, 6
             assert 0 < xi < math.inf, (r, it, xi)  # k < n: something is left out
-            assert (xi, xi_step) == results[1 - r]["full"]["steps"][it][2:], f"ranks' xi differ at {it}"
+            assert (xi, xi_step) == results[1 - r]["full"]["steps"][it][2:4], f"ranks' xi differ at {it}"
         assert full["params"] == no_xi["params"], f"rank {r}: measuring xi changed the training"
+
+
+def test_bytes_sent_counts_the_xi_measurements(schedule_run):
+    # The same training with and without ξ (the test above shows it is the
+    # same): the difference in bytes is ξ's ring allreduce of 2n values, of
+    # which each of 2 ranks sends half to reduce and half to gather, 2n
+    # float32s, at each of the 4 measured steps (sparse steps 0, 2, 4, 6).
+    results = schedule_run
+    n = results[0]["full"]["n"]  # one bucket holds the whole small model
+    for r in (0, 1):
+        full, no_xi = results[r]["full"]["steps"], results[r]["no_xi"]["steps"]
+        assert full[8][4] - no_xi[8][4] == 4 * 2 * n * 4, (r, full[8][4], no_xi[8][4], n)
 
 
 def test_adaptive_density_and_tau_prime_follow_the_rules_alike_on_every_rank_and_resume_exactly(tmp_path):

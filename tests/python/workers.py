@@ -784,12 +784,13 @@ def density_schedule(rank, world, port, out, ckpt):
     """Train 9 steps with a density schedule and ξ measured every other
     sparse step, saving after step 5; resume from that checkpoint in a state
     built without a schedule; and train a twin model without ξ. Records, per
-    step, the density, every group's k and the last ξ."""
+    step, the density, every group's k, the last ξ and its step, and the
+    bytes sent so far."""
     setup(rank, world, port)
     path = os.path.join(ckpt, f"rank{rank}-schedule.pt")
 
     def record(state):
-        return (state.last_density, sorted(state.last_k.values()), state.last_xi, state.last_xi_step)
+        return (state.last_density, sorted(state.last_k.values()), state.last_xi, state.last_xi_step, state.bytes_sent)
 
     full = train_resumable(rank, path, 0, 9, OkTopkState(density=0.01, warmup_iters=2, density_schedule=(0.5, 4), measure_xi_every=2), record, save=5)
     resumed = train_resumable(rank, path, 5, 9, OkTopkState(density=0.01, warmup_iters=2), record)

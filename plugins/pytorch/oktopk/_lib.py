@@ -99,6 +99,9 @@ class Stats(ctypes.Structure):
         # ---- added in 0.5: xi, -1 when not measured ----
         ("xi", ctypes.c_double),
         ("xi_gradient_norm", ctypes.c_double),
+        # ---- added in 0.7: xi's traffic, apart from bytes_sent/received ----
+        ("xi_bytes_sent", ctypes.c_uint64),
+        ("xi_bytes_received", ctypes.c_uint64),
     ]
 
 

@@ -114,8 +114,10 @@ class Reducer:
             host.fill_(float("nan"))
             return None
         with self.lock:
-            self.bytes_sent += stats.bytes_sent
-            self.bytes_received += stats.bytes_received
+            # A step that measures ξ moves a dense allreduce more: the
+            # traffic a user pays for counts it.
+            self.bytes_sent += stats.bytes_sent + stats.xi_bytes_sent
+            self.bytes_received += stats.bytes_received + stats.xi_bytes_received
             self.comm_seconds += stats.total_seconds
             ran = _lib.algorithm_name(stats.algorithm)
             self.algorithm_counts[ran] = self.algorithm_counts.get(ran, 0) + 1
@@ -166,8 +168,8 @@ class ReducerStats:
 
     __slots__ = ()
 
-    bytes_sent = _stat("bytes_sent", "Bytes this rank sent in sparse calls.")
-    bytes_received = _stat("bytes_received", "Bytes this rank received in sparse calls.")
+    bytes_sent = _stat("bytes_sent", "Bytes this rank sent in sparse calls, ξ's measurements included.")
+    bytes_received = _stat("bytes_received", "Bytes this rank received in sparse calls, ξ's measurements included.")
     comm_seconds = _stat("comm_seconds", "Seconds the sparse calls took.")
     algorithm_counts = _stat("algorithm_counts", 'Library calls per algorithm that ran (with "auto", the one it chose).')
     last_k = _stat("last_k", "The k of each tensor id's latest call.")
