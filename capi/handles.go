@@ -60,11 +60,6 @@ func (t *table[T]) missing(kind string, h int64) error {
 	return invalidUsage("%d is not a %s handle", h, kind)
 }
 
-func (t *table[T]) len() int {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return len(t.live)
-}
 
 // peek is get without the error, for recording last errors.
 func (t *table[T]) peek(h int64) T {

@@ -199,16 +199,6 @@ func TestTopKBySampleIsExactOrDeclines(t *testing.T) {
 	}
 }
 
-func indexOfMinAbs(s Sparse) int {
-	best := 0
-	for i, v := range s.Val {
-		if abs32(v) < abs32(s.Val[best]) {
-			best = i
-		}
-	}
-	return best
-}
-
 func TestTopKRejectsNaNAndBadK(t *testing.T) {
 	x := []float32{1, 2, float32(math.NaN()), 3}
 	if _, err := TopK(x, 2); !errors.Is(err, ErrNonFinite) {

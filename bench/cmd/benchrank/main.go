@@ -70,14 +70,14 @@ func phaseColumns(suffix string) string {
 }
 
 type options struct {
-	n               int
-	density         float64
-	iters, warmup   int
-	tau, tauPrime   int
-	rateBitsPerSec  float64
-	rep, position   int
-	algs            []core.Algorithm
-	header, verbose bool
+	n              int
+	density        float64
+	iters, warmup  int
+	tau, tauPrime  int
+	rateBitsPerSec float64
+	rep, position  int
+	algs           []core.Algorithm
+	header         bool
 }
 
 func main() {
