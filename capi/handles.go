@@ -60,7 +60,6 @@ func (t *table[T]) missing(kind string, h int64) error {
 	return invalidUsage("%d is not a %s handle", h, kind)
 }
 
-
 // peek is get without the error, for recording last errors.
 func (t *table[T]) peek(h int64) T {
 	v, _ := t.get("", h)
