@@ -7,10 +7,8 @@ PyTorch DDP over gloo. Switching to sparse allreduce is one line
 """
 
 import argparse
-import os
 import time
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn as nn

@@ -3,7 +3,6 @@
 saw to <outdir>/rank<r>.pkl for the test to check."""
 
 import contextlib
-import copy
 import hashlib
 import os
 import pickle
