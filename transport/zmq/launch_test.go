@@ -49,21 +49,12 @@ func TestInitFromLaunchJoinsUnderEachLauncher(t *testing.T) {
 	}
 	for name, envFor := range launches {
 		port := freeRendezvousPort(t)
-		var wg sync.WaitGroup
-		zs := make([]*Transport, size)
-		errs := make([]error, size)
-		for r := 0; r < size; r++ {
-			env := envFor(r)
-			env["OKTOPK_RENDEZVOUS_PORT"] = fmt.Sprint(port)
-			wg.Add(1)
-			go func(r int) {
-				defer wg.Done()
-				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-				defer cancel()
-				zs[r], errs[r] = initFromLaunch(ctx, Options{}, envOf(env))
-			}(r)
+		envs := make([]map[string]string, size)
+		for r := range envs {
+			envs[r] = envFor(r)
+			envs[r]["OKTOPK_RENDEZVOUS_PORT"] = fmt.Sprint(port)
 		}
-		wg.Wait()
+		zs, errs := joinFromEnvs(envs)
 		for r := 0; r < size; r++ {
 			if errs[r] != nil {
 				t.Errorf("%s: rank %d: %v", name, r, errs[r])
@@ -110,4 +101,23 @@ func TestInitFromLaunchFailureNamesTheLauncher(t *testing.T) {
 			t.Errorf("%q does not name %q", err, w)
 		}
 	}
+}
+
+// joinFromEnvs joins one rank per environment at once, each from its own
+// launcher variables, and returns every rank's transport or error.
+func joinFromEnvs(envs []map[string]string) ([]*Transport, []error) {
+	zs := make([]*Transport, len(envs))
+	errs := make([]error, len(envs))
+	var wg sync.WaitGroup
+	for r, env := range envs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			zs[r], errs[r] = initFromLaunch(ctx, Options{}, envOf(env))
+		}()
+	}
+	wg.Wait()
+	return zs, errs
 }

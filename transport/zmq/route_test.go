@@ -44,21 +44,11 @@ func TestRouteToRendezvousKeepsAConfiguredAddress(t *testing.T) {
 func TestInitFromLaunchBindsTheRoutedAddress(t *testing.T) {
 	own := testnet.NonLoopbackIPv4(t)
 	port := freeRendezvousPort(t)
-	const size = 2
-	zs := make([]*Transport, size)
-	errs := make([]error, size)
-	var wg sync.WaitGroup
-	for r := 0; r < size; r++ {
-		env := map[string]string{"RANK": fmt.Sprint(r), "WORLD_SIZE": "2", "MASTER_ADDR": own, "OKTOPK_RENDEZVOUS_PORT": fmt.Sprint(port)}
-		wg.Add(1)
-		go func(r int) {
-			defer wg.Done()
-			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-			defer cancel()
-			zs[r], errs[r] = initFromLaunch(ctx, Options{}, envOf(env))
-		}(r)
+	envs := make([]map[string]string, 2)
+	for r := range envs {
+		envs[r] = map[string]string{"RANK": fmt.Sprint(r), "WORLD_SIZE": "2", "MASTER_ADDR": own, "OKTOPK_RENDEZVOUS_PORT": fmt.Sprint(port)}
 	}
-	wg.Wait()
+	zs, errs := joinFromEnvs(envs)
 	for r, z := range zs {
 		if errs[r] != nil {
 			t.Fatalf("rank %d: %v", r, errs[r])
