@@ -25,7 +25,7 @@ WHEEL_VENV := $(OKTOPK_CACHE)/venv-wheel-$(shell sha256sum $(WHEEL_REQ) | cut -c
 WHEEL_PY := $(WHEEL_VENV)/bin/python
 GO_SOURCES := $(shell find core transport capi -name '*.go' -not -name '*_test.go') $(wildcard capi/*.c capi/*.h) go.mod go.sum
 
-.PHONY: all deps deps-launch venv-wheel build test test-go test-c test-launch test-python test-wheel test-venvs test-horovod wheel demo bench bench-quick bench-smoke bench-e2e bench-e2e-smoke bench-go examples header-check clean venv venv-horovod print-py chaos chaos-smoke fuzz
+.PHONY: all deps deps-launch deps-text bench-text venv-wheel build test test-go test-c test-launch test-python test-wheel test-venvs test-horovod wheel demo bench bench-quick bench-smoke bench-e2e bench-e2e-smoke bench-go examples header-check clean venv venv-horovod print-py chaos chaos-smoke fuzz
 
 all: build
 
@@ -298,13 +298,42 @@ bench-e2e: $(LIB) venv
 	bench/ddp_e2e.sh $(PY) results
 
 # Seconds: loopback (no root), P = 2, every method once on a 9k-parameter
-# MLP for 6 steps in the same two processes, target 0%; fails unless
-# tta.csv has a row per method with every field a number. Never touches
-# results/.
-bench-e2e-smoke: $(LIB) venv
+# MLP for 6 steps in the same two processes, target 0%; then the text
+# benchmark's path (AdamW, clipping, a loss target, its plot) on a
+# 141k-parameter transformer; fails unless each CSV has a row per method
+# with every field a number. Never touches results/.
+bench-e2e-smoke: $(LIB) venv deps-text
 	BENCH_MODE=loopback BENCH_E2E_P=2 BENCH_E2E_WIDTH=64 BENCH_E2E_STEPS=6 BENCH_E2E_EVAL=3 BENCH_E2E_TARGET=0 \
 		BENCH_E2E_POWERSGD_START=2 BENCH_E2E_SCHED_STEPS=2 BENCH_E2E_METHODS="ddp fp16 powersgd1 powersgd4 oktopk oktopk_auto oktopk_sched oktopk_w3" BENCH_E2E_STRICT=1 BENCH_E2E_TOGETHER=1 \
 		BENCH_LOGS=$(BUILD)/bench-e2e-smoke/logs timeout 120 bench/ddp_e2e.sh $(PY) $(BUILD)/bench-e2e-smoke
+	BENCH_MODE=loopback BENCH_E2E_P=2 BENCH_E2E_MODEL=charlm BENCH_E2E_NAME=text BENCH_E2E_WIDTH=48 BENCH_E2E_STEPS=6 BENCH_E2E_EVAL=3 \
+		BENCH_E2E_TARGET=5.6 BENCH_E2E_POWERSGD_START=2 BENCH_E2E_METHODS="ddp powersgd4 oktopk oktopk_d5 oktopk_w3" BENCH_E2E_STRICT=1 \
+		BENCH_E2E_TOGETHER=1 BENCH_LOGS=$(BUILD)/bench-e2e-smoke/logs timeout 120 bench/ddp_e2e.sh $(PY) $(BUILD)/bench-e2e-smoke
+
+# Real English text for the transformer benchmark and example
+# (examples/pytorch/charlm.py): Debian's fortunes collection, installed when
+# missing.
+TEXT_CORPUS := /usr/share/games/fortunes
+deps-text:
+	@if [ ! -d $(TEXT_CORPUS) ]; then \
+		echo "installing fortunes"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends fortunes >/dev/null; \
+	fi
+
+# Time to a held-out loss for a transformer trained with AdamW on real text
+# (examples/pytorch/charlm.py, 1.89M parameters): every method at P = 4 on
+# the emulated cluster (BENCH_MODE=loopback: over loopback, for steps),
+# powerSGD dense for the first 10% of the steps as torch's documentation
+# suggests. Writes results/text.csv, text_curve.csv, text.png and a section
+# of bench.md (BENCH_TEXT_NAME=text_loopback for the loopback run).
+BENCH_TEXT_METHODS ?= ddp fp16 powersgd1 powersgd4 oktopk oktopk_d5 oktopk_w40
+BENCH_TEXT_STEPS ?= 400
+BENCH_TEXT_TARGET ?= 2.3
+BENCH_TEXT_NAME ?= text
+bench-text: $(LIB) venv deps-text
+	BENCH_E2E_MODEL=charlm BENCH_E2E_NAME=$(BENCH_TEXT_NAME) BENCH_E2E_P=4 BENCH_E2E_STEPS=$(BENCH_TEXT_STEPS) BENCH_E2E_EVAL=25 \
+		BENCH_E2E_TARGET=$(BENCH_TEXT_TARGET) BENCH_E2E_POWERSGD_START=$$(( $(BENCH_TEXT_STEPS) / 10 )) BENCH_E2E_ARGS="--batch-size 16" \
+		BENCH_E2E_METHODS="$(BENCH_TEXT_METHODS)" bench/ddp_e2e.sh $(PY) results
 
 # Go benchmarks: transport beside raw ZeroMQ, and the collectives in process.
 bench-go: $(BUILD)/.deps

@@ -19,6 +19,14 @@ hours. ``cnn`` is the VGG-style CNN of examples/pytorch/cnn.py
 (``--width 13``: 16.5M parameters), whose convolutions make its steps
 compute-bound on such a machine (about a second of compute per step at P = 8,
 one core per four ranks): kept for comparison with the earlier rows.
+``charlm`` is the byte-level causal transformer of
+examples/pytorch/charlm.py (``--width 192``: 1.89M parameters) on real
+English text (Debian's fortunes, every tenth fortune held out), trained as
+transformers are: AdamW (weight decay 0.01), a linear learning-rate warm-up
+over ``--lr-warmup`` steps and cosine decay to a tenth of ``--lr`` at the
+step budget, gradients clipped to norm 1. Its target is a held-out loss
+(nats per byte, reached at or below it) and its accuracy is next-byte
+accuracy.
 
 Methods (``--method``):
 
@@ -42,6 +50,10 @@ Methods (``--method``):
 - ``oktopk_wN`` (e.g. ``oktopk_w10``): the same as ``oktopk`` with N dense
   warm-up steps (``warmup_iters=N``) instead of two: the evidence for the
   warm-up default.
+- ``oktopk_dN`` (e.g. ``oktopk_d5``): the same as ``oktopk`` at density N%
+  instead of ``--density``.
+- ``oktopk_topka``, ``oktopk_gtopk``, ...: the same with that sparse
+  algorithm (any of ``oktopk.ALGORITHMS`` but the dense ones).
 
 Bytes per step are what one rank sends per step once the method compresses
 (after its dense warm-up), averaged over the ranks: for oktopk the library's
@@ -88,6 +100,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "pytorch"))
+from charlm import CharTransformer, batch, fortunes_corpus, lm_loss, lr_at  # noqa: E402
 from cnn import VGGStyle, digits  # noqa: E402
 from tta_report import HEADER  # noqa: E402
 
@@ -106,19 +119,44 @@ class WideMLP(nn.Module):
 
 
 def evaluate(model, x, y):
-    """(accuracy %, mean cross-entropy) on held-out data."""
+    """(accuracy %, mean cross-entropy) on held-out data (charlm: of every
+    byte of the held-out windows)."""
     model.eval()
     with torch.no_grad():
-        out = model(x)
+        out = model(x).reshape(y.numel(), -1)
+        y = y.reshape(-1)
         acc, loss = 100.0 * (out.argmax(1) == y).float().mean().item(), F.cross_entropy(out, y).item()
     model.train()
     return acc, loss
+
+
+def reached_target(model, acc, loss, target):
+    """Accuracy at or above the target; charlm's target is a held-out loss,
+    reached at or below it."""
+    return loss <= target if model == "charlm" else acc >= target
 
 
 def warmup_of(method):
     """N of an ``oktopk_wN`` method (N >= 2), else None."""
     m = re.fullmatch(r"oktopk_w(\d+)", method)
     return int(m.group(1)) if m and int(m.group(1)) >= 2 else None
+
+
+# The library's sparse algorithms a method may name as oktopk_<algorithm>
+# ("auto" is oktopk_auto's).
+SPARSE_ALGORITHMS = ("topka", "topkdsa", "ssar_recursive_double", "ssar_split_allgather", "dsar_split_allgather", "gtopk", "gaussiank")
+
+
+def algorithm_of(method):
+    """The algorithm an ``oktopk_<algorithm>`` method names, else None."""
+    name = method[len("oktopk_"):] if method.startswith("oktopk_") else None
+    return name if name in SPARSE_ALGORITHMS else None
+
+
+def density_of(method):
+    """N/100 of an ``oktopk_dN`` method (0 < N <= 100), else None."""
+    m = re.fullmatch(r"oktopk_d(\d+)", method)
+    return int(m.group(1)) / 100 if m and 0 < int(m.group(1)) <= 100 else None
 
 
 def ring_bytes(elements, world, width=4):
@@ -129,14 +167,16 @@ def ring_bytes(elements, world, width=4):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--method", required=True, help=f"one of {', '.join(METHODS)}, or several joined by commas, run one after the other in these processes")
-    ap.add_argument("--model", choices=("mlp", "cnn"), default="mlp")
-    ap.add_argument("--width", type=int, default=None, help="mlp: hidden width (default 4096); cnn: width multiplier (default 13)")
+    ap.add_argument("--model", choices=("mlp", "cnn", "charlm"), default="mlp")
+    ap.add_argument("--width", type=int, default=None, help="mlp: hidden width (default 4096); cnn: width multiplier (default 13); charlm: model dimension (default 192)")
     ap.add_argument("--steps", type=int, default=100, help="step budget")
-    ap.add_argument("--target", type=float, default=95.0, help="held-out accuracy, percent")
+    ap.add_argument("--target", type=float, default=95.0, help="held-out accuracy, percent (charlm: held-out loss, nats per byte)")
     ap.add_argument("--eval-every", type=int, default=5)
     ap.add_argument("--stop-at-target", action="store_true")
     ap.add_argument("--batch-size", type=int, default=8, help="per rank")
-    ap.add_argument("--lr", type=float, default=0.1)
+    ap.add_argument("--lr", type=float, default=None, help="SGD's (mlp, cnn; default 0.1) or AdamW's peak (charlm; default 0.002) learning rate")
+    ap.add_argument("--lr-warmup", type=int, default=30, help="charlm: steps of linear learning-rate warm-up")
+    ap.add_argument("--seq", type=int, default=64, help="charlm: bytes per window")
     ap.add_argument("--density", type=float, default=0.01)
     ap.add_argument("--powersgd-start", type=int, default=10, help="powerSGD's start_powerSGD_iter (at least 2)")
     ap.add_argument("--sched-steps", type=int, default=50, help="oktopk_sched: decay_steps of density_schedule=(0.25, N)")
@@ -148,13 +188,20 @@ def main():
         ap.error(f"--powersgd-start must be at least 2 (powerSGD with error feedback starts after DDP's first steps), got {args.powersgd_start}")
     methods = args.method.split(",")
     for m in methods:
-        if m not in METHODS and warmup_of(m) is None:
-            ap.error(f"--method {m!r} is none of {', '.join(METHODS)}, nor oktopk_wN (N >= 2 dense warm-up steps)")
-    width = args.width if args.width is not None else (4096 if args.model == "mlp" else 13)
+        if m not in METHODS and warmup_of(m) is None and density_of(m) is None and algorithm_of(m) is None:
+            ap.error(f"--method {m!r} is none of {', '.join(METHODS)}, nor oktopk_wN (N >= 2 dense warm-up steps), nor oktopk_dN "
+                     f"(density N%), nor oktopk_<algorithm> ({', '.join(SPARSE_ALGORITHMS)})")
+    width = args.width if args.width is not None else {"mlp": 4096, "cnn": 13, "charlm": 192}[args.model]
+    if args.lr is None:
+        args.lr = 0.002 if args.model == "charlm" else 0.1
 
     dist.init_process_group("gloo")
     torch.set_num_threads(1)
-    data = digits(args.seed)
+    if args.model == "charlm":
+        train_text, held = fortunes_corpus()
+        data = (train_text, batch(held, 64, args.seq, torch.Generator().manual_seed(12345)))
+    else:
+        data = digits(args.seed)
     for method in methods:
         train(method, args, width, data)
     dist.destroy_process_group()
@@ -163,9 +210,13 @@ def main():
 def train(method, args, width, data):
     """One method's run from the seed; rank 0 prints its lines."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    (xtr, ytr), (xte, yte) = data
+    charlm = args.model == "charlm"
+    if charlm:
+        train_text, (xte, yte) = data
+    else:
+        (xtr, ytr), (xte, yte) = data
     torch.manual_seed(args.seed)
-    net = WideMLP(width) if args.model == "mlp" else VGGStyle(width)
+    net = {"mlp": lambda: WideMLP(width), "cnn": lambda: VGGStyle(width), "charlm": lambda: CharTransformer(width, seq=args.seq)}[args.model]()
     model = DDP(net, bucket_cap_mb=1024 if method.startswith("powersgd") else 25)
     state, warmup, density = None, 0, 1.0
     if method == "fp16":
@@ -180,19 +231,28 @@ def train(method, args, width, data):
         from oktopk import OkTopkState, oktopk_hook
 
         kwargs = {"algorithm": "auto"} if method == "oktopk_auto" else {}
+        if algorithm_of(method) is not None:
+            kwargs["algorithm"] = algorithm_of(method)
         if method == "oktopk_sched":
             kwargs["density_schedule"] = (0.25, args.sched_steps)
         if warmup_of(method) is not None:
             kwargs["warmup_iters"] = warmup_of(method)
-        state = OkTopkState(density=args.density, **kwargs)
+        density = density_of(method) or args.density
+        state = OkTopkState(density=density, **kwargs)
         model.register_comm_hook(state, oktopk_hook)
-        warmup, density = state.warmup_iters, args.density
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+        warmup = state.warmup_iters
+    if charlm:
+        opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     params = sum(p.numel() for p in model.parameters())
 
-    shard = torch.arange(rank, len(ytr), world)[: len(ytr) // world]  # same step count on every rank
-    per_epoch = len(shard) // args.batch_size
-    if per_epoch < 1:
+    if charlm:  # this rank's windows, the same for every method
+        windows = torch.Generator().manual_seed(args.seed * 1000 + rank)
+    else:
+        shard = torch.arange(rank, len(ytr), world)[: len(ytr) // world]  # same step count on every rank
+        per_epoch = len(shard) // args.batch_size
+    if not charlm and per_epoch < 1:
         raise SystemExit(f"ddp_e2e.py: {len(shard)} images per rank are fewer than a batch of {args.batch_size}")
     reached = None  # (train seconds, step) of the first evaluation at or above the target
     acc = loss = float("nan")
@@ -204,13 +264,20 @@ def train(method, args, width, data):
     dist.barrier()
     start = time.perf_counter()
     while step < args.steps:
-        epoch, i = divmod(step, per_epoch)
-        if i == 0:
-            perm = shard[torch.randperm(len(shard), generator=torch.Generator().manual_seed(args.seed * 1000 + epoch))]
-        idx = perm[i * args.batch_size : (i + 1) * args.batch_size]
-        out = F.cross_entropy(model(xtr[idx]), ytr[idx])
+        if charlm:
+            for group in opt.param_groups:
+                group["lr"] = lr_at(step, args.steps, args.lr, args.lr_warmup)
+            out = lm_loss(model, *batch(train_text, args.batch_size, args.seq, windows))
+        else:
+            epoch, i = divmod(step, per_epoch)
+            if i == 0:
+                perm = shard[torch.randperm(len(shard), generator=torch.Generator().manual_seed(args.seed * 1000 + epoch))]
+            idx = perm[i * args.batch_size : (i + 1) * args.batch_size]
+            out = F.cross_entropy(model(xtr[idx]), ytr[idx])
         opt.zero_grad()
         out.backward()
+        if charlm:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         step += 1
         if step % args.eval_every == 0 or step == args.steps:
@@ -219,7 +286,7 @@ def train(method, args, width, data):
             if rank == 0:
                 acc, loss = evaluate(model.module, xte, yte)
                 print(f"curve,{method},{step},{train_s:.3f},{acc:.2f},{loss:.4f}", flush=True)  # CURVE_HEADER
-                if reached is None and acc >= args.target:
+                if reached is None and reached_target(args.model, acc, loss, args.target):
                     reached = (train_s, step)
                 flag.fill_(1.0 if reached is not None and args.stop_at_target else 0.0)
             dist.broadcast(flag, 0)

@@ -28,6 +28,8 @@
 #   BENCH_E2E_ARGS=              more bench/ddp_e2e.py arguments (--lr, --batch-size, --seed)
 #   BENCH_E2E_STRICT=0           1: every field must be a number (the smoke run)
 #   BENCH_E2E_TOGETHER=0         1: every method in the same processes (the smoke run)
+#   BENCH_E2E_NAME=tta           the output files' stem (NAME.csv, NAME_curve.csv, NAME.png)
+#                                and bench.md section; make bench-text uses "text"
 #   BENCH_PLOT=1 BENCH_LOGS=build/bench-logs
 set -euo pipefail
 PY=$1 OUTDIR=$2
@@ -39,13 +41,14 @@ EVAL=${BENCH_E2E_EVAL:-5}
 MODEL=${BENCH_E2E_MODEL:-mlp}
 METHODS=${BENCH_E2E_METHODS:-"ddp fp16 powersgd1 powersgd4 oktopk oktopk_auto oktopk_sched oktopk_w10 oktopk_w25"}
 LOGS=${BENCH_LOGS:-build/bench-logs}
+NAME=${BENCH_E2E_NAME:-tta}
 ARGS=(--model "$MODEL" --steps "$STEPS" --target "$TARGET" --eval-every "$EVAL"
 	--density "${BENCH_E2E_DENSITY:-0.01}" --powersgd-start "${BENCH_E2E_POWERSGD_START:-10}"
 	--sched-steps "${BENCH_E2E_SCHED_STEPS:-50}")
 [[ -n ${BENCH_E2E_WIDTH:-} ]] && ARGS+=(--width "$BENCH_E2E_WIDTH")
 [[ ${BENCH_E2E_STOP:-0} == 1 ]] && ARGS+=(--stop-at-target)
 mkdir -p "$OUTDIR" "$LOGS"
-rows=$LOGS/tta-P$P.out
+rows=$LOGS/$NAME-P$P.out
 rm -f "$rows"
 # Each method in fresh processes; BENCH_E2E_TOGETHER=1 runs them all in
 # one job, one after the other in the same processes, which saves an
@@ -59,7 +62,7 @@ jobs=()
 for method in "${run_methods[@]}"; do
 	jobs+=("PYTHONPATH='$HERE/../plugins/pytorch' '$PY' '$HERE/ddp_e2e.py' --method $method ${ARGS[*]} ${BENCH_E2E_ARGS:-}")
 done
-echo "time to accuracy: P=$P, $MODEL, methods: $METHODS; $STEPS steps, target $TARGET%, evaluated every $EVAL (${BENCH_MODE:-netns}, ${BENCH_RATE:-200mbit})" >&2
+echo "time to accuracy: P=$P, $MODEL, methods: $METHODS; $STEPS steps, target $TARGET, evaluated every $EVAL (${BENCH_MODE:-netns}, ${BENCH_RATE:-200mbit})" >&2
 START=$SECONDS
 CHILD=
 trap '[[ -n $CHILD ]] && kill -TERM "$CHILD" 2>/dev/null; exit 143' INT TERM
@@ -70,8 +73,11 @@ CHILD=
 strict=()
 [[ ${BENCH_E2E_STRICT:-0} == 1 ]] && strict=(--strict)
 BENCH_MODE=${BENCH_MODE:-netns} BENCH_RATE=${BENCH_RATE:-200mbit} \
-	"$PY" "$HERE/tta_report.py" "${strict[@]}" --sched-steps "${BENCH_E2E_SCHED_STEPS:-50}" --methods "$METHODS" "$rows" "$OUTDIR"
+	"$PY" "$HERE/tta_report.py" "${strict[@]}" --sched-steps "${BENCH_E2E_SCHED_STEPS:-50}" --name "$NAME" --methods "$METHODS" "$rows" "$OUTDIR"
 if [[ ${BENCH_PLOT:-1} == 1 ]]; then
-	"$PY" "$HERE/plot.py" --tta "$OUTDIR/tta_curve.csv" "$OUTDIR/tta.png" "$TARGET"
+	# A language model's target is a loss: its curves are losses.
+	kind=--tta
+	[[ $MODEL == charlm ]] && kind=--tta-loss
+	"$PY" "$HERE/plot.py" $kind "$OUTDIR/${NAME}_curve.csv" "$OUTDIR/$NAME.png" "$TARGET"
 fi
 echo "time to accuracy: $((SECONDS - START)) s" >&2

@@ -10,6 +10,7 @@
 
     python bench/plot.py results/bench.csv results
     python bench/plot.py --tta results/tta_curve.csv results/tta.png [TARGET]
+    python bench/plot.py --tta-loss results/text_curve.csv results/text.png [TARGET]
 """
 
 import csv
@@ -118,6 +119,33 @@ TTA_STYLE = {
 WARMUP_STYLES = [{"color": "tab:pink", "linestyle": "--"}, {"color": "tab:brown", "linestyle": "--"}, {"color": "tab:olive", "linestyle": "--"}]
 
 
+def tta_loss(curve_csv, out, target=None):
+    """Held-out loss against training seconds and against steps, one line
+    per method (a language model's curves: lower is better)."""
+    by_method = defaultdict(list)
+    for r in load(curve_csv):
+        by_method[r["method"]].append((int(r["step"]), float(r["train_s"]), float(r["loss"])))
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5))
+    warmups = iter(WARMUP_STYLES * 4)
+    styles = {m: TTA_STYLE.get(m) or (next(warmups) | {"linewidth": 1.4} if m.startswith("oktopk_w") else {"linewidth": 1.4}) for m in by_method}
+    for ax, x, label in ((axes[0], 1, "training seconds"), (axes[1], 0, "steps")):
+        for method, series in by_method.items():
+            series.sort()
+            ax.plot([p[x] for p in series], [p[2] for p in series], marker=".", label=method, **styles[method])
+        if target is not None:
+            ax.axhline(target, color="gray", linestyle="--", linewidth=1, label=f"target {target:g}")
+        lows = [p[2] for series in by_method.values() for p in series]
+        ax.set(xlabel=label, ylabel="held-out loss (nats per byte)", ylim=(min(lows) - 0.05, min(max(lows), min(lows) + 1.5)))
+        ax.grid(True, alpha=0.3)
+    axes[0].set_title("held-out loss against training time (evaluation excluded)")
+    axes[1].set_title("held-out loss against steps")
+    axes[1].legend(fontsize=8, loc="upper right")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    print(f"plot.py: wrote {out}", file=sys.stderr)
+
+
 def tta(curve_csv, out, target=None):
     """Accuracy against training seconds, one line per method: the whole
     run, and beside it the approach to the target, enlarged."""
@@ -151,6 +179,9 @@ def tta(curve_csv, out, target=None):
 
 
 def main():
+    if sys.argv[1] == "--tta-loss":
+        tta_loss(sys.argv[2], sys.argv[3], float(sys.argv[4]) if len(sys.argv) > 4 else None)
+        return
     if sys.argv[1] == "--tta":
         tta(sys.argv[2], sys.argv[3], float(sys.argv[4]) if len(sys.argv) > 4 else None)
         return

@@ -1,12 +1,13 @@
 """The time-to-accuracy report, from rank 0's output of bench/ddp_e2e.py
-(every method's ``row,`` and ``curve,`` lines): OUTDIR/tta.csv (a row per
-method), OUTDIR/tta_curve.csv (every evaluation) and a markdown table in
-OUTDIR/bench.md, replacing the one an earlier run put there. Fails, naming
+(every method's ``row,`` and ``curve,`` lines): OUTDIR/NAME.csv (a row per
+method), OUTDIR/NAME_curve.csv (every evaluation) and a markdown table in
+OUTDIR/bench.md, replacing the one an earlier run with the same NAME put
+there (NAME: ``--name``, ``tta`` by default). Fails, naming
 what is wrong, unless there is exactly one row per method asked for with
 every field a number (only the to-target columns may be nan, for a method
 that never reached the target; with --strict none may).
 
-    python bench/tta_report.py [--strict] [--sched-steps N] --methods "ddp fp16 ..." ROWS OUTDIR
+    python bench/tta_report.py [--strict] [--sched-steps N] [--name NAME] --methods "ddp fp16 ..." ROWS OUTDIR
 """
 
 import argparse
@@ -34,10 +35,27 @@ NAMES = {
 
 
 def method_name(method):
-    """The table's name of a method (oktopk_wN: N dense warm-up steps)."""
+    """The table's name of a method (oktopk_wN: N dense warm-up steps;
+    oktopk_dN: density N%)."""
     if method.startswith("oktopk_w") and method[len("oktopk_w"):].isdigit():
         return "oktopk_hook, density {density}, warmup_iters=" + method[len("oktopk_w"):]
+    if method.startswith("oktopk_d") and method[len("oktopk_d"):].isdigit():
+        return NAMES["oktopk"]
+    if method not in NAMES and method.startswith("oktopk_"):
+        return NAMES["oktopk"] + f', algorithm="{method[len("oktopk_"):]}"'
+
     return NAMES[method]
+
+
+# What each model is trained on and how, for the table's caption.
+TRAINING = {
+    "charlm": "on real English text (Debian's fortunes; every tenth fortune held out), {batch} windows of bytes per rank per step, "
+    "AdamW (peak learning rate {lr}, weight decay 0.01, linear warm-up, cosine decay, gradients clipped to norm 1)",
+}
+DIGITS = "on the digits data, {batch} images per rank per step, SGD (learning rate {lr}, momentum 0.9)"
+METRIC = {"charlm": ("held-out loss", "{target} nats per byte or below", "next-byte accuracy %")}
+ACCURACY = ("held-out accuracy", "{target}%", "final accuracy %")
+COMMAND = {"charlm": "make bench-text"}
 
 
 def number(s):
@@ -75,21 +93,27 @@ def mb(x):
     return f"{float(x) / 1e6:.3f}" if not math.isnan(float(x)) else "nan"
 
 
-def table(recs, sched_steps, mode, rate):
+def title(name):
+    """The start of the bench.md section of a report named ``name``."""
+    return f"{TITLE}: DDP training" if name == "tta" else f"{TITLE}: {name}, DDP training"
+
+
+def table(recs, sched_steps, mode, rate, name="tta"):
     first = recs[0]
     base = next((float(r["time_to_target_s"]) for r in recs if r["method"] == "ddp"), float("nan"))
+    training = TRAINING.get(first["model"], DIGITS).format(batch=first["batch_per_rank"], lr=first["lr"])
+    metric, target, accuracy = METRIC.get(first["model"], ACCURACY)
     out = [
-        f"{TITLE}: DDP training, P = {first['P']}, {mode} ({rate})",
+        f"{title(name)}, P = {first['P']}, {mode if mode == 'loopback' else f'{mode} ({rate})'}",
         "",
-        f"Model {first['model']} ({first['params']} parameters) on the digits data, {first['batch_per_rank']} images per rank "
-        f"per step, SGD (learning rate {first['lr']}, momentum 0.9), the same seed, initialization and data order for every method; held-out accuracy "
-        f"evaluated on rank 0 every {first['eval_every']} steps, outside the timed region; budget {first['steps']} steps, "
-        f"target {first['target']}% (bench/ddp_e2e.py, `make bench-e2e`). Seconds are training time only, to the first "
-        "evaluation at or above the target; bytes are what one rank sends per step once the method compresses (oktopk: "
+        f"Model {first['model']} ({first['params']} parameters) {training}, the same seed, initialization and data order for every "
+        f"method; {metric} evaluated on rank 0 every {first['eval_every']} steps, outside the timed region; budget {first['steps']} steps, "
+        f"target {target.format(target=first['target'])} (bench/ddp_e2e.py, `{COMMAND.get(first['model'], 'make bench-e2e')}`). Seconds are training time only, to the first "
+        "evaluation that reaches the target; bytes are what one rank sends per step once the method compresses (oktopk: "
         "the library's count; the others: the ring allreduce formula over what they reduce), after its dense warm-up "
         "steps. Every rank shares the machine's cores, so seconds compare methods with each other, not with a cluster.",
         "",
-        "| method | s to target | steps to target | × faster than plain DDP | final accuracy % | final held-out loss | ms per step | MB per step per rank | dense warm-up steps |",
+        f"| method | s to target | steps to target | × faster than plain DDP | {accuracy} | final held-out loss | ms per step | MB per step per rank | dense warm-up steps |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in recs:
@@ -108,10 +132,11 @@ def table(recs, sched_steps, mode, rate):
     return "\n".join(out) + "\n"
 
 
-def replace_section(path, section):
-    """bench.md with this section in place of an earlier one (or appended)."""
+def replace_section(path, section, name="tta"):
+    """bench.md with this section in place of an earlier one of the same
+    name (or appended)."""
     text = open(path).read() if os.path.exists(path) else ""
-    at = text.find("\n" + TITLE)
+    at = text.find("\n" + title(name))
     if at >= 0:
         end = text.find("\n## ", at + 1)
         text = text[:at] + (text[end:] if end >= 0 else "\n")
@@ -124,6 +149,7 @@ def main():
     ap.add_argument("--methods", required=True)
     ap.add_argument("--strict", action="store_true")
     ap.add_argument("--sched-steps", default="50", help="oktopk_sched's decay steps, for its name")
+    ap.add_argument("--name", default="tta", help="the files' stem and the section's name")
     ap.add_argument("rows")
     ap.add_argument("outdir")
     args = ap.parse_args()
@@ -138,15 +164,16 @@ def main():
                 curve.append(rest)
     recs = check(rows, methods, args.strict)
     os.makedirs(args.outdir, exist_ok=True)
-    with open(os.path.join(args.outdir, "tta.csv"), "w") as f:
+    with open(os.path.join(args.outdir, f"{args.name}.csv"), "w") as f:
         f.write(HEADER + "\n")
         for r in recs:
             f.write(",".join(r[c] for c in HEADER.split(",")) + "\n")
-    with open(os.path.join(args.outdir, "tta_curve.csv"), "w") as f:
+    with open(os.path.join(args.outdir, f"{args.name}_curve.csv"), "w") as f:
         f.write(CURVE_HEADER + "\n" + "".join(c + "\n" for c in curve))
     mode, rate = os.environ.get("BENCH_MODE", "netns"), os.environ.get("BENCH_RATE", "200mbit")
-    replace_section(os.path.join(args.outdir, "bench.md"), table(recs, args.sched_steps, mode, rate))
-    print(f"tta_report.py: {len(recs)} methods, all numeric; wrote {args.outdir}/tta.csv, tta_curve.csv and bench.md", file=sys.stderr)
+    replace_section(os.path.join(args.outdir, "bench.md"), table(recs, args.sched_steps, mode, rate, args.name), args.name)
+    print(f"tta_report.py: {len(recs)} methods, all numeric; wrote {args.outdir}/{args.name}.csv, {args.name}_curve.csv and bench.md",
+          file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,190 @@
+"""Exploration of sparse training with Adam, in one process: P simulated
+workers, each with its own batch, gradient and residual, reduced by
+Ok-Topk's rule (each worker's exact local top-k of gradient + residual,
+summed, the exact global top-k of the sum kept, the average delivered; a
+residual loses exactly its entries that were selected locally and kept
+globally, Algorithm 2 of the paper), on the byte-level transformer of
+examples/pytorch/charlm.py. No library, no processes: it isolates what the
+optimizer does with sparse, bursty gradients, quickly enough to compare
+many variants. The real runs are bench/ddp_e2e.py's.
+
+    python bench/adam_sim.py --variant dense,plain,frozen --steps 400
+
+Variants: see VARIANTS. Prints ``sim,variant,step,held_out_loss`` lines.
+"""
+
+import argparse
+import math
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "pytorch"))
+from charlm import CharTransformer, batch, fortunes_corpus, held_out_loss, lm_loss, lr_at  # noqa: E402
+
+VARIANTS = {
+    # name: (sparse, how Adam's second moment is kept, 1-D tensors dense, clip)
+    "dense": dict(sparse=False),
+    "plain": dict(sparse=True),
+    "frozen": dict(sparse=True, v="frozen"),
+    "frozen_small_dense": dict(sparse=True, v="frozen", small_dense=True),
+    "frozen_noclip": dict(sparse=True, v="frozen", clip=False),
+    "localv": dict(sparse=True, v="local"),
+    "localv_sync": dict(sparse=True, v="local_sync"),
+    "plain_small_dense": dict(sparse=True, small_dense=True),
+    "plain_noclip": dict(sparse=True, clip=False),
+    "dense_noclip": dict(sparse=False, clip=False),
+    "frozen_precond": dict(sparse=True, v="frozen", precond="scaled"),
+    "plain_precondsel": dict(sparse=True, precond="score"),
+    "pertensor": dict(sparse=True, per_tensor=True),
+    "frozen_momentum": dict(sparse=True, v="frozen", momentum=True, clip=False),
+    "dense_frozen": dict(sparse=False, v="frozen"),
+    "union": dict(sparse=True, union=True),
+    "noef": dict(sparse=True, residual_decay=0.0),
+    "ef_decay": dict(sparse=True, residual_decay=0.9),
+    "frozen_precond_pertensor": dict(sparse=True, v="frozen", precond="scaled", per_tensor=True),
+    "frozen_precond_union": dict(sparse=True, v="frozen", precond="scaled", union=True),
+    "dense_sgd": dict(sparse=False, sgd=True),
+    "sgd": dict(sparse=True, sgd=True),
+}
+
+
+def topk_mask(x, k, bounds=None):
+    """The k largest |x|; with bounds (tensor boundaries), the density k/len
+    of each tensor's entries."""
+    mask = torch.zeros_like(x, dtype=torch.bool)
+    if bounds is None:
+        mask[torch.topk(x.abs(), k, sorted=False).indices] = True
+        return mask
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        kt = max(1, round(k * (b - a) / len(x)))
+        mask[a + torch.topk(x[a:b].abs(), kt, sorted=False).indices] = True
+    return mask
+
+
+def run(name, args, data):
+    cfg = dict(sparse=True, v="adam", small_dense=False, clip=True, sgd=False, precond=None, per_tensor=False, momentum=False, union=False, residual_decay=1.0) | VARIANTS[name]
+    train_text, held = data
+    torch.manual_seed(0)
+    model = CharTransformer(args.dim, args.layers, seq=args.seq)
+    params = list(model.parameters())
+    sizes = [p.numel() for p in params]
+    n = sum(sizes)
+    small = torch.cat([torch.full((s,), p.dim() <= 1) for p, s in zip(params, sizes)])
+    selectable = ~small if cfg["small_dense"] else torch.ones(n, dtype=torch.bool)
+    k = max(1, int(args.density * int(selectable.sum())))
+    residual = torch.zeros(args.P, n)
+    bounds = [0]
+    for size in sizes:
+        bounds.append(bounds[-1] + size)
+    bounds = bounds if cfg["per_tensor"] else None
+    gens = [torch.Generator().manual_seed(1000 + w) for w in range(args.P)]
+    m = torch.zeros(n)
+    v = torch.zeros(n)
+    vlocal = torch.zeros(n)
+    flat = torch.zeros(n)
+    b1, b2, eps, wd = 0.9, 0.999, 1e-8, 0.01
+    print(f"sim,{name},0,{held_out_loss(model, held, args.seq):.4f}", flush=True)
+    for step in range(args.steps):
+        lr = lr_at(step, args.steps, args.sgd_lr if cfg["sgd"] else args.lr, args.lr_warmup)
+        grads = torch.empty(args.P, n)
+        for w in range(args.P):
+            model.zero_grad()
+            lm_loss(model, *batch(train_text, args.batch_size, args.seq, gens[w])).backward()
+            grads[w] = torch.cat([p.grad.reshape(-1) for p in params])
+        dense_phase = step < args.warmup
+        if not cfg["sparse"] or dense_phase:
+            g = grads.mean(0)
+        else:
+            # The preconditioner of Adam's current (or frozen) second moment:
+            # "scaled" reduces the preconditioned gradient (residual kept in
+            # that space), "score" only selects by it.
+            scale = 1.0 / ((v / (1 - b2 ** (vt + 1))).sqrt() + eps) if cfg["precond"] else torch.ones(n)
+            space = scale if cfg["precond"] == "scaled" else torch.ones(n)
+            score = scale if cfg["precond"] == "score" else torch.ones(n)
+            acc = (grads * space if not cfg["momentum"] else b1 * m + (1 - b1) * grads) + residual
+            sel = torch.zeros_like(acc, dtype=torch.bool)
+            for w in range(args.P):
+                idx = selectable.nonzero().squeeze(1)
+                sel[w, idx[topk_mask((acc[w] * score)[idx], k, bounds)]] = True
+            summed = (acc * sel).sum(0)
+            keep = torch.zeros(n, dtype=torch.bool)
+            sidx = selectable.nonzero().squeeze(1)
+            if cfg["union"]:  # every locally selected entry is kept (TopkA's sum, no global top-k)
+                keep = sel.any(0)
+            else:
+                keep[sidx[topk_mask((summed * score)[sidx], k, bounds)]] = True
+            g = torch.where(keep, summed, 0.0) / args.P / space  # back to the gradient's space, as the hook returns it
+            residual = torch.where(sel & keep, 0.0, acc) * cfg["residual_decay"]
+            if cfg["small_dense"]:
+                g = torch.where(small, acc.mean(0), g)
+                residual[:, small] = 0.0
+        if step % 25 == 0:
+            print(f"norm,{name},{step},{g.norm().item():.4f}", flush=True)
+        if cfg["clip"]:
+            norm = g.norm()
+            if norm > 1.0:
+                g = g / norm
+        t = step + 1
+        pflat = torch.cat([p.detach().reshape(-1) for p in params])
+        if cfg["sgd"]:
+            m.mul_(0.9).add_(g)
+            pflat.add_(m, alpha=-lr)
+        else:
+            if cfg["momentum"] and not dense_phase:
+                m.copy_(g)  # the reduced momentum itself
+            else:
+                m.lerp_(g, 1 - b1)
+            mode = cfg["v"]
+            if mode == "adam" or dense_phase:
+                v.mul_(b2).addcmul_(g, g, value=1 - b2)
+                vt = step
+            elif mode == "local":  # every worker's local squares, averaged every step
+                v.mul_(b2).add_((grads * grads).mean(0), alpha=1 - b2)
+            elif mode == "local_sync":  # averaged every sync_every steps
+                vlocal.mul_(b2).add_((grads * grads).mean(0), alpha=1 - b2)
+                if step % args.sync_every == 0:
+                    v.copy_(vlocal)
+            # frozen: v stays as the dense warm-up left it, bias-corrected at its step
+            bc2 = 1 - b2 ** (vt + 1 if mode == "frozen" else t)
+            if mode in ("local", "local_sync") and not dense_phase:
+                bc2 = 1 - b2**t
+            pflat.mul_(1 - lr * wd)
+            pflat.addcdiv_(m, (v / bc2).sqrt().add_(eps), value=-lr / (1 - b1**t))
+            if mode == "local_sync" and dense_phase:
+                vlocal.copy_(v)
+        at = 0
+        with torch.no_grad():
+            for p, s in zip(params, sizes):
+                p.copy_(pflat[at : at + s].view_as(p))
+                at += s
+        if (step + 1) % args.eval_every == 0:
+            print(f"sim,{name},{step + 1},{held_out_loss(model, held, args.seq):.4f}", flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--variant", required=True, help=",".join(VARIANTS))
+    ap.add_argument("--P", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--warmup", type=int, default=20, help="dense steps first")
+    ap.add_argument("--sync-every", type=int, default=20)
+    ap.add_argument("--density", type=float, default=0.01)
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--seq", type=int, default=64)
+    ap.add_argument("--dim", type=int, default=192)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--sgd-lr", type=float, default=0.1)
+    ap.add_argument("--lr-warmup", type=int, default=30)
+    ap.add_argument("--eval-every", type=int, default=50)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    data = fortunes_corpus()
+    for name in args.variant.split(","):
+        run(name, args, data)
+
+
+if __name__ == "__main__":
+    main()
