@@ -10,7 +10,9 @@ many variants. The real runs are bench/ddp_e2e.py's.
 
     python bench/adam_sim.py --variant dense,plain,frozen --steps 400
 
-Variants: see VARIANTS. Prints ``sim,variant,step,held_out_loss`` lines.
+Variants: see VARIANTS. Prints ``sim,variant,step,held_out_loss`` lines;
+with ``--shares``, at the end, the share of each tensor's entries the
+global selection kept per sparse step (``share,variant,tensor,numel,share``).
 """
 
 import argparse
@@ -24,29 +26,33 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from charlm import CharTransformer, batch, fortunes_corpus, held_out_loss, lm_loss, lr_at  # noqa: E402
 
 VARIANTS = {
-    # name: (sparse, how Adam's second moment is kept, 1-D tensors dense, clip)
+    # What each variant changes from AdamW on Ok-Topk's result (defaults in
+    # run's cfg): v, Adam's second moment: "adam" (updated by what arrives),
+    # "frozen" (after the dense steps), "local" (from every worker's dense
+    # local gradient, averaged every step) or "local_sync" (every
+    # --sync-every steps); precond "scaled" (select and keep the residual
+    # in Adam's preconditioned space) or "score" (select by it only);
+    # small_dense (1-D tensors averaged densely); per_tensor (each tensor
+    # its share of k); momentum (reduce each worker's momentum, as 1-bit
+    # Adam does); residual_decay 0 (no error feedback); clip; onebit (not
+    # top-k: every entry's sign times its tensor's mean magnitude, with
+    # error feedback, as 1-bit Adam sends; density ignored).
     "dense": dict(sparse=False),
     "plain": dict(sparse=True),
     "frozen": dict(sparse=True, v="frozen"),
     "frozen_small_dense": dict(sparse=True, v="frozen", small_dense=True),
-    "frozen_noclip": dict(sparse=True, v="frozen", clip=False),
     "localv": dict(sparse=True, v="local"),
     "localv_sync": dict(sparse=True, v="local_sync"),
-    "plain_small_dense": dict(sparse=True, small_dense=True),
     "plain_noclip": dict(sparse=True, clip=False),
-    "dense_noclip": dict(sparse=False, clip=False),
     "frozen_precond": dict(sparse=True, v="frozen", precond="scaled"),
     "plain_precondsel": dict(sparse=True, precond="score"),
     "pertensor": dict(sparse=True, per_tensor=True),
     "frozen_momentum": dict(sparse=True, v="frozen", momentum=True, clip=False),
     "dense_frozen": dict(sparse=False, v="frozen"),
-    "union": dict(sparse=True, union=True),
     "noef": dict(sparse=True, residual_decay=0.0),
-    "ef_decay": dict(sparse=True, residual_decay=0.9),
     "frozen_precond_pertensor": dict(sparse=True, v="frozen", precond="scaled", per_tensor=True),
-    "frozen_precond_union": dict(sparse=True, v="frozen", precond="scaled", union=True),
-    "dense_sgd": dict(sparse=False, sgd=True),
-    "sgd": dict(sparse=True, sgd=True),
+    "onebit": dict(sparse=True, onebit=True),
+    "onebit_frozen": dict(sparse=True, v="frozen", onebit=True),
 }
 
 
@@ -64,7 +70,7 @@ def topk_mask(x, k, bounds=None):
 
 
 def run(name, args, data):
-    cfg = dict(sparse=True, v="adam", small_dense=False, clip=True, sgd=False, precond=None, per_tensor=False, momentum=False, union=False, residual_decay=1.0) | VARIANTS[name]
+    cfg = dict(sparse=True, v="adam", small_dense=False, clip=True, precond=None, per_tensor=False, momentum=False, residual_decay=1.0, onebit=False) | VARIANTS[name]
     train_text, held = data
     torch.manual_seed(0)
     model = CharTransformer(args.dim, args.layers, seq=args.seq)
@@ -78,16 +84,17 @@ def run(name, args, data):
     bounds = [0]
     for size in sizes:
         bounds.append(bounds[-1] + size)
+    bounds_all = bounds
     bounds = bounds if cfg["per_tensor"] else None
     gens = [torch.Generator().manual_seed(1000 + w) for w in range(args.P)]
     m = torch.zeros(n)
     v = torch.zeros(n)
     vlocal = torch.zeros(n)
-    flat = torch.zeros(n)
+    kept = torch.zeros(n)  # times each entry was kept globally
     b1, b2, eps, wd = 0.9, 0.999, 1e-8, 0.01
     print(f"sim,{name},0,{held_out_loss(model, held, args.seq):.4f}", flush=True)
     for step in range(args.steps):
-        lr = lr_at(step, args.steps, args.sgd_lr if cfg["sgd"] else args.lr, args.lr_warmup)
+        lr = lr_at(step, args.steps, args.lr, args.lr_warmup)
         grads = torch.empty(args.P, n)
         for w in range(args.P):
             model.zero_grad()
@@ -104,56 +111,55 @@ def run(name, args, data):
             space = scale if cfg["precond"] == "scaled" else torch.ones(n)
             score = scale if cfg["precond"] == "score" else torch.ones(n)
             acc = (grads * space if not cfg["momentum"] else b1 * m + (1 - b1) * grads) + residual
+            if cfg["onebit"]:
+                sent = torch.empty_like(acc)
+                for a, b in zip(bounds_all[:-1], bounds_all[1:]):
+                    sent[:, a:b] = acc[:, a:b].sign() * acc[:, a:b].abs().mean(1, keepdim=True)
+                residual = acc - sent
+                g = sent.mean(0) / space
             sel = torch.zeros_like(acc, dtype=torch.bool)
-            for w in range(args.P):
+            for w in range(args.P if not cfg["onebit"] else 0):
                 idx = selectable.nonzero().squeeze(1)
                 sel[w, idx[topk_mask((acc[w] * score)[idx], k, bounds)]] = True
             summed = (acc * sel).sum(0)
             keep = torch.zeros(n, dtype=torch.bool)
             sidx = selectable.nonzero().squeeze(1)
-            if cfg["union"]:  # every locally selected entry is kept (TopkA's sum, no global top-k)
-                keep = sel.any(0)
-            else:
+            if not cfg["onebit"]:
                 keep[sidx[topk_mask((summed * score)[sidx], k, bounds)]] = True
-            g = torch.where(keep, summed, 0.0) / args.P / space  # back to the gradient's space, as the hook returns it
-            residual = torch.where(sel & keep, 0.0, acc) * cfg["residual_decay"]
+                kept += keep
+                g = torch.where(keep, summed, 0.0) / args.P / space  # back to the gradient's space, as the hook returns it
+                residual = torch.where(sel & keep, 0.0, acc) * cfg["residual_decay"]
             if cfg["small_dense"]:
                 g = torch.where(small, acc.mean(0), g)
                 residual[:, small] = 0.0
-        if step % 25 == 0:
-            print(f"norm,{name},{step},{g.norm().item():.4f}", flush=True)
         if cfg["clip"]:
             norm = g.norm()
             if norm > 1.0:
                 g = g / norm
         t = step + 1
         pflat = torch.cat([p.detach().reshape(-1) for p in params])
-        if cfg["sgd"]:
-            m.mul_(0.9).add_(g)
-            pflat.add_(m, alpha=-lr)
+        if cfg["momentum"] and not dense_phase:
+            m.copy_(g)  # the reduced momentum itself
         else:
-            if cfg["momentum"] and not dense_phase:
-                m.copy_(g)  # the reduced momentum itself
-            else:
-                m.lerp_(g, 1 - b1)
-            mode = cfg["v"]
-            if mode == "adam" or dense_phase:
-                v.mul_(b2).addcmul_(g, g, value=1 - b2)
-                vt = step
-            elif mode == "local":  # every worker's local squares, averaged every step
-                v.mul_(b2).add_((grads * grads).mean(0), alpha=1 - b2)
-            elif mode == "local_sync":  # averaged every sync_every steps
-                vlocal.mul_(b2).add_((grads * grads).mean(0), alpha=1 - b2)
-                if step % args.sync_every == 0:
-                    v.copy_(vlocal)
-            # frozen: v stays as the dense warm-up left it, bias-corrected at its step
-            bc2 = 1 - b2 ** (vt + 1 if mode == "frozen" else t)
-            if mode in ("local", "local_sync") and not dense_phase:
-                bc2 = 1 - b2**t
-            pflat.mul_(1 - lr * wd)
-            pflat.addcdiv_(m, (v / bc2).sqrt().add_(eps), value=-lr / (1 - b1**t))
-            if mode == "local_sync" and dense_phase:
-                vlocal.copy_(v)
+            m.lerp_(g, 1 - b1)
+        mode = cfg["v"]
+        if mode == "adam" or dense_phase:
+            v.mul_(b2).addcmul_(g, g, value=1 - b2)
+            vt = step
+        elif mode == "local":  # every worker's local squares, averaged every step
+            v.mul_(b2).add_((grads * grads).mean(0), alpha=1 - b2)
+        elif mode == "local_sync":  # averaged every sync_every steps
+            vlocal.mul_(b2).add_((grads * grads).mean(0), alpha=1 - b2)
+            if step % args.sync_every == 0:
+                v.copy_(vlocal)
+        # frozen: v stays as the dense warm-up left it, bias-corrected at its step
+        bc2 = 1 - b2 ** (vt + 1 if mode == "frozen" else t)
+        if mode in ("local", "local_sync") and not dense_phase:
+            bc2 = 1 - b2**t
+        pflat.mul_(1 - lr * wd)
+        pflat.addcdiv_(m, (v / bc2).sqrt().add_(eps), value=-lr / (1 - b1**t))
+        if mode == "local_sync" and dense_phase:
+            vlocal.copy_(v)
         at = 0
         with torch.no_grad():
             for p, s in zip(params, sizes):
@@ -161,6 +167,11 @@ def run(name, args, data):
                 at += s
         if (step + 1) % args.eval_every == 0:
             print(f"sim,{name},{step + 1},{held_out_loss(model, held, args.seq):.4f}", flush=True)
+    if args.shares and cfg["sparse"]:
+        at, sparse_steps = 0, max(1, args.steps - args.warmup)
+        for (tensor, _), s in zip(model.named_parameters(), sizes):
+            print(f"share,{name},{tensor},{s},{kept[at : at + s].mean().item() / sparse_steps:.5f}", flush=True)
+            at += s
 
 
 def main():
@@ -176,9 +187,9 @@ def main():
     ap.add_argument("--dim", type=int, default=192)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--sgd-lr", type=float, default=0.1)
     ap.add_argument("--lr-warmup", type=int, default=30)
     ap.add_argument("--eval-every", type=int, default=50)
+    ap.add_argument("--shares", action="store_true", help="print the share of each tensor kept per sparse step")
     args = ap.parse_args()
     torch.set_num_threads(1)
     data = fortunes_corpus()

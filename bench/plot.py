@@ -11,6 +11,7 @@
     python bench/plot.py results/bench.csv results
     python bench/plot.py --tta results/tta_curve.csv results/tta.png [TARGET]
     python bench/plot.py --tta-loss results/text_curve.csv results/text.png [TARGET]
+    python bench/plot.py --adam-sim results/adam_sim.csv results/adam_sim.png
 """
 
 import csv
@@ -146,6 +147,28 @@ def tta_loss(curve_csv, out, target=None):
     print(f"plot.py: wrote {out}", file=sys.stderr)
 
 
+def adam_sim(csv_path, out):
+    """bench/adam_sim.py's curves: held-out loss against steps, one line per
+    variant, density and step budget (budgets differ: the cosine decay ends
+    at each run's budget)."""
+    by_run = defaultdict(list)
+    for r in load(csv_path):
+        by_run[(r["variant"], r["density"], r["step_budget"])].append((int(r["step"]), float(r["held_out_loss"])))
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    for (variant, density, budget), series in sorted(by_run.items()):
+        series.sort()
+        dense = variant.startswith("dense")
+        ax.plot([s for s, _ in series[1:]], [v for _, v in series[1:]], marker=".", linewidth=2.2 if dense else 1.1,
+                color="black" if dense else None, label=f"{variant} (density {density}, {budget} steps)")
+    ax.set(xlabel="steps", ylabel="held-out loss (nats per byte)", title="bench/adam_sim.py: Adam variants on sparse gradients, P = 4 simulated")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7, loc="lower left")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    print(f"plot.py: wrote {out}", file=sys.stderr)
+
+
 def tta(curve_csv, out, target=None):
     """Accuracy against training seconds, one line per method: the whole
     run, and beside it the approach to the target, enlarged."""
@@ -179,6 +202,9 @@ def tta(curve_csv, out, target=None):
 
 
 def main():
+    if sys.argv[1] == "--adam-sim":
+        adam_sim(sys.argv[2], sys.argv[3])
+        return
     if sys.argv[1] == "--tta-loss":
         tta_loss(sys.argv[2], sys.argv[3], float(sys.argv[4]) if len(sys.argv) > 4 else None)
         return
