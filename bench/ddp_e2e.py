@@ -100,7 +100,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "pytorch"))
-from charlm import CharTransformer, batch, fortunes_corpus, lm_loss, lr_at  # noqa: E402
+from charlm import CharTransformer, batch, fortunes_corpus, held_out_batch, lm_loss, lr_at  # noqa: E402
 from cnn import VGGStyle, digits  # noqa: E402
 from tta_report import HEADER  # noqa: E402
 
@@ -142,15 +142,18 @@ def warmup_of(method):
     return int(m.group(1)) if m and int(m.group(1)) >= 2 else None
 
 
-# The library's sparse algorithms a method may name as oktopk_<algorithm>
-# ("auto" is oktopk_auto's).
-SPARSE_ALGORITHMS = ("topka", "topkdsa", "ssar_recursive_double", "ssar_split_allgather", "dsar_split_allgather", "gtopk", "gaussiank")
+def sparse_algorithms():
+    """The library's sparse algorithms, which a method may name as
+    oktopk_<algorithm> ("auto" is oktopk_auto's)."""
+    import oktopk
+
+    return [a for a in oktopk.ALGORITHMS if not a.startswith("dense_") and a != "auto"]
 
 
 def algorithm_of(method):
     """The algorithm an ``oktopk_<algorithm>`` method names, else None."""
     name = method[len("oktopk_"):] if method.startswith("oktopk_") else None
-    return name if name in SPARSE_ALGORITHMS else None
+    return name if name in sparse_algorithms() else None
 
 
 def density_of(method):
@@ -190,7 +193,7 @@ def main():
     for m in methods:
         if m not in METHODS and warmup_of(m) is None and density_of(m) is None and algorithm_of(m) is None:
             ap.error(f"--method {m!r} is none of {', '.join(METHODS)}, nor oktopk_wN (N >= 2 dense warm-up steps), nor oktopk_dN "
-                     f"(density N%), nor oktopk_<algorithm> ({', '.join(SPARSE_ALGORITHMS)})")
+                     f"(density N%), nor oktopk_<algorithm> ({', '.join(sparse_algorithms())})")
     width = args.width if args.width is not None else {"mlp": 4096, "cnn": 13, "charlm": 192}[args.model]
     if args.lr is None:
         args.lr = 0.002 if args.model == "charlm" else 0.1
@@ -199,7 +202,7 @@ def main():
     torch.set_num_threads(1)
     if args.model == "charlm":
         train_text, held = fortunes_corpus()
-        data = (train_text, batch(held, 64, args.seq, torch.Generator().manual_seed(12345)))
+        data = (train_text, held_out_batch(held, args.seq))
     else:
         data = digits(args.seed)
     for method in methods:
