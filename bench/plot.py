@@ -120,6 +120,14 @@ TTA_STYLE = {
 WARMUP_STYLES = [{"color": "tab:pink", "linestyle": "--"}, {"color": "tab:brown", "linestyle": "--"}, {"color": "tab:olive", "linestyle": "--"}]
 
 
+def save(fig, out):
+    """Write the figure to ``out`` and say so."""
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    print(f"plot.py: wrote {out}", file=sys.stderr)
+
+
 def tta_loss(curve_csv, out, target=None):
     """Held-out loss against training seconds and against steps, one line
     per method (a language model's curves: lower is better)."""
@@ -141,10 +149,7 @@ def tta_loss(curve_csv, out, target=None):
     axes[0].set_title("held-out loss against training time (evaluation excluded)")
     axes[1].set_title("held-out loss against steps")
     axes[1].legend(fontsize=8, loc="upper right")
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    print(f"plot.py: wrote {out}", file=sys.stderr)
+    save(fig, out)
 
 
 def adam_sim(csv_path, out):
@@ -163,10 +168,7 @@ def adam_sim(csv_path, out):
     ax.set(xlabel="steps", ylabel="held-out loss (nats per byte)", title="bench/adam_sim.py: Adam variants on sparse gradients, P = 4 simulated")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7, loc="lower left")
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    print(f"plot.py: wrote {out}", file=sys.stderr)
+    save(fig, out)
 
 
 def tta(curve_csv, out, target=None):
@@ -195,10 +197,7 @@ def tta(curve_csv, out, target=None):
         axes[1].set_ylim(target - 12, 100)
     axes[1].set_title("the approach to the target, enlarged")
     axes[0].legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    print(f"plot.py: wrote {out}", file=sys.stderr)
+    save(fig, out)
 
 
 def main():
