@@ -16,7 +16,6 @@ global selection kept per sparse step (``share,variant,tensor,numel,share``).
 """
 
 import argparse
-import math
 import os
 import sys
 
@@ -92,6 +91,7 @@ def run(name, args, data):
     vlocal = torch.zeros(n)
     kept = torch.zeros(n)  # times each entry was kept globally
     b1, b2, eps, wd = 0.9, 0.999, 1e-8, 0.01
+    vt = 0  # the last step that updated v
     print(f"sim,{name},0,{held_out_loss(model, held, args.seq):.4f}", flush=True)
     for step in range(args.steps):
         lr = lr_at(step, args.steps, args.lr, args.lr_warmup)
