@@ -43,7 +43,6 @@ def method_name(method):
         return NAMES["oktopk"]
     if method not in NAMES and method.startswith("oktopk_"):
         return NAMES["oktopk"] + f', algorithm="{method[len("oktopk_"):]}"'
-
     return NAMES[method]
 
 
