@@ -255,8 +255,8 @@ def train(method, args, width, data):
     else:
         shard = torch.arange(rank, len(ytr), world)[: len(ytr) // world]  # same step count on every rank
         per_epoch = len(shard) // args.batch_size
-    if not charlm and per_epoch < 1:
-        raise SystemExit(f"ddp_e2e.py: {len(shard)} images per rank are fewer than a batch of {args.batch_size}")
+        if per_epoch < 1:
+            raise SystemExit(f"ddp_e2e.py: {len(shard)} images per rank are fewer than a batch of {args.batch_size}")
     reached = None  # (train seconds, step) of the first evaluation at or above the target
     acc = loss = float("nan")
     flag = torch.zeros(1)
