@@ -120,6 +120,12 @@ TTA_STYLE = {
 WARMUP_STYLES = [{"color": "tab:pink", "linestyle": "--"}, {"color": "tab:brown", "linestyle": "--"}, {"color": "tab:olive", "linestyle": "--"}]
 
 
+def method_styles(methods):
+    """Each method's line style: its own, or one of the warm-up variants'."""
+    warmups = iter(WARMUP_STYLES * 4)
+    return {m: TTA_STYLE.get(m) or (next(warmups) | {"linewidth": 1.4} if m.startswith("oktopk_w") else {"linewidth": 1.4}) for m in methods}
+
+
 def save(fig, out):
     """Write the figure to ``out`` and say so."""
     fig.tight_layout()
@@ -135,8 +141,7 @@ def tta_loss(curve_csv, out, target=None):
     for r in load(curve_csv):
         by_method[r["method"]].append((int(r["step"]), float(r["train_s"]), float(r["loss"])))
     fig, axes = plt.subplots(1, 2, figsize=(13, 5))
-    warmups = iter(WARMUP_STYLES * 4)
-    styles = {m: TTA_STYLE.get(m) or (next(warmups) | {"linewidth": 1.4} if m.startswith("oktopk_w") else {"linewidth": 1.4}) for m in by_method}
+    styles = method_styles(by_method)
     for ax, x, label in ((axes[0], 1, "training seconds"), (axes[1], 0, "steps")):
         for method, series in by_method.items():
             series.sort()
@@ -178,8 +183,7 @@ def tta(curve_csv, out, target=None):
     for r in load(curve_csv):
         by_method[r["method"]].append((float(r["train_s"]), float(r["accuracy"])))
     fig, axes = plt.subplots(1, 2, figsize=(13, 5))
-    warmups = iter(WARMUP_STYLES * 4)
-    styles = {m: TTA_STYLE.get(m) or (next(warmups) | {"linewidth": 1.4} if m.startswith("oktopk_w") else {"linewidth": 1.4}) for m in by_method}
+    styles = method_styles(by_method)
     for ax in axes:
         for method, series in by_method.items():
             series.sort()
