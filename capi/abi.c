@@ -128,6 +128,10 @@ FORWARD(tensor_state_save, (oktopk_comm_t comm, uint64_t tensor_id, void *buf, s
 FORWARD(tensor_state_load,
         (oktopk_comm_t comm, uint64_t tensor_id, const void *buf, size_t len),
         (comm, tensor_id, buf, len))
+FORWARD(tensor_residual_fold,
+        (oktopk_comm_t comm, uint64_t tensor_id, void *data, size_t count, oktopk_dtype_t dtype, const size_t *hold,
+         size_t hold_count),
+        (comm, tensor_id, data, count, dtype, hold, hold_count))
 FORWARD(topk, (const float *x, size_t n, size_t k, uint32_t *indices, float *values), (x, n, k, indices, values))
 FORWARD(threshold_select,
         (const float *x, size_t n, float threshold, uint32_t *indices, float *values, size_t capacity, size_t *count),

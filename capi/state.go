@@ -112,3 +112,34 @@ func (c *communicator) loadState(id uint64, b []byte) error {
 func withoutSentinel(err, sentinel error) string {
 	return strings.TrimPrefix(err.Error(), sentinel.Error()+": ")
 }
+
+//export go_oktopk_tensor_residual_fold
+func go_oktopk_tensor_residual_fold(comm C.oktopk_comm_t, tensorID C.uint64_t, data unsafe.Pointer, count C.size_t, dtype C.oktopk_dtype_t,
+	hold *C.oktopk_const_size_t, holdCount C.size_t) C.oktopk_result_t {
+	return callOn(comm, func(c *communicator) error {
+		if err := checkBuffer(data, count, dtype); err != nil {
+			return err
+		}
+		spans, err := readHold(unsafe.Pointer(hold), holdCount, count)
+		if err != nil {
+			return err
+		}
+		_, err = c.do(true, func(_ context.Context, cc *core.Communicator) (core.Stats, error) {
+			return c.withFloat32(data, int(count), dtype, func(x []float32) (core.Stats, error) {
+				return core.Stats{}, cc.FoldResidual(uint64(tensorID), x, spans, valueTypeOf(dtype))
+			})
+		})
+		return err
+	})
+}
+
+// valueTypeOf is the value type of a caller's element type.
+func valueTypeOf(dtype C.oktopk_dtype_t) core.ValueType {
+	switch dtype {
+	case C.OKTOPK_FLOAT16:
+		return core.ValuesFloat16
+	case C.OKTOPK_BFLOAT16:
+		return core.ValuesBFloat16
+	}
+	return core.ValuesFloat32
+}

@@ -10,7 +10,10 @@ package core
 // belong to no one sender, so every entry a rank sent leaves its residual
 // and the rank that dropped a sum takes it into its own.
 
-import "sort"
+import (
+	"fmt"
+	"sort"
+)
 
 // Accumulate writes acc = grad + residual and reports how many entries are
 // not finite, so the caller can skip the step on every rank before anything
@@ -171,4 +174,62 @@ func foldTile(r, g []float32) {
 		r[i] += g[i]
 	}
 	clear(g)
+}
+
+// FoldResidual hands tensor id's residual to a caller that reduces this step
+// with a dense allreduce of its own (a framework's allreduce, NCCL's): x +=
+// residual outside the held ranges, rounded to the caller's element type v,
+// and the residual keeps only the held entries and what that rounding lost.
+// So nothing waits any longer and no mass is lost: x + residual is the same
+// sum before and after. A tensor without state (no sparse call or load yet)
+// has nothing to fold. When some x + residual outside hold is NaN or ±Inf,
+// neither changes: the caller's dense result is then non-finite on every
+// rank, the step is skipped, and the residual waits for the next one. It
+// is local (no communication) and does not count as one of the tensor's
+// calls.
+func (c *Communicator) FoldResidual(id uint64, x []float32, hold []Span, v ValueType) error {
+	st := c.TensorStateOf(id)
+	if st == nil {
+		return nil
+	}
+	if len(x) != st.N || len(st.Residual) != st.N {
+		return fmt.Errorf("%w: tensor %d has %d elements, this fold has %d", ErrInvalidArgument, id, st.N, len(x))
+	}
+	if err := checkHold(hold, len(x)); err != nil {
+		return err
+	}
+	if !v.Valid() {
+		return fmt.Errorf("%w: value type %d", ErrInvalidArgument, int(v))
+	}
+	// Between the held spans: [from, to) ranges that fold.
+	each := func(f func(from, to int) bool) bool {
+		at := 0
+		for _, h := range hold {
+			if h.Start > at && !f(at, h.Start) {
+				return false
+			}
+			at = h.End
+		}
+		return at >= len(x) || f(at, len(x))
+	}
+	finite := each(func(from, to int) bool {
+		for i := from; i < to; i++ {
+			if s := x[i] + st.Residual[i]; s-s != 0 {
+				return false
+			}
+		}
+		return true
+	})
+	if !finite {
+		return nil
+	}
+	each(func(from, to int) bool {
+		for i := from; i < to; i++ {
+			sum := x[i] + st.Residual[i]
+			x[i] = v.Nearest(sum)
+			st.Residual[i] = sum - x[i]
+		}
+		return true
+	})
+	return nil
 }

@@ -451,6 +451,19 @@ oktopk_result_t oktopk_tensor_state_size(oktopk_comm_t comm, uint64_t tensor_id,
 oktopk_result_t oktopk_tensor_state_save(oktopk_comm_t comm, uint64_t tensor_id, void *buf, size_t len);
 oktopk_result_t oktopk_tensor_state_load(oktopk_comm_t comm, uint64_t tensor_id, const void *buf, size_t len);
 
+/* Hands tensor_id's residual to a caller that reduces this step with a
+ * dense allreduce of its own (NCCL's, a framework's), so that switching
+ * between that and the sparse calls loses nothing: data += residual outside
+ * the hold ranges (as in oktopk_sparse_allreduce_hold), rounded to dtype,
+ * and the residual keeps only the held entries and what that rounding lost.
+ * A tensor without state has nothing to fold (oktopkSuccess, data
+ * unchanged). When some data + residual outside hold is NaN or Inf, neither
+ * changes: the caller's dense sum is then non-finite and the step skipped,
+ * and the residual waits. Local (no communication, not one of the tensor's
+ * calls); runs in issue order with this thread's calls, from any thread. */
+oktopk_result_t oktopk_tensor_residual_fold(oktopk_comm_t comm, uint64_t tensor_id, void *data, size_t count,
+                                            oktopk_dtype_t dtype, const size_t *hold, size_t hold_count);
+
 /* ---- selection (no communication) ------------------------------------ */
 /* Exact top-k by magnitude: the k largest |x| with their indices, ascending
  * by index; ties go to the lower index. NaN in x is oktopkNonFinite; +-Inf

@@ -214,6 +214,7 @@ def _declare(lib):
         "oktopk_tensor_state_size": (c.c_int, [i64, u64, P(sz)]),
         "oktopk_tensor_state_save": (c.c_int, [i64, u64, c.c_void_p, sz]),
         "oktopk_tensor_state_load": (c.c_int, [i64, u64, c.c_void_p, sz]),
+        "oktopk_tensor_residual_fold": (c.c_int, [i64, u64, c.c_void_p, sz, c.c_int, P(sz), sz]),
         "oktopk_topk": (c.c_int, [c.c_void_p, sz, sz, c.c_void_p, c.c_void_p]),
     }
     for name, (restype, argtypes) in sig.items():

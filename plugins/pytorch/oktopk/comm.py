@@ -265,6 +265,25 @@ class Communicator:
                 self.handle, tensor_id, tensor.data_ptr(), tensor.numel(), dtype, ctypes.byref(stats)))
         return stats
 
+    def fold_residual_(self, tensor_id, tensor, hold=()):
+        """Move ``tensor_id``'s residual into a contiguous CPU tensor, in
+        place, before the caller reduces it with a dense allreduce of its
+        own: the entries outside ``hold`` (ranges as in
+        :meth:`sparse_allreduce_`) gain their residual, rounded to the
+        tensor's dtype, and the residual keeps only the held entries and the
+        rounding's error, so no gradient mass is lost. Nothing changes for a
+        tensor without state, or when a sum is NaN or Inf (the dense result
+        is then non-finite and the step skipped). Local: no communication."""
+        dtype = _DTYPES.get(tensor.dtype)
+        if dtype is None:
+            raise TypeError(f"oktopk: unsupported dtype {tensor.dtype} (float32, float16, bfloat16)")
+        if tensor.device.type != "cpu" or not tensor.is_contiguous():
+            raise ValueError("oktopk: fold_residual_ needs a contiguous CPU tensor")
+        ranges = (ctypes.c_size_t * (2 * len(hold)))(*(x for r in hold for x in r)) if hold else None
+        self._check(_lib.lib().oktopk_tensor_residual_fold(
+            self.handle, tensor_id, tensor.data_ptr(), tensor.numel(), dtype, ranges, len(hold)))
+        return tensor
+
     def allreduce_(self, tensor, average=True, algorithm="dense_ring"):
         """Dense allreduce of a contiguous CPU tensor, in place
         (``algorithm``: "dense_ring", "dense_rabenseifner" or "auto")."""

@@ -1,0 +1,121 @@
+// Tests of FoldResidual: switching between sparse calls and a caller's own
+// dense allreduce keeps every rank's gradient mass exactly.
+
+package core
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"testing"
+)
+
+// Sparse, fold + dense, sparse, fold + dense...: with integer-valued
+// gradients every sum is exact, so P × (sum of the averaged results) + the
+// residuals equals the sum of every rank's gradients bitwise. Each fold
+// empties the residual outside the held range, which keeps its entries.
+func TestFoldResidualKeepsMassAcrossDenseSteps(t *testing.T) {
+	const p, n, steps = 2, 64, 6
+	cfg := okTopkConfig(0.1)
+	grads := make([][][]float32, steps)
+	for s := range grads {
+		grads[s] = integerInputsOkTopk(p, n, uint64(100+s))
+	}
+	hold := []Span{{Start: 10, End: 14}}
+	var results [p][steps][]float32
+	var residuals [p][]float32
+	runInProc(t, p, func(ctx context.Context, rank int, c *Communicator) error {
+		for s := 0; s < steps; s++ {
+			g := append([]float32(nil), grads[s][rank]...)
+			if s%2 == 0 {
+				if _, err := c.SparseAllreduce(ctx, 1, g, cfg); err != nil {
+					return err
+				}
+			} else {
+				before := append([]float32(nil), c.TensorStateOf(1).Residual...)
+				if err := c.FoldResidual(1, g, hold, ValuesFloat32); err != nil {
+					return err
+				}
+				res := c.TensorStateOf(1).Residual
+				for i := range g {
+					held := i >= 10 && i < 14
+					want, wantRes := grads[s][rank][i]+before[i], float32(0)
+					if held {
+						want, wantRes = grads[s][rank][i], before[i]
+					}
+					if g[i] != want || res[i] != wantRes {
+						return fmt.Errorf("rank %d step %d entry %d: fold gave %v and residual %v, want %v and %v", rank, s, i, g[i], res[i], want, wantRes)
+					}
+				}
+				if _, err := c.Allreduce(ctx, g, true, DenseRing); err != nil {
+					return err
+				}
+			}
+			results[rank][s] = g
+		}
+		residuals[rank] = append([]float32(nil), c.TensorStateOf(1).Residual...)
+		return nil
+	})
+	for i := 0; i < n; i++ {
+		var sent, kept, total float32
+		for s := 0; s < steps; s++ {
+			if results[0][s][i] != results[1][s][i] {
+				t.Fatalf("step %d entry %d: ranks differ (%v, %v)", s, i, results[0][s][i], results[1][s][i])
+			}
+			sent += p * results[0][s][i]
+			for r := 0; r < p; r++ {
+				total += grads[s][r][i]
+			}
+		}
+		for r := 0; r < p; r++ {
+			kept += residuals[r][i]
+		}
+		if sent+kept != total {
+			t.Errorf("entry %d: P × results %v + residuals %v != gradients %v", i, sent, kept, total)
+		}
+	}
+}
+
+// Folding into float16 keeps the rounding error in the residual; NaN leaves
+// both as they were; a tensor without state folds nothing; a wrong size or
+// hold is refused.
+func TestFoldResidualRoundingNonFiniteAndBadInput(t *testing.T) {
+	c := &Communicator{states: map[uint64]*TensorState{}}
+	st := NewTensorState(3, okTopkConfig(0.5))
+	copy(st.Residual, []float32{1e-4, 0.5, -2})
+	c.SetTensorState(7, st)
+
+	x := []float32{1, 2, 3}
+	if err := c.FoldResidual(7, x, nil, ValuesFloat16); err != nil {
+		t.Fatal(err)
+	}
+	for i, sum := range []float32{1 + 1e-4, 2.5, 1} {
+		if x[i] != ValuesFloat16.Nearest(sum) || x[i]+st.Residual[i] != sum {
+			t.Errorf("entry %d: %v + residual %v, want float16 of %v with its error kept", i, x[i], st.Residual[i], sum)
+		}
+	}
+	if st.Residual[0] == 0 {
+		t.Errorf("1 + 1e-4 is not a float16, its error must stay in the residual")
+	}
+
+	copy(st.Residual, []float32{1, 2, 3})
+	y := []float32{0, float32(math.NaN()), 0}
+	if err := c.FoldResidual(7, y, nil, ValuesFloat32); err != nil {
+		t.Fatal(err)
+	}
+	if y[0] != 0 || st.Residual[0] != 1 || st.Residual[2] != 3 {
+		t.Errorf("a NaN sum must leave buffer and residual unchanged: %v, %v", y, st.Residual)
+	}
+
+	z := []float32{5}
+	if err := c.FoldResidual(8, z, nil, ValuesFloat32); err != nil || z[0] != 5 {
+		t.Errorf("no state: %v, %v", z, err)
+	}
+	if err := c.FoldResidual(7, make([]float32, 4), nil, ValuesFloat32); !errors.Is(err, ErrInvalidArgument) {
+		t.Errorf("wrong size: %v", err)
+	}
+	if err := c.FoldResidual(7, make([]float32, 3), []Span{{Start: 2, End: 5}}, ValuesFloat32); !errors.Is(err, ErrInvalidArgument) {
+		t.Errorf("hold past the end: %v", err)
+	}
+}
