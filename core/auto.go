@@ -286,6 +286,9 @@ func (c *Communicator) autoSparseAllreduce(ctx context.Context, seq, id uint64, 
 		}
 	}
 	ch := c.link.choose(n, c.Size(), cfg, false)
+	if opts.SparseOnly && ch.alg.Dense() && ch.next >= 0 {
+		ch = choice{alg: ch.next, predicted: ch.nextPredicted, next: ch.alg, nextPredicted: ch.predicted}
+	}
 	if ch.alg.Dense() {
 		err = c.autoDense(ctx, seq, id, st, grad, ch.alg, &stats)
 		if err != nil {

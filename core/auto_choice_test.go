@@ -230,3 +230,40 @@ func TestDebugAutoLogsEveryChoice(t *testing.T) {
 		}
 	}
 }
+
+// SparseOnly: where Auto would choose a dense allreduce (a tiny tensor on a
+// latency-bound link), it runs the best sparse algorithm instead and keeps
+// what that one did not send in the residual.
+func TestAutoSparseOnlyNeverRunsDense(t *testing.T) {
+	link := LinkModel{Alpha: 1e-3, Beta: 1e-9, Gamma: 1e-9}
+	cfg := Config{Algorithm: Auto, Density: 0.25, Tau: 64, TauPrime: 32}
+	if ch := link.choose(16, 2, cfg, false); !ch.alg.Dense() {
+		t.Fatalf("the case under test: Auto chose %v, not a dense allreduce", ch.alg)
+	}
+	runInProc(t, 2, func(ctx context.Context, rank int, c *Communicator) error {
+		if err := c.SetLinkModel(link); err != nil {
+			return err
+		}
+		g := make([]float32, 16)
+		for i := range g {
+			g[i] = float32((i*7+rank*3)%11) - 5
+		}
+		st, err := c.SparseAllreduceWith(ctx, 1, g, cfg, CallOptions{SparseOnly: true})
+		if err != nil {
+			return err
+		}
+		if st.Algorithm.Dense() {
+			return fmt.Errorf("rank %d: SparseOnly ran %v", rank, st.Algorithm)
+		}
+		nonzero := 0
+		for _, v := range c.TensorStateOf(1).Residual {
+			if v != 0 {
+				nonzero++
+			}
+		}
+		if nonzero == 0 {
+			return fmt.Errorf("rank %d: a sparse call at density 0.25 left no residual", rank)
+		}
+		return nil
+	})
+}

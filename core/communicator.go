@@ -249,6 +249,9 @@ type CallOptions struct {
 	// MeasureXi makes the call also measure ξ (xi.go) into Stats.Xi; every
 	// rank must ask for it in the same call (else ErrMismatch).
 	MeasureXi bool
+	// SparseOnly makes Auto choose among the sparse algorithms only, for a
+	// caller that weighs sparse against a dense allreduce of its own.
+	SparseOnly bool
 }
 
 // SparseAllreduceWith is SparseAllreduce with the call's extras: held

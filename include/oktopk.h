@@ -88,7 +88,7 @@ extern "C" {
 
 /* ABI version: major changes break callers, minor ones only add. */
 #define OKTOPK_VERSION_MAJOR 0
-#define OKTOPK_VERSION_MINOR 7
+#define OKTOPK_VERSION_MINOR 8
 #define OKTOPK_VERSION_PATCH 0
 #define OKTOPK_VERSION_CODE \
   (OKTOPK_VERSION_MAJOR * 10000 + OKTOPK_VERSION_MINOR * 100 + OKTOPK_VERSION_PATCH)
@@ -390,6 +390,9 @@ oktopk_result_t oktopk_sparse_allreduce_hold(oktopk_comm_t comm, uint64_t tensor
                                     * Ok-Topk selects exactly when the tensor's completed calls are
                                     * a multiple of it (an adaptive tau'; ranks whose tau' makes one
                                     * call exact and another not fail with oktopkMismatch) */
+#define OKTOPK_CALL_SPARSE_ONLY 0x8 /* added in 0.8: with OKTOPK_ALGO_AUTO, choose among the sparse
+                                    * algorithms only, never a dense one: for a caller that weighs
+                                    * sparse against a dense allreduce of its own (NCCL's) */
 typedef struct {
   uint32_t size;       /* sizeof(oktopk_call_options_t) */
   uint32_t flags;      /* OKTOPK_CALL_* or-ed; other bits are oktopkInvalidArgument */
@@ -451,7 +454,7 @@ oktopk_result_t oktopk_tensor_state_size(oktopk_comm_t comm, uint64_t tensor_id,
 oktopk_result_t oktopk_tensor_state_save(oktopk_comm_t comm, uint64_t tensor_id, void *buf, size_t len);
 oktopk_result_t oktopk_tensor_state_load(oktopk_comm_t comm, uint64_t tensor_id, const void *buf, size_t len);
 
-/* Hands tensor_id's residual to a caller that reduces this step with a
+/* Added in 0.8. Hands tensor_id's residual to a caller that reduces this step with a
  * dense allreduce of its own (NCCL's, a framework's), so that switching
  * between that and the sparse calls loses nothing: data += residual outside
  * the hold ranges (as in oktopk_sparse_allreduce_hold), rounded to dtype,

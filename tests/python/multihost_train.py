@@ -12,7 +12,7 @@ from oktopk import OkTopkState, oktopk_hook
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()
-state = OkTopkState(density=0.05)
+state = OkTopkState(density=0.05, algorithm="oktopk")  # sparse from the third step: its endpoint is checked
 same = train_and_compare(rank, state, oktopk_hook, steps=5, width=32)
 endpoint = state._reducer.comm.endpoint
 want = os.environ["EXPECT_HOST"]

@@ -51,7 +51,7 @@ def density_one(rank, world, port, out, device="cpu", dtype="float32"):
     dtype = getattr(torch, dtype)
     a = DDP(small_model().to(device, dtype), device_ids=[0] if device == "cuda" else None)
     b = DDP(small_model().to(device, dtype), device_ids=[0] if device == "cuda" else None)
-    state = OkTopkState(density=1.0, warmup_iters=2)
+    state = OkTopkState(algorithm="oktopk", density=1.0, warmup_iters=2)
     a.register_comm_hook(state, oktopk_hook)
     b.register_comm_hook(None, allreduce_hook)
     oa, ob = torch.optim.SGD(a.parameters(), lr=0.1), torch.optim.SGD(b.parameters(), lr=0.1)
@@ -125,7 +125,7 @@ def auto_counts(rank, world, port, out, steps):
 def dead_peer(rank, world, port, out, timeout):
     setup(rank, world, port)
     m = DDP(small_model())
-    state = OkTopkState(density=0.1, warmup_iters=2, timeout=timeout)
+    state = OkTopkState(algorithm="oktopk", density=0.1, warmup_iters=2, timeout=timeout)
     m.register_comm_hook(state, oktopk_hook)
     o = torch.optim.SGD(m.parameters(), lr=0.1)
     for step in range(100):
@@ -167,7 +167,7 @@ def checkpoint(rank, world, port, out, phase, ckpt, multi_bucket, cuts):
 
     def train(first, save):
         m = DDP(deeper_model(), bucket_cap_mb=0.001) if multi_bucket else DDP(small_model())
-        state = OkTopkState(density=0.05, warmup_iters=2, tau=2, tau_prime=3)
+        state = OkTopkState(algorithm="oktopk", density=0.05, warmup_iters=2, tau=2, tau_prime=3)
         o = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
         if first:
             saved = torch.load(path(first), weights_only=False)
@@ -198,7 +198,7 @@ def checkpoint_of_another_rank(rank, world, port, out, ckpt):
     rank's state into a fresh OkTopkState: refused at load."""
     setup(rank, world, port)
     m = DDP(small_model())
-    state = OkTopkState(density=0.1, warmup_iters=2)
+    state = OkTopkState(algorithm="oktopk", density=0.1, warmup_iters=2)
     m.register_comm_hook(state, oktopk_hook)
     o = torch.optim.SGD(m.parameters(), lr=0.1)
     for step in range(3):
@@ -210,7 +210,7 @@ def checkpoint_of_another_rank(rank, world, port, out, ckpt):
     torch.save(saved, os.path.join(ckpt, f"rank{rank}.pt"))
     dist.barrier()
     other = torch.load(os.path.join(ckpt, f"rank{1 - rank}.pt"), weights_only=False)
-    fresh = OkTopkState(density=0.1, warmup_iters=2)
+    fresh = OkTopkState(algorithm="oktopk", density=0.1, warmup_iters=2)
     try:
         fresh.load_state_dict(other)
         error = None
@@ -228,11 +228,11 @@ def checkpoint_of_another_world_size(rank, world, port, out, ckpt):
     the first sparse step, before the communicator is set up. Then a
     malformed tensor state through the library's own check."""
     saved = torch.load(os.path.join(ckpt, "rank0.pt"), weights_only=False)
-    early = OkTopkState(density=0.1, warmup_iters=2)
+    early = OkTopkState(algorithm="oktopk", density=0.1, warmup_iters=2)
     early.load_state_dict(saved)  # no process group yet: checked at the first sparse step
     setup(rank, world, port)
     try:
-        OkTopkState(density=0.1, warmup_iters=2).load_state_dict(saved)
+        OkTopkState(algorithm="oktopk", density=0.1, warmup_iters=2).load_state_dict(saved)
         at_load = None
     except ValueError as e:
         at_load = str(e)
@@ -480,7 +480,7 @@ def dead_in_setup(rank, world, port, out, timeout):
     talks to every rank, is over by then)."""
     setup(rank, world, port)
     m = DDP(small_model())
-    state = OkTopkState(density=0.1, warmup_iters=2, timeout=timeout)
+    state = OkTopkState(algorithm="oktopk", density=0.1, warmup_iters=2, timeout=timeout)
     m.register_comm_hook(state, oktopk_hook)
     o = torch.optim.SGD(m.parameters(), lr=0.1)
     for step in range(4):
@@ -691,7 +691,7 @@ def unused_parameters(rank, world, port, out, value_dtypes, warmup, steps):
     for value_dtype in value_dtypes:
         torch.manual_seed(0)
         m = DDP(Branchy(), find_unused_parameters=True)
-        state = OkTopkState(density=0.05, warmup_iters=warmup, value_dtype=value_dtype)
+        state = OkTopkState(algorithm="oktopk", density=0.05, warmup_iters=warmup, value_dtype=value_dtype)
         names = {id(p): name for name, p in m.module.named_parameters()}
         local = {name: torch.zeros_like(p) for name, p in m.module.named_parameters()}
         applied = {name: torch.zeros_like(p) for name, p in m.module.named_parameters()}
@@ -773,9 +773,9 @@ def adaptive(rank, world, port, out, ckpt):
         return (state.last_density, state.last_tau_prime, sorted(state.last_k.values()), c and c.adaptations, c and c.last_inputs)
 
     bounds = (2.0**-7, 2.0**-4, 1e-3)
-    full = train_resumable(rank, path, 0, 12, OkTopkState(density=2.0**-7, warmup_iters=2, tau_prime=8, adaptive=bounds, measure_xi_every=2),
+    full = train_resumable(rank, path, 0, 12, OkTopkState(algorithm="oktopk", density=2.0**-7, warmup_iters=2, tau_prime=8, adaptive=bounds, measure_xi_every=2),
                            record, save=7)
-    resumed = train_resumable(rank, path, 7, 12, OkTopkState(density=2.0**-7, warmup_iters=2, tau_prime=8), record)
+    resumed = train_resumable(rank, path, 7, 12, OkTopkState(algorithm="oktopk", density=2.0**-7, warmup_iters=2, tau_prime=8), record)
     write(out, rank, {"full": full, "resumed": resumed})
     dist.destroy_process_group()
 
@@ -792,8 +792,105 @@ def density_schedule(rank, world, port, out, ckpt):
     def record(state):
         return (state.last_density, sorted(state.last_k.values()), state.last_xi, state.last_xi_step, state.bytes_sent)
 
-    full = train_resumable(rank, path, 0, 9, OkTopkState(density=0.01, warmup_iters=2, density_schedule=(0.5, 4), measure_xi_every=2), record, save=5)
-    resumed = train_resumable(rank, path, 5, 9, OkTopkState(density=0.01, warmup_iters=2), record)
-    no_xi = train_resumable(rank, path, 0, 9, OkTopkState(density=0.01, warmup_iters=2, density_schedule=(0.5, 4)), record)
+    full = train_resumable(rank, path, 0, 9, OkTopkState(algorithm="oktopk", density=0.01, warmup_iters=2, density_schedule=(0.5, 4), measure_xi_every=2), record, save=5)
+    resumed = train_resumable(rank, path, 5, 9, OkTopkState(algorithm="oktopk", density=0.01, warmup_iters=2), record)
+    no_xi = train_resumable(rank, path, 0, 9, OkTopkState(algorithm="oktopk", density=0.01, warmup_iters=2, density_schedule=(0.5, 4)), record)
     write(out, rank, {"full": full, "resumed": resumed, "no_xi": no_xi})
+    dist.destroy_process_group()
+
+
+def choice_cost(path, step, rank):
+    """The injected seconds of a step on a path, with per-rank noise of up to
+    1 ms: native 20 ms; sparse 5 ms until step 22, then 16 ms on ranks 0
+    and 2 (which alone would keep sparse: it saves 20%) and 19 ms on rank 1
+    (which alone would go native: 5% is less than the margin)."""
+    if path == "native":
+        base = 0.020
+    elif step < 22:
+        base = 0.005
+    else:
+        base = 0.019 if rank == 1 else 0.016
+    return base + ((rank * 7919 + step * 104729) % 1000) / 1000 * 0.001
+
+
+class InjectedClock:
+    """A StepChoice clock the training loop advances."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def choice_run(rank, world, port, out, ckpt):
+    """The default hook (algorithm None, recheck_every 8) on Branchy with
+    find_unused_parameters=True over 40 steps, its clock injected with
+    choice_cost: per step, the path; over the steps after the warm-up, the
+    gradients given to the hook, those DDP applied, and the final residuals
+    (as unused_parameters); the residuals right after the first native step
+    that follows sparse ones (step 18); then the same run resumed from
+    checkpoints saved after steps 24 and 31 (inside a probe)."""
+    setup(rank, world, port)
+
+    def train(first, last, saves=()):
+        torch.manual_seed(0)
+        m = DDP(Branchy(), find_unused_parameters=True)
+        o = torch.optim.SGD(m.parameters(), lr=0.05)
+        state = OkTopkState(density=0.05, warmup_iters=2, recheck_every=8)
+        clock = InjectedClock()
+        state._choice.clock = clock
+        if first:
+            saved = torch.load(os.path.join(ckpt, f"rank{rank}-{first}.pt"), weights_only=False)
+            m.module.load_state_dict(saved["model"])
+            o.load_state_dict(saved["optimizer"])
+            state.load_state_dict(saved["oktopk"])
+        names = {id(p): name for name, p in m.module.named_parameters()}
+        local = {name: torch.zeros_like(p) for name, p in m.module.named_parameters()}
+        applied = {name: torch.zeros_like(p) for name, p in m.module.named_parameters()}
+        sparse_phase = {"on": False}
+
+        def recording_hook(st, bucket):
+            if sparse_phase["on"]:
+                for p, g in zip(bucket.parameters(), bucket.gradients()):
+                    local[names[id(p)]] += g.reshape(p.shape)
+            return oktopk_hook(st, bucket)
+
+        m.register_comm_hook(state, recording_hook)
+        paths, after_switch = {}, None
+        for step in range(first, last):
+            clock.now += choice_cost(state._path, step, rank)  # the step before this one, on its path
+            sparse_phase["on"] = step >= 2
+            g = torch.Generator().manual_seed(1000 * step + rank)
+            x, y = torch.randn(8, 20, generator=g), torch.randint(0, 5, (8,), generator=g)
+            o.zero_grad(set_to_none=True)
+            F.cross_entropy(m(x, step % 3 == 0, rank == 0 and step % 2 == 0), y).backward()
+            if sparse_phase["on"]:
+                for name, p in m.module.named_parameters():
+                    if p.grad is not None:
+                        applied[name] += p.grad
+            o.step()
+            paths[step] = state._path if step >= 2 else "warm-up"
+            if step == 18:
+                after_switch = {k: v.abs().max().item() for k, v in residuals_by_parameter(state, m.module).items()}
+            if step + 1 in saves:
+                torch.save({"model": m.module.state_dict(), "optimizer": o.state_dict(), "oktopk": state.state_dict()},
+                           os.path.join(ckpt, f"rank{rank}-{step + 1}.pt"))
+        result = {
+            "paths": paths,
+            "choice": state.choice,
+            "local": {k: v.numpy() for k, v in local.items()},
+            "applied": {k: v.numpy() for k, v in applied.items()},
+            "residual": {k: v.numpy() for k, v in residuals_by_parameter(state, m.module).items()},
+            "after_switch": after_switch,
+            "algorithm_counts": dict(state.algorithm_counts),
+            "params": b"".join(p.detach().numpy().tobytes() for p in m.parameters()),
+        }
+        state.close()
+        return result
+
+    results = {"full": train(0, 40, saves=(24, 31))}
+    for first in (24, 31):
+        results[first] = train(first, 40)
+    write(out, rank, results)
     dist.destroy_process_group()

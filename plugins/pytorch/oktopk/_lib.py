@@ -105,7 +105,7 @@ class Stats(ctypes.Structure):
     ]
 
 
-CALL_DENSITY, CALL_MEASURE_XI, CALL_TAU_PRIME = 0x1, 0x2, 0x4  # oktopk_call_options_t.flags
+CALL_DENSITY, CALL_MEASURE_XI, CALL_TAU_PRIME, CALL_SPARSE_ONLY = 0x1, 0x2, 0x4, 0x8  # oktopk_call_options_t.flags
 
 
 class CallOptions(ctypes.Structure):

@@ -227,7 +227,7 @@ class Communicator:
     def _check(self, code):
         _lib.check(code, self.handle)
 
-    def sparse_allreduce_(self, tensor_id, tensor, hold=(), density=None, measure_xi=False, tau_prime=None):
+    def sparse_allreduce_(self, tensor_id, tensor, hold=(), density=None, measure_xi=False, tau_prime=None, sparse_only=False):
         """Averaged sparse allreduce of a contiguous CPU tensor, in place,
         with error feedback kept under ``tensor_id``. ``hold`` lists
         ascending, disjoint (start, end) ranges of the tensor this rank holds
@@ -243,7 +243,7 @@ class Communicator:
             raise ValueError("oktopk: sparse_allreduce_ needs a contiguous CPU tensor")
         stats = _lib.new_stats()
         ranges = (ctypes.c_size_t * (2 * len(hold)))(*(x for r in hold for x in r)) if hold else None
-        if density is not None or measure_xi or tau_prime is not None:
+        if density is not None or measure_xi or tau_prime is not None or sparse_only:
             opts = _lib.CallOptions(size=ctypes.sizeof(_lib.CallOptions))
             if density is not None:
                 opts.flags |= _lib.CALL_DENSITY
@@ -253,6 +253,8 @@ class Communicator:
                 opts.tau_prime = tau_prime
             if measure_xi:
                 opts.flags |= _lib.CALL_MEASURE_XI
+            if sparse_only:
+                opts.flags |= _lib.CALL_SPARSE_ONLY
             if hold:
                 opts.hold, opts.hold_count = ranges, len(hold)
             self._check(_lib.lib().oktopk_sparse_allreduce_ex(

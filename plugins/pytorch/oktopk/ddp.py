@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from .adaptive import AdaptiveControl
+from .choice import DEFAULT_MARGIN, DEFAULT_RECHECK_EVERY, NATIVE, SPARSE, StepChoice, debug_enabled
 from .comm import Communicator
 from .layout import BucketLayout, on_stream
 from .reducer import Reducer, ReducerStats
@@ -35,10 +36,20 @@ class OkTopkState(ReducerStats):
     :param process_group: the group to reduce over (``None``: the default).
     :param density: fraction of each bucket's entries sent, a real number in
         (0, 1].
-    :param algorithm: one of ``oktopk.ALGORITHMS``: ``"auto"`` (the library
-        picks per bucket and call from a cost model and the measured link),
-        ``"oktopk"``, the dense ones, the sparse baselines. ``None`` (the
-        default) is the library's default, ``"oktopk"`` in this version.
+    :param algorithm: ``None`` (the default): each step after the warm-up
+        takes the faster of two paths, measured: the process group's own
+        allreduce (gloo, NCCL, MPI, as ``allreduce_hook``; the residual is
+        folded in first, so nothing waits) or the library's sparse
+        allreduce with ``"auto"``. The hook times whole steps on every rank,
+        agrees on the slowest rank's figures, chooses sparse only when it
+        saves ``sparse_margin`` of the step, and probes again every
+        ``recheck_every`` steps (see ``oktopk.choice``; ``"auto"`` there
+        chooses among the sparse algorithms only; ``choice`` says what
+        it chose and why, and ``OKTOPK_DEBUG_AUTO=1`` logs each decision on
+        rank 0). Or one of ``oktopk.ALGORITHMS``, run on every step after the
+        warm-up: ``"auto"`` (the library picks per bucket and call from a
+        cost model and the measured link), ``"oktopk"``, the dense ones, the
+        sparse baselines.
     :param warmup_iters: iterations reduced densely first; at least 2.
         DDP reduces its first iteration in a provisional bucket layout and
         rebuilds its buckets after it. The hook keeps residuals in the
@@ -46,6 +57,11 @@ class OkTopkState(ReducerStats):
         from the third on is that layout known before every step, so that a
         checkpoint taken at any step holds it (PowerSGD likewise starts after
         DDP's first two iterations).
+    :param sparse_margin: with ``algorithm=None``, the share of the native
+        step a sparse step must save to be chosen (default 0.10): a dense
+        step is exact, a sparse one leaves most of the gradient waiting.
+    :param recheck_every: with ``algorithm=None``, steps between two probes
+        of the path not chosen (each probe runs 4 steps; default 200).
     :param tau: Ok-Topk's space repartition period (iterations).
     :param tau_prime: threshold refresh period (iterations).
     :param timeout: seconds a call, or the communicator's setup, may wait for
@@ -125,16 +141,25 @@ class OkTopkState(ReducerStats):
         "_hook_iters",
         "_owner",
         "_adapt_error",
+        "_choice",
+        "_path",
+        "_residual_groups",
     ]
 
     def __init__(self, process_group=None, density=DEFAULTS.density, algorithm=DEFAULTS.algorithm, warmup_iters=DEFAULT_WARMUP_ITERS,
                  tau=DEFAULTS.tau, tau_prime=DEFAULTS.tau_prime, timeout=DEFAULTS.timeout, value_dtype=DEFAULTS.value_dtype,
                  stochastic_rounding=DEFAULTS.stochastic_rounding, density_schedule=DEFAULTS.density_schedule,
-                 measure_xi_every=DEFAULTS.measure_xi_every, adaptive=DEFAULTS.adaptive):
+                 measure_xi_every=DEFAULTS.measure_xi_every, adaptive=DEFAULTS.adaptive, sparse_margin=DEFAULT_MARGIN,
+                 recheck_every=DEFAULT_RECHECK_EVERY):
         self.warmup_iters = check_warmup_iters(warmup_iters)
+        # algorithm None: the measured choice, whose sparse path is "auto".
+        self._choice = StepChoice(sparse_margin, recheck_every) if algorithm is None else None
         (self.density, self.algorithm, self.tau, self.tau_prime, self.timeout, self.value_dtype, self.stochastic_rounding,
          self.density_schedule, self.measure_xi_every, self.adaptive) = check_settings(
-            density, algorithm, tau, tau_prime, timeout, value_dtype, stochastic_rounding, density_schedule, measure_xi_every, adaptive)
+            density, "auto" if algorithm is None else algorithm, tau, tau_prime, timeout, value_dtype, stochastic_rounding, density_schedule,
+            measure_xi_every, adaptive)
+        if algorithm is None:
+            self.algorithm = None
         self.process_group = process_group
         self.iter = 0
         # The density and τ′ of the latest sparse step (τ′ with adaptive only).
@@ -156,6 +181,28 @@ class OkTopkState(ReducerStats):
         self._owner = None
         # An adaptation's failure (worker thread), raised by the next bucket.
         self._adapt_error = None
+        # The path of the step under way (algorithm None), and the groups
+        # whose residual a sparse step may have left non-zero: a native step
+        # folds those in first.
+        self._path = SPARSE
+        self._residual_groups = set()
+
+    @property
+    def choice(self):
+        """With ``algorithm=None``: what the hook chose and why, as a dict:
+        ``path`` ("native", "sparse", or None before the first decision),
+        the agreed ms per step of each path at the latest decision, steps
+        run on each path, steps spent exploring, decisions made, and the
+        reason. None when an algorithm was named."""
+        return None if self._choice is None else self._choice.summary()
+
+    @property
+    def sparse_margin(self):
+        return None if self._choice is None else self._choice.margin
+
+    @property
+    def recheck_every(self):
+        return None if self._choice is None else self._choice.recheck_every
 
     # -- which rank a checkpoint belongs to ---------------------------------
 
@@ -214,6 +261,8 @@ class OkTopkState(ReducerStats):
             "layout": self._layout.state_dict(),
             "rank": rank,
             "world_size": size,
+            "choice": None if self._choice is None else self._choice.state_dict(),
+            "residual_groups": sorted(self._residual_groups),
         }
 
     def load_state_dict(self, state):
@@ -222,7 +271,10 @@ class OkTopkState(ReducerStats):
         or at the first sparse step when the process group does not exist
         yet), saying what to do."""
         if state.get("algorithm", self.algorithm) != self.algorithm:
-            raise ValueError(f"checkpoint was made with algorithm {state['algorithm']!r}, this state uses {self.algorithm!r}")
+            def named(a):
+                return "the measured choice (algorithm=None)" if a is None else f"algorithm {a!r}"
+            raise ValueError(f"checkpoint was made with {named(state['algorithm'])}, this state uses {named(self.algorithm)}: "
+                             f"make the state with the checkpoint's algorithm")
         # The schedule is part of the run: a resumed run continues the saved
         # one (a checkpoint from before schedules existed keeps this state's).
         schedule = check_schedule(state["density_schedule"], self.density) if "density_schedule" in state else self.density_schedule
@@ -239,6 +291,10 @@ class OkTopkState(ReducerStats):
         if state.get("adaptive") is not None:
             self.measure_xi_every = self._reducer.load_adaptive(state["adaptive"], self.density, self.tau_prime)
             self.adaptive = self._reducer.adaptive.bounds
+        if self._choice is not None and state.get("choice") is not None:
+            self._choice.load_state_dict(state["choice"])
+        # A checkpoint from before the choice existed: every group may hold a residual.
+        self._residual_groups = set(state.get("residual_groups", state.get("tensors", {}).keys()))
         tensors = dict(state.get("tensors", {}))
         self._layout.load_state_dict(state.get("layout", {}))
         if self._reducer.comm is not None:
@@ -259,13 +315,15 @@ class OkTopkState(ReducerStats):
         }
 
     def __setstate__(self, state):
+        saved_choice = state.get("choice")
         # A state pickled before warm-ups of 1 were refused: its iterations
         # past the warm-up are unaffected by the longer one.
         warmup_iters = max(state["warmup_iters"], 2)
         OkTopkState.__init__(self, None, state["density"], state["algorithm"], warmup_iters, state["tau"], state["tau_prime"], state["timeout"],
                              state.get("value_dtype", DEFAULTS.value_dtype), state.get("stochastic_rounding", DEFAULTS.stochastic_rounding),
                              state.get("density_schedule"), state.get("measure_xi_every"),
-                             None if state.get("adaptive") is None else state["adaptive"]["bounds"])
+                             None if state.get("adaptive") is None else state["adaptive"]["bounds"],
+                             *((saved_choice["margin"], saved_choice["recheck_every"]) if saved_choice else ()))
         self.load_state_dict(state)
 
     def close(self):
@@ -290,7 +348,8 @@ def _start(state):
     the residuals a checkpoint loaded before."""
     if state._reducer.comm is None:
         state._check_owner()
-        state._reducer.start(Communicator(state.process_group, state.algorithm, state.density, state.tau, state.tau_prime, state.timeout,
+        algorithm = "auto" if state.algorithm is None else state.algorithm  # the measured choice's sparse path
+        state._reducer.start(Communicator(state.process_group, algorithm, state.density, state.tau, state.tau_prime, state.timeout,
                                           value_dtype=state.value_dtype, stochastic_rounding=state.stochastic_rounding))
         for bucket_id, blob in state._pending_state.items():
             state._reducer.comm.load_tensor_state(bucket_id, blob)
@@ -348,13 +407,15 @@ def _reduce_pieces(state, group_id, pieces, call):
         for t, a, b in pieces:
             host[at : at + b - a].copy_(t[a:b])
             at += b - a
+    state._residual_groups.add(group_id)  # a native step folds it in first
     density, xi_step = call
     tau_prime = None
     adaptive = state._reducer.adaptive
     if adaptive is not None:  # this worker thread adapts them, between steps
         density, tau_prime = adaptive.density, adaptive.tau_prime
         state.last_density, state.last_tau_prime = density, tau_prime
-    state._reducer.sparse_allreduce_(group_id, host, hold, density=density, xi_step=xi_step, tau_prime=tau_prime)
+    state._reducer.sparse_allreduce_(group_id, host, hold, density=density, xi_step=xi_step, tau_prime=tau_prime,
+                                     sparse_only=state._choice is not None)
     if host is not tensor:
         at = 0
         for t, a, b in pieces:
@@ -401,6 +462,72 @@ def _raise_adapt_error(state):
         raise e
 
 
+def _native_allreduce(state, tensor):
+    """The process group's own allreduce of the bucket, averaged, as
+    ``allreduce_hook`` runs it (the dense warm-up, and the native path)."""
+    group = state.process_group
+    world = dist.get_world_size(group)
+    fut = dist.all_reduce(tensor, group=group, async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0].div_(world))
+
+
+def _agree_max(state, device):
+    """The choice's agreement: the max of each value over the ranks, through
+    the process group (on the bucket's device, as NCCL needs)."""
+    def agree(values):
+        t = torch.tensor(values, dtype=torch.float64 if device.type == "cpu" else torch.float32, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=state.process_group)
+        return [float(v) for v in t.tolist()]
+
+    return agree
+
+
+def _begin_step(state, s, device, untimed):
+    """At the first bucket of sparse-phase step s: the path of this step
+    (timing the one before, and deciding when a decision is due)."""
+    choice = state._choice
+    if choice.agree is None:
+        choice.agree = _agree_max(state, device)
+        if debug_enabled() and dist.get_rank(state.process_group) == 0:
+            choice.log = print
+    previous = state._path
+    state._path = choice.begin_step(s, untimed)
+    if previous == SPARSE and state._path == NATIVE:
+        # The sparse steps' queued work (adaptation) finishes before a fold
+        # reads their residuals.
+        state._reducer.drain()
+
+
+def _fold_residual(state, group_id, tensor, slices):
+    """Before a native allreduce of a bucket that is group ``group_id``
+    (``slices``: (start, end, held) of its parameters in the group's order):
+    move the group's residual into it (held slots keep theirs), so the
+    switch from sparse loses nothing. Only groups a sparse step left a
+    residual in are folded. A bucket laid out otherwise than the group's
+    residual (a resumed run's first step), or on CUDA, is staged through
+    host memory in the group's order for it, once per switch."""
+    comm = state._reducer.comm
+    if comm is None or group_id not in state._residual_groups:
+        return
+    hold, at = [], 0
+    for a, b, held in slices:
+        if held:
+            hold.append((at, at + b - a))
+        at += b - a
+    in_order = all(slices[j][0] == (slices[j - 1][1] if j else 0) for j in range(len(slices))) and at == tensor.numel()
+    if in_order and tensor.device.type == "cpu" and tensor.is_contiguous():
+        comm.fold_residual_(group_id, tensor, hold)
+    else:
+        host = torch.cat([tensor[a:b] for a, b, _ in slices]).to("cpu")
+        comm.fold_residual_(group_id, host, hold)
+        at = 0
+        for a, b, _ in slices:
+            tensor[a:b].copy_(host[at : at + b - a])
+            at += b - a
+    if not hold:
+        state._residual_groups.discard(group_id)
+
+
 def oktopk_hook(state: OkTopkState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP communication hook: the average of the bucket's gradients over the
     ranks, sparsified by ``state.algorithm`` at ``state.density``.
@@ -431,10 +558,21 @@ def oktopk_hook(state: OkTopkState, bucket: dist.GradBucket) -> torch.futures.Fu
     if not sparse:
         if rebuilt:
             layout.learn_group([i for i, _, _ in members])
-        group = state.process_group
-        world = dist.get_world_size(group)
-        fut = dist.all_reduce(tensor, group=group, async_op=True).get_future()
-        return fut.then(lambda f: f.value()[0].div_(world))
+        return _native_allreduce(state, tensor)
+    if state._choice is not None and bucket.index() == 0:
+        _begin_step(state, phase_iter - state.warmup_iters, tensor.device, untimed=not rebuilt)
+    if state._path == NATIVE:
+        group_id = layout.learn_group([i for i, _, _ in members])
+        if group_id in layout.groups:
+            _fold_residual(state, group_id, tensor, layout.slices(group_id, members, unused))
+            if is_last and state._reducer.comm is not None:
+                # Buckets of this step that went through the regrouping
+                # pool (below) complete their groups.
+                state._reducer.submit(layout.flush, _group_reducer(state, _call(state, phase_iter)))
+            return _native_allreduce(state, tensor)
+        # A bucket that is not one group (a resumed run's first step, in
+        # DDP's provisional layout) goes through the sparse path's
+        # regrouping, which keeps each group's residual in its own layout.
     _start(state)
     call = _call(state, phase_iter)
     if state._reducer.adaptive is None:

@@ -96,7 +96,7 @@ class Reducer:
             self.staging[pinned] = buf
         return buf[:need].view(dtype)
 
-    def sparse_allreduce_(self, tensor_id, host, hold=(), density=None, xi_step=None, tau_prime=None):
+    def sparse_allreduce_(self, tensor_id, host, hold=(), density=None, xi_step=None, tau_prime=None, sparse_only=False):
         """Worker thread: the communicator's sparse allreduce of ``host`` (a
         contiguous CPU tensor) in place, its statistics recorded; ``xi_step``
         (None: not measured) is the step whose ξ the call measures. A step
@@ -104,10 +104,11 @@ class Reducer:
         so on every rank; residuals kept) comes back as NaN in ``host``, as a
         dense average would, so AMP's scaler or the user's own check skips
         the optimizer step on every rank; the call then returns None, else
-        its statistics."""
+        its statistics. ``sparse_only``: "auto" never runs a dense algorithm
+        (the caller's own dense path is the alternative)."""
         try:
             stats = self.comm.sparse_allreduce_(tensor_id, host, hold, density=density, measure_xi=xi_step is not None,
-                                                tau_prime=tau_prime)
+                                                tau_prime=tau_prime, sparse_only=sparse_only)
         except OkTopkError as e:
             if e.code != _lib.NON_FINITE:
                 raise

@@ -1,0 +1,204 @@
+"""The default path: the framework's own dense allreduce or the sparse one,
+chosen from the measured time of a training step.
+
+A sparse step sends about 1% of the gradient but costs selection passes and
+makes less progress than a dense one; on a fast link (NCCL on NVLink, or
+loopback) the framework's allreduce is faster, on a slow one sparse wins by
+far. No cost model of one call sees what the user waits for: backward, the
+reduction overlapped with it, and the optimizer competing for the same cores
+and memory bandwidth. So the front ends time whole steps and choose.
+
+The schedule, in steps after the dense warm-up (``s`` = 0, 1, ...):
+
+1. Explore: ``PROBE_STEPS`` steps native, then ``PROBE_STEPS`` sparse.
+2. Decide (at the first bucket of the next step): every rank times each
+   step from its first bucket to the next step's first bucket (its whole
+   reduction, the optimizer and the next forward; the first step of each
+   run of one path is left out, since it pays the switch). Its medians per
+   path are agreed across the ranks by a max, so every rank decides from the
+   same figures, the slowest rank's. Sparse is chosen only if it saves
+   ``margin`` (default 10%) of the native step: a dense step is exact, a
+   sparse one leaves most of the gradient waiting in the residual.
+3. Run the choice for ``recheck_every`` steps, then probe the other path for
+   ``PROBE_STEPS`` steps and decide again from those and the chosen path's
+   latest steps (links and loads change). Exploration costs ``PROBE_STEPS``
+   of every ``recheck_every + PROBE_STEPS`` steps: 4 in 204 (2%) by default.
+
+The path of every step is a function of ``s`` and of agreed decisions only,
+so every rank takes the same path whatever its own clock says; the decision
+state is checkpointed, and a resumed run continues it.
+"""
+
+import os
+import statistics
+import time
+
+# The two paths.
+NATIVE = "native"  # the process group's allreduce (gloo, NCCL, MPI), residual folded in first
+SPARSE = "sparse"  # the library's sparse allreduce
+
+PROBE_STEPS = 4
+DEFAULT_MARGIN = 0.10
+DEFAULT_RECHECK_EVERY = 200
+
+
+def check_choice(margin, recheck_every):
+    """The choice's settings, checked; ValueError naming the bad one."""
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0.0 <= margin < 1.0:
+        raise ValueError(f"sparse_margin must be a number in [0, 1), got {margin!r}")
+    if isinstance(recheck_every, bool) or not isinstance(recheck_every, int) or recheck_every < 2 * PROBE_STEPS:
+        raise ValueError(f"recheck_every must be an integer >= {2 * PROBE_STEPS}, got {recheck_every!r}")
+    return float(margin), int(recheck_every)
+
+
+def debug_enabled():
+    return os.environ.get("OKTOPK_DEBUG_AUTO") == "1"
+
+
+class StepChoice:
+    """Which path each step after the warm-up takes, and the measurements
+    behind it. The front end sets ``agree(values)``: its max-allreduce of
+    a list of floats over its ranks (-1.0 stands for "not measured").
+    ``clock`` returns seconds (tests give each rank a noisy one)."""
+
+    def __init__(self, margin=DEFAULT_MARGIN, recheck_every=DEFAULT_RECHECK_EVERY):
+        self.margin, self.recheck_every = check_choice(margin, recheck_every)
+        self.agree = None
+        self.log = None  # the front end's logger of decisions (rank 0 with OKTOPK_DEBUG_AUTO=1)
+        self.clock = time.perf_counter
+        self.chosen = None  # None until the first decision
+        self.decided_at = None  # the step s of the latest decision
+        self.ms = {NATIVE: None, SPARSE: None}  # the agreed ms per step of the latest decision
+        self.steps = {NATIVE: 0, SPARSE: 0}  # steps run on each path
+        self.explored = 0  # of them, steps that probed the path not chosen
+        self.decisions = 0
+        self.reason = "exploring: no decision yet"
+        # This rank's own timings: s -> seconds of step s, for recent steps.
+        self._seconds = {}
+        self._started = None  # (s, clock) of the latest step's first bucket
+
+    # -- the schedule --------------------------------------------------------
+
+    def due(self, s):
+        """Whether step s begins with a decision."""
+        if self.chosen is None:
+            return s == 2 * PROBE_STEPS
+        return s == self.decided_at + self.recheck_every + PROBE_STEPS
+
+    def path(self, s):
+        """The path of step s, the same on every rank (after any decision
+        due at s)."""
+        if self.chosen is None:
+            return NATIVE if s < PROBE_STEPS else SPARSE
+        if s < self.decided_at + self.recheck_every:
+            return self.chosen
+        return self.other(self.chosen)
+
+    @staticmethod
+    def other(path):
+        return SPARSE if path == NATIVE else NATIVE
+
+    def _probe_steps(self, s):
+        """(native steps, sparse steps) whose timings decide at step s: the
+        probe's steps and the chosen path's latest ones, each run's first
+        step left out."""
+        if self.chosen is None:
+            return range(1, PROBE_STEPS), range(PROBE_STEPS + 1, 2 * PROBE_STEPS)
+        probe = range(s - PROBE_STEPS + 1, s)
+        kept = range(s - 2 * PROBE_STEPS + 1, s - PROBE_STEPS)
+        return (kept, probe) if self.chosen == NATIVE else (probe, kept)
+
+    # -- measuring and deciding ----------------------------------------------
+
+    def begin_step(self, s, untimed=False):
+        """At the first bucket of step s: time the step before it (when it
+        was s - 1), then decide if one is due; returns the path of s. Every
+        rank calls it at the same steps. ``untimed``: this step's time says
+        nothing of its path (a resumed run's first, in DDP's provisional
+        bucket layout)."""
+        now = self.clock()
+        if self._started is not None and self._started[0] == s - 1 and self._started[2]:
+            self._seconds[s - 1] = now - self._started[1]
+        self._started = (s, now, not untimed)
+        for old in [k for k in self._seconds if k < s - 4 * PROBE_STEPS]:
+            del self._seconds[old]
+        if self.due(s):
+            self._decide(s)
+        path = self.path(s)
+        self.steps[path] += 1
+        if self.chosen is not None and path != self.chosen:
+            self.explored += 1
+        return path
+
+    def _local_medians(self, s):
+        out = []
+        for steps in self._probe_steps(s):
+            seconds = [self._seconds[k] for k in steps if k in self._seconds]
+            out.append(statistics.median(seconds) * 1e3 if seconds else -1.0)
+        return out
+
+    def _decide(self, s):
+        native_ms, sparse_ms = self.agree(self._local_medians(s))
+        previous = self.chosen
+        if native_ms < 0 or sparse_ms < 0:
+            # Not measured (a run resumed inside a probe): keep the choice,
+            # probe again after the next period.
+            chosen = previous or NATIVE
+            self.reason = f"a path was not timed (a run resumed inside a probe); keeping {chosen}"
+        elif sparse_ms < (1.0 - self.margin) * native_ms:
+            chosen = SPARSE
+            self.reason = (f"sparse {sparse_ms:.1f} ms/step saves {1 - sparse_ms / native_ms:.0%} of native's {native_ms:.1f} "
+                           f"(margin {self.margin:.0%})")
+        else:
+            chosen = NATIVE
+            self.reason = (f"native {native_ms:.1f} ms/step; sparse {sparse_ms:.1f} would save "
+                           f"{1 - sparse_ms / native_ms:.0%}, less than the margin {self.margin:.0%}")
+        if native_ms >= 0 and sparse_ms >= 0:
+            self.ms = {NATIVE: native_ms, SPARSE: sparse_ms}
+        if self.chosen is None:
+            # The initial probe of the path not chosen was exploration too.
+            self.explored += PROBE_STEPS
+        self.chosen, self.decided_at = chosen, s
+        self.decisions += 1
+        if self.log is not None:
+            self.log(f"oktopk: step {s} after the warm-up: {chosen} until step {s + self.recheck_every}: {self.reason}")
+        return chosen
+
+    # -- what the state shows, and checkpoints -------------------------------
+
+    def summary(self):
+        """What was chosen and why, as a dict."""
+        return {
+            "path": self.chosen,
+            "native_ms_per_step": self.ms[NATIVE],
+            "sparse_ms_per_step": self.ms[SPARSE],
+            "steps": dict(self.steps),
+            "explored_steps": self.explored,
+            "decisions": self.decisions,
+            "reason": self.reason,
+        }
+
+    def state_dict(self):
+        return {
+            "chosen": self.chosen,
+            "decided_at": self.decided_at,
+            "ms": dict(self.ms),
+            "steps": dict(self.steps),
+            "explored": self.explored,
+            "decisions": self.decisions,
+            "reason": self.reason,
+            "margin": self.margin,
+            "recheck_every": self.recheck_every,
+            # This rank's own timings, so that a run resumed inside a probe
+            # decides from the same figures (the resumed first step is not
+            # timed: its clock started in another process).
+            "seconds": dict(self._seconds),
+        }
+
+    def load_state_dict(self, saved):
+        self.margin, self.recheck_every = check_choice(saved["margin"], saved["recheck_every"])
+        self.chosen, self.decided_at = saved["chosen"], saved["decided_at"]
+        self.ms = dict(saved["ms"])
+        self.steps = dict(saved["steps"])
+        self.explored, self.decisions, self.reason = saved["explored"], saved["decisions"], saved["reason"]
+        self._seconds, self._started = {int(k): float(v) for k, v in saved.get("seconds", {}).items()}, None

@@ -1,0 +1,122 @@
+"""The default path: the framework's allreduce or sparse, chosen from
+measured step time (oktopk.choice), alike on every rank, without losing
+gradient mass, and continued by a resumed run."""
+
+import pytest
+
+import workers
+from oktopk import OkTopkState
+from oktopk.choice import NATIVE, PROBE_STEPS, SPARSE, StepChoice
+from test_ddp import run
+
+
+def simulate(choice, steps, ms):
+    """Drive a StepChoice over steps with ms(path, s) per step on one rank
+    (agree is the identity); returns the path of every step."""
+    now = [0.0]
+    choice.clock = lambda: now[0]
+    choice.agree = lambda values: values
+    paths = []
+    for s in range(steps):
+        path = choice.begin_step(s)
+        paths.append(path)
+        now[0] += ms(path, s) / 1e3
+    return paths
+
+
+def test_schedule_probes_both_then_follows_the_faster_and_explores_at_most_5_percent_of_500_steps():
+    choice = StepChoice(recheck_every=200)
+    paths = simulate(choice, 500, lambda path, s: 10.0 if path == SPARSE else 30.0)
+    assert paths[:PROBE_STEPS] == [NATIVE] * PROBE_STEPS and paths[PROBE_STEPS : 2 * PROBE_STEPS] == [SPARSE] * PROBE_STEPS
+    assert choice.chosen == SPARSE and choice.ms == pytest.approx({NATIVE: 30.0, SPARSE: 10.0})
+    assert paths.count(NATIVE) == choice.explored == 3 * PROBE_STEPS  # the first probe and two rechecks
+    assert choice.explored <= 0.05 * 500
+    assert choice.steps == {NATIVE: paths.count(NATIVE), SPARSE: paths.count(SPARSE)}
+
+
+@pytest.mark.parametrize("sparse_ms, want", [(8.9, SPARSE), (9.1, NATIVE), (12.0, NATIVE)])
+def test_sparse_is_chosen_only_when_it_saves_the_margin(sparse_ms, want):
+    choice = StepChoice(margin=0.10)
+    simulate(choice, 2 * PROBE_STEPS + 1, lambda path, s: sparse_ms if path == SPARSE else 10.0)
+    assert choice.chosen == want, choice.reason
+
+
+def test_a_change_of_the_link_is_followed_at_the_next_recheck():
+    choice = StepChoice(recheck_every=20)
+    paths = simulate(choice, 80, lambda path, s: (5.0 if s < 20 else 50.0) if path == SPARSE else 20.0)
+    # Sparse from the first decision (step 8); sparse turns slow at step 20;
+    # at the recheck after the probe (steps 28-31 native, 25-27 sparse at
+    # 50 ms) native wins, and stays.
+    assert paths[8:28] == [SPARSE] * 20 and choice.chosen == NATIVE and paths[32:52] == [NATIVE] * 20
+
+
+def test_the_state_shows_the_choice_and_checkpoints_continue_it():
+    choice = StepChoice(recheck_every=20)
+    simulate(choice, 30, lambda path, s: 5.0 if path == SPARSE else 20.0)
+    resumed = StepChoice()
+    resumed.load_state_dict(choice.state_dict())
+    assert resumed.summary() == choice.summary() and resumed.recheck_every == 20
+    assert choice.summary()["path"] == SPARSE and "saves" in choice.summary()["reason"]
+    assert OkTopkState().choice["path"] is None and OkTopkState(algorithm="oktopk").choice is None
+
+
+@pytest.mark.parametrize("kwargs", [{"sparse_margin": 1.0}, {"sparse_margin": -0.1}, {"recheck_every": 3}, {"recheck_every": 10.5}])
+def test_bad_choice_settings_raise_value_error(kwargs):
+    with pytest.raises(ValueError):
+        OkTopkState(**kwargs)
+
+
+@pytest.fixture(scope="module")
+def choice_run(tmp_path_factory):
+    return run(workers.choice_run, 3, str(tmp_path_factory.mktemp("choice")))
+
+
+def test_every_rank_takes_the_same_path_under_per_rank_timing_noise(choice_run):
+    # Each rank's injected clock differs (noise; after step 22, ranks 0 and
+    # 2 alone would keep sparse and rank 1 alone would not): the decisions
+    # come from agreed figures (the slowest rank's), so the paths are the
+    # same on every rank.
+    paths = [choice_run[r]["full"]["paths"] for r in range(3)]
+    assert paths[0] == paths[1] == paths[2]
+    run_paths = [paths[0][step] for step in range(2, 40)]  # s = step - 2
+    # Probes, sparse chosen at s = 8 and again at 20, native at s = 32 once
+    # sparse saves less than the margin on the slowest rank
+    # (workers.choice_cost).
+    assert run_paths == [NATIVE] * 4 + [SPARSE] * 12 + [NATIVE] * 4 + [SPARSE] * 8 + [NATIVE] * 10, run_paths
+    assert all(choice_run[r]["full"]["choice"] == choice_run[0]["full"]["choice"] for r in range(3))
+    assert choice_run[0]["full"]["choice"]["decisions"] == 3
+    # Its sparse steps ran sparse algorithms only ("auto" among them), one
+    # call per step on this one-bucket model.
+    counts = choice_run[0]["full"]["algorithm_counts"]
+    assert sum(counts.values()) == run_paths.count(SPARSE) and not {"dense_ring", "dense_rabenseifner"} & set(counts), counts
+
+
+def test_switching_between_native_and_sparse_keeps_gradient_mass(choice_run):
+    # Over the steps after the warm-up, per parameter: the gradients given
+    # to the hook summed over the ranks equal P x what DDP applied plus the
+    # residuals left, with find_unused_parameters=True (held slots).
+    world = 3
+    results = {r: choice_run[r]["full"] for r in range(world)}
+    for name in results[0]["local"]:
+        local = sum(results[r]["local"][name].astype("float64") for r in range(world))
+        left = sum(results[r]["residual"][name].astype("float64") for r in range(world))
+        applied = world * results[0]["applied"][name].astype("float64")
+        scale = sum(abs(results[r]["local"][name].astype("float64")).sum() for r in range(world))
+        lost = abs(local - applied - left).sum() / scale
+        assert lost <= 1e-5, f"{name}: {lost:.3%} of its gradient mass lost"
+    # The first native step after sparse ones (step 18) sent the residuals
+    # of the parameters every rank used: none is left.
+    for r in range(world):
+        after = results[r]["after_switch"]
+        assert after["trunk.weight"] == after["head.weight"] == 0.0, after
+
+
+@pytest.mark.parametrize("first", [24, 31])
+def test_a_resumed_run_continues_the_decision(choice_run, first):
+    # Resumed after step 24 (sparse chosen) and after step 31 (inside the
+    # native probe): the same paths, decisions and final parameters.
+    for r in range(3):
+        full, resumed = choice_run[r]["full"], choice_run[r][first]
+        assert resumed["paths"] == {step: full["paths"][step] for step in range(first, 40)}
+        assert resumed["choice"]["path"] == full["choice"]["path"] and resumed["choice"]["decisions"] == full["choice"]["decisions"]
+        assert resumed["params"] == full["params"]
