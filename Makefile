@@ -25,7 +25,7 @@ WHEEL_VENV := $(OKTOPK_CACHE)/venv-wheel-$(shell sha256sum $(WHEEL_REQ) | cut -c
 WHEEL_PY := $(WHEEL_VENV)/bin/python
 GO_SOURCES := $(shell find core transport capi -name '*.go' -not -name '*_test.go') $(wildcard capi/*.c capi/*.h) go.mod go.sum
 
-.PHONY: all deps deps-launch deps-text bench-text venv-wheel build test test-go test-c test-launch test-python test-wheel test-venvs test-horovod wheel demo bench bench-quick bench-smoke bench-e2e bench-e2e-smoke bench-go examples header-check clean venv venv-horovod print-py chaos chaos-smoke fuzz
+.PHONY: all deps deps-launch deps-text bench-text bench-ddp venv-wheel build test test-go test-c test-launch test-python test-wheel test-venvs test-horovod wheel demo bench bench-quick bench-smoke bench-e2e bench-e2e-smoke bench-go examples header-check clean venv venv-horovod print-py chaos chaos-smoke fuzz
 
 all: build
 
@@ -252,15 +252,18 @@ test-horovod: $(LIB) venv-horovod
 test-venvs: venv venv-horovod venv-wheel
 	tests/venv_scripts.sh $(TORCH_VENV) $(HVD_VENV) $(WHEEL_VENV)
 
-# A 4-rank torchrun training of the CNN example, dense then Ok-Topk.
-DEMO_RANKS ?= 4
-DEMO_EPOCHS ?= 30
+# Plain DDP, then the hook with its defaults, on 4 ranks (bench/demo.sh): as
+# root on links limited to DEMO_RATE (1gbit) in network namespaces, else on
+# loopback. Prints both side by side and saves build/demo/demo.png.
 demo: $(LIB) venv
-	@set -o pipefail; for mode in "" "--oktopk"; do \
-		echo "== torchrun --nproc-per-node $(DEMO_RANKS) examples/pytorch/cnn.py $$mode"; \
-		$(PYENV) $(PY) -m torch.distributed.run --nproc-per-node $(DEMO_RANKS) --master-port $${DEMO_PORT:-29555} \
-			examples/pytorch/cnn.py --epochs $(DEMO_EPOCHS) $$mode 2>&1 | grep -E '^(epoch|RESULT)|Error' || exit 1; \
-	done
+	bench/demo.sh $(PY) $(BUILD)/demo
+
+# The DDP step matrix (bench/ddp_matrix.sh): plain DDP against the default
+# hook and fixed sparse algorithms, 3 models x loopback, 1gbit, 200mbit at 4
+# ranks and 200mbit at 8, 3 repeats in shuffled order; needs root for the
+# emulated links. Writes results/ddp_matrix.{csv,md} and a bench.md section.
+bench-ddp: $(LIB) venv
+	bench/ddp_matrix.sh $(PY) results
 
 # The emulated-cluster benchmark (root: network namespaces and tc), every
 # algorithm and torch gloo over P × n × density, plots, then time to

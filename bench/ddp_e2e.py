@@ -41,8 +41,11 @@ Methods (``--method``):
   callbacks, and over gloo several buckets in flight reach the ranks'
   collectives in different orders (gloo fails with a size mismatch).
 - ``oktopk``: ``oktopk_hook`` with ``OkTopkState(density=--density)``, the
-  rest as a user gets it (algorithm ``oktopk``, two dense warm-up steps,
-  τ = 64, τ′ = 32).
+  rest as a user gets it: two dense warm-up steps, then the measured choice
+  between gloo's allreduce and sparse (``algorithm=None``; rank 0 prints a
+  ``choice,`` line saying what it chose and why), τ = 64, τ′ = 32. Results
+  from before that default (results/tta*, results/text*) ran
+  ``algorithm="oktopk"``, which ``oktopk_oktopk`` names now.
 - ``oktopk_auto``: the same with ``algorithm="auto"`` (the library picks the
   algorithm per bucket and call from its cost model and the measured link).
 - ``oktopk_sched``: the same with ``density_schedule=(0.25,
@@ -324,6 +327,10 @@ def train(method, args, width, data):
         assert ",".join(row) == HEADER, "the row's fields are tta_report.HEADER's"
         print("row," + ",".join(str(v) for v in row.values()), flush=True)
     if method.startswith("oktopk"):
+        if rank == 0 and state.choice is not None:
+            c = state.choice
+            print(f"choice,{method},{c['path']},{c['native_ms_per_step']},{c['sparse_ms_per_step']},{c['steps']['native']},"
+                  f"{c['steps']['sparse']},{c['reason']}", flush=True)
         state.close()
 
 

@@ -28,7 +28,7 @@ NAMES = {
     "fp16": "fp16_compress_hook",
     "powersgd1": "powerSGD_hook, rank 1",
     "powersgd4": "powerSGD_hook, rank 4",
-    "oktopk": "oktopk_hook, density {density}",
+    "oktopk": "oktopk_hook, defaults (density {density}, the measured choice)",
     "oktopk_auto": 'oktopk_hook, density {density}, algorithm="auto"',
     "oktopk_sched": "oktopk_hook, density {density}, density_schedule=(0.25, {sched})",
 }
@@ -42,7 +42,7 @@ def method_name(method):
     if method.startswith("oktopk_d") and method[len("oktopk_d"):].isdigit():
         return NAMES["oktopk"]
     if method not in NAMES and method.startswith("oktopk_"):
-        return NAMES["oktopk"] + f', algorithm="{method[len("oktopk_"):]}"'
+        return "oktopk_hook, density {density}" + f', algorithm="{method[len("oktopk_"):]}"'
     return NAMES[method]
 
 

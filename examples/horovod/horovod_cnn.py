@@ -28,7 +28,7 @@ def main(argv=None):
     ap.add_argument("--oktopk", action="store_true", help="Ok-Topk sparse allreduce")
     ap.add_argument("--fp16-allreduce", action="store_true", help="Horovod's fp16 compression; with --oktopk, float16 sparse values")
     ap.add_argument("--density", type=float, default=0.01)
-    ap.add_argument("--algorithm", default=None, help="an oktopk.ALGORITHMS name, e.g. auto (default: the library's default)")
+    ap.add_argument("--algorithm", default=None, help="an oktopk.ALGORITHMS name, e.g. oktopk or auto (default: the measured choice between the framework's allreduce and sparse)")
     ap.add_argument("--epochs", type=int, default=30)
     ap.add_argument("--batch-size", type=int, default=16, help="per rank")
     ap.add_argument("--lr", type=float, default=0.05)

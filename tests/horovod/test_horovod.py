@@ -50,7 +50,7 @@ def test_sparse_cnn_within_one_point_of_dense_and_ranks_agree(np):
     epochs = 30
     common = ["--epochs", epochs, "--init-seed", 7]  # per-rank init: the broadcast must unify it
     dense = horovodrun(np, "train_cnn", *common)
-    sparse = horovodrun(np, "train_cnn", *common, "--oktopk", "--density", "0.01")
+    sparse = horovodrun(np, "train_cnn", *common, "--oktopk", "--algorithm", "oktopk", "--density", "0.01")
     for res in (dense, sparse):
         assert all(r["params"] == res[0]["params"] for r in res.values()), "ranks ended with different parameters"
     acc_dense, acc_sparse = dense[0]["accuracy"], sparse[0]["accuracy"]
@@ -61,7 +61,7 @@ def test_sparse_cnn_within_one_point_of_dense_and_ranks_agree(np):
 def test_fp16_allreduce_with_oktopk_sends_float16_values():
     # The example's --fp16-allreduce --oktopk: the same training with float16
     # values sends fewer bytes (6 instead of 8 per pair), and the ranks agree.
-    common = ["--epochs", 2, "--oktopk", "--density", "0.01"]
+    common = ["--epochs", 2, "--oktopk", "--algorithm", "oktopk", "--density", "0.01"]
     f32 = horovodrun(2, "train_cnn", *common)
     f16 = horovodrun(2, "train_cnn", *common, "--fp16-allreduce")
     assert all(r["params"] == f16[0]["params"] for r in f16.values()), "ranks ended with different parameters"
@@ -203,3 +203,30 @@ def test_adaptive_density_and_tau_prime_alike_on_every_rank_and_resume_exactly(t
         for s in range(5, 8):
             assert resumed[s] == full[s], f"rank {r}: resumed differs at step {s}"
         assert results[r]["resumed"]["params"] == results[r]["full"]["params"], f"rank {r}: resumed run's parameters differ"
+
+
+def test_default_choice_alike_on_every_rank_keeps_mass_and_resumes(tmp_path):
+    # Compression.oktopk()'s default: Horovod's allreduce or sparse, chosen
+    # from step times that differ per rank (injected, workers.choice_cost):
+    # after step 20 rank 0 alone would keep sparse and rank 1 alone would
+    # not; the agreed (slowest) figures decide, alike on both.
+    results = horovodrun(2, "choice", str(tmp_path))
+    full = [results[r]["full"] for r in (0, 1)]
+    assert full[0]["paths"] == full[1]["paths"] and full[0]["choice"] == full[1]["choice"]
+    paths = [full[0]["paths"][s] for s in range(36)]
+    # Probes (4 native, 4 sparse), sparse chosen at 8 and at 20, native at 32.
+    assert paths == ["native"] * 4 + ["sparse"] * 12 + ["native"] * 4 + ["sparse"] * 8 + ["native"] * 8, paths
+    assert sum(full[0]["counts"].values()) == 20 * 1 and not {"dense_ring", "dense_rabenseifner"} & set(full[0]["counts"])
+    # Mass: the local gradients summed over the ranks equal P x the averages
+    # applied plus the residuals left, through every switch.
+    for i in range(len(full[0]["local"])):
+        local = full[0]["local"][i] + full[1]["local"][i]
+        left = full[0]["residual"][i] + full[1]["residual"][i]
+        lost = abs(local - 2 * full[0]["applied"][i] - left).sum() / abs(local).sum()
+        assert lost <= 1e-5, f"parameter {i}: {lost:.3%} of its gradient mass lost"
+    # Resumed after step 21 (inside a native probe): the same paths and
+    # decisions, and the same final model.
+    for r in (0, 1):
+        resumed = results[r]["resumed"]
+        assert resumed["paths"] == {s: full[r]["paths"][s] for s in range(22, 36)}
+        assert resumed["choice"]["decisions"] == full[r]["choice"]["decisions"] and resumed["params"] == full[r]["params"]

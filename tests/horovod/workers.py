@@ -45,7 +45,7 @@ def density_one(out, steps="5", bucket_bytes=str(oktopk_horovod.optimizer.BUCKET
     model = small_model()
     reference = small_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.0)  # parameters never move: the same model every step
-    opt = oktopk_horovod.DistributedOptimizer(opt, named_parameters=model.named_parameters(), compression=oktopk_horovod.Compression.oktopk(density=1.0),
+    opt = oktopk_horovod.DistributedOptimizer(opt, named_parameters=model.named_parameters(), compression=oktopk_horovod.Compression.oktopk(algorithm="oktopk", density=1.0),
                                               bucket_bytes=int(bucket_bytes))
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     reference.load_state_dict(model.state_dict())
@@ -139,7 +139,7 @@ def nan_on_one_rank(out):
     hvd.init()
     torch.manual_seed(3)
     model = small_model()
-    opt = oktopk_horovod.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters(), compression=oktopk_horovod.Compression.oktopk(density=0.05))
+    opt = oktopk_horovod.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters(), compression=oktopk_horovod.Compression.oktopk(algorithm="oktopk", density=0.05))
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     finite = []
     for step in range(5):
@@ -177,7 +177,7 @@ def sparse_embedding(out):
         opt = oktopk_horovod.DistributedOptimizer(
             torch.optim.SGD(model.parameters(), lr=0.1),
             named_parameters=model.named_parameters(),
-            compression=oktopk_horovod.Compression.oktopk(density=1.0),
+            compression=oktopk_horovod.Compression.oktopk(algorithm="oktopk", density=1.0),
             sparse_as_dense=sparse_as_dense,
         )
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
@@ -204,7 +204,7 @@ def state_of_another_rank_or_size(out, ckpt):
     hvd.init()
     torch.manual_seed(3)
     model = small_model()
-    opt = oktopk_horovod.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters(), compression=oktopk_horovod.Compression.oktopk(density=0.05))
+    opt = oktopk_horovod.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters(), compression=oktopk_horovod.Compression.oktopk(algorithm="oktopk", density=0.05))
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     result = {}
     if hvd.size() == 2:
@@ -292,8 +292,8 @@ def density_schedule(out, ckpt):
     def record(opt):
         return (opt.last_density, sorted(opt.last_k.values()), opt.last_xi, opt.last_xi_step)
 
-    full = train_resumable(path, 0, 7, oktopk_horovod.Compression.oktopk(density=0.01, density_schedule=(0.5, 4), measure_xi_every=2), record, save=3)
-    resumed = train_resumable(path, 3, 7, oktopk_horovod.Compression.oktopk(density=0.01), record)
+    full = train_resumable(path, 0, 7, oktopk_horovod.Compression.oktopk(algorithm="oktopk", density=0.01, density_schedule=(0.5, 4), measure_xi_every=2), record, save=3)
+    resumed = train_resumable(path, 3, 7, oktopk_horovod.Compression.oktopk(algorithm="oktopk", density=0.01), record)
     return {"full": full, "resumed": resumed}
 
 
@@ -311,10 +311,84 @@ def adaptive(out, ckpt):
         c = opt._reducer.adaptive
         return (opt.last_density, opt.last_tau_prime, sorted(opt.last_k.values()), c.adaptations, c.last_inputs)
 
-    compression = oktopk_horovod.Compression.oktopk(density=2.0**-7, tau_prime=8, adaptive=(2.0**-7, 2.0**-4, 1e-3), measure_xi_every=2)
+    compression = oktopk_horovod.Compression.oktopk(algorithm="oktopk", density=2.0**-7, tau_prime=8, adaptive=(2.0**-7, 2.0**-4, 1e-3), measure_xi_every=2)
     full = train_resumable(path, 0, 8, compression, record, save=5)
-    resumed = train_resumable(path, 5, 8, oktopk_horovod.Compression.oktopk(density=2.0**-7, tau_prime=8), record)
+    resumed = train_resumable(path, 5, 8, oktopk_horovod.Compression.oktopk(algorithm="oktopk", density=2.0**-7, tau_prime=8), record)
     return {"full": full, "resumed": resumed}
+
+
+def choice_cost(path, step, rank):
+    """The injected seconds of a step on a path, with per-rank noise of up to
+    1 ms: native 20 ms; sparse 5 ms until step 20, then 16 ms on rank 0 (which
+    alone would keep sparse) and 19 ms on rank 1 (which alone would not)."""
+    base = 0.020 if path == "native" else (0.005 if step < 20 else (0.019 if rank == 1 else 0.016))
+    return base + ((rank * 7919 + step * 104729) % 1000) / 1000 * 0.001
+
+
+def choice(out, ckpt):
+    """Compression.oktopk() with its defaults (recheck_every 8) over 36
+    steps, its clock injected with choice_cost: per step, the path; the sum
+    of this rank's local gradients (a twin model without hooks computes
+    them), of the averages applied, and the final residuals; then the run
+    resumed from a checkpoint saved after step 21, inside a probe."""
+    import copy
+
+    hvd.init()
+    torch.set_num_threads(1)
+
+    class Clock:
+        now = 0.0
+
+        def __call__(self):
+            return self.now
+
+    def train(first, last, save=None):
+        torch.manual_seed(3)
+        model = small_model()
+        opt = oktopk_horovod.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05), named_parameters=model.named_parameters(),
+                                                  compression=oktopk_horovod.Compression.oktopk(density=0.05, recheck_every=8))
+        clock = Clock()
+        opt._choice.clock = clock
+        if first:
+            saved = torch.load(os.path.join(ckpt, f"rank{hvd.rank()}.pt"), weights_only=False)
+            model.load_state_dict(saved["model"])
+            opt.load_oktopk_state_dict(saved["oktopk"])
+        local = [torch.zeros_like(p, dtype=torch.float64) for p in model.parameters()]
+        applied = [torch.zeros_like(p, dtype=torch.float64) for p in model.parameters()]
+        paths = {}
+        for step in range(first, last):
+            g = torch.Generator().manual_seed(1000 * step + hvd.rank())
+            x, y = torch.randn(32, 20, generator=g), torch.randint(0, 5, (32,), generator=g)
+            twin = copy.deepcopy(model)
+            F.cross_entropy(twin(x), y).backward()
+            for acc, p in zip(local, twin.parameters()):
+                acc += p.grad
+            paths[step] = opt._path
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            clock.now += choice_cost(opt._path, step, hvd.rank())
+            opt.step()
+            for acc, p in zip(applied, model.parameters()):
+                acc += p.grad
+            if save == step + 1:
+                torch.save({"model": model.state_dict(), "oktopk": opt.oktopk_state_dict()}, os.path.join(ckpt, f"rank{hvd.rank()}.pt"))
+        state = opt.oktopk_state_dict()
+        residual = [torch.zeros_like(p, dtype=torch.float64) for p in model.parameters()]
+        index = {id(p): i for i, p in enumerate(model.parameters())}
+        for bucket in opt._buckets:
+            blob = state["tensors"][bucket.tensor_id]
+            n = int.from_bytes(blob[8:16], "little")
+            flat = torch.frombuffer(bytearray(blob[len(blob) - 4 * n :]), dtype=torch.float32)
+            at = 0
+            for p in bucket.params:
+                residual[index[id(p)]] += flat[at : at + p.numel()].view_as(p)
+                at += p.numel()
+        result = {"paths": paths, "choice": opt.choice, "local": [t.numpy() for t in local], "applied": [t.numpy() for t in applied],
+                  "residual": [t.numpy() for t in residual], "counts": dict(opt.algorithm_counts), "params": digest(model)}
+        opt.close()
+        return result
+
+    return {"full": train(0, 36, save=22), "resumed": train(22, 36)}
 
 
 if __name__ == "__main__":

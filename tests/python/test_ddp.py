@@ -57,7 +57,7 @@ def test_density_one_equals_allreduce_hook(world):
 def test_sparse_cnn_reaches_dense_accuracy_and_ranks_agree():
     world, epochs = 4, 30
     dense = run(workers.train_cnn, world, ["--epochs", str(epochs)])
-    sparse = run(workers.train_cnn, world, ["--epochs", str(epochs), "--oktopk", "--density", "0.01"])
+    sparse = run(workers.train_cnn, world, ["--epochs", str(epochs), "--oktopk", "--algorithm", "oktopk", "--density", "0.01"])
     for res in (dense, sparse):
         assert len({res[r]["params"] for r in range(world)}) == 1, "ranks ended with different parameters"
     acc_dense, acc_sparse = dense[0]["accuracy"], sparse[0]["accuracy"]

@@ -3,6 +3,7 @@
 import horovod.torch as hvd
 from horovod.torch.compression import Compressor
 
+from oktopk.choice import DEFAULT_MARGIN, DEFAULT_RECHECK_EVERY, check_choice
 from oktopk.settings import DEFAULTS, check_settings
 
 
@@ -16,10 +17,16 @@ class OkTopkCompressor(Compressor):
 
     def __init__(self, density=DEFAULTS.density, algorithm=DEFAULTS.algorithm, tau=DEFAULTS.tau, tau_prime=DEFAULTS.tau_prime,
                  timeout=DEFAULTS.timeout, value_dtype=DEFAULTS.value_dtype, stochastic_rounding=DEFAULTS.stochastic_rounding,
-                 density_schedule=DEFAULTS.density_schedule, measure_xi_every=DEFAULTS.measure_xi_every, adaptive=DEFAULTS.adaptive):
+                 density_schedule=DEFAULTS.density_schedule, measure_xi_every=DEFAULTS.measure_xi_every, adaptive=DEFAULTS.adaptive,
+                 sparse_margin=DEFAULT_MARGIN, recheck_every=DEFAULT_RECHECK_EVERY):
+        # algorithm None: the measured choice, whose sparse path is "auto".
         (self.density, self.algorithm, self.tau, self.tau_prime, self.timeout, self.value_dtype, self.stochastic_rounding,
          self.density_schedule, self.measure_xi_every, self.adaptive) = check_settings(
-            density, algorithm, tau, tau_prime, timeout, value_dtype, stochastic_rounding, density_schedule, measure_xi_every, adaptive)
+            density, "auto" if algorithm is None else algorithm, tau, tau_prime, timeout, value_dtype, stochastic_rounding, density_schedule,
+            measure_xi_every, adaptive)
+        if algorithm is None:
+            self.algorithm = None
+        self.sparse_margin, self.recheck_every = check_choice(sparse_margin, recheck_every)
 
     def compress(self, tensor):
         raise RuntimeError(
@@ -41,13 +48,20 @@ class Compression(hvd.Compression):
     @staticmethod
     def oktopk(density=DEFAULTS.density, algorithm=DEFAULTS.algorithm, tau=DEFAULTS.tau, tau_prime=DEFAULTS.tau_prime, timeout=DEFAULTS.timeout,
                value_dtype=DEFAULTS.value_dtype, stochastic_rounding=DEFAULTS.stochastic_rounding, density_schedule=DEFAULTS.density_schedule,
-               measure_xi_every=DEFAULTS.measure_xi_every, adaptive=DEFAULTS.adaptive):
-        """Ok-Topk sparse allreduce sending about ``density`` of each
-        gradient bucket; the rest waits in a residual (error feedback).
-        ``algorithm`` picks any of ``oktopk.ALGORITHMS``: ``"auto"`` (the
-        library picks per bucket and call from a cost model and the measured
-        link), dense ones and the sparse baselines too; ``None``, the
-        library's default (``"oktopk"`` in this version).
+               measure_xi_every=DEFAULTS.measure_xi_every, adaptive=DEFAULTS.adaptive, sparse_margin=DEFAULT_MARGIN,
+               recheck_every=DEFAULT_RECHECK_EVERY):
+        """Sparse allreduce sending about ``density`` of each gradient
+        bucket; the rest waits in a residual (error feedback).
+        ``algorithm=None`` (the default): each step takes the faster of
+        Horovod's own allreduce (the residual folded in first) and the
+        library's sparse allreduce (``"auto"`` among its sparse algorithms),
+        from measured step times agreed across the ranks, as the DDP hook
+        does: sparse only when it saves ``sparse_margin`` (10%) of the step,
+        probed again every ``recheck_every`` steps (see ``oktopk.choice``;
+        the optimizer's ``choice`` says what it chose and why).
+        Or any of ``oktopk.ALGORITHMS``, used for every step: ``"auto"``
+        (the library picks per bucket and call from a cost model and the
+        measured link), ``"oktopk"``, dense ones and the sparse baselines.
         ``value_dtype="float16"`` (or ``"bfloat16"``) sends the selected
         values in 16 bits, what Horovod's fp16 compression does for a dense
         allreduce: each pair is 6 bytes instead of 8, and the rounding errors
@@ -67,4 +81,4 @@ class Compression(hvd.Compression):
         ``oktopk.adaptive``); ``oktopk_state_dict()`` saves where it
         stands."""
         return OkTopkCompressor(density, algorithm, tau, tau_prime, timeout, value_dtype, stochastic_rounding, density_schedule, measure_xi_every,
-                                adaptive)
+                                adaptive, sparse_margin, recheck_every)

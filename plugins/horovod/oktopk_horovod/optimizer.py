@@ -36,6 +36,7 @@ import torch
 
 from oktopk import Communicator
 from oktopk.adaptive import AdaptiveControl
+from oktopk.choice import NATIVE, SPARSE, StepChoice, debug_enabled
 from oktopk.comm import route_source_address
 from oktopk.reducer import Reducer, ReducerStats
 from oktopk.schedule import check_schedule, density_at
@@ -138,7 +139,7 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
             hvd.size(),
             lambda token: hvd.broadcast_object(token, root_rank=0, name="oktopk.token"),
             lambda endpoint: hvd.allgather_object(endpoint, name="oktopk.endpoints"),
-            compressor.algorithm,
+            "auto" if compressor.algorithm is None else compressor.algorithm,  # the measured choice's sparse path
             compressor.density,
             compressor.tau,
             compressor.tau_prime,
@@ -147,6 +148,20 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
             value_dtype=compressor.value_dtype,
             stochastic_rounding=compressor.stochastic_rounding,
         ))
+        # With algorithm None, the measured choice between Horovod's own
+        # allreduce and the sparse one (oktopk.choice): the path of the step
+        # under way, decided where the step before it ended, and the buckets
+        # whose residual a sparse step may have left non-zero.
+        self._choice = None
+        self._path = SPARSE
+        self._residual_ids = set()
+        if compressor.algorithm is None:
+            self._choice = StepChoice(compressor.sparse_margin, compressor.recheck_every)
+            self._choice.agree = _agree_max
+            if debug_enabled() and hvd.rank() == 0:
+                self._choice.log = print
+            # This step's time starts here, in no step's path: untimed.
+            self._path = self._choice.begin_step(self.sparse_step, untimed=True)
         # Guards the hooks' count of final gradients and the issue of buckets.
         self._lock = threading.Lock()
         self._should_synchronize = True
@@ -196,7 +211,7 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
         # every rank, whatever order autograd finished the buckets in.
         while self._next_bucket < len(self._buckets) and self._buckets[self._next_bucket].pending == 0:
             bucket = self._buckets[self._next_bucket]
-            bucket.future = self._reducer.submit(self._reduce, bucket, self._call())
+            bucket.future = self._reducer.submit(self._reduce, bucket, NATIVE if self._path == NATIVE else self._call())
             self._next_bucket += 1
 
     def _call(self):
@@ -237,13 +252,23 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
             for g in grads:
                 host[at : at + g.numel()].view_as(g).copy_(g)
                 at += g.numel()
-        # A step the library skipped (NaN or Inf on some rank) comes back as
-        # NaN on every rank, as Horovod's dense average would, so AMP's
-        # scaler or the user's own check skips it everywhere.
-        density, xi_step, tau_prime = call
-        self._reducer.sparse_allreduce_(bucket.tensor_id, host, density=density, xi_step=xi_step, tau_prime=tau_prime)
-        if self._op == hvd.Sum:
-            host.mul_(hvd.size())
+        if call == NATIVE:
+            # Horovod's own allreduce of the bucket, its residual (left by
+            # sparse steps) folded in first so nothing waits or is lost.
+            if bucket.tensor_id in self._residual_ids:
+                self._reducer.comm.fold_residual_(bucket.tensor_id, host)
+                self._residual_ids.discard(bucket.tensor_id)
+            hvd.allreduce_(host, op=self._op, name=f"oktopk.native.{bucket.index}")
+        else:
+            # A step the library skipped (NaN or Inf on some rank) comes back
+            # as NaN on every rank, as Horovod's dense average would, so AMP's
+            # scaler or the user's own check skips it everywhere.
+            density, xi_step, tau_prime = call
+            self._residual_ids.add(bucket.tensor_id)
+            self._reducer.sparse_allreduce_(bucket.tensor_id, host, density=density, xi_step=xi_step, tau_prime=tau_prime,
+                                            sparse_only=self._choice is not None)
+            if self._op == hvd.Sum:
+                host.mul_(hvd.size())
         if host.data_ptr() != grads[0].data_ptr():
             at = 0
             for g in grads:
@@ -274,6 +299,10 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
                     # communicator is free for the drift's allreduce.
                     self._reducer.adapt(self.sparse_step)
                 self.sparse_step += 1
+                if self._choice is not None:
+                    # The step just reduced ends here: time it, and choose
+                    # the path of the next one (every rank, at the same step).
+                    self._path = self._choice.begin_step(self.sparse_step)
             finally:
                 self._reset_step()
         self._synchronized = True
@@ -323,7 +352,9 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
         tensors = {bucket.tensor_id: self._reducer.comm.save_tensor_state(bucket.tensor_id) for bucket in self._buckets}
         return {"rank": hvd.rank(), "world_size": hvd.size(), "tensors": tensors, "step": self.sparse_step,
                 "density_schedule": self.density_schedule,
-                "adaptive": self._reducer.adaptive_state(self._measure_xi_every)}
+                "adaptive": self._reducer.adaptive_state(self._measure_xi_every),
+                "choice": None if self._choice is None else {**self._choice.state_dict(), "path": self._path},
+                "residual_ids": sorted(self._residual_ids)}
 
     def load_oktopk_state_dict(self, state):
         """Restore this rank's ``oktopk_state_dict()``. Another rank's, or
@@ -351,6 +382,17 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
         # So is the adaptation: where it stood, under the saved bounds.
         if state.get("adaptive") is not None:
             self._measure_xi_every = self._reducer.load_adaptive(state["adaptive"], self._compressor.density, self._compressor.tau_prime)
+        # And the measured choice: the next step's path, and the decisions.
+        if self._choice is not None and state.get("choice") is not None:
+            self._choice.load_state_dict(state["choice"])
+            self._path = state["choice"]["path"]
+        self._residual_ids = set(state.get("residual_ids", tensors.keys()))
+
+    @property
+    def choice(self):
+        """With ``Compression.oktopk(algorithm=None)``: what the optimizer
+        chose and why (see ``OkTopkState.choice``); else None."""
+        return None if self._choice is None else self._choice.summary()
 
     def close(self):
         """Release the worker thread and the communicator. Call it when
@@ -358,6 +400,11 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
         it is garbage-collected (nothing is registered to run at
         interpreter exit)."""
         self._reducer.close()
+
+
+def _agree_max(values):
+    """The measured choice's agreement: each value's max over the ranks."""
+    return [float(v) for v in hvd.allreduce(torch.tensor(values, dtype=torch.float64), op=hvd.Max, name="oktopk.choice").tolist()]
 
 
 def _check_owner(saved_rank, saved_size):

@@ -25,8 +25,9 @@ Settings = namedtuple(
 
 # Every setting's default, the one copy: the DDP state's and the Horovod
 # compressor's signatures take theirs from here (algorithm None: the
-# library's default; measure_xi_every None: never, or DEFAULT_EVERY with
-# adaptive).
+# measured choice between the framework's allreduce and sparse "auto", see
+# oktopk.choice, whose settings are there; measure_xi_every None: never, or
+# DEFAULT_EVERY with adaptive).
 DEFAULTS = Settings(density=0.01, algorithm=None, tau=64, tau_prime=32, timeout=60.0, value_dtype="float32", stochastic_rounding=False,
                     density_schedule=None, measure_xi_every=None, adaptive=None)
 
