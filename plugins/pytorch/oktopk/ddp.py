@@ -144,6 +144,7 @@ class OkTopkState(ReducerStats):
         "_choice",
         "_path",
         "_residual_groups",
+        "_pooled_iter",
     ]
 
     def __init__(self, process_group=None, density=DEFAULTS.density, algorithm=DEFAULTS.algorithm, warmup_iters=DEFAULT_WARMUP_ITERS,
@@ -186,6 +187,8 @@ class OkTopkState(ReducerStats):
         # folds those in first.
         self._path = SPARSE
         self._residual_groups = set()
+        # The latest iteration that sent a bucket to the regrouping pool.
+        self._pooled_iter = None
 
     @property
     def choice(self):
@@ -565,7 +568,7 @@ def oktopk_hook(state: OkTopkState, bucket: dist.GradBucket) -> torch.futures.Fu
         group_id = layout.learn_group([i for i, _, _ in members])
         if group_id in layout.groups:
             _fold_residual(state, group_id, tensor, layout.slices(group_id, members, unused))
-            if is_last and state._reducer.comm is not None:
+            if is_last and state._pooled_iter == phase_iter:
                 # Buckets of this step that went through the regrouping
                 # pool (below) complete their groups.
                 state._reducer.submit(layout.flush, _group_reducer(state, _call(state, phase_iter)))
@@ -589,6 +592,7 @@ def oktopk_hook(state: OkTopkState, bucket: dist.GradBucket) -> torch.futures.Fu
     if group_id in layout.groups:
         reducer.submit(_reduce_bucket, state, group_id, tensor, layout.slices(group_id, members, unused), fut, stream, call)
     else:
+        state._pooled_iter = phase_iter
         reducer.submit(layout.pool_bucket, tensor, members, unused, fut, stream, _group_reducer(state, call))
     if is_last:
         reducer.submit(layout.flush, _group_reducer(state, call))
