@@ -25,7 +25,7 @@ WHEEL_VENV := $(OKTOPK_CACHE)/venv-wheel-$(shell sha256sum $(WHEEL_REQ) | cut -c
 WHEEL_PY := $(WHEEL_VENV)/bin/python
 GO_SOURCES := $(shell find core transport capi -name '*.go' -not -name '*_test.go') $(wildcard capi/*.c capi/*.h) go.mod go.sum
 
-.PHONY: all deps deps-launch deps-text bench-text bench-ddp venv-wheel build test test-go test-c test-launch test-python test-wheel test-venvs test-horovod wheel demo bench bench-quick bench-smoke bench-e2e bench-e2e-smoke bench-go examples header-check clean venv venv-horovod print-py chaos chaos-smoke fuzz
+.PHONY: all deps deps-launch deps-text bench-text bench-ddp bench-ddp-smoke venv-wheel build test test-go test-c test-launch test-python test-wheel test-venvs test-horovod wheel demo bench bench-quick bench-smoke bench-e2e bench-e2e-smoke bench-go examples header-check clean venv venv-horovod print-py chaos chaos-smoke fuzz
 
 all: build
 
@@ -108,7 +108,7 @@ venv-horovod:
 		touch $(HVD_VENV)/.ok; \
 	fi
 
-test: test-go test-c test-launch test-python test-wheel test-horovod test-venvs bench-smoke bench-e2e-smoke chaos-smoke
+test: test-go test-c test-launch test-python test-wheel test-horovod test-venvs bench-smoke bench-e2e-smoke bench-ddp-smoke chaos-smoke
 
 # Fuzz budgets are counts of executions, about 10 s each on a 2-core machine,
 # not durations: with a duration Go's fuzz coordinator can report a bare
@@ -264,6 +264,14 @@ demo: $(LIB) venv
 # emulated links. Writes results/ddp_matrix.{csv,md} and a bench.md section.
 bench-ddp: $(LIB) venv
 	bench/ddp_matrix.sh $(PY) results
+
+# The step matrix's and the demo's scripts end to end on loopback, small
+# (in make test: they must not rot between benchmark runs).
+bench-ddp-smoke: $(LIB) venv
+	BENCH_DDP_LINKS=loopback BENCH_DDP_P8_LINKS= BENCH_DDP_MODELS=cnn:1 BENCH_DDP_REPS=1 BENCH_DDP_STEPS=14 \
+		BENCH_DDP_METHODS="ddp oktopk oktopk_oktopk" BENCH_LOGS=$(BUILD)/bench-ddp-smoke/logs \
+		timeout 180 bench/ddp_matrix.sh $(PY) $(BUILD)/bench-ddp-smoke
+	DEMO_MODE=loopback DEMO_WIDTH=64 DEMO_STEPS=12 timeout 180 bench/demo.sh $(PY) $(BUILD)/bench-ddp-smoke/demo
 
 # The emulated-cluster benchmark (root: network namespaces and tc), every
 # algorithm and torch gloo over P × n × density, plots, then time to

@@ -16,21 +16,27 @@
 #   BENCH_DDP_METHODS="ddp allreduce_hook oktopk oktopk_oktopk oktopk_topka"
 #                                (allreduce_hook, torch's own hook, is left out
 #                                at 200mbit, where a dense step takes seconds)
+#   BENCH_DDP_REP_FIRST=1        the first repeat's number (to add repeats)
+#   BENCH_DDP_APPEND=0           1: add to the rows of an earlier run instead
+#                                of starting afresh
 #   BENCH_LOGS=build/bench-logs
+# A job that fails (a rank crashed) is reported and the matrix goes on; the
+# rows it printed before count.
 set -euo pipefail
 PY=$1 OUTDIR=$2
 HERE=$(cd "$(dirname "$0")" && pwd)
-LINKS=${BENCH_DDP_LINKS:-"loopback 1gbit 200mbit"}
+LINKS=${BENCH_DDP_LINKS-"loopback 1gbit 200mbit"}
 MODELS=${BENCH_DDP_MODELS:-"cnn:1 mlp:2176 mlp:4096"}
 P=${BENCH_DDP_P:-4}
-P8_LINKS=${BENCH_DDP_P8_LINKS:-200mbit}
+P8_LINKS=${BENCH_DDP_P8_LINKS-200mbit}
 REPS=${BENCH_DDP_REPS:-3}
 STEPS=${BENCH_DDP_STEPS:-40}
 METHODS=${BENCH_DDP_METHODS:-"ddp allreduce_hook oktopk oktopk_oktopk oktopk_topka"}
 LOGS=${BENCH_LOGS:-build/bench-logs}
 mkdir -p "$OUTDIR" "$LOGS"
 rows=$LOGS/ddp_matrix.out
-rm -f "$rows"
+[[ ${BENCH_DDP_APPEND:-0} == 1 ]] || rm -f "$rows"
+FIRST=${BENCH_DDP_REP_FIRST:-1}
 configs=()
 for link in $LINKS; do configs+=("$P:$link"); done
 for link in $P8_LINKS; do configs+=("8:$link"); done
@@ -39,7 +45,7 @@ for config in "${configs[@]}"; do
 	ranks=${config%%:*} link=${config#*:}
 	mode=netns
 	[[ $link == loopback ]] && mode=loopback
-	for rep in $(seq 1 "$REPS"); do
+	for rep in $(seq "$FIRST" $((FIRST + REPS - 1))); do
 		jobs=()
 		for model in $MODELS; do
 			# The methods' order, shuffled per repeat and model (seeded: the
@@ -50,7 +56,10 @@ for config in "${configs[@]}"; do
 			jobs+=("PYTHONPATH='$HERE/../plugins/pytorch' '$PY' '$HERE/ddp_step.py' --model ${model%%:*} --width ${model#*:} --order $order --steps $STEPS --link $link --rep $rep")
 		done
 		echo "ddp step matrix: P=$ranks, $link, repeat $rep of $REPS ($((SECONDS - START)) s so far)" >&2
-		BENCH_MODE=$mode BENCH_RATE=$link "$HERE/cluster.sh" "$ranks" "$rows" "${jobs[@]}"
+		for job in "${jobs[@]}"; do
+			BENCH_MODE=$mode BENCH_RATE=$link "$HERE/cluster.sh" "$ranks" "$rows" "$job" ||
+				echo "ddp step matrix: a job failed (its rows so far are kept): $job" >&2
+		done
 	done
 done
 "$PY" "$HERE/ddp_matrix.py" "$rows" "$OUTDIR"

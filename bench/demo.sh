@@ -11,12 +11,12 @@
 #   bench/demo.sh PYTHON OUTDIR
 #
 # Knobs: DEMO_MODE=netns|loopback (default: netns as root, else loopback)
-#        DEMO_RATE=1gbit DEMO_RANKS=4 DEMO_STEPS=60 DEMO_TARGET=95
+#        DEMO_RATE=1gbit DEMO_RANKS=4 DEMO_STEPS=100 DEMO_TARGET=95
 #        DEMO_WIDTH=4096 (the wide MLP of bench/ddp_e2e.py: 17.1M parameters)
 set -euo pipefail
 PY=$1 OUTDIR=$2
 HERE=$(cd "$(dirname "$0")" && pwd)
-RATE=${DEMO_RATE:-1gbit} P=${DEMO_RANKS:-4} STEPS=${DEMO_STEPS:-60} TARGET=${DEMO_TARGET:-95}
+RATE=${DEMO_RATE:-1gbit} P=${DEMO_RANKS:-4} STEPS=${DEMO_STEPS:-100} TARGET=${DEMO_TARGET:-95}
 MODE=${DEMO_MODE:-}
 if [[ -z $MODE ]]; then
 	MODE=loopback

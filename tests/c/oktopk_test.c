@@ -321,6 +321,47 @@ static void test_tensor_state(oktopk_comm_t comm, int rank) {
   free(buf);
 }
 
+/* Folding a residual before a caller's own dense allreduce: after a sparse
+ * call at 1%, data + residual is the same sum before and after the fold,
+ * and the residual is empty outside the held range, which keeps its own;
+ * the dense allreduce of the folded buffers then averages exactly what the
+ * ranks had not sent. Bad arguments are refused, the buffer untouched. */
+static void test_residual_fold(oktopk_comm_t comm, int rank) {
+  size_t n = 4096, hold[2] = {100, 200};
+  float *g = malloc(n * 4), *x = malloc(n * 4), *r0 = malloc(n * 4), *r1 = malloc(n * 4);
+  fill_gradient(g, n, rank, 7);
+  OK(oktopk_sparse_allreduce(comm, 400, g, n, OKTOPK_FLOAT32, NULL));
+  size_t sz = 0;
+  OK(oktopk_tensor_state_size(comm, 400, &sz));
+  char *state = malloc(sz);
+  OK(oktopk_tensor_state_save(comm, 400, state, sz));
+  memcpy(r0, state + sz - n * 4, n * 4); /* the residual is the state's last n floats */
+  fill_gradient(x, n, rank, 8);
+  memcpy(g, x, n * 4);
+  EXPECT(oktopk_tensor_residual_fold(comm, 400, NULL, n, OKTOPK_FLOAT32, NULL, 0), oktopkInvalidArgument);
+  EXPECT(oktopk_tensor_residual_fold(comm, 400, x, n - 1, OKTOPK_FLOAT32, NULL, 0), oktopkInvalidArgument);
+  EXPECT(oktopk_tensor_residual_fold(comm, 400, x, n, OKTOPK_FLOAT32, (size_t[]){5, 5}, 1), oktopkInvalidArgument);
+  REQUIRE(memcmp(x, g, n * 4) == 0);
+  OK(oktopk_tensor_residual_fold(comm, 400, x, n, OKTOPK_FLOAT32, hold, 1));
+  OK(oktopk_tensor_state_save(comm, 400, state, sz));
+  memcpy(r1, state + sz - n * 4, n * 4);
+  int nonzero = 0;
+  for (size_t i = 0; i < n; i++) {
+    int held = i >= hold[0] && i < hold[1];
+    REQUIRE(x[i] == (held ? g[i] : g[i] + r0[i]));
+    REQUIRE(r1[i] == (held ? r0[i] : 0.0f));
+    nonzero += r0[i] != 0.0f;
+  }
+  REQUIRE(nonzero > (int)(n / 2)); /* a 1% call left most of the gradient waiting */
+  OK(oktopk_tensor_residual_fold(comm, 401, x, n, OKTOPK_FLOAT32, NULL, 0)); /* no state: nothing to fold */
+  OK(oktopk_allreduce(comm, x, n, OKTOPK_FLOAT32, 1, OKTOPK_ALGO_DENSE_RING));
+  free(g);
+  free(x);
+  free(r0);
+  free(r1);
+  free(state);
+}
+
 /* A state belongs to one rank of a communicator of one size: rank 0's state
  * loaded on another rank, or any rank's state loaded into a communicator of
  * another size, is refused at load, with a message that says so once (no
@@ -631,6 +672,7 @@ static int run_ranks(void) {
 
   test_sparse_async(id_comm, rank);
   test_tensor_state(id_comm, rank);
+  test_residual_fold(id_comm, rank);
   test_tensor_state_of_another_rank_or_size(id_comm, rank, size);
 
   OK(oktopk_comm_destroy(bound));

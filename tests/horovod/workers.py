@@ -330,7 +330,7 @@ def choice(out, ckpt):
     steps, its clock injected with choice_cost: per step, the path; the sum
     of this rank's local gradients (a twin model without hooks computes
     them), of the averages applied, and the final residuals; then the run
-    resumed from a checkpoint saved after step 21, inside a probe."""
+    resumed from a checkpoint saved after step 29, inside a native probe."""
     import copy
 
     hvd.init()
@@ -388,7 +388,7 @@ def choice(out, ckpt):
         opt.close()
         return result
 
-    return {"full": train(0, 36, save=22), "resumed": train(22, 36)}
+    return {"full": train(0, 36, save=30), "resumed": train(30, 36)}
 
 
 if __name__ == "__main__":

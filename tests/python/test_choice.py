@@ -91,12 +91,20 @@ def test_every_rank_takes_the_same_path_under_per_rank_timing_noise(choice_run):
     assert sum(counts.values()) == run_paths.count(SPARSE) and not {"dense_ring", "dense_rabenseifner"} & set(counts), counts
 
 
-def test_switching_between_native_and_sparse_keeps_gradient_mass(choice_run):
+@pytest.fixture(scope="module")
+def choice_run_16(tmp_path_factory):
+    return run(workers.choice_run, 3, str(tmp_path_factory.mktemp("choice16")), "float16")
+
+
+@pytest.mark.parametrize("value_dtype", ["float32", "float16"])
+def test_switching_between_native_and_sparse_keeps_gradient_mass(choice_run, choice_run_16, value_dtype):
     # Over the steps after the warm-up, per parameter: the gradients given
     # to the hook summed over the ranks equal P x what DDP applied plus the
-    # residuals left, with find_unused_parameters=True (held slots).
+    # residuals left, with find_unused_parameters=True (held slots), and
+    # with float16 values (their rounding errors stay in the residuals).
     world = 3
-    results = {r: choice_run[r]["full"] for r in range(world)}
+    runs = choice_run if value_dtype == "float32" else choice_run_16
+    results = {r: runs[r]["full"] for r in range(world)}
     for name in results[0]["local"]:
         local = sum(results[r]["local"][name].astype("float64") for r in range(world))
         left = sum(results[r]["residual"][name].astype("float64") for r in range(world))

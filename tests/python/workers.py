@@ -823,21 +823,22 @@ class InjectedClock:
         return self.now
 
 
-def choice_run(rank, world, port, out, ckpt):
+def choice_run(rank, world, port, out, ckpt, value_dtype="float32"):
     """The default hook (algorithm None, recheck_every 8) on Branchy with
     find_unused_parameters=True over 40 steps, its clock injected with
     choice_cost: per step, the path; over the steps after the warm-up, the
     gradients given to the hook, those DDP applied, and the final residuals
     (as unused_parameters); the residuals right after the first native step
     that follows sparse ones (step 18); then the same run resumed from
-    checkpoints saved after steps 24 and 31 (inside a probe)."""
+    checkpoints saved after steps 24 and 31 (inside a probe), for float32
+    values only."""
     setup(rank, world, port)
 
     def train(first, last, saves=()):
         torch.manual_seed(0)
         m = DDP(Branchy(), find_unused_parameters=True)
         o = torch.optim.SGD(m.parameters(), lr=0.05)
-        state = OkTopkState(density=0.05, warmup_iters=2, recheck_every=8)
+        state = OkTopkState(density=0.05, warmup_iters=2, recheck_every=8, value_dtype=value_dtype)
         clock = InjectedClock()
         state._choice.clock = clock
         if first:
@@ -890,7 +891,7 @@ def choice_run(rank, world, port, out, ckpt):
         return result
 
     results = {"full": train(0, 40, saves=(24, 31))}
-    for first in (24, 31):
+    for first in (24, 31) if value_dtype == "float32" else ():
         results[first] = train(first, 40)
     write(out, rank, results)
     dist.destroy_process_group()
