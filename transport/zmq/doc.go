@@ -56,6 +56,6 @@
 // ErrRemote ("peer 2 disconnected"). A rank that hangs with its connections
 // up (SIGSTOP, a stuck process, a host gone without a reset) is caught by
 // heartbeats: the outbox sends one to every peer it has been idle towards
-// for a heartbeat interval (a second, at most PeerTimeout/4), and a peer not heard from for PeerTimeout is
+// for a heartbeatInterval, and a peer not heard from for PeerTimeout is
 // declared dead the same way, unless the caller's deadline fires first.
 package zmq

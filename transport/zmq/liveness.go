@@ -20,7 +20,7 @@ func (z *Transport) silence(peer int) time.Duration {
 	if !z.watching.Load() {
 		return 0
 	}
-	if d := time.Duration(time.Now().UnixNano() - z.lastSeen[peer].Load()); d > 2*z.heartbeat {
+	if d := time.Duration(time.Now().UnixNano() - z.lastSeen[peer].Load()); d > 2*heartbeatInterval {
 		return d
 	}
 	return 0

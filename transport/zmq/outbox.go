@@ -62,7 +62,7 @@ func (z *Transport) outboxLoop(sock *zmq4.Socket) {
 		}
 		now := time.Now()
 		for p, id := range o.ids {
-			if id != nil && len(o.queues[p]) == 0 && now.Sub(o.lastSent[p]) >= z.heartbeat {
+			if id != nil && len(o.queues[p]) == 0 && now.Sub(o.lastSent[p]) >= heartbeatInterval {
 				hb.Tag.Seq = z.box.StartedSeq()
 				hb.Encode(hbFrame)
 				if sendTo(sock, id, hbFrame, nil) == nil {

@@ -29,17 +29,11 @@ type Options struct {
 }
 
 const (
-	// Idle wake-ups are few and far apart: a socket owner blocked in a
-	// ZeroMQ call holds a Go scheduler slot, which the runtime's monitor
-	// thread takes back, and after each take-back that thread polls every
-	// 20 µs for a while. At a 50 ms poll and 250 ms heartbeats an idle
-	// communicator woke 1,700 times a second (3% of a core per rank, 5-10%
-	// of a training step on 4 ranks sharing 2 cores); at these, a fifth.
-	maxHeartbeatInterval = time.Second            // at most PeerTimeout/4 (heartbeatEvery)
-	pollInterval         = 250 * time.Millisecond // how often socket owners look up from a blocking call
-	lingerOnClose        = 200 * time.Millisecond
-	sendQueueLength      = 64
-	reconnectInterval    = 100 * time.Millisecond
+	heartbeatInterval = 250 * time.Millisecond
+	pollInterval      = 50 * time.Millisecond // how often socket owners look up from a blocking call
+	lingerOnClose     = 200 * time.Millisecond
+	sendQueueLength   = 64
+	reconnectInterval = 100 * time.Millisecond
 
 	// outboxFrameLimit is the outbox's ZMQ_MAXMSGSIZE. Only hello frames
 	// (96 bytes) arrive there legitimately, and ZeroMQ decodes the
@@ -95,9 +89,6 @@ type Transport struct {
 	helloCh  chan struct{} // signalled on every first hello and binding
 	gone     chan int      // peers the inbox should stop dialing (receiveLoop)
 	watching atomic.Bool   // liveness checks start after Connect
-	// The outbox sends a heartbeat to every peer it has been idle towards
-	// for this long.
-	heartbeat time.Duration
 
 	curve       *curveState     // nil unless CURVE is on
 	connections connectionRanks // outbox connection → rank; outbox goroutine only
@@ -232,8 +223,6 @@ func Listen(opts Options) (*Transport, error) {
 		helloCh:  make(chan struct{}, 2*opts.Size),
 		gone:     make(chan int, opts.Size),
 		closing:  make(chan struct{}),
-		// A live peer is heard from at least 4 times per PeerTimeout.
-		heartbeat: min(maxHeartbeatInterval, opts.PeerTimeout/4),
 	}
 	z.box.SetSilence(z.silence)
 	z.owners.Add(3)
