@@ -352,7 +352,7 @@ static void test_residual_fold(oktopk_comm_t comm, int rank) {
     REQUIRE(r1[i] == (held ? r0[i] : 0.0f));
     nonzero += r0[i] != 0.0f;
   }
-  REQUIRE(nonzero > (int)(n / 2)); /* a 1% call left most of the gradient waiting */
+  REQUIRE(nonzero > (int)(n / 4)); /* a third of the entries are non-zero; a 1% call left nearly all waiting */
   OK(oktopk_tensor_residual_fold(comm, 401, x, n, OKTOPK_FLOAT32, NULL, 0)); /* no state: nothing to fold */
   OK(oktopk_allreduce(comm, x, n, OKTOPK_FLOAT32, 1, OKTOPK_ALGO_DENSE_RING));
   free(g);
