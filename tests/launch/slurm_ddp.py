@@ -21,7 +21,7 @@ rank, world = int(os.environ["SLURM_PROCID"]), int(os.environ["SLURM_NTASKS"])
 torch.set_num_threads(1)
 dist.init_process_group("gloo", init_method=f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
                         rank=rank, world_size=world)
-state = OkTopkState(density=0.05, timeout=60.0)
+state = OkTopkState(density=0.05, algorithm="oktopk", timeout=60.0)  # sparse after the warm-up: the communicator is checked
 same = train_and_compare(rank, state, oktopk_hook, steps=5, width=32)
 sent = state._reducer.comm is not None
 print(f"slurm task {rank} of {world}: oktopk communicator {sent}, parameters identical on all tasks: {same}", flush=True)

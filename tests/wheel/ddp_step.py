@@ -16,7 +16,7 @@ from oktopk import OkTopkState, oktopk_hook
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 torch.set_num_threads(1)
-state = OkTopkState(density=0.1, timeout=60.0)  # step 0 is the dense warm-up
+state = OkTopkState(density=0.1, algorithm="oktopk", timeout=60.0)  # steps 0-1 are the dense warm-up, then sparse
 same = train_and_compare(rank, state, oktopk_hook, steps=3, width=16)
 with open("/proc/self/maps") as f:
     zmq = sorted({line.split()[-1] for line in f if "libzmq" in line})
