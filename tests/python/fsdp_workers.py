@@ -1,0 +1,262 @@
+"""Rank functions for the FSDP2 (HSDP) and pipeline tests, started by
+torch.multiprocessing in fresh (spawned) processes on a 2 x 2 mesh of 4 CPU
+ranks over gloo. Each writes what the test checks to a file."""
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from workers import setup, write  # noqa: F401 - also sets sys.path for oktopk
+
+import oktopk.fsdp  # noqa: E402
+from oktopk import OkTopkState, oktopk_hook  # noqa: E402
+
+
+class Stack(nn.Module):
+    """Three linear layers, each its own FSDP2 module, and a root that holds
+    a parameter of its own."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(24, 48), nn.Linear(48, 48), nn.Linear(48, 6)])
+        self.scale = nn.Parameter(torch.ones(6))
+
+    def forward(self, x):
+        for i, layer in enumerate(self.layers):
+            x = layer(x)
+            if i < len(self.layers) - 1:
+                x = torch.relu(x)
+        return x * self.scale
+
+
+def batch(rank, step):
+    g = torch.Generator().manual_seed(7919 * step + rank)
+    return torch.randn(16, 24, generator=g), torch.randint(0, 6, (16,), generator=g)
+
+
+def mesh_2x2():
+    return init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
+
+
+def sharded_stack(mesh, sparse):
+    """Stack sharded with FSDP2: over the whole 2-D mesh (native HSDP) when
+    dense, over the shard dimension only when oktopk takes the replicas."""
+    torch.manual_seed(0)
+    model = Stack()
+    on = mesh["shard"] if sparse else mesh
+    for layer in model.layers:
+        fully_shard(layer, mesh=on)
+    fully_shard(model, mesh=on)
+    return model
+
+
+def local_shards(model):
+    """This rank's shard of every parameter, by name."""
+    return {name: p.to_local().detach().clone() for name, p in model.named_parameters()}
+
+
+def step(model, opt, rank, s):
+    x, y = batch(rank, s)
+    opt.zero_grad()
+    F.cross_entropy(model(x), y).backward()
+    opt.step()
+
+
+def density_one(rank, world, port, out, steps):
+    """Native HSDP, and oktopk at density 1 (k = n) over the replicas: each
+    rank's parameter shards after ``steps`` SGD steps."""
+    setup(rank, world, port)
+    mesh = mesh_2x2()
+    result = {}
+    for mode in ("native", "sparse"):
+        model = sharded_stack(mesh, mode == "sparse")
+        state = None
+        if mode == "sparse":
+            state = OkTopkState(process_group=mesh.get_group("replicate"), density=1.0, algorithm="oktopk")
+            oktopk.fsdp.register(model, state)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for s in range(steps):
+            step(model, opt, rank, s)
+        result[mode] = {k: v.numpy() for k, v in local_shards(model).items()}
+        if state is not None:
+            result["sparse_calls"] = dict(state.algorithm_counts)
+            state.close()
+    write(out, rank, result)
+    dist.destroy_process_group()
+
+
+def mass(rank, world, port, out, algorithm, steps):
+    """oktopk over the replicas at density 5%: per FSDP2 module and step
+    after the warm-up, the shard given to the hook and the one it returned;
+    the final residuals; the final parameter shards. With algorithm None
+    (the measured choice) the step clock is injected so that the run takes
+    both paths: native, then sparse, then native again after a recheck."""
+    setup(rank, world, port)
+    mesh = mesh_2x2()
+    model = sharded_stack(mesh, True)
+    state = OkTopkState(process_group=mesh.get_group("replicate"), density=0.05, algorithm=algorithm, recheck_every=8)
+    if algorithm is None:
+        from workers import InjectedClock
+
+        clock = InjectedClock()
+        state._choice.clock = clock
+    registration = oktopk.fsdp.register(model, state)
+    given, returned = {}, {}
+    for number, (module, group) in enumerate(registration.modules):
+        hook = group._all_reduce_hook
+
+        def recording(shard, hook=hook, number=number):
+            before = shard.detach().clone()
+            hook(shard)
+            if registration.step >= state.warmup_iters:
+                given.setdefault(number, []).append(before)
+                returned.setdefault(number, []).append(shard.detach().clone())
+
+        module.set_all_reduce_hook(recording)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    paths = []
+    for s in range(steps):
+        step(model, opt, rank, s)
+        if algorithm is None:
+            paths.append(state._path)
+            # Sparse steps cost 5 ms, native ones 20 ms, until step 14; then
+            # sparse turns slow (30 ms) and a recheck goes back to native.
+            clock.now += 0.005 if state._path == "sparse" and s < 14 else 0.030 if state._path == "sparse" else 0.020
+    sd = state.state_dict()
+    residuals = {}
+    for number in range(len(registration.modules)):
+        group_id = oktopk.fsdp.group_id(number)
+        blob = sd["tensors"].get(group_id)
+        if blob is None:
+            residuals[number] = None
+            continue
+        n = int.from_bytes(blob[8:16], "little")
+        residuals[number] = torch.frombuffer(bytearray(blob[len(blob) - 4 * n :]), dtype=torch.float32).clone().numpy()
+    write(out, rank, {
+        "given": {k: torch.stack(v).sum(0).double().numpy() for k, v in given.items()},
+        "returned": {k: torch.stack(v).sum(0).double().numpy() for k, v in returned.items()},
+        "residual": residuals,
+        "shards": {k: v.numpy() for k, v in local_shards(model).items()},
+        "paths": paths,
+        "choice": state.choice,
+        "counts": dict(state.algorithm_counts),
+    })
+    state.close()
+    dist.destroy_process_group()
+
+
+def checkpoint(rank, world, port, out, ckpt, steps, cut):
+    """oktopk (density 5%) over the replicas with SGD momentum: the final
+    shards of ``steps`` steps straight, and of ``cut`` steps, a
+    torch.distributed.checkpoint save of the model, optimizer and oktopk
+    state, and a fresh model, optimizer and state that load it and run the
+    rest."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    setup(rank, world, port)
+    mesh = mesh_2x2()
+
+    def fresh():
+        model = sharded_stack(mesh, True)
+        state = OkTopkState(process_group=mesh.get_group("replicate"), density=0.05, algorithm="oktopk")
+        oktopk.fsdp.register(model, state)
+        return model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), state
+
+    model, opt, state = fresh()
+    for s in range(steps):
+        step(model, opt, rank, s)
+    straight = local_shards(model)
+    state.close()
+
+    model, opt, state = fresh()
+    for s in range(cut):
+        step(model, opt, rank, s)
+    model_sd, opt_sd = get_state_dict(model, opt)
+    dcp.save({"model": model_sd, "optim": opt_sd, "oktopk": oktopk.fsdp.checkpoint_state(state)}, checkpoint_id=ckpt)
+    state.close()
+
+    model, opt, state = fresh()
+    model_sd, opt_sd = get_state_dict(model, opt)
+    saved = {"model": model_sd, "optim": opt_sd, "oktopk": oktopk.fsdp.checkpoint_state(state)}
+    dcp.load(saved, checkpoint_id=ckpt)
+    set_state_dict(model, opt, model_state_dict=saved["model"], optim_state_dict=saved["optim"])
+    resumed_iter = state.iter
+    for s in range(cut, steps):
+        step(model, opt, rank, s)
+    write(out, rank, {
+        "straight": {k: v.numpy() for k, v in straight.items()},
+        "resumed": {k: v.numpy() for k, v in local_shards(model).items()},
+        "resumed_iter": resumed_iter,
+    })
+    state.close()
+    dist.destroy_process_group()
+
+
+def two_communicators(rank, world, port, out, steps):
+    """Two DDP models in each process, one per group: A over the ranks
+    {0, 1} and {2, 3}, B over {0, 2} and {1, 3}, each with its own
+    OkTopkState and so its own communicator, stepped in turn. At density 1
+    each must equal its group's plain allreduce; at 10% each group's members
+    must agree bitwise."""
+    setup(rank, world, port)
+    groups_a = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    groups_b = [dist.new_group([0, 2]), dist.new_group([1, 3])]
+    group_a, group_b = groups_a[rank // 2], groups_b[rank % 2]
+    result = {}
+    for density in (1.0, 0.1):
+        models = {}
+        for name, group in (("a", group_a), ("b", group_b)):
+            for mode in ("plain", "oktopk"):
+                torch.manual_seed(1 if name == "a" else 2)
+                m = DDP(nn.Sequential(nn.Linear(24, 64), nn.ReLU(), nn.Linear(64, 6)), process_group=group)
+                state = None
+                if mode == "oktopk":
+                    state = OkTopkState(process_group=group, density=density, algorithm="oktopk")
+                    m.register_comm_hook(state, oktopk_hook)
+                models[name, mode] = (m, torch.optim.SGD(m.parameters(), lr=0.1), state)
+        for s in range(steps):
+            for key in (("a", "oktopk"), ("b", "oktopk"), ("a", "plain"), ("b", "plain")):
+                m, opt, _ = models[key]
+                x, y = batch(rank, s)
+                opt.zero_grad()
+                F.cross_entropy(m(x), y).backward()
+                opt.step()
+        for key, (m, _, state) in models.items():
+            result[density, *key] = {n: p.detach().numpy().copy() for n, p in m.module.named_parameters()}
+            if state is not None:
+                result[density, *key, "calls"] = dict(state.algorithm_counts)
+                state.close()
+    write(out, rank, result)
+    dist.destroy_process_group()
+
+
+def refusals(rank, world, port, out):
+    """What register refuses, and the message of each refusal."""
+    setup(rank, world, port)
+    mesh = mesh_2x2()
+    messages = {}
+    native = sharded_stack(mesh, False)
+    for name, model, group in (
+        ("native_hsdp", native, mesh.get_group("replicate")),
+        ("world_group", sharded_stack(mesh, True), None),
+        ("not_sharded", Stack(), mesh.get_group("replicate")),
+    ):
+        try:
+            oktopk.fsdp.register(model, OkTopkState(process_group=group))
+            messages[name] = None
+        except ValueError as e:
+            messages[name] = str(e)
+    model = sharded_stack(mesh, True)
+    oktopk.fsdp.register(model, OkTopkState(process_group=mesh.get_group("replicate")))
+    try:
+        oktopk.fsdp.register(model, OkTopkState(process_group=mesh.get_group("replicate")))
+        messages["twice"] = None
+    except ValueError as e:
+        messages["twice"] = str(e)
+    write(out, rank, messages)
+    dist.destroy_process_group()

@@ -1,0 +1,114 @@
+"""Hybrid parallelism: oktopk across the replicas of FSDP2 (HSDP) on a 2 x 2
+mesh, and several communicators in one process (one per data-parallel
+group, as pipeline stages have), on 4 CPU ranks over gloo."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import fsdp_workers
+from conftest import ROOT, free_port
+from test_ddp import run
+
+WORLD = 4
+
+
+def test_hsdp_at_density_one_equals_native_hsdp():
+    # k = n: every entry travels, so the result is FSDP2's own HSDP average,
+    # summed in another order: float32 rounding only.
+    results = run(fsdp_workers.density_one, WORLD, 5)
+    for r, res in results.items():
+        assert res["sparse_calls"] == {"oktopk": 3 * 4}, res["sparse_calls"]  # 4 modules, 3 steps after the 2 dense ones
+        for name, native in res["native"].items():
+            diff = np.abs(res["sparse"][name] - native).max()
+            assert diff <= 1e-5 * max(1.0, np.abs(native).max()), f"rank {r} {name}: {diff}"
+
+
+@pytest.fixture(scope="module", params=["oktopk", None], ids=["oktopk", "measured_choice"])
+def mass_run(request):
+    return run(fsdp_workers.mass, WORLD, request.param, 30)
+
+
+def test_hsdp_keeps_gradient_mass_and_replicas_agree_bitwise(mass_run):
+    # Per shard (ranks j and j + 2 hold shard j): over the steps after the
+    # warm-up, what the replicas gave the hook equals 2 x what it returned
+    # plus the residuals they hold at the end, on the sparse path and across
+    # switches to gloo's allreduce (which folds the residual in first).
+    for j in (0, 1):
+        a, b = mass_run[j], mass_run[j + 2]
+        for number in a["given"]:
+            given = a["given"][number] + b["given"][number]
+            left = sum(0 if x["residual"][number] is None else x["residual"][number].astype(np.float64) for x in (a, b))
+            assert np.array_equal(a["returned"][number], b["returned"][number]), f"shard {j} module {number}: replicas differ"
+            lost = np.abs(given - 2 * a["returned"][number] - left).sum() / np.abs(given).sum()
+            assert lost <= 1e-5, f"shard {j} module {number}: {lost:.3%} of the gradient mass lost"
+        for name in a["shards"]:
+            assert np.array_equal(a["shards"][name], b["shards"][name]), f"shard {j} {name}: replicas' parameters differ"
+
+
+def test_hsdp_runs_the_named_algorithm_or_the_measured_choice_alike_on_every_rank(mass_run):
+    if mass_run[0]["choice"] is None:  # algorithm="oktopk": every step after the warm-up, every module
+        assert all(mass_run[r]["counts"] == {"oktopk": 4 * 28} for r in range(WORLD)), mass_run[0]["counts"]
+        return
+    # The injected clock: native probe, sparse probe, sparse chosen; sparse
+    # turns slow and a recheck goes back to native.
+    paths = mass_run[0]["paths"]
+    assert all(mass_run[r]["paths"] == paths for r in range(WORLD))
+    assert "sparse" in paths and paths[-1] == "native", paths
+    assert mass_run[0]["choice"]["path"] == "native" and mass_run[0]["choice"]["decisions"] >= 2, mass_run[0]["choice"]
+
+
+def test_hsdp_resumes_exactly_through_torch_distributed_checkpoint(tmp_path):
+    results = run(fsdp_workers.checkpoint, WORLD, str(tmp_path / "ckpt"), 10, 5)
+    for r, res in results.items():
+        assert res["resumed_iter"] == 5
+        for name, straight in res["straight"].items():
+            assert np.array_equal(res["resumed"][name], straight), f"rank {r} {name}: the resumed run differs"
+
+
+def test_two_communicators_in_one_process_on_two_groups():
+    results = run(fsdp_workers.two_communicators, WORLD, 5)
+    for r, res in results.items():
+        for name in ("a", "b"):
+            assert res[1.0, name, "oktopk", "calls"] == {"oktopk": 3}, res[1.0, name, "oktopk", "calls"]
+            for p, plain in res[1.0, name, "plain"].items():
+                diff = np.abs(res[1.0, name, "oktopk"][p] - plain).max()
+                assert diff <= 1e-5 * max(1.0, np.abs(plain).max()), f"rank {r} model {name} {p}: {diff}"
+    # At 10%, each group's members agree bitwise (A: 0-1, 2-3; B: 0-2, 1-3)
+    # and the two models differ from their dense runs (sparse really ran).
+    for name, pairs in (("a", ((0, 1), (2, 3))), ("b", ((0, 2), (1, 3)))):
+        for x, y in pairs:
+            for p in results[x][0.1, name, "oktopk"]:
+                assert np.array_equal(results[x][0.1, name, "oktopk"][p], results[y][0.1, name, "oktopk"][p]), (name, x, y, p)
+        assert any(not np.allclose(results[0][0.1, name, "oktopk"][p], results[0][0.1, name, "plain"][p])
+                   for p in results[0][0.1, name, "plain"])
+
+
+def test_register_refuses_native_hsdp_the_world_group_an_unsharded_model_and_a_second_registration():
+    messages = run(fsdp_workers.refusals, WORLD)[0]
+    assert "native HSDP" in messages["native_hsdp"] and "mesh['shard']" in messages["native_hsdp"]
+    assert "replicate dimension's group" in messages["world_group"]
+    assert "fully_shard" in messages["not_sharded"]
+    assert "registered twice" in messages["twice"]
+
+
+@pytest.mark.parametrize("example", ["hsdp.py", "pipeline.py"])
+def test_examples_at_density_one_match_dense(example):
+    # The examples' own runs, 8 steps: at k = n the sparse run's loss is the
+    # dense run's, on both mesh dimensions' setups.
+    def final(extra):
+        env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "plugins", "pytorch"), OMP_NUM_THREADS="1")
+        port = free_port()
+        out = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", f"--master-port={port}",
+             os.path.join(ROOT, "examples", "pytorch", example), "--steps", "8", *extra],
+            capture_output=True, text=True, env=env, timeout=240)
+        assert out.returncode == 0, out.stderr[-3000:]
+        line = [x for x in out.stdout.splitlines() if x.startswith("RESULT")][-1]
+        return dict(kv.split("=") for kv in line.split()[1:])
+
+    dense, sparse = final([]), final(["--oktopk", "--algorithm", "oktopk", "--density", "1"])
+    assert sparse["final_loss"] == dense["final_loss"], (dense, sparse)
