@@ -167,7 +167,7 @@ func waitCalls(t *testing.T, outs []*syncBuffer, calls int) {
 }
 
 // faultTally counts what the fault tests injected and saw; each test adds
-// to it and prints the running total in one line (the figure in the README).
+// to it and prints the running total in one line (the figure in docs/failures.md).
 var faultTally struct {
 	mu                                   sync.Mutex
 	faults, runs, hangs, crashes, wrongs int

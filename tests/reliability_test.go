@@ -259,7 +259,7 @@ func (f *failLastRecv) Recv(ctx context.Context, peer int, tag transport.Tag) (t
 
 // A call can fail on one rank and complete on another (here over TCP: rank
 // 0's last receive of call 3 times out just after rank 1 completed). What
-// the header and README promise then, checked: the failing rank's buffer and
+// the header and docs/failures.md promise then, checked: the failing rank's buffer and
 // tensor state are as before the call, the other rank's include it; every
 // later call fails on both ranks; states saved after the failure differ by
 // that call, and loading them into a new communicator is ErrMismatch on

@@ -260,3 +260,43 @@ def refusals(rank, world, port, out):
         messages["twice"] = str(e)
     write(out, rank, messages)
     dist.destroy_process_group()
+
+
+def tensor_parallel(rank, world, port, out, steps):
+    """A tensor-parallel MLP (column- then row-wise over a "tp" dimension of
+    2) replicated over 2 replicas with FSDP2 (shard dimension of 1): FSDP2's
+    own all-reduce, and oktopk at density 1 over the replicas. Each rank's
+    local parameter shards after ``steps`` SGD steps; and what DDP says when
+    asked to wrap the tensor-parallel model."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    setup(rank, world, port)
+    mesh = init_device_mesh("cpu", (2, 1, 2), mesh_dim_names=("replicate", "shard", "tp"))
+
+    def build():
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(24, 48), nn.ReLU(), nn.Linear(48, 6))
+        return parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+
+    result = {}
+    for mode in ("native", "sparse"):
+        model = build()
+        fully_shard(model, mesh=mesh["shard"] if mode == "sparse" else mesh["replicate", "shard"])
+        state = None
+        if mode == "sparse":
+            state = OkTopkState(process_group=mesh.get_group("replicate"), density=1.0, algorithm="oktopk")
+            oktopk.fsdp.register(model, state)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for s in range(steps):
+            step(model, opt, rank // 2, s)  # the two tensor-parallel ranks of a replica see the same batch
+        result[mode] = {k: v.numpy() for k, v in local_shards(model).items()}
+        if state is not None:
+            result["sparse_calls"] = dict(state.algorithm_counts)
+            state.close()
+    try:
+        DDP(build(), process_group=mesh.get_group("replicate"))
+        result["ddp"] = None
+    except Exception as e:  # noqa: BLE001 - what torch says is the finding
+        result["ddp"] = f"{type(e).__name__}: {e}"
+    write(out, rank, result)
+    dist.destroy_process_group()
