@@ -32,6 +32,6 @@ run() {  # ranks example args...
     run 4 hsdp.py --steps "$STEPS" $mode
     run 4 pipeline.py --steps "$STEPS" $mode
   done
-  run 2 bert.py --steps 50 --oktopk --algorithm oktopk --density "$DENSITY"
+  run 2 bert.py --steps "$STEPS" --oktopk --algorithm oktopk --density "$DENSITY"
   echo '```'
 } | tee "$out"

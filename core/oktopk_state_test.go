@@ -34,6 +34,7 @@ func TestTensorStateMarshalRoundTripAndCorruptInput(t *testing.T) {
 	// A rank outside its size is corrupt, not an owner to compare with.
 	badRank := append([]byte(nil), b...)
 	binary.LittleEndian.PutUint32(badRank[stateRankField:], 2)
+	binary.LittleEndian.PutUint32(badRank[stateChecksumField:], stateChecksum(badRank)) // corrupt yet summed
 	if err := new(TensorState).UnmarshalBinary(badRank); !errors.Is(err, ErrInvalidArgument) {
 		t.Errorf("rank 2 of 2: %v", err)
 	}
@@ -42,6 +43,56 @@ func TestTensorStateMarshalRoundTripAndCorruptInput(t *testing.T) {
 		if err := x.UnmarshalBinary(bad); !errors.Is(err, ErrInvalidArgument) {
 			t.Errorf("corrupt state of %d bytes: %v", len(bad), err)
 		}
+	}
+}
+
+// Any one byte flipped in a saved state is refused, the ones that would
+// still load as a valid state (a residual value, a threshold) included,
+// and the message says the file is corrupt.
+func TestTensorStateRefusesEveryFlippedByte(t *testing.T) {
+	st := NewTensorState(4, okTopkConfig(0.5))
+	st.Iter, st.LocalThreshold, st.GlobalThreshold = 9, 0.75, 1.5
+	st.Boundaries, st.Rank, st.Size = []uint32{0, 2, 4}, 0, 2
+	copy(st.Residual, []float32{0.25, -1, 0, 2})
+	b, err := st.MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range b {
+		for _, bit := range []byte{0x01, 0x80} {
+			flipped := append([]byte(nil), b...)
+			flipped[i] ^= bit
+			err := new(TensorState).UnmarshalBinary(flipped)
+			if !errors.Is(err, ErrInvalidArgument) {
+				t.Fatalf("byte %d ^ %#x loaded: %v", i, bit, err)
+			}
+		}
+	}
+	// The residual's last byte flipped: a finite value, refused by the sum alone.
+	flipped := append([]byte(nil), b...)
+	flipped[len(b)-1] ^= 0x01
+	if err := new(TensorState).UnmarshalBinary(flipped); err == nil || !strings.Contains(err.Error(), "corrupt") {
+		t.Fatalf("flipped residual byte: %v", err)
+	}
+}
+
+// A version-2 checkpoint (no checksum) is still read, owner included.
+func TestTensorStateReadsVersion2(t *testing.T) {
+	st := NewTensorState(3, okTopkConfig(0.5))
+	st.Iter, st.Rank, st.Size, st.Boundaries = 4, 1, 2, []uint32{0, 1, 3}
+	copy(st.Residual, []float32{0.5, 0, -1})
+	b, err := st.MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	v2 := append(append([]byte(nil), b[:stateFixedV2]...), b[stateFixed:]...)
+	binary.LittleEndian.PutUint32(v2[4:], 2)
+	var got TensorState
+	if err := got.UnmarshalBinary(v2); err != nil {
+		t.Fatal(err)
+	}
+	if !sameCheckpoint(&got, st) || got.Rank != 1 || got.Size != 2 {
+		t.Fatalf("version 2: %+v", got)
 	}
 }
 

@@ -3,6 +3,7 @@ package core
 import (
 	"encoding/binary"
 	"fmt"
+	"hash/crc32"
 	"math"
 	"strings"
 )
@@ -40,18 +41,35 @@ func NewTensorState(n int, cfg Config) *TensorState {
 //	magic "OKTS", version uint32, n uint64, iter uint64,
 //	algorithm int32, density float64, tau int32, tau' int32,
 //	local threshold float32, global threshold float32,
-//	boundary count uint32, rank uint32, size uint32,
+//	boundary count uint32, rank uint32, size uint32, checksum uint32,
 //	boundaries uint32…, residual float32 × n
 //
-// Version 1, still read, lacks rank and size.
+// The checksum is the CRC-32C (Castagnoli) of every other byte, the
+// checksum field read as zero: a byte flipped in a saved file that would
+// still load (a finite residual, a valid threshold) is refused instead of
+// changing later results. Versions 1 (no rank, size or checksum) and 2 (no
+// checksum) are still read.
 const (
-	stateMagic     = 0x53544b4f // "OKTS"
-	stateVersion   = 2
-	stateFixedV1   = 4 + 4 + 8 + 8 + 4 + 8 + 4 + 4 + 4 + 4 + 4
-	stateFixed     = stateFixedV1 + 4 + 4
-	maxStateRanks  = 1 << 20
-	stateRankField = stateFixedV1
+	stateMagic         = 0x53544b4f // "OKTS"
+	stateVersion       = 3
+	stateFixedV1       = 4 + 4 + 8 + 8 + 4 + 8 + 4 + 4 + 4 + 4 + 4
+	stateFixedV2       = stateFixedV1 + 4 + 4
+	stateFixed         = stateFixedV2 + 4
+	maxStateRanks      = 1 << 20
+	stateRankField     = stateFixedV1
+	stateChecksumField = stateFixedV2
 )
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// stateChecksum is the CRC-32C of a version-3 checkpoint with its checksum
+// field taken as zero.
+func stateChecksum(b []byte) uint32 {
+	var zero [4]byte
+	c := crc32.Update(0, castagnoli, b[:stateChecksumField])
+	c = crc32.Update(c, castagnoli, zero[:])
+	return crc32.Update(c, castagnoli, b[stateChecksumField+4:])
+}
 
 // MarshalBinary serializes the state for a checkpoint.
 func (st *TensorState) MarshalBinary() ([]byte, error) {
@@ -70,10 +88,12 @@ func (st *TensorState) MarshalBinary() ([]byte, error) {
 	b = le.AppendUint32(b, uint32(len(st.Boundaries)))
 	b = le.AppendUint32(b, uint32(st.Rank))
 	b = le.AppendUint32(b, uint32(st.Size))
+	b = le.AppendUint32(b, 0) // the checksum, below
 	for _, x := range st.Boundaries {
 		b = le.AppendUint32(b, x)
 	}
 	b = append(b, float32Bytes(st.Residual)...)
+	le.PutUint32(b[stateChecksumField:], stateChecksum(b))
 	return b, nil
 }
 
@@ -88,19 +108,27 @@ func (st *TensorState) UnmarshalBinary(b []byte) error {
 	if le.Uint32(b) != stateMagic {
 		return bad("not a tensor state")
 	}
-	fixed := stateFixed
+	var fixed int
 	switch v := le.Uint32(b[4:]); v {
 	case 1:
 		fixed = stateFixedV1
+	case 2:
+		fixed = stateFixedV2
 	case stateVersion:
-		if len(b) < stateFixed {
-			return bad("too short")
-		}
+		fixed = stateFixed
 	default:
-		return bad(fmt.Sprintf("version %d, this library reads 1 and %d", v, stateVersion))
+		return bad(fmt.Sprintf("version %d, this library reads 1 to %d", v, stateVersion))
+	}
+	if len(b) < fixed {
+		return bad("too short")
+	}
+	if fixed == stateFixed {
+		if got, want := le.Uint32(b[stateChecksumField:]), stateChecksum(b); got != want {
+			return bad(fmt.Sprintf("checksum %08x, the bytes sum to %08x: the saved state is corrupt", got, want))
+		}
 	}
 	var rank, size uint64
-	if fixed == stateFixed {
+	if fixed >= stateFixedV2 {
 		rank, size = uint64(le.Uint32(b[stateRankField:])), uint64(le.Uint32(b[stateRankField+4:]))
 		if size > maxStateRanks || (size > 0 && rank >= size) || (size == 0 && rank != 0) {
 			return bad(fmt.Sprintf("rank %d of %d", rank, size))

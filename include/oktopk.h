@@ -446,7 +446,8 @@ oktopk_result_t oktopk_request_free(oktopk_request_t request);
  * that saved it and to its communicator's size (the blob records both):
  * every rank saves and loads its own, and loading one saved by another rank
  * or by a communicator of another size is oktopkInvalidArgument (nothing is
- * installed). Save and load run in issue order with this thread's calls,
+ * installed). The blob carries a CRC-32C of its bytes: a corrupted one is
+ * oktopkInvalidArgument too, its message saying so. Save and load run in issue order with this thread's calls,
  * and still work after a failure: each rank then holds the state of the
  * calls it completed, which may differ by the failed call from rank to rank
  * (see Failures at the top). */

@@ -97,9 +97,12 @@ def main(argv=None):
     else:  # the sparse calls' own count, and the ring's for the warm-up and the steps that took gloo's allreduce
         sparse_steps = state.choice["steps"]["sparse"] if state.choice else args.steps - state.warmup_iters
         replicate_bytes = (state.bytes_sent + (args.steps - sparse_steps) * ring_bytes) / args.steps
+        sparse_step_bytes = state.bytes_sent / max(sparse_steps, 1)
     if rank == 0:
         mode = "dense" if state is None else "oktopk"
         path = "" if state is None or state.choice is None else f" path={state.choice['path']}"
+        if state is not None:  # what one sparse step sends, beside the run's average
+            path += f" replicate_bytes_per_sparse_step={sparse_step_bytes:.0f}"
         print(f"RESULT mode={mode} mesh={replicas}x{shard} final_loss={mean:.3f} ms_per_iter={1000 * elapsed / args.steps:.1f} "
               f"shard_bytes_per_iter={shard_bytes:.0f} replicate_bytes_per_iter={replicate_bytes:.0f}{path}", flush=True)
     if state is not None:

@@ -118,6 +118,20 @@ def test_bad_settings_raise_value_error(kwargs):
         OkTopkState(**kwargs)
 
 
+def test_python_defaults_and_result_names_are_the_librarys():
+    # settings.DEFAULTS is Python's one copy of the settings' defaults: it
+    # must say what the library's oktopk_config_init says; error messages
+    # name a result as the library does.
+    from oktopk import _lib
+    from oktopk.settings import DEFAULTS
+
+    cfg = _lib.library_default_config()
+    assert (DEFAULTS.density, DEFAULTS.tau, DEFAULTS.tau_prime, DEFAULTS.timeout) == (
+        pytest.approx(cfg.density), cfg.tau, cfg.tau_prime, cfg.timeout_ms / 1000)
+    assert str(_lib.OkTopkError(_lib.MISMATCH, "x")) == f"oktopk: {_lib.lib().oktopk_get_error_string(_lib.MISMATCH).decode()}: x"
+    assert _lib.result_name(_lib.TIMEOUT) == "timeout"
+
+
 def test_dead_rank_makes_others_raise_within_timeout():
     timeout = 4.0
     results = run(workers.dead_peer, 2, timeout, expect_exit=[0, 3])

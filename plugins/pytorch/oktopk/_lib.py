@@ -28,21 +28,6 @@ INTERNAL_ERROR = 8
 IN_PROGRESS = 9
 NON_FINITE = 10
 
-_RESULT_NAMES = {
-    SUCCESS: "success",
-    INVALID_ARGUMENT: "invalid argument",
-    INVALID_USAGE: "invalid usage",
-    SYSTEM_ERROR: "system error",
-    REMOTE_ERROR: "remote error",
-    TIMEOUT: "timeout",
-    MISMATCH: "mismatch",
-    ABORTED: "aborted",
-    INTERNAL_ERROR: "internal error",
-    IN_PROGRESS: "in progress",
-    NON_FINITE: "non-finite gradient",
-}
-
-
 class OkTopkError(RuntimeError):
     """A liboktopk call failed. ``code`` is the oktopk_result_t value."""
 
@@ -52,7 +37,7 @@ class OkTopkError(RuntimeError):
         # failed>:" (e.g. "oktopk: invalid argument: tensor 7: ..."); only
         # other messages get the result's name in front.
         if not message.startswith("oktopk: "):
-            message = f"oktopk: {_RESULT_NAMES.get(code, code)}: {message}"
+            message = f"oktopk: {result_name(code)}: {message}"
         super().__init__(message)
 
 
@@ -208,8 +193,6 @@ def _declare(lib):
         "oktopk_comm_destroy": (c.c_int, [i64]),
         "oktopk_comm_dropped": (c.c_int, [i64, P(u64)]),
         "oktopk_allreduce": (c.c_int, [i64, c.c_void_p, sz, c.c_int, c.c_int, c.c_int]),
-        "oktopk_sparse_allreduce": (c.c_int, [i64, u64, c.c_void_p, sz, c.c_int, P(Stats)]),
-        "oktopk_sparse_allreduce_hold": (c.c_int, [i64, u64, c.c_void_p, sz, c.c_int, P(sz), sz, P(Stats)]),
         "oktopk_sparse_allreduce_ex": (c.c_int, [i64, u64, c.c_void_p, sz, c.c_int, P(CallOptions), P(Stats)]),
         "oktopk_tensor_state_size": (c.c_int, [i64, u64, P(sz)]),
         "oktopk_tensor_state_save": (c.c_int, [i64, u64, c.c_void_p, sz]),
@@ -239,6 +222,15 @@ def library_version():
     """The loaded liboktopk's version, "major.minor.patch"."""
     code = lib().oktopk_get_version()
     return f"{code // 10000}.{code // 100 % 100}.{code % 100}"
+
+
+def result_name(code):
+    """What the library calls a result code (oktopk_get_error_string), or
+    the bare number when the library cannot be loaded."""
+    try:
+        return lib().oktopk_get_error_string(code).decode()
+    except Exception:  # noqa: BLE001 - naming an error must not raise another
+        return f"result {code}"
 
 
 def last_error(comm=0):
@@ -295,25 +287,33 @@ def algorithm_name(code):
 
 def default_algorithm():
     """The algorithm the library uses when none is named."""
+    return algorithm_name(library_default_config().algorithm)
+
+
+def library_default_config():
+    """A config holding the library's own defaults (oktopk_config_init)."""
     cfg = Config()
     lib().oktopk_config_init(ctypes.byref(cfg))
-    return algorithm_name(cfg.algorithm)
+    return cfg
 
 
-def default_config(algorithm=None, density=0.01, tau=64, tau_prime=32, timeout=60.0, bind_host=None,
+def default_config(algorithm=None, density=None, tau=None, tau_prime=None, timeout=None, bind_host=None,
                    value_dtype="float32", stochastic_rounding=False):
-    """A config with the library's defaults and these settings (algorithm
-    None: the library's default). bind_host (bytes) must outlive the config:
-    ctypes keeps only a pointer. value_dtype is a name in VALUE_DTYPES."""
-    cfg = Config()
-    lib().oktopk_config_init(ctypes.byref(cfg))
+    """A config with the library's defaults and these settings (None: the
+    library's default). bind_host (bytes) must outlive the config: ctypes
+    keeps only a pointer. value_dtype is a name in VALUE_DTYPES."""
+    cfg = library_default_config()
     if algorithm is not None:
         cfg.algorithm = algorithm_code(algorithm)
-    cfg.density = density
-    cfg.tau = tau
-    cfg.tau_prime = tau_prime
+    if density is not None:
+        cfg.density = density
+    if tau is not None:
+        cfg.tau = tau
+    if tau_prime is not None:
+        cfg.tau_prime = tau_prime
     cfg.value_dtype = VALUE_DTYPES[value_dtype] | (STOCHASTIC_ROUNDING if stochastic_rounding else 0)
-    cfg.timeout_ms = int(timeout * 1000)
+    if timeout is not None:
+        cfg.timeout_ms = int(timeout * 1000)
     if bind_host is not None:
         cfg.bind_host = bind_host
     return cfg

@@ -117,7 +117,11 @@ def _wait_for(store, keys, timeout, what, missing=None):
                 detail = f" (missing: {missing()})"
             except Exception:  # noqa: BLE001 - the store itself may be gone
                 pass
-        code = _lib.TIMEOUT if "timeout" in str(e).lower() or "timed out" in str(e).lower() else _lib.REMOTE_ERROR
+        # torch's store raises DistStoreError when the wait times out, and
+        # DistNetworkError when the store itself is gone (torch < 2.1 has
+        # neither class: every failure counts as the remote's).
+        timed_out = isinstance(e, getattr(dist, "DistStoreError", ())) and not isinstance(e, getattr(dist, "DistNetworkError", ()))
+        code = _lib.TIMEOUT if timed_out else _lib.REMOTE_ERROR
         raise OkTopkError(code, f"communicator setup: {what} not in the store within {timeout:g} s{detail}; "
                                 f"a rank died or never reached its first oktopk step: {e}") from e
 
@@ -145,7 +149,9 @@ class XiTally:
 class Communicator:
     """One liboktopk communicator over the ranks of ``group``.
 
-    Setup waits on the store for at most ``timeout`` seconds. ``bind_host``
+    Settings left None take the library's own defaults
+    (``oktopk_config_init``). Setup waits on the store for at most
+    ``timeout`` seconds. ``bind_host``
     is the address to bind and advertise; by default the one on the route to
     the store's host (see :func:`default_bind_host`).
 
@@ -157,8 +163,10 @@ class Communicator:
     thread while one runs raises ``OkTopkError`` (code ``INVALID_USAGE``)
     and is not made."""
 
-    def __init__(self, group=None, algorithm=None, density=0.01, tau=64, tau_prime=32, timeout=60.0, bind_host=None,
+    def __init__(self, group=None, algorithm=None, density=None, tau=None, tau_prime=None, timeout=None, bind_host=None,
                  value_dtype="float32", stochastic_rounding=False):
+        if timeout is None:
+            timeout = _lib.library_default_config().timeout_ms / 1000
         store = dist.PrefixStore(f"c{next(_instance_counter)}/", _store_for(group))
         rank, size = dist.get_rank(group), dist.get_world_size(group)
 
@@ -182,8 +190,8 @@ class Communicator:
                       value_dtype, stochastic_rounding)
 
     @classmethod
-    def from_exchange(cls, rank, size, share_token, gather_endpoints, algorithm=None, density=0.01, tau=64, tau_prime=32, timeout=60.0, bind_host=None,
-                      value_dtype="float32", stochastic_rounding=False):
+    def from_exchange(cls, rank, size, share_token, gather_endpoints, algorithm=None, density=None, tau=None, tau_prime=None, timeout=None,
+                      bind_host=None, value_dtype="float32", stochastic_rounding=False):
         """A communicator whose rendezvous goes through the caller's own
         collectives (Horovod's, say): ``share_token(token_or_None)`` returns
         rank 0's token bytes on every rank, ``gather_endpoints(endpoint)``
@@ -242,29 +250,24 @@ class Communicator:
         if tensor.device.type != "cpu" or not tensor.is_contiguous():
             raise ValueError("oktopk: sparse_allreduce_ needs a contiguous CPU tensor")
         stats = _lib.new_stats()
-        ranges = (ctypes.c_size_t * (2 * len(hold)))(*(x for r in hold for x in r)) if hold else None
-        if density is not None or measure_xi or tau_prime is not None or sparse_only:
-            opts = _lib.CallOptions(size=ctypes.sizeof(_lib.CallOptions))
-            if density is not None:
-                opts.flags |= _lib.CALL_DENSITY
-                opts.density = density
-            if tau_prime is not None:
-                opts.flags |= _lib.CALL_TAU_PRIME
-                opts.tau_prime = tau_prime
-            if measure_xi:
-                opts.flags |= _lib.CALL_MEASURE_XI
-            if sparse_only:
-                opts.flags |= _lib.CALL_SPARSE_ONLY
-            if hold:
-                opts.hold, opts.hold_count = ranges, len(hold)
-            self._check(_lib.lib().oktopk_sparse_allreduce_ex(
-                self.handle, tensor_id, tensor.data_ptr(), tensor.numel(), dtype, ctypes.byref(opts), ctypes.byref(stats)))
-        elif hold:
-            self._check(_lib.lib().oktopk_sparse_allreduce_hold(
-                self.handle, tensor_id, tensor.data_ptr(), tensor.numel(), dtype, ranges, len(hold), ctypes.byref(stats)))
-        else:
-            self._check(_lib.lib().oktopk_sparse_allreduce(
-                self.handle, tensor_id, tensor.data_ptr(), tensor.numel(), dtype, ctypes.byref(stats)))
+        # One entry point for every sparse call: the _ex form's options
+        # carry whatever this call sets.
+        opts = _lib.CallOptions(size=ctypes.sizeof(_lib.CallOptions))
+        if density is not None:
+            opts.flags |= _lib.CALL_DENSITY
+            opts.density = density
+        if tau_prime is not None:
+            opts.flags |= _lib.CALL_TAU_PRIME
+            opts.tau_prime = tau_prime
+        if measure_xi:
+            opts.flags |= _lib.CALL_MEASURE_XI
+        if sparse_only:
+            opts.flags |= _lib.CALL_SPARSE_ONLY
+        if hold:
+            ranges = (ctypes.c_size_t * (2 * len(hold)))(*(x for r in hold for x in r))
+            opts.hold, opts.hold_count = ranges, len(hold)
+        self._check(_lib.lib().oktopk_sparse_allreduce_ex(
+            self.handle, tensor_id, tensor.data_ptr(), tensor.numel(), dtype, ctypes.byref(opts), ctypes.byref(stats)))
         return stats
 
     def fold_residual_(self, tensor_id, tensor, hold=()):
