@@ -36,14 +36,40 @@ func NewToken() string {
 // ExchangeEndpoints publishes endpoint in store as rank's, under the
 // communicator generation, and returns the endpoints of all size ranks in
 // rank order, waiting (as store.Get does) until every rank has published.
+//
+// It also refuses, at once and saying which, the two mistakes that would
+// otherwise wait for a peer that never comes and time out naming only an
+// unreached address: a second process claiming a rank already taken, and
+// a rank started with another rank count than rank 0 (every rank compares
+// its own with each rank's, rank 0's first).
 func ExchangeEndpoints(ctx context.Context, store Store, generation uint32, rank, size int, endpoint string) ([]string, error) {
-	prefix := fmt.Sprintf("oktopk/g%d/ep/", generation)
-	if err := store.Set(ctx, prefix+strconv.Itoa(rank), []byte(endpoint)); err != nil {
+	prefix := fmt.Sprintf("oktopk/g%d/", generation)
+	claims, err := store.Add(ctx, prefix+"claim/"+strconv.Itoa(rank), 1)
+	if err != nil {
+		return nil, err
+	}
+	if claims > 1 {
+		return nil, fmt.Errorf("%w: rank %d of %d is already taken by another process of this job: two processes were started "+
+			"with the same rank (check the launcher's rank variables)", ErrRendezvous, rank, size)
+	}
+	mine := strconv.Itoa(size)
+	if err := store.Set(ctx, prefix+"size/"+strconv.Itoa(rank), []byte(mine)); err != nil {
+		return nil, err
+	}
+	if err := store.Set(ctx, prefix+"ep/"+strconv.Itoa(rank), []byte(endpoint)); err != nil {
 		return nil, err
 	}
 	endpoints := make([]string, size)
 	for r := range endpoints {
-		v, err := store.Get(ctx, prefix+strconv.Itoa(r))
+		theirs, err := store.Get(ctx, prefix+"size/"+strconv.Itoa(r))
+		if err != nil {
+			return nil, fmt.Errorf("endpoint of rank %d: %w", r, err)
+		}
+		if string(theirs) != mine {
+			return nil, fmt.Errorf("%w: rank %d joined a job of %s ranks, this rank (%d) was started with %d: every rank must be "+
+				"started with the same rank count", ErrMismatch, r, theirs, rank, size)
+		}
+		v, err := store.Get(ctx, prefix+"ep/"+strconv.Itoa(r))
 		if err != nil {
 			return nil, fmt.Errorf("endpoint of rank %d: %w", r, err)
 		}
