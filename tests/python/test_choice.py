@@ -78,17 +78,29 @@ def test_every_rank_takes_the_same_path_under_per_rank_timing_noise(choice_run):
     # same on every rank.
     paths = [choice_run[r]["full"]["paths"] for r in range(3)]
     assert paths[0] == paths[1] == paths[2]
-    run_paths = [paths[0][step] for step in range(2, 40)]  # s = step - 2
+    run_paths = [paths[0][step] for step in range(2, 48)]  # s = step - 2
     # Probes, sparse chosen at s = 8 and again at 20, native at s = 32 once
     # sparse saves less than the margin on the slowest rank
-    # (workers.choice_cost).
-    assert run_paths == [NATIVE] * 4 + [SPARSE] * 12 + [NATIVE] * 4 + [SPARSE] * 8 + [NATIVE] * 10, run_paths
+    # (workers.choice_cost), probed at s = 40 and kept at 44.
+    assert run_paths == [NATIVE] * 4 + [SPARSE] * 12 + [NATIVE] * 4 + [SPARSE] * 8 + [NATIVE] * 12 + [SPARSE] * 4 + [NATIVE] * 2, run_paths
     assert all(choice_run[r]["full"]["choice"] == choice_run[0]["full"]["choice"] for r in range(3))
-    assert choice_run[0]["full"]["choice"]["decisions"] == 3
+    assert choice_run[0]["full"]["choice"]["decisions"] == 4
     # Its sparse steps ran sparse algorithms only ("auto" among them), one
     # call per step on this one-bucket model.
     counts = choice_run[0]["full"]["algorithm_counts"]
     assert sum(counts.values()) == run_paths.count(SPARSE) and not {"dense_ring", "dense_rabenseifner"} & set(counts), counts
+
+
+def test_an_idle_communicator_is_released_once_native_is_chosen_and_made_again_for_a_sparse_probe(choice_run):
+    # Native chosen at s = 32: from then on no communicator (its sockets
+    # would wake their threads for nothing) until the sparse probe at
+    # s = 40 makes one again, with the saved state; native again from s = 44,
+    # whose first step still folds the residuals in through it. While sparse
+    # is chosen, a native probe (s = 16-19, 28-31) keeps it.
+    for r in range(3):
+        alive = choice_run[r]["full"]["alive"]
+        assert [alive[2 + s] for s in range(4, 32)] == [True] * 28, alive
+        assert [alive[2 + s] for s in range(32, 48 - 2)] == [False] * 8 + [True] * 4 + [True, False], alive
 
 
 @pytest.fixture(scope="module")
@@ -125,6 +137,6 @@ def test_a_resumed_run_continues_the_decision(choice_run, first):
     # native probe): the same paths, decisions and final parameters.
     for r in range(3):
         full, resumed = choice_run[r]["full"], choice_run[r][first]
-        assert resumed["paths"] == {step: full["paths"][step] for step in range(first, 40)}
+        assert resumed["paths"] == {step: full["paths"][step] for step in range(first, 48)}
         assert resumed["choice"]["path"] == full["choice"]["path"] and resumed["choice"]["decisions"] == full["choice"]["decisions"]
         assert resumed["params"] == full["params"]

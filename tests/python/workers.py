@@ -825,8 +825,10 @@ class InjectedClock:
 
 def choice_run(rank, world, port, out, ckpt, value_dtype="float32"):
     """The default hook (algorithm None, recheck_every 8) on Branchy with
-    find_unused_parameters=True over 40 steps, its clock injected with
-    choice_cost: per step, the path; over the steps after the warm-up, the
+    find_unused_parameters=True over 48 steps, its clock injected with
+    choice_cost: per step, the path and whether a communicator existed
+    (released once native is chosen, made again for the sparse probe);
+    over the steps after the warm-up, the
     gradients given to the hook, those DDP applied, and the final residuals
     (as unused_parameters); the residuals right after the first native step
     that follows sparse ones (step 18); then the same run resumed from
@@ -858,7 +860,7 @@ def choice_run(rank, world, port, out, ckpt, value_dtype="float32"):
             return oktopk_hook(st, bucket)
 
         m.register_comm_hook(state, recording_hook)
-        paths, after_switch = {}, None
+        paths, alive, after_switch = {}, {}, None
         for step in range(first, last):
             clock.now += choice_cost(state._path, step, rank)  # the step before this one, on its path
             sparse_phase["on"] = step >= 2
@@ -872,6 +874,7 @@ def choice_run(rank, world, port, out, ckpt, value_dtype="float32"):
                         applied[name] += p.grad
             o.step()
             paths[step] = state._path if step >= 2 else "warm-up"
+            alive[step] = state._reducer.comm is not None
             if step == 18:
                 after_switch = {k: v.abs().max().item() for k, v in residuals_by_parameter(state, m.module).items()}
             if step + 1 in saves:
@@ -879,6 +882,7 @@ def choice_run(rank, world, port, out, ckpt, value_dtype="float32"):
                            os.path.join(ckpt, f"rank{rank}-{step + 1}.pt"))
         result = {
             "paths": paths,
+            "alive": alive,
             "choice": state.choice,
             "local": {k: v.numpy() for k, v in local.items()},
             "applied": {k: v.numpy() for k, v in applied.items()},
@@ -890,8 +894,8 @@ def choice_run(rank, world, port, out, ckpt, value_dtype="float32"):
         state.close()
         return result
 
-    results = {"full": train(0, 40, saves=(24, 31))}
+    results = {"full": train(0, 48, saves=(24, 31))}
     for first in (24, 31) if value_dtype == "float32" else ():
-        results[first] = train(first, 40)
+        results[first] = train(first, 48)
     write(out, rank, results)
     dist.destroy_process_group()

@@ -499,6 +499,25 @@ def _begin_step(state, s, device, untimed):
         # The sparse steps' queued work (adaptation) finishes before a fold
         # reads their residuals.
         state._reducer.drain()
+    elif previous == NATIVE and state._path == NATIVE and choice.chosen == NATIVE:
+        _release_communicator(state)
+
+
+def _release_communicator(state):
+    """Once native is chosen and a native step has folded the residuals in:
+    save what the communicator holds per group (thresholds, region
+    boundaries, held entries) and destroy it, with its worker thread. An
+    idle communicator's sockets still wake their owner threads (a few
+    percent of a core per rank, felt where ranks share cores); the next
+    sparse step, a probe at the latest, makes a new one through the store
+    and loads the saved state, as after a checkpoint. Every rank releases
+    at the same step (the path is agreed)."""
+    reducer = state._reducer
+    if reducer.comm is None:
+        return
+    reducer.drain()
+    state._pending_state = {group_id: reducer.comm.save_tensor_state(group_id) for group_id in sorted(state._layout.groups)}
+    reducer.close()
 
 
 def _fold_residual(state, group_id, tensor, slices):
