@@ -47,6 +47,11 @@ const char *oktopk_algorithm_name(int algorithm) {
   return go_oktopk_algorithm_name(algorithm);
 }
 
+int oktopk_algorithm_takes_reduced_values(int algorithm) {
+  if (forked_child()) return -1;
+  return go_oktopk_algorithm_takes_reduced_values(algorithm);
+}
+
 void oktopk_config_init(oktopk_config_t *config) {
   if (config == NULL || forked_child()) return;
   go_oktopk_config_init(config);

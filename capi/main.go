@@ -39,6 +39,17 @@ func go_oktopk_algorithm_name(algorithm C.int) *C.oktopk_const_char {
 	return (*C.oktopk_const_char)(algorithmNames[algorithm])
 }
 
+//export go_oktopk_algorithm_takes_reduced_values
+func go_oktopk_algorithm_takes_reduced_values(algorithm C.int) C.int {
+	if algorithm < 0 || int(algorithm) >= len(algorithmNames) {
+		return -1
+	}
+	if core.Algorithm(algorithm).TakesReducedValues() {
+		return 1
+	}
+	return 0
+}
+
 // algorithmNames are oktopk_algorithm_name's answers, allocated once.
 var algorithmNames = func() []*C.char {
 	var names []*C.char

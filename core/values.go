@@ -112,6 +112,11 @@ func (v ValueType) width() int {
 // float32 and keep no residual).
 func (a Algorithm) takesReducedValues() bool { return a.row().halfValues }
 
+// TakesReducedValues is takesReducedValues for the C ABI
+// (oktopk_algorithm_takes_reduced_values) and the plugins, which ask the
+// library rather than keep a list of their own.
+func (a Algorithm) TakesReducedValues() bool { return a.takesReducedValues() }
+
 func (a Algorithm) whyNoReducedValues() string {
 	if a.Dense() {
 		return fmt.Sprintf("%v keeps no residual to take the rounding error back", a)

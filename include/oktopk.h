@@ -88,7 +88,7 @@ extern "C" {
 
 /* ABI version: major changes break callers, minor ones only add. */
 #define OKTOPK_VERSION_MAJOR 0
-#define OKTOPK_VERSION_MINOR 8
+#define OKTOPK_VERSION_MINOR 9
 #define OKTOPK_VERSION_PATCH 0
 #define OKTOPK_VERSION_CODE \
   (OKTOPK_VERSION_MAJOR * 10000 + OKTOPK_VERSION_MINOR * 100 + OKTOPK_VERSION_PATCH)
@@ -258,6 +258,12 @@ const char *oktopk_get_error_string(oktopk_result_t result);
 /* The name of an oktopk_algorithm_t ("oktopk", "auto", ...), or NULL for a
  * value this library does not know; the string is static. */
 const char *oktopk_algorithm_name(int algorithm);
+/* 1 when an algorithm takes 16-bit values (config.value_dtype float16 or
+ * bfloat16: those whose every rounding has a rank whose residual takes its
+ * error, and auto, which then chooses among them and the dense ones), 0
+ * when it takes float32 only, -1 for a value this library does not know.
+ * Added in 0.9. */
+int oktopk_algorithm_takes_reduced_values(int algorithm);
 void oktopk_config_init(oktopk_config_t *config);
 
 /* Copies the message of the most recent failed call on `comm` (comm 0: of

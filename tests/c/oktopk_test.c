@@ -1130,6 +1130,12 @@ static int run_errors(void) {
   REQUIRE(strcmp(oktopk_algorithm_name(OKTOPK_ALGO_AUTO), "auto") == 0);
   for (int a = OKTOPK_ALGO_DENSE_RING; a <= OKTOPK_ALGO_AUTO; a++) REQUIRE(oktopk_algorithm_name(a) != NULL);
   REQUIRE(oktopk_algorithm_name(OKTOPK_ALGO_AUTO + 1) == NULL && oktopk_algorithm_name(-1) == NULL);
+  /* 16-bit values: the algorithms whose roundings each have an owner, and auto. */
+  for (int a = OKTOPK_ALGO_DENSE_RING; a <= OKTOPK_ALGO_AUTO; a++) {
+    int want = a == OKTOPK_ALGO_OKTOPK || a == OKTOPK_ALGO_TOPKA || a == OKTOPK_ALGO_GAUSSIANK || a == OKTOPK_ALGO_AUTO;
+    REQUIRE(oktopk_algorithm_takes_reduced_values(a) == want);
+  }
+  REQUIRE(oktopk_algorithm_takes_reduced_values(OKTOPK_ALGO_AUTO + 1) == -1 && oktopk_algorithm_takes_reduced_values(-1) == -1);
   oktopk_config_init(NULL); /* must not crash */
   EXPECT(oktopk_get_last_error(0, NULL, 10, NULL), oktopkInvalidArgument);
   char small[4];

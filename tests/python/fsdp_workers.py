@@ -300,3 +300,22 @@ def tensor_parallel(rank, world, port, out, steps):
         result["ddp"] = f"{type(e).__name__}: {e}"
     write(out, rank, result)
     dist.destroy_process_group()
+
+
+def adaptive(rank, world, port, out, steps):
+    """oktopk over the replicas with adaptive density (ξ measured every 2
+    steps): each step's density and τ′, and the final shards."""
+    setup(rank, world, port)
+    mesh = mesh_2x2()
+    model = sharded_stack(mesh, True)
+    state = OkTopkState(process_group=mesh.get_group("replicate"), density=0.02, algorithm="oktopk", adaptive=(0.01, 0.5),
+                        measure_xi_every=2)
+    oktopk.fsdp.register(model, state)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    densities = []
+    for s in range(steps):
+        step(model, opt, rank, s)
+        densities.append((state.last_density, state.last_tau_prime))
+    write(out, rank, {"densities": densities, "xi": state.last_xi, "shards": {k: v.numpy() for k, v in local_shards(model).items()}})
+    state.close()
+    dist.destroy_process_group()

@@ -127,3 +127,17 @@ def test_tensor_parallel_model_replicated_by_fsdp2_at_density_one_equals_native(
             diff = np.abs(res["sparse"][name] - native).max()
             assert diff <= 1e-5 * max(1.0, np.abs(native).max()), f"rank {r} {name}: {diff}"
         assert res["ddp"] is not None and "sharding strategy" in res["ddp"], res["ddp"]
+
+
+def test_hsdp_adaptive_density_moves_alike_on_the_ranks_of_a_replicate_group():
+    # The adaptation (oktopk.adaptive) runs between steps on each replicate
+    # group's communicator: both replicas of a shard follow the same
+    # densities and end with bitwise equal parameters; the density moved.
+    results = run(fsdp_workers.adaptive, WORLD, 12)
+    for j in (0, 1):
+        a, b = results[j], results[j + 2]
+        assert a["densities"] == b["densities"], (a["densities"], b["densities"])
+        for name in a["shards"]:
+            assert np.array_equal(a["shards"][name], b["shards"][name]), name
+        sparse = [d for d, _ in a["densities"][2:]]
+        assert a["xi"] is not None and len(set(sparse)) > 1, a["densities"]

@@ -183,6 +183,7 @@ def _declare(lib):
         "oktopk_get_version": (c.c_int, []),
         "oktopk_get_error_string": (c.c_char_p, [c.c_int]),
         "oktopk_algorithm_name": (c.c_char_p, [c.c_int]),
+        "oktopk_algorithm_takes_reduced_values": (c.c_int, [c.c_int]),
         "oktopk_comm_measure_link": (c.c_int, [i64, P(LinkModel)]),
         "oktopk_config_init": (None, [P(Config)]),
         "oktopk_get_last_error": (c.c_int, [i64, c.c_char_p, sz, P(c.c_int)]),
@@ -277,6 +278,12 @@ def algorithm_code(name):
     if name not in names:
         raise ValueError(f"unknown algorithm {name!r}; one of {', '.join(names)}")
     return names.index(name)
+
+
+def reduced_value_algorithms():
+    """The algorithm names that take 16-bit values, as the library's
+    algorithm table says (oktopk_algorithm_takes_reduced_values)."""
+    return tuple(name for code, name in enumerate(algorithms()) if lib().oktopk_algorithm_takes_reduced_values(code) == 1)
 
 
 def algorithm_name(code):

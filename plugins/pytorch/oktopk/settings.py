@@ -12,10 +12,6 @@ from .comm import value_dtype_name
 from .schedule import check_schedule
 
 MAX_INT32 = 2**31 - 1
-# The algorithms that send float16 or bfloat16 values: each of their roundings
-# has one rank whose residual takes its error (the others forward partial
-# sums); auto then chooses among those and the dense ones.
-REDUCED_VALUE_ALGORITHMS = ("oktopk", "topka", "gaussiank", "auto")
 
 Settings = namedtuple(
     "Settings",
@@ -57,9 +53,9 @@ def check_settings(density=DEFAULTS.density, algorithm=DEFAULTS.algorithm, tau=D
     if not is_real(timeout) or not 0.0 < timeout <= MAX_INT32 / 1000:
         raise ValueError(f"timeout must be a positive number of seconds (at most {MAX_INT32 // 1000}), got {timeout!r}")
     value_dtype = value_dtype_name(value_dtype)
-    if value_dtype != "float32" and algorithm not in REDUCED_VALUE_ALGORITHMS:
+    if value_dtype != "float32" and algorithm not in (takers := _lib.reduced_value_algorithms()):
         raise ValueError(
-            f"value_dtype {value_dtype} needs algorithm oktopk, topka, gaussiank or auto; {algorithm!r} keeps no residual or "
+            f"value_dtype {value_dtype} needs algorithm {', '.join(takers[:-1])} or {takers[-1]}; {algorithm!r} keeps no residual or "
             f"sends partial sums, whose rounding errors no rank's residual could take back"
         )
     if not isinstance(stochastic_rounding, bool) or stochastic_rounding and value_dtype == "float32":
