@@ -1,9 +1,9 @@
+package main
+
 // The collective exports: dense and sparse allreduce, blocking and
 // asynchronous, and the requests the asynchronous ones return (test, wait,
 // free). A collective refused for its arguments still takes its place in
 // the call order (communicator.refuse).
-
-package main
 
 /*
 #include "const_types.h"

@@ -1,8 +1,8 @@
+package main
+
 // How communicators come to exist, the only file that knows: NCCL-style
 // unique id, torchrun-style environment, or the two-step bind and connect
 // for callers that rendezvous through their own framework.
-
-package main
 
 import (
 	"context"

@@ -1,9 +1,9 @@
+package main
+
 // The C structs read and written at the boundary: oktopk_config_t into the
 // communicator's settings, the stats and link model out, call options and
 // held ranges in; and the operations built over a caller's buffer, in any
 // of its dtypes.
-
-package main
 
 /*
 #include "../include/oktopk.h"

@@ -1,5 +1,8 @@
 package main
 
+// Tests that Destroy returns within its bound while an aborted call is
+// still computing, over two ranks of one job connected in this process.
+
 import (
 	"context"
 	"errors"
@@ -56,7 +59,7 @@ func twoCommunicators(t *testing.T) [2]*communicator {
 // Destroy keeps oktopk.h's promise (within a second) even when a call it
 // aborts does not return: one that is busy with its own computation gets
 // destroyCallGrace, then the sockets close under it, and the call ends with
-// an error of its own later. Destroy used to wait up to five seconds.
+// an error of its own later.
 func TestDestroyReturnsWithinItsBoundWhileACallIsStillComputing(t *testing.T) {
 	cs := twoCommunicators(t)
 	defer cs[1].destroy()

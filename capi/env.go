@@ -1,7 +1,7 @@
+package main
+
 // Environment reads through libc's getenv, so a setenv made after the
 // library was loaded counts.
-
-package main
 
 /*
 #include <stdlib.h>

@@ -1,8 +1,8 @@
+package main
+
 // Errors at the ABI boundary: resultOf, the one mapping from an error to a
 // result code; call and callOn, which every export body runs through; and
 // the last-error slots that oktopk_get_last_error reads.
-
-package main
 
 /*
 #include "../include/oktopk.h"

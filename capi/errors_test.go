@@ -1,5 +1,9 @@
 package main
 
+// Tests of C ABI error handling: each error value mapped to its result
+// code, a panic turned into an internal error, and destroyed handles told
+// apart from unknown ones.
+
 import (
 	"context"
 	"errors"

@@ -1,7 +1,7 @@
+package main
+
 // The handle table: the integers that C callers hold for communicators and
 // requests, and the objects they name on this side.
-
-package main
 
 import "sync"
 

@@ -1,8 +1,8 @@
+package main
+
 // The communicator's exports: making one (unique id, environment, bind and
 // connect), its rank and size, abort, the dropped-traffic count, destroy,
 // and measuring the link for OKTOPK_ALGO_AUTO.
-
-package main
 
 /*
 #include "const_types.h"

@@ -1,7 +1,7 @@
+package main
+
 // The Go collector's policy (GOGC, GOMEMLIMIT, OKTOPK_GOGC), set when the
 // library is loaded.
-
-package main
 
 /*
 #include <stdlib.h>

@@ -1,5 +1,8 @@
 package main
 
+// Tests of the garbage collector's policy at load time, from OKTOPK_GOGC,
+// GOGC and GOMEMLIMIT, and of parsing memory limits.
+
 import (
 	"math"
 	"runtime/debug"

@@ -1,7 +1,7 @@
+package main
+
 // The selection exports, which need no communicator: exact top-k and
 // threshold selection over a caller's float32 array.
-
-package main
 
 /*
 #include "const_types.h"

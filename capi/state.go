@@ -1,8 +1,8 @@
+package main
+
 // Per-tensor state (residual, thresholds, counters) for checkpoints: the
 // exports that size, save and load it, and how a save and a load run on the
 // communicator's queue.
-
-package main
 
 /*
 #include "const_types.h"

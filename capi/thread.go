@@ -1,7 +1,7 @@
+package main
+
 // Which C thread is calling: collectives on one communicator come from one
 // thread at a time.
-
-package main
 
 /*
 #include <pthread.h>

@@ -1,5 +1,8 @@
 package main
 
+// Tests that a failed init closes the rendezvous of the unique id that
+// the same process made.
+
 import (
 	"context"
 	"testing"
@@ -10,7 +13,6 @@ import (
 
 // A failed init on the process that made the unique id closes the id's
 // rendezvous: its server leaves the table and its port stops answering.
-// (Before, it stayed open for the life of the process.)
 func TestFailedInitClosesItsUniqueIDsRendezvous(t *testing.T) {
 	s := defaultSettings()
 	s.timeout = 300 * time.Millisecond

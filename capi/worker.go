@@ -1,8 +1,8 @@
+package main
+
 // The communicator behind an oktopk_comm_t and its worker goroutine, which
 // runs the communicator's calls one at a time in issue order; start, refuse,
 // do, abort and destroy are how the exports reach it.
-
-package main
 
 import (
 	"context"

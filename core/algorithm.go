@@ -1,5 +1,9 @@
 package core
 
+// The algorithm table: the Algorithm enum (values fixed by the C ABI),
+// each algorithm's name, frame operation and entry points, and Config,
+// the per-tensor settings of sparse allreduce, with Validate and K.
+
 import (
 	"context"
 	"fmt"

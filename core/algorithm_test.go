@@ -1,5 +1,8 @@
 package core
 
+// Tests of Config.K (the ceiling of density·n without the float product's
+// rounding) and of the algorithm table: every algorithm has a complete row.
+
 import (
 	"errors"
 	"strings"

@@ -1,5 +1,9 @@
 package core
 
+// Tests of the allgathers: equal blocks in ⌈log₂ P⌉ rounds or one direct
+// round, blocks of any size by ring, Bruck or direct exchange, in rank order
+// with the expected messages, and blocks of unequal size refused.
+
 import (
 	"bytes"
 	"context"

@@ -1,8 +1,8 @@
+package core
+
 // Tests of which algorithm Auto picks: dense at density one and for tiny
 // tensors, the allgather at two ranks, only algorithms that send half
 // values when asked for them, and the debug log of every choice.
-
-package core
 
 import (
 	"context"

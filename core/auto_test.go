@@ -1,8 +1,8 @@
+package core
+
 // Tests of Auto across ranks: the same choice on every rank, a mismatch
 // when link models differ, exact mass when the choice switches, and a
 // non-finite step skipped everywhere under a dense choice.
-
-package core
 
 import (
 	"context"

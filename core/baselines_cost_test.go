@@ -1,6 +1,6 @@
-// Tests that every baseline sends no more words than its cost model says.
-
 package core
+
+// Tests that every baseline sends no more words than its cost model says.
 
 import (
 	"context"

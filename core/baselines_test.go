@@ -1,9 +1,9 @@
+package core
+
 // Tests of the sparse baselines (TopkA, TopkDSA, gTopk, Gaussiank, SparCML):
 // density one equals the dense average, ranks bitwise identical, SparCML's
 // sparse input summed exactly, the residual rule, Gaussiank's threshold and
 // the reported local threshold.
-
-package core
 
 import (
 	"context"

@@ -1,5 +1,9 @@
 package core
 
+// Call, one collective call: every message of an algorithm goes through it,
+// so its Stats count the bytes on the wire, phase by phase; and goSafe and
+// PanicError, which turn a panic in core into ErrInternal.
+
 import (
 	"context"
 	"errors"

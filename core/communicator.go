@@ -1,5 +1,9 @@
 package core
 
+// Communicator: collectives over one transport, one call at a time in the
+// same order on every rank, refusals told to the peers, per-tensor state kept
+// between calls, and a failed call leaving the caller's data as it was.
+
 import (
 	"context"
 	"errors"

@@ -1,5 +1,9 @@
 package core
 
+// Tests of the Communicator's call discipline: n above 2^32−1 refused,
+// refusals on one rank or all, a concurrent call refused, states or τ′ that
+// differ across ranks a mismatch, and failed calls leaving no new state.
+
 import (
 	"bytes"
 	"context"

@@ -1,5 +1,8 @@
 package core
 
+// The errors of package core: invalid argument, invalid usage, a gradient
+// holding NaN or Inf, and a mismatch between ranks.
+
 import (
 	"errors"
 

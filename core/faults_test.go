@@ -1,5 +1,9 @@
 package core
 
+// Tests of failures mid-call: a send or receive failing anywhere leaves
+// every rank's gradient and tensor state as they were, and a panic in one of
+// core's goroutines comes back as ErrInternal.
+
 import (
 	"context"
 	"errors"

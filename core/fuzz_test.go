@@ -1,5 +1,9 @@
 package core
 
+// Fuzz tests: arbitrary checkpoint bytes are refused or load, save and run
+// consistently, and an arbitrary peer payload in any call of any algorithm
+// is refused or used, never a panic, a hang or a changed buffer or state.
+
 import (
 	"bytes"
 	"context"

@@ -1,8 +1,8 @@
+package core
+
 // Tests of gTopk against a serial tree reference: the same global top-k,
 // dense and sparse input, and the mass of partial sums cut below the root
 // kept in the residuals.
-
-package core
 
 import (
 	"context"

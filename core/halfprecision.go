@@ -1,5 +1,9 @@
 package core
 
+// Conversions between float32 and the half-precision formats (IEEE
+// float16 and bfloat16): exact widening, and narrowing with round to
+// nearest, ties to even.
+
 import "math"
 
 // Half-precision gradients (IEEE float16 and bfloat16) are reduced in float32:

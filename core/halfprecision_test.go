@@ -1,5 +1,8 @@
 package core
 
+// Tests of the half-precision conversions: every float16 and bfloat16 value
+// round-trips exactly, and narrowing rounds to nearest, ties to even.
+
 import (
 	"math"
 	"sort"

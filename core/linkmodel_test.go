@@ -1,7 +1,7 @@
+package core
+
 // Tests of the link model Auto decides by: bitwise the same on every rank,
 // and measured in a call of its own.
-
-package core
 
 import (
 	"context"

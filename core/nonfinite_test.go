@@ -1,5 +1,9 @@
 package core
 
+// Tests of NaN and Inf in inputs: for every sparse algorithm, one rank's
+// non-finite gradient skips the step on every rank and changes nothing, and
+// bad sparse inputs on one rank fail every rank alike.
+
 import (
 	"context"
 	"errors"

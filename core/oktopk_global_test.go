@@ -1,5 +1,9 @@
 package core
 
+// Tests of Ok-Topk's global selection: a result near k when the gradient's
+// scale changes or every rank's input is the same, a reuse call keeping the
+// exact top of the reduced entries, and its allgathers in one round.
+
 import (
 	"context"
 	"errors"

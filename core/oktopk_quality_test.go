@@ -1,8 +1,8 @@
+package core
+
 // Tests of Ok-Topk's cost and selection quality: the words a reuse call
 // sends against the paper's bound, and the error against the exact global
 // top-k compared with TopkA.
-
-package core
 
 import (
 	"context"

@@ -1,8 +1,8 @@
+package core
+
 // Serial references and synthetic inputs shared by the Ok-Topk tests: exact
 // local and global top-k written independently of the library, drifting and
 // integer-valued gradient generators, and output hashing.
-
-package core
 
 import (
 	"hash/fnv"

@@ -1,7 +1,7 @@
+package core
+
 // Tests of TensorState checkpoints: marshalling round trips, corrupt and
 // version-1 input, owner checks, and a restored run continuing exactly.
-
-package core
 
 import (
 	"context"

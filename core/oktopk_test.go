@@ -1,9 +1,9 @@
+package core
+
 // Tests of Ok-Topk's results: bitwise equal to the dense average at density
 // one and to the serial reference on exact iterations, ranks bitwise
 // identical over many calls, the residual rule, non-finite input, degenerate
 // shapes and the sparse-input form.
-
-package core
 
 import (
 	"context"

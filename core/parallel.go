@@ -1,5 +1,9 @@
 package core
 
+// Parallel selection: when a vector is cut into chunks (parallelCutoff,
+// selectionChunks) and how the chunks run on their own goroutines
+// (forEachChunk).
+
 import (
 	"runtime"
 	"sync"

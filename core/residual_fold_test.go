@@ -1,7 +1,7 @@
+package core
+
 // Tests of FoldResidual: switching between sparse calls and a caller's own
 // dense allreduce keeps every rank's gradient mass exactly.
-
-package core
 
 import (
 	"context"

@@ -1,5 +1,9 @@
 package core
 
+// Tests of the algorithms' schedules: phase times and bytes add up to the
+// call's, gTopk's broadcast sends one message at a time, and every
+// baseline's critical path has the rounds its cost formula counts.
+
 import (
 	"context"
 	"errors"

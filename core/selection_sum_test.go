@@ -1,8 +1,8 @@
+package core
+
 // Tests that every selection on acc = grad + residual formed on the fly
 // equals the same selection on the stored sum, and that the selection
 // scratch free list stays bounded.
-
-package core
 
 import (
 	"fmt"

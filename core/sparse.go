@@ -1,5 +1,9 @@
 package core
 
+// Sparse, the index-value vector the sparse algorithms exchange, its wire
+// codec (EncodeSparse, and DecodeSparse, which validates before it
+// allocates), and the dense float32 payload codecs.
+
 import (
 	"encoding/binary"
 	"fmt"

@@ -1,5 +1,8 @@
 package core
 
+// Tests of the sparse wire codec: round trips, malformed payloads refused,
+// and a fuzz test that decoding never panics or over-allocates.
+
 import (
 	"encoding/binary"
 	"errors"

@@ -1,5 +1,8 @@
 package core
 
+// SparseAllreduceSparse, the sparse-input call: inputs that are already
+// sparse, checked and agreed on by every rank, then reduced without state.
+
 import (
 	"context"
 	"fmt"

@@ -1,5 +1,9 @@
 package core
 
+// Tests of the sparse-input call: memory follows the pairs, not n, with an
+// exact result, and Ok-Topk's merged region sums equal its dense ones
+// bitwise.
+
 import (
 	"context"
 	"math"

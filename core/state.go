@@ -1,5 +1,9 @@
 package core
 
+// TensorState, what sparse allreduce keeps per tensor between calls, and
+// its checkpoint format: MarshalBinary, UnmarshalBinary (versions 1 to 3,
+// the last checksummed) and CheckOwner.
+
 import (
 	"encoding/binary"
 	"fmt"

@@ -1,5 +1,9 @@
 package core
 
+// Helpers shared by the tests: P ranks run in process with a timeout and
+// an abort on failure, a two-rank call checked bitwise, and integer and
+// sparse inputs drawn through internal/testref.
+
 import (
 	"context"
 	"errors"

@@ -1,8 +1,8 @@
+package core
+
 // Tests of threshold selection: SelectAbove against a serial loop at every
 // chunking and alignment, the threshold policy and sampled thresholds, the
 // non-finite reports, and the one-pass mean and standard deviation.
-
-package core
 
 import (
 	"errors"

@@ -1,5 +1,8 @@
 package core
 
+// Exact top-k selection by magnitude (TopK, TopKInto, KthLargestAbs): a
+// radix select on the bits of |x|, ties to the lower index, NaN refused.
+
 import (
 	"fmt"
 	"math"

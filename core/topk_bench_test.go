@@ -1,5 +1,8 @@
 package core
 
+// Benchmarks of the selection routines against a memory-bound floor (one
+// read of the array), and of the size from which two chunks pay.
+
 import (
 	"fmt"
 	"math"

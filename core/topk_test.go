@@ -1,8 +1,8 @@
+package core
+
 // Tests of exact top-k selection (TopK, TopKInto) against a sorting
 // reference: ties, every chunking, the sampled path, bad input, storage
 // reuse, and a fuzz target.
-
-package core
 
 import (
 	"errors"

@@ -1,8 +1,8 @@
+package core
+
 // Tests that no gradient mass is lost: over many calls, every rank's
 // outputs plus its final residual equal the sum of its gradients, exactly,
 // for reduced-precision values and for every sparse algorithm.
-
-package core
 
 import (
 	"context"

@@ -1,9 +1,9 @@
+package core
+
 // Tests of reduced-precision values (float16, bfloat16) on the wire: rounding
 // and saturation, the codec, reproducible stochastic rounding, fewer bytes,
 // refusals and mismatches, and the residual keeping rounding errors; and of
 // held entries staying in the residual.
-
-package core
 
 import (
 	"context"

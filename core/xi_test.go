@@ -1,5 +1,9 @@
 package core
 
+// Tests of ξ (MeasureXi), the selection error against the sum's exact
+// top-k: zero where it must be, a hand-computed case, no effect on the call,
+// a mismatch when ranks disagree, and its traffic counted apart.
+
 import (
 	"context"
 	"errors"

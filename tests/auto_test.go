@@ -1,5 +1,8 @@
 package tests
 
+// Tests that Auto picks the same algorithm, with the same output bits, on
+// every rank of a job of separate processes.
+
 import (
 	"bufio"
 	"strings"

@@ -1,5 +1,9 @@
 package tests
 
+// Tests of jobs of separate rank processes over TCP: every algorithm
+// verified across four processes, and stopped or killed peers detected
+// within bounds with no hang, crash or wrong result; and their helpers.
+
 import (
 	"bufio"
 	"bytes"

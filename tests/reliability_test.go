@@ -1,8 +1,8 @@
+package tests
+
 // Tests, over memory and over ZeroMQ, that a call the ranks disagree on, or
 // one rank refuses, fails on every rank, and that a call that failed here
 // but completed on a peer is recovered from a checkpoint.
-
-package tests
 
 import (
 	"context"

@@ -1,8 +1,8 @@
+package tests
+
 // Tests of what follows a timeout or a late rank: every later call fails
 // fast with ErrAborted, and the stall warning names the late rank and the
 // call's sequence number.
-
-package tests
 
 import (
 	"context"

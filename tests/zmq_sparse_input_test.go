@@ -1,9 +1,9 @@
+package tests
+
 // Tests of the sparse-input baselines over real ZeroMQ sockets on loopback:
 // SparCML against the exact sum of its sparse inputs and gTopk against a
 // serial tree reference (internal/testref), both written out independently
 // of core.
-
-package tests
 
 import (
 	"context"

@@ -1,5 +1,8 @@
 package transport
 
+// Stall diagnostics: the Diagnostics settings, and the one-line warning a
+// receive that waits long logs, naming the ranks that hold the call up.
+
 import (
 	"fmt"
 	"log"

@@ -1,5 +1,8 @@
 package transport
 
+// Getenv and SetGetenv: the one lookup through which the transport reads
+// its environment settings, at the moment each is used.
+
 import (
 	"os"
 	"sync/atomic"

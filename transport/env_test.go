@@ -1,5 +1,8 @@
 package transport
 
+// Tests that the transport's environment settings are read through the
+// lookup SetGetenv installs, at the moment they are used.
+
 import (
 	"strings"
 	"testing"

@@ -1,5 +1,8 @@
 package transport
 
+// The wire frame: its 96-byte header (FrameHeader, Encode and
+// DecodeFrameHeader), the frame kinds, the token digest and abort reasons.
+
 import (
 	"crypto/sha256"
 	"encoding/binary"

@@ -1,5 +1,8 @@
 package transport
 
+// Tests of the frame header: round trips, the rejection of every malformed
+// or foreign header, and a fuzz test of DecodeFrameHeader.
+
 import (
 	"errors"
 	"testing"

@@ -1,5 +1,8 @@
 package transport
 
+// A fuzz test of the rendezvous store's message decoder: any bytes are
+// refused or round-trip, with no panic and no large allocation.
+
 import (
 	"bytes"
 	"reflect"
@@ -7,7 +10,6 @@ import (
 	"testing"
 )
 
-// fuzzInbox is a transport's receiving side without sockets: what handle
 // FuzzStoreMessage: the rendezvous server's request decoder (and the
 // client's reply decoder, which trusts a server no more): any bytes are
 // refused or decode into a message that encodes and decodes back to itself;

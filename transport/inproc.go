@@ -1,5 +1,8 @@
 package transport
 
+// InProc: ranks of one process connected by memory, a Transport for unit
+// tests of the algorithms with the ZeroMQ transport's semantics.
+
 import (
 	"context"
 	"fmt"

@@ -1,5 +1,8 @@
 package transport
 
+// Tests of launcher detection: Slurm host list expansion, and each
+// launcher's variables read, with errors naming launcher and variable.
+
 import (
 	"errors"
 	"reflect"

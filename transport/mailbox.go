@@ -1,5 +1,8 @@
 package transport
 
+// Mailbox: where both transports file arriving messages, matched to
+// receives by (peer, seq, step), with mismatch detection and failures.
+
 import (
 	"context"
 	"errors"

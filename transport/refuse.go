@@ -1,5 +1,8 @@
 package transport
 
+// Refused calls: how the mailbox records a call this rank refused and acts
+// on its peers' refusals, and the in-process transport's RefuseCall.
+
 import (
 	"context"
 	"fmt"

@@ -1,5 +1,7 @@
 package transport
 
+// Tests that the refusals a peer sends ahead of this rank are bounded.
+
 import (
 	"context"
 	"errors"

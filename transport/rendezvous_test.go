@@ -1,7 +1,7 @@
+package transport
+
 // Tests of the endpoint exchange: every rank's endpoint in rank order, and
 // the two start-up mistakes it names at once instead of timing out.
-
-package transport
 
 import (
 	"context"

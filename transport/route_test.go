@@ -1,5 +1,8 @@
 package transport
 
+// Tests of the bind address: the source address of the route to a host,
+// and ResolveBindHost never binding the wildcard address by default.
+
 import (
 	"context"
 	"testing"

@@ -1,5 +1,9 @@
 package transport
 
+// Tests of the rendezvous store over TCP: set, get, add and wait, the token
+// check, the bounds on what strangers on its port can make it hold, a taken
+// port, and a Close that ends a get in progress.
+
 import (
 	"context"
 	"encoding/binary"

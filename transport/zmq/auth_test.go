@@ -1,5 +1,9 @@
 package zmq
 
+// Tests of who may talk to a rank: a token holder cannot pose as another
+// rank, connections bind to a rank at their first hello, and CURVE refuses
+// clients without a job key.
+
 import (
 	"context"
 	"errors"

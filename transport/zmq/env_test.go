@@ -1,5 +1,8 @@
 package zmq
 
+// Tests that this package's environment settings (OKTOPK_CURVE, the
+// launcher's variables) are read through transport.Getenv at use.
+
 import (
 	"strings"
 	"testing"

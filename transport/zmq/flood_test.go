@@ -1,5 +1,9 @@
 package zmq
 
+// Tests of what a stranger without the job token can make a rank hold:
+// floods of empty frames and huge frame headers keep its memory bounded,
+// and Close stays prompt after a flood.
+
 import (
 	"bytes"
 	"encoding/binary"

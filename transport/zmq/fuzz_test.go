@@ -1,5 +1,8 @@
 package zmq
 
+// Fuzz tests of a rank's inbox, checked against a model of its admission
+// rules, and of splitEndpoint on endpoints read from the rendezvous store.
+
 import (
 	"bytes"
 	"encoding/hex"

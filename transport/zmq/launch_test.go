@@ -1,5 +1,8 @@
 package zmq
 
+// Tests of joining a job from a launcher's environment alone (Open MPI,
+// MPICH/PMI, Slurm), and of the error when rank 0 never answers.
+
 import (
 	"context"
 	"errors"

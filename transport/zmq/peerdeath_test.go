@@ -1,5 +1,9 @@
 package zmq
 
+// Tests of peer death with a rank in a child process: a killed rank fails
+// its peers' receives quickly, a stopped one is not taken for dead, and a
+// dead rank's address is not dialed again.
+
 import (
 	"bufio"
 	"context"

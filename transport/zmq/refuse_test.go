@@ -1,5 +1,8 @@
 package zmq
 
+// Tests of refused calls on both transports: a refusal fails the peer's
+// call of that number, and ranks that refuse the same calls stay in step.
+
 import (
 	"context"
 	"errors"

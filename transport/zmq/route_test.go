@@ -1,5 +1,8 @@
 package zmq
 
+// Tests of the address a rank advertises: a configured one is kept, the
+// routed one is used otherwise, and an unreachable peer address is named.
+
 import (
 	"context"
 	"errors"

@@ -1,5 +1,9 @@
 package zmq
 
+// Tests of the ZeroMQ transport over loopback: exchange order, tags, large
+// messages, timeouts, aborts, dead peers, strangers' frames, the unique-id
+// rendezvous, and sends racing an abort or a close.
+
 import (
 	"bytes"
 	"context"

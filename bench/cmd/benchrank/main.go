@@ -1,3 +1,5 @@
+package main
+
 // Command benchrank is one rank of the benchmark: it joins a job launched
 // torchrun-style (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) over the
 // ZeroMQ transport, runs the chosen algorithms on the same gradient workload
@@ -36,7 +38,6 @@
 // and rank 0 takes the exact top-k of that sum, ÷P, as the reference for
 // the algorithm's averaged output: ‖out − ref‖₂ / ‖ref‖₂. Dense algorithms
 // are compared with the exact (k = n) sum.
-package main
 
 import (
 	"context"

@@ -1,5 +1,9 @@
 package main
 
+// Tests of the cross-rank timing summary: a call timed from the first
+// rank's start to the last rank's end, exact gathers of every bit, and a
+// call's timing round-tripping through words.
+
 import (
 	"context"
 	"errors"

@@ -1,9 +1,9 @@
+package main
+
 // What a row reports and how it is measured: each call's timing on every
 // rank, summarized into the call's time and phases; the relative error to
 // the exact top-k; the gathers that bring every rank's numbers to rank 0;
 // peak RSS; and the statistics over the timed calls.
-
-package main
 
 import (
 	"bufio"

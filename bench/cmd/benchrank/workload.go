@@ -1,7 +1,7 @@
+package main
+
 // The benchmark's gradient workload (described in main.go) and the cost
 // model's word counts a row reports beside the measured ones.
-
-package main
 
 import (
 	"math"

@@ -1,3 +1,5 @@
+package main
+
 // Command busbw runs as one rank of a torchrun-style job (RANK, WORLD_SIZE,
 // MASTER_ADDR, MASTER_PORT) and measures the dense ring allreduce's bus
 // bandwidth through oktopk's transport, beside the same ring schedule moved
@@ -11,7 +13,6 @@
 //
 // where busbw is bytes·2(P−1)/P per second, the NCCL-tests convention, so
 // it reads the same for every P.
-package main
 
 import (
 	"context"

@@ -1,5 +1,9 @@
 package main
 
+// Tests of the chaos command's parts: the fault plan, error classification,
+// the reference and state hash that calls are checked against, the judge,
+// the flooder's ZMTP greeting, and half-precision calls like the C ABI's.
+
 import (
 	"bufio"
 	"errors"

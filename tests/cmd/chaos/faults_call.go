@@ -1,8 +1,8 @@
+package main
+
 // Faults in one call: a rank that never makes it, a rank whose call differs
 // in one field (a mismatch), a rank that refuses it, and a non-finite
 // gradient on one rank. The checks are the ones faults.go describes.
-
-package main
 
 import (
 	"fmt"

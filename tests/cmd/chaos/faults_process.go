@@ -1,9 +1,9 @@
+package main
+
 // Faults in a rank's process or links: a signal (SIGKILL, SIGSTOP) during a
 // batch of calls, a link that goes down or slows down, and the follow-up
 // call that must notice a fault a batch ended before. The checks are the
 // ones faults.go describes.
-
-package main
 
 import (
 	"fmt"

@@ -1,9 +1,9 @@
+package main
+
 // Faults from outside the job: a stranger flooding a rank's inbox or the
 // rendezvous port while the job calls (the flood subcommand in flood.go does
 // the sending), and a rank that never joins or joins with another token.
 // The checks are the ones faults.go describes.
-
-package main
 
 import (
 	"encoding/json"

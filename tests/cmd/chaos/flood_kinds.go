@@ -1,7 +1,7 @@
+package main
+
 // The flooder's kinds of attack (listed in flood.go), each sending until
 // the flood's time is up and counting what got through.
-
-package main
 
 import (
 	"crypto/rand"

@@ -1,8 +1,8 @@
+package main
+
 // One rank's process as the harness holds it: its commands on standard
 // input, its events from standard output, its standard error and exit,
 // and the signals a fault sends it.
-
-package main
 
 import (
 	"bytes"

@@ -1,3 +1,5 @@
+package main
+
 // Command chaos is oktopk's fault campaign: a seeded run of real rank
 // processes (in network namespaces when it can make them) into which it
 // injects hundreds of faults — killed, stopped and missing ranks, links
@@ -16,7 +18,6 @@
 //
 // The same binary is the campaign's rank program (`chaos rank`, see
 // rank.go) and its attacker (`chaos flood`, see flood.go).
-package main
 
 import (
 	"flag"

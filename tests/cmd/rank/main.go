@@ -1,3 +1,5 @@
+package main
+
 // Command rank runs as one rank of a job launched torchrun-style (RANK,
 // WORLD_SIZE, MASTER_ADDR, MASTER_PORT in the environment): it joins over
 // ZeroMQ TCP, runs every registered algorithm on integer-valued data whose
@@ -14,7 +16,6 @@
 // the three caller dtypes, re-measurements of the link in between), and
 // prints each call's algorithm and output hash, which must be the same on
 // every rank.
-package main
 
 import (
 	"context"
