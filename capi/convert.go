@@ -15,6 +15,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/oktopk/oktopk/binding"
 	"github.com/oktopk/oktopk/core"
 	"github.com/oktopk/oktopk/transport"
 )
@@ -252,55 +253,23 @@ func checkBuffer(data unsafe.Pointer, count C.size_t, dtype C.oktopk_dtype_t) er
 	return invalidArgument("unknown dtype %d", int(dtype))
 }
 
-// withFloat32 runs f on the caller's buffer as float32: in place for
-// float32, through the communicator's scratch for half precision (widened
-// before, narrowed with round-to-nearest-even after, only when f succeeds so
-// that a failed call leaves the caller's buffer as it was).
-func (c *communicator) withFloat32(data unsafe.Pointer, count int, dtype C.oktopk_dtype_t, f func([]float32) (core.Stats, error)) (core.Stats, error) {
-	if dtype == C.OKTOPK_FLOAT32 {
-		return f(unsafe.Slice((*float32)(data), count))
-	}
-	if cap(c.scratch) < count {
-		c.scratch = make([]float32, count)
-	}
-	wide := c.scratch[:count]
-	half := unsafe.Slice((*uint16)(data), count)
-	if dtype == C.OKTOPK_FLOAT16 {
-		core.Float16ToFloat32(wide, half)
-	} else {
-		core.BFloat16ToFloat32(wide, half)
-	}
-	st, err := f(wide)
-	if err != nil {
-		return st, err
-	}
-	if dtype == C.OKTOPK_FLOAT16 {
-		core.Float32ToFloat16(half, wide)
-	} else {
-		core.Float32ToBFloat16(half, wide)
-	}
-	return st, nil
-}
-
-// denseOp and sparseOp build the operations the worker runs.
-// callerDtype tells core the caller's element type, which every frame of
-// the call carries, so ranks that pass different dtypes fail with mismatch.
-func callerDtype(ctx context.Context, dtype C.oktopk_dtype_t) context.Context {
+// buffer is the caller's buffer as package binding takes it (checkBuffer
+// has refused a bad pointer, count or dtype).
+func buffer(data unsafe.Pointer, count int, dtype C.oktopk_dtype_t) binding.Buffer {
 	switch dtype {
 	case C.OKTOPK_FLOAT16:
-		return core.WithCallerDtype(ctx, transport.DtypeFloat16)
+		return binding.Buffer{Dtype: transport.DtypeFloat16, Half: unsafe.Slice((*uint16)(data), count)}
 	case C.OKTOPK_BFLOAT16:
-		return core.WithCallerDtype(ctx, transport.DtypeBFloat16)
+		return binding.Buffer{Dtype: transport.DtypeBFloat16, Half: unsafe.Slice((*uint16)(data), count)}
 	}
-	return core.WithCallerDtype(ctx, transport.DtypeFloat32)
+	return binding.Float32(unsafe.Slice((*float32)(data), count))
 }
 
+// denseOp and sparseOp build the operations the worker runs, on the
+// caller's buffer through the communicator's widener.
 func denseOp(c *communicator, data unsafe.Pointer, count int, dtype C.oktopk_dtype_t, average bool, alg core.Algorithm) operation {
 	return func(ctx context.Context, cc *core.Communicator) (core.Stats, error) {
-		ctx = callerDtype(ctx, dtype)
-		return c.withFloat32(data, count, dtype, func(x []float32) (core.Stats, error) {
-			return cc.Allreduce(ctx, x, average, alg)
-		})
+		return c.widener.Allreduce(ctx, cc, buffer(data, count, dtype), average, alg)
 	}
 }
 
@@ -311,10 +280,7 @@ func sparseOp(c *communicator, id uint64, data unsafe.Pointer, count int, dtype 
 // sparseOpWith is sparseOp with this call's settings and options.
 func sparseOpWith(c *communicator, id uint64, data unsafe.Pointer, count int, dtype C.oktopk_dtype_t, cfg core.Config, opts core.CallOptions) operation {
 	return func(ctx context.Context, cc *core.Communicator) (core.Stats, error) {
-		ctx = callerDtype(ctx, dtype)
-		return c.withFloat32(data, count, dtype, func(x []float32) (core.Stats, error) {
-			return cc.SparseAllreduceWith(ctx, id, x, cfg, opts)
-		})
+		return c.widener.SparseAllreduce(ctx, cc, id, buffer(data, count, dtype), cfg, opts)
 	}
 }
 

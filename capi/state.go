@@ -125,7 +125,7 @@ func go_oktopk_tensor_residual_fold(comm C.oktopk_comm_t, tensorID C.uint64_t, d
 			return err
 		}
 		_, err = c.do(true, func(_ context.Context, cc *core.Communicator) (core.Stats, error) {
-			return c.withFloat32(data, int(count), dtype, func(x []float32) (core.Stats, error) {
+			return c.widener.Run(buffer(data, int(count), dtype), func(x []float32) (core.Stats, error) {
 				return core.Stats{}, cc.FoldResidual(uint64(tensorID), x, spans, valueTypeOf(dtype))
 			})
 		})

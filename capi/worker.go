@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/oktopk/oktopk/binding"
 	"github.com/oktopk/oktopk/core"
 	"github.com/oktopk/oktopk/transport"
 	"github.com/oktopk/oktopk/transport/zmq"
@@ -62,9 +63,10 @@ type communicator struct {
 
 	lastError lastError
 
-	// scratch is the float32 copy of a half-precision buffer; only the
-	// worker touches it, so one per communicator is enough.
-	scratch []float32
+	// widener runs calls on the caller's buffers, keeping the float32 copy
+	// of a half-precision one; only the worker uses it, so one per
+	// communicator is enough.
+	widener binding.Widener
 }
 
 func newCommunicator(rank, size int, s settings, net *zmq.Transport, store io.Closer) *communicator {

@@ -280,7 +280,7 @@ func (c *Communicator) autoSparseAllreduce(ctx context.Context, seq, id uint64, 
 	}
 	var sums *xiSums
 	if opts.MeasureXi {
-		if sums, seq, err = c.measureXiSums(ctx, seq, id, st, grad); err != nil {
+		if sums, seq, err = c.measureXiSums(ctx, seq, id, st, grad, opts.Dtype); err != nil {
 			undo()
 			return stats, c.end(err)
 		}
@@ -290,12 +290,12 @@ func (c *Communicator) autoSparseAllreduce(ctx context.Context, seq, id uint64, 
 		ch = choice{alg: ch.next, predicted: ch.nextPredicted, next: ch.alg, nextPredicted: ch.predicted}
 	}
 	if ch.alg.Dense() {
-		err = c.autoDense(ctx, seq, id, st, grad, ch.alg, &stats)
+		err = c.autoDense(ctx, seq, id, st, grad, ch.alg, opts.Dtype, &stats)
 		if err != nil {
 			undo()
 		}
 	} else {
-		err = c.sparseCall(ctx, seq, id, st, undo, grad, ch.alg, opts.Hold, &stats)
+		err = c.sparseCall(ctx, seq, id, st, undo, grad, ch.alg, opts, &stats)
 	}
 	if err == nil && sums != nil {
 		sums.report(&stats, grad, c.Size())
@@ -311,11 +311,11 @@ func (c *Communicator) autoSparseAllreduce(ctx context.Context, seq, id uint64, 
 // state as they were: grad is copied first into the communicator's scratch
 // (one array for every tensor, where a per-tensor accumulator would double
 // the memory of tensors that Auto keeps dense).
-func (c *Communicator) autoDense(ctx context.Context, seq, id uint64, st *TensorState, grad []float32, alg Algorithm, stats *Stats) error {
+func (c *Communicator) autoDense(ctx context.Context, seq, id uint64, st *TensorState, grad []float32, alg Algorithm, dtype transport.Dtype, stats *Stats) error {
 	n, p := len(grad), c.Size()
 	start := time.Now()
 	stats.Algorithm, stats.K = alg, n
-	desc := DescribeCall(ctx, id, n, n)
+	desc := DescribeCall(dtype, id, n, n)
 	desc.Completed = uint32(st.Iter)
 	call := NewCall(c.T, alg.Op(), seq, stats, WithDesc(desc))
 	// The copy and the accumulate pass are the select phase, as in the

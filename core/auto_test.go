@@ -86,8 +86,7 @@ func TestAutoChoosesTheSameAlgorithmOnEveryRank(t *testing.T) {
 						grad[j] = float32(own.NormFloat64())
 					}
 					cfg := Config{Algorithm: Auto, Density: densities[shared.IntN(len(densities))], Tau: 4, TauPrime: 8}
-					dctx := WithCallerDtype(ctx, dtypes[shared.IntN(len(dtypes))])
-					st, err := c.SparseAllreduce(dctx, uint64(tensor), grad, cfg)
+					st, err := c.SparseAllreduceWith(ctx, uint64(tensor), grad, cfg, CallOptions{Dtype: dtypes[shared.IntN(len(dtypes))]})
 					if err != nil {
 						return fmt.Errorf("call %d: %w", i, err)
 					}

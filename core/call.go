@@ -91,23 +91,13 @@ type CallOption func(*Call)
 func WithDesc(d transport.CallDesc) CallOption { return func(c *Call) { c.Desc = d } }
 
 // DescribeCall is the descriptor of a call on tensor (0 if none) of n
-// elements selecting k, with the caller's buffer dtype from ctx
-// (WithCallerDtype; float32 when unset).
-func DescribeCall(ctx context.Context, tensor uint64, n, k int) transport.CallDesc {
-	dt, ok := ctx.Value(callerDtypeKey{}).(transport.Dtype)
-	if !ok {
-		dt = transport.DtypeFloat32
+// elements selecting k, from a caller whose buffer holds dtype (a
+// CallOptions.Dtype: its zero value stands for float32).
+func DescribeCall(dtype transport.Dtype, tensor uint64, n, k int) transport.CallDesc {
+	if dtype == 0 {
+		dtype = transport.DtypeFloat32
 	}
-	return transport.CallDesc{Tensor: tensor, N: uint64(n), K: uint64(k), Dtype: dt}
-}
-
-type callerDtypeKey struct{}
-
-// WithCallerDtype records the element type of the caller's buffer (the C ABI
-// converts float16 and bfloat16 to float32 before a call), so that ranks
-// passing different dtypes are caught as a mismatch.
-func WithCallerDtype(ctx context.Context, dt transport.Dtype) context.Context {
-	return context.WithValue(ctx, callerDtypeKey{}, dt)
+	return transport.CallDesc{Tensor: tensor, N: uint64(n), K: uint64(k), Dtype: dtype}
 }
 
 func (c *Call) Rank() int { return c.T.Rank() }

@@ -120,6 +120,12 @@ func (c *Communicator) Refuse(ctx context.Context, err error) error {
 // Allreduce sums (or averages) data over every rank with a dense algorithm.
 // A failed call leaves data as it was, so nothing of the caller's is lost.
 func (c *Communicator) Allreduce(ctx context.Context, data []float32, average bool, alg Algorithm) (Stats, error) {
+	return c.AllreduceWith(ctx, data, average, alg, CallOptions{})
+}
+
+// AllreduceWith is Allreduce with the call's options; a dense call reads
+// only Dtype (what the caller's buffer held before it was widened).
+func (c *Communicator) AllreduceWith(ctx context.Context, data []float32, average bool, alg Algorithm, opts CallOptions) (Stats, error) {
 	seq, err := c.begin()
 	if err != nil {
 		return Stats{}, err
@@ -134,16 +140,16 @@ func (c *Communicator) Allreduce(ctx context.Context, data []float32, average bo
 		}
 		seq, alg = next, ch.alg
 	}
-	return c.allreduce(ctx, seq, 0, data, average, alg)
+	return c.allreduce(ctx, seq, 0, data, average, alg, opts.Dtype)
 }
 
 // allreduce runs call seq, taken by begin, as a dense allreduce of data;
 // tensor (0 if none) goes into the call's descriptor.
-func (c *Communicator) allreduce(ctx context.Context, seq, tensor uint64, data []float32, average bool, alg Algorithm) (Stats, error) {
+func (c *Communicator) allreduce(ctx context.Context, seq, tensor uint64, data []float32, average bool, alg Algorithm, dtype transport.Dtype) (Stats, error) {
 	st := Stats{Algorithm: alg, Predicted: c.predicted(alg, len(data), DefaultConfig())}
 	f := algorithms[alg].dense
 	start := time.Now()
-	call := NewCall(c.T, alg.Op(), seq, &st, WithDesc(DescribeCall(ctx, tensor, len(data), len(data))))
+	call := NewCall(c.T, alg.Op(), seq, &st, WithDesc(DescribeCall(dtype, tensor, len(data), len(data))))
 	// Rabenseifner reduces in place, so a failure midway would leave partial
 	// sums; one copy (kept for the next call) puts the input back. The ring
 	// writes data only once every message has arrived.
@@ -256,6 +262,11 @@ type CallOptions struct {
 	// SparseOnly makes Auto choose among the sparse algorithms only, for a
 	// caller that weighs sparse against a dense allreduce of its own.
 	SparseOnly bool
+	// Dtype is the element type of the caller's buffer (a binding widens
+	// float16 and bfloat16 to float32 before the call); every frame carries
+	// it, so ranks passing different dtypes fail with ErrMismatch. The zero
+	// value stands for float32.
+	Dtype transport.Dtype
 }
 
 // SparseAllreduceWith is SparseAllreduce with the call's extras: held
@@ -281,7 +292,7 @@ func (c *Communicator) SparseAllreduceWith(ctx context.Context, id uint64, grad 
 	if cfg.Algorithm.Dense() {
 		// A dense algorithm keeps no residual and selects nothing: there is
 		// no selection error to measure, so MeasureXi is ignored.
-		return c.allreduce(ctx, seq, id, grad, true, cfg.Algorithm)
+		return c.allreduce(ctx, seq, id, grad, true, cfg.Algorithm, opts.Dtype)
 	}
 	if cfg.Algorithm.row().sparse == nil {
 		return stats, c.refuse(ctx, seq, fmt.Errorf("%w: %v is not built into this library", ErrInvalidArgument, cfg.Algorithm))
@@ -292,13 +303,13 @@ func (c *Communicator) SparseAllreduceWith(ctx context.Context, id uint64, grad 
 	}
 	var sums *xiSums
 	if opts.MeasureXi {
-		if sums, seq, err = c.measureXiSums(ctx, seq, id, st, grad); err != nil {
+		if sums, seq, err = c.measureXiSums(ctx, seq, id, st, grad, opts.Dtype); err != nil {
 			undo()
 			return stats, c.end(err)
 		}
 	}
 	stats.Predicted = c.predicted(cfg.Algorithm, len(grad), cfg)
-	err = c.sparseCall(ctx, seq, id, st, undo, grad, cfg.Algorithm, opts.Hold, &stats)
+	err = c.sparseCall(ctx, seq, id, st, undo, grad, cfg.Algorithm, opts, &stats)
 	if err == nil && sums != nil {
 		sums.report(&stats, grad, c.Size())
 	}
@@ -330,17 +341,17 @@ func (c *Communicator) callState(id uint64, n int, cfg Config) (*TensorState, fu
 }
 
 // sparseCall runs call seq on tensor id, whose state is st, with the sparse
-// algorithm alg and this rank's held ranges; a failure undoes what the call
-// did to the states.
-func (c *Communicator) sparseCall(ctx context.Context, seq, id uint64, st *TensorState, undo func(), grad []float32, alg Algorithm, hold []Span, stats *Stats) error {
+// algorithm alg and the call's options (this rank's held ranges, the
+// caller's dtype); a failure undoes what the call did to the states.
+func (c *Communicator) sparseCall(ctx context.Context, seq, id uint64, st *TensorState, undo func(), grad []float32, alg Algorithm, opts CallOptions, stats *Stats) error {
 	start := time.Now()
 	stats.Algorithm = alg
 	stats.K = st.Config.K(len(grad))
-	desc := DescribeCall(ctx, id, len(grad), stats.K)
+	desc := DescribeCall(opts.Dtype, id, len(grad), stats.K)
 	desc.Completed = uint32(st.Iter)
 	desc.Exact = alg == OkTopk && st.okTopkExact(stats.K, len(grad))
 	call := NewCall(c.T, alg.Op(), seq, stats, WithDesc(desc), withScratch(&c.scratch))
-	call.Values, call.Hold = st.Config.Values, hold
+	call.Values, call.Hold = st.Config.Values, opts.Hold
 	err := algorithms[alg].sparse(ctx, call, st, grad)
 	call.EndPhases()
 	if err != nil {

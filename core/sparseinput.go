@@ -54,8 +54,8 @@ func (c *Communicator) SparseAllreduceSparse(ctx context.Context, n int, in Spar
 	start := time.Now()
 	stats.Algorithm = alg
 	stats.K = cfg.K(n)
-	call := NewCall(c.T, alg.Op(), seq, &stats, WithDesc(DescribeCall(ctx, 0, n, stats.K)))
-	call.Phase(PhaseAgree) // the input's checks and the agreement on them
+	call := NewCall(c.T, alg.Op(), seq, &stats, WithDesc(DescribeCall(0, 0, n, stats.K))) // float32 values in, float32 out
+	call.Phase(PhaseAgree)                                                                // the input's checks and the agreement on them
 	invalid := checkSparse(in, n)
 	nonFinite := 0
 	if invalid == nil {

@@ -47,12 +47,12 @@ type xiSums struct {
 
 // measureXiSums is step 1 as call seq (taken by begin); it returns the sums
 // and the sequence number the call itself then takes.
-func (c *Communicator) measureXiSums(ctx context.Context, seq, id uint64, st *TensorState, grad []float32) (*xiSums, uint64, error) {
+func (c *Communicator) measureXiSums(ctx context.Context, seq, id uint64, st *TensorState, grad []float32, dtype transport.Dtype) (*xiSums, uint64, error) {
 	n := len(grad)
 	buf := make([]float32, 2*n)
 	copy(buf[:n], grad)
 	Accumulate(buf[n:], grad, st.Residual)
-	desc := DescribeCall(ctx, id, 2*n, 2*n)
+	desc := DescribeCall(dtype, id, 2*n, 2*n)
 	desc.Completed = uint32(st.Iter)
 	var traffic Stats
 	call := NewCall(c.T, transport.OpXiSums, seq, &traffic, WithDesc(desc))

@@ -62,28 +62,24 @@ func eachRank(p int, f func(r int) error) ([]error, []time.Duration) {
 type mismatchCase struct {
 	field  string
 	values [2]string // what ranks 0–1 and rank 2 have, as the error prints them
-	alter  func(ctx context.Context, id *uint64, n *int, cfg *core.Config) context.Context
+	alter  func(id *uint64, n *int, cfg *core.Config, opts *core.CallOptions)
 }
 
 var mismatchCases = []mismatchCase{
-	{"algorithm", [2]string{"oktopk", "topka"}, func(ctx context.Context, _ *uint64, _ *int, cfg *core.Config) context.Context {
+	{"algorithm", [2]string{"oktopk", "topka"}, func(_ *uint64, _ *int, cfg *core.Config, opts *core.CallOptions) {
 		cfg.Algorithm = core.TopkA
-		return ctx
 	}},
-	{"tensor", [2]string{"7", "8"}, func(ctx context.Context, id *uint64, _ *int, _ *core.Config) context.Context {
+	{"tensor", [2]string{"7", "8"}, func(id *uint64, _ *int, _ *core.Config, opts *core.CallOptions) {
 		*id = 8
-		return ctx
 	}},
-	{"n", [2]string{"1000", "1001"}, func(ctx context.Context, _ *uint64, n *int, _ *core.Config) context.Context {
+	{"n", [2]string{"1000", "1001"}, func(_ *uint64, n *int, _ *core.Config, opts *core.CallOptions) {
 		*n = 1001
-		return ctx
 	}},
-	{"dtype", [2]string{"float32", "float16"}, func(ctx context.Context, _ *uint64, _ *int, _ *core.Config) context.Context {
-		return core.WithCallerDtype(ctx, transport.DtypeFloat16)
+	{"dtype", [2]string{"float32", "float16"}, func(_ *uint64, _ *int, _ *core.Config, opts *core.CallOptions) {
+		opts.Dtype = transport.DtypeFloat16
 	}},
-	{"k", [2]string{"10", "20"}, func(ctx context.Context, _ *uint64, _ *int, cfg *core.Config) context.Context {
+	{"k", [2]string{"10", "20"}, func(_ *uint64, _ *int, cfg *core.Config, opts *core.CallOptions) {
 		cfg.Density = 0.02
-		return ctx
 	}},
 }
 
@@ -121,14 +117,15 @@ func TestMismatchedCallsFailWithMismatchOnEveryRank(t *testing.T) {
 						if _, err := comms[r].SparseAllreduce(ctx, 6, make([]float32, n), cfg); err != nil {
 							return fmt.Errorf("agreed call: %w", err)
 						}
+						var opts core.CallOptions
 						if r == 2 {
-							ctx = mc.alter(ctx, &id, &n, &cfg)
+							mc.alter(&id, &n, &cfg, &opts)
 						}
 						g := make([]float32, n)
 						for i := range g {
 							g[i] = float32(i%13) - 6
 						}
-						if _, err := comms[r].SparseAllreduce(ctx, id, g, cfg); err == nil {
+						if _, err := comms[r].SparseAllreduceWith(ctx, id, g, cfg, opts); err == nil {
 							return errors.New("mismatched call returned data")
 						} else if !errors.Is(err, transport.ErrMismatch) {
 							return fmt.Errorf("want ErrMismatch, got %w", err)

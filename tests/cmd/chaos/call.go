@@ -18,6 +18,7 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"github.com/oktopk/oktopk/binding"
 	"github.com/oktopk/oktopk/core"
 	"github.com/oktopk/oktopk/transport"
 )
@@ -160,10 +161,10 @@ func stateHash(comm *core.Communicator, id uint64, n int) string {
 	return hashBytes(b)
 }
 
-// runCall issues s on comm as rank would through the C ABI: a half-precision
-// buffer is widened into float32, reduced, and narrowed back only when the
-// call succeeds, with the caller's dtype recorded so that ranks passing
-// different dtypes are caught.
+// runCall issues s on comm as rank would through the C ABI, through package
+// binding: a half-precision buffer is widened into float32, reduced, and
+// narrowed back only when the call succeeds, with the caller's dtype in the
+// call's options so that ranks passing different dtypes are caught.
 func runCall(comm *core.Communicator, rank int, s CallSpec) Outcome {
 	o := Outcome{Index: s.Index}
 	fail := func(class string, err error) Outcome {
@@ -186,26 +187,14 @@ func runCall(comm *core.Communicator, rank int, s CallSpec) Outcome {
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(s.TimeoutMs)*time.Millisecond)
 	defer cancel()
-	ctx = core.WithCallerDtype(ctx, buf.dtype)
-	data := buf.f32
+	in := binding.Float32(buf.f32)
 	if buf.dtype != transport.DtypeFloat32 {
-		data = make([]float32, len(buf.half))
-		if buf.dtype == transport.DtypeFloat16 {
-			core.Float16ToFloat32(data, buf.half)
-		} else {
-			core.BFloat16ToFloat32(data, buf.half)
-		}
+		in = binding.Buffer{Dtype: buf.dtype, Half: buf.half}
 	}
 	o.StartNs = time.Now().UnixNano()
-	_, err = comm.SparseAllreduce(ctx, s.Tensor, data, cfg)
+	_, err = new(binding.Widener).SparseAllreduce(ctx, comm, s.Tensor, in, cfg, core.CallOptions{})
 	o.EndNs = time.Now().UnixNano()
 	if err == nil {
-		switch buf.dtype {
-		case transport.DtypeFloat16:
-			core.Float32ToFloat16(buf.half, data)
-		case transport.DtypeBFloat16:
-			core.Float32ToBFloat16(buf.half, data)
-		}
 		o.OK = true
 		o.Out = hashBytes(buf.bytes())
 		o.State = stateHash(comm, s.Tensor, s.N)

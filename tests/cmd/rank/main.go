@@ -26,6 +26,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/oktopk/oktopk/binding"
 	"github.com/oktopk/oktopk/core"
 	"github.com/oktopk/oktopk/transport"
 	"github.com/oktopk/oktopk/transport/zmq"
@@ -183,6 +184,7 @@ func runAuto(calls int, timeout time.Duration) error {
 	shared := rand.New(rand.NewPCG(7, 7)) // the same on every rank
 	own := rand.New(rand.NewPCG(7, uint64(comm.Rank())+1))
 	half := make([]uint16, sizes[len(sizes)-1])
+	var widener binding.Widener
 	for i := 0; i < calls; i++ {
 		if i%10 == 0 {
 			start := time.Now()
@@ -199,17 +201,25 @@ func runAuto(calls int, timeout time.Duration) error {
 		for j := range grad {
 			grad[j] = float32(own.NormFloat64())
 		}
-		// What the C ABI does with a half-precision buffer: values of that
-		// precision, reduced as float32.
+		// A half-precision buffer goes through package binding, as the C
+		// ABI's do: widened, reduced as float32, narrowed back; its result is
+		// hashed widened again.
+		buf := binding.Float32(grad)
 		switch dt {
 		case transport.DtypeFloat16:
 			core.Float32ToFloat16(half[:n], grad)
-			core.Float16ToFloat32(grad, half[:n])
+			buf = binding.Buffer{Dtype: dt, Half: half[:n]}
 		case transport.DtypeBFloat16:
 			core.Float32ToBFloat16(half[:n], grad)
+			buf = binding.Buffer{Dtype: dt, Half: half[:n]}
+		}
+		st, err := widener.SparseAllreduce(ctx, comm, uint64(tensor), buf, cfg, core.CallOptions{})
+		switch dt {
+		case transport.DtypeFloat16:
+			core.Float16ToFloat32(grad, half[:n])
+		case transport.DtypeBFloat16:
 			core.BFloat16ToFloat32(grad, half[:n])
 		}
-		st, err := comm.SparseAllreduce(core.WithCallerDtype(ctx, dt), uint64(tensor), grad, cfg)
 		if err != nil {
 			return fmt.Errorf("auto call %d (n=%d, density %g, %v): %w", i, n, cfg.Density, dt, err)
 		}
