@@ -200,7 +200,7 @@ func go_oktopk_test(request C.oktopk_request_t) C.oktopk_result_t {
 			return err
 		}
 		select {
-		case <-r.done:
+		case <-r.Done():
 			return nil
 		default:
 			return errInProgress
@@ -218,12 +218,12 @@ func go_oktopk_wait(request C.oktopk_request_t, stats *C.oktopk_stats_t) C.oktop
 		if err := checkStats(stats); err != nil {
 			return err
 		}
-		<-r.done
-		if r.err != nil {
-			record(r.comm.handle, r.err)
-			return r.err
+		<-r.Done()
+		if r.Err != nil {
+			record(r.comm.handle, r.Err)
+			return r.Err
 		}
-		return writeStats(stats, r.stats)
+		return writeStats(stats, r.Stats)
 	})
 }
 
@@ -234,7 +234,7 @@ func go_oktopk_request_free(request C.oktopk_request_t) C.oktopk_result_t {
 		if err != nil {
 			return err
 		}
-		<-r.done
+		<-r.Done()
 		return nil
 	})
 }

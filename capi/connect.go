@@ -76,7 +76,7 @@ func initFromUniqueID(text string, rank, size int, s settings) (*communicator, e
 		return nil, err
 	}
 	c := newCommunicator(rank, size, s, net, storeCloser(server))
-	c.connected()
+	c.Connected()
 	return c, nil
 }
 
@@ -88,7 +88,7 @@ func initFromEnv(s settings) (*communicator, error) {
 		return nil, err
 	}
 	c := newCommunicator(net.Rank(), net.Size(), s, net, nil)
-	c.connected()
+	c.Connected()
 	return c, nil
 }
 
@@ -106,19 +106,17 @@ func (c *communicator) connect(endpoints []string) error {
 	if c.isConnected() {
 		return invalidUsage("communicator is already connected")
 	}
-	ctx, cancel := c.callContext()
+	ctx, cancel := c.CallContext()
 	defer cancel()
-	if err := c.net.Connect(ctx, endpoints); err != nil {
+	if err := c.Net.Connect(ctx, endpoints); err != nil {
 		return err
 	}
-	c.connected()
+	c.Connected()
 	return nil
 }
 
 func (c *communicator) isConnected() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.comm != nil
+	return c.IsConnected()
 }
 
 func storeCloser(s *transport.StoreServer) interface{ Close() error } {

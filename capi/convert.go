@@ -269,7 +269,7 @@ func buffer(data unsafe.Pointer, count int, dtype C.oktopk_dtype_t) binding.Buff
 // caller's buffer through the communicator's widener.
 func denseOp(c *communicator, data unsafe.Pointer, count int, dtype C.oktopk_dtype_t, average bool, alg core.Algorithm) operation {
 	return func(ctx context.Context, cc *core.Communicator) (core.Stats, error) {
-		return c.widener.Allreduce(ctx, cc, buffer(data, count, dtype), average, alg)
+		return c.Widener.Allreduce(ctx, cc, buffer(data, count, dtype), average, alg)
 	}
 }
 
@@ -280,7 +280,7 @@ func sparseOp(c *communicator, id uint64, data unsafe.Pointer, count int, dtype 
 // sparseOpWith is sparseOp with this call's settings and options.
 func sparseOpWith(c *communicator, id uint64, data unsafe.Pointer, count int, dtype C.oktopk_dtype_t, cfg core.Config, opts core.CallOptions) operation {
 	return func(ctx context.Context, cc *core.Communicator) (core.Stats, error) {
-		return c.widener.SparseAllreduce(ctx, cc, id, buffer(data, count, dtype), cfg, opts)
+		return c.Widener.SparseAllreduce(ctx, cc, id, buffer(data, count, dtype), cfg, opts)
 	}
 }
 

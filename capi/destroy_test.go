@@ -10,13 +10,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/oktopk/oktopk/binding"
 	"github.com/oktopk/oktopk/core"
 	"github.com/oktopk/oktopk/transport"
 	"github.com/oktopk/oktopk/transport/zmq"
 )
 
 // destroySlack is what a loaded machine (tests share two cores) may add to
-// destroyBound.
+// binding.DestroyBound.
 const destroySlack = 250 * time.Millisecond
 
 // twoCommunicators connects two ranks of one job inside this process, each
@@ -51,7 +52,7 @@ func twoCommunicators(t *testing.T) [2]*communicator {
 		if err != nil {
 			t.Fatalf("rank %d: %v", r, err)
 		}
-		cs[r].connected()
+		cs[r].Connected()
 	}
 	return cs
 }
@@ -62,7 +63,7 @@ func twoCommunicators(t *testing.T) [2]*communicator {
 // an error of its own later.
 func TestDestroyReturnsWithinItsBoundWhileACallIsStillComputing(t *testing.T) {
 	cs := twoCommunicators(t)
-	defer cs[1].destroy()
+	defer cs[1].Destroy()
 	running, release := make(chan struct{}), make(chan struct{})
 	r, err := cs[0].start(false, func(ctx context.Context, cc *core.Communicator) (core.Stats, error) {
 		close(running)
@@ -74,22 +75,22 @@ func TestDestroyReturnsWithinItsBoundWhileACallIsStillComputing(t *testing.T) {
 	}
 	<-running
 	start := time.Now()
-	if err := cs[0].destroy(); err != nil {
+	if err := cs[0].Destroy(); err != nil {
 		t.Fatalf("destroy: %v", err)
 	}
 	took := time.Since(start)
-	if took > destroyBound+destroySlack {
-		t.Fatalf("destroy with a call still computing took %v, bound %v", took, destroyBound)
+	if took > binding.DestroyBound+destroySlack {
+		t.Fatalf("destroy with a call still computing took %v, bound %v", took, binding.DestroyBound)
 	}
-	t.Logf("destroy with a call still computing took %v (bound %v)", took, destroyBound)
+	t.Logf("destroy with a call still computing took %v (bound %v)", took, binding.DestroyBound)
 	select {
-	case <-r.done:
+	case <-r.Done():
 		t.Fatal("the computing call returned before it was released")
 	default:
 	}
 	close(release)
-	<-r.done
-	if !errors.Is(r.err, context.Canceled) {
-		t.Fatalf("the call ended with %v, want its context cancelled", r.err)
+	<-r.Done()
+	if !errors.Is(r.Err, context.Canceled) {
+		t.Fatalf("the call ended with %v, want its context cancelled", r.Err)
 	}
 }

@@ -16,12 +16,13 @@ import (
 	"sync"
 	"unsafe"
 
+	"github.com/oktopk/oktopk/binding"
 	"github.com/oktopk/oktopk/core"
 	"github.com/oktopk/oktopk/transport"
 )
 
 // resultOf maps an error value to its C result code: core's and transport's
-// sentinels, a panic (abiPanic wraps core.ErrInternal), a context's
+// sentinels, a panic (binding.Panic wraps core.ErrInternal), a context's
 // cancellation or deadline, and anything else from the operating system.
 // It is the only place in Go where a result code is chosen; every export
 // that returns one returns resultOf's. (abi.c answers in C alone for a
@@ -63,13 +64,6 @@ func resultOf(err error) C.oktopk_result_t {
 // errInProgress is oktopk_test's "not yet"; it is not recorded as an error.
 var errInProgress = errors.New("oktopk: request in progress")
 
-// abiPanic is a panic recovered at the ABI boundary (core.PanicError),
-// told apart from the internal errors core returns by itself: it leaves
-// the communicator in an unknown state, so the communicator is broken.
-type abiPanic struct{ error }
-
-func (p abiPanic) Unwrap() error { return p.error }
-
 func invalidArgument(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{core.ErrInvalidArgument}, args...)...)
 }
@@ -105,7 +99,7 @@ var globalLastError lastError
 // message in the global slot and (when comm names a live communicator) the
 // communicator's slot.
 func call(comm int64, body func() error) C.oktopk_result_t {
-	err := protect(body)
+	err := binding.Protect(body)
 	if err != nil && !errors.Is(err, errInProgress) {
 		record(comm, err)
 	}
@@ -129,15 +123,6 @@ func callOn(comm C.oktopk_comm_t, body func(c *communicator) error) C.oktopk_res
 // saying whether it was destroyed or never existed.
 func lookup(comm C.oktopk_comm_t) (*communicator, error) {
 	return comms.get("communicator", int64(comm))
-}
-
-func protect(body func() error) (err error) {
-	defer func() {
-		if p := recover(); p != nil {
-			err = abiPanic{core.PanicError(p)}
-		}
-	}()
-	return body()
 }
 
 func record(comm int64, err error) {

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/oktopk/oktopk/binding"
 	"github.com/oktopk/oktopk/core"
 	"github.com/oktopk/oktopk/transport"
 )
@@ -32,7 +33,7 @@ func TestResultOfMapsEveryErrorValueToItsCode(t *testing.T) {
 	}{
 		{nil, success},
 		{errInProgress, inProgress},
-		{abiPanic{core.PanicError("boom")}, internalError},
+		{panicked(), internalError},
 		{wrap(core.ErrInternal), internalError},
 		{wrap(core.ErrInvalidArgument), invalidArgumentCode},
 		{wrap(core.ErrInvalidUsage), invalidUsageCode},
@@ -58,12 +59,12 @@ func TestResultOfMapsEveryErrorValueToItsCode(t *testing.T) {
 
 // A panic inside an export body becomes an error carrying the panic text.
 func TestProtectTurnsAPanicIntoAnInternalError(t *testing.T) {
-	err := protect(func() error {
+	err := binding.Protect(func() error {
 		var m map[string]int
 		m["x"] = 1
 		return nil
 	})
-	var p abiPanic
+	var p binding.Panic
 	if !errors.As(err, &p) || int(resultOf(err)) != internalError || !strings.Contains(err.Error(), "assignment to entry in nil map") {
 		t.Fatalf("got %v", err)
 	}
@@ -96,3 +97,6 @@ func TestTableTellsDestroyedFromUnknownHandles(t *testing.T) {
 		t.Fatal("handle reused")
 	}
 }
+
+// panicked is the error binding.Protect makes of a panic.
+func panicked() error { return binding.Protect(func() error { panic("boom") }) }

@@ -13,6 +13,7 @@ import (
 	"context"
 	"unsafe"
 
+	"github.com/oktopk/oktopk/binding"
 	"github.com/oktopk/oktopk/core"
 )
 
@@ -118,9 +119,9 @@ func go_oktopk_comm_bind(comm *C.oktopk_comm_t, nranks C.int, rank C.int, token 
 		if err != nil {
 			return err
 		}
-		ep := c.net.Endpoint()
+		ep := c.Net.Endpoint()
 		if uint64(endpointLen) <= uint64(len(ep)) {
-			c.destroy()
+			c.Destroy()
 			return invalidArgument("endpoint needs %d bytes, buffer has %d", len(ep)+1, uint64(endpointLen))
 		}
 		copyMessage(ep, endpoint, endpointLen)
@@ -138,11 +139,11 @@ func go_oktopk_comm_connect(comm C.oktopk_comm_t, endpoints *C.oktopk_const_stri
 		if endpoints == nil {
 			return invalidArgument("endpoints is NULL")
 		}
-		if int(nranks) != c.size {
-			return invalidArgument("%d endpoints for a communicator of %d ranks", int(nranks), c.size)
+		if int(nranks) != c.Size {
+			return invalidArgument("%d endpoints for a communicator of %d ranks", int(nranks), c.Size)
 		}
-		list := unsafe.Slice(endpoints, c.size)
-		eps := make([]string, c.size)
+		list := unsafe.Slice(endpoints, c.Size)
+		eps := make([]string, c.Size)
 		for i, p := range list {
 			if p == nil {
 				return invalidArgument("endpoints[%d] is NULL", i)
@@ -159,7 +160,7 @@ func go_oktopk_comm_rank(comm C.oktopk_comm_t, rank *C.int) C.oktopk_result_t {
 		if rank == nil {
 			return invalidArgument("rank is NULL")
 		}
-		*rank = C.int(c.rank)
+		*rank = C.int(c.Rank)
 		return nil
 	})
 }
@@ -170,7 +171,7 @@ func go_oktopk_comm_size(comm C.oktopk_comm_t, size *C.int) C.oktopk_result_t {
 		if size == nil {
 			return invalidArgument("size is NULL")
 		}
-		*size = C.int(c.size)
+		*size = C.int(c.Size)
 		return nil
 	})
 }
@@ -178,7 +179,7 @@ func go_oktopk_comm_size(comm C.oktopk_comm_t, size *C.int) C.oktopk_result_t {
 //export go_oktopk_comm_abort
 func go_oktopk_comm_abort(comm C.oktopk_comm_t) C.oktopk_result_t {
 	return callOn(comm, func(c *communicator) error {
-		c.abort(errAbortedByCaller)
+		c.Abort(binding.ErrAbortedByCaller)
 		return nil
 	})
 }
@@ -190,8 +191,8 @@ func go_oktopk_comm_dropped(comm C.oktopk_comm_t, count *C.uint64_t) C.oktopk_re
 			return invalidArgument("count is NULL")
 		}
 		var n uint64
-		if c.net != nil {
-			n = c.net.Dropped()
+		if c.Net != nil {
+			n = c.Net.Dropped()
 		}
 		*count = C.uint64_t(n)
 		return nil
@@ -209,7 +210,7 @@ func go_oktopk_comm_destroy(comm C.oktopk_comm_t) C.oktopk_result_t {
 		if err != nil {
 			return err
 		}
-		return c.destroy()
+		return c.Destroy()
 	})
 }
 

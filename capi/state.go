@@ -95,10 +95,10 @@ func (c *communicator) loadState(id uint64, b []byte) error {
 		if err := st.UnmarshalBinary(b); err != nil {
 			return core.Stats{}, invalidArgument("tensor %d: %s", id, withoutSentinel(err, core.ErrInvalidArgument))
 		}
-		if err := st.CheckOwner(c.rank, c.size); err != nil {
+		if err := st.CheckOwner(c.Rank, c.Size); err != nil {
 			return core.Stats{}, invalidArgument("tensor %d: %s", id, withoutSentinel(err, core.ErrInvalidArgument))
 		}
-		st.Rank, st.Size = c.rank, c.size // a version-1 state's next save records them
+		st.Rank, st.Size = c.Rank, c.Size // a version-1 state's next save records them
 		cc.SetTensorState(id, st)
 		return core.Stats{}, nil
 	})
@@ -125,7 +125,7 @@ func go_oktopk_tensor_residual_fold(comm C.oktopk_comm_t, tensorID C.uint64_t, d
 			return err
 		}
 		_, err = c.do(true, func(_ context.Context, cc *core.Communicator) (core.Stats, error) {
-			return c.widener.Run(buffer(data, int(count), dtype), func(x []float32) (core.Stats, error) {
+			return c.Widener.Run(buffer(data, int(count), dtype), func(x []float32) (core.Stats, error) {
 				return core.Stats{}, cc.FoldResidual(uint64(tensorID), x, spans, valueTypeOf(dtype))
 			})
 		})
