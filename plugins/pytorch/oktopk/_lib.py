@@ -226,10 +226,15 @@ def library_version():
 
 
 def result_name(code):
-    """What the library calls a result code (oktopk_get_error_string), or
-    the bare number when the library cannot be loaded."""
+    """What the library calls a result code (oktopk_get_error_string); the
+    bare number before the library is loaded. It never loads the library
+    itself: an error raised while loading it (under the loading lock) is
+    named here too."""
+    loaded = _lib
+    if loaded is None or isinstance(loaded, _ForkedChild):
+        return f"result {code}"
     try:
-        return lib().oktopk_get_error_string(code).decode()
+        return loaded.oktopk_get_error_string(code).decode()
     except Exception:  # noqa: BLE001 - naming an error must not raise another
         return f"result {code}"
 
