@@ -29,7 +29,6 @@ model's sharded state.
 
 import pickle
 
-import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 
