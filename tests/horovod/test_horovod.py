@@ -213,10 +213,17 @@ def test_default_choice_alike_on_every_rank_keeps_mass_and_resumes(tmp_path):
     results = horovodrun(2, "choice", str(tmp_path))
     full = [results[r]["full"] for r in (0, 1)]
     assert full[0]["paths"] == full[1]["paths"] and full[0]["choice"] == full[1]["choice"]
-    paths = [full[0]["paths"][s] for s in range(36)]
-    # Probes (4 native, 4 sparse), sparse chosen at 8 and at 20, native at 32.
-    assert paths == ["native"] * 4 + ["sparse"] * 12 + ["native"] * 4 + ["sparse"] * 8 + ["native"] * 8, paths
-    assert sum(full[0]["counts"].values()) == 20 * 1 and not {"dense_ring", "dense_rabenseifner"} & set(full[0]["counts"])
+    paths = [full[0]["paths"][s] for s in range(44)]
+    # Probes (4 native, 4 sparse), sparse chosen at 8 and at 20, native at
+    # 32, a sparse probe at 40.
+    assert paths == ["native"] * 4 + ["sparse"] * 12 + ["native"] * 4 + ["sparse"] * 8 + ["native"] * 12 + ["sparse"] * 4, paths
+    assert sum(full[0]["counts"].values()) == 24 * 1 and not {"dense_ring", "dense_rabenseifner"} & set(full[0]["counts"])
+    # Once native is chosen (step 32) the idle communicator is released; the
+    # sparse probe at 40 makes a new one; while sparse was chosen, the native
+    # probe (16-19, 28-31) kept it.
+    for r in (0, 1):
+        alive = [full[r]["alive"][s] for s in range(44)]
+        assert alive == [True] * 32 + [False] * 8 + [True] * 4, alive
     # Mass: the local gradients summed over the ranks equal P x the averages
     # applied plus the residuals left, through every switch.
     for i in range(len(full[0]["local"])):
@@ -228,5 +235,5 @@ def test_default_choice_alike_on_every_rank_keeps_mass_and_resumes(tmp_path):
     # same paths and decisions, and the same final model.
     for r in (0, 1):
         resumed = results[r]["resumed"]
-        assert resumed["paths"] == {s: full[r]["paths"][s] for s in range(30, 36)}
+        assert resumed["paths"] == {s: full[r]["paths"][s] for s in range(30, 44)}
         assert resumed["choice"]["decisions"] == full[r]["choice"]["decisions"] and resumed["params"] == full[r]["params"]

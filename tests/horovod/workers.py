@@ -326,8 +326,9 @@ def choice_cost(path, step, rank):
 
 
 def choice(out, ckpt):
-    """Compression.oktopk() with its defaults (recheck_every 8) over 36
-    steps, its clock injected with choice_cost: per step, the path; the sum
+    """Compression.oktopk() with its defaults (recheck_every 8) over 44
+    steps, its clock injected with choice_cost: per step, the path and
+    whether a communicator existed; the sum
     of this rank's local gradients (a twin model without hooks computes
     them), of the averages applied, and the final residuals; then the run
     resumed from a checkpoint saved after step 29, inside a native probe."""
@@ -355,7 +356,7 @@ def choice(out, ckpt):
             opt.load_oktopk_state_dict(saved["oktopk"])
         local = [torch.zeros_like(p, dtype=torch.float64) for p in model.parameters()]
         applied = [torch.zeros_like(p, dtype=torch.float64) for p in model.parameters()]
-        paths = {}
+        paths, alive = {}, {}
         for step in range(first, last):
             g = torch.Generator().manual_seed(1000 * step + hvd.rank())
             x, y = torch.randn(32, 20, generator=g), torch.randint(0, 5, (32,), generator=g)
@@ -364,6 +365,7 @@ def choice(out, ckpt):
             for acc, p in zip(local, twin.parameters()):
                 acc += p.grad
             paths[step] = opt._path
+            alive[step] = opt._reducer.comm is not None
             opt.zero_grad()
             F.cross_entropy(model(x), y).backward()
             clock.now += choice_cost(opt._path, step, hvd.rank())
@@ -383,12 +385,12 @@ def choice(out, ckpt):
             for p in bucket.params:
                 residual[index[id(p)]] += flat[at : at + p.numel()].view_as(p)
                 at += p.numel()
-        result = {"paths": paths, "choice": opt.choice, "local": [t.numpy() for t in local], "applied": [t.numpy() for t in applied],
+        result = {"paths": paths, "alive": alive, "choice": opt.choice, "local": [t.numpy() for t in local], "applied": [t.numpy() for t in applied],
                   "residual": [t.numpy() for t in residual], "counts": dict(opt.algorithm_counts), "params": digest(model)}
         opt.close()
         return result
 
-    return {"full": train(0, 36, save=30), "resumed": train(30, 36)}
+    return {"full": train(0, 44, save=30), "resumed": train(30, 44)}
 
 
 if __name__ == "__main__":

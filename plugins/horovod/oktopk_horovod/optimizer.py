@@ -134,20 +134,10 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
         # in bucket order on every rank, and the calls' statistics.
         adaptive = compressor.adaptive
         self._reducer = Reducer(None if adaptive is None else AdaptiveControl(adaptive, compressor.density, compressor.tau_prime))
-        self._reducer.start(Communicator.from_exchange(
-            hvd.rank(),
-            hvd.size(),
-            lambda token: hvd.broadcast_object(token, root_rank=0, name="oktopk.token"),
-            lambda endpoint: hvd.allgather_object(endpoint, name="oktopk.endpoints"),
-            "auto" if compressor.algorithm is None else compressor.algorithm,  # the measured choice's sparse path
-            compressor.density,
-            compressor.tau,
-            compressor.tau_prime,
-            compressor.timeout,
-            bind_host=_default_bind_host(),
-            value_dtype=compressor.value_dtype,
-            stochastic_rounding=compressor.stochastic_rounding,
-        ))
+        self._reducer.start(self._make_communicator())
+        # Bucket states saved when the measured choice released an idle
+        # communicator, loaded into the next one.
+        self._pending_state = {}
         # With algorithm None, the measured choice between Horovod's own
         # allreduce and the sparse one (oktopk.choice): the path of the step
         # under way, decided where the step before it ended, and the buckets
@@ -294,7 +284,8 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
             try:
                 for bucket in self._buckets:
                     bucket.future.result()
-                if self._reducer.adaptive is not None and self.sparse_step % self._measure_xi_every == 0:
+                if (self._reducer.adaptive is not None and self.sparse_step % self._measure_xi_every == 0
+                        and self._reducer.comm is not None):
                     # Every call of the step is done: the reducer's
                     # communicator is free for the drift's allreduce.
                     self._reducer.adapt(self.sparse_step)
@@ -302,10 +293,50 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
                 if self._choice is not None:
                     # The step just reduced ends here: time it, and choose
                     # the path of the next one (every rank, at the same step).
-                    self._path = self._choice.begin_step(self.sparse_step)
+                    previous, self._path = self._path, self._choice.begin_step(self.sparse_step)
+                    self._follow_path(previous)
             finally:
                 self._reset_step()
         self._synchronized = True
+
+    def _make_communicator(self):
+        """The communicator over every Horovod rank, its endpoints exchanged
+        through Horovod's own collectives (every rank at the same point)."""
+        compressor = self._compressor
+        return Communicator.from_exchange(
+            hvd.rank(),
+            hvd.size(),
+            lambda token: hvd.broadcast_object(token, root_rank=0, name="oktopk.token"),
+            lambda endpoint: hvd.allgather_object(endpoint, name="oktopk.endpoints"),
+            "auto" if compressor.algorithm is None else compressor.algorithm,  # the measured choice's sparse path
+            compressor.density,
+            compressor.tau,
+            compressor.tau_prime,
+            compressor.timeout,
+            bind_host=_default_bind_host(),
+            value_dtype=compressor.value_dtype,
+            stochastic_rounding=compressor.stochastic_rounding,
+        )
+
+    def _follow_path(self, previous):
+        """Between steps, on every rank alike (the path is agreed): once
+        native is chosen and a native step has folded every residual in, save
+        the buckets' states and destroy the idle communicator (its sockets
+        would still wake their threads); before the next sparse step make a
+        new one and load them. The worker thread stays: native buckets run
+        on it too."""
+        reducer = self._reducer
+        if (reducer.comm is not None and previous == NATIVE and self._path == NATIVE and self._choice.chosen == NATIVE
+                and not self._residual_ids):
+            reducer.drain()
+            self._pending_state = {b.tensor_id: reducer.comm.save_tensor_state(b.tensor_id) for b in self._buckets}
+            reducer.comm.destroy()
+            reducer.comm = None
+        elif reducer.comm is None and self._path == SPARSE:
+            reducer.comm = self._make_communicator()
+            for tensor_id, blob in self._pending_state.items():
+                reducer.comm.load_tensor_state(tensor_id, blob)
+            self._pending_state = {}
 
     @contextlib.contextmanager
     def skip_synchronize(self):
@@ -349,7 +380,10 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
         ``state_dict()`` so a resumed run continues exactly. Every rank saves
         its own."""
         self._reducer.drain()
-        tensors = {bucket.tensor_id: self._reducer.comm.save_tensor_state(bucket.tensor_id) for bucket in self._buckets}
+        if self._reducer.comm is None:  # released while native is chosen
+            tensors = dict(self._pending_state)
+        else:
+            tensors = {bucket.tensor_id: self._reducer.comm.save_tensor_state(bucket.tensor_id) for bucket in self._buckets}
         return {"rank": hvd.rank(), "world_size": hvd.size(), "tensors": tensors, "step": self.sparse_step,
                 "density_schedule": self.density_schedule,
                 "adaptive": self._reducer.adaptive_state(self._measure_xi_every),
@@ -375,8 +409,11 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
         for tensor_id in tensors:
             if tensor_id not in ids:
                 raise ValueError(f"oktopk: checkpoint holds bucket {tensor_id:#x}, which this model does not have")
-        for tensor_id, blob in tensors.items():
-            self._reducer.comm.load_tensor_state(tensor_id, blob)
+        if self._reducer.comm is None:
+            self._pending_state = dict(tensors)
+        else:
+            for tensor_id, blob in tensors.items():
+                self._reducer.comm.load_tensor_state(tensor_id, blob)
         self.density_schedule = schedule
         self.sparse_step = int(state.get("step", self.sparse_step))
         # So is the adaptation: where it stood, under the saved bounds.
