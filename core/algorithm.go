@@ -62,6 +62,11 @@ type algorithmEntry struct {
 	sparse      sparseAllreduceFunc // a dense gradient in, reduced with error feedback
 	sparseInput sparseInputFunc     // sparse inputs in, no state
 	halfValues  bool                // sends float16/bfloat16 values (values.go)
+	// exactCall says whether a tensor's next call selects exactly (rather
+	// than reusing a threshold); it goes into the call's descriptor, so
+	// ranks whose states disagree on it fail with a mismatch. nil: never
+	// says (the call's selection is the same kind on every call).
+	exactCall func(st *TensorState, k, n int) bool
 }
 
 // algorithms is the table, indexed by Algorithm. It is filled in init, not
@@ -75,7 +80,7 @@ func init() {
 		DenseRing:         {name: "dense_ring", op: transport.OpAllreduceRing, dense: RingAllreduce},
 		DenseRabenseifner: {name: "dense_rabenseifner", op: transport.OpAllreduceRabenseifner, dense: RabenseifnerAllreduce},
 		OkTopk: {name: "oktopk", op: transport.OpOkTopk, sparse: okTopkAllreduce, sparseInput: okTopkSparseInput,
-			halfValues: true},
+			halfValues: true, exactCall: (*TensorState).okTopkExact},
 		TopkA: {name: "topka", op: transport.OpTopkA, sparse: withExactTopK(topkAReduce), sparseInput: topkAReduce,
 			halfValues: true},
 		TopkDSA: {name: "topkdsa", op: transport.OpTopkDSA, sparse: withExactTopK(topkDSAReduce), sparseInput: topkDSAReduce},

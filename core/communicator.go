@@ -349,7 +349,9 @@ func (c *Communicator) sparseCall(ctx context.Context, seq, id uint64, st *Tenso
 	stats.K = st.Config.K(len(grad))
 	desc := DescribeCall(opts.Dtype, id, len(grad), stats.K)
 	desc.Completed = uint32(st.Iter)
-	desc.Exact = alg == OkTopk && st.okTopkExact(stats.K, len(grad))
+	if exact := algorithms[alg].exactCall; exact != nil {
+		desc.Exact = exact(st, stats.K, len(grad))
+	}
 	call := NewCall(c.T, alg.Op(), seq, stats, WithDesc(desc), withScratch(&c.scratch))
 	call.Values, call.Hold = st.Config.Values, opts.Hold
 	err := algorithms[alg].sparse(ctx, call, st, grad)
