@@ -52,6 +52,11 @@ VARIANTS = {
     "frozen_precond_pertensor": dict(sparse=True, v="frozen", precond="scaled", per_tensor=True),
     "onebit": dict(sparse=True, onebit=True),
     "onebit_frozen": dict(sparse=True, v="frozen", onebit=True),
+    # Bounded staleness: every flush_every sparse steps the whole residual
+    # is sent densely with that step's result (the step reduces
+    # gradient + residual densely), so no entry waits longer.
+    "flush10": dict(sparse=True, flush_every=10),
+    "flush4": dict(sparse=True, flush_every=4),
 }
 
 
@@ -69,7 +74,8 @@ def topk_mask(x, k, bounds=None):
 
 
 def run(name, args, data):
-    cfg = dict(sparse=True, v="adam", small_dense=False, clip=True, precond=None, per_tensor=False, momentum=False, residual_decay=1.0, onebit=False) | VARIANTS[name]
+    cfg = dict(sparse=True, v="adam", small_dense=False, clip=True, precond=None, per_tensor=False, momentum=False, residual_decay=1.0, onebit=False,
+               flush_every=0) | VARIANTS[name]
     train_text, held = data
     torch.manual_seed(0)
     model = CharTransformer(args.dim, args.layers, seq=args.seq)
@@ -101,7 +107,11 @@ def run(name, args, data):
             lm_loss(model, *batch(train_text, args.batch_size, args.seq, gens[w])).backward()
             grads[w] = torch.cat([p.grad.reshape(-1) for p in params])
         dense_phase = step < args.warmup
-        if not cfg["sparse"] or dense_phase:
+        flush = cfg["flush_every"] and not dense_phase and (step - args.warmup + 1) % cfg["flush_every"] == 0
+        if flush:
+            g = (grads + residual).mean(0)
+            residual = torch.zeros_like(residual)
+        elif not cfg["sparse"] or dense_phase:
             g = grads.mean(0)
         else:
             # The preconditioner of Adam's current (or frozen) second moment:
