@@ -82,7 +82,7 @@ def register(model, state):
                 f"all-reduces its gradients densely before any hook; shard over the shard dimension only "
                 f"(fully_shard(module, mesh=mesh['shard'])) and let the state reduce over mesh.get_group('replicate')"
             )
-    if len({id(g._all_reduce_hook) for _, g in modules if g._all_reduce_hook is not None}) > 0:
+    if any(g._all_reduce_hook is not None for _, g in modules):
         raise ValueError("oktopk.fsdp.register: the model already has all-reduce hooks (registered twice?)")
     return _Registration(model, state, modules)
 
