@@ -393,6 +393,44 @@ def choice(out, ckpt):
     return {"full": train(0, 44, save=30), "resumed": train(30, 44)}
 
 
+def adam_family(out):
+    """Compression.oktopk() under Adam, 12 steps, next to plain Horovod
+    under Adam: the paths, the choice, and whether the parameters are equal;
+    then a named algorithm under Adam (its warnings)."""
+    import warnings
+
+    hvd.init()
+    torch.manual_seed(0)
+    models = [small_model(), small_model()]
+    models[1].load_state_dict(models[0].state_dict())
+    ours = oktopk_horovod.DistributedOptimizer(torch.optim.Adam(models[0].parameters(), lr=1e-2), named_parameters=models[0].named_parameters(),
+                                               compression=oktopk_horovod.Compression.oktopk(density=0.05))
+    plain = hvd.DistributedOptimizer(torch.optim.Adam(models[1].parameters(), lr=1e-2), named_parameters=models[1].named_parameters())
+    paths = []
+    for step in range(12):
+        g = torch.Generator().manual_seed(1000 * step + hvd.rank())
+        x, y = torch.randn(8, 20, generator=g), torch.randint(0, 5, (8,), generator=g)
+        paths.append(ours._path)
+        if step == 1:  # a checkpoint before any sparse step: no bucket has a state yet
+            early = ours.oktopk_state_dict()
+        for m, o in zip(models, (ours, plain)):
+            o.zero_grad()
+            F.cross_entropy(m(x), y).backward()
+            o.step()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        named = small_model()
+        opt = oktopk_horovod.DistributedOptimizer(torch.optim.Adam(named.parameters()), named_parameters=named.named_parameters(),
+                                                  compression=oktopk_horovod.Compression.oktopk(algorithm="oktopk"))
+    result = {"paths": paths, "choice": ours.choice, "sparse_calls": sum(ours.algorithm_counts.values()),
+              "early_checkpoint_tensors": len(early["tensors"]),
+              "equal_to_horovod": all(torch.equal(p, q) for p, q in zip(models[0].parameters(), models[1].parameters())),
+              "warnings": [str(w.message) for w in caught if "oktopk" in str(w.message)]}
+    ours.close()
+    opt.close()
+    return result
+
+
 if __name__ == "__main__":
     name, outdir = sys.argv[1], sys.argv[2]
     result = globals()[name](outdir, *sys.argv[3:])

@@ -140,3 +140,57 @@ def test_a_resumed_run_continues_the_decision(choice_run, first):
         assert resumed["paths"] == {step: full["paths"][step] for step in range(first, 48)}
         assert resumed["choice"]["path"] == full["choice"]["path"] and resumed["choice"]["decisions"] == full["choice"]["decisions"]
         assert resumed["params"] == full["params"]
+
+
+def test_an_adam_family_optimizer_seen_before_the_sparse_probe_keeps_every_step_native():
+    choice = StepChoice(recheck_every=8)
+    choice.adam_seen = lambda: "AdamW"
+    paths = simulate(choice, 40, lambda path, s: 1.0 if path == SPARSE else 30.0)  # sparse far faster
+    assert paths == [NATIVE] * 40 and choice.kept_dense_for == "AdamW" and choice.decisions == 1 and choice.explored == 0
+    resumed = StepChoice()
+    resumed.load_state_dict(choice.state_dict())
+    assert resumed.kept_dense_for == "AdamW" and all(resumed.begin_step(s) == NATIVE for s in range(40, 60))
+
+
+def test_an_adam_family_optimizer_seen_later_or_by_another_rank_ends_sparse_at_the_next_decision():
+    # Seen from step 10 on (after sparse was chosen at 8), by another rank
+    # only (agree's max carries the flag): native from the recheck at 20.
+    choice = StepChoice(recheck_every=8)
+    agree = lambda values: values[:-1] + [1.0] if now_step[0] >= 10 and len(values) > 1 else values
+    now_step, now = [0], [0.0]
+    choice.clock = lambda: now[0]
+    choice.agree = lambda values: agree(values)
+    paths = []
+    for s in range(40):
+        now_step[0] = s
+        paths.append(choice.begin_step(s))
+        now[0] += (1.0 if paths[-1] == SPARSE else 30.0) / 1e3
+    assert paths[8:16] == [SPARSE] * 8 and paths[20:] == [NATIVE] * 20, paths
+    assert choice.kept_dense_for == "an Adam-family optimizer (on another rank)"
+
+
+@pytest.fixture(scope="module")
+def adam_run():
+    return run(workers.adam_family, 2)
+
+
+def test_the_default_under_adamw_is_allreduce_hook_bitwise_and_makes_no_communicator(adam_run):
+    # Sparse gradients under AdamW ended far above dense in every
+    # measurement (results/text.md): the default keeps the dense allreduce,
+    # decided (agreed) before the first sparse probe. Dividing by 2 after the
+    # sum or before it gives the same bits, so the parameters equal
+    # allreduce_hook's exactly.
+    for r in range(2):
+        res = adam_run[r]
+        assert res["paths"][2:] == [NATIVE] * 14 and not res["comm_made"], res["paths"]
+        assert res["choice"]["kept_dense_for"] == "AdamW" and res["choice"]["path"] == NATIVE
+        assert res["equal_to_allreduce_hook"]
+        assert res["resumed_choice"]["kept_dense_for"] == "AdamW"
+
+
+def test_an_sgd_model_beside_it_is_not_kept_dense_and_a_named_algorithm_warns_once(adam_run):
+    for r in range(2):
+        res = adam_run[r]
+        assert res["sgd_kept_dense_for"] is None and res["sgd_sparse_steps"] >= PROBE_STEPS
+        assert len(res["warnings"]) == 1 and "AdamW" in res["warnings"][0], res["warnings"]
+        assert res["named_sparse_calls"] == 14  # sparse whatever the optimizer

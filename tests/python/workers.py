@@ -899,3 +899,52 @@ def choice_run(rank, world, port, out, ckpt, value_dtype="float32"):
         results[first] = train(first, 48)
     write(out, rank, results)
     dist.destroy_process_group()
+
+
+def adam_family(rank, world, port, out):
+    """The default hook under AdamW next to allreduce_hook under AdamW, 16
+    steps: the path of each step, whether a communicator was ever made, the
+    choice, and whether the two models' parameters are equal; in the same
+    process, a default state on a model stepped by SGD (its choice must not
+    be kept dense by the other model's AdamW), a named algorithm under AdamW
+    (warnings), and the kept-dense choice through a checkpoint."""
+    import warnings
+
+    setup(rank, world, port)
+    torch.manual_seed(0)
+    a, b, c, named = (DDP(small_model()) for _ in range(4))
+    state, state_sgd = OkTopkState(density=0.05, warmup_iters=2, recheck_every=8), OkTopkState(density=0.05, warmup_iters=2, recheck_every=8)
+    state_named = OkTopkState(density=0.05, warmup_iters=2, algorithm="oktopk")
+    a.register_comm_hook(state, oktopk_hook)
+    b.register_comm_hook(None, allreduce_hook)
+    c.register_comm_hook(state_sgd, oktopk_hook)
+    named.register_comm_hook(state_named, oktopk_hook)
+    opts = [torch.optim.AdamW(a.parameters(), lr=1e-2), torch.optim.AdamW(b.parameters(), lr=1e-2),
+            torch.optim.SGD(c.parameters(), lr=0.1), torch.optim.AdamW(named.parameters(), lr=1e-2)]
+    paths, comm_made = [], False
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(16):
+            x, y = batch(rank, step)
+            for m, o in zip((a, b, c, named), opts):
+                o.zero_grad()
+                F.cross_entropy(m(x), y).backward()
+                o.step()
+            paths.append(state._path if step >= 2 else "warm-up")
+            comm_made = comm_made or state._reducer.comm is not None
+    resumed = OkTopkState(density=0.05, warmup_iters=2, recheck_every=8)
+    resumed.load_state_dict(state.state_dict())
+    write(out, rank, {
+        "paths": paths,
+        "comm_made": comm_made,
+        "choice": state.choice,
+        "resumed_choice": resumed.choice,
+        "equal_to_allreduce_hook": all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters())),
+        "sgd_kept_dense_for": state_sgd.choice["kept_dense_for"],
+        "sgd_sparse_steps": state_sgd.choice["steps"]["sparse"],
+        "warnings": [str(w.message) for w in caught if "oktopk" in str(w.message)],
+        "named_sparse_calls": sum(state_named.algorithm_counts.values()),
+    })
+    for s in (state, state_sgd, state_named, resumed):
+        s.close()
+    dist.destroy_process_group()

@@ -58,8 +58,9 @@ class Compression(hvd.Compression):
         from measured step times agreed across the ranks, as the DDP hook
         does: sparse only when it saves ``sparse_margin`` (10%) of the step,
         probed again every ``recheck_every`` steps (see ``oktopk.choice``;
-        the optimizer's ``choice`` says what it chose and why).
-        Or any of ``oktopk.ALGORITHMS``, used for every step: ``"auto"``
+        the optimizer's ``choice`` says what it chose and why); an
+        Adam-family optimizer keeps Horovod's allreduce on every step
+        (``oktopk.optimizers``). Or any of ``oktopk.ALGORITHMS``, used for every step: ``"auto"``
         (the library picks per bucket and call from a cost model and the
         measured link), ``"oktopk"``, dense ones and the sparse baselines.
         ``value_dtype="float16"`` (or ``"bfloat16"``) sends the selected

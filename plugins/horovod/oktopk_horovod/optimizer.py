@@ -30,6 +30,7 @@ import contextlib
 import hashlib
 import os
 import threading
+import warnings
 
 import horovod.torch as hvd
 import torch
@@ -38,6 +39,7 @@ from oktopk import Communicator
 from oktopk.adaptive import AdaptiveControl
 from oktopk.choice import NATIVE, SPARSE, StepChoice, debug_enabled
 from oktopk.comm import route_source_address
+from oktopk.optimizers import adam_family, dense_notice, sparse_warning
 from oktopk.reducer import Reducer, ReducerStats
 from oktopk.schedule import check_schedule, density_at
 
@@ -145,9 +147,18 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
         self._choice = None
         self._path = SPARSE
         self._residual_ids = set()
+        # The buckets the library holds a state of (a sparse call or a load
+        # made one): only those are saved, in checkpoints and on release.
+        self._stateful_ids = set()
+        # An Adam-family optimizer keeps Horovod's allreduce with algorithm
+        # None, and is warned about with a named one (oktopk.optimizers).
+        adam = adam_family(self)
+        if adam is not None and compressor.algorithm is not None:
+            warnings.warn(sparse_warning(adam), stacklevel=3)
         if compressor.algorithm is None:
             self._choice = StepChoice(compressor.sparse_margin, compressor.recheck_every)
             self._choice.agree = _agree_max
+            self._choice.adam_seen = lambda: adam
             if debug_enabled() and hvd.rank() == 0:
                 self._choice.log = print
             # This step's time starts here, in no step's path: untimed.
@@ -257,6 +268,7 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
             self._residual_ids.add(bucket.tensor_id)
             self._reducer.sparse_allreduce_(bucket.tensor_id, host, density=density, xi_step=xi_step, tau_prime=tau_prime,
                                             sparse_only=self._choice is not None)
+            self._stateful_ids.add(bucket.tensor_id)
             if self._op == hvd.Sum:
                 host.mul_(hvd.size())
         if host.data_ptr() != grads[0].data_ptr():
@@ -293,7 +305,10 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
                 if self._choice is not None:
                     # The step just reduced ends here: time it, and choose
                     # the path of the next one (every rank, at the same step).
-                    previous, self._path = self._path, self._choice.begin_step(self.sparse_step)
+                    previous, kept_dense = self._path, self._choice.kept_dense_for
+                    self._path = self._choice.begin_step(self.sparse_step)
+                    if kept_dense is None and self._choice.kept_dense_for is not None and hvd.rank() == 0:
+                        print(dense_notice(self._choice.kept_dense_for), flush=True)
                     self._follow_path(previous)
             finally:
                 self._reset_step()
@@ -329,7 +344,7 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
         if (reducer.comm is not None and previous == NATIVE and self._path == NATIVE and self._choice.chosen == NATIVE
                 and not self._residual_ids):
             reducer.drain()
-            self._pending_state = {b.tensor_id: reducer.comm.save_tensor_state(b.tensor_id) for b in self._buckets}
+            self._pending_state = {tensor_id: reducer.comm.save_tensor_state(tensor_id) for tensor_id in sorted(self._stateful_ids)}
             reducer.comm.destroy()
             reducer.comm = None
         elif reducer.comm is None and self._path == SPARSE:
@@ -383,7 +398,7 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
         if self._reducer.comm is None:  # released while native is chosen
             tensors = dict(self._pending_state)
         else:
-            tensors = {bucket.tensor_id: self._reducer.comm.save_tensor_state(bucket.tensor_id) for bucket in self._buckets}
+            tensors = {tensor_id: self._reducer.comm.save_tensor_state(tensor_id) for tensor_id in sorted(self._stateful_ids)}
         return {"rank": hvd.rank(), "world_size": hvd.size(), "tensors": tensors, "step": self.sparse_step,
                 "density_schedule": self.density_schedule,
                 "adaptive": self._reducer.adaptive_state(self._measure_xi_every),
@@ -424,6 +439,7 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
             self._choice.load_state_dict(state["choice"])
             self._path = state["choice"]["path"]
         self._residual_ids = set(state.get("residual_ids", tensors.keys()))
+        self._stateful_ids = set(tensors.keys())
 
     @property
     def choice(self):

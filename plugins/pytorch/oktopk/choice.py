@@ -24,6 +24,11 @@ The schedule, in steps after the dense warm-up (``s`` = 0, 1, ...):
    latest steps (links and loads change). Exploration costs ``PROBE_STEPS``
    of every ``recheck_every + PROBE_STEPS`` steps: 4 in 204 (2%) by default.
 
+An Adam-family optimizer stepping the parameters (``oktopk.optimizers``)
+ends the choice: the ranks agree on whether any of them saw one before the
+first sparse probe (step ``PROBE_STEPS``) and at every decision, and from
+then on every step is native, with no more probes.
+
 The path of every step is a function of ``s`` and of agreed decisions only,
 so every rank takes the same path whatever its own clock says; the decision
 state is checkpointed, and a resumed run continues it.
@@ -66,6 +71,12 @@ class StepChoice:
         self.agree = None
         self.log = None  # the front end's logger of decisions (rank 0 with OKTOPK_DEBUG_AUTO=1)
         self.clock = time.perf_counter
+        # The front end's view of this rank's optimizer: a function returning
+        # the name of an Adam-family optimizer that steps the parameters, or
+        # None (oktopk.optimizers).
+        self.adam_seen = lambda: None
+        # The Adam-family optimizer the ranks agreed on: every step native.
+        self.kept_dense_for = None
         self.chosen = None  # None until the first decision
         self.decided_at = None  # the step s of the latest decision
         self.ms = {NATIVE: None, SPARSE: None}  # the agreed ms per step of the latest decision
@@ -81,6 +92,8 @@ class StepChoice:
 
     def due(self, s):
         """Whether step s begins with a decision."""
+        if self.kept_dense_for is not None:
+            return False
         if self.chosen is None:
             return s == 2 * PROBE_STEPS
         return s == self.decided_at + self.recheck_every + PROBE_STEPS
@@ -88,6 +101,8 @@ class StepChoice:
     def path(self, s):
         """The path of step s, the same on every rank (after any decision
         due at s)."""
+        if self.kept_dense_for is not None:
+            return NATIVE
         if self.chosen is None:
             return NATIVE if s < PROBE_STEPS else SPARSE
         if s < self.decided_at + self.recheck_every:
@@ -122,6 +137,8 @@ class StepChoice:
         self._started = (s, now, not untimed)
         for old in [k for k in self._seconds if k < s - 4 * PROBE_STEPS]:
             del self._seconds[old]
+        if self.chosen is None and s == PROBE_STEPS and self.kept_dense_for is None:
+            self._agree_on_optimizer(s, self.agree([self._adam_flag()])[0])
         if self.due(s):
             self._decide(s)
         path = self.path(s)
@@ -137,8 +154,28 @@ class StepChoice:
             out.append(statistics.median(seconds) * 1e3 if seconds else -1.0)
         return out
 
+    def _adam_flag(self):
+        return 1.0 if self.adam_seen() is not None else 0.0
+
+    def _agree_on_optimizer(self, s, flag):
+        """Given the max over the ranks of the Adam flag: keep native from
+        step s on if any rank saw an Adam-family optimizer."""
+        if flag <= 0:
+            return False
+        self.kept_dense_for = self.adam_seen() or "an Adam-family optimizer (on another rank)"
+        if self.chosen is None:
+            self.explored += max(0, s - PROBE_STEPS)  # the sparse probe's steps so far
+        self.chosen, self.decided_at = NATIVE, s
+        self.decisions += 1
+        self.reason = f"{self.kept_dense_for} steps the parameters: native on every step (oktopk.optimizers)"
+        if self.log is not None:
+            self.log(f"oktopk: step {s} after the warm-up: {self.reason}")
+        return True
+
     def _decide(self, s):
-        native_ms, sparse_ms = self.agree(self._local_medians(s))
+        native_ms, sparse_ms, adam = self.agree(self._local_medians(s) + [self._adam_flag()])
+        if self._agree_on_optimizer(s, adam):
+            return NATIVE
         previous = self.chosen
         if native_ms < 0 or sparse_ms < 0:
             # Not measured (a run resumed inside a probe): keep the choice,
@@ -176,6 +213,7 @@ class StepChoice:
             "explored_steps": self.explored,
             "decisions": self.decisions,
             "reason": self.reason,
+            "kept_dense_for": self.kept_dense_for,
         }
 
     def state_dict(self):
@@ -189,6 +227,7 @@ class StepChoice:
             "reason": self.reason,
             "margin": self.margin,
             "recheck_every": self.recheck_every,
+            "kept_dense_for": self.kept_dense_for,
             # This rank's own timings, so that a run resumed inside a probe
             # decides from the same figures (the resumed first step is not
             # timed: its clock started in another process).
@@ -201,4 +240,5 @@ class StepChoice:
         self.ms = dict(saved["ms"])
         self.steps = dict(saved["steps"])
         self.explored, self.decisions, self.reason = saved["explored"], saved["decisions"], saved["reason"]
+        self.kept_dense_for = saved.get("kept_dense_for")
         self._seconds, self._started = {int(k): float(v) for k, v in saved.get("seconds", {}).items()}, None

@@ -19,6 +19,7 @@ from .adaptive import AdaptiveControl
 from .choice import DEFAULT_MARGIN, DEFAULT_RECHECK_EVERY, NATIVE, SPARSE, StepChoice, debug_enabled
 from .comm import Communicator
 from .layout import BucketLayout, on_stream
+from .optimizers import OptimizerWatch, dense_notice
 from .reducer import Reducer, ReducerStats
 from .schedule import check_schedule, density_at
 from .settings import DEFAULT_WARMUP_ITERS, DEFAULTS, check_settings, check_warmup_iters
@@ -46,7 +47,9 @@ class OkTopkState(ReducerStats):
         ``recheck_every`` steps (see ``oktopk.choice``; ``"auto"`` there
         chooses among the sparse algorithms only; ``choice`` says what
         it chose and why, and ``OKTOPK_DEBUG_AUTO=1`` logs each decision on
-        rank 0). Or one of ``oktopk.ALGORITHMS``, run on every step after the
+        rank 0). Parameters that an Adam-family optimizer steps keep the
+        process group's allreduce on every step (``oktopk.optimizers``).
+        Or one of ``oktopk.ALGORITHMS``, run on every step after the
         warm-up: ``"auto"`` (the library picks per bucket and call from a
         cost model and the measured link), ``"oktopk"``, the dense ones, the
         sparse baselines.
@@ -145,6 +148,7 @@ class OkTopkState(ReducerStats):
         "_path",
         "_residual_groups",
         "_pooled_iter",
+        "_optimizers",
     ]
 
     def __init__(self, process_group=None, density=DEFAULTS.density, algorithm=DEFAULTS.algorithm, warmup_iters=DEFAULT_WARMUP_ITERS,
@@ -153,8 +157,14 @@ class OkTopkState(ReducerStats):
                  measure_xi_every=DEFAULTS.measure_xi_every, adaptive=DEFAULTS.adaptive, sparse_margin=DEFAULT_MARGIN,
                  recheck_every=DEFAULT_RECHECK_EVERY):
         self.warmup_iters = check_warmup_iters(warmup_iters)
-        # algorithm None: the measured choice, whose sparse path is "auto".
+        # algorithm None: the measured choice, whose sparse path is "auto",
+        # and native on every step for an Adam-family optimizer's parameters
+        # (oktopk.optimizers); a named algorithm warns about one.
+        self._optimizers = OptimizerWatch(warn=algorithm is not None)
         self._choice = StepChoice(sparse_margin, recheck_every) if algorithm is None else None
+        if self._choice is not None:
+            watch = self._optimizers
+            self._choice.adam_seen = lambda: watch.seen
         (self.density, self.algorithm, self.tau, self.tau_prime, self.timeout, self.value_dtype, self.stochastic_rounding,
          self.density_schedule, self.measure_xi_every, self.adaptive) = check_settings(
             density, "auto" if algorithm is None else algorithm, tau, tau_prime, timeout, value_dtype, stochastic_rounding, density_schedule,
@@ -336,6 +346,7 @@ class OkTopkState(ReducerStats):
         exit)."""
         self._reducer.close()
         self._layout.remove_hooks()
+        self._optimizers.close()
 
 
 # -- the hook's work ---------------------------------------------------------
@@ -493,8 +504,10 @@ def _begin_step(state, s, device, untimed):
         choice.agree = _agree_max(state, device)
         if debug_enabled() and dist.get_rank(state.process_group) == 0:
             choice.log = print
-    previous = state._path
+    previous, kept_dense = state._path, choice.kept_dense_for
     state._path = choice.begin_step(s, untimed)
+    if kept_dense is None and choice.kept_dense_for is not None and dist.get_rank(state.process_group) == 0:
+        print(dense_notice(choice.kept_dense_for), flush=True)
     if previous == SPARSE and state._path == NATIVE:
         # The sparse steps' queued work (adaptation) finishes before a fold
         # reads their residuals.
@@ -570,6 +583,8 @@ def oktopk_hook(state: OkTopkState, bucket: dist.GradBucket) -> torch.futures.Fu
     # fired with the same state.iter, which the last one advances.
     phase_iter = state.iter
     rebuilt = state._hook_iters > 0  # not DDP's first, provisional, layout
+    if state._hook_iters < 2:  # the provisional layout and the rebuilt one: every parameter
+        state._optimizers.watch(bucket.parameters())
     if is_last:
         state.iter += 1
         state._hook_iters += 1

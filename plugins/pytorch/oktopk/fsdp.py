@@ -101,6 +101,7 @@ class _Registration:
         self.steps_run = 0
         self.measured_step = None  # a step whose ξ was measured, to adapt after
         self._forward = model.register_forward_pre_hook(self._on_forward)
+        state._optimizers.watch(model.parameters())  # an Adam-family optimizer keeps them dense (oktopk.optimizers)
         for number, (module, _) in enumerate(modules):
             state._layout.add_group(group_id(number), (number,))  # checkpointed with the state
             module.set_all_reduce_hook(self._hook_for(group_id(number)))

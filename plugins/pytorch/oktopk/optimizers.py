@@ -1,0 +1,111 @@
+"""Which optimizer steps the parameters a front end reduces, and why the
+default keeps Adam-family ones dense.
+
+Error feedback keeps the gradient's mass: an entry that waits in the
+residual for ~1/density steps is finally sent as the sum of those steps.
+SGD applies that sum in full; Adam divides every coordinate by the root of
+its running mean square, and every remedy measured for that (freezing the
+second moment after a dense warm-up as 1-bit Adam does, selecting in the
+preconditioned space, small tensors dense, local steps, bounded staleness)
+left a transformer trained with AdamW far above dense at a tenth of dense's
+bytes, as it left PowerSGD (results/text.md). So with ``algorithm=None`` a
+front end that sees an Adam-family optimizer step its parameters keeps the
+framework's dense allreduce, and says so once; naming an algorithm sends
+sparse whatever the optimizer, with a warning.
+
+An optimizer is Adam-family when its defaults hold ``betas`` (Adam, AdamW,
+NAdam, RAdam, Adamax, SparseAdam, and the fused and third-party variants
+built the same way): the per-coordinate second moment is what turns a
+residual's burst into one ordinary step.
+"""
+
+import threading
+import warnings
+import weakref
+
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+
+def adam_family(optimizer):
+    """The optimizer's class name if it is Adam-family, else None."""
+    defaults = getattr(optimizer, "defaults", None)
+    if isinstance(defaults, dict) and "betas" in defaults:
+        return type(optimizer).__name__
+    return None
+
+
+def sparse_warning(name):
+    return (f"oktopk: {name} steps these parameters and an algorithm was named, so their gradients are sent sparse; "
+            "with Adam-family optimizers sparse gradients ended far above dense in every measurement (docs/tuning.md). "
+            "algorithm=None keeps the dense allreduce for them.")
+
+
+def dense_notice(name):
+    return (f"oktopk: {name} steps these parameters: the hook keeps the process group's dense allreduce "
+            "(with Adam-family optimizers sparse gradients ended far above dense in every measurement, docs/tuning.md); "
+            "name an algorithm (algorithm=\"auto\") to send sparse anyway")
+
+
+class OptimizerWatch:
+    """Notes the first Adam-family optimizer that steps any of the watched
+    parameters, through torch's global optimizer step pre-hook. The hook
+    holds only a weak reference to the watch and is removed by ``close``
+    (not from inside itself: torch iterates its hooks while calling them).
+    ``warn``: warn once when seen (a named algorithm)."""
+
+    def __init__(self, warn=False):
+        self._handle = None
+        self.seen = None  # the Adam-family optimizer's class name
+        self.warn = warn
+        self._params = set()  # id() of the watched parameters
+        self._verdicts = weakref.WeakKeyDictionary()  # optimizer -> steps watched parameters?
+        self._lock = threading.Lock()
+        ref = weakref.ref(self)
+
+        def pre_step(optimizer, args, kwargs):
+            watch = ref()
+            if watch is not None:
+                watch._on_step(optimizer)
+
+        self._handle = register_optimizer_step_pre_hook(pre_step)
+
+    def watch(self, params):
+        """Add parameters (tensors) to those watched."""
+        if self._handle is None:
+            return
+        with self._lock:
+            new = {id(p) for p in params} - self._params
+            if new:
+                self._params |= new
+                self._verdicts = weakref.WeakKeyDictionary()  # an optimizer may step the new ones
+
+    def _on_step(self, optimizer):
+        if self.seen is not None:
+            return
+        name = adam_family(optimizer)
+        if name is None:
+            return
+        with self._lock:
+            try:
+                verdict = self._verdicts.get(optimizer)
+            except TypeError:  # not weakly referenceable: judge every step
+                verdict = None
+            if verdict is None:
+                verdict = any(id(p) in self._params for group in optimizer.param_groups for p in group["params"])
+                try:
+                    self._verdicts[optimizer] = verdict
+                except TypeError:
+                    pass
+            if not verdict:
+                return
+            self.seen = name
+        if self.warn:
+            warnings.warn(sparse_warning(name), stacklevel=3)
+
+    def close(self):
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+
+    def __del__(self):
+        self.close()
