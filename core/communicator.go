@@ -218,6 +218,10 @@ func (c *Communicator) state(id uint64, n int, cfg Config) (*TensorState, error)
 	if st.N != n {
 		return nil, fmt.Errorf("%w: tensor %d has %d elements, earlier calls had %d", ErrInvalidArgument, id, n, st.N)
 	}
+	if st.CallerResidual {
+		return nil, fmt.Errorf("%w: tensor %d's residual is the caller's (caller-selected calls); a dense-input call needs it in the library "+
+			"(a new tensor id, or its checkpoint loaded without taking the residual)", ErrInvalidArgument, id)
+	}
 	if len(st.Residual) != n {
 		return nil, fmt.Errorf("%w: tensor %d's state holds a residual of %d elements for n=%d", ErrInvalidArgument, id, len(st.Residual), n)
 	}

@@ -192,6 +192,9 @@ func (c *Communicator) FoldResidual(id uint64, x []float32, hold []Span, v Value
 	if st == nil {
 		return nil
 	}
+	if st.CallerResidual {
+		return fmt.Errorf("%w: tensor %d's residual is the caller's (caller-selected calls): fold it there", ErrInvalidArgument, id)
+	}
 	if len(x) != st.N || len(st.Residual) != st.N {
 		return fmt.Errorf("%w: tensor %d has %d elements, this fold has %d", ErrInvalidArgument, id, st.N, len(x))
 	}

@@ -25,6 +25,11 @@ type TensorState struct {
 	GlobalThreshold float32
 	Boundaries      []uint32 // P+1 region starts: rank r owns [Boundaries[r], Boundaries[r+1])
 
+	// CallerResidual: the residual is the caller's (caller-selected calls,
+	// oktopk_selected.go) and Residual is empty; a checkpoint takes the
+	// caller's residual (MarshalWithResidual).
+	CallerResidual bool
+
 	// The rank that keeps this state and its communicator's size. The
 	// residual is this rank's own unsent gradient, so a checkpoint of it is
 	// meaningful only to the same rank of a communicator of the same size;
@@ -77,6 +82,37 @@ func stateChecksum(b []byte) uint32 {
 
 // MarshalBinary serializes the state for a checkpoint.
 func (st *TensorState) MarshalBinary() ([]byte, error) {
+	if st.CallerResidual {
+		return nil, fmt.Errorf("%w: the residual of this tensor is the caller's: save it with the caller's residual", ErrInvalidArgument)
+	}
+	return st.marshal(st.Residual), nil
+}
+
+// MarshalWithResidual serializes a caller-residual state with the caller's
+// residual, in the format of MarshalBinary: a checkpoint either form of the
+// call resumes.
+func (st *TensorState) MarshalWithResidual(residual []float32) ([]byte, error) {
+	if !st.CallerResidual {
+		return nil, fmt.Errorf("%w: this tensor keeps its residual in the library: save it without one", ErrInvalidArgument)
+	}
+	if len(residual) != st.N {
+		return nil, fmt.Errorf("%w: residual of %d elements for a tensor of %d", ErrInvalidArgument, len(residual), st.N)
+	}
+	if bad := countNonFinite(residual); bad > 0 {
+		return nil, fmt.Errorf("%w: the caller's residual holds %d NaN or Inf", ErrInvalidArgument, bad)
+	}
+	return st.marshal(residual), nil
+}
+
+// TakeResidual makes a state just loaded a caller-residual one, handing its
+// residual to the caller.
+func (st *TensorState) TakeResidual() []float32 {
+	r := st.Residual
+	st.Residual, st.CallerResidual = nil, true
+	return r
+}
+
+func (st *TensorState) marshal(residual []float32) []byte {
 	b := make([]byte, 0, stateFixed+4*len(st.Boundaries)+4*st.N)
 	le := binary.LittleEndian
 	b = le.AppendUint32(b, stateMagic)
@@ -96,9 +132,9 @@ func (st *TensorState) MarshalBinary() ([]byte, error) {
 	for _, x := range st.Boundaries {
 		b = le.AppendUint32(b, x)
 	}
-	b = append(b, float32Bytes(st.Residual)...)
+	b = append(b, float32Bytes(residual)...)
 	le.PutUint32(b[stateChecksumField:], stateChecksum(b))
-	return b, nil
+	return b
 }
 
 // UnmarshalBinary restores a state written by MarshalBinary; every length is
