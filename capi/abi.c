@@ -137,10 +137,29 @@ FORWARD(tensor_residual_fold,
         (oktopk_comm_t comm, uint64_t tensor_id, void *data, size_t count, oktopk_dtype_t dtype, const size_t *hold,
          size_t hold_count),
         (comm, tensor_id, data, count, dtype, hold, hold_count))
+FORWARD(selection_plan,
+        (oktopk_comm_t comm, uint64_t tensor_id, size_t n, const oktopk_call_options_t *options,
+         oktopk_selection_plan_t *plan),
+        (comm, tensor_id, n, options, plan))
+FORWARD(sparse_allreduce_selected,
+        (oktopk_comm_t comm, uint64_t tensor_id, size_t n, oktopk_dtype_t dtype, const oktopk_call_options_t *options,
+         oktopk_selected_t *io, oktopk_stats_t *stats),
+        (comm, tensor_id, n, dtype, options, io, stats))
+FORWARD(tensor_state_save_residual,
+        (oktopk_comm_t comm, uint64_t tensor_id, const float *residual, size_t n, void *buf, size_t len),
+        (comm, tensor_id, residual, n, buf, len))
+FORWARD(tensor_state_load_residual,
+        (oktopk_comm_t comm, uint64_t tensor_id, const void *buf, size_t len, float *residual, size_t n),
+        (comm, tensor_id, buf, len, residual, n))
 FORWARD(topk, (const float *x, size_t n, size_t k, uint32_t *indices, float *values), (x, n, k, indices, values))
 FORWARD(threshold_select,
         (const float *x, size_t n, float threshold, uint32_t *indices, float *values, size_t capacity, size_t *count),
         (x, n, threshold, indices, values, capacity, count))
+
+size_t oktopk_selected_capacity(size_t n, size_t k, int ranks) {
+  if (forked_child()) return 0;
+  return go_oktopk_selected_capacity(n, k, ranks);
+}
 
 int oktopk_debug_goroutines(void) {
   if (forked_child()) return -1;

@@ -253,6 +253,19 @@ func checkBuffer(data unsafe.Pointer, count C.size_t, dtype C.oktopk_dtype_t) er
 	return invalidArgument("unknown dtype %d", int(dtype))
 }
 
+// dtypeOf is the element type the frames of a call on dtype carry.
+func dtypeOf(dtype C.oktopk_dtype_t) (transport.Dtype, error) {
+	switch dtype {
+	case C.OKTOPK_FLOAT32:
+		return transport.DtypeFloat32, nil
+	case C.OKTOPK_FLOAT16:
+		return transport.DtypeFloat16, nil
+	case C.OKTOPK_BFLOAT16:
+		return transport.DtypeBFloat16, nil
+	}
+	return 0, invalidArgument("unknown dtype %d", int(dtype))
+}
+
 // buffer is the caller's buffer as package binding takes it (checkBuffer
 // has refused a bad pointer, count or dtype).
 func buffer(data unsafe.Pointer, count int, dtype C.oktopk_dtype_t) binding.Buffer {

@@ -24,12 +24,15 @@ func go_oktopk_tensor_state_size(comm C.oktopk_comm_t, tensorID C.uint64_t, size
 		if size == nil {
 			return invalidArgument("size is NULL")
 		}
-		b, err := c.saveState(uint64(tensorID))
-		if err != nil {
-			return err
-		}
-		*size = C.size_t(len(b))
-		return nil
+		_, err := c.do(true, func(_ context.Context, cc *core.Communicator) (core.Stats, error) {
+			st := cc.TensorStateOf(uint64(tensorID))
+			if st == nil {
+				return core.Stats{}, invalidArgument("tensor %d has no state yet (no sparse allreduce or load on it)", uint64(tensorID))
+			}
+			*size = C.size_t(st.MarshaledSize())
+			return core.Stats{}, nil
+		})
+		return err
 	})
 }
 
@@ -91,18 +94,28 @@ func (c *communicator) saveState(id uint64) ([]byte, error) {
 // the tensor's next sparse allreduce.
 func (c *communicator) loadState(id uint64, b []byte) error {
 	_, err := c.do(true, func(_ context.Context, cc *core.Communicator) (core.Stats, error) {
-		st := new(core.TensorState)
-		if err := st.UnmarshalBinary(b); err != nil {
-			return core.Stats{}, invalidArgument("tensor %d: %s", id, withoutSentinel(err, core.ErrInvalidArgument))
+		st, err := c.checkedState(id, b)
+		if err != nil {
+			return core.Stats{}, err
 		}
-		if err := st.CheckOwner(c.Rank, c.Size); err != nil {
-			return core.Stats{}, invalidArgument("tensor %d: %s", id, withoutSentinel(err, core.ErrInvalidArgument))
-		}
-		st.Rank, st.Size = c.Rank, c.Size // a version-1 state's next save records them
 		cc.SetTensorState(id, st)
 		return core.Stats{}, nil
 	})
 	return err
+}
+
+// checkedState is the state in b, refused if malformed or another rank's
+// or another size's.
+func (c *communicator) checkedState(id uint64, b []byte) (*core.TensorState, error) {
+	st := new(core.TensorState)
+	if err := st.UnmarshalBinary(b); err != nil {
+		return nil, invalidArgument("tensor %d: %s", id, withoutSentinel(err, core.ErrInvalidArgument))
+	}
+	if err := st.CheckOwner(c.Rank, c.Size); err != nil {
+		return nil, invalidArgument("tensor %d: %s", id, withoutSentinel(err, core.ErrInvalidArgument))
+	}
+	st.Rank, st.Size = c.Rank, c.Size // a version-1 state's next save records them
+	return st, nil
 }
 
 // withoutSentinel is err's message without sentinel's leading text, for a

@@ -112,6 +112,9 @@ func (st *TensorState) TakeResidual() []float32 {
 	return r
 }
 
+// MarshaledSize is the length of the state's checkpoint.
+func (st *TensorState) MarshaledSize() int { return stateFixed + 4*len(st.Boundaries) + 4*st.N }
+
 func (st *TensorState) marshal(residual []float32) []byte {
 	b := make([]byte, 0, stateFixed+4*len(st.Boundaries)+4*st.N)
 	le := binary.LittleEndian

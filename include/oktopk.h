@@ -88,7 +88,7 @@ extern "C" {
 
 /* ABI version: major changes break callers, minor ones only add. */
 #define OKTOPK_VERSION_MAJOR 0
-#define OKTOPK_VERSION_MINOR 9
+#define OKTOPK_VERSION_MINOR 10
 #define OKTOPK_VERSION_PATCH 0
 #define OKTOPK_VERSION_CODE \
   (OKTOPK_VERSION_MAJOR * 10000 + OKTOPK_VERSION_MINOR * 100 + OKTOPK_VERSION_PATCH)
@@ -473,6 +473,96 @@ oktopk_result_t oktopk_tensor_state_load(oktopk_comm_t comm, uint64_t tensor_id,
  * calls); runs in issue order with this thread's calls, from any thread. */
 oktopk_result_t oktopk_tensor_residual_fold(oktopk_comm_t comm, uint64_t tensor_id, void *data, size_t count,
                                             oktopk_dtype_t dtype, const size_t *hold, size_t hold_count);
+
+/* ---- caller-selected sparse allreduce (added in 0.10) ------------------ */
+/* Ok-Topk with error feedback for a caller whose gradient and residual live
+ * where the library does not read them (a GPU's memory): only the selected
+ * pairs come in, and only the result and what the residual needs go out.
+ * Per tensor_id the library keeps the local and global thresholds, the
+ * region boundaries and the call count; the caller keeps the residual and,
+ * each call:
+ *
+ *  1. asks oktopk_selection_plan for k, whether the call is exact (every
+ *     tau' calls) and the local threshold to reuse;
+ *  2. forms acc = gradient + residual (float32) and, when acc is finite,
+ *     selects by the library's rules (oktopk_threshold_select's): on an
+ *     exact call, or with threshold 0, the exact top-k of |acc| (ties to
+ *     the lower index), and the new threshold is the (k+1)-th largest |acc|
+ *     (0 when k = n); otherwise |acc| > threshold; while more than 4k/3 pass,
+ *     threshold *= 1.03 (float32) and reselect, at most 4 times; still more
+ *     than 4k/3, or fewer than k/2: the exact top-k as above; else the
+ *     threshold is nudged for the next call: *= 0.97 below 4k/5 entries,
+ *     *= 1.03 above 5k/4;
+ *  3. calls oktopk_sparse_allreduce_selected with the selection (ascending)
+ *     and the new threshold;
+ *  4. on success sets residual = acc, then residual[i] -= consumed value at
+ *     each consumed index, then residual[i] += error value at each error
+ *     index (a sum that is NaN or Inf becomes 0), and its output = 0 with the
+ *     result's values at the result's indices. On failure it keeps its
+ *     residual: the tensor's state is unchanged.
+ *
+ * The same inputs give the same bits as oktopk_sparse_allreduce_ex with
+ * OKTOPK_ALGO_OKTOPK. A tensor id is used with one form only. */
+typedef struct {
+  uint64_t k;      /* entries to select: ceil(density * n) */
+  int32_t exact;   /* nonzero: select the exact top-k */
+  float threshold; /* otherwise: the threshold to reuse (0: select exactly) */
+} oktopk_selection_plan_t;
+
+/* The plan of tensor_id's next caller-selected call on n elements, with
+ * that call's options (density and tau_prime; other flags are ignored).
+ * Local; runs in issue order with this thread's calls. */
+oktopk_result_t oktopk_selection_plan(oktopk_comm_t comm, uint64_t tensor_id, size_t n,
+                                      const oktopk_call_options_t *options, oktopk_selection_plan_t *plan);
+
+/* The most entries a caller-selected call returns as result or errors, for
+ * n elements, k selected and `ranks` ranks: every rank's selection counted
+ * whole (at most 4k/3 each), and at most n. */
+size_t oktopk_selected_capacity(size_t n, size_t k, int ranks);
+
+typedef struct {
+  uint32_t size;              /* sizeof(oktopk_selected_t) */
+  /* in: this rank's selection of acc, ascending, at most 4k/3 entries */
+  const uint32_t *indices;
+  const float *values;
+  size_t count;
+  float threshold;            /* the local threshold the rules left, for the next call */
+  int32_t non_finite;         /* nonzero: acc holds NaN or Inf (count 0): every rank skips
+                               * the step with oktopkNonFinite */
+  /* out (capacities in entries; result and errors at least
+   * oktopk_selected_capacity, consumed at least count) */
+  uint32_t *result_indices;   /* the averaged global result, ascending */
+  float *result_values;
+  size_t result_capacity;
+  size_t result_count;
+  uint32_t *consumed_indices; /* this rank's selected entries in the result, with the value */
+  float *consumed_values;     /* that left (rounded to 16 bits if the values travel so) */
+  size_t consumed_capacity;
+  size_t consumed_count;
+  uint32_t *error_indices;    /* the rounding errors of this rank's sums as an owner */
+  float *error_values;        /* (16-bit values only) */
+  size_t error_capacity;
+  size_t error_count;
+} oktopk_selected_t;
+
+/* One caller-selected call on tensor_id (n elements; dtype is the caller's
+ * gradient type, checked across ranks). options as oktopk_sparse_allreduce_ex's
+ * (density, tau_prime; hold and measure_xi are refused: leave held entries
+ * out of the selection). The communicator's algorithm must be
+ * OKTOPK_ALGO_OKTOPK or OKTOPK_ALGO_AUTO (Ok-Topk here). */
+oktopk_result_t oktopk_sparse_allreduce_selected(oktopk_comm_t comm, uint64_t tensor_id, size_t n, oktopk_dtype_t dtype,
+                                                 const oktopk_call_options_t *options, oktopk_selected_t *io,
+                                                 oktopk_stats_t *stats);
+
+/* Checkpoints of a caller-selected tensor, in oktopk_tensor_state_save's
+ * format (its size from oktopk_tensor_state_size): save takes the caller's
+ * residual (n float32); load installs the state for caller-selected calls
+ * and writes its residual into the caller's n floats. A blob saved either
+ * way loads either way. */
+oktopk_result_t oktopk_tensor_state_save_residual(oktopk_comm_t comm, uint64_t tensor_id, const float *residual, size_t n,
+                                                  void *buf, size_t len);
+oktopk_result_t oktopk_tensor_state_load_residual(oktopk_comm_t comm, uint64_t tensor_id, const void *buf, size_t len,
+                                                  float *residual, size_t n);
 
 /* ---- selection (no communication) ------------------------------------ */
 /* Exact top-k by magnitude: the k largest |x| with their indices, ascending

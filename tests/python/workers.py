@@ -948,3 +948,94 @@ def adam_family(rank, world, port, out):
     for s in (state, state_sgd, state_named, resumed):
         s.close()
     dist.destroy_process_group()
+
+
+def device_path(rank, world, port, out, model_dtype, value_dtype, find_unused):
+    """The same training through the staging path and the device path
+    forced on (CPU tensors), side by side: per step, whether the two
+    models' gradients are bitwise equal (a NaN injected on rank 1 at step 7
+    in both), and at the end whether their checkpoints (iteration, thresholds,
+    boundaries, residuals) are byte for byte equal; the host-device bytes
+    and pairs of each."""
+    setup(rank, world, port)
+    dtype = getattr(torch, model_dtype)
+    torch.manual_seed(0)
+    models = [DDP(Branchy().to(dtype), find_unused_parameters=find_unused) for _ in range(2)]
+    models[1].module.load_state_dict(models[0].module.state_dict())
+    states = [OkTopkState(algorithm="oktopk", density=0.05, warmup_iters=2, tau=3, tau_prime=4, value_dtype=value_dtype, device_path=on)
+              for on in (False, True)]
+    opts = []
+    for m, st in zip(models, states):
+        m.register_comm_hook(st, oktopk_hook)
+        opts.append(torch.optim.SGD(m.parameters(), lr=0.05))
+    equal, nan_seen = [], []
+    for step in range(16):
+        x, y = batch(rank, step)
+        grads = []
+        for m, o in zip(models, opts):
+            o.zero_grad(set_to_none=True)
+            uses = (step % 3 == 0, rank == 0 and step % 2 == 0) if find_unused else (True, True)
+            loss = F.cross_entropy(m(x.to(dtype), *uses).float(), y) * (4.0 if step % 5 == 3 else 1.0)
+            if step == 7 and rank == 1:
+                loss = loss * float("nan")
+            loss.backward()
+            grads.append([p.grad for p in m.parameters()])
+        equal.append(all((a is None and b is None) or (a is not None and b is not None and torch.equal(a.view(torch.int8 if a.element_size() == 1 else
+                          {2: torch.int16, 4: torch.int32}[a.element_size()]), b.view({2: torch.int16, 4: torch.int32}[b.element_size()])))
+                         for a, b in zip(*grads)))
+        nan_seen.append(any(g is not None and bool(torch.isnan(g).any()) for g in grads[1]))
+        for o, g in zip(opts, grads):
+            if not any(t is not None and bool(torch.isnan(t).any()) for t in g):
+                o.step()
+    sds = [st.state_dict() for st in states]
+    write(out, rank, {
+        "equal": equal,
+        "nan_seen": nan_seen,
+        "same_checkpoint": sds[0]["tensors"] == sds[1]["tensors"] and len(sds[0]["tensors"]) > 0,
+        "device_groups": len(states[1]._device_groups),
+        "bytes": [st.host_device_bytes for st in states],
+        "calls": [st.host_device_calls for st in states],
+        "pairs": states[1].host_device_pairs,
+    })
+    for st in states:
+        st.close()
+    dist.destroy_process_group()
+
+
+def device_path_resume(rank, world, port, out):
+    """Trained 6 steps on one path, saved, resumed on the other for 6 more
+    (float16 values): whether the final parameters equal those of a run on
+    the staging path throughout, for each pair of paths."""
+    setup(rank, world, port)
+
+    def train(paths, cut):
+        params, saved = None, None
+        for on, (lo, hi) in zip(paths, ((0, cut), (cut, 12))):
+            if lo == hi:
+                continue
+            torch.manual_seed(0)
+            module = small_model()
+            if params is not None:
+                with torch.no_grad():
+                    for p, q in zip(module.parameters(), params):
+                        p.copy_(q)
+            m = DDP(module)
+            o = torch.optim.SGD(m.parameters(), lr=0.05)
+            state = OkTopkState(algorithm="oktopk", density=0.05, warmup_iters=2, tau=3, tau_prime=4, value_dtype="float16", device_path=on)
+            if saved is not None:
+                state.load_state_dict(saved)
+            m.register_comm_hook(state, oktopk_hook)
+            for step in range(lo, hi):
+                x, y = batch(rank, step)
+                o.zero_grad()
+                F.cross_entropy(m(x), y).backward()
+                o.step()
+            saved = state.state_dict()
+            state.close()
+            params = [p.detach().clone() for p in m.parameters()]
+        return params
+
+    base = train((False, False), 12)
+    write(out, rank, {paths: all(torch.equal(a, b) for a, b in zip(base, train(paths, 6)))
+                      for paths in ((False, False), (True, False), (False, True), (True, True))})
+    dist.destroy_process_group()

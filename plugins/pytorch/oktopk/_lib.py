@@ -107,6 +107,39 @@ class CallOptions(ctypes.Structure):
     ]
 
 
+class SelectionPlan(ctypes.Structure):
+    """oktopk_selection_plan_t (0.10): a caller-selected call's k, exactness
+    and threshold."""
+
+    _fields_ = [("k", ctypes.c_uint64), ("exact", ctypes.c_int32), ("threshold", ctypes.c_float)]
+
+
+class Selected(ctypes.Structure):
+    """oktopk_selected_t (0.10): a caller-selected call's selection in, and
+    step 6's terms out."""
+
+    _fields_ = [
+        ("size", ctypes.c_uint32),
+        ("indices", ctypes.c_void_p),
+        ("values", ctypes.c_void_p),
+        ("count", ctypes.c_size_t),
+        ("threshold", ctypes.c_float),
+        ("non_finite", ctypes.c_int32),
+        ("result_indices", ctypes.c_void_p),
+        ("result_values", ctypes.c_void_p),
+        ("result_capacity", ctypes.c_size_t),
+        ("result_count", ctypes.c_size_t),
+        ("consumed_indices", ctypes.c_void_p),
+        ("consumed_values", ctypes.c_void_p),
+        ("consumed_capacity", ctypes.c_size_t),
+        ("consumed_count", ctypes.c_size_t),
+        ("error_indices", ctypes.c_void_p),
+        ("error_values", ctypes.c_void_p),
+        ("error_capacity", ctypes.c_size_t),
+        ("error_count", ctypes.c_size_t),
+    ]
+
+
 class LinkModel(ctypes.Structure):
     _fields_ = [
         ("size", ctypes.c_uint32),
@@ -200,6 +233,11 @@ def _declare(lib):
         "oktopk_tensor_state_load": (c.c_int, [i64, u64, c.c_void_p, sz]),
         "oktopk_tensor_residual_fold": (c.c_int, [i64, u64, c.c_void_p, sz, c.c_int, P(sz), sz]),
         "oktopk_topk": (c.c_int, [c.c_void_p, sz, sz, c.c_void_p, c.c_void_p]),
+        "oktopk_selection_plan": (c.c_int, [i64, u64, sz, P(CallOptions), P(SelectionPlan)]),
+        "oktopk_selected_capacity": (sz, [sz, sz, c.c_int]),
+        "oktopk_sparse_allreduce_selected": (c.c_int, [i64, u64, sz, c.c_int, P(CallOptions), P(Selected), P(Stats)]),
+        "oktopk_tensor_state_save_residual": (c.c_int, [i64, u64, c.c_void_p, sz, c.c_void_p, sz]),
+        "oktopk_tensor_state_load_residual": (c.c_int, [i64, u64, c.c_void_p, sz, c.c_void_p, sz]),
     }
     for name, (restype, argtypes) in sig.items():
         fn = getattr(lib, name)

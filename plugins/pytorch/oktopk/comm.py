@@ -270,6 +270,72 @@ class Communicator:
             self.handle, tensor_id, tensor.data_ptr(), tensor.numel(), dtype, ctypes.byref(opts), ctypes.byref(stats)))
         return stats
 
+    @staticmethod
+    def _options(density=None, tau_prime=None):
+        opts = _lib.CallOptions(size=ctypes.sizeof(_lib.CallOptions))
+        if density is not None:
+            opts.flags |= _lib.CALL_DENSITY
+            opts.density = density
+        if tau_prime is not None:
+            opts.flags |= _lib.CALL_TAU_PRIME
+            opts.tau_prime = tau_prime
+        return opts
+
+    def selection_plan(self, tensor_id, n, density=None, tau_prime=None):
+        """The plan of ``tensor_id``'s next caller-selected call on n
+        elements (see :meth:`sparse_allreduce_selected`): (k, exact,
+        threshold), the threshold a Python float holding a float32."""
+        plan = _lib.SelectionPlan()
+        self._check(_lib.lib().oktopk_selection_plan(self.handle, tensor_id, n, ctypes.byref(self._options(density, tau_prime)),
+                                                     ctypes.byref(plan)))
+        return plan.k, bool(plan.exact), plan.threshold
+
+    def selected_capacity(self, n, k):
+        """The most entries a caller-selected call returns as its result or
+        its errors on this communicator."""
+        return _lib.lib().oktopk_selected_capacity(n, k, self.size)
+
+    def sparse_allreduce_selected(self, tensor_id, n, dtype, indices, values, threshold, non_finite, out, density=None, tau_prime=None):
+        """One caller-selected call (include/oktopk.h): this rank's selection
+        (``indices`` int32 and ``values`` float32, contiguous CPU tensors,
+        ascending) of a tensor of n elements whose gradient is of ``dtype``,
+        and the local threshold the selection rules left. ``out`` holds six
+        contiguous CPU tensors (result, consumed and error indices int32 and
+        values float32), each at least ``selected_capacity`` long (consumed:
+        the selection's length). Returns (statistics, result count, consumed
+        count, error count)."""
+        code = _DTYPES.get(dtype)
+        if code is None:
+            raise TypeError(f"oktopk: unsupported dtype {dtype} (float32, float16, bfloat16)")
+        ri, rv, ci, cv, ei, ev = out
+        io = _lib.Selected(size=ctypes.sizeof(_lib.Selected))
+        io.indices, io.values, io.count = indices.data_ptr(), values.data_ptr(), indices.numel()
+        io.threshold, io.non_finite = threshold, int(bool(non_finite))
+        io.result_indices, io.result_values, io.result_capacity = ri.data_ptr(), rv.data_ptr(), min(ri.numel(), rv.numel())
+        io.consumed_indices, io.consumed_values, io.consumed_capacity = ci.data_ptr(), cv.data_ptr(), min(ci.numel(), cv.numel())
+        io.error_indices, io.error_values, io.error_capacity = ei.data_ptr(), ev.data_ptr(), min(ei.numel(), ev.numel())
+        stats = _lib.new_stats()
+        self._check(_lib.lib().oktopk_sparse_allreduce_selected(self.handle, tensor_id, n, code, ctypes.byref(self._options(density, tau_prime)),
+                                                                ctypes.byref(io), ctypes.byref(stats)))
+        return stats, io.result_count, io.consumed_count, io.error_count
+
+    def save_tensor_state_residual(self, tensor_id, residual):
+        """A caller-selected tensor's checkpoint, with the caller's residual
+        (a contiguous float32 CPU tensor), in save_tensor_state's format."""
+        lib = _lib.lib()
+        size = ctypes.c_size_t(0)
+        self._check(lib.oktopk_tensor_state_size(self.handle, tensor_id, ctypes.byref(size)))
+        buf = ctypes.create_string_buffer(size.value)
+        self._check(lib.oktopk_tensor_state_save_residual(self.handle, tensor_id, residual.data_ptr(), residual.numel(), buf, size.value))
+        return buf.raw
+
+    def load_tensor_state_residual(self, tensor_id, blob, residual):
+        """Install a checkpoint (either form's) for caller-selected calls,
+        its residual written into ``residual`` (a contiguous float32 CPU
+        tensor of the tensor's length)."""
+        buf = ctypes.create_string_buffer(blob, len(blob))
+        self._check(_lib.lib().oktopk_tensor_state_load_residual(self.handle, tensor_id, buf, len(blob), residual.data_ptr(), residual.numel()))
+
     def fold_residual_(self, tensor_id, tensor, hold=()):
         """Move ``tensor_id``'s residual into a contiguous CPU tensor, in
         place, before the caller reduces it with a dense allreduce of its

@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from .adaptive import AdaptiveControl
 from .choice import DEFAULT_MARGIN, DEFAULT_RECHECK_EVERY, NATIVE, SPARSE, StepChoice, debug_enabled
+from . import device as device_path_
 from .comm import Communicator
 from .layout import BucketLayout, on_stream
 from .optimizers import OptimizerWatch, dense_notice
@@ -114,8 +115,19 @@ class OkTopkState(ReducerStats):
     ``algorithm_counts`` counts the library calls per algorithm that ran
     (with ``"auto"``, the one it chose for each bucket and step).
 
+    :param device_path: ``None`` (the default): a CUDA bucket takes the
+        device path (``oktopk.device``): acc = grad + residual, the local
+        selection and the residual stay on the GPU, and only the selected
+        and result pairs cross PCIe; ``True``: every bucket takes it, a CPU
+        one too (the same arithmetic as the staging path, bit for bit);
+        ``False``: never. It runs Ok-Topk (``"auto"`` and the measured
+        choice's sparse path mean Ok-Topk there) and measures no ξ: other
+        algorithms, ``measure_xi_every`` and ``adaptive`` stage the bucket
+        through host memory instead. ``host_device_bytes`` counts what
+        either path copies.
+
     Buckets may be float32, float16 or bfloat16, on CPU or CUDA; CUDA buckets
-    are staged through pinned host memory. A step whose gradient holds NaN or
+    take the device path, or are staged through pinned host memory. A step whose gradient holds NaN or
     Inf on any rank comes back as NaN on every rank (the library skips it and
     keeps its state), so ``torch.amp.GradScaler`` or the script's own check
     skips the optimizer step, as with ``allreduce_hook``.
@@ -149,13 +161,27 @@ class OkTopkState(ReducerStats):
         "_residual_groups",
         "_pooled_iter",
         "_optimizers",
+        "device_path",
+        "_device_groups",
+        "_library_groups",
+        "_host_buffers",
     ]
 
     def __init__(self, process_group=None, density=DEFAULTS.density, algorithm=DEFAULTS.algorithm, warmup_iters=DEFAULT_WARMUP_ITERS,
                  tau=DEFAULTS.tau, tau_prime=DEFAULTS.tau_prime, timeout=DEFAULTS.timeout, value_dtype=DEFAULTS.value_dtype,
                  stochastic_rounding=DEFAULTS.stochastic_rounding, density_schedule=DEFAULTS.density_schedule,
                  measure_xi_every=DEFAULTS.measure_xi_every, adaptive=DEFAULTS.adaptive, sparse_margin=DEFAULT_MARGIN,
-                 recheck_every=DEFAULT_RECHECK_EVERY):
+                 recheck_every=DEFAULT_RECHECK_EVERY, device_path=None):
+        if device_path not in (None, True, False):
+            raise ValueError(f"device_path must be None, True or False, got {device_path!r}")
+        self.device_path = device_path
+        # The device path's groups (oktopk.device.DeviceGroup: residual on
+        # the device), the groups whose state the library holds with the
+        # residual in it (loaded from a checkpoint), and the host memory of
+        # the device path's pairs.
+        self._device_groups = {}
+        self._library_groups = set()
+        self._host_buffers = device_path_.HostBuffers()
         self.warmup_iters = check_warmup_iters(warmup_iters)
         # algorithm None: the measured choice, whose sparse path is "auto",
         # and native on every step for an Adam-family optimizer's parameters
@@ -262,7 +288,7 @@ class OkTopkState(ReducerStats):
         if comm is not None:
             self._reducer.drain()  # after every queued bucket
             for group_id in sorted(self._layout.groups):
-                tensors[group_id] = comm.save_tensor_state(group_id)
+                tensors[group_id] = _save_group(self, comm, group_id)
         rank, size = self._placement() or self._owner or (None, None)
         return {
             "iter": self.iter,
@@ -313,6 +339,8 @@ class OkTopkState(ReducerStats):
         if self._reducer.comm is not None:
             for bucket_id, blob in tensors.items():
                 self._reducer.comm.load_tensor_state(bucket_id, blob)
+                self._device_groups.pop(bucket_id, None)
+            self._library_groups |= set(tensors)
         else:
             self._pending_state = tensors
 
@@ -367,7 +395,39 @@ def _start(state):
                                           value_dtype=state.value_dtype, stochastic_rounding=state.stochastic_rounding))
         for bucket_id, blob in state._pending_state.items():
             state._reducer.comm.load_tensor_state(bucket_id, blob)
+        state._library_groups = set(state._pending_state)
         state._pending_state = {}
+
+
+def _save_group(state, comm, group_id):
+    """A group's state saved from the library, with its residual from the
+    device when it takes the device path."""
+    group = state._device_groups.get(group_id)
+    return comm.save_tensor_state(group_id) if group is None else group.checkpoint(comm, group_id)
+
+
+def _takes_device_path(state, tensor):
+    """Whether a sparse call on ``tensor`` (a bucket) takes the device path
+    (see OkTopkState's device_path)."""
+    if state.device_path is False or (state.device_path is None and tensor.device.type != "cuda"):
+        return False
+    return (state.algorithm in (None, "auto", "oktopk") and state.measure_xi_every is None and state._reducer.adaptive is None
+            and tensor.numel() <= device_path_.MAX_ELEMENTS)
+
+
+def _device_group(state, group_id, n, device):
+    """The group's device-path state, made at its first call; a state the
+    library holds with its residual (loaded from a checkpoint) moves its
+    residual to the device."""
+    group = state._device_groups.get(group_id)
+    if group is None:
+        group = device_path_.DeviceGroup(n, device)
+        if group_id in state._library_groups:
+            comm = state._reducer.comm
+            group.load(comm, group_id, comm.save_tensor_state(group_id))
+            state._library_groups.discard(group_id)
+        state._device_groups[group_id] = group
+    return group
 
 
 def _call(state, step):
@@ -405,6 +465,10 @@ def _reduce_pieces(state, group_id, pieces, call):
     tensor = pieces[0][0]
     n = sum(b - a for _, a, b in pieces)
     cuda = tensor.device.type == "cuda"
+    density, xi_step = call
+    if _takes_device_path(state, tensor):
+        _reduce_on_device(state, group_id, pieces, hold, density)
+        return
     if not cuda and len(pieces) == 1 and pieces[0][1:] == (0, tensor.numel()) and tensor.is_contiguous():
         host = tensor  # in place
     else:
@@ -422,7 +486,8 @@ def _reduce_pieces(state, group_id, pieces, call):
             host[at : at + b - a].copy_(t[a:b])
             at += b - a
     state._residual_groups.add(group_id)  # a native step folds it in first
-    density, xi_step = call
+    if cuda:
+        state._reducer.count_host_device(2 * host.numel() * host.element_size())
     tau_prime = None
     adaptive = state._reducer.adaptive
     if adaptive is not None:  # this worker thread adapts them, between steps
@@ -434,6 +499,27 @@ def _reduce_pieces(state, group_id, pieces, call):
         at = 0
         for t, a, b in pieces:
             t[a:b].copy_(host[at : at + b - a])
+            at += b - a
+
+
+def _reduce_on_device(state, group_id, pieces, hold, density):
+    """Worker thread: _reduce_pieces on the device path (oktopk.device):
+    the pieces gathered on their device when they are not one whole
+    buffer, and written back."""
+    tensor = pieces[0][0]
+    whole = len(pieces) == 1 and pieces[0][1:] == (0, tensor.numel()) and tensor.is_contiguous()
+    grad = tensor if whole else torch.cat([t[a:b] for t, a, b in pieces])
+    group = _device_group(state, group_id, grad.numel(), grad.device)
+    state._residual_groups.add(group_id)  # a native step folds it in first
+    reducer = state._reducer
+    stats, moved, pairs = device_path_.sparse_allreduce_(reducer.comm, group_id, grad, group, state._host_buffers, hold, density)
+    reducer.count_host_device(moved, pairs)
+    if stats is not None:
+        reducer.record(group_id, stats)
+    if not whole:
+        at = 0
+        for t, a, b in pieces:
+            t[a:b].copy_(grad[at : at + b - a])
             at += b - a
 
 
@@ -529,7 +615,8 @@ def _release_communicator(state):
     if reducer.comm is None:
         return
     reducer.drain()
-    state._pending_state = {group_id: reducer.comm.save_tensor_state(group_id) for group_id in sorted(state._layout.groups)}
+    state._pending_state = {group_id: _save_group(state, reducer.comm, group_id) for group_id in sorted(state._layout.groups)}
+    state._device_groups = {}  # their residuals are in the saved states; the next sparse step loads them again
     reducer.close()
 
 
@@ -543,6 +630,10 @@ def _fold_residual(state, group_id, tensor, slices):
     host memory in the group's order for it, once per switch."""
     comm = state._reducer.comm
     if comm is None or group_id not in state._residual_groups:
+        return
+    group = state._device_groups.get(group_id)
+    if group is not None:
+        _fold_on_device(state, group_id, group, tensor, slices)
         return
     hold, at = [], 0
     for a, b, held in slices:
@@ -558,6 +649,25 @@ def _fold_residual(state, group_id, tensor, slices):
         at = 0
         for a, b, _ in slices:
             tensor[a:b].copy_(host[at : at + b - a])
+            at += b - a
+    if not hold:
+        state._residual_groups.discard(group_id)
+
+
+def _fold_on_device(state, group_id, group, tensor, slices):
+    """_fold_residual for a device-path group: the same fold, where the
+    residual is."""
+    pieces = [(tensor, a, b) for a, b, _ in slices]
+    grad = torch.cat([tensor[a:b] for a, b, _ in slices])
+    hold, at = [], 0
+    for a, b, held in slices:
+        if held:
+            hold.append((at, at + b - a))
+        at += b - a
+    if device_path_.fold_(grad, group, hold):
+        at = 0
+        for t, a, b in pieces:
+            t[a:b].copy_(grad[at : at + b - a])
             at += b - a
     if not hold:
         state._residual_groups.discard(group_id)

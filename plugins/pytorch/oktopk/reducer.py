@@ -49,6 +49,13 @@ class Reducer:
         self.last_xi = None
         self.last_xi_step = None
         self._xi = XiTally()
+        # Bytes copied between host and device by the sparse calls (staging a
+        # CUDA bucket whole, or the device path's pairs), and per call
+        # counted.
+        self.host_device_bytes = 0
+        self.host_device_calls = 0
+        # The device path's pairs per call summed: selected and result.
+        self.host_device_pairs = 0
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -114,6 +121,18 @@ class Reducer:
                 raise
             host.fill_(float("nan"))
             return None
+        return self.record(tensor_id, stats, xi_step)
+
+    def count_host_device(self, nbytes, pairs=0):
+        """Worker thread: one call's bytes between host and device (and, on
+        the device path, its selected and result pairs)."""
+        with self.lock:
+            self.host_device_bytes += nbytes
+            self.host_device_calls += 1
+            self.host_device_pairs += pairs
+
+    def record(self, tensor_id, stats, xi_step=None):
+        """Worker thread: a completed call's statistics; returns them."""
         with self.lock:
             # A step that measures ξ moves a dense allreduce more: the
             # traffic a user pays for counts it.
@@ -176,3 +195,6 @@ class ReducerStats:
     last_k = _stat("last_k", "The k of each tensor id's latest call.")
     last_xi = _stat("last_xi", "ξ of the latest measured step over its calls so far (None: none measured).")
     last_xi_step = _stat("last_xi_step", "The step last_xi belongs to.")
+    host_device_bytes = _stat("host_device_bytes", "Bytes the sparse calls copied between host and device memory (oktopk.device).")
+    host_device_calls = _stat("host_device_calls", "Sparse calls whose host-device bytes are counted in host_device_bytes.")
+    host_device_pairs = _stat("host_device_pairs", "The device path's selected and result pairs, summed over its calls.")
