@@ -25,7 +25,7 @@ WHEEL_VENV := $(OKTOPK_CACHE)/venv-wheel-$(shell sha256sum $(WHEEL_REQ) | cut -c
 WHEEL_PY := $(WHEEL_VENV)/bin/python
 GO_SOURCES := $(shell find core transport capi -name '*.go' -not -name '*_test.go') $(wildcard capi/*.c capi/*.h) go.mod go.sum
 
-.PHONY: all deps deps-launch deps-text bench-text bench-ddp bench-ddp-smoke venv-wheel build test test-go test-c test-launch test-python test-wheel test-venvs test-horovod wheel demo bench bench-quick bench-smoke bench-e2e bench-e2e-smoke bench-go examples header-check clean venv venv-horovod print-py chaos chaos-smoke fuzz
+.PHONY: gpu-check all deps deps-launch deps-text bench-text bench-ddp bench-ddp-smoke venv-wheel build test test-go test-c test-launch test-python test-wheel test-venvs test-horovod wheel demo bench bench-quick bench-smoke bench-e2e bench-e2e-smoke bench-go examples header-check clean venv venv-horovod print-py chaos chaos-smoke fuzz
 
 all: build
 
@@ -352,6 +352,11 @@ bench-go: $(BUILD)/.deps
 	$(GO) test -run '^$$' -bench RingAllreduceBetweenProcesses -benchtime 1x ./tests
 	$(GO) test -run '^$$' -bench . -benchtime 10x ./core
 
+# The CUDA checks, on a machine with a GPU and no Go or registries: from the
+# wheel `make wheel` built beforehand (tests/gpu_check.sh says how).
+gpu-check:
+	bash tests/gpu_check.sh
+
 print-py:
 	@echo $(PY)
 
@@ -376,6 +381,9 @@ wheel: $(WHEEL_DIR)/.ok
 $(WHEEL_DIR)/.ok: $(LIB) $(PLUGIN_FILES) $(WHEEL_REQ) | venv-wheel
 	rm -rf $(WHEEL_DIR) $(BUILD)/wheel-src && mkdir -p $(BUILD)/wheel-src
 	cp -r plugins/pytorch plugins/horovod $(BUILD)/wheel-src/
+	@# setuptools' own build/ from an earlier pip install of the checkout
+	@# would win over the sources (copied later, so older): never carry it.
+	rm -rf $(BUILD)/wheel-src/*/build $(BUILD)/wheel-src/*/*.egg-info
 	OKTOPK_LIBRARY=$(CURDIR)/$(LIB) $(WHEEL_PY) -m pip wheel -q --no-deps --no-build-isolation \
 		-w $(BUILD)/wheel-src/raw $(BUILD)/wheel-src/pytorch
 	PATH=$(WHEEL_VENV)/bin:$$PATH $(WHEEL_PY) -m auditwheel repair -w $(WHEEL_DIR) $(BUILD)/wheel-src/raw/oktopk-*.whl

@@ -25,3 +25,23 @@ def test_cuda_buckets_density_one_equal_allreduce_hook(dtype, tolerance):
     for r, res in results.items():
         assert res["sparse_iters"] == 5, res
         assert res["worst_relative_diff"] <= tolerance, f"rank {r}: {res}"
+
+
+@pytest.mark.parametrize("model_dtype, value_dtype, find_unused", [("float32", "float32", False), ("bfloat16", "float16", True)])
+def test_cuda_device_path_equals_staging_path_bitwise(model_dtype, value_dtype, find_unused):
+    # The device path (selection and residual on the GPU, pairs across)
+    # against the staging path (the bucket copied whole to pinned memory):
+    # the same gradients every step, the same checkpoints at the end.
+    results = run(workers.device_path, 2, model_dtype, value_dtype, find_unused, "cuda")
+    for r, res in results.items():
+        assert all(res["equal"]), f"rank {r}: gradients differ at steps {[s for s, e in enumerate(res['equal']) if not e]}"
+        assert res["same_checkpoint"] and res["nan_seen"] == [s == 7 for s in range(16)], res
+
+
+def test_cuda_device_path_moves_pairs_where_staging_moves_buckets():
+    results = run(workers.device_path, 2, "float32", "float32", False, "cuda")
+    n = sum(p.numel() for p in workers.Branchy().parameters())
+    for r, res in results.items():
+        staging, on_device = res["bytes"]
+        assert res["calls"] == [14, 14] and staging == 14 * 2 * 4 * n, res
+        assert on_device <= 3 * 8 * res["pairs"] + 64 * 14, res

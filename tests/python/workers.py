@@ -950,9 +950,10 @@ def adam_family(rank, world, port, out):
     dist.destroy_process_group()
 
 
-def device_path(rank, world, port, out, model_dtype, value_dtype, find_unused):
+def device_path(rank, world, port, out, model_dtype, value_dtype, find_unused, device="cpu"):
     """The same training through the staging path and the device path
-    forced on (CPU tensors), side by side: per step, whether the two
+    (forced on for CPU tensors; on "cuda" both ranks share GPU 0 over gloo),
+    side by side: per step, whether the two
     models' gradients are bitwise equal (a NaN injected on rank 1 at step 7
     in both), and at the end whether their checkpoints (iteration, thresholds,
     boundaries, residuals) are byte for byte equal; the host-device bytes
@@ -960,7 +961,8 @@ def device_path(rank, world, port, out, model_dtype, value_dtype, find_unused):
     setup(rank, world, port)
     dtype = getattr(torch, model_dtype)
     torch.manual_seed(0)
-    models = [DDP(Branchy().to(dtype), find_unused_parameters=find_unused) for _ in range(2)]
+    ids = [0] if device == "cuda" else None
+    models = [DDP(Branchy().to(device, dtype), device_ids=ids, find_unused_parameters=find_unused) for _ in range(2)]
     models[1].module.load_state_dict(models[0].module.state_dict())
     states = [OkTopkState(algorithm="oktopk", density=0.05, warmup_iters=2, tau=3, tau_prime=4, value_dtype=value_dtype, device_path=on)
               for on in (False, True)]
@@ -971,6 +973,7 @@ def device_path(rank, world, port, out, model_dtype, value_dtype, find_unused):
     equal, nan_seen = [], []
     for step in range(16):
         x, y = batch(rank, step)
+        x, y = x.to(device), y.to(device)
         grads = []
         for m, o in zip(models, opts):
             o.zero_grad(set_to_none=True)
