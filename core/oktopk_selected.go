@@ -70,22 +70,19 @@ func SelectedCapacity(n, k, p int) int {
 }
 
 // SelectionPlan returns the plan of tensor id's next caller-selected call
-// with settings cfg (density and τ′ as that call will pass them).
-func (c *Communicator) SelectionPlan(id uint64, n int, cfg Config) (SelectionPlan, error) {
-	if err := cfg.Validate(); err != nil {
-		return SelectionPlan{}, err
-	}
+// with settings cfg (density and τ′ as that call will pass them). It never
+// refuses: settings or an n the call will refuse get an exact plan, and
+// the call then refuses on every rank (a plan refused here would leave the
+// peers waiting for a call this rank never makes).
+func (c *Communicator) SelectionPlan(id uint64, n int, cfg Config) SelectionPlan {
 	c.mu.Lock()
 	st := c.states[id]
 	c.mu.Unlock()
-	k := cfg.K(n)
-	if st == nil {
-		return SelectionPlan{K: k, Exact: true}, nil
+	k := max(0, min(cfg.K(n), n))
+	if st == nil || cfg.Validate() != nil || st.checkSelected(id, n) != nil {
+		return SelectionPlan{K: k, Exact: true}
 	}
-	if err := st.checkSelected(id, n); err != nil {
-		return SelectionPlan{}, err
-	}
-	return SelectionPlan{K: k, Exact: st.Iter%cfg.TauPrime == 0 || k == n, Threshold: st.LocalThreshold}, nil
+	return SelectionPlan{K: k, Exact: st.Iter%cfg.TauPrime == 0 || k == n, Threshold: st.LocalThreshold}
 }
 
 // checkSelected refuses a state that is not for caller-selected calls on n

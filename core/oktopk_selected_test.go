@@ -19,14 +19,12 @@ import (
 // ports it), calls, and applies step 6's terms to its residual and output.
 func callerStep(ctx context.Context, c *Communicator, id uint64, grad, residual []float32, cfg Config) ([]float32, error) {
 	n := len(grad)
-	plan, err := c.SelectionPlan(id, n, cfg)
-	if err != nil {
-		return nil, err
-	}
+	plan := c.SelectionPlan(id, n, cfg)
 	acc := make([]float32, n)
 	nonFinite := Accumulate(acc, grad, residual) > 0
 	th := plan.Threshold
 	var sel Sparse
+	var err error
 	if !nonFinite {
 		if sel, err = SelectByThreshold(Sparse{}, acc, plan.K, &th, plan.Exact); err != nil {
 			return nil, err

@@ -16,6 +16,7 @@ import (
 	"hash/fnv"
 	"math"
 	"math/rand/v2"
+	"sync"
 	"time"
 
 	"github.com/oktopk/oktopk/binding"
@@ -154,7 +155,14 @@ func stateHash(comm *core.Communicator, id uint64, n int) string {
 		st = *core.NewTensorState(n, core.DefaultConfig())
 	}
 	st.Config = core.DefaultConfig()
-	b, err := st.MarshalBinary()
+	var b []byte
+	var err error
+	if st.CallerResidual {
+		// A caller-selected tensor: its residual is the rank's own.
+		b, err = st.MarshalWithResidual(callerResidual(comm, id, st.N))
+	} else {
+		b, err = st.MarshalBinary()
+	}
 	if err != nil {
 		return "unserialisable: " + err.Error()
 	}
@@ -172,6 +180,9 @@ func runCall(comm *core.Communicator, rank int, s CallSpec) Outcome {
 		now := time.Now().UnixNano()
 		o.StartNs, o.EndNs = now, now
 		return o
+	}
+	if s.Alg == selectedAlg {
+		return runSelected(comm, rank, s)
 	}
 	alg, err := core.ParseAlgorithm(s.Alg)
 	if err != nil {
@@ -204,6 +215,102 @@ func runCall(comm *core.Communicator, rank int, s CallSpec) Outcome {
 	o.State = stateHash(comm, s.Tensor, s.N)
 	o.Intact = hashBytes(buf.bytes()) == gradBefore && o.State == stateBefore
 	return o
+}
+
+// selectedAlg is the campaign's name for Ok-Topk through the caller-selected
+// call (core/oktopk_selected.go), as a GPU trainer makes it: the rank forms
+// acc, selects by the library's rules, keeps the residual and applies the
+// call's terms to it.
+const selectedAlg = "oktopk_selected"
+
+// callerResiduals holds each rank's caller-kept residuals: per
+// communicator (one per rank, in the rank program and in the reference) and
+// tensor id.
+var callerResiduals sync.Map
+
+type residualKey struct {
+	comm   *core.Communicator
+	tensor uint64
+}
+
+// callerResidual is the residual rank's comm keeps for tensor, n long (a
+// call that resizes the tensor is refused, and gets a scratch one).
+func callerResidual(comm *core.Communicator, tensor uint64, n int) []float32 {
+	v, _ := callerResiduals.LoadOrStore(residualKey{comm, tensor}, make([]float32, n))
+	if r := v.([]float32); len(r) == n {
+		return r
+	}
+	return make([]float32, n)
+}
+
+// runSelected is runCall for selectedAlg.
+func runSelected(comm *core.Communicator, rank int, s CallSpec) Outcome {
+	o := Outcome{Index: s.Index}
+	buf, err := makeInput(s, rank)
+	if err != nil {
+		o.Class, o.Err = "harness", err.Error()
+		return o
+	}
+	cfg := core.Config{Algorithm: core.OkTopk, Density: s.Density, Tau: s.Tau, TauPrime: s.TauPrime}
+	gradBefore := hashBytes(buf.bytes())
+	stateBefore := stateHash(comm, s.Tensor, s.N)
+	residual := callerResidual(comm, s.Tensor, s.N)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(s.TimeoutMs)*time.Millisecond)
+	defer cancel()
+	grad := buf.f32
+	if buf.dtype == transport.DtypeFloat16 {
+		grad = make([]float32, s.N)
+		core.Float16ToFloat32(grad, buf.half)
+	} else if buf.dtype == transport.DtypeBFloat16 {
+		grad = make([]float32, s.N)
+		core.BFloat16ToFloat32(grad, buf.half)
+	}
+	o.StartNs = time.Now().UnixNano()
+	plan := comm.SelectionPlan(s.Tensor, s.N, cfg)
+	acc := make([]float32, s.N)
+	nonFinite := core.Accumulate(acc, grad, residual) > 0
+	th := plan.Threshold
+	var sel core.Sparse
+	if !nonFinite {
+		sel, _ = core.SelectByThreshold(core.Sparse{}, acc, plan.K, &th, plan.Exact)
+	}
+	out, _, err := comm.SparseAllreduceSelected(ctx, s.Tensor, s.N, sel, th, nonFinite, cfg, core.CallOptions{Dtype: buf.dtype})
+	o.EndNs = time.Now().UnixNano()
+	if err != nil {
+		o.Class, o.Err = classify(err), err.Error()
+		o.State = stateHash(comm, s.Tensor, s.N)
+		o.Intact = hashBytes(buf.bytes()) == gradBefore && o.State == stateBefore
+		return o
+	}
+	// Step 6 on the caller's side (include/oktopk.h): the residual, then
+	// the result into the caller's buffer in its dtype.
+	copy(residual, acc)
+	for j, i := range out.Consumed.Idx {
+		residual[i] = finiteOr0(residual[i] - out.Consumed.Val[j])
+	}
+	for j, i := range out.OwnerErr.Idx {
+		residual[i] = finiteOr0(residual[i] + out.OwnerErr.Val[j])
+	}
+	clear(grad)
+	for j, i := range out.Result.Idx {
+		grad[i] = out.Result.Val[j]
+	}
+	switch buf.dtype {
+	case transport.DtypeFloat16:
+		core.Float32ToFloat16(buf.half, grad)
+	case transport.DtypeBFloat16:
+		core.Float32ToBFloat16(buf.half, grad)
+	}
+	o.OK, o.Out = true, hashBytes(buf.bytes())
+	o.State = stateHash(comm, s.Tensor, s.N)
+	return o
+}
+
+func finiteOr0(v float32) float32 {
+	if v-v != 0 {
+		return 0
+	}
+	return v
 }
 
 // classify names an error's kind, in the order the C ABI maps errors to

@@ -59,9 +59,10 @@ func kindByName(name string) kind {
 }
 
 // The algorithms of the campaign (core/algorithm.go's names): the two dense
-// allreduces, Ok-Topk and the sparse baselines it is compared with.
+// allreduces, Ok-Topk, Ok-Topk through the caller-selected call (the GPU
+// path's: selectedAlg) and the sparse baselines it is compared with.
 var (
-	campaignAlgs = []string{"dense_ring", "dense_rabenseifner", "oktopk", "topka", "topkdsa", "gtopk", "gaussiank"}
+	campaignAlgs = []string{"dense_ring", "dense_rabenseifner", "oktopk", selectedAlg, "topka", "topkdsa", "gtopk", "gaussiank"}
 	halfDtypes   = []string{"float16", "bfloat16"}
 )
 
