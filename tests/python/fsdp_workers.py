@@ -89,7 +89,7 @@ def density_one(rank, world, port, out, steps):
     dist.destroy_process_group()
 
 
-def mass(rank, world, port, out, algorithm, steps):
+def mass(rank, world, port, out, algorithm, steps, device_path=None):
     """oktopk over the replicas at density 5%: per FSDP2 module and step
     after the warm-up, the shard given to the hook and the one it returned;
     the final residuals; the final parameter shards. With algorithm None
@@ -98,7 +98,7 @@ def mass(rank, world, port, out, algorithm, steps):
     setup(rank, world, port)
     mesh = mesh_2x2()
     model = sharded_stack(mesh, True)
-    state = OkTopkState(process_group=mesh.get_group("replicate"), density=0.05, algorithm=algorithm, recheck_every=8)
+    state = OkTopkState(process_group=mesh.get_group("replicate"), density=0.05, algorithm=algorithm, recheck_every=8, device_path=device_path)
     if algorithm is None:
         from workers import InjectedClock
 

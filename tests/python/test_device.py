@@ -30,14 +30,14 @@ def test_device_path_equals_staging_path_bitwise(model_dtype, value_dtype, find_
 def test_device_path_moves_bytes_in_proportion_to_pairs_not_n():
     # The staging path moves each bucket twice (a CPU bucket is counted as
     # if it were a GPU's: 2 x 4 B x n per call); the device path at most
-    # 3 x 8 B per selected and result pair, plus its counts.
+    # 3 x 8 B per selected and result pair.
     results = run(workers.device_path, 2, "float32", "float32", False)
     n = sum(p.numel() for p in workers.Branchy().parameters())
     for r, res in results.items():
         staging, on_device = res["bytes"]
         calls = res["calls"][1]
         assert res["calls"][0] == 0, "a CPU bucket on the staging path crosses no PCIe"
-        assert calls == 14 and on_device <= 3 * 8 * res["pairs"] + 64 * calls, res
+        assert calls == 14 and on_device <= 3 * 8 * res["pairs"], res  # the counts it reads are in the bound too
         assert res["pairs"] / calls < 0.25 * n  # 5% density, 2 ranks: far fewer pairs than entries
 
 

@@ -27,9 +27,31 @@ def test_hsdp_at_density_one_equals_native_hsdp():
             assert diff <= 1e-5 * max(1.0, np.abs(native).max()), f"rank {r} {name}: {diff}"
 
 
-@pytest.fixture(scope="module", params=["oktopk", None], ids=["oktopk", "measured_choice"])
-def mass_run(request):
+@pytest.fixture(scope="module")
+def oktopk_run():
+    return run(fsdp_workers.mass, WORLD, "oktopk", 30)
+
+
+@pytest.fixture(scope="module")
+def device_run():
+    return run(fsdp_workers.mass, WORLD, "oktopk", 30, True)  # the device path forced on the CPU shards
+
+
+@pytest.fixture(scope="module", params=["oktopk", None, "device"], ids=["oktopk", "measured_choice", "device_path"])
+def mass_run(request, oktopk_run, device_run):
+    if request.param == "oktopk":
+        return oktopk_run
+    if request.param == "device":
+        return device_run
     return run(fsdp_workers.mass, WORLD, request.param, 30)
+
+
+def test_hsdp_device_path_equals_staging_path_bitwise(oktopk_run, device_run):
+    for r in range(WORLD):
+        for name, shard in oktopk_run[r]["shards"].items():
+            assert np.array_equal(shard, device_run[r]["shards"][name]), f"rank {r} {name}: the paths' parameters differ"
+        for number, residual in oktopk_run[r]["residual"].items():
+            assert np.array_equal(residual, device_run[r]["residual"][number]), f"rank {r} module {number}: residuals differ"
 
 
 def test_hsdp_keeps_gradient_mass_and_replicas_agree_bitwise(mass_run):

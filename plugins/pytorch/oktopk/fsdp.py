@@ -33,7 +33,8 @@ import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 
 from .choice import NATIVE
-from .ddp import SUPPORTED_DTYPES, OkTopkState, _begin_step, _call, _start
+from . import device as device_path_
+from .ddp import SUPPORTED_DTYPES, OkTopkState, _begin_step, _call, _reduce_on_device, _start, _takes_device_path
 from .layout import group_id_of
 
 
@@ -158,6 +159,11 @@ class _Registration:
             state.last_density, state.last_tau_prime = density, tau_prime
         else:
             state.last_density = state.density if call[0] is None else call[0]
+        if _takes_device_path(state, shard) and shard.is_contiguous():
+            # The shard stays on its device; only pairs cross (oktopk.device).
+            flat = shard.view(-1)
+            _reduce_on_device(state, group_id, [(flat, 0, flat.numel())], (), density)
+            return
         host = _host(state, shard)
         state._residual_groups.add(group_id)
         state._reducer.sparse_allreduce_(group_id, host, density=density, xi_step=xi_step, tau_prime=tau_prime,
@@ -187,6 +193,14 @@ def _fold_residual(state, group_id, shard):
     """Before a native step: the residual a sparse step left joins the
     shard, so the switch loses nothing."""
     if state._reducer.comm is None or group_id not in state._residual_groups:
+        return
+    group = state._device_groups.get(group_id)
+    if group is not None:
+        flat = shard.reshape(-1)
+        if device_path_.fold_(flat, group):
+            state._residual_groups.discard(group_id)
+            if flat.data_ptr() != shard.data_ptr():
+                shard.copy_(flat.view_as(shard))
         return
     host = _host(state, shard)
     state._reducer.comm.fold_residual_(group_id, host)
