@@ -251,3 +251,15 @@ def test_default_under_adam_keeps_horovods_allreduce_and_a_named_algorithm_warns
         assert res["choice"]["kept_dense_for"] == "Adam" and res["equal_to_horovod"]
         assert res["early_checkpoint_tensors"] == 0  # saved before any sparse step, which no bucket state exists for
         assert len(res["warnings"]) == 1 and "Adam" in res["warnings"][0], res["warnings"]
+
+
+def test_device_path_equals_staging_path_and_resumes_on_it(tmp_path):
+    # The device path (selection and residual where the gradients are,
+    # pairs across; forced on CPU gradients here) gives the staging path's
+    # parameters and checkpoints bit for bit, with float16 values, and its
+    # checkpoint resumes on the staging path.
+    results = horovodrun(2, "device_path", str(tmp_path))
+    for r, res in results.items():
+        assert len(set(res["digests"])) == 1, f"rank {r}: {res['digests']}"
+        assert res["same_checkpoint"], f"rank {r}: the library states differ"
+        assert 0 < res["bytes"] <= 3 * 8 * res["pairs"], res

@@ -431,6 +431,31 @@ def adam_family(out):
     return result
 
 
+def device_path(out, ckpt):
+    """10 steps with float16 values on the staging path and on the device
+    path forced on (CPU gradients), each saving after step 5, then the
+    device path's checkpoint resumed on the staging path: the parameters'
+    digests and the checkpoints' library states."""
+    hvd.init()
+    torch.set_num_threads(1)
+
+    def compression(on):
+        return oktopk_horovod.Compression.oktopk(algorithm="oktopk", density=0.05, tau=3, tau_prime=4, value_dtype="float16", device_path=on)
+
+    paths = {on: os.path.join(ckpt, f"rank{hvd.rank()}-{on}.pt") for on in (False, True)}
+    moved = {}
+
+    def record(opt):
+        moved["pairs"], moved["bytes"] = opt.host_device_pairs, opt.host_device_bytes
+
+    staging = train_resumable(paths[False], 0, 10, compression(False), lambda opt: None, save=5)
+    device = train_resumable(paths[True], 0, 10, compression(True), record, save=5)
+    resumed = train_resumable(paths[True], 5, 10, compression(False), lambda opt: None)
+    states = [torch.load(paths[on], weights_only=False)["oktopk"]["tensors"] for on in (False, True)]
+    return {"digests": [staging["params"], device["params"], resumed["params"]], "same_checkpoint": states[0] == states[1] and len(states[0]) > 0,
+            **moved}
+
+
 if __name__ == "__main__":
     name, outdir = sys.argv[1], sys.argv[2]
     result = globals()[name](outdir, *sys.argv[3:])

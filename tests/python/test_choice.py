@@ -108,14 +108,30 @@ def choice_run_16(tmp_path_factory):
     return run(workers.choice_run, 3, str(tmp_path_factory.mktemp("choice16")), "float16")
 
 
-@pytest.mark.parametrize("value_dtype", ["float32", "float16"])
-def test_switching_between_native_and_sparse_keeps_gradient_mass(choice_run, choice_run_16, value_dtype):
+@pytest.fixture(scope="module")
+def choice_run_device(tmp_path_factory):
+    # The same run with the device path forced on (CPU tensors): its folds
+    # happen where its residuals are.
+    return run(workers.choice_run, 3, str(tmp_path_factory.mktemp("choice_device")), "float16", True)
+
+
+def test_the_device_path_takes_the_same_paths_with_ok_topk_as_its_sparse_algorithm(choice_run_16, choice_run_device):
+    # The staging path's sparse steps run "auto" (here it picks TopkA); the
+    # device path's run Ok-Topk: the paths agree, the algorithms do not.
+    for r in range(3):
+        a, b = choice_run_16[r]["full"], choice_run_device[r]["full"]
+        assert a["paths"] == b["paths"] and a["alive"] == b["alive"], f"rank {r}"
+        assert set(b["algorithm_counts"]) == {"oktopk"} and sum(b["algorithm_counts"].values()) == sum(a["algorithm_counts"].values())
+
+
+@pytest.mark.parametrize("value_dtype", ["float32", "float16", "float16 on the device path"])
+def test_switching_between_native_and_sparse_keeps_gradient_mass(choice_run, choice_run_16, choice_run_device, value_dtype):
     # Over the steps after the warm-up, per parameter: the gradients given
     # to the hook summed over the ranks equal P x what DDP applied plus the
     # residuals left, with find_unused_parameters=True (held slots), and
     # with float16 values (their rounding errors stay in the residuals).
     world = 3
-    runs = choice_run if value_dtype == "float32" else choice_run_16
+    runs = {"float32": choice_run, "float16": choice_run_16}.get(value_dtype, choice_run_device)
     results = {r: runs[r]["full"] for r in range(world)}
     for name in results[0]["local"]:
         local = sum(results[r]["local"][name].astype("float64") for r in range(world))

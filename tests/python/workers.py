@@ -823,7 +823,7 @@ class InjectedClock:
         return self.now
 
 
-def choice_run(rank, world, port, out, ckpt, value_dtype="float32"):
+def choice_run(rank, world, port, out, ckpt, value_dtype="float32", device_path=None):
     """The default hook (algorithm None, recheck_every 8) on Branchy with
     find_unused_parameters=True over 48 steps, its clock injected with
     choice_cost: per step, the path and whether a communicator existed
@@ -840,7 +840,7 @@ def choice_run(rank, world, port, out, ckpt, value_dtype="float32"):
         torch.manual_seed(0)
         m = DDP(Branchy(), find_unused_parameters=True)
         o = torch.optim.SGD(m.parameters(), lr=0.05)
-        state = OkTopkState(density=0.05, warmup_iters=2, recheck_every=8, value_dtype=value_dtype)
+        state = OkTopkState(density=0.05, warmup_iters=2, recheck_every=8, value_dtype=value_dtype, device_path=device_path)
         clock = InjectedClock()
         state._choice.clock = clock
         if first:

@@ -18,7 +18,10 @@ class OkTopkCompressor(Compressor):
     def __init__(self, density=DEFAULTS.density, algorithm=DEFAULTS.algorithm, tau=DEFAULTS.tau, tau_prime=DEFAULTS.tau_prime,
                  timeout=DEFAULTS.timeout, value_dtype=DEFAULTS.value_dtype, stochastic_rounding=DEFAULTS.stochastic_rounding,
                  density_schedule=DEFAULTS.density_schedule, measure_xi_every=DEFAULTS.measure_xi_every, adaptive=DEFAULTS.adaptive,
-                 sparse_margin=DEFAULT_MARGIN, recheck_every=DEFAULT_RECHECK_EVERY):
+                 sparse_margin=DEFAULT_MARGIN, recheck_every=DEFAULT_RECHECK_EVERY, device_path=None):
+        if device_path not in (None, True, False):
+            raise ValueError(f"device_path must be None, True or False, got {device_path!r}")
+        self.device_path = device_path
         # algorithm None: the measured choice, whose sparse path is "auto".
         (self.density, self.algorithm, self.tau, self.tau_prime, self.timeout, self.value_dtype, self.stochastic_rounding,
          self.density_schedule, self.measure_xi_every, self.adaptive) = check_settings(
@@ -49,7 +52,7 @@ class Compression(hvd.Compression):
     def oktopk(density=DEFAULTS.density, algorithm=DEFAULTS.algorithm, tau=DEFAULTS.tau, tau_prime=DEFAULTS.tau_prime, timeout=DEFAULTS.timeout,
                value_dtype=DEFAULTS.value_dtype, stochastic_rounding=DEFAULTS.stochastic_rounding, density_schedule=DEFAULTS.density_schedule,
                measure_xi_every=DEFAULTS.measure_xi_every, adaptive=DEFAULTS.adaptive, sparse_margin=DEFAULT_MARGIN,
-               recheck_every=DEFAULT_RECHECK_EVERY):
+               recheck_every=DEFAULT_RECHECK_EVERY, device_path=None):
         """Sparse allreduce sending about ``density`` of each gradient
         bucket; the rest waits in a residual (error feedback).
         ``algorithm=None`` (the default): each step takes the faster of
@@ -80,6 +83,9 @@ class Compression(hvd.Compression):
         sets each step's density from the measured ξ and τ′ from the ranks'
         count drift, within these bounds, as ``OkTopkState`` does (see
         ``oktopk.adaptive``); ``oktopk_state_dict()`` saves where it
-        stands."""
+        stands. ``device_path`` is ``OkTopkState``'s: by default a bucket
+        of CUDA gradients is selected on the GPU and only its pairs cross
+        to the host (``oktopk.device``); ``True`` forces that on CPU
+        gradients too, ``False`` stages every bucket through host memory."""
         return OkTopkCompressor(density, algorithm, tau, tau_prime, timeout, value_dtype, stochastic_rounding, density_schedule, measure_xi_every,
-                                adaptive, sparse_margin, recheck_every)
+                                adaptive, sparse_margin, recheck_every, device_path)

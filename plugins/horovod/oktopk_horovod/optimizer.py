@@ -38,6 +38,7 @@ import torch
 from oktopk import Communicator
 from oktopk.adaptive import AdaptiveControl
 from oktopk.choice import NATIVE, SPARSE, StepChoice, debug_enabled
+from oktopk import device as device_path_
 from oktopk.comm import route_source_address
 from oktopk.optimizers import adam_family, dense_notice, sparse_warning
 from oktopk.reducer import Reducer, ReducerStats
@@ -150,6 +151,12 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
         # The buckets the library holds a state of (a sparse call or a load
         # made one): only those are saved, in checkpoints and on release.
         self._stateful_ids = set()
+        # The device path's buckets (oktopk.device.DeviceGroup: residual on
+        # the gradients' device), the buckets whose library state holds its
+        # residual (a checkpoint loaded), and the pairs' host memory.
+        self._device_groups = {}
+        self._library_ids = set()
+        self._host_buffers = device_path_.HostBuffers()
         # An Adam-family optimizer keeps Horovod's allreduce with algorithm
         # None, and is warned about with a named one (oktopk.optimizers).
         adam = adam_family(self)
@@ -240,6 +247,9 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
                 p.grad = p.grad.to_dense()
         grads = [p.grad for p in bucket.params]
         cuda = grads[0].device.type != "cpu"
+        if self._takes_device_path(grads):
+            self._reduce_on_device(bucket, grads, call)
+            return
         if not cuda and len(grads) == 1 and grads[0].is_contiguous():
             host = grads[0].view(-1)  # in place
         else:
@@ -261,6 +271,8 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
                 self._residual_ids.discard(bucket.tensor_id)
             hvd.allreduce_(host, op=self._op, name=f"oktopk.native.{bucket.index}")
         else:
+            if cuda:
+                self._reducer.count_host_device(2 * host.numel() * host.element_size())
             # A step the library skipped (NaN or Inf on some rank) comes back
             # as NaN on every rank, as Horovod's dense average would, so AMP's
             # scaler or the user's own check skips it everywhere.
@@ -276,6 +288,57 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
             for g in grads:
                 g.copy_(host[at : at + g.numel()].view_as(g))
                 at += g.numel()
+
+    def _takes_device_path(self, grads):
+        """Whether a bucket of these gradients takes the device path (see
+        Compression.oktopk's device_path)."""
+        c = self._compressor
+        if c.device_path is False or (c.device_path is None and grads[0].device.type != "cuda"):
+            return False
+        return (c.algorithm in (None, "auto", "oktopk") and self._measure_xi_every is None and self._reducer.adaptive is None
+                and sum(g.numel() for g in grads) <= device_path_.MAX_ELEMENTS)
+
+    def _reduce_on_device(self, bucket, grads, call):
+        """_reduce on the device path: the bucket's gradients gathered on
+        their device (one of them: used in place), reduced there with only
+        pairs crossing to the library, and written back."""
+        whole = len(grads) == 1 and grads[0].is_contiguous()
+        flat = grads[0].view(-1) if whole else torch.cat([g.reshape(-1) for g in grads])
+        tid = bucket.tensor_id
+        group = self._device_groups.get(tid)
+        if group is None:
+            group = device_path_.DeviceGroup(flat.numel(), flat.device)
+            if tid in self._library_ids:  # a loaded checkpoint: its residual moves here
+                group.load(self._reducer.comm, tid, self._reducer.comm.save_tensor_state(tid))
+                self._library_ids.discard(tid)
+            self._device_groups[tid] = group
+        if call == NATIVE:
+            if tid in self._residual_ids and device_path_.fold_(flat, group):
+                self._residual_ids.discard(tid)
+            hvd.allreduce_(flat, op=self._op, name=f"oktopk.native.{bucket.index}")
+        else:
+            density, _, tau_prime = call
+            self._residual_ids.add(tid)
+            stats, moved, pairs = device_path_.sparse_allreduce_(self._reducer.comm, tid, flat, group, self._host_buffers,
+                                                                 density=density, tau_prime=tau_prime)
+            self._reducer.count_host_device(moved, pairs)
+            if stats is not None:
+                self._reducer.record(tid, stats)
+            self._stateful_ids.add(tid)
+            if self._op == hvd.Sum:
+                flat.mul_(hvd.size())
+        if not whole:
+            at = 0
+            for g in grads:
+                g.copy_(flat[at : at + g.numel()].view_as(g))
+                at += g.numel()
+
+    def _save_bucket(self, tensor_id):
+        """A bucket's library state, with its residual from the device when
+        it takes the device path."""
+        group = self._device_groups.get(tensor_id)
+        comm = self._reducer.comm
+        return comm.save_tensor_state(tensor_id) if group is None else group.checkpoint(comm, tensor_id)
 
     # -- Horovod's optimizer interface --------------------------------------
 
@@ -344,13 +407,15 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
         if (reducer.comm is not None and previous == NATIVE and self._path == NATIVE and self._choice.chosen == NATIVE
                 and not self._residual_ids):
             reducer.drain()
-            self._pending_state = {tensor_id: reducer.comm.save_tensor_state(tensor_id) for tensor_id in sorted(self._stateful_ids)}
+            self._pending_state = {tensor_id: self._save_bucket(tensor_id) for tensor_id in sorted(self._stateful_ids)}
+            self._device_groups = {}  # their residuals are in the saved states, loaded again at the next sparse step
             reducer.comm.destroy()
             reducer.comm = None
         elif reducer.comm is None and self._path == SPARSE:
             reducer.comm = self._make_communicator()
             for tensor_id, blob in self._pending_state.items():
                 reducer.comm.load_tensor_state(tensor_id, blob)
+            self._library_ids |= set(self._pending_state)
             self._pending_state = {}
 
     @contextlib.contextmanager
@@ -398,7 +463,7 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
         if self._reducer.comm is None:  # released while native is chosen
             tensors = dict(self._pending_state)
         else:
-            tensors = {tensor_id: self._reducer.comm.save_tensor_state(tensor_id) for tensor_id in sorted(self._stateful_ids)}
+            tensors = {tensor_id: self._save_bucket(tensor_id) for tensor_id in sorted(self._stateful_ids)}
         return {"rank": hvd.rank(), "world_size": hvd.size(), "tensors": tensors, "step": self.sparse_step,
                 "density_schedule": self.density_schedule,
                 "adaptive": self._reducer.adaptive_state(self._measure_xi_every),
@@ -429,6 +494,8 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
         else:
             for tensor_id, blob in tensors.items():
                 self._reducer.comm.load_tensor_state(tensor_id, blob)
+                self._device_groups.pop(tensor_id, None)
+            self._library_ids |= set(tensors)
         self.density_schedule = schedule
         self.sparse_step = int(state.get("step", self.sparse_step))
         # So is the adaptation: where it stood, under the saved bounds.
