@@ -156,6 +156,11 @@ FORWARD(threshold_select,
         (const float *x, size_t n, float threshold, uint32_t *indices, float *values, size_t capacity, size_t *count),
         (x, n, threshold, indices, values, capacity, count))
 
+void oktopk_selection_rules(oktopk_selection_rules_t *rules) {
+  if (forked_child()) return;
+  go_oktopk_selection_rules(rules);
+}
+
 size_t oktopk_selected_capacity(size_t n, size_t k, int ranks) {
   if (forked_child()) return 0;
   return go_oktopk_selected_capacity(n, k, ranks);

@@ -49,6 +49,18 @@ func go_oktopk_selection_plan(comm C.oktopk_comm_t, tensorID C.uint64_t, n C.siz
 	})
 }
 
+//export go_oktopk_selection_rules
+func go_oktopk_selection_rules(rules *C.oktopk_selection_rules_t) {
+	if rules == nil {
+		return
+	}
+	r := core.Rules()
+	*rules = C.oktopk_selection_rules_t{
+		too_many: C.double(r.TooMany), raise: C.float(r.Raise), max_raises: C.int32_t(r.MaxRaises), too_few: C.double(r.TooFew),
+		nudge_low: C.double(r.NudgeLow), nudge_down: C.float(r.NudgeDown), nudge_high: C.double(r.NudgeHigh), nudge_up: C.float(r.NudgeUp),
+	}
+}
+
 //export go_oktopk_selected_capacity
 func go_oktopk_selected_capacity(n C.size_t, k C.size_t, ranks C.int) C.size_t {
 	if ranks < 1 || k > n || uint64(n) > core.MaxElements {

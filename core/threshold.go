@@ -22,6 +22,25 @@ const (
 	nudgeUp            = 1.03
 )
 
+// SelectionRules are the constants of the selection rules, for a caller
+// that selects by them elsewhere (a GPU: core/oktopk_selected.go).
+type SelectionRules struct {
+	TooMany   float64 // more than TooMany·k passed: raise the threshold and reselect
+	Raise     float32 // the factor of a raise
+	MaxRaises int     // raises at most, then the exact selection
+	TooFew    float64 // fewer than TooFew·k passed: the exact selection
+	NudgeLow  float64 // fewer than NudgeLow·k passed: threshold ·= NudgeDown for the next call
+	NudgeDown float32
+	NudgeHigh float64 // more than NudgeHigh·k passed: threshold ·= NudgeUp
+	NudgeUp   float32
+}
+
+// Rules returns the selection rules' constants.
+func Rules() SelectionRules {
+	return SelectionRules{TooMany: thresholdTooMany, Raise: thresholdRaise, MaxRaises: thresholdMaxRaises, TooFew: thresholdTooFew,
+		NudgeLow: nudgeLowCount, NudgeDown: nudgeDown, NudgeHigh: nudgeHighCount, NudgeUp: nudgeUp}
+}
+
 // SelectByThreshold selects about k entries of x into dst (ascending by
 // index) and updates *th for the next call. With exact set (a refresh call,
 // or no threshold known yet) it selects the exact top-k and sets *th to the

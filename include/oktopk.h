@@ -509,6 +509,22 @@ typedef struct {
   float threshold; /* otherwise: the threshold to reuse (0: select exactly) */
 } oktopk_selection_plan_t;
 
+/* The constants of the selection rules above (4/3, 1.03, 4, 1/2, 4/5 and
+ * 0.97, 5/4 and 1.03), from the library itself, for a caller that selects
+ * by them: the factors are float32, the count bounds double (a count c
+ * passes "more than 4k/3" when c > too_many * k in double). */
+typedef struct {
+  double too_many;
+  float raise;
+  int32_t max_raises;
+  double too_few;
+  double nudge_low;
+  float nudge_down;
+  double nudge_high;
+  float nudge_up;
+} oktopk_selection_rules_t;
+void oktopk_selection_rules(oktopk_selection_rules_t *rules);
+
 /* The plan of tensor_id's next caller-selected call on n elements, with
  * that call's options (density and tau_prime; other flags are ignored).
  * Local; runs in issue order with this thread's calls. */

@@ -114,6 +114,28 @@ class SelectionPlan(ctypes.Structure):
     _fields_ = [("k", ctypes.c_uint64), ("exact", ctypes.c_int32), ("threshold", ctypes.c_float)]
 
 
+class SelectionRules(ctypes.Structure):
+    """oktopk_selection_rules_t (0.10): the selection rules' constants."""
+
+    _fields_ = [
+        ("too_many", ctypes.c_double),
+        ("raise_", ctypes.c_float),
+        ("max_raises", ctypes.c_int32),
+        ("too_few", ctypes.c_double),
+        ("nudge_low", ctypes.c_double),
+        ("nudge_down", ctypes.c_float),
+        ("nudge_high", ctypes.c_double),
+        ("nudge_up", ctypes.c_float),
+    ]
+
+
+def selection_rules():
+    """The library's selection rules (oktopk_selection_rules)."""
+    rules = SelectionRules()
+    lib().oktopk_selection_rules(ctypes.byref(rules))
+    return rules
+
+
 class Selected(ctypes.Structure):
     """oktopk_selected_t (0.10): a caller-selected call's selection in, and
     step 6's terms out."""
@@ -235,6 +257,7 @@ def _declare(lib):
         "oktopk_topk": (c.c_int, [c.c_void_p, sz, sz, c.c_void_p, c.c_void_p]),
         "oktopk_selection_plan": (c.c_int, [i64, u64, sz, P(CallOptions), P(SelectionPlan)]),
         "oktopk_selected_capacity": (sz, [sz, sz, c.c_int]),
+        "oktopk_selection_rules": (None, [P(SelectionRules)]),
         "oktopk_sparse_allreduce_selected": (c.c_int, [i64, u64, sz, c.c_int, P(CallOptions), P(Selected), P(Stats)]),
         "oktopk_tensor_state_save_residual": (c.c_int, [i64, u64, c.c_void_p, sz, c.c_void_p, sz]),
         "oktopk_tensor_state_load_residual": (c.c_int, [i64, u64, c.c_void_p, sz, c.c_void_p, sz]),

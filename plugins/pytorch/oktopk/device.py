@@ -23,8 +23,7 @@ forced on). The bytes between host and device per call are 8 per selected
 pair out and 8 per result, consumed and error pair back, plus a few counts:
 ``host_device_bytes``.
 
-The rules' constants are the library's (include/oktopk.h states them; the
-bitwise test holds them to it).
+The rules' constants are read from the library (oktopk_selection_rules).
 """
 
 import struct
@@ -33,14 +32,6 @@ import torch
 
 from . import _lib
 from ._lib import OkTopkError
-
-# The selection rules of include/oktopk.h (core/threshold.go).
-TOO_MANY = 4.0 / 3.0  # more than 4k/3 passed: raise the threshold and reselect
-RAISE = 1.03  # factor per raise (float32)
-MAX_RAISES = 4
-TOO_FEW = 1.0 / 2.0  # fewer than k/2 passed: select exactly instead
-NUDGE_LOW, NUDGE_DOWN = 4.0 / 5.0, 0.97  # fewer than 4k/5: lower the threshold for the next call
-NUDGE_HIGH, NUDGE_UP = 5.0 / 4.0, 1.03  # more than 5k/4: raise it
 
 # Indices cross as int32: the device path takes tensors below 2^31 entries.
 MAX_ELEMENTS = 2**31 - 1
@@ -73,22 +64,33 @@ def select_by_rules(magnitude, k, threshold, exact):
     if exact or threshold <= 0:
         indices, th = exact_top_k(magnitude, k)
         return indices, th, 1
-    limit = TOO_MANY * k
+    rules = _rules()
+    limit = rules.too_many * k
     th = threshold
     count, syncs = int((magnitude > th).sum()), 1
     raises = 0
-    while count > limit and raises < MAX_RAISES:
-        th = f32(th * f32(RAISE))
+    while count > limit and raises < rules.max_raises:
+        th = f32(th * rules.raise_)
         count, syncs, raises = int((magnitude > th).sum()), syncs + 1, raises + 1
-    if count > limit or count < TOO_FEW * k:
+    if count > limit or count < rules.too_few * k:
         indices, th = exact_top_k(magnitude, k)
         return indices, th, syncs + 1
     indices = torch.nonzero(magnitude > th).flatten()
-    if count < NUDGE_LOW * k:
-        th = f32(th * f32(NUDGE_DOWN))
-    elif count > NUDGE_HIGH * k:
-        th = f32(th * f32(NUDGE_UP))
+    if count < rules.nudge_low * k:
+        th = f32(th * rules.nudge_down)
+    elif count > rules.nudge_high * k:
+        th = f32(th * rules.nudge_up)
     return indices, th, syncs
+
+
+_RULES = None
+
+
+def _rules():
+    global _RULES
+    if _RULES is None:
+        _RULES = _lib.selection_rules()
+    return _RULES
 
 
 class DeviceGroup:
