@@ -625,6 +625,73 @@ static void test_sparse_in_sparse_out(oktopk_comm_t comm, int rank, int size) {
   free(out_val);
 }
 
+/* The caller-selected call from C, as a trainer that selects on its own
+ * device would make it: here every call is exact (tau' = 1), so the
+ * selection is oktopk_topk of acc = gradient + residual, the threshold the
+ * (k+1)-th largest |acc|. Its results and residual, and its checkpoint, are
+ * the dense-input call's bit for bit; the checkpoint loads back with the
+ * residual handed to the caller. */
+static void test_caller_selected(oktopk_comm_t env_comm, int rank, int size) {
+  oktopk_config_t cfg;
+  oktopk_config_init(&cfg);
+  cfg.algorithm = OKTOPK_ALGO_OKTOPK;
+  cfg.density = 0.02;
+  cfg.tau = 2;
+  cfg.tau_prime = 1;
+  cfg.timeout_ms = 20000;
+  oktopk_comm_t comm = init_rank_by_id(env_comm, rank, size, &cfg);
+  oktopk_selection_rules_t rules;
+  oktopk_selection_rules(&rules);
+  REQUIRE(rules.max_raises == 4 && rules.raise == 1.03f && rules.too_many == 4.0 / 3.0 && rules.too_few == 0.5);
+  const size_t n = 5000;
+  float *g = malloc(n * 4), *dense = malloc(n * 4), *res = calloc(n, 4), *acc = malloc(n * 4), *out = malloc(n * 4);
+  size_t k = (size_t)(0.02 * n), cap = oktopk_selected_capacity(n, k, size);
+  REQUIRE(cap == (size_t)size * (4 * k / 3) && cap <= n);
+  uint32_t *idx = malloc((k + 1) * 4), *ri = malloc(cap * 4), *ci = malloc((k + 1) * 4), *ei = malloc(cap * 4);
+  float *val = malloc((k + 1) * 4), *rv = malloc(cap * 4), *cv = malloc((k + 1) * 4), *ev = malloc(cap * 4);
+  for (int step = 0; step < 5; step++) {
+    fill_gradient(g, n, rank, 20 + step);
+    memcpy(dense, g, n * 4);
+    OK(oktopk_sparse_allreduce(comm, 500, dense, n, OKTOPK_FLOAT32, NULL));
+    oktopk_selection_plan_t plan;
+    OK(oktopk_selection_plan(comm, 501, n, NULL, &plan));
+    REQUIRE(plan.k == k && plan.exact);
+    for (size_t i = 0; i < n; i++) acc[i] = g[i] + res[i];
+    OK(oktopk_topk(acc, n, k + 1, idx, val)); /* the (k+1)-th largest magnitude: the threshold */
+    float th = INFINITY;
+    for (size_t j = 0; j <= k; j++) th = fabsf(val[j]) < th ? fabsf(val[j]) : th;
+    OK(oktopk_topk(acc, n, k, idx, val));
+    oktopk_selected_t io = {.size = sizeof io, .indices = idx, .values = val, .count = k, .threshold = th,
+                            .result_indices = ri, .result_values = rv, .result_capacity = cap,
+                            .consumed_indices = ci, .consumed_values = cv, .consumed_capacity = k,
+                            .error_indices = ei, .error_values = ev, .error_capacity = cap};
+    OK(oktopk_sparse_allreduce_selected(comm, 501, n, OKTOPK_FLOAT32, NULL, &io, NULL));
+    memcpy(res, acc, n * 4);
+    for (size_t j = 0; j < io.consumed_count; j++) res[ci[j]] -= cv[j];
+    for (size_t j = 0; j < io.error_count; j++) res[ei[j]] += ev[j];
+    memset(out, 0, n * 4);
+    for (size_t j = 0; j < io.result_count; j++) out[ri[j]] = rv[j];
+    REQUIRE(memcmp(out, dense, n * 4) == 0);
+    REQUIRE(io.result_count > 0 && io.consumed_count > 0 && io.error_count == 0);
+  }
+  size_t sz = 0, sz_selected = 0;
+  OK(oktopk_tensor_state_size(comm, 500, &sz));
+  OK(oktopk_tensor_state_size(comm, 501, &sz_selected));
+  REQUIRE(sz == sz_selected);
+  char *a = malloc(sz), *b = malloc(sz);
+  OK(oktopk_tensor_state_save(comm, 500, a, sz));
+  EXPECT(oktopk_tensor_state_save(comm, 501, b, sz), oktopkInvalidArgument); /* its residual is the caller's */
+  OK(oktopk_tensor_state_save_residual(comm, 501, res, n, b, sz));
+  REQUIRE(memcmp(a, b, sz) == 0);
+  float *back = malloc(n * 4);
+  OK(oktopk_tensor_state_load_residual(comm, 502, a, sz, back, n));
+  REQUIRE(memcmp(back, res, n * 4) == 0);
+  EXPECT(oktopk_tensor_state_load_residual(comm, 502, a, sz, back, n - 1), oktopkInvalidArgument);
+  OK(oktopk_comm_destroy(comm));
+  free(g), free(dense), free(res), free(acc), free(out), free(idx), free(val), free(ri), free(rv), free(ci), free(cv), free(ei), free(ev);
+  free(a), free(b), free(back);
+}
+
 static int run_ranks(void) {
   oktopk_config_t cfg;
   oktopk_config_init(&cfg);
@@ -642,6 +709,7 @@ static int run_ranks(void) {
   test_sparse_in_sparse_out(env_comm, rank, size);
   test_sparse_every_algorithm(env_comm, rank, size);
   test_float16_values(env_comm, rank, size);
+  test_caller_selected(env_comm, rank, size);
 
   /* A second communicator, NCCL style: rank 0 makes the id, hands it out. */
   oktopk_config_init(&cfg);
