@@ -1,7 +1,7 @@
-"""The hook on CUDA tensors: DDP buckets live on the GPU, the hook stages
-them through pinned host memory for liboktopk and copies the average back.
-Skipped (and reported as skipped) where torch sees no GPU, as in CI; run
-where one is, e.g. `pytest tests/python/test_cuda.py`."""
+"""The hook on CUDA tensors: DDP buckets live on the GPU; the device path
+selects there and moves only pairs, the staging path copies buckets through
+pinned host memory. Skipped (and reported as skipped) where torch sees no
+GPU, as in CI; `make gpu-check` runs them where one is."""
 
 import pytest
 import torch
@@ -45,3 +45,11 @@ def test_cuda_device_path_moves_pairs_where_staging_moves_buckets():
         staging, on_device = res["bytes"]
         assert res["calls"] == [14, 14] and staging == 14 * 2 * 4 * n, res
         assert on_device <= 3 * 8 * res["pairs"], res
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL needs a GPU per rank: fewer than 2 GPUs visible")
+def test_nccl_process_group():
+    results = run(workers.nccl_hook, 2)
+    for r, res in results.items():
+        assert res["worst_relative_diff"] <= 1e-5 and res["device_calls"] == 6, res
+        assert res["finite"] and res["choice"]["steps"]["native"] + res["choice"]["steps"]["sparse"] == 6, res

@@ -1042,3 +1042,36 @@ def device_path_resume(rank, world, port, out):
     write(out, rank, {paths: all(torch.equal(a, b) for a, b in zip(base, train(paths, 6)))
                       for paths in ((False, False), (True, False), (False, True), (True, True))})
     dist.destroy_process_group()
+
+
+def nccl_hook(rank, world, port, out):
+    """The hook over an NCCL process group, rank r on GPU r: the default
+    state (the measured choice; its communicator's rendezvous through the
+    group's store, the warm-up and the native path through NCCL) and the
+    device path at density 1 against allreduce_hook, 8 steps."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", rank=rank, world_size=world)
+    device = torch.device("cuda", rank)
+    a, b, c = (DDP(small_model().to(device), device_ids=[rank]) for _ in range(3))
+    states = [OkTopkState(algorithm="oktopk", density=1.0, warmup_iters=2), OkTopkState(density=0.05, warmup_iters=2)]
+    a.register_comm_hook(states[0], oktopk_hook)
+    b.register_comm_hook(None, allreduce_hook)
+    c.register_comm_hook(states[1], oktopk_hook)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (a, b, c)]
+    worst = 0.0
+    for step in range(8):
+        x, y = batch(rank, step)
+        x, y = x.to(device), y.to(device)
+        for m, o in zip((a, b, c), opts):
+            o.zero_grad()
+            F.cross_entropy(m(x), y).backward()
+        for pa, pb in zip(a.parameters(), b.parameters()):
+            worst = max(worst, (pa.grad - pb.grad).abs().max().item() / (pb.grad.abs().max().item() + 1e-30))
+        for o in opts:
+            o.step()
+    write(out, rank, {"worst_relative_diff": worst, "device_calls": states[0].host_device_calls, "choice": states[1].choice,
+                      "finite": all(bool(torch.isfinite(p).all()) for p in c.parameters())})
+    for s in states:
+        s.close()
+    dist.destroy_process_group()
