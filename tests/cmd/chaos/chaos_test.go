@@ -336,3 +336,28 @@ func TestRunCallHalfPrecisionLikeTheCABI(t *testing.T) {
 		t.Fatalf("invalid call: %+v", o)
 	}
 }
+
+// A mismatch-algorithm victim calls with an algorithm that differs on the
+// wire and keeps its residual where the job's does: never the
+// caller-selected form (Ok-Topk on the wire), and beside it only a dense
+// algorithm; every other algorithm is drawn for some job.
+func TestOtherAlgorithmDiffersOnTheWire(t *testing.T) {
+	for _, alg := range campaignAlgs {
+		seen := map[string]bool{}
+		for i := 0; i < 64; i++ {
+			seen[otherAlgorithm(alg, func(n int) int { return i % n })] = true
+		}
+		for other := range seen {
+			if other == alg || other == selectedAlg || (alg == selectedAlg && !isDense(other)) {
+				t.Fatalf("%s: drew %s", alg, other)
+			}
+		}
+		want := len(campaignAlgs) - 2 // all but itself and the caller-selected form
+		if alg == selectedAlg {
+			want = 2 // the dense algorithms
+		}
+		if len(seen) != want {
+			t.Fatalf("%s: drew %v, want %d algorithms", alg, seen, want)
+		}
+	}
+}

@@ -56,8 +56,7 @@ func (st *jobState) mismatch(res *faultResult, field string) bool {
 			specs[v].Dtype = "float32"
 		}
 	case "algorithm":
-		others := slices.DeleteFunc(slices.Clone(campaignAlgs), func(a string) bool { return a == s.Alg })
-		specs[v].Alg = others[st.rng.IntN(len(others))]
+		specs[v].Alg = otherAlgorithm(s.Alg, st.rng.IntN)
 	}
 	st.record(specs, false)
 	st.runFaultyCall(res, specs, st.all(), func(r int, b *batchResult) {
@@ -132,4 +131,19 @@ func (st *jobState) poison(res *faultResult, kind string) bool {
 		}
 	}
 	return healthy && st.verify(res, 1)
+}
+
+// otherAlgorithm draws the algorithm a mismatch-algorithm victim calls
+// with instead of alg: one whose calls differ on the wire, on a tensor
+// whose residual is where it keeps it. The caller-selected call is Ok-Topk
+// on the wire (ranks may mix the two forms), and a tensor's residual is
+// either the library's or the caller's, so a call of the other form is
+// refused by the victim itself (refused-locally's fault), not caught as a
+// mismatch: beside the caller-selected form only the dense algorithms,
+// which keep no residual, differ; and no other job's victim calls it.
+func otherAlgorithm(alg string, intN func(int) int) string {
+	others := slices.DeleteFunc(slices.Clone(campaignAlgs), func(a string) bool {
+		return a == alg || a == selectedAlg || (alg == selectedAlg && !isDense(a))
+	})
+	return others[intN(len(others))]
 }
