@@ -98,9 +98,24 @@ def test_an_idle_communicator_is_released_once_native_is_chosen_and_made_again_f
     # whose first step still folds the residuals in through it. While sparse
     # is chosen, a native probe (s = 16-19, 28-31) keeps it.
     for r in range(3):
-        alive = choice_run[r]["full"]["alive"]
+        alive = {step: made for step, (made, _) in choice_run[r]["full"]["alive"].items()}
         assert [alive[2 + s] for s in range(4, 32)] == [True] * 28, alive
         assert [alive[2 + s] for s in range(32, 48 - 2)] == [False] * 8 + [True] * 4 + [True, False], alive
+
+
+def test_parameter_hooks_are_removed_while_native_has_nothing_to_fold_and_return_for_sparse(choice_run_16):
+    # Which parameters a step used matters to a sparse step and to the fold
+    # after it. Once native is chosen and a rank has folded every residual
+    # in (none held back: rank 0 here; the others never use `rank0`, whose
+    # residual stays held), its per-parameter hooks go (s = 32-39), and the
+    # sparse probe (s = 40) registers them again. Every sparse step has them.
+    for r in range(3):
+        run_ = choice_run_16[r]["full"]
+        hooks = {step: n for step, (_, n) in run_["alive"].items()}
+        assert all(hooks[step] == 8 for step, path in run_["paths"].items() if path == SPARSE), hooks
+        assert all(run_["paths"][step] == NATIVE for step, n in hooks.items() if n == 0), hooks
+    hooks = {step: n for step, (_, n) in choice_run_16[0]["full"]["alive"].items()}
+    assert [hooks[2 + s] for s in range(32, 42)] == [0] * 8 + [8] * 2, hooks
 
 
 @pytest.fixture(scope="module")
@@ -201,6 +216,7 @@ def test_the_default_under_adamw_is_allreduce_hook_bitwise_and_makes_no_communic
         assert res["paths"][2:] == [NATIVE] * 14 and not res["comm_made"], res["paths"]
         assert res["choice"]["kept_dense_for"] == "AdamW" and res["choice"]["path"] == NATIVE
         assert res["equal_to_allreduce_hook"]
+        assert res["grad_hooks"] == 0  # nothing to fold: no per-parameter hooks left to mark used parameters
         assert res["resumed_choice"]["kept_dense_for"] == "AdamW"
 
 

@@ -874,7 +874,7 @@ def choice_run(rank, world, port, out, ckpt, value_dtype="float32", device_path=
                         applied[name] += p.grad
             o.step()
             paths[step] = state._path if step >= 2 else "warm-up"
-            alive[step] = state._reducer.comm is not None
+            alive[step] = (state._reducer.comm is not None, len(state._layout._grad_hooks))
             if step == 18:
                 after_switch = {k: v.abs().max().item() for k, v in residuals_by_parameter(state, m.module).items()}
             if step + 1 in saves:
@@ -940,6 +940,7 @@ def adam_family(rank, world, port, out):
         "choice": state.choice,
         "resumed_choice": resumed.choice,
         "equal_to_allreduce_hook": all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters())),
+        "grad_hooks": len(state._layout._grad_hooks),
         "sgd_kept_dense_for": state_sgd.choice["kept_dense_for"],
         "sgd_sparse_steps": state_sgd.choice["steps"]["sparse"],
         "warnings": [str(w.message) for w in caught if "oktopk" in str(w.message)],

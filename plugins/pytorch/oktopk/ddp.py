@@ -594,12 +594,18 @@ def _begin_step(state, s, device, untimed):
     state._path = choice.begin_step(s, untimed)
     if kept_dense is None and choice.kept_dense_for is not None and dist.get_rank(state.process_group) == 0:
         print(dense_notice(choice.kept_dense_for), flush=True)
+    if state._path == SPARSE:
+        state._layout.watching = True
     if previous == SPARSE and state._path == NATIVE:
         # The sparse steps' queued work (adaptation) finishes before a fold
         # reads their residuals.
         state._reducer.drain()
     elif previous == NATIVE and state._path == NATIVE and choice.chosen == NATIVE:
         _release_communicator(state)
+        if not state._residual_groups and state._layout.watching:
+            # Nothing left to fold: which parameters were used no longer
+            # matters until the next sparse step.
+            state._layout.stop_watching()
 
 
 def _release_communicator(state):
@@ -699,15 +705,18 @@ def oktopk_hook(state: OkTopkState, bucket: dist.GradBucket) -> torch.futures.Fu
         state.iter += 1
         state._hook_iters += 1
     layout = state._layout
-    members = layout.members(bucket)  # numbers the parameters in the first layout
     sparse = phase_iter >= state.warmup_iters
+    if sparse and state._choice is not None and bucket.index() == 0:
+        _begin_step(state, phase_iter - state.warmup_iters, tensor.device, untimed=not rebuilt)
+    if sparse and state._path == NATIVE and not layout.watching and not state._residual_groups:
+        # Native chosen, nothing to fold: allreduce_hook's work and no more.
+        return _native_allreduce(state, tensor)
+    members = layout.members(bucket)  # numbers the parameters in the first layout
     unused = layout.take_unused(members, tensor if sparse else None)
     if not sparse:
         if rebuilt:
             layout.learn_group([i for i, _, _ in members])
         return _native_allreduce(state, tensor)
-    if state._choice is not None and bucket.index() == 0:
-        _begin_step(state, phase_iter - state.warmup_iters, tensor.device, untimed=not rebuilt)
     if state._path == NATIVE:
         group_id = layout.learn_group([i for i, _, _ in members])
         if group_id in layout.groups:

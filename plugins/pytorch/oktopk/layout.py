@@ -85,6 +85,12 @@ class BucketLayout:
         # registered since), and the hooks' handles.
         self._used = {}
         self._grad_hooks = []
+        # Whether parameters get those hooks: not while the native path is
+        # chosen with no residual left to fold (a Python hook per parameter
+        # per backward is felt on a fast link), again from the next sparse
+        # step; the indices that have one.
+        self.watching = True
+        self._hooked = set()
 
     def members(self, bucket):
         """Canonical index and (start, end) in the bucket buffer of each of
@@ -94,6 +100,7 @@ class BucketLayout:
             index = self.param_index.get(id(p))
             if index is None:
                 index = self.param_index[id(p)] = len(self.param_index)
+            if self.watching and index not in self._hooked:
                 self._watch(p, index)
             members.append((index, at, at + p.numel()))
             at += p.numel()
@@ -103,6 +110,7 @@ class BucketLayout:
 
     def _watch(self, p, index):
         self._used[index] = None
+        self._hooked.add(index)
         if hasattr(p, "register_post_accumulate_grad_hook"):  # torch >= 2.1
             self._grad_hooks.append(p.register_post_accumulate_grad_hook(lambda _, i=index: self._used.__setitem__(i, True)))
 
@@ -126,7 +134,15 @@ class BucketLayout:
         for handle in self._grad_hooks:
             handle.remove()
         self._grad_hooks = []
+        self._hooked = set()
         self._used = {i: None for i in self._used}
+
+    def stop_watching(self):
+        """No hooks until ``watching`` is set again (the next bucket of a
+        sparse step then registers them; until they have marked a step, a
+        zero slot counts as unused)."""
+        self.watching = False
+        self.remove_hooks()
 
     # -- groups --------------------------------------------------------------
 
