@@ -22,7 +22,7 @@ def main():
             elif kind == "curve":
                 curve.append(rest)
             elif kind == "choice":
-                choice = rest.split(",", 7)
+                choice = rest.split(",", 6)  # the reason, last, may hold commas
     if set(rows) != {"ddp", "oktopk"}:
         raise SystemExit(f"demo_report.py: want a row for ddp and for oktopk in {rows_path}, got {sorted(rows)}")
     ddp, hook = rows["ddp"], rows["oktopk"]
