@@ -45,3 +45,15 @@ def test_a_checkpoint_resumes_on_either_path():
     results = run(workers.device_path_resume, 2)
     for r, res in results.items():
         assert all(res.values()), f"rank {r}: {res}"
+
+
+def test_the_setting_is_refused_when_not_a_bool_and_survives_pickling():
+    import pickle
+
+    from oktopk import OkTopkState
+
+    with pytest.raises(ValueError):
+        OkTopkState(device_path="yes")
+    state = OkTopkState(algorithm="oktopk", device_path=True)
+    assert pickle.loads(pickle.dumps(state)).device_path is True
+    state.close()

@@ -353,6 +353,7 @@ class OkTopkState(ReducerStats):
             "value_dtype": self.value_dtype,
             "stochastic_rounding": self.stochastic_rounding,
             "measure_xi_every": self.measure_xi_every,
+            "device_path": self.device_path,
         }
 
     def __setstate__(self, state):
@@ -364,7 +365,8 @@ class OkTopkState(ReducerStats):
                              state.get("value_dtype", DEFAULTS.value_dtype), state.get("stochastic_rounding", DEFAULTS.stochastic_rounding),
                              state.get("density_schedule"), state.get("measure_xi_every"),
                              None if state.get("adaptive") is None else state["adaptive"]["bounds"],
-                             *((saved_choice["margin"], saved_choice["recheck_every"]) if saved_choice else ()))
+                             *((saved_choice["margin"], saved_choice["recheck_every"]) if saved_choice else ()),
+                             device_path=state.get("device_path"))
         self.load_state_dict(state)
 
     def close(self):
