@@ -243,12 +243,8 @@ func okTopkAllreduce(ctx context.Context, call *Call, st *TensorState, grad []fl
 
 	// Step 2: space repartition.
 	call.Phase(PhaseReduce)
-	if st.Iter%st.Config.Tau == 0 || len(st.Boundaries) != p+1 {
-		b, err := repartition(ctx, call, local, n)
-		if err != nil {
-			return err
-		}
-		st.Boundaries = b
+	if err := repartitionIfDue(ctx, call, st, local); err != nil {
+		return err
 	}
 
 	// Step 3: split and reduce my region.
@@ -334,6 +330,20 @@ func selectAll(dst Sparse, x vec) Sparse {
 	}
 	x.copyTo(dst.Val)
 	return dst
+}
+
+// repartitionIfDue is step 2 as a tensor's calls run it: every τ calls,
+// and whenever the boundaries are not for this number of ranks.
+func repartitionIfDue(ctx context.Context, call *Call, st *TensorState, local Sparse) error {
+	if st.Iter%st.Config.Tau != 0 && len(st.Boundaries) == call.Size()+1 {
+		return nil
+	}
+	b, err := repartition(ctx, call, local, st.N)
+	if err != nil {
+		return err
+	}
+	st.Boundaries = b
+	return nil
 }
 
 // repartition computes region boundaries from the P-quantile positions of

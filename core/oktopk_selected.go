@@ -188,7 +188,7 @@ func (c *Communicator) selectedState(id uint64, n int, cfg Config) (*TensorState
 // okTopkSelected is okTopkAllreduce from its step 2 on, for a caller's
 // selection (see the top of this file).
 func okTopkSelected(ctx context.Context, call *Call, st *TensorState, sel Sparse, threshold float32, nonFinite bool, exact bool) (SelectedOutput, error) {
-	n, p, k := st.N, call.Size(), st.Config.K(st.N)
+	p, k := call.Size(), st.Config.K(st.N)
 	sc := call.okTopkScratch(st)
 	// Step 1's end: the values leave in the wire's precision (the caller's
 	// residual keeps what the rounding took off, through Consumed).
@@ -203,12 +203,8 @@ func okTopkSelected(ctx context.Context, call *Call, st *TensorState, sel Sparse
 
 	// Step 2: space repartition.
 	call.Phase(PhaseReduce)
-	if st.Iter%st.Config.Tau == 0 || len(st.Boundaries) != p+1 {
-		b, err := repartition(ctx, call, local, n)
-		if err != nil {
-			return SelectedOutput{}, err
-		}
-		st.Boundaries = b
+	if err := repartitionIfDue(ctx, call, st, local); err != nil {
+		return SelectedOutput{}, err
 	}
 	// Step 3, with the merged sums of the sparse-input call: the same bits
 	// as the dense region sum, in time and memory that follow the pairs.

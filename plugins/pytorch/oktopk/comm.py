@@ -252,13 +252,7 @@ class Communicator:
         stats = _lib.new_stats()
         # One entry point for every sparse call: the _ex form's options
         # carry whatever this call sets.
-        opts = _lib.CallOptions(size=ctypes.sizeof(_lib.CallOptions))
-        if density is not None:
-            opts.flags |= _lib.CALL_DENSITY
-            opts.density = density
-        if tau_prime is not None:
-            opts.flags |= _lib.CALL_TAU_PRIME
-            opts.tau_prime = tau_prime
+        opts = self._options(density, tau_prime)
         if measure_xi:
             opts.flags |= _lib.CALL_MEASURE_XI
         if sparse_only:
@@ -272,6 +266,8 @@ class Communicator:
 
     @staticmethod
     def _options(density=None, tau_prime=None):
+        """A call's options with its density and τ′ (None: the
+        communicator's)."""
         opts = _lib.CallOptions(size=ctypes.sizeof(_lib.CallOptions))
         if density is not None:
             opts.flags |= _lib.CALL_DENSITY

@@ -498,10 +498,15 @@ def _reduce_pieces(state, group_id, pieces, call):
     state._reducer.sparse_allreduce_(group_id, host, hold, density=density, xi_step=xi_step, tau_prime=tau_prime,
                                      sparse_only=state._choice is not None)
     if host is not tensor:
-        at = 0
-        for t, a, b in pieces:
-            t[a:b].copy_(host[at : at + b - a])
-            at += b - a
+        _write_back(pieces, host)
+
+
+def _write_back(pieces, flat):
+    """flat's consecutive slices back into pieces ((tensor, start, end))."""
+    at = 0
+    for t, a, b in pieces:
+        t[a:b].copy_(flat[at : at + b - a])
+        at += b - a
 
 
 def _reduce_on_device(state, group_id, pieces, hold, density):
@@ -519,10 +524,7 @@ def _reduce_on_device(state, group_id, pieces, hold, density):
     if stats is not None:
         reducer.record(group_id, stats)
     if not whole:
-        at = 0
-        for t, a, b in pieces:
-            t[a:b].copy_(grad[at : at + b - a])
-            at += b - a
+        _write_back(pieces, grad)
 
 
 def _group_reducer(state, call):
@@ -654,10 +656,7 @@ def _fold_residual(state, group_id, tensor, slices):
     else:
         host = torch.cat([tensor[a:b] for a, b, _ in slices]).to("cpu")
         comm.fold_residual_(group_id, host, hold)
-        at = 0
-        for a, b, _ in slices:
-            tensor[a:b].copy_(host[at : at + b - a])
-            at += b - a
+        _write_back([(tensor, a, b) for a, b, _ in slices], host)
     if not hold:
         state._residual_groups.discard(group_id)
 
@@ -673,10 +672,7 @@ def _fold_on_device(state, group_id, group, tensor, slices):
             hold.append((at, at + b - a))
         at += b - a
     if device_path_.fold_(grad, group, hold):
-        at = 0
-        for t, a, b in pieces:
-            t[a:b].copy_(grad[at : at + b - a])
-            at += b - a
+        _write_back(pieces, grad)
     if not hold:
         state._residual_groups.discard(group_id)
 
