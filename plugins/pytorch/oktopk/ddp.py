@@ -527,26 +527,49 @@ def _reduce_on_device(state, group_id, pieces, hold, density):
         _write_back(pieces, grad)
 
 
-def _group_reducer(state, call):
-    """reduce(group_id, pieces, stream) for the layout's pool, in sparse
-    iteration ``call``: first raises an adaptation's failure."""
-    def reduce(group_id, pieces, stream):
-        _raise_adapt_error(state)
-        with on_stream(stream):
-            _reduce_pieces(state, group_id, pieces, call)
-
-    return reduce
+def _reduce_group(state, group_id, pieces, stream, call):
+    """Worker thread: one group's pieces reduced on stream, in sparse
+    iteration ``call``; first raises an adaptation's failure."""
+    _raise_adapt_error(state)
+    with on_stream(stream):
+        _reduce_pieces(state, group_id, pieces, call)
 
 
 def _reduce_bucket(state, group_id, tensor, slices, fut, stream, call):
     # Worker thread: one DDP bucket that is exactly one group; slices are
     # (start, end, held).
     try:
-        _group_reducer(state, call)(group_id, [(tensor, a, b, held) for a, b, held in slices], stream)
+        _reduce_group(state, group_id, [(tensor, a, b, held) for a, b, held in slices], stream, call)
         with on_stream(stream):
             fut.set_result(tensor)
     except BaseException as e:  # noqa: BLE001 - the future carries it to DDP
         fut.set_exception(e)
+
+
+def _pool_bucket(state, tensor, members, unused, fut, stream, call):
+    """Worker thread: a bucket that is not one group goes to the layout's
+    pool; the groups it completes are reduced."""
+    _reduce_pooled(state, call, lambda: state._layout.pool_bucket(tensor, members, unused, fut, stream))
+
+
+def _flush_pool(state, call):
+    """Worker thread, after a step's last bucket: what is still pooled
+    becomes new groups, reduced."""
+    if state._layout.pooling:
+        _reduce_pooled(state, call, state._layout.leftover_groups)
+
+
+def _reduce_pooled(state, call, ready):
+    """Reduce the pooled groups ``ready()`` returns; a failure fails every
+    pooled bucket's future (DDP raises it)."""
+    layout = state._layout
+    try:
+        for group_id in ready():
+            pieces, stream = layout.pooled(group_id)
+            _reduce_group(state, group_id, pieces, stream, call)
+            layout.done(group_id)
+    except BaseException as e:  # noqa: BLE001 - every waiting future carries it to DDP
+        layout.fail(e)
 
 
 def _adapt(state, step):
@@ -722,7 +745,7 @@ def oktopk_hook(state: OkTopkState, bucket: dist.GradBucket) -> torch.futures.Fu
             if is_last and state._pooled_iter == phase_iter:
                 # Buckets of this step that went through the regrouping
                 # pool (below) complete their groups.
-                state._reducer.submit(layout.flush, _group_reducer(state, _call(state, phase_iter)))
+                state._reducer.submit(_flush_pool, state, _call(state, phase_iter))
             return _native_allreduce(state, tensor)
         # A bucket that is not one group (a resumed run's first step, in
         # DDP's provisional layout) goes through the sparse path's
@@ -744,9 +767,9 @@ def oktopk_hook(state: OkTopkState, bucket: dist.GradBucket) -> torch.futures.Fu
         reducer.submit(_reduce_bucket, state, group_id, tensor, layout.slices(group_id, members, unused), fut, stream, call)
     else:
         state._pooled_iter = phase_iter
-        reducer.submit(layout.pool_bucket, tensor, members, unused, fut, stream, _group_reducer(state, call))
+        reducer.submit(_pool_bucket, state, tensor, members, unused, fut, stream, call)
     if is_last:
-        reducer.submit(layout.flush, _group_reducer(state, call))
+        reducer.submit(_flush_pool, state, call)
         if reducer.adaptive is not None and call[1] is not None:
             reducer.submit(_adapt, state, call[1])
     return fut

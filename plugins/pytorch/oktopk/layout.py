@@ -177,63 +177,60 @@ class BucketLayout:
 
     # -- the regrouping pool (worker thread) -----------------------------------
     #
-    # reduce(group_id, pieces, stream) reduces one group, given its pieces
-    # ((tensor, start, end, held), in the group's layout) on the stream of
-    # the bucket that holds its first one.
+    # The caller pools a bucket and gets the groups it completes; for each it
+    # takes the pieces ((tensor, start, end, held), in the group's layout) and
+    # the stream of the bucket holding its first, reduces them, and says it
+    # is done, which completes the futures of buckets with nothing left
+    # pooled; or it fails the pool.
 
-    def pool_bucket(self, tensor, members, unused, fut, stream, reduce):
-        """A DDP bucket that is not one group: pool its parameters, and
-        reduce every group this completes."""
+    def pool_bucket(self, tensor, members, unused, fut, stream):
+        """A DDP bucket that is not one group: pool its parameters; returns
+        the groups (ids, ascending) it completes."""
         pending = _PendingBucket(tensor, fut, stream, {i for i, _, _ in members})
         for i, a, b in members:
             self._pool[i] = (pending, a, b, i in unused)
+        touched = sorted({self.group_of[i] for i, _, _ in members if i in self.group_of})
+        return [group_id for group_id in touched if all(i in self._pool for i in self.groups[group_id])]
 
-        def reduce_complete_groups():
-            for group_id in sorted({self.group_of[i] for i, _, _ in members if i in self.group_of}):
-                if all(i in self._pool for i in self.groups[group_id]):
-                    self._reduce_pooled(group_id, reduce)
+    @property
+    def pooling(self):
+        """Whether parameters wait in the pool."""
+        return bool(self._pool)
 
-        self._run(reduce_complete_groups)
-
-    def flush(self, reduce):
+    def leftover_groups(self):
         """After an iteration's last bucket: parameters still pooled belong
         to no known group (the model changed since the checkpoint); each
-        bucket's leftovers become a new group."""
-        def flush():
-            leftovers = {}
-            for i in sorted(self._pool):
-                leftovers.setdefault(id(self._pool[i][0]), []).append(i)
-            for group in leftovers.values():
-                group_id = group_id_of(group)
-                self.add_group(group_id, tuple(group))
-                self._reduce_pooled(group_id, reduce)
+        bucket's leftovers become a new group, returned."""
+        leftovers = {}
+        for i in sorted(self._pool):
+            leftovers.setdefault(id(self._pool[i][0]), []).append(i)
+        made = []
+        for group in leftovers.values():
+            group_id = group_id_of(group)
+            self.add_group(group_id, tuple(group))
+            made.append(group_id)
+        return made
 
-        if self._pool:
-            self._run(flush)
+    def pooled(self, group_id):
+        """A complete group's pieces and the stream to reduce them on."""
+        entries = [self._pool[i] for i in self.groups[group_id]]
+        return [(p.tensor, a, b, held) for p, a, b, held in entries], entries[0][0].stream
 
-    def _run(self, work):
-        try:
-            work()
-        except BaseException as e:  # noqa: BLE001 - every waiting future carries it to DDP
-            waiting = {id(p): p for p, _, _, _ in self._pool.values()}
-            self._pool.clear()
-            for p in waiting.values():
-                if not p.future.done():
-                    p.future.set_exception(e)
-
-    def _reduce_pooled(self, group_id, reduce):
-        members = self.groups[group_id]
-        entries = [self._pool[i] for i in members]
-        try:
-            reduce(group_id, [(p.tensor, a, b, held) for p, a, b, held in entries], entries[0][0].stream)
-        except BaseException as e:  # noqa: BLE001
-            for p, _, _, _ in entries:
-                if not p.future.done():
-                    p.future.set_exception(e)
-            raise
-        for i, (p, _, _, _) in zip(members, entries):
-            del self._pool[i]
+    def done(self, group_id):
+        """The group was reduced: its parameters leave the pool, and a
+        bucket with none left pooled completes its future."""
+        for i in self.groups[group_id]:
+            p = self._pool.pop(i)[0]
             p.remaining.discard(i)
             if not p.remaining:
                 with on_stream(p.stream):
                     p.future.set_result(p.tensor)
+
+    def fail(self, error):
+        """Every pooled bucket's future carries error to DDP; the pool
+        empties."""
+        waiting = {id(p): p for p, _, _, _ in self._pool.values()}
+        self._pool.clear()
+        for p in waiting.values():
+            if not p.future.done():
+                p.future.set_exception(error)
