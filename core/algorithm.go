@@ -67,6 +67,9 @@ type algorithmEntry struct {
 	// ranks whose states disagree on it fail with a mismatch. nil: never
 	// says (the call's selection is the same kind on every call).
 	exactCall func(st *TensorState, k, n int) bool
+	// cost is the algorithm's predicted work on one rank's critical path
+	// for Auto's model (auto.go); nil for Auto itself.
+	cost costFunc
 }
 
 // algorithms is the table, indexed by Algorithm. It is filled in init, not
@@ -77,21 +80,26 @@ var algorithms [numAlgorithms]algorithmEntry
 
 func init() {
 	algorithms = [numAlgorithms]algorithmEntry{
-		DenseRing:         {name: "dense_ring", op: transport.OpAllreduceRing, dense: RingAllreduce},
-		DenseRabenseifner: {name: "dense_rabenseifner", op: transport.OpAllreduceRabenseifner, dense: RabenseifnerAllreduce},
+		DenseRing: {name: "dense_ring", op: transport.OpAllreduceRing, dense: RingAllreduce, cost: ringCost},
+		DenseRabenseifner: {name: "dense_rabenseifner", op: transport.OpAllreduceRabenseifner, dense: RabenseifnerAllreduce,
+			cost: rabenseifnerCost},
 		OkTopk: {name: "oktopk", op: transport.OpOkTopk, sparse: okTopkAllreduce, sparseInput: okTopkSparseInput,
-			halfValues: true, exactCall: (*TensorState).okTopkExact},
+			halfValues: true, exactCall: (*TensorState).okTopkExact, cost: okTopkCost},
 		TopkA: {name: "topka", op: transport.OpTopkA, sparse: withExactTopK(topkAReduce), sparseInput: topkAReduce,
-			halfValues: true},
-		TopkDSA: {name: "topkdsa", op: transport.OpTopkDSA, sparse: withExactTopK(topkDSAReduce), sparseInput: topkDSAReduce},
+			halfValues: true, cost: topkACost},
+		TopkDSA: {name: "topkdsa", op: transport.OpTopkDSA, sparse: withExactTopK(topkDSAReduce), sparseInput: topkDSAReduce,
+			cost: splitAllgatherCost(func(s callShape) bool { return 3*s.U > s.N })},
 		SSARRecursiveDouble: {name: "ssar_recursive_double", op: transport.OpSSARRecursiveDouble,
-			sparse: withExactTopK(ssarRecursiveDouble), sparseInput: ssarRecursiveDouble},
+			sparse: withExactTopK(ssarRecursiveDouble), sparseInput: ssarRecursiveDouble, cost: ssarRecursiveDoubleCost},
 		SSARSplitAllgather: {name: "ssar_split_allgather", op: transport.OpSSARSplitAllgather,
-			sparse: withExactTopK(ssarSplitAllgather), sparseInput: ssarSplitAllgather},
+			sparse: withExactTopK(ssarSplitAllgather), sparseInput: ssarSplitAllgather,
+			cost: splitAllgatherCost(func(callShape) bool { return false })},
 		DSARSplitAllgather: {name: "dsar_split_allgather", op: transport.OpDSARSplitAllgather,
-			sparse: withExactTopK(dsarSplitAllgather), sparseInput: dsarSplitAllgather},
-		GTopk:     {name: "gtopk", op: transport.OpGTopk, sparse: gTopkAllreduce, sparseInput: gTopkSparseInput},
-		Gaussiank: {name: "gaussiank", op: transport.OpGaussiank, sparse: gaussiankAllreduce, halfValues: true},
+			sparse: withExactTopK(dsarSplitAllgather), sparseInput: dsarSplitAllgather,
+			cost: splitAllgatherCost(func(s callShape) bool { return 2*s.U >= s.N })},
+		GTopk: {name: "gtopk", op: transport.OpGTopk, sparse: gTopkAllreduce, sparseInput: gTopkSparseInput, cost: gTopkCost},
+		Gaussiank: {name: "gaussiank", op: transport.OpGaussiank, sparse: gaussiankAllreduce, halfValues: true,
+			cost: gaussiankCost},
 		// Auto runs another row's entry points; it chooses among those
 		// that send half values when asked to.
 		Auto: {name: "auto", op: transport.OpNone, halfValues: true}, // never on the wire

@@ -101,74 +101,42 @@ type costTerms struct {
 // rank must compute the same bits.
 func mul(a, b float64) float64 { return float64(a * b) }
 
+// callShape is what the algorithms' costs are written in: a call on n
+// elements selecting k over p ranks, and the quantities their schedules
+// use. Each algorithm's file holds its cost (the table's cost column).
+type callShape struct {
+	n, k, p int
+	N, K, P float64
+	L       float64 // ⌈log₂ P⌉
+	Pp, Lp  float64 // P′, the largest power of two ≤ P, and log₂ P′
+	fold    float64 // 1 when P ≠ P′: Rabenseifner and SSAR fold the extra ranks in and out
+	f       float64 // (P−1)/P
+	U       float64 // the sum of the P selections: disjoint at worst
+}
+
+func shapeOf(n, k, p int) callShape {
+	N, K, P := float64(n), float64(k), float64(p)
+	pp := 1 << (bits.Len(uint(p)) - 1)
+	return callShape{n: n, k: k, p: p, N: N, K: K, P: P,
+		L:  float64(bits.Len(uint(p - 1))),
+		Pp: float64(pp), Lp: float64(bits.Len(uint(pp)) - 1),
+		fold: b2f(pp != p), f: (P - 1) / P, U: math.Min(N, mul(K, P))}
+}
+
+// costFunc is an algorithm's terms for a call of shape s with cfg's
+// periods; sparseInput: the sparse-input form (its passes over n are then
+// dropped by predictTerms: its cost follows the pairs).
+type costFunc func(s callShape, cfg Config, sparseInput bool) costTerms
+
 // predictTerms are alg's terms for a call on n elements selecting k, over p
 // ranks; sparseInput: the sparse-input form, whose cost follows the pairs,
 // not n (no passes over n).
 func predictTerms(alg Algorithm, n, k, p int, cfg Config, sparseInput bool) costTerms {
-	N, K, P := float64(n), float64(k), float64(p)
-	L := float64(bits.Len(uint(p - 1))) // ⌈log₂ P⌉
-	pp := 1 << (bits.Len(uint(p)) - 1)  // P′, the largest power of two ≤ P
-	Pp, Lp := float64(pp), float64(bits.Len(uint(pp))-1)
-	fold := b2f(pp != p) // Rabenseifner and SSAR fold the extra ranks in and out
-	f := (P - 1) / P
-	// The sum of the P selections: disjoint at worst.
-	U := math.Min(N, mul(K, P))
-	var t costTerms
-	switch alg {
-	case DenseRing:
-		t = costTerms{rounds: 2 * (P - 1), bytes: mul(8*N, f), passes: denseAutoPasses + 5*f}
-	case DenseRabenseifner:
-		t = costTerms{rounds: 2*Lp + 2*fold, bytes: mul(8*N, (Pp-1)/Pp) + mul(8*N, fold), passes: denseAutoPasses + 5*f}
-	case TopkA, Gaussiank:
-		// The NaN agreement (⌈log₂ P⌉ rounds), then a ring allgather of k
-		// pairs per rank, summed in rank order: the running sum grows by
-		// k pairs per part.
-		t = costTerms{rounds: L + P - 1, bytes: mul(8*K, P-1), passes: exactSelectPasses, entries: mul(K, (mul(P, P)+P-2)/2)}
-		if alg == Gaussiank {
-			t.passes = gaussianPasses
-		}
-	case SSARRecursiveDouble:
-		// Agreement, then recursive doubling: round i sends the partial
-		// sum of 2^i ranks.
-		t = costTerms{rounds: L + Lp + 2*fold, bytes: mul(8*K, Pp-1) + mul(fold, 8*K+8*U), passes: exactSelectPasses, entries: mul(2*K, Pp)}
-	case TopkDSA, SSARSplitAllgather, DSARSplitAllgather:
-		// Agreement, split (P−1 exchanges of k/P pairs), ring allgather of
-		// the reduced regions: pairs, or dense values past the switch.
-		gather := mul(8*U, f)
-		switch {
-		case alg == TopkDSA && 3*U > N, alg == DSARSplitAllgather && 2*U >= N:
-			gather = mul(4*N, f)
-		}
-		t = costTerms{rounds: L + 2*(P-1), bytes: mul(8*K, f) + gather, passes: exactSelectPasses, entries: mul(K, P) + U}
-	case GTopk:
-		// Agreement, then a binomial tree up and down: the root receives
-		// and sends k pairs in each of ⌈log₂ P⌉ rounds.
-		t = costTerms{rounds: 3 * L, bytes: mul(16*K, L), passes: exactSelectPasses, entries: mul(4*K, L)}
-	case OkTopk:
-		if k == n && !sparseInput {
-			// Density 1: its NaN agreement, then a dense ring (accumulated
-			// into a scratch array: no copy kept, one copied back).
-			t = predictTerms(DenseRing, n, k, p, cfg, false)
-			t.rounds += L
-			break
-		}
-		tau, tauPrime := float64(cfg.Tau), float64(cfg.TauPrime)
-		// Split and reduce (P−1), histograms, one refinement round,
-		// balance, allgatherv; a repartition every τ calls and a few more
-		// refinement rounds for the exact cut every τ′. Each allgather is
-		// one round up to okTopkDirectMaxP ranks, Bruck's ⌈log₂ P⌉ above.
-		g := L
-		if p <= okTopkDirectMaxP {
-			g = 1
-		}
-		t = costTerms{
-			rounds: P - 1 + 3*g + 1 + g/tau + 4*g/tauPrime,
-			bytes: mul(okTopkReuseVolume*8*K, f) + mul(4*(81+64), P-1) +
-				mul(16*(P+1), P-1)/tau,
-			passes:  okTopkPasses + 3/P + 1.6/tauPrime,
-			entries: 3 * K,
-		}
+	cost := alg.row().cost
+	if cost == nil {
+		return costTerms{} // Auto: it runs another row
 	}
+	t := cost(shapeOf(n, k, p), cfg, sparseInput)
 	if sparseInput {
 		t.passes = 0
 	}

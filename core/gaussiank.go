@@ -198,3 +198,11 @@ func (m *moments) add(x []float32, shift float64) {
 	}
 	m.s0, m.s1, m.q0, m.q1 = s0, s1, q0, q1
 }
+
+// gaussiankCost is Gaussiank's cost under Auto's model (auto.go): TopkA's
+// exchange after its own selection passes.
+func gaussiankCost(s callShape, cfg Config, sparseInput bool) costTerms {
+	t := topkACost(s, cfg, sparseInput)
+	t.passes = gaussianPasses
+	return t
+}

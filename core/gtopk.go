@@ -175,3 +175,10 @@ func gTopkTree(ctx context.Context, call *Call, n int, in Sparse, k int, dropped
 	}
 	return global, nil
 }
+
+// gTopkCost is gTopk's cost under Auto's model (auto.go): the agreement,
+// then a binomial tree up and down; the root receives and sends k pairs in
+// each of ⌈log₂ P⌉ rounds.
+func gTopkCost(s callShape, _ Config, _ bool) costTerms {
+	return costTerms{rounds: 3 * s.L, bytes: mul(16*s.K, s.L), passes: exactSelectPasses, entries: mul(4*s.K, s.L)}
+}

@@ -413,3 +413,29 @@ func okTopkSparseInput(ctx context.Context, call *Call, n int, in Sparse, k int)
 	call.Stats.GlobalThreshold = st.GlobalThreshold
 	return global, nil
 }
+
+// okTopkCost is Ok-Topk's cost under Auto's model (auto.go): split and
+// reduce (P−1 rounds), histograms, one refinement round, balance,
+// allgatherv; a repartition every τ calls and a few more refinement rounds
+// for the exact cut every τ′. Each allgather is one round up to
+// okTopkDirectMaxP ranks, Bruck's ⌈log₂ P⌉ above. At density 1: its NaN
+// agreement, then a dense ring.
+func okTopkCost(s callShape, cfg Config, sparseInput bool) costTerms {
+	if s.k == s.n && !sparseInput {
+		t := ringCost(s, cfg, false)
+		t.rounds += s.L
+		return t
+	}
+	tau, tauPrime := float64(cfg.Tau), float64(cfg.TauPrime)
+	g := s.L
+	if s.p <= okTopkDirectMaxP {
+		g = 1
+	}
+	return costTerms{
+		rounds: s.P - 1 + 3*g + 1 + g/tau + 4*g/tauPrime,
+		bytes: mul(okTopkReuseVolume*8*s.K, s.f) + mul(4*(81+64), s.P-1) +
+			mul(16*(s.P+1), s.P-1)/tau,
+		passes:  okTopkPasses + 3/s.P + 1.6/tauPrime,
+		entries: 3 * s.K,
+	}
+}

@@ -143,3 +143,9 @@ func RabenseifnerAllreduce(ctx context.Context, call *Call, data []float32) erro
 	}
 	return nil
 }
+
+// rabenseifnerCost is Rabenseifner's cost under Auto's model (auto.go):
+// 2 log₂ P′ rounds, the extra ranks folded in and out.
+func rabenseifnerCost(s callShape, _ Config, _ bool) costTerms {
+	return costTerms{rounds: 2*s.Lp + 2*s.fold, bytes: mul(8*s.N, (s.Pp-1)/s.Pp) + mul(8*s.N, s.fold), passes: denseAutoPasses + 5*s.f}
+}

@@ -149,3 +149,9 @@ func sendChunk(ctx context.Context, call *Call, peer int, step uint32, pieces []
 	}
 	return nil
 }
+
+// ringCost is the ring's cost under Auto's model (auto.go): 2(P−1)
+// rounds of n/P values, 2n(P−1)/P words sent.
+func ringCost(s callShape, _ Config, _ bool) costTerms {
+	return costTerms{rounds: 2 * (s.P - 1), bytes: mul(8*s.N, s.f), passes: denseAutoPasses + 5*s.f}
+}

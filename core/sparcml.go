@@ -201,3 +201,25 @@ func splitReduceAllgather(ctx context.Context, call *Call, n int, in Sparse, den
 	}
 	return global, nil
 }
+
+// ssarRecursiveDoubleCost is SSAR's recursive doubling under Auto's model
+// (auto.go): the agreement, then round i sends the partial sum of 2^i
+// ranks.
+func ssarRecursiveDoubleCost(s callShape, _ Config, _ bool) costTerms {
+	return costTerms{rounds: s.L + s.Lp + 2*s.fold, bytes: mul(8*s.K, s.Pp-1) + mul(s.fold, 8*s.K+8*s.U), passes: exactSelectPasses,
+		entries: mul(2*s.K, s.Pp)}
+}
+
+// splitAllgatherCost is the split-and-allgather schedules' cost under
+// Auto's model (auto.go; TopkDSA's too): the agreement, the split (P−1
+// exchanges of k/P pairs), then a ring allgather of the reduced regions, as
+// pairs, or as dense values where denseGather says the algorithm switches.
+func splitAllgatherCost(denseGather func(s callShape) bool) costFunc {
+	return func(s callShape, _ Config, _ bool) costTerms {
+		gather := mul(8*s.U, s.f)
+		if denseGather(s) {
+			gather = mul(4*s.N, s.f)
+		}
+		return costTerms{rounds: s.L + 2*(s.P-1), bytes: mul(8*s.K, s.f) + gather, passes: exactSelectPasses, entries: mul(s.K, s.P) + s.U}
+	}
+}

@@ -31,3 +31,10 @@ func topkAReduce(ctx context.Context, call *Call, n int, in Sparse, k int) (Spar
 	}
 	return allgatherSparseSum(ctx, call, 0, n, local)
 }
+
+// topkACost is TopkA's cost under Auto's model (auto.go): the NaN
+// agreement (⌈log₂ P⌉ rounds), then a ring allgather of k pairs per rank,
+// summed in rank order: the running sum grows by k pairs per part.
+func topkACost(s callShape, _ Config, _ bool) costTerms {
+	return costTerms{rounds: s.L + s.P - 1, bytes: mul(8*s.K, s.P-1), passes: exactSelectPasses, entries: mul(s.K, (mul(s.P, s.P)+s.P-2)/2)}
+}
