@@ -527,7 +527,10 @@ void oktopk_selection_rules(oktopk_selection_rules_t *rules);
 
 /* The plan of tensor_id's next caller-selected call on n elements, with
  * that call's options (density and tau_prime; other flags are ignored).
- * Local; runs in issue order with this thread's calls. */
+ * Local; runs in issue order with this thread's calls. A tensor the call
+ * will refuse (another n, a state of the other form) gets an exact plan,
+ * so that the call is made and refused on every rank rather than left to
+ * the peers' timeout. */
 oktopk_result_t oktopk_selection_plan(oktopk_comm_t comm, uint64_t tensor_id, size_t n,
                                       const oktopk_call_options_t *options, oktopk_selection_plan_t *plan);
 
