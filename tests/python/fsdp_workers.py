@@ -319,3 +319,27 @@ def adaptive(rank, world, port, out, steps):
     write(out, rank, {"densities": densities, "xi": state.last_xi, "shards": {k: v.numpy() for k, v in local_shards(model).items()}})
     state.close()
     dist.destroy_process_group()
+
+
+def adam_default(rank, world, port, out, steps):
+    """The default state on FSDP2 replicas stepped by Adam: the choice after
+    ``steps`` steps, the library calls made, and the shards, next to native
+    HSDP under Adam."""
+    setup(rank, world, port)
+    mesh = mesh_2x2()
+    result = {}
+    for mode in ("native", "sparse"):
+        model = sharded_stack(mesh, mode == "sparse")
+        state = None
+        if mode == "sparse":
+            state = OkTopkState(process_group=mesh.get_group("replicate"), density=0.05, recheck_every=8)
+            oktopk.fsdp.register(model, state)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        for s in range(steps):
+            step(model, opt, rank, s)
+        result[mode] = {k: v.numpy() for k, v in local_shards(model).items()}
+        if state is not None:
+            result["choice"], result["calls"] = state.choice, dict(state.algorithm_counts)
+            state.close()
+    write(out, rank, result)
+    dist.destroy_process_group()

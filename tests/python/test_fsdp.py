@@ -163,3 +163,17 @@ def test_hsdp_adaptive_density_moves_alike_on_the_ranks_of_a_replicate_group():
             assert np.array_equal(a["shards"][name], b["shards"][name]), name
         sparse = [d for d, _ in a["densities"][2:]]
         assert a["xi"] is not None and len(set(sparse)) > 1, a["densities"]
+
+
+def test_the_default_on_replicas_stepped_by_adam_keeps_the_dense_allreduce():
+    # The registration watches the model's parameters: Adam steps them, so
+    # every step after the warm-up takes the replicate group's allreduce
+    # and no sparse call is made. Native HSDP reduces in another order
+    # (reduce-scatter over the whole mesh), so the shards agree to float32
+    # rounding, not bitwise.
+    results = run(fsdp_workers.adam_default, WORLD, 12)
+    for r in range(WORLD):
+        res = results[r]
+        assert res["choice"]["kept_dense_for"] == "Adam" and res["calls"] == {}, res["choice"]
+        for name, shard in res["native"].items():
+            assert np.allclose(shard, res["sparse"][name], rtol=1e-4, atol=1e-6), f"rank {r} {name}"
