@@ -75,13 +75,15 @@ def main():
         w.writeheader()
         w.writerows(rows)
     lines, _ = table(rows)
+    steps = int(rows[0]["native_steps"]) + int(rows[0]["sparse_steps"])
+    skip = rows[0].get("skip") or 12  # rows written before the column: 12
     text = "\n".join([
         SECTION,
         "",
-        "Per configuration, each method's median over the repeats of its median slowest-rank step (ms, steps 12-40 of 40: after the "
-        "warm-up and the default hook's first probes), with the repeats' range in brackets. ×DDP: the default hook's step over plain "
+        f"Per configuration, each method's median over the repeats of its median slowest-rank step (ms, steps {skip}-{steps} of {steps}: "
+        "after the warm-up, the default hook's first probes and the confirmation of a switch), with the repeats' range in brackets. ×DDP: the default hook's step over plain "
         "DDP's; ×best: over the fastest of plain DDP and the fixed sparse algorithms. Explored: the default hook's steps on the path it "
-        "did not choose (its first probe; with recheck_every=200 the next probe is past these 40 steps). Bytes/step: what one rank sent "
+        f"did not choose (its first probe; with recheck_every=200 the next probe is past these {steps} steps). Bytes/step: what one rank sent "
         "per step over the whole run (warm-up and probes included), over plain DDP's. P ranks share 2 cores.",
         "",
         f"Command: `{COMMAND}`",

@@ -12,7 +12,10 @@
 #   BENCH_DDP_LINKS="loopback 1gbit 200mbit"   links (loopback needs no root)
 #   BENCH_DDP_MODELS="cnn:1 mlp:2176 mlp:4096"  model:width (0.1M, 5.0M, 17.1M parameters)
 #   BENCH_DDP_P=4 BENCH_DDP_P8_LINKS=200mbit    ranks, and the links also run at 8 ranks
-#   BENCH_DDP_REPS=3 BENCH_DDP_STEPS=40
+#   BENCH_DDP_REPS=3 BENCH_DDP_STEPS=60 BENCH_DDP_SKIP=32
+#                                steps per method, and how many of the first
+#                                are left out of the median (the default
+#                                hook's first decision and its confirmation)
 #   BENCH_DDP_METHODS="ddp allreduce_hook oktopk oktopk_oktopk oktopk_topka"
 #                                (allreduce_hook, torch's own hook, is left out
 #                                at 200mbit, where a dense step takes seconds)
@@ -30,7 +33,8 @@ MODELS=${BENCH_DDP_MODELS:-"cnn:1 mlp:2176 mlp:4096"}
 P=${BENCH_DDP_P:-4}
 P8_LINKS=${BENCH_DDP_P8_LINKS-200mbit}
 REPS=${BENCH_DDP_REPS:-3}
-STEPS=${BENCH_DDP_STEPS:-40}
+STEPS=${BENCH_DDP_STEPS:-60}
+SKIP=${BENCH_DDP_SKIP:-32}
 METHODS=${BENCH_DDP_METHODS:-"ddp allreduce_hook oktopk oktopk_oktopk oktopk_topka"}
 LOGS=${BENCH_LOGS:-build/bench-logs}
 mkdir -p "$OUTDIR" "$LOGS"
@@ -53,7 +57,7 @@ for config in "${configs[@]}"; do
 			methods=$METHODS
 			[[ $link == 200mbit ]] && methods=$(echo $METHODS | tr ' ' '\n' | grep -vx allreduce_hook | paste -sd' ')
 			order=$(echo $methods | tr ' ' '\n' | shuf --random-source=<(yes "$rep$model$link$ranks") | paste -sd,)
-			jobs+=("PYTHONPATH='$HERE/../plugins/pytorch' '$PY' '$HERE/ddp_step.py' --model ${model%%:*} --width ${model#*:} --order $order --steps $STEPS --link $link --rep $rep")
+			jobs+=("PYTHONPATH='$HERE/../plugins/pytorch' '$PY' '$HERE/ddp_step.py' --model ${model%%:*} --width ${model#*:} --order $order --steps $STEPS --skip $SKIP --link $link --rep $rep")
 		done
 		echo "ddp step matrix: P=$ranks, $link, repeat $rep of $REPS ($((SECONDS - START)) s so far)" >&2
 		for job in "${jobs[@]}"; do

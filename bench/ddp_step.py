@@ -6,7 +6,7 @@ overlapped, optimizer) on its own clock; a synchronous step waits for the
 slowest rank, so the step's time is the maximum over the ranks. Per
 method it prints one ``step,`` row: the median of those slowest-rank times
 over the steps after ``--skip`` (the warm-up and the default hook's first
-probes; the hook decides at step 10), their mean over every step (probes and
+probes; the hook decides at step 18 and confirms a switch to sparse at 30), their mean over every step (probes and
 warm-up included: what the whole run cost), the spread (10th and 90th
 percentiles after ``--skip``), the bytes one rank sent per step over the
 run, and, for the default hook, the path it chose and its steps per path.
@@ -45,7 +45,7 @@ from cnn import VGGStyle, digits  # noqa: E402
 from ddp_e2e import WideMLP, ring_bytes  # noqa: E402
 
 HEADER = ("model,params,P,link,rep,method,median_ms,mean_ms,p10_ms,p90_ms,bytes_per_step,path,native_steps,sparse_steps,"
-          "explored_steps,final_loss")
+          "explored_steps,final_loss,skip")
 
 
 def main():
@@ -53,8 +53,9 @@ def main():
     ap.add_argument("--model", choices=("cnn", "mlp"), required=True)
     ap.add_argument("--width", type=int, required=True)
     ap.add_argument("--order", required=True, help="methods joined by commas, run in this order")
-    ap.add_argument("--steps", type=int, default=40)
-    ap.add_argument("--skip", type=int, default=12, help="steps left out of the median (warm-up and first probes)")
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--skip", type=int, default=32,
+                    help="steps left out of the median: the warm-up (2), the first native run and sparse probe (16), the confirmation (12), 2 more")
     ap.add_argument("--batch-size", type=int, default=16, help="per rank")
     ap.add_argument("--link", default="?", help="the link's name, for the row")
     ap.add_argument("--rep", type=int, default=0, help="the repeat's number, for the row")
@@ -122,7 +123,7 @@ def run(method, args, data):
     if rank == 0:
         row = [args.model, params, world, args.link, args.rep, method, f"{statistics.median(after):.1f}", f"{statistics.mean(slowest):.1f}",
                f"{after[len(after) // 10]:.1f}", f"{after[(9 * len(after)) // 10]:.1f}", f"{total.item() / world / args.steps:.0f}", path,
-               native, sparse, explored, f"{loss.item():.4f}"]
+               native, sparse, explored, f"{loss.item():.4f}", args.skip]
         print("step," + ",".join(str(v) for v in row), flush=True)
     if state is not None:
         state.close()

@@ -10,7 +10,9 @@ and memory bandwidth. So the front ends time whole steps and choose.
 
 The schedule, in steps after the dense warm-up (``s`` = 0, 1, ...):
 
-1. Explore: ``PROBE_STEPS`` steps native, then ``PROBE_STEPS`` sparse.
+1. Measure native for ``MEASURE_STEPS`` steps (the path preferred on a
+   tie, so these are not exploration), then probe sparse for
+   ``PROBE_STEPS``.
 2. Decide (at the first bucket of the next step): every rank times each
    step from its first bucket to the next step's first bucket (its whole
    reduction, the optimizer and the next forward; the first step of each
@@ -19,14 +21,21 @@ The schedule, in steps after the dense warm-up (``s`` = 0, 1, ...):
    same figures, the slowest rank's. Sparse is chosen only if it saves
    ``margin`` (default 10%) of the native step: a dense step is exact, a
    sparse one leaves most of the gradient waiting in the residual.
-3. Run the choice for ``recheck_every`` steps, then probe the other path for
+3. Confirm a switch: a probe's few steps can be lucky where steps are
+   noisy (ranks sharing cores), so a decision that leaves the path measured
+   over ``MEASURE_STEPS`` steps holds only if the new path's own first
+   ``MEASURE_STEPS`` steps still meet the rule against the figure it beat;
+   otherwise the old path returns at once, with no probe.
+4. Run the choice for ``recheck_every`` steps, then probe the other path for
    ``PROBE_STEPS`` steps and decide again from those and the chosen path's
-   latest steps (links and loads change). Exploration costs ``PROBE_STEPS``
-   of every ``recheck_every + PROBE_STEPS`` steps: 4 in 204 (2%) by default.
+   latest ``MEASURE_STEPS`` steps (links and loads change), confirming a
+   switch as in 3. Exploration costs ``PROBE_STEPS`` of every
+   ``recheck_every + PROBE_STEPS`` steps, 4 in 204 (2%) by default, and a
+   switch that is not confirmed its ``MEASURE_STEPS``.
 
 An Adam-family optimizer stepping the parameters (``oktopk.optimizers``)
 ends the choice: the ranks agree on whether any of them saw one before the
-first sparse probe (step ``PROBE_STEPS``) and at every decision, and from
+first sparse probe (step ``MEASURE_STEPS``) and at every decision, and from
 then on every step is native, with no more probes.
 
 The path of every step is a function of ``s`` and of agreed decisions only,
@@ -42,7 +51,8 @@ import time
 NATIVE = "native"  # the process group's allreduce (gloo, NCCL, MPI), residual folded in first
 SPARSE = "sparse"  # the library's sparse allreduce
 
-PROBE_STEPS = 4
+PROBE_STEPS = 4  # steps of a probe of the path not chosen
+MEASURE_STEPS = 12  # steps of the first native run, of a confirmation, and of the chosen path's figure at a recheck
 DEFAULT_MARGIN = 0.10
 DEFAULT_RECHECK_EVERY = 200
 
@@ -68,6 +78,9 @@ class StepChoice:
 
     def __init__(self, margin=DEFAULT_MARGIN, recheck_every=DEFAULT_RECHECK_EVERY):
         self.margin, self.recheck_every = check_choice(margin, recheck_every)
+        # The steps that make a path's own figure: MEASURE_STEPS, fewer when
+        # the period between probes is shorter than that and a probe.
+        self.measure = min(MEASURE_STEPS, self.recheck_every - PROBE_STEPS)
         self.agree = None
         self.log = None  # the front end's logger of decisions (rank 0 with OKTOPK_DEBUG_AUTO=1)
         self.clock = time.perf_counter
@@ -79,10 +92,12 @@ class StepChoice:
         self.kept_dense_for = None
         self.chosen = None  # None until the first decision
         self.decided_at = None  # the step s of the latest decision
+        self.confirm_at = None  # the step s that confirms the latest decision, a switch, or None
         self.ms = {NATIVE: None, SPARSE: None}  # the agreed ms per step of the latest decision
         self.steps = {NATIVE: 0, SPARSE: 0}  # steps run on each path
-        self.explored = 0  # of them, steps that probed the path not chosen
+        self.explored = 0  # of them, steps on a path that the decision after them did not keep
         self.decisions = 0
+        self.reverted = 0  # switches their own steps did not confirm
         self.reason = "exploring: no decision yet"
         # This rank's own timings: s -> seconds of step s, for recent steps.
         self._seconds = {}
@@ -91,11 +106,13 @@ class StepChoice:
     # -- the schedule --------------------------------------------------------
 
     def due(self, s):
-        """Whether step s begins with a decision."""
+        """Whether step s begins with a decision (or a confirmation)."""
         if self.kept_dense_for is not None:
             return False
         if self.chosen is None:
-            return s == 2 * PROBE_STEPS
+            return s == self.measure + PROBE_STEPS
+        if self.confirm_at is not None:
+            return s == self.confirm_at
         return s == self.decided_at + self.recheck_every + PROBE_STEPS
 
     def path(self, s):
@@ -104,7 +121,7 @@ class StepChoice:
         if self.kept_dense_for is not None:
             return NATIVE
         if self.chosen is None:
-            return NATIVE if s < PROBE_STEPS else SPARSE
+            return NATIVE if s < self.measure else SPARSE
         if s < self.decided_at + self.recheck_every:
             return self.chosen
         return self.other(self.chosen)
@@ -113,15 +130,18 @@ class StepChoice:
     def other(path):
         return SPARSE if path == NATIVE else NATIVE
 
-    def _probe_steps(self, s):
+    def _windows(self, s):
         """(native steps, sparse steps) whose timings decide at step s: the
-        probe's steps and the chosen path's latest ones, each run's first
-        step left out."""
+        first native run and the sparse probe, or the probe and the chosen
+        path's latest steps, each run's first step left out."""
         if self.chosen is None:
-            return range(1, PROBE_STEPS), range(PROBE_STEPS + 1, 2 * PROBE_STEPS)
+            return range(1, self.measure), range(self.measure + 1, self.measure + PROBE_STEPS)
         probe = range(s - PROBE_STEPS + 1, s)
-        kept = range(s - 2 * PROBE_STEPS + 1, s - PROBE_STEPS)
+        kept = range(s - PROBE_STEPS - self.measure + 1, s - PROBE_STEPS)
         return (kept, probe) if self.chosen == NATIVE else (probe, kept)
+
+    def _sparse_wins(self, native_ms, sparse_ms):
+        return sparse_ms < (1.0 - self.margin) * native_ms
 
     # -- measuring and deciding ----------------------------------------------
 
@@ -135,24 +155,24 @@ class StepChoice:
         if self._started is not None and self._started[0] == s - 1 and self._started[2]:
             self._seconds[s - 1] = now - self._started[1]
         self._started = (s, now, not untimed)
-        for old in [k for k in self._seconds if k < s - 4 * PROBE_STEPS]:
+        for old in [k for k in self._seconds if k < s - 2 * (self.measure + PROBE_STEPS)]:
             del self._seconds[old]
-        if self.chosen is None and s == PROBE_STEPS and self.kept_dense_for is None:
+        if self.chosen is None and s == self.measure and self.kept_dense_for is None:
             self._agree_on_optimizer(s, self.agree([self._adam_flag()])[0])
         if self.due(s):
-            self._decide(s)
+            if self.confirm_at is not None:
+                self._confirm(s)
+            else:
+                self._decide(s)
         path = self.path(s)
         self.steps[path] += 1
         if self.chosen is not None and path != self.chosen:
             self.explored += 1
         return path
 
-    def _local_medians(self, s):
-        out = []
-        for steps in self._probe_steps(s):
-            seconds = [self._seconds[k] for k in steps if k in self._seconds]
-            out.append(statistics.median(seconds) * 1e3 if seconds else -1.0)
-        return out
+    def _local_median(self, steps):
+        seconds = [self._seconds[k] for k in steps if k in self._seconds]
+        return statistics.median(seconds) * 1e3 if seconds else -1.0
 
     def _adam_flag(self):
         return 1.0 if self.adam_seen() is not None else 0.0
@@ -164,25 +184,34 @@ class StepChoice:
             return False
         self.kept_dense_for = self.adam_seen() or "an Adam-family optimizer (on another rank)"
         if self.chosen is None:
-            self.explored += max(0, s - PROBE_STEPS)  # the sparse probe's steps so far
-        self.chosen, self.decided_at = NATIVE, s
+            self.explored += max(0, s - self.measure)  # the sparse probe's steps so far
+        elif self.confirm_at is not None and self.chosen == SPARSE:
+            self.explored += s - self.decided_at  # an unconfirmed switch to sparse
+        self.chosen, self.decided_at, self.confirm_at = NATIVE, s, None
         self.decisions += 1
         self.reason = f"{self.kept_dense_for} steps the parameters: native on every step (oktopk.optimizers)"
-        if self.log is not None:
-            self.log(f"oktopk: step {s} after the warm-up: {self.reason}")
+        self._log(s)
         return True
 
+    def _log(self, s):
+        if self.log is not None:
+            until = "" if self.kept_dense_for is not None else f" until step {self.decided_at + self.recheck_every}"
+            self.log(f"oktopk: step {s} after the warm-up: {self.chosen}{until}: {self.reason}")
+
     def _decide(self, s):
-        native_ms, sparse_ms, adam = self.agree(self._local_medians(s) + [self._adam_flag()])
+        native, sparse = self._windows(s)
+        native_ms, sparse_ms, adam = self.agree([self._local_median(native), self._local_median(sparse), self._adam_flag()])
         if self._agree_on_optimizer(s, adam):
-            return NATIVE
-        previous = self.chosen
+            return
+        # The path measured over the longer window: a decision that leaves it
+        # is confirmed by the new path's own steps.
+        incumbent = self.chosen or NATIVE
         if native_ms < 0 or sparse_ms < 0:
             # Not measured (a run resumed inside a probe): keep the choice,
             # probe again after the next period.
-            chosen = previous or NATIVE
+            chosen = incumbent
             self.reason = f"a path was not timed (a run resumed inside a probe); keeping {chosen}"
-        elif sparse_ms < (1.0 - self.margin) * native_ms:
+        elif self._sparse_wins(native_ms, sparse_ms):
             chosen = SPARSE
             self.reason = (f"sparse {sparse_ms:.1f} ms/step saves {1 - sparse_ms / native_ms:.0%} of native's {native_ms:.1f} "
                            f"(margin {self.margin:.0%})")
@@ -193,13 +222,43 @@ class StepChoice:
         if native_ms >= 0 and sparse_ms >= 0:
             self.ms = {NATIVE: native_ms, SPARSE: sparse_ms}
         if self.chosen is None:
-            # The initial probe of the path not chosen was exploration too.
-            self.explored += PROBE_STEPS
+            # The first steps on the path not chosen were exploration too.
+            self.explored += self.measure if chosen == SPARSE else PROBE_STEPS
         self.chosen, self.decided_at = chosen, s
+        self.confirm_at = s + self.measure if chosen != incumbent else None
         self.decisions += 1
-        if self.log is not None:
-            self.log(f"oktopk: step {s} after the warm-up: {chosen} until step {s + self.recheck_every}: {self.reason}")
-        return chosen
+        self._log(s)
+
+    def _confirm(self, s):
+        """At step s, ``measure`` steps after a switch: keep the new path if
+        its own steps still meet the rule against the figure it beat, else go
+        back."""
+        new, old = self.chosen, self.other(self.chosen)
+        steps = range(self.decided_at + 1, s)
+        new_ms, adam = self.agree([self._local_median(steps), self._adam_flag()])
+        if self._agree_on_optimizer(s, adam):
+            return
+        self.confirm_at = None
+        old_ms = self.ms[old]
+        if new_ms < 0 or old_ms is None:
+            return  # not timed (a resumed run): the decision stands
+        native_ms, sparse_ms = (new_ms, old_ms) if new == NATIVE else (old_ms, new_ms)
+        self.ms[new] = new_ms
+        if self._sparse_wins(native_ms, sparse_ms) == (new == SPARSE):
+            self.reason += f"; confirmed by its next {len(steps)} steps ({new_ms:.1f} ms/step)"
+            self._log(s)
+            return
+        self.explored += s - self.decided_at
+        if self.decisions == 1 and old == NATIVE:
+            # The first decision undone: the first native run was not
+            # exploration after all, the sparse probe was.
+            self.explored += PROBE_STEPS - self.measure
+        self.chosen, self.decided_at = old, s
+        self.decisions += 1
+        self.reverted += 1
+        self.reason = (f"{new} measured {new_ms:.1f} ms/step over its next {len(steps)} steps against {old}'s {old_ms:.1f}, "
+                       f"which the margin {self.margin:.0%} does not let it replace: back to {old}")
+        self._log(s)
 
     # -- what the state shows, and checkpoints -------------------------------
 
@@ -212,6 +271,7 @@ class StepChoice:
             "steps": dict(self.steps),
             "explored_steps": self.explored,
             "decisions": self.decisions,
+            "reverted": self.reverted,
             "reason": self.reason,
             "kept_dense_for": self.kept_dense_for,
         }
@@ -220,6 +280,8 @@ class StepChoice:
         return {
             "chosen": self.chosen,
             "decided_at": self.decided_at,
+            "confirm_at": self.confirm_at,
+            "reverted": self.reverted,
             "ms": dict(self.ms),
             "steps": dict(self.steps),
             "explored": self.explored,
@@ -236,7 +298,9 @@ class StepChoice:
 
     def load_state_dict(self, saved):
         self.margin, self.recheck_every = check_choice(saved["margin"], saved["recheck_every"])
+        self.measure = min(MEASURE_STEPS, self.recheck_every - PROBE_STEPS)
         self.chosen, self.decided_at = saved["chosen"], saved["decided_at"]
+        self.confirm_at, self.reverted = saved.get("confirm_at"), saved.get("reverted", 0)
         self.ms = dict(saved["ms"])
         self.steps = dict(saved["steps"])
         self.explored, self.decisions, self.reason = saved["explored"], saved["decisions"], saved["reason"]
