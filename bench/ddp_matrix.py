@@ -75,15 +75,20 @@ def main():
         w.writeheader()
         w.writerows(rows)
     lines, _ = table(rows)
-    steps = int(rows[0]["native_steps"]) + int(rows[0]["sparse_steps"])
-    skip = rows[0].get("skip") or 12  # rows written before the column: 12
+    # Which steps each link's medians cover (a matrix can merge runs).
+    windows = {}
+    for r in rows:
+        steps = int(r["native_steps"]) + int(r["sparse_steps"])
+        windows.setdefault((int(r.get("skip") or 12), steps), set()).add(r["link"])  # rows written before the column: 12
+    window = "; ".join(f"steps {skip}-{steps} of {steps}" + (f" ({', '.join(sorted(links))})" if len(windows) > 1 else "")
+                       for (skip, steps), links in sorted(windows.items()))
     text = "\n".join([
         SECTION,
         "",
-        f"Per configuration, each method's median over the repeats of its median slowest-rank step (ms, steps {skip}-{steps} of {steps}: "
+        f"Per configuration, each method's median over the repeats of its median slowest-rank step (ms, {window}: "
         "after the warm-up, the default hook's first probes and the confirmation of a switch), with the repeats' range in brackets. ×DDP: the default hook's step over plain "
         "DDP's; ×best: over the fastest of plain DDP and the fixed sparse algorithms. Explored: the default hook's steps on the path it "
-        f"did not choose (its first probe; with recheck_every=200 the next probe is past these {steps} steps). Bytes/step: what one rank sent "
+        "did not choose (its first probe; with recheck_every=200 the next probe is past these steps). Bytes/step: what one rank sent "
         "per step over the whole run (warm-up and probes included), over plain DDP's. P ranks share 2 cores.",
         "",
         f"Command: `{COMMAND}`",
