@@ -10,9 +10,8 @@ and memory bandwidth. So the front ends time whole steps and choose.
 
 The schedule, in steps after the dense warm-up (``s`` = 0, 1, ...):
 
-1. Measure native for ``MEASURE_STEPS`` steps (the path preferred on a
-   tie, so these are not exploration), then probe sparse for
-   ``PROBE_STEPS``.
+1. Explore: ``PROBE_STEPS`` steps native, then ``PROBE_STEPS`` sparse (on a
+   slow link a native step can take seconds: the probes stay short).
 2. Decide (at the first bucket of the next step): every rank times each
    step from its first bucket to the next step's first bucket (its whole
    reduction, the optimizer and the next forward; the first step of each
@@ -22,8 +21,8 @@ The schedule, in steps after the dense warm-up (``s`` = 0, 1, ...):
    ``margin`` (default 10%) of the native step: a dense step is exact, a
    sparse one leaves most of the gradient waiting in the residual.
 3. Confirm a switch: a probe's few steps can be lucky where steps are
-   noisy (ranks sharing cores), so a decision that leaves the path measured
-   over ``MEASURE_STEPS`` steps holds only if the new path's own first
+   noisy (ranks sharing cores), so a decision for sparse, or one that
+   leaves the chosen path, holds only if the new path's own next
    ``MEASURE_STEPS`` steps still meet the rule against the figure it beat;
    otherwise the old path returns at once, with no probe.
 4. Run the choice for ``recheck_every`` steps, then probe the other path for
@@ -35,7 +34,7 @@ The schedule, in steps after the dense warm-up (``s`` = 0, 1, ...):
 
 An Adam-family optimizer stepping the parameters (``oktopk.optimizers``)
 ends the choice: the ranks agree on whether any of them saw one before the
-first sparse probe (step ``MEASURE_STEPS``) and at every decision, and from
+first sparse probe (step ``PROBE_STEPS``) and at every decision, and from
 then on every step is native, with no more probes.
 
 The path of every step is a function of ``s`` and of agreed decisions only,
@@ -52,7 +51,7 @@ NATIVE = "native"  # the process group's allreduce (gloo, NCCL, MPI), residual f
 SPARSE = "sparse"  # the library's sparse allreduce
 
 PROBE_STEPS = 4  # steps of a probe of the path not chosen
-MEASURE_STEPS = 12  # steps of the first native run, of a confirmation, and of the chosen path's figure at a recheck
+MEASURE_STEPS = 12  # steps of a confirmation, and of the chosen path's figure at a recheck
 DEFAULT_MARGIN = 0.10
 DEFAULT_RECHECK_EVERY = 200
 
@@ -78,8 +77,9 @@ class StepChoice:
 
     def __init__(self, margin=DEFAULT_MARGIN, recheck_every=DEFAULT_RECHECK_EVERY):
         self.margin, self.recheck_every = check_choice(margin, recheck_every)
-        # The steps that make a path's own figure: MEASURE_STEPS, fewer when
-        # the period between probes is shorter than that and a probe.
+        # The steps of a confirmation and of the chosen path's figure at a
+        # recheck: MEASURE_STEPS, fewer when the period between probes is
+        # shorter than that and a probe.
         self.measure = min(MEASURE_STEPS, self.recheck_every - PROBE_STEPS)
         self.agree = None
         self.log = None  # the front end's logger of decisions (rank 0 with OKTOPK_DEBUG_AUTO=1)
@@ -110,7 +110,7 @@ class StepChoice:
         if self.kept_dense_for is not None:
             return False
         if self.chosen is None:
-            return s == self.measure + PROBE_STEPS
+            return s == 2 * PROBE_STEPS
         if self.confirm_at is not None:
             return s == self.confirm_at
         return s == self.decided_at + self.recheck_every + PROBE_STEPS
@@ -121,7 +121,7 @@ class StepChoice:
         if self.kept_dense_for is not None:
             return NATIVE
         if self.chosen is None:
-            return NATIVE if s < self.measure else SPARSE
+            return NATIVE if s < PROBE_STEPS else SPARSE
         if s < self.decided_at + self.recheck_every:
             return self.chosen
         return self.other(self.chosen)
@@ -135,7 +135,7 @@ class StepChoice:
         first native run and the sparse probe, or the probe and the chosen
         path's latest steps, each run's first step left out."""
         if self.chosen is None:
-            return range(1, self.measure), range(self.measure + 1, self.measure + PROBE_STEPS)
+            return range(1, PROBE_STEPS), range(PROBE_STEPS + 1, 2 * PROBE_STEPS)
         probe = range(s - PROBE_STEPS + 1, s)
         kept = range(s - PROBE_STEPS - self.measure + 1, s - PROBE_STEPS)
         return (kept, probe) if self.chosen == NATIVE else (probe, kept)
@@ -157,7 +157,7 @@ class StepChoice:
         self._started = (s, now, not untimed)
         for old in [k for k in self._seconds if k < s - 2 * (self.measure + PROBE_STEPS)]:
             del self._seconds[old]
-        if self.chosen is None and s == self.measure and self.kept_dense_for is None:
+        if self.chosen is None and s == PROBE_STEPS and self.kept_dense_for is None:
             self._agree_on_optimizer(s, self.agree([self._adam_flag()])[0])
         if self.due(s):
             if self.confirm_at is not None:
@@ -184,7 +184,7 @@ class StepChoice:
             return False
         self.kept_dense_for = self.adam_seen() or "an Adam-family optimizer (on another rank)"
         if self.chosen is None:
-            self.explored += max(0, s - self.measure)  # the sparse probe's steps so far
+            self.explored += max(0, s - PROBE_STEPS)  # the sparse probe's steps so far
         elif self.confirm_at is not None and self.chosen == SPARSE:
             self.explored += s - self.decided_at  # an unconfirmed switch to sparse
         self.chosen, self.decided_at, self.confirm_at = NATIVE, s, None
@@ -203,8 +203,9 @@ class StepChoice:
         native_ms, sparse_ms, adam = self.agree([self._local_median(native), self._local_median(sparse), self._adam_flag()])
         if self._agree_on_optimizer(s, adam):
             return
-        # The path measured over the longer window: a decision that leaves it
-        # is confirmed by the new path's own steps.
+        # The path a decision for the other must be confirmed against:
+        # native before the first decision (preferred on a tie), then the
+        # chosen one (measured over its latest steps, not a probe's few).
         incumbent = self.chosen or NATIVE
         if native_ms < 0 or sparse_ms < 0:
             # Not measured (a run resumed inside a probe): keep the choice,
@@ -222,8 +223,8 @@ class StepChoice:
         if native_ms >= 0 and sparse_ms >= 0:
             self.ms = {NATIVE: native_ms, SPARSE: sparse_ms}
         if self.chosen is None:
-            # The first steps on the path not chosen were exploration too.
-            self.explored += self.measure if chosen == SPARSE else PROBE_STEPS
+            # The first probe of the path not chosen was exploration too.
+            self.explored += PROBE_STEPS
         self.chosen, self.decided_at = chosen, s
         self.confirm_at = s + self.measure if chosen != incumbent else None
         self.decisions += 1
@@ -249,10 +250,6 @@ class StepChoice:
             self._log(s)
             return
         self.explored += s - self.decided_at
-        if self.decisions == 1 and old == NATIVE:
-            # The first decision undone: the first native run was not
-            # exploration after all, the sparse probe was.
-            self.explored += PROBE_STEPS - self.measure
         self.chosen, self.decided_at = old, s
         self.decisions += 1
         self.reverted += 1
