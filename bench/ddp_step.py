@@ -6,7 +6,7 @@ overlapped, optimizer) on its own clock; a synchronous step waits for the
 slowest rank, so the step's time is the maximum over the ranks. Per
 method it prints one ``step,`` row: the median of those slowest-rank times
 over the steps after ``--skip`` (the warm-up and the default hook's first
-probes; the hook decides at step 18 and confirms a switch to sparse at 30), their mean over every step (probes and
+probes; the hook decides at step 10 and confirms a switch to sparse at 22), their mean over every step (probes and
 warm-up included: what the whole run cost), the spread (10th and 90th
 percentiles after ``--skip``), the bytes one rank sent per step over the
 run, and, for the default hook, the path it chose and its steps per path.
@@ -55,7 +55,7 @@ def main():
     ap.add_argument("--order", required=True, help="methods joined by commas, run in this order")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--skip", type=int, default=32,
-                    help="steps left out of the median: the warm-up (2), the first native run and sparse probe (16), the confirmation (12), 2 more")
+                    help="steps left out of the median: the warm-up (2), the first probes (8), the confirmation of a switch (12), 10 more")
     ap.add_argument("--batch-size", type=int, default=16, help="per rank")
     ap.add_argument("--link", default="?", help="the link's name, for the row")
     ap.add_argument("--rep", type=int, default=0, help="the repeat's number, for the row")

@@ -258,3 +258,31 @@ def test_an_sgd_model_beside_it_is_not_kept_dense_and_a_named_algorithm_warns_on
         assert res["sgd_kept_dense_for"] is None and res["sgd_sparse_steps"] >= PROBE_STEPS
         assert len(res["warnings"]) == 1 and "AdamW" in res["warnings"][0], res["warnings"]
         assert res["named_sparse_calls"] == 14  # sparse whatever the optimizer
+
+
+@pytest.mark.parametrize("resume_at", [10, 19, 30])
+def test_a_run_resumed_inside_a_confirmation_takes_the_same_paths(resume_at):
+    # Sparse chosen at 8 from a lucky probe and undone at 20 by its own
+    # steps: resumed at 10 or 19 (inside the confirmation) or 30 (after it),
+    # the checkpoint carries the pending confirmation, so the resumed run
+    # goes back to native at the same step and ends in the same state.
+    def ms(path, s):
+        return (5.0 if s < 8 else 25.0) if path == SPARSE else 20.0
+
+    whole = StepChoice(recheck_every=200)
+    full = simulate(whole, 60, ms)
+    first = StepChoice(recheck_every=200)
+    head = simulate(first, resume_at, ms)
+    resumed = StepChoice()
+    resumed.load_state_dict(first.state_dict())
+    now = [0.0]
+    resumed.clock, resumed.agree = lambda: now[0], lambda values: values
+    tail = []
+    for s in range(resume_at, 60):
+        tail.append(resumed.begin_step(s, untimed=s == resume_at))
+        now[0] += ms(tail[-1], s) / 1e3
+    assert head + tail == full and resumed.reverted == whole.reverted == 1
+    a, b = resumed.summary(), whole.summary()
+    for key in ("native_ms_per_step", "sparse_ms_per_step"):
+        assert a.pop(key) == pytest.approx(b.pop(key))
+    assert a == b
