@@ -6,7 +6,7 @@ overlapped, optimizer) on its own clock; a synchronous step waits for the
 slowest rank, so the step's time is the maximum over the ranks. Per
 method it prints one ``step,`` row: the median of those slowest-rank times
 over the steps after ``--skip`` (the warm-up and the default hook's first
-probes; the hook decides at step 10 and confirms a switch to sparse at 22), their mean over every step (probes and
+probes; the hook decides at step 6 on a clear win over its timed warm-up step, else at 10, and confirms a switch to sparse 12 steps later), their mean over every step (probes and
 warm-up included: what the whole run cost), the spread (10th and 90th
 percentiles after ``--skip``), the bytes one rank sent per step over the
 run, and, for the default hook, the path it chose and its steps per path.

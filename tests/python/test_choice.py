@@ -12,12 +12,16 @@ from oktopk.choice import MEASURE_STEPS, NATIVE, PROBE_STEPS, SPARSE, StepChoice
 from test_ddp import run
 
 
-def simulate(choice, steps, ms):
+def simulate(choice, steps, ms, warmup_ms=None):
     """Drive a StepChoice over steps with ms(path, s) per step on one rank
-    (agree is the identity); returns the path of every step."""
+    (agree is the identity), after a timed warm-up step of warmup_ms if
+    given; returns the path of every step."""
     now = [0.0]
     choice.clock = lambda: now[0]
     choice.agree = lambda values: values
+    if warmup_ms is not None:
+        choice.time_warmup_step()
+        now[0] += warmup_ms / 1e3
     paths = []
     for s in range(steps):
         path = choice.begin_step(s)
@@ -27,15 +31,40 @@ def simulate(choice, steps, ms):
 
 
 def test_schedule_probes_both_then_follows_the_faster_and_explores_at_most_5_percent_of_500_steps():
+    # No timed warm-up step: the sparse probe, then the native one.
     choice = StepChoice(recheck_every=200)
     paths = simulate(choice, 500, lambda path, s: 10.0 if path == SPARSE else 30.0)
-    assert paths[:PROBE_STEPS] == [NATIVE] * PROBE_STEPS and paths[PROBE_STEPS : 2 * PROBE_STEPS] == [SPARSE] * PROBE_STEPS
+    assert paths[:PROBE_STEPS] == [SPARSE] * PROBE_STEPS and paths[PROBE_STEPS : 2 * PROBE_STEPS] == [NATIVE] * PROBE_STEPS
     assert choice.chosen == SPARSE and choice.ms == pytest.approx({NATIVE: 30.0, SPARSE: 10.0})
     assert choice.decisions == 3 and choice.reverted == 0  # the first (confirmed) and two rechecks
     # The first probe and two rechecks' native probes.
     assert paths.count(NATIVE) == choice.explored == 3 * PROBE_STEPS
     assert choice.explored <= 0.05 * 500
     assert choice.steps == {NATIVE: paths.count(NATIVE), SPARSE: paths.count(SPARSE)}
+
+
+@pytest.mark.parametrize("warmup_ms", [30.0, 25.0])
+def test_a_clear_win_over_the_timed_warm_up_step_spares_the_native_probe(warmup_ms):
+    # Sparse at 10 ms: a third of a 30 ms warm-up step (a slow link) is
+    # chosen after its probe (steps 0-3), with no native step until the
+    # recheck's probe; 10 against 25 ms (40%) is one too. Native probes
+    # stay the only exploration.
+    choice = StepChoice(recheck_every=200)
+    paths = simulate(choice, 500, lambda path, s: 10.0 if path == SPARSE else 30.0, warmup_ms=warmup_ms)
+    assert paths[:204] == [SPARSE] * 204 and paths[204:208] == [NATIVE] * PROBE_STEPS
+    assert choice.ms == pytest.approx({NATIVE: 30.0, SPARSE: 10.0}) and choice.reverted == 0
+    assert paths.count(NATIVE) == choice.explored == 2 * PROBE_STEPS
+
+
+@pytest.mark.parametrize("sparse_ms", [12.0, 18.0])
+def test_without_a_clear_win_the_native_probe_runs(sparse_ms):
+    # 12 or 18 ms against a 20 ms warm-up step: more than half of it, so
+    # the native probe (steps 4-7) decides, here for sparse (10% margin)
+    # only at 12.
+    choice = StepChoice(recheck_every=200)
+    paths = simulate(choice, 40, lambda path, s: sparse_ms if path == SPARSE else 20.0, warmup_ms=20.0)
+    assert paths[:8] == [SPARSE] * 4 + [NATIVE] * 4
+    assert choice.chosen == (SPARSE if sparse_ms < 18.0 else NATIVE) and choice.decided_at == 8
 
 
 @pytest.mark.parametrize("sparse_ms, want", [(8.9, SPARSE), (9.1, NATIVE), (12.0, NATIVE)])
@@ -48,7 +77,8 @@ def test_sparse_is_chosen_only_when_it_saves_the_margin(sparse_ms, want):
 def test_a_change_of_the_link_is_followed_at_the_next_recheck():
     choice = StepChoice(recheck_every=20)
     paths = simulate(choice, 100, lambda path, s: (5.0 if s < 32 else 50.0) if path == SPARSE else 20.0)
-    # Sparse from the first decision (step 8), confirmed at 20, kept at
+    # Sparse from the first decision (step 8, after the sparse probe 0-3
+    # and the native one 4-7), confirmed at 20, kept at
     # the recheck (native probe 28-31); sparse turns slow at step 32; at the
     # next recheck (native probe 52-55 against sparse's steps 41-51) native
     # wins, is confirmed by its own steps at 68, and stays.
@@ -57,8 +87,8 @@ def test_a_change_of_the_link_is_followed_at_the_next_recheck():
 
 
 def test_a_lucky_probe_is_undone_by_the_chosen_paths_own_steps():
-    # The sparse probe (steps 4-7) runs at 5 ms, every later sparse step
-    # at 25 ms, native at 20: sparse is chosen at 8, and its own steps
+    # The sparse probe (steps 0-3) runs at 5 ms, every later sparse step
+    # at 25 ms, native at 20 (probed 4-7): sparse is chosen at 8, and its own steps
     # 9-19 send it back at 20, with no probe; the probe and those steps
     # are the exploration.
     choice = StepChoice(recheck_every=200)
@@ -103,17 +133,20 @@ def choice_run(tmp_path_factory):
 
 
 def test_every_rank_takes_the_same_path_under_per_rank_timing_noise(choice_run):
-    # Each rank's injected clock differs (noise; after step 22, ranks 0 and
+    # Each rank's injected clock differs (noise; after step 18, ranks 0 and
     # 2 alone would keep sparse and rank 1 alone would not): the decisions
     # come from agreed figures (the slowest rank's), so the paths are the
     # same on every rank.
     paths = [choice_run[r]["full"]["paths"] for r in range(3)]
     assert paths[0] == paths[1] == paths[2]
     run_paths = [paths[0][step] for step in range(2, 48)]  # s = step - 2
-    # Probes, sparse chosen at s = 8 and again at 20, native at s = 32 once
-    # sparse saves less than the margin on the slowest rank
-    # (workers.choice_cost), probed at s = 40 and kept at 44.
-    assert run_paths == [NATIVE] * 4 + [SPARSE] * 12 + [NATIVE] * 4 + [SPARSE] * 8 + [NATIVE] * 12 + [SPARSE] * 4 + [NATIVE] * 2, run_paths
+    # The sparse probe (s = 0-3) at a quarter of the timed warm-up step:
+    # sparse chosen at s = 4 with no native probe, confirmed at 8, kept at
+    # the recheck at 16 (native probe 12-15); native at s = 28 (native
+    # probe 24-27) once sparse saves less than the margin on the slowest
+    # rank (workers.choice_cost), confirmed at 32, probed at s = 36 and kept
+    # at 40.
+    assert run_paths == [SPARSE] * 12 + [NATIVE] * 4 + [SPARSE] * 8 + [NATIVE] * 12 + [SPARSE] * 4 + [NATIVE] * 6, run_paths
     assert all(choice_run[r]["full"]["choice"] == choice_run[0]["full"]["choice"] for r in range(3))
     assert choice_run[0]["full"]["choice"]["decisions"] == 4
     # Its sparse steps ran sparse algorithms only ("auto" among them), one
@@ -123,30 +156,31 @@ def test_every_rank_takes_the_same_path_under_per_rank_timing_noise(choice_run):
 
 
 def test_an_idle_communicator_is_released_once_native_is_chosen_and_made_again_for_a_sparse_probe(choice_run):
-    # Native chosen at s = 32: from then on no communicator (its sockets
-    # would wake their threads for nothing) until the sparse probe at
-    # s = 40 makes one again, with the saved state; native again from s = 44,
-    # whose first step still folds the residuals in through it. While sparse
-    # is chosen, a native probe (s = 16-19, 28-31) keeps it.
+    # Native chosen at s = 28 (after a native probe): from then on no
+    # communicator (its sockets would wake their threads for nothing) until
+    # the sparse probe at s = 36 makes one again, with the saved state;
+    # native again from s = 40, whose first step still folds the residuals
+    # in through it. While sparse is chosen, a native probe (s = 12-15,
+    # 24-27) keeps it.
     for r in range(3):
         alive = {step: made for step, (made, _) in choice_run[r]["full"]["alive"].items()}
-        assert [alive[2 + s] for s in range(4, 32)] == [True] * 28, alive
-        assert [alive[2 + s] for s in range(32, 48 - 2)] == [False] * 8 + [True] * 4 + [True, False], alive
+        assert [alive[2 + s] for s in range(0, 28)] == [True] * 28, alive
+        assert [alive[2 + s] for s in range(28, 48 - 2)] == [False] * 8 + [True] * 4 + [True] + [False] * 5, alive
 
 
 def test_parameter_hooks_are_removed_while_native_has_nothing_to_fold_and_return_for_sparse(choice_run_16):
     # Which parameters a step used matters to a sparse step and to the fold
     # after it. Once native is chosen and a rank has folded every residual
     # in (none held back: rank 0 here; the others never use `rank0`, whose
-    # residual stays held), its per-parameter hooks go (s = 32-39), and the
-    # sparse probe (s = 40) registers them again. Every sparse step has them.
+    # residual stays held), its per-parameter hooks go (s = 28-35), and the
+    # sparse probe (s = 36) registers them again. Every sparse step has them.
     for r in range(3):
         run_ = choice_run_16[r]["full"]
         hooks = {step: n for step, (_, n) in run_["alive"].items()}
         assert all(hooks[step] == 8 for step, path in run_["paths"].items() if path == SPARSE), hooks
         assert all(run_["paths"][step] == NATIVE for step, n in hooks.items() if n == 0), hooks
     hooks = {step: n for step, (_, n) in choice_run_16[0]["full"]["alive"].items()}
-    assert [hooks[2 + s] for s in range(32, 42)] == [0] * 8 + [8] * 2, hooks
+    assert [hooks[2 + s] for s in range(28, 38)] == [0] * 8 + [8] * 2, hooks
 
 
 @pytest.fixture(scope="module")
@@ -186,17 +220,18 @@ def test_switching_between_native_and_sparse_keeps_gradient_mass(choice_run, cho
         scale = sum(abs(results[r]["local"][name].astype("float64")).sum() for r in range(world))
         lost = abs(local - applied - left).sum() / scale
         assert lost <= 1e-5, f"{name}: {lost:.3%} of its gradient mass lost"
-    # The first native step after sparse ones (step 18) sent the residuals
+    # The first native step after sparse ones (step 14) sent the residuals
     # of the parameters every rank used: none is left.
     for r in range(world):
         after = results[r]["after_switch"]
         assert after["trunk.weight"] == after["head.weight"] == 0.0, after
 
 
-@pytest.mark.parametrize("first", [24, 31])
+@pytest.mark.parametrize("first", [24, 39])
 def test_a_resumed_run_continues_the_decision(choice_run, first):
-    # Resumed after step 24 (sparse chosen) and after step 31 (inside the
-    # native probe): the same paths, decisions and final parameters.
+    # Resumed after step 24 (sparse chosen) and after step 39 (inside a
+    # sparse probe, its communicator released before it): the same paths,
+    # decisions and final parameters.
     for r in range(3):
         full, resumed = choice_run[r]["full"], choice_run[r][first]
         assert resumed["paths"] == {step: full["paths"][step] for step in range(first, 48)}
@@ -207,7 +242,7 @@ def test_a_resumed_run_continues_the_decision(choice_run, first):
 def test_an_adam_family_optimizer_seen_before_the_sparse_probe_keeps_every_step_native():
     choice = StepChoice(recheck_every=8)
     choice.adam_seen = lambda: "AdamW"
-    paths = simulate(choice, 40, lambda path, s: 1.0 if path == SPARSE else 30.0)  # sparse far faster
+    paths = simulate(choice, 40, lambda path, s: 1.0 if path == SPARSE else 30.0, warmup_ms=30.0)  # sparse far faster
     assert paths == [NATIVE] * 40 and choice.kept_dense_for == "AdamW" and choice.decisions == 1 and choice.explored == 0
     resumed = StepChoice()
     resumed.load_state_dict(choice.state_dict())

@@ -801,12 +801,12 @@ def density_schedule(rank, world, port, out, ckpt):
 
 def choice_cost(path, step, rank):
     """The injected seconds of a step on a path, with per-rank noise of up to
-    1 ms: native 20 ms; sparse 5 ms until step 22, then 16 ms on ranks 0
+    1 ms: native 20 ms; sparse 5 ms until step 18, then 16 ms on ranks 0
     and 2 (which alone would keep sparse: it saves 20%) and 19 ms on rank 1
     (which alone would go native: 5% is less than the margin)."""
     if path == "native":
         base = 0.020
-    elif step < 22:
+    elif step < 18:
         base = 0.005
     else:
         base = 0.019 if rank == 1 else 0.016
@@ -831,9 +831,9 @@ def choice_run(rank, world, port, out, ckpt, value_dtype="float32", device_path=
     over the steps after the warm-up, the
     gradients given to the hook, those DDP applied, and the final residuals
     (as unused_parameters); the residuals right after the first native step
-    that follows sparse ones (step 18); then the same run resumed from
-    checkpoints saved after steps 24 and 31 (inside a probe), for float32
-    values only."""
+    that follows sparse ones (step 14); then the same run resumed from
+    checkpoints saved after steps 24 and 39 (inside a sparse probe), for
+    float32 values only."""
     setup(rank, world, port)
 
     def train(first, last, saves=()):
@@ -862,12 +862,15 @@ def choice_run(rank, world, port, out, ckpt, value_dtype="float32", device_path=
         m.register_comm_hook(state, recording_hook)
         paths, alive, after_switch = {}, {}, None
         for step in range(first, last):
-            clock.now += choice_cost(state._path, step, rank)  # the step before this one, on its path
+            # The step before this one, on its path (native in the warm-up).
+            clock.now += choice_cost(state._path if step > state.warmup_iters else "native", step, rank)
             sparse_phase["on"] = step >= 2
             g = torch.Generator().manual_seed(1000 * step + rank)
             x, y = torch.randn(8, 20, generator=g), torch.randint(0, 5, (8,), generator=g)
             o.zero_grad(set_to_none=True)
-            F.cross_entropy(m(x, step % 3 == 0, rank == 0 and step % 2 == 0), y).backward()
+            # Rank 0 uses every parameter at step 26 (the second native
+            # probe's first step, whose fold then leaves nothing held).
+            F.cross_entropy(m(x, step % 3 == 2, rank == 0 and step % 2 == 0), y).backward()
             if sparse_phase["on"]:
                 for name, p in m.module.named_parameters():
                     if p.grad is not None:
@@ -875,7 +878,7 @@ def choice_run(rank, world, port, out, ckpt, value_dtype="float32", device_path=
             o.step()
             paths[step] = state._path if step >= 2 else "warm-up"
             alive[step] = (state._reducer.comm is not None, len(state._layout._grad_hooks))
-            if step == 18:
+            if step == 14:
                 after_switch = {k: v.abs().max().item() for k, v in residuals_by_parameter(state, m.module).items()}
             if step + 1 in saves:
                 torch.save({"model": m.module.state_dict(), "optimizer": o.state_dict(), "oktopk": state.state_dict()},
@@ -894,8 +897,8 @@ def choice_run(rank, world, port, out, ckpt, value_dtype="float32", device_path=
         state.close()
         return result
 
-    results = {"full": train(0, 48, saves=(24, 31))}
-    for first in (24, 31) if value_dtype == "float32" else ():
+    results = {"full": train(0, 48, saves=(24, 39))}
+    for first in (24, 39) if value_dtype == "float32" else ():
         results[first] = train(first, 48)
     write(out, rank, results)
     dist.destroy_process_group()

@@ -10,8 +10,11 @@ and memory bandwidth. So the front ends time whole steps and choose.
 
 The schedule, in steps after the dense warm-up (``s`` = 0, 1, ...):
 
-1. Explore: ``PROBE_STEPS`` steps native, then ``PROBE_STEPS`` sparse (on a
-   slow link a native step can take seconds: the probes stay short).
+1. Explore: ``PROBE_STEPS`` steps sparse. If the front end timed its last
+   warm-up step (native) and the sparse probe's steps took at most
+   ``CLEAR_WIN`` of it, no step noise explains that (a slow link): sparse
+   is chosen at once (and confirmed as in 3), sparing a native probe whose
+   steps there take seconds. Otherwise ``PROBE_STEPS`` steps native.
 2. Decide (at the first bucket of the next step): every rank times each
    step from its first bucket to the next step's first bucket (its whole
    reduction, the optimizer and the next forward; the first step of each
@@ -34,8 +37,9 @@ The schedule, in steps after the dense warm-up (``s`` = 0, 1, ...):
 
 An Adam-family optimizer stepping the parameters (``oktopk.optimizers``)
 ends the choice: the ranks agree on whether any of them saw one before the
-first sparse probe (step ``PROBE_STEPS``) and at every decision, and from
-then on every step is native, with no more probes.
+first sparse probe (step 0; with no warm-up step the optimizer has not
+stepped yet, and the next agreement sees it) and at every decision and
+confirmation, and from then on every step is native, with no more probes.
 
 The path of every step is a function of ``s`` and of agreed decisions only,
 so every rank takes the same path whatever its own clock says; the decision
@@ -51,6 +55,7 @@ NATIVE = "native"  # the process group's allreduce (gloo, NCCL, MPI), residual f
 SPARSE = "sparse"  # the library's sparse allreduce
 
 PROBE_STEPS = 4  # steps of a probe of the path not chosen
+CLEAR_WIN = 0.5  # the sparse probe's share of the timed warm-up step that chooses sparse without a native probe
 MEASURE_STEPS = 12  # steps of a confirmation, and of the chosen path's figure at a recheck
 DEFAULT_MARGIN = 0.10
 DEFAULT_RECHECK_EVERY = 200
@@ -110,7 +115,7 @@ class StepChoice:
         if self.kept_dense_for is not None:
             return False
         if self.chosen is None:
-            return s == 2 * PROBE_STEPS
+            return s in (PROBE_STEPS, 2 * PROBE_STEPS)  # after the sparse probe, after the native one
         if self.confirm_at is not None:
             return s == self.confirm_at
         return s == self.decided_at + self.recheck_every + PROBE_STEPS
@@ -121,7 +126,7 @@ class StepChoice:
         if self.kept_dense_for is not None:
             return NATIVE
         if self.chosen is None:
-            return NATIVE if s < PROBE_STEPS else SPARSE
+            return SPARSE if s < PROBE_STEPS else NATIVE
         if s < self.decided_at + self.recheck_every:
             return self.chosen
         return self.other(self.chosen)
@@ -132,10 +137,12 @@ class StepChoice:
 
     def _windows(self, s):
         """(native steps, sparse steps) whose timings decide at step s: the
-        first native run and the sparse probe, or the probe and the chosen
-        path's latest steps, each run's first step left out."""
+        warm-up's last step (s = -1) or the native probe, and the sparse
+        probe; or a probe and the chosen path's latest steps; each run's
+        first step left out."""
         if self.chosen is None:
-            return range(1, PROBE_STEPS), range(PROBE_STEPS + 1, 2 * PROBE_STEPS)
+            native = range(-1, 0) if s == PROBE_STEPS else range(PROBE_STEPS + 1, 2 * PROBE_STEPS)
+            return native, range(1, PROBE_STEPS)
         probe = range(s - PROBE_STEPS + 1, s)
         kept = range(s - PROBE_STEPS - self.measure + 1, s - PROBE_STEPS)
         return (kept, probe) if self.chosen == NATIVE else (probe, kept)
@@ -144,6 +151,11 @@ class StepChoice:
         return sparse_ms < (1.0 - self.margin) * native_ms
 
     # -- measuring and deciding ----------------------------------------------
+
+    def time_warmup_step(self):
+        """At the first bucket of the last warm-up step (native, in the
+        final bucket layout): time it, as step -1."""
+        self._started = (-1, self.clock(), True)
 
     def begin_step(self, s, untimed=False):
         """At the first bucket of step s: time the step before it (when it
@@ -157,7 +169,7 @@ class StepChoice:
         self._started = (s, now, not untimed)
         for old in [k for k in self._seconds if k < s - 2 * (self.measure + PROBE_STEPS)]:
             del self._seconds[old]
-        if self.chosen is None and s == PROBE_STEPS and self.kept_dense_for is None:
+        if self.chosen is None and s == 0 and self.kept_dense_for is None:
             self._agree_on_optimizer(s, self.agree([self._adam_flag()])[0])
         if self.due(s):
             if self.confirm_at is not None:
@@ -184,9 +196,11 @@ class StepChoice:
             return False
         self.kept_dense_for = self.adam_seen() or "an Adam-family optimizer (on another rank)"
         if self.chosen is None:
-            self.explored += max(0, s - PROBE_STEPS)  # the sparse probe's steps so far
+            self.explored += min(s, PROBE_STEPS)  # the sparse probe's steps so far
         elif self.confirm_at is not None and self.chosen == SPARSE:
-            self.explored += s - self.decided_at  # an unconfirmed switch to sparse
+            # An unconfirmed switch to sparse (the first decision: every
+            # sparse step so far).
+            self.explored = self.steps[SPARSE] if self.decisions == 1 else self.explored + s - self.decided_at
         self.chosen, self.decided_at, self.confirm_at = NATIVE, s, None
         self.decisions += 1
         self.reason = f"{self.kept_dense_for} steps the parameters: native on every step (oktopk.optimizers)"
@@ -202,6 +216,17 @@ class StepChoice:
         native, sparse = self._windows(s)
         native_ms, sparse_ms, adam = self.agree([self._local_median(native), self._local_median(sparse), self._adam_flag()])
         if self._agree_on_optimizer(s, adam):
+            return
+        if self.chosen is None and s == PROBE_STEPS:
+            # After the sparse probe: sparse at once only on a clear win over
+            # the timed warm-up step; else the native probe.
+            if native_ms > 0 and 0 <= sparse_ms <= CLEAR_WIN * native_ms:
+                self.ms = {NATIVE: native_ms, SPARSE: sparse_ms}
+                self.chosen, self.decided_at, self.confirm_at = SPARSE, s, s + self.measure
+                self.decisions += 1
+                self.reason = (f"sparse {sparse_ms:.1f} ms/step, at most {CLEAR_WIN:.0%} of the warm-up's native step "
+                               f"({native_ms:.1f}): no native probe")
+                self._log(s)
             return
         # The path a decision for the other must be confirmed against:
         # native before the first decision (preferred on a tie), then the
@@ -249,7 +274,11 @@ class StepChoice:
             self.reason += f"; confirmed by its next {len(steps)} steps ({new_ms:.1f} ms/step)"
             self._log(s)
             return
-        self.explored += s - self.decided_at
+        if self.decisions == 1:
+            # The first decision undone: every sparse step so far explored.
+            self.explored = self.steps[SPARSE]
+        else:
+            self.explored += s - self.decided_at
         self.chosen, self.decided_at = old, s
         self.decisions += 1
         self.reverted += 1

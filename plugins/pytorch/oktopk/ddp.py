@@ -727,8 +727,11 @@ def oktopk_hook(state: OkTopkState, bucket: dist.GradBucket) -> torch.futures.Fu
         state._hook_iters += 1
     layout = state._layout
     sparse = phase_iter >= state.warmup_iters
-    if sparse and state._choice is not None and bucket.index() == 0:
-        _begin_step(state, phase_iter - state.warmup_iters, tensor.device, untimed=not rebuilt)
+    if state._choice is not None and bucket.index() == 0:
+        if sparse:
+            _begin_step(state, phase_iter - state.warmup_iters, tensor.device, untimed=not rebuilt)
+        elif rebuilt and phase_iter == state.warmup_iters - 1:
+            state._choice.time_warmup_step()  # a native step the choice can compare the sparse probe with
     if sparse and state._path == NATIVE and not layout.watching and not state._residual_groups:
         # Native chosen, nothing to fold: allreduce_hook's work and no more.
         return _native_allreduce(state, tensor)

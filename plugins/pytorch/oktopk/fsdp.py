@@ -126,6 +126,8 @@ class _Registration:
         s = self.step - state.warmup_iters
         if s >= 0 and state._choice is not None:
             _begin_step(state, s, shard.device, untimed=self.steps_run == 0)
+        elif s == -1 and state._choice is not None and self.steps_run > 0:
+            state._choice.time_warmup_step()  # a native step the choice can compare the sparse probe with
         self.steps_run += 1
 
     def _hook_for(self, group_id):
