@@ -140,8 +140,9 @@ def reached_target(model, acc, loss, target):
 
 
 def warmup_of(method):
-    """N of an ``oktopk_wN`` method (N >= 2), else None."""
-    m = re.fullmatch(r"oktopk_w(\d+)", method)
+    """N of an ``oktopk_wN`` or ``oktopk_<algorithm>_wN`` method (N >= 2),
+    else None."""
+    m = re.fullmatch(r"oktopk(?:_.+)?_w(\d+)", method)
     return int(m.group(1)) if m and int(m.group(1)) >= 2 else None
 
 
@@ -154,7 +155,9 @@ def sparse_algorithms():
 
 
 def algorithm_of(method):
-    """The algorithm an ``oktopk_<algorithm>`` method names, else None."""
+    """The algorithm an ``oktopk_<algorithm>`` (or ``oktopk_<algorithm>_wN``)
+    method names, else None."""
+    method = re.sub(r"_w\d+$", "", method)
     name = method[len("oktopk_"):] if method.startswith("oktopk_") else None
     return name if name in sparse_algorithms() else None
 
@@ -196,7 +199,7 @@ def main():
     for m in methods:
         if m not in METHODS and warmup_of(m) is None and density_of(m) is None and algorithm_of(m) is None:
             ap.error(f"--method {m!r} is none of {', '.join(METHODS)}, nor oktopk_wN (N >= 2 dense warm-up steps), nor oktopk_dN "
-                     f"(density N%), nor oktopk_<algorithm> ({', '.join(sparse_algorithms())})")
+                     f"(density N%), nor oktopk_<algorithm> ({', '.join(sparse_algorithms())}), optionally with _wN")
     width = args.width if args.width is not None else {"mlp": 4096, "cnn": 13, "charlm": 192}[args.model]
     if args.lr is None:
         args.lr = 0.002 if args.model == "charlm" else 0.1
