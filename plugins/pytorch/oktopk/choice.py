@@ -106,7 +106,7 @@ class StepChoice:
         self.reason = "exploring: no decision yet"
         # This rank's own timings: s -> seconds of step s, for recent steps.
         self._seconds = {}
-        self._started = None  # (s, clock) of the latest step's first bucket
+        self._started = None  # (s, clock, timed) at the latest step's first bucket
 
     # -- the schedule --------------------------------------------------------
 
@@ -227,6 +227,9 @@ class StepChoice:
                 self.reason = (f"sparse {sparse_ms:.1f} ms/step, at most {CLEAR_WIN:.0%} of the warm-up's native step "
                                f"({native_ms:.1f}): no native probe")
                 self._log(s)
+            elif self.log is not None:
+                self.log(f"oktopk: step {s} after the warm-up: sparse probed at {sparse_ms:.1f} ms/step, not at most "
+                         f"{CLEAR_WIN:.0%} of the warm-up's native step ({native_ms:.1f}; -1: not timed): probing native")
             return
         # The path a decision for the other must be confirmed against:
         # native before the first decision (preferred on a tie), then the
