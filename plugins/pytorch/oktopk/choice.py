@@ -82,10 +82,6 @@ class StepChoice:
 
     def __init__(self, margin=DEFAULT_MARGIN, recheck_every=DEFAULT_RECHECK_EVERY):
         self.margin, self.recheck_every = check_choice(margin, recheck_every)
-        # The steps of a confirmation and of the chosen path's figure at a
-        # recheck: MEASURE_STEPS, fewer when the period between probes is
-        # shorter than that and a probe.
-        self.measure = min(MEASURE_STEPS, self.recheck_every - PROBE_STEPS)
         self.agree = None
         self.log = None  # the front end's logger of decisions (rank 0 with OKTOPK_DEBUG_AUTO=1)
         self.clock = time.perf_counter
@@ -109,6 +105,13 @@ class StepChoice:
         self._started = None  # (s, clock, timed) at the latest step's first bucket
 
     # -- the schedule --------------------------------------------------------
+
+    @property
+    def measure(self):
+        """The steps of a confirmation and of the chosen path's figure at a
+        recheck: MEASURE_STEPS, fewer when the period between probes is
+        shorter than that and a probe."""
+        return min(MEASURE_STEPS, self.recheck_every - PROBE_STEPS)
 
     def due(self, s):
         """Whether step s begins with a decision (or a confirmation)."""
@@ -198,9 +201,7 @@ class StepChoice:
         if self.chosen is None:
             self.explored += min(s, PROBE_STEPS)  # the sparse probe's steps so far
         elif self.confirm_at is not None and self.chosen == SPARSE:
-            # An unconfirmed switch to sparse (the first decision: every
-            # sparse step so far).
-            self.explored = self.steps[SPARSE] if self.decisions == 1 else self.explored + s - self.decided_at
+            self._count_undone_switch(s)
         self.chosen, self.decided_at, self.confirm_at = NATIVE, s, None
         self.decisions += 1
         self.reason = f"{self.kept_dense_for} steps the parameters: native on every step (oktopk.optimizers)"
@@ -258,6 +259,16 @@ class StepChoice:
         self.decisions += 1
         self._log(s)
 
+    def _count_undone_switch(self, s):
+        """Exploration, for a switch undone at step s before its
+        confirmation held: its steps since the decision; for the first
+        decision, every sparse step so far (the native steps before it were
+        not exploration after all)."""
+        if self.decisions == 1:
+            self.explored = self.steps[SPARSE]
+        else:
+            self.explored += s - self.decided_at
+
     def _confirm(self, s):
         """At step s, ``measure`` steps after a switch: keep the new path if
         its own steps still meet the rule against the figure it beat, else go
@@ -277,11 +288,7 @@ class StepChoice:
             self.reason += f"; confirmed by its next {len(steps)} steps ({new_ms:.1f} ms/step)"
             self._log(s)
             return
-        if self.decisions == 1:
-            # The first decision undone: every sparse step so far explored.
-            self.explored = self.steps[SPARSE]
-        else:
-            self.explored += s - self.decided_at
+        self._count_undone_switch(s)
         self.chosen, self.decided_at = old, s
         self.decisions += 1
         self.reverted += 1
@@ -327,7 +334,6 @@ class StepChoice:
 
     def load_state_dict(self, saved):
         self.margin, self.recheck_every = check_choice(saved["margin"], saved["recheck_every"])
-        self.measure = min(MEASURE_STEPS, self.recheck_every - PROBE_STEPS)
         self.chosen, self.decided_at = saved["chosen"], saved["decided_at"]
         self.confirm_at, self.reverted = saved.get("confirm_at"), saved.get("reverted", 0)
         self.ms = dict(saved["ms"])
