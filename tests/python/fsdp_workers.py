@@ -322,24 +322,42 @@ def adaptive(rank, world, port, out, steps):
 
 
 def adam_default(rank, world, port, out, steps):
-    """The default state on FSDP2 replicas stepped by Adam: the choice after
-    ``steps`` steps, the library calls made, and the shards, next to native
-    HSDP under Adam."""
+    """The default state on FSDP2 replicas stepped by Adam, its clock
+    injected so that a bfloat16 step costs 40 ms and a native one 30: the
+    path of every step, each replicate allreduce's shard before and after
+    it (to check it against the other replica's), the choice and the
+    library calls after ``steps`` steps, and the shards, next to native HSDP
+    under Adam."""
+    from workers import InjectedClock
+
     setup(rank, world, port)
     mesh = mesh_2x2()
-    result = {}
+    result = {"reduced": []}
+    for name in ("_native_", "_bf16_"):
+        def recorded(state, shard, reduce=getattr(oktopk.fsdp, name), path=name.strip("_")):
+            before = shard.clone()
+            reduce(state, shard)
+            result["reduced"].append((path, before.numpy(), shard.clone().numpy()))
+
+        setattr(oktopk.fsdp, name, recorded)
     for mode in ("native", "sparse"):
         model = sharded_stack(mesh, mode == "sparse")
         state = None
         if mode == "sparse":
             state = OkTopkState(process_group=mesh.get_group("replicate"), density=0.05, recheck_every=8)
+            state._choice.clock = clock = InjectedClock()
             oktopk.fsdp.register(model, state)
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        paths = []
         for s in range(steps):
+            if state is not None:
+                clock.now += 0.040 if state._path == "bf16" and s > state.warmup_iters else 0.030  # the step before
             step(model, opt, rank, s)
+            if state is not None:
+                paths.append(state._path if s >= state.warmup_iters else "warm-up")
         result[mode] = {k: v.numpy() for k, v in local_shards(model).items()}
         if state is not None:
-            result["choice"], result["calls"] = state.choice, dict(state.algorithm_counts)
+            result["choice"], result["calls"], result["paths"] = state.choice, dict(state.algorithm_counts), paths
             state.close()
     write(out, rank, result)
     dist.destroy_process_group()

@@ -24,7 +24,7 @@ def run(fn, world, *args, expect_exit=None, timeout=240):
     import tempfile
 
     out = tempfile.mkdtemp(prefix="oktopk-test-")
-    ctx = mp.start_processes(fn, args=(world, free_port(), out) + args, nprocs=world, join=False, start_method="spawn")
+    ctx = mp.start_processes(workers.exit_when_done, args=(fn, world, free_port(), out) + args, nprocs=world, join=False, start_method="spawn")
     deadline = time.monotonic() + timeout
     while not all(not p.is_alive() for p in ctx.processes):
         if time.monotonic() > deadline:

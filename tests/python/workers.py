@@ -28,6 +28,23 @@ def setup(rank, world, port):
     dist.init_process_group("gloo", rank=rank, world_size=world)
 
 
+def exit_when_done(rank, fn, *args):
+    """Run fn(rank, *args) in a spawned rank, then end the process at once,
+    without the interpreter's finalization (an exception still reaches
+    torch's spawn wrapper, which prints it and exits 1). Why: torch's gloo
+    worker threads release each collective's work after completing it, and
+    a work issued during backward holds the thread-local Python objects
+    torch stashes there; when that release comes while the interpreter
+    finalizes, taking the GIL ends the thread inside a C++ destructor and
+    the process aborts ("terminate called without an active exception",
+    pytorch/pytorch#190489; caught here in a core dump of a rank that had
+    written its results). What a test checks is in the file fn wrote."""
+    fn(rank, *args)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def write(out, rank, value):
     with open(os.path.join(out, f"rank{rank}.pkl"), "wb") as f:
         pickle.dump(value, f)
@@ -905,12 +922,15 @@ def choice_run(rank, world, port, out, ckpt, value_dtype="float32", device_path=
 
 
 def adam_family(rank, world, port, out):
-    """The default hook under AdamW next to allreduce_hook under AdamW, 16
-    steps: the path of each step, whether a communicator was ever made, the
-    choice, and whether the two models' parameters are equal; in the same
-    process, a default state on a model stepped by SGD (its choice must not
-    be kept dense by the other model's AdamW), a named algorithm under AdamW
-    (warnings), and the kept-dense choice through a checkpoint."""
+    """The default hook under AdamW, 16 steps, its clock injected so that a
+    bfloat16 step costs 10 ms and a native one 30: per step after the
+    warm-up, its path and each bucket before and after the hook (to check
+    every step against the ranks' own gradients), whether a communicator
+    was ever made, and the choice, also through a checkpoint; beside it, a
+    model with allreduce_hook (parameters compared after the warm-up); in
+    the same process, a default state on a model stepped by SGD (its choice
+    must not be kept dense by the other model's AdamW), and a named
+    algorithm under AdamW (warnings)."""
     import warnings
 
     setup(rank, world, port)
@@ -918,16 +938,33 @@ def adam_family(rank, world, port, out):
     a, b, c, named = (DDP(small_model()) for _ in range(4))
     state, state_sgd = OkTopkState(density=0.05, warmup_iters=2, recheck_every=8), OkTopkState(density=0.05, warmup_iters=2, recheck_every=8)
     state_named = OkTopkState(density=0.05, warmup_iters=2, algorithm="oktopk")
-    a.register_comm_hook(state, oktopk_hook)
+    clock = InjectedClock()
+    state._choice.clock = clock
+    buckets, now = {}, {"step": 0}
+
+    def recording_hook(st, bucket):
+        before, index, step = bucket.buffer().clone(), bucket.index(), now["step"]
+
+        def keep(fut):
+            after = fut.value()
+            if step >= 2:
+                buckets.setdefault(step, []).append((index, before.numpy(), after.clone().numpy()))
+            return after
+
+        return oktopk_hook(st, bucket).then(keep)
+
+    a.register_comm_hook(state, recording_hook)
     b.register_comm_hook(None, allreduce_hook)
     c.register_comm_hook(state_sgd, oktopk_hook)
     named.register_comm_hook(state_named, oktopk_hook)
     opts = [torch.optim.AdamW(a.parameters(), lr=1e-2), torch.optim.AdamW(b.parameters(), lr=1e-2),
             torch.optim.SGD(c.parameters(), lr=0.1), torch.optim.AdamW(named.parameters(), lr=1e-2)]
-    paths, comm_made = [], False
+    paths, comm_made, equal_after_warmup = [], False, None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for step in range(16):
+            clock.now += 0.010 if step > 2 and state._path == "bf16" else 0.030  # the step before this one
+            now["step"] = step
             x, y = batch(rank, step)
             for m, o in zip((a, b, c, named), opts):
                 o.zero_grad()
@@ -935,14 +972,17 @@ def adam_family(rank, world, port, out):
                 o.step()
             paths.append(state._path if step >= 2 else "warm-up")
             comm_made = comm_made or state._reducer.comm is not None
+            if step == 1:
+                equal_after_warmup = all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
     resumed = OkTopkState(density=0.05, warmup_iters=2, recheck_every=8)
     resumed.load_state_dict(state.state_dict())
     write(out, rank, {
         "paths": paths,
+        "buckets": buckets,
         "comm_made": comm_made,
         "choice": state.choice,
         "resumed_choice": resumed.choice,
-        "equal_to_allreduce_hook": all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters())),
+        "equal_after_warmup": equal_after_warmup,
         "grad_hooks": len(state._layout._grad_hooks),
         "sgd_kept_dense_for": state_sgd.choice["kept_dense_for"],
         "sgd_sparse_steps": state_sgd.choice["steps"]["sparse"],

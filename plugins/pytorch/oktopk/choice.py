@@ -36,10 +36,15 @@ The schedule, in steps after the dense warm-up (``s`` = 0, 1, ...):
    switch that is not confirmed its ``MEASURE_STEPS``.
 
 An Adam-family optimizer stepping the parameters (``oktopk.optimizers``)
-ends the choice: the ranks agree on whether any of them saw one before the
-first sparse probe (step 0; with no warm-up step the optimizer has not
-stepped yet, and the next agreement sees it) and at every decision and
-confirmation, and from then on every step is native, with no more probes.
+takes sparse out of the choice: the ranks agree on whether any of them saw
+one before the first sparse probe (step 0) and at every decision and
+confirmation. Seen at step 0, the schedule above runs with ``BF16`` in
+sparse's place where the front end offers it (DDP and FSDP2): the same
+dense allreduce in bfloat16, half the bytes, with a value's 8-bit mantissa
+rounded as in torch's ``bf16_compress_hook``, and none of sparse's
+progress lost to the residual. Seen later (no warm-up step: the optimizer
+had not stepped yet), or where the front end offers no bfloat16 path
+(Horovod), every step from then on is native, with no more probes.
 
 The path of every step is a function of ``s`` and of agreed decisions only,
 so every rank takes the same path whatever its own clock says; the decision
@@ -53,6 +58,8 @@ import time
 # The two paths.
 NATIVE = "native"  # the process group's allreduce (gloo, NCCL, MPI), residual folded in first
 SPARSE = "sparse"  # the library's sparse allreduce
+BF16 = "bf16"  # the process group's allreduce of bfloat16 values: sparse's place under an Adam-family optimizer
+PATHS = (NATIVE, SPARSE, BF16)
 
 PROBE_STEPS = 4  # steps of a probe of the path not chosen
 CLEAR_WIN = 0.5  # the sparse probe's share of the timed warm-up step that chooses sparse without a native probe
@@ -80,8 +87,9 @@ class StepChoice:
     a list of floats over its ranks (-1.0 stands for "not measured").
     ``clock`` returns seconds (tests give each rank a noisy one)."""
 
-    def __init__(self, margin=DEFAULT_MARGIN, recheck_every=DEFAULT_RECHECK_EVERY):
+    def __init__(self, margin=DEFAULT_MARGIN, recheck_every=DEFAULT_RECHECK_EVERY, offers_bf16=False):
         self.margin, self.recheck_every = check_choice(margin, recheck_every)
+        self.offers_bf16 = offers_bf16  # the front end can take the BF16 path
         self.agree = None
         self.log = None  # the front end's logger of decisions (rank 0 with OKTOPK_DEBUG_AUTO=1)
         self.clock = time.perf_counter
@@ -89,13 +97,16 @@ class StepChoice:
         # the name of an Adam-family optimizer that steps the parameters, or
         # None (oktopk.optimizers).
         self.adam_seen = lambda: None
-        # The Adam-family optimizer the ranks agreed on: every step native.
+        # The Adam-family optimizer the ranks agreed on: every step dense.
         self.kept_dense_for = None
+        # The path measured against native: SPARSE; BF16 or None (native
+        # only) once an Adam-family optimizer is agreed on.
+        self.candidate = SPARSE
         self.chosen = None  # None until the first decision
         self.decided_at = None  # the step s of the latest decision
         self.confirm_at = None  # the step s that confirms the latest decision, a switch, or None
-        self.ms = {NATIVE: None, SPARSE: None}  # the agreed ms per step of the latest decision
-        self.steps = {NATIVE: 0, SPARSE: 0}  # steps run on each path
+        self.ms = dict.fromkeys(PATHS)  # the agreed ms per step of the latest decision
+        self.steps = dict.fromkeys(PATHS, 0)  # steps run on each path
         self.explored = 0  # of them, steps on a path that the decision after them did not keep
         self.decisions = 0
         self.reverted = 0  # switches their own steps did not confirm
@@ -115,7 +126,7 @@ class StepChoice:
 
     def due(self, s):
         """Whether step s begins with a decision (or a confirmation)."""
-        if self.kept_dense_for is not None:
+        if self.candidate is None:
             return False
         if self.chosen is None:
             return s in (PROBE_STEPS, 2 * PROBE_STEPS)  # after the sparse probe, after the native one
@@ -126,22 +137,21 @@ class StepChoice:
     def path(self, s):
         """The path of step s, the same on every rank (after any decision
         due at s)."""
-        if self.kept_dense_for is not None:
+        if self.candidate is None:
             return NATIVE
         if self.chosen is None:
-            return SPARSE if s < PROBE_STEPS else NATIVE
+            return self.candidate if s < PROBE_STEPS else NATIVE
         if s < self.decided_at + self.recheck_every:
             return self.chosen
         return self.other(self.chosen)
 
-    @staticmethod
-    def other(path):
-        return SPARSE if path == NATIVE else NATIVE
+    def other(self, path):
+        return self.candidate if path == NATIVE else NATIVE
 
     def _windows(self, s):
-        """(native steps, sparse steps) whose timings decide at step s: the
-        warm-up's last step (s = -1) or the native probe, and the sparse
-        probe; or a probe and the chosen path's latest steps; each run's
+        """(native steps, candidate steps) whose timings decide at step s:
+        the warm-up's last step (s = -1) or the native probe, and the
+        candidate's probe; or a probe and the chosen path's latest steps; each run's
         first step left out."""
         if self.chosen is None:
             native = range(-1, 0) if s == PROBE_STEPS else range(PROBE_STEPS + 1, 2 * PROBE_STEPS)
@@ -150,8 +160,8 @@ class StepChoice:
         kept = range(s - PROBE_STEPS - self.measure + 1, s - PROBE_STEPS)
         return (kept, probe) if self.chosen == NATIVE else (probe, kept)
 
-    def _sparse_wins(self, native_ms, sparse_ms):
-        return sparse_ms < (1.0 - self.margin) * native_ms
+    def _candidate_wins(self, native_ms, candidate_ms):
+        return candidate_ms < (1.0 - self.margin) * native_ms
 
     # -- measuring and deciding ----------------------------------------------
 
@@ -193,15 +203,24 @@ class StepChoice:
         return 1.0 if self.adam_seen() is not None else 0.0
 
     def _agree_on_optimizer(self, s, flag):
-        """Given the max over the ranks of the Adam flag: keep native from
-        step s on if any rank saw an Adam-family optimizer."""
-        if flag <= 0:
+        """Given the max over the ranks of the Adam flag, once: if any rank
+        saw an Adam-family optimizer, sparse leaves the choice. At step 0,
+        before the first probe, BF16 takes its place where the front end
+        offers it (returns False: the schedule goes on); otherwise every
+        step from s on is native (returns True: the decision is made)."""
+        if flag <= 0 or self.kept_dense_for is not None:
             return False
         self.kept_dense_for = self.adam_seen() or "an Adam-family optimizer (on another rank)"
+        if s == 0 and self.chosen is None and self.offers_bf16:
+            self.candidate = BF16
+            self.reason = (f"{self.kept_dense_for} steps the parameters: dense on every step, "
+                           "native or bf16 by measured step time (oktopk.optimizers)")
+            return False
         if self.chosen is None:
             self.explored += min(s, PROBE_STEPS)  # the sparse probe's steps so far
         elif self.confirm_at is not None and self.chosen == SPARSE:
             self._count_undone_switch(s)
+        self.candidate = None
         self.chosen, self.decided_at, self.confirm_at = NATIVE, s, None
         self.decisions += 1
         self.reason = f"{self.kept_dense_for} steps the parameters: native on every step (oktopk.optimizers)"
@@ -210,47 +229,48 @@ class StepChoice:
 
     def _log(self, s):
         if self.log is not None:
-            until = "" if self.kept_dense_for is not None else f" until step {self.decided_at + self.recheck_every}"
+            until = "" if self.candidate is None else f" until step {self.decided_at + self.recheck_every}"
             self.log(f"oktopk: step {s} after the warm-up: {self.chosen}{until}: {self.reason}")
 
     def _decide(self, s):
-        native, sparse = self._windows(s)
-        native_ms, sparse_ms, adam = self.agree([self._local_median(native), self._local_median(sparse), self._adam_flag()])
+        candidate = self.candidate
+        native, probed = self._windows(s)
+        native_ms, candidate_ms, adam = self.agree([self._local_median(native), self._local_median(probed), self._adam_flag()])
         if self._agree_on_optimizer(s, adam):
             return
         if self.chosen is None and s == PROBE_STEPS:
-            # After the sparse probe: sparse at once only on a clear win over
-            # the timed warm-up step; else the native probe.
-            if native_ms > 0 and 0 <= sparse_ms <= CLEAR_WIN * native_ms:
-                self.ms = {NATIVE: native_ms, SPARSE: sparse_ms}
-                self.chosen, self.decided_at, self.confirm_at = SPARSE, s, s + self.measure
+            # After the candidate's probe: chosen at once only on a clear win
+            # over the timed warm-up step; else the native probe.
+            if native_ms > 0 and 0 <= candidate_ms <= CLEAR_WIN * native_ms:
+                self.ms[NATIVE], self.ms[candidate] = native_ms, candidate_ms
+                self.chosen, self.decided_at, self.confirm_at = candidate, s, s + self.measure
                 self.decisions += 1
-                self.reason = (f"sparse {sparse_ms:.1f} ms/step, at most {CLEAR_WIN:.0%} of the warm-up's native step "
+                self.reason = (f"{candidate} {candidate_ms:.1f} ms/step, at most {CLEAR_WIN:.0%} of the warm-up's native step "
                                f"({native_ms:.1f}): no native probe")
                 self._log(s)
             elif self.log is not None:
-                self.log(f"oktopk: step {s} after the warm-up: sparse probed at {sparse_ms:.1f} ms/step, not at most "
+                self.log(f"oktopk: step {s} after the warm-up: {candidate} probed at {candidate_ms:.1f} ms/step, not at most "
                          f"{CLEAR_WIN:.0%} of the warm-up's native step ({native_ms:.1f}; -1: not timed): probing native")
             return
         # The path a decision for the other must be confirmed against:
         # native before the first decision (preferred on a tie), then the
         # chosen one (measured over its latest steps, not a probe's few).
         incumbent = self.chosen or NATIVE
-        if native_ms < 0 or sparse_ms < 0:
+        if native_ms < 0 or candidate_ms < 0:
             # Not measured (a run resumed inside a probe): keep the choice,
             # probe again after the next period.
             chosen = incumbent
             self.reason = f"a path was not timed (a run resumed inside a probe); keeping {chosen}"
-        elif self._sparse_wins(native_ms, sparse_ms):
-            chosen = SPARSE
-            self.reason = (f"sparse {sparse_ms:.1f} ms/step saves {1 - sparse_ms / native_ms:.0%} of native's {native_ms:.1f} "
-                           f"(margin {self.margin:.0%})")
+        elif self._candidate_wins(native_ms, candidate_ms):
+            chosen = candidate
+            self.reason = (f"{candidate} {candidate_ms:.1f} ms/step saves {1 - candidate_ms / native_ms:.0%} of native's "
+                           f"{native_ms:.1f} (margin {self.margin:.0%})")
         else:
             chosen = NATIVE
-            self.reason = (f"native {native_ms:.1f} ms/step; sparse {sparse_ms:.1f} would save "
-                           f"{1 - sparse_ms / native_ms:.0%}, less than the margin {self.margin:.0%}")
-        if native_ms >= 0 and sparse_ms >= 0:
-            self.ms = {NATIVE: native_ms, SPARSE: sparse_ms}
+            self.reason = (f"native {native_ms:.1f} ms/step; {candidate} {candidate_ms:.1f} would save "
+                           f"{1 - candidate_ms / native_ms:.0%}, less than the margin {self.margin:.0%}")
+        if native_ms >= 0 and candidate_ms >= 0:
+            self.ms[NATIVE], self.ms[candidate] = native_ms, candidate_ms
         if self.chosen is None:
             # The first probe of the path not chosen was exploration too.
             self.explored += PROBE_STEPS
@@ -262,10 +282,10 @@ class StepChoice:
     def _count_undone_switch(self, s):
         """Exploration, for a switch undone at step s before its
         confirmation held: its steps since the decision; for the first
-        decision, every sparse step so far (the native steps before it were
-        not exploration after all)."""
+        decision, every candidate step so far (the native steps before it
+        were not exploration after all)."""
         if self.decisions == 1:
-            self.explored = self.steps[SPARSE]
+            self.explored = self.steps[self.chosen]
         else:
             self.explored += s - self.decided_at
 
@@ -282,9 +302,9 @@ class StepChoice:
         old_ms = self.ms[old]
         if new_ms < 0 or old_ms is None:
             return  # not timed (a resumed run): the decision stands
-        native_ms, sparse_ms = (new_ms, old_ms) if new == NATIVE else (old_ms, new_ms)
+        native_ms, candidate_ms = (new_ms, old_ms) if new == NATIVE else (old_ms, new_ms)
         self.ms[new] = new_ms
-        if self._sparse_wins(native_ms, sparse_ms) == (new == SPARSE):
+        if self._candidate_wins(native_ms, candidate_ms) == (new != NATIVE):
             self.reason += f"; confirmed by its next {len(steps)} steps ({new_ms:.1f} ms/step)"
             self._log(s)
             return
@@ -302,8 +322,8 @@ class StepChoice:
         """What was chosen and why, as a dict."""
         return {
             "path": self.chosen,
-            "native_ms_per_step": self.ms[NATIVE],
-            "sparse_ms_per_step": self.ms[SPARSE],
+            "candidate": self.candidate,
+            **{f"{path}_ms_per_step": self.ms[path] for path in PATHS},
             "steps": dict(self.steps),
             "explored_steps": self.explored,
             "decisions": self.decisions,
@@ -315,6 +335,7 @@ class StepChoice:
     def state_dict(self):
         return {
             "chosen": self.chosen,
+            "candidate": self.candidate,
             "decided_at": self.decided_at,
             "confirm_at": self.confirm_at,
             "reverted": self.reverted,
@@ -336,8 +357,13 @@ class StepChoice:
         self.margin, self.recheck_every = check_choice(saved["margin"], saved["recheck_every"])
         self.chosen, self.decided_at = saved["chosen"], saved["decided_at"]
         self.confirm_at, self.reverted = saved.get("confirm_at"), saved.get("reverted", 0)
-        self.ms = dict(saved["ms"])
-        self.steps = dict(saved["steps"])
+        self.ms = {**dict.fromkeys(PATHS), **saved["ms"]}
+        self.steps = {**dict.fromkeys(PATHS, 0), **saved["steps"]}
         self.explored, self.decisions, self.reason = saved["explored"], saved["decisions"], saved["reason"]
         self.kept_dense_for = saved.get("kept_dense_for")
+        # Saved before the BF16 path existed: an agreed Adam-family
+        # optimizer meant native only.
+        self.candidate = saved.get("candidate", SPARSE if self.kept_dense_for is None else None)
+        if self.candidate == BF16 and not self.offers_bf16:
+            raise ValueError("oktopk: this checkpoint's choice measures the bf16 path, which this front end does not offer")
         self._seconds, self._started = {int(k): float(v) for k, v in saved.get("seconds", {}).items()}, None

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from .adaptive import AdaptiveControl
-from .choice import DEFAULT_MARGIN, DEFAULT_RECHECK_EVERY, NATIVE, SPARSE, StepChoice, debug_enabled
+from .choice import BF16, DEFAULT_MARGIN, DEFAULT_RECHECK_EVERY, NATIVE, SPARSE, StepChoice, debug_enabled
 from . import device as device_path_
 from .comm import Communicator
 from .layout import BucketLayout, on_stream
@@ -48,8 +48,10 @@ class OkTopkState(ReducerStats):
         ``recheck_every`` steps (see ``oktopk.choice``; ``"auto"`` there
         chooses among the sparse algorithms only; ``choice`` says what
         it chose and why, and ``OKTOPK_DEBUG_AUTO=1`` logs each decision on
-        rank 0). Parameters that an Adam-family optimizer steps keep the
-        process group's allreduce on every step (``oktopk.optimizers``).
+        rank 0). Parameters that an Adam-family optimizer steps stay dense
+        on every step: the same choice runs between the process group's
+        allreduce and that allreduce in bfloat16, half the bytes, as
+        ``bf16_compress_hook`` sends them (``oktopk.optimizers``).
         Or one of ``oktopk.ALGORITHMS``, run on every step after the
         warm-up: ``"auto"`` (the library picks per bucket and call from a
         cost model and the measured link), ``"oktopk"``, the dense ones, the
@@ -62,8 +64,9 @@ class OkTopkState(ReducerStats):
         checkpoint taken at any step holds it (PowerSGD likewise starts after
         DDP's first two iterations).
     :param sparse_margin: with ``algorithm=None``, the share of the native
-        step a sparse step must save to be chosen (default 0.10): a dense
-        step is exact, a sparse one leaves most of the gradient waiting.
+        step a sparse step (or, under an Adam-family optimizer, a bfloat16
+        one) must save to be chosen (default 0.10): a native step is exact,
+        a sparse one leaves most of the gradient waiting.
     :param recheck_every: with ``algorithm=None``, steps between two probes
         of the path not chosen (each probe runs 4 steps; default 200).
     :param tau: Ok-Topk's space repartition period (iterations).
@@ -184,10 +187,11 @@ class OkTopkState(ReducerStats):
         self._host_buffers = device_path_.HostBuffers()
         self.warmup_iters = check_warmup_iters(warmup_iters)
         # algorithm None: the measured choice, whose sparse path is "auto",
-        # and native on every step for an Adam-family optimizer's parameters
-        # (oktopk.optimizers); a named algorithm warns about one.
+        # and native or bfloat16 on every step for an Adam-family
+        # optimizer's parameters (oktopk.optimizers); a named algorithm
+        # warns about one.
         self._optimizers = OptimizerWatch(warn=algorithm is not None)
-        self._choice = StepChoice(sparse_margin, recheck_every) if algorithm is None else None
+        self._choice = StepChoice(sparse_margin, recheck_every, offers_bf16=True) if algorithm is None else None
         if self._choice is not None:
             watch = self._optimizers
             self._choice.adam_seen = lambda: watch.seen
@@ -598,6 +602,23 @@ def _native_allreduce(state, tensor):
     return fut.then(lambda f: f.value()[0].div_(world))
 
 
+def _bf16_allreduce(state, tensor):
+    """The process group's allreduce of the bucket in bfloat16, averaged, as
+    ``bf16_compress_hook`` runs it: the BF16 path (an Adam-family
+    optimizer's choice, oktopk.choice), which only runs while no residual is
+    held. A bucket already in 16 bits goes as it is."""
+    if tensor.dtype != torch.float32:
+        return _native_allreduce(state, tensor)
+    group = state.process_group
+    compressed = tensor.to(torch.bfloat16).div_(dist.get_world_size(group))
+    fut = dist.all_reduce(compressed, group=group, async_op=True).get_future()
+
+    def decompress(f):
+        return tensor.copy_(f.value()[0])
+
+    return fut.then(decompress)
+
+
 def _agree_max(state, device):
     """The choice's agreement: the max of each value over the ranks, through
     the process group (on the bucket's device, as NCCL needs)."""
@@ -620,7 +641,7 @@ def _begin_step(state, s, device, untimed):
     previous, kept_dense = state._path, choice.kept_dense_for
     state._path = choice.begin_step(s, untimed)
     if kept_dense is None and choice.kept_dense_for is not None and dist.get_rank(state.process_group) == 0:
-        print(dense_notice(choice.kept_dense_for), flush=True)
+        print(dense_notice(choice.kept_dense_for, bf16=choice.candidate == BF16), flush=True)
     if state._path == SPARSE:
         state._layout.watching = True
     if previous == SPARSE and state._path == NATIVE:
@@ -633,6 +654,10 @@ def _begin_step(state, s, device, untimed):
             # Nothing left to fold: which parameters were used no longer
             # matters until the next sparse step.
             state._layout.stop_watching()
+    elif choice.candidate != SPARSE and not state._residual_groups and state._layout.watching:
+        # No sparse step comes (an Adam-family optimizer), none left a
+        # residual: which parameters were used never matters.
+        state._layout.stop_watching()
 
 
 def _release_communicator(state):
@@ -735,6 +760,8 @@ def oktopk_hook(state: OkTopkState, bucket: dist.GradBucket) -> torch.futures.Fu
     if sparse and state._path == NATIVE and not layout.watching and not state._residual_groups:
         # Native chosen, nothing to fold: allreduce_hook's work and no more.
         return _native_allreduce(state, tensor)
+    if sparse and state._path == BF16:
+        return _bf16_allreduce(state, tensor)  # no sparse step ran: nothing to fold
     members = layout.members(bucket)  # numbers the parameters in the first layout
     unused = layout.take_unused(members, tensor if sparse else None)
     if not sparse:

@@ -29,10 +29,11 @@ model's sharded state.
 
 import pickle
 
+import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 
-from .choice import NATIVE
+from .choice import BF16, NATIVE
 from . import device as device_path_
 from .ddp import SUPPORTED_DTYPES, OkTopkState, _begin_step, _call, _reduce_on_device, _start, _takes_device_path
 from .layout import group_id_of
@@ -143,6 +144,8 @@ class _Registration:
             elif state._choice is not None and state._path == NATIVE:
                 _fold_residual(state, group_id, shard)
                 _native_(state, shard)
+            elif state._choice is not None and state._path == BF16:
+                _bf16_(state, shard)  # no sparse step ran: nothing to fold
             else:
                 self._sparse_(group_id, shard)
 
@@ -189,6 +192,18 @@ def _native_(state, shard):
     """The replicate group's own allreduce, averaged, in place."""
     dist.all_reduce(shard, group=state.process_group)
     shard.div_(dist.get_world_size(state.process_group))
+
+
+def _bf16_(state, shard):
+    """The BF16 path (an Adam-family optimizer's choice, oktopk.choice): the
+    replicate group's allreduce in bfloat16, averaged, in place, as
+    ``bf16_compress_hook`` sends a bucket. A 16-bit shard goes as it is."""
+    if shard.dtype != torch.float32:
+        _native_(state, shard)
+        return
+    compressed = shard.to(torch.bfloat16).div_(dist.get_world_size(state.process_group))
+    dist.all_reduce(compressed, group=state.process_group)
+    shard.copy_(compressed)
 
 
 def _fold_residual(state, group_id, shard):
