@@ -57,7 +57,33 @@ VARIANTS = {
     # gradient + residual densely), so no entry waits longer.
     "flush10": dict(sparse=True, flush_every=10),
     "flush4": dict(sparse=True, flush_every=4),
+    # Not top-k: every entry quantized to quant_bits (2^bits - 1 levels,
+    # symmetric, round to nearest) in blocks of quant_block sharing one
+    # 16-bit scale (the block's largest magnitude), as a quantized
+    # reduce-scatter and allgather send it (ZeRO++'s qgZ): each worker
+    # quantizes gradient + its residual and keeps the error (error
+    # feedback); the owner of each block quantizes the average + its own
+    # residual again for the allgather and keeps that error too. Bits per
+    # value: quant_bits + 16 / quant_block (density ignored).
+    "q4": dict(sparse=True, quant_bits=4, quant_block=64),
+    "q3": dict(sparse=True, quant_bits=3, quant_block=64),
+    "q3_b128": dict(sparse=True, quant_bits=3, quant_block=128),
+    "q2": dict(sparse=True, quant_bits=2, quant_block=128),
+    "q3_noef": dict(sparse=True, quant_bits=3, quant_block=64, residual_decay=0.0),
 }
+
+
+def quantize(x, bits, block):
+    """x (..., n) rounded to nearest on 2^bits - 1 symmetric levels per
+    block of ``block`` entries, scaled by the block's largest magnitude
+    (itself rounded to bfloat16, as it travels)."""
+    n = x.shape[-1]
+    pad = (-n) % block
+    xb = torch.nn.functional.pad(x, (0, pad)).reshape(*x.shape[:-1], -1, block)
+    half = 2 ** (bits - 1) - 1  # levels -half..half
+    scale = xb.abs().amax(-1, keepdim=True).bfloat16().float().clamp_min(1e-30)
+    q = (xb / scale * half).round().clamp(-half, half) * scale / half
+    return q.reshape(*x.shape[:-1], -1)[..., :n]
 
 
 def topk_mask(x, k, bounds=None):
@@ -75,7 +101,7 @@ def topk_mask(x, k, bounds=None):
 
 def run(name, args, data):
     cfg = dict(sparse=True, v="adam", small_dense=False, clip=True, precond=None, per_tensor=False, momentum=False, residual_decay=1.0, onebit=False,
-               flush_every=0) | VARIANTS[name]
+               flush_every=0, quant_bits=0, quant_block=0) | VARIANTS[name]
     train_text, held = data
     torch.manual_seed(0)
     model = CharTransformer(args.dim, args.layers, seq=args.seq)
@@ -86,6 +112,7 @@ def run(name, args, data):
     selectable = ~small if cfg["small_dense"] else torch.ones(n, dtype=torch.bool)
     k = max(1, int(args.density * int(selectable.sum())))
     residual = torch.zeros(args.P, n)
+    owner_residual = torch.zeros(n)  # the second quantization's error, kept by each block's owner
     bounds = [0]
     for size in sizes:
         bounds.append(bounds[-1] + size)
@@ -113,6 +140,13 @@ def run(name, args, data):
             residual = torch.zeros_like(residual)
         elif not cfg["sparse"] or dense_phase:
             g = grads.mean(0)
+        elif cfg["quant_bits"]:
+            acc = grads + residual
+            sent = quantize(acc, cfg["quant_bits"], cfg["quant_block"])
+            residual = (acc - sent) * cfg["residual_decay"]
+            avg = sent.mean(0) + owner_residual
+            g = quantize(avg, cfg["quant_bits"], cfg["quant_block"])
+            owner_residual = (avg - g) * cfg["residual_decay"]
         else:
             # The preconditioner of Adam's current (or frozen) second moment:
             # "scaled" reduces the preconditioned gradient (residual kept in

@@ -8,7 +8,7 @@ import workers
 from oktopk import OkTopkState
 import random
 
-from oktopk.choice import BF16, MEASURE_STEPS, NATIVE, PROBE_STEPS, SPARSE, StepChoice
+from oktopk.choice import BF16, MEASURE_STEPS, NATIVE, PROBE_STEPS, QUANTIZED, SPARSE, StepChoice
 from test_ddp import run
 
 
@@ -35,12 +35,12 @@ def test_schedule_probes_both_then_follows_the_faster_and_explores_at_most_5_per
     choice = StepChoice(recheck_every=200)
     paths = simulate(choice, 500, lambda path, s: 10.0 if path == SPARSE else 30.0)
     assert paths[:PROBE_STEPS] == [SPARSE] * PROBE_STEPS and paths[PROBE_STEPS : 2 * PROBE_STEPS] == [NATIVE] * PROBE_STEPS
-    assert choice.chosen == SPARSE and choice.ms == {NATIVE: pytest.approx(30.0), SPARSE: pytest.approx(10.0), BF16: None}
+    assert choice.chosen == SPARSE and choice.ms == {NATIVE: pytest.approx(30.0), SPARSE: pytest.approx(10.0), BF16: None, QUANTIZED: None}
     assert choice.decisions == 3 and choice.reverted == 0  # the first (confirmed) and two rechecks
     # The first probe and two rechecks' native probes.
     assert paths.count(NATIVE) == choice.explored == 3 * PROBE_STEPS
     assert choice.explored <= 0.05 * 500
-    assert choice.steps == {NATIVE: paths.count(NATIVE), SPARSE: paths.count(SPARSE), BF16: 0}
+    assert choice.steps == {NATIVE: paths.count(NATIVE), SPARSE: paths.count(SPARSE), BF16: 0, QUANTIZED: 0}
 
 
 @pytest.mark.parametrize("warmup_ms", [30.0, 25.0])
@@ -52,7 +52,7 @@ def test_a_clear_win_over_the_timed_warm_up_step_spares_the_native_probe(warmup_
     choice = StepChoice(recheck_every=200)
     paths = simulate(choice, 500, lambda path, s: 10.0 if path == SPARSE else 30.0, warmup_ms=warmup_ms)
     assert paths[:204] == [SPARSE] * 204 and paths[204:208] == [NATIVE] * PROBE_STEPS
-    assert choice.ms == {NATIVE: pytest.approx(30.0), SPARSE: pytest.approx(10.0), BF16: None} and choice.reverted == 0
+    assert choice.ms == {NATIVE: pytest.approx(30.0), SPARSE: pytest.approx(10.0), BF16: None, QUANTIZED: None} and choice.reverted == 0
     assert paths.count(NATIVE) == choice.explored == 2 * PROBE_STEPS
 
 
@@ -250,29 +250,33 @@ def test_an_adam_family_optimizer_seen_before_the_sparse_probe_keeps_every_step_
     assert resumed.kept_dense_for == "AdamW" and all(resumed.begin_step(s) == NATIVE for s in range(40, 60))
 
 
-@pytest.mark.parametrize("bf16_ms", [10.0, 40.0])
-def test_under_an_adam_family_optimizer_bf16_takes_sparses_place_in_the_schedule(bf16_ms):
-    # Seen at step 0 by a front end offering bfloat16 (DDP, FSDP2): the
-    # schedule of the sparse choice, with BF16 in sparse's place; never a
-    # sparse step, whatever sparse would cost. 10 ms against a 30 ms warm-up
-    # step is a clear win (no native probe, rechecked after 200); 40 ms
-    # loses to the native probe and is probed again after 200.
-    choice = StepChoice(recheck_every=200, offers_bf16=True)
+@pytest.mark.parametrize("compressed", [QUANTIZED, BF16])
+@pytest.mark.parametrize("compressed_ms", [10.0, 40.0])
+def test_under_an_adam_family_optimizer_the_compressed_dense_path_takes_sparses_place_in_the_schedule(compressed, compressed_ms):
+    # Seen at step 0 by a front end offering a compressed dense path (DDP,
+    # FSDP2): the schedule of the sparse choice, with that path in sparse's
+    # place; never a sparse step, whatever sparse would cost. 10 ms against
+    # a 30 ms warm-up step is a clear win (no native probe, rechecked after
+    # 200); 40 ms loses to the native probe and is probed again after 200.
+    choice = StepChoice(recheck_every=200, adam_candidate=compressed)
     choice.adam_seen = lambda: "AdamW"
-    costs = {NATIVE: 30.0, SPARSE: 1.0, BF16: bf16_ms}
+    costs = {NATIVE: 30.0, SPARSE: 1.0, compressed: compressed_ms}
     paths = simulate(choice, 420, lambda path, s: costs[path], warmup_ms=30.0)
-    assert SPARSE not in paths and choice.kept_dense_for == "AdamW" and choice.candidate == BF16
-    if bf16_ms == 10.0:
-        assert paths[:204] == [BF16] * 204 and paths[204:208] == [NATIVE] * PROBE_STEPS and choice.chosen == BF16
+    assert SPARSE not in paths and choice.kept_dense_for == "AdamW" and choice.candidate == compressed
+    if compressed_ms == 10.0:
+        assert paths[:204] == [compressed] * 204 and paths[204:208] == [NATIVE] * PROBE_STEPS and choice.chosen == compressed
     else:
-        assert paths[:8] == [BF16] * 4 + [NATIVE] * 4 and paths[8:208] == [NATIVE] * 200
-        assert paths[208:212] == [BF16] * PROBE_STEPS and choice.chosen == NATIVE
-    assert choice.ms[NATIVE] == pytest.approx(30.0) and choice.ms[BF16] == pytest.approx(bf16_ms)
-    assert choice.steps == {NATIVE: paths.count(NATIVE), SPARSE: 0, BF16: paths.count(BF16)}
-    # A resumed run continues with the same candidate and decision.
-    resumed = StepChoice(recheck_every=200, offers_bf16=True)
+        assert paths[:8] == [compressed] * 4 + [NATIVE] * 4 and paths[8:208] == [NATIVE] * 200
+        assert paths[208:212] == [compressed] * PROBE_STEPS and choice.chosen == NATIVE
+    assert choice.ms[NATIVE] == pytest.approx(30.0) and choice.ms[compressed] == pytest.approx(compressed_ms)
+    assert choice.steps == {NATIVE: paths.count(NATIVE), SPARSE: 0, BF16: paths.count(BF16), QUANTIZED: paths.count(QUANTIZED)}
+    # A resumed run continues with the same candidate and decision; a front
+    # end offering another path refuses the checkpoint.
+    resumed = StepChoice(recheck_every=200, adam_candidate=compressed)
     resumed.load_state_dict(choice.state_dict())
-    assert resumed.candidate == BF16 and resumed.path(420) == choice.path(420) and resumed.summary() == choice.summary()
+    assert resumed.candidate == compressed and resumed.path(420) == choice.path(420) and resumed.summary() == choice.summary()
+    with pytest.raises(ValueError, match=f"measures the {compressed} path"):
+        StepChoice(adam_candidate=None).load_state_dict(choice.state_dict())
 
 
 def test_an_adam_family_optimizer_seen_later_or_by_another_rank_ends_sparse_at_the_next_agreement():
@@ -280,7 +284,7 @@ def test_an_adam_family_optimizer_seen_later_or_by_another_rank_ends_sparse_at_t
     # only (agree's max carries the flag): native from the next agreement,
     # the confirmation of sparse at 12 (recheck_every 8 measures over 4);
     # not bfloat16 even where offered, since sparse steps have run.
-    choice = StepChoice(recheck_every=8, offers_bf16=True)
+    choice = StepChoice(recheck_every=8, adam_candidate=BF16)
     agree = lambda values: values[:-1] + [1.0] if now_step[0] >= 10 and len(values) > 1 else values
     now_step, now = [0], [0.0]
     choice.clock = lambda: now[0]
@@ -294,43 +298,56 @@ def test_an_adam_family_optimizer_seen_later_or_by_another_rank_ends_sparse_at_t
     assert choice.kept_dense_for == "an Adam-family optimizer (on another rank)" and choice.candidate is None
 
 
-@pytest.fixture(scope="module")
-def adam_run():
-    return run(workers.adam_family, 2)
+@pytest.fixture(scope="module", params=["quantized", "bf16"])
+def adam_run(request):
+    return request.param, run(workers.adam_family, 2, request.param)
 
 
-def test_the_default_under_adamw_stays_dense_native_or_bf16_exactly_and_makes_no_communicator(adam_run):
+def test_the_default_under_adamw_stays_dense_and_every_step_is_its_paths_arithmetic(adam_run):
     # Sparse gradients under AdamW ended far above dense in every
     # measurement (results/text.md): the default keeps the dense allreduce,
     # agreed before the first sparse probe, measured against the same
-    # allreduce in bfloat16. The injected clock makes bfloat16 a clear win
-    # (10 ms against the warm-up's 30): bf16 from step 0, confirmed, and the
-    # recheck's native probe at 12. Every step's result is exactly what its
-    # path computes from the two ranks' bucket: native, (g0 + g1) / 2 in
-    # float32; bf16, bf16(g0) / 2 + bf16(g1) / 2 rounded to bfloat16.
+    # average compressed (dense_compression). The injected clock makes the
+    # compressed path a clear win (10 ms against the warm-up's 30): it runs
+    # from step 0, confirmed, until the recheck's native probe at 12.
+    # Native: (g0 + g1) / 2 in float32, exactly. bf16: bf16(g0) / 2 +
+    # bf16(g1) / 2 rounded to bfloat16, exactly. quantized: the same bits
+    # on both ranks, not the exact average (it is rounded), and no mass
+    # lost: the native probe folds the residuals in, so the results summed
+    # over the steps equal the average gradients summed, to float32
+    # rounding.
     import torch
 
+    compression, results = adam_run
     for r in range(2):
-        res = adam_run[r]
-        assert res["paths"][2:] == [BF16] * 12 + [NATIVE] * 2 and not res["comm_made"], res["paths"]
-        assert res["choice"]["kept_dense_for"] == "AdamW" and res["choice"]["path"] == BF16 and res["choice"]["reverted"] == 0
+        res = results[r]
+        assert res["paths"][2:] == [compression] * 12 + [NATIVE] * 2 and not res["comm_made"], res["paths"]
+        assert res["choice"]["kept_dense_for"] == "AdamW" and res["choice"]["path"] == compression and res["choice"]["reverted"] == 0
         assert res["equal_after_warmup"]
         assert res["grad_hooks"] == 0  # nothing to fold: no per-parameter hooks left to mark used parameters
         assert res["resumed_choice"] == res["choice"]
-    for step, buckets in adam_run[0]["buckets"].items():
-        path = adam_run[0]["paths"][step]
-        for (index, g0, after0), (_, g1, after1) in zip(sorted(buckets, key=lambda b: b[0]), sorted(adam_run[1]["buckets"][step], key=lambda b: b[0])):
-            g0, g1 = torch.from_numpy(g0), torch.from_numpy(g1)
-            if path == NATIVE:
-                want = (g0 + g1) / 2
+        assert res["quantized_held"] == 0  # folded by the native steps
+    sums = {}
+    for step, buckets in results[0]["buckets"].items():
+        path = results[0]["paths"][step]
+        for (index, g0, after0), (_, g1, after1) in zip(sorted(buckets, key=lambda b: b[0]), sorted(results[1]["buckets"][step], key=lambda b: b[0])):
+            g0, g1, after = torch.from_numpy(g0), torch.from_numpy(g1), torch.from_numpy(after0)
+            assert torch.equal(after, torch.from_numpy(after1)), (step, path, index)
+            exact = (g0 + g1) / 2
+            if path == NATIVE or path == "bf16":
+                want = exact if path == NATIVE else (g0.bfloat16() / 2 + g1.bfloat16() / 2).float()
+                assert torch.equal(after, want) or (path == NATIVE and compression == "quantized" and step == 14), (step, path, index)
             else:
-                want = (g0.bfloat16() / 2 + g1.bfloat16() / 2).float()
-            assert torch.equal(torch.from_numpy(after0), want) and torch.equal(torch.from_numpy(after1), want), (step, path, index)
+                assert not torch.equal(after, exact), (step, index)
+            got, want = sums.get(index, (0, 0))
+            sums[index] = (got + after.double(), want + exact.double())
+    for index, (got, want) in sums.items() if compression == "quantized" else ():  # bf16 keeps no residual
+        assert torch.allclose(got, want, rtol=0, atol=1e-5 * float(want.abs().max())), index
 
 
 def test_an_sgd_model_beside_it_is_not_kept_dense_and_a_named_algorithm_warns_once(adam_run):
     for r in range(2):
-        res = adam_run[r]
+        res = adam_run[1][r]
         assert res["sgd_kept_dense_for"] is None and res["sgd_sparse_steps"] >= PROBE_STEPS
         assert len(res["warnings"]) == 1 and "AdamW" in res["warnings"][0], res["warnings"]
         assert res["named_sparse_calls"] == 14  # sparse whatever the optimizer
@@ -359,7 +376,7 @@ def test_a_run_resumed_inside_a_confirmation_takes_the_same_paths(resume_at):
         now[0] += ms(tail[-1], s) / 1e3
     assert head + tail == full and resumed.reverted == whole.reverted == 1
     a, b = resumed.summary(), whole.summary()
-    for key in ("native_ms_per_step", "sparse_ms_per_step", "bf16_ms_per_step"):
+    for key in ("native_ms_per_step", "sparse_ms_per_step", "bf16_ms_per_step", "quantized_ms_per_step"):
         x, y = a.pop(key), b.pop(key)
         assert x == y if None in (x, y) else x == pytest.approx(y)
     assert a == b

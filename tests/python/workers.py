@@ -921,9 +921,10 @@ def choice_run(rank, world, port, out, ckpt, value_dtype="float32", device_path=
     dist.destroy_process_group()
 
 
-def adam_family(rank, world, port, out):
-    """The default hook under AdamW, 16 steps, its clock injected so that a
-    bfloat16 step costs 10 ms and a native one 30: per step after the
+def adam_family(rank, world, port, out, dense_compression):
+    """The default hook under AdamW (with ``dense_compression``), 16 steps,
+    its clock injected so that a compressed step costs 10 ms and a native
+    one 30: per step after the
     warm-up, its path and each bucket before and after the hook (to check
     every step against the ranks' own gradients), whether a communicator
     was ever made, and the choice, also through a checkpoint; beside it, a
@@ -936,7 +937,8 @@ def adam_family(rank, world, port, out):
     setup(rank, world, port)
     torch.manual_seed(0)
     a, b, c, named = (DDP(small_model()) for _ in range(4))
-    state, state_sgd = OkTopkState(density=0.05, warmup_iters=2, recheck_every=8), OkTopkState(density=0.05, warmup_iters=2, recheck_every=8)
+    state = OkTopkState(density=0.05, warmup_iters=2, recheck_every=8, dense_compression=dense_compression)
+    state_sgd = OkTopkState(density=0.05, warmup_iters=2, recheck_every=8)
     state_named = OkTopkState(density=0.05, warmup_iters=2, algorithm="oktopk")
     clock = InjectedClock()
     state._choice.clock = clock
@@ -963,7 +965,7 @@ def adam_family(rank, world, port, out):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for step in range(16):
-            clock.now += 0.010 if step > 2 and state._path == "bf16" else 0.030  # the step before this one
+            clock.now += 0.010 if step > 2 and state._path == dense_compression else 0.030  # the step before this one
             now["step"] = step
             x, y = batch(rank, step)
             for m, o in zip((a, b, c, named), opts):
@@ -974,10 +976,11 @@ def adam_family(rank, world, port, out):
             comm_made = comm_made or state._reducer.comm is not None
             if step == 1:
                 equal_after_warmup = all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
-    resumed = OkTopkState(density=0.05, warmup_iters=2, recheck_every=8)
+    resumed = OkTopkState(density=0.05, warmup_iters=2, recheck_every=8, dense_compression=dense_compression)
     resumed.load_state_dict(state.state_dict())
     write(out, rank, {
         "paths": paths,
+        "quantized_held": len(state._quantized),
         "buckets": buckets,
         "comm_made": comm_made,
         "choice": state.choice,

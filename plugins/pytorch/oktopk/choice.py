@@ -38,13 +38,16 @@ The schedule, in steps after the dense warm-up (``s`` = 0, 1, ...):
 An Adam-family optimizer stepping the parameters (``oktopk.optimizers``)
 takes sparse out of the choice: the ranks agree on whether any of them saw
 one before the first sparse probe (step 0) and at every decision and
-confirmation. Seen at step 0, the schedule above runs with ``BF16`` in
-sparse's place where the front end offers it (DDP and FSDP2): the same
-dense allreduce in bfloat16, half the bytes, with a value's 8-bit mantissa
-rounded as in torch's ``bf16_compress_hook``, and none of sparse's
-progress lost to the residual. Seen later (no warm-up step: the optimizer
-had not stepped yet), or where the front end offers no bfloat16 path
-(Horovod), every step from then on is native, with no more probes.
+confirmation. Seen at step 0, the schedule above runs with the front
+end's compressed dense path in sparse's place (DDP and FSDP2, their
+``dense_compression``): ``QUANTIZED``, every value every step in a few
+bits with error feedback (``oktopk.quantized``), or ``BF16``, the process
+group's allreduce in bfloat16 (half the bytes, a value's 8-bit mantissa
+rounded as in torch's ``bf16_compress_hook``); neither sends a coordinate's
+gradient in bursts as top-k does. Seen later (no warm-up step: the
+optimizer had not stepped yet), or where the front end offers no such path
+(Horovod, or ``dense_compression=None``), every step from then on is
+native, with no more probes.
 
 The path of every step is a function of ``s`` and of agreed decisions only,
 so every rank takes the same path whatever its own clock says; the decision
@@ -58,8 +61,10 @@ import time
 # The two paths.
 NATIVE = "native"  # the process group's allreduce (gloo, NCCL, MPI), residual folded in first
 SPARSE = "sparse"  # the library's sparse allreduce
-BF16 = "bf16"  # the process group's allreduce of bfloat16 values: sparse's place under an Adam-family optimizer
-PATHS = (NATIVE, SPARSE, BF16)
+# Sparse's place under an Adam-family optimizer (a front end's dense_compression):
+BF16 = "bf16"  # the process group's allreduce of bfloat16 values
+QUANTIZED = "quantized"  # oktopk.quantized: a few bits per value, error feedback
+PATHS = (NATIVE, SPARSE, BF16, QUANTIZED)
 
 PROBE_STEPS = 4  # steps of a probe of the path not chosen
 CLEAR_WIN = 0.5  # the sparse probe's share of the timed warm-up step that chooses sparse without a native probe
@@ -87,9 +92,11 @@ class StepChoice:
     a list of floats over its ranks (-1.0 stands for "not measured").
     ``clock`` returns seconds (tests give each rank a noisy one)."""
 
-    def __init__(self, margin=DEFAULT_MARGIN, recheck_every=DEFAULT_RECHECK_EVERY, offers_bf16=False):
+    def __init__(self, margin=DEFAULT_MARGIN, recheck_every=DEFAULT_RECHECK_EVERY, adam_candidate=None):
         self.margin, self.recheck_every = check_choice(margin, recheck_every)
-        self.offers_bf16 = offers_bf16  # the front end can take the BF16 path
+        if adam_candidate not in (None, BF16, QUANTIZED):
+            raise ValueError(f"dense_compression must be {QUANTIZED!r}, {BF16!r} or None, got {adam_candidate!r}")
+        self.adam_candidate = adam_candidate  # the front end's path in sparse's place under Adam, or None
         self.agree = None
         self.log = None  # the front end's logger of decisions (rank 0 with OKTOPK_DEBUG_AUTO=1)
         self.clock = time.perf_counter
@@ -99,8 +106,8 @@ class StepChoice:
         self.adam_seen = lambda: None
         # The Adam-family optimizer the ranks agreed on: every step dense.
         self.kept_dense_for = None
-        # The path measured against native: SPARSE; BF16 or None (native
-        # only) once an Adam-family optimizer is agreed on.
+        # The path measured against native: SPARSE; adam_candidate or None
+        # (native only) once an Adam-family optimizer is agreed on.
         self.candidate = SPARSE
         self.chosen = None  # None until the first decision
         self.decided_at = None  # the step s of the latest decision
@@ -205,16 +212,16 @@ class StepChoice:
     def _agree_on_optimizer(self, s, flag):
         """Given the max over the ranks of the Adam flag, once: if any rank
         saw an Adam-family optimizer, sparse leaves the choice. At step 0,
-        before the first probe, BF16 takes its place where the front end
-        offers it (returns False: the schedule goes on); otherwise every
-        step from s on is native (returns True: the decision is made)."""
+        before the first probe, the front end's ``adam_candidate`` takes its
+        place (returns False: the schedule goes on); otherwise every step
+        from s on is native (returns True: the decision is made)."""
         if flag <= 0 or self.kept_dense_for is not None:
             return False
         self.kept_dense_for = self.adam_seen() or "an Adam-family optimizer (on another rank)"
-        if s == 0 and self.chosen is None and self.offers_bf16:
-            self.candidate = BF16
+        if s == 0 and self.chosen is None and self.adam_candidate is not None:
+            self.candidate = self.adam_candidate
             self.reason = (f"{self.kept_dense_for} steps the parameters: dense on every step, "
-                           "native or bf16 by measured step time (oktopk.optimizers)")
+                           f"native or {self.candidate} by measured step time (oktopk.optimizers)")
             return False
         if self.chosen is None:
             self.explored += min(s, PROBE_STEPS)  # the sparse probe's steps so far
@@ -364,6 +371,7 @@ class StepChoice:
         # Saved before the BF16 path existed: an agreed Adam-family
         # optimizer meant native only.
         self.candidate = saved.get("candidate", SPARSE if self.kept_dense_for is None else None)
-        if self.candidate == BF16 and not self.offers_bf16:
-            raise ValueError("oktopk: this checkpoint's choice measures the bf16 path, which this front end does not offer")
+        if self.candidate not in (SPARSE, None, self.adam_candidate):
+            raise ValueError(f"oktopk: this checkpoint's choice measures the {self.candidate} path, which this front end "
+                             f"does not offer (its dense_compression: {self.adam_candidate!r})")
         self._seconds, self._started = {int(k): float(v) for k, v in saved.get("seconds", {}).items()}, None

@@ -12,14 +12,17 @@ returns a future of their average over the ranks, like PyTorch's
 rest wait in a per-bucket residual (error feedback).
 """
 
+import concurrent.futures
+
 import torch
 import torch.distributed as dist
 
 from .adaptive import AdaptiveControl
-from .choice import BF16, DEFAULT_MARGIN, DEFAULT_RECHECK_EVERY, NATIVE, SPARSE, StepChoice, debug_enabled
+from .choice import BF16, DEFAULT_MARGIN, DEFAULT_RECHECK_EVERY, NATIVE, QUANTIZED, SPARSE, StepChoice, debug_enabled
+from .quantized import QuantizedGroup
 from . import device as device_path_
 from .comm import Communicator
-from .layout import BucketLayout, on_stream
+from .layout import BucketLayout, group_id_of, on_stream
 from .optimizers import OptimizerWatch, dense_notice
 from .reducer import Reducer, ReducerStats
 from .schedule import check_schedule, density_at
@@ -168,13 +171,16 @@ class OkTopkState(ReducerStats):
         "_device_groups",
         "_library_groups",
         "_host_buffers",
+        "dense_compression",
+        "_quantized",
+        "_quantized_worker",
     ]
 
     def __init__(self, process_group=None, density=DEFAULTS.density, algorithm=DEFAULTS.algorithm, warmup_iters=DEFAULT_WARMUP_ITERS,
                  tau=DEFAULTS.tau, tau_prime=DEFAULTS.tau_prime, timeout=DEFAULTS.timeout, value_dtype=DEFAULTS.value_dtype,
                  stochastic_rounding=DEFAULTS.stochastic_rounding, density_schedule=DEFAULTS.density_schedule,
                  measure_xi_every=DEFAULTS.measure_xi_every, adaptive=DEFAULTS.adaptive, sparse_margin=DEFAULT_MARGIN,
-                 recheck_every=DEFAULT_RECHECK_EVERY, device_path=None):
+                 recheck_every=DEFAULT_RECHECK_EVERY, device_path=None, dense_compression=QUANTIZED):
         if device_path not in (None, True, False):
             raise ValueError(f"device_path must be None, True or False, got {device_path!r}")
         self.device_path = device_path
@@ -191,7 +197,12 @@ class OkTopkState(ReducerStats):
         # optimizer's parameters (oktopk.optimizers); a named algorithm
         # warns about one.
         self._optimizers = OptimizerWatch(warn=algorithm is not None)
-        self._choice = StepChoice(sparse_margin, recheck_every, offers_bf16=True) if algorithm is None else None
+        self._choice = StepChoice(sparse_margin, recheck_every, adam_candidate=dense_compression) if algorithm is None else None
+        self.dense_compression = dense_compression
+        # The QUANTIZED path's residuals per group of parameters (library
+        # tensor id), and the thread that reduces CPU buckets on it.
+        self._quantized = {}
+        self._quantized_worker = None
         if self._choice is not None:
             watch = self._optimizers
             self._choice.adam_seen = lambda: watch.seen
@@ -306,7 +317,13 @@ class OkTopkState(ReducerStats):
             "world_size": size,
             "choice": None if self._choice is None else self._choice.state_dict(),
             "residual_groups": sorted(self._residual_groups),
+            "quantized": {group_id: group.state_dict() for group_id, group in self._drained_quantized().items()},
         }
+
+    def _drained_quantized(self):
+        if self._quantized_worker is not None:
+            self._quantized_worker.submit(lambda: None).result()  # after every queued bucket
+        return self._quantized
 
     def load_state_dict(self, state):
         """Restore a state_dict() saved by this same rank of a run of the same
@@ -336,6 +353,7 @@ class OkTopkState(ReducerStats):
             self.adaptive = self._reducer.adaptive.bounds
         if self._choice is not None and state.get("choice") is not None:
             self._choice.load_state_dict(state["choice"])
+        self._quantized = {int(k): QuantizedGroup.from_state_dict(v) for k, v in state.get("quantized", {}).items()}
         # A checkpoint from before the choice existed: every group may hold a residual.
         self._residual_groups = set(state.get("residual_groups", state.get("tensors", {}).keys()))
         tensors = dict(state.get("tensors", {}))
@@ -358,6 +376,7 @@ class OkTopkState(ReducerStats):
             "stochastic_rounding": self.stochastic_rounding,
             "measure_xi_every": self.measure_xi_every,
             "device_path": self.device_path,
+            "dense_compression": self.dense_compression,
         }
 
     def __setstate__(self, state):
@@ -370,7 +389,7 @@ class OkTopkState(ReducerStats):
                              state.get("density_schedule"), state.get("measure_xi_every"),
                              None if state.get("adaptive") is None else state["adaptive"]["bounds"],
                              *((saved_choice["margin"], saved_choice["recheck_every"]) if saved_choice else ()),
-                             device_path=state.get("device_path"))
+                             device_path=state.get("device_path"), dense_compression=state.get("dense_compression", QUANTIZED))
         self.load_state_dict(state)
 
     def close(self):
@@ -379,6 +398,9 @@ class OkTopkState(ReducerStats):
         garbage-collected (nothing is registered to run at interpreter
         exit)."""
         self._reducer.close()
+        if self._quantized_worker is not None:
+            self._quantized_worker.shutdown(wait=True)
+            self._quantized_worker = None
         self._layout.remove_hooks()
         self._optimizers.close()
 
@@ -619,6 +641,62 @@ def _bf16_allreduce(state, tensor):
     return fut.then(decompress)
 
 
+def _quantized_allreduce(state, bucket, tensor, rebuilt):
+    """The QUANTIZED path (an Adam-family optimizer's choice, oktopk.choice):
+    the bucket through oktopk.quantized, its residuals kept per group of
+    parameters. 16-bit buckets go native, and so do the buckets of DDP's
+    provisional layout in a resumed run's first step (the saved residuals
+    wait for the rebuilt buckets they belong to). CPU buckets are reduced on
+    a thread of their own, in bucket order, so backward goes on."""
+    if tensor.dtype != torch.float32 or not rebuilt:
+        return _native_allreduce(state, tensor)
+    members = state._layout.members(bucket)
+    order, sizes = tuple(i for i, _, _ in members), tuple(b - a for _, a, b in members)
+    group_id = group_id_of(order)
+    group = state._quantized.get(group_id)
+    group_pg = state.process_group
+    if group is None:
+        group = QuantizedGroup(order, sizes, dist.get_world_size(group_pg), dist.get_rank(group_pg), tensor.device)
+    elif group.members != order:
+        group = group.to(tensor.device).reordered(order, sizes)
+    else:
+        group.to(tensor.device)
+    state._quantized[group_id] = group
+    if tensor.device.type == "cuda":
+        group.allreduce_(tensor, group_pg)
+        fut = torch.futures.Future(devices=[tensor.device])
+        fut.set_result(tensor)
+        return fut
+    if state._quantized_worker is None:
+        state._quantized_worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="oktopk-quantized")
+    fut = torch.futures.Future()
+
+    def reduce():
+        try:
+            group.allreduce_(tensor, group_pg)
+        except Exception as e:  # noqa: BLE001 - DDP raises it from the future
+            fut.set_exception(e)
+            return
+        fut.set_result(tensor)
+
+    state._quantized_worker.submit(reduce)
+    return fut
+
+
+def _fold_quantized(state, bucket, tensor):
+    """Before a native step after QUANTIZED ones: the group's residuals join
+    the bucket (oktopk.quantized), so nothing waits."""
+    members = state._layout.members(bucket)
+    order = tuple(i for i, _, _ in members)
+    group = state._quantized.pop(group_id_of(order), None)
+    if group is None or tensor.dtype != torch.float32:
+        return
+    group.to(tensor.device)
+    if group.members != order:
+        group = group.reordered(order, tuple(b - a for _, a, b in members))
+    group.fold_into_(tensor)
+
+
 def _agree_max(state, device):
     """The choice's agreement: the max of each value over the ranks, through
     the process group (on the bucket's device, as NCCL needs)."""
@@ -641,7 +719,7 @@ def _begin_step(state, s, device, untimed):
     previous, kept_dense = state._path, choice.kept_dense_for
     state._path = choice.begin_step(s, untimed)
     if kept_dense is None and choice.kept_dense_for is not None and dist.get_rank(state.process_group) == 0:
-        print(dense_notice(choice.kept_dense_for, bf16=choice.candidate == BF16), flush=True)
+        print(dense_notice(choice.kept_dense_for, compressed=choice.candidate), flush=True)
     if state._path == SPARSE:
         state._layout.watching = True
     if previous == SPARSE and state._path == NATIVE:
@@ -757,11 +835,15 @@ def oktopk_hook(state: OkTopkState, bucket: dist.GradBucket) -> torch.futures.Fu
             _begin_step(state, phase_iter - state.warmup_iters, tensor.device, untimed=not rebuilt)
         elif rebuilt and phase_iter == state.warmup_iters - 1:
             state._choice.time_warmup_step()  # a native step the choice can compare the sparse probe with
+    if sparse and state._path == NATIVE and state._quantized and rebuilt:
+        _fold_quantized(state, bucket, tensor)
     if sparse and state._path == NATIVE and not layout.watching and not state._residual_groups:
         # Native chosen, nothing to fold: allreduce_hook's work and no more.
         return _native_allreduce(state, tensor)
     if sparse and state._path == BF16:
         return _bf16_allreduce(state, tensor)  # no sparse step ran: nothing to fold
+    if sparse and state._path == QUANTIZED:
+        return _quantized_allreduce(state, bucket, tensor, rebuilt)
     members = layout.members(bucket)  # numbers the parameters in the first layout
     unused = layout.take_unused(members, tensor if sparse else None)
     if not sparse:

@@ -33,7 +33,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 
-from .choice import BF16, NATIVE
+from .choice import BF16, NATIVE, QUANTIZED
+from .quantized import QuantizedGroup
 from . import device as device_path_
 from .ddp import SUPPORTED_DTYPES, OkTopkState, _begin_step, _call, _reduce_on_device, _start, _takes_device_path
 from .layout import group_id_of
@@ -143,9 +144,13 @@ class _Registration:
                 _native_(state, shard)
             elif state._choice is not None and state._path == NATIVE:
                 _fold_residual(state, group_id, shard)
+                if group_id in state._quantized and shard.dtype == torch.float32:
+                    state._quantized.pop(group_id).to(shard.device).fold_into_(shard.view(-1))
                 _native_(state, shard)
             elif state._choice is not None and state._path == BF16:
                 _bf16_(state, shard)  # no sparse step ran: nothing to fold
+            elif state._choice is not None and state._path == QUANTIZED:
+                _quantized_(state, group_id, shard)
             else:
                 self._sparse_(group_id, shard)
 
@@ -204,6 +209,21 @@ def _bf16_(state, shard):
     compressed = shard.to(torch.bfloat16).div_(dist.get_world_size(state.process_group))
     dist.all_reduce(compressed, group=state.process_group)
     shard.copy_(compressed)
+
+
+def _quantized_(state, group_id, shard):
+    """The QUANTIZED path (an Adam-family optimizer's choice, oktopk.choice):
+    the shard through oktopk.quantized over the replicas, in place, its
+    residuals kept under the module's group id. A 16-bit shard goes native."""
+    if shard.dtype != torch.float32 or not shard.is_contiguous():
+        _native_(state, shard)
+        return
+    pg = state.process_group
+    group = state._quantized.get(group_id)
+    if group is None:
+        group = state._quantized[group_id] = QuantizedGroup((group_id,), (shard.numel(),), dist.get_world_size(pg), dist.get_rank(pg),
+                                                            shard.device)
+    group.to(shard.device).allreduce_(shard.view(-1), pg)
 
 
 def _fold_residual(state, group_id, shard):

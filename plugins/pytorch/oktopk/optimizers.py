@@ -43,8 +43,12 @@ def sparse_warning(name):
             "algorithm=None keeps the dense allreduce for them.")
 
 
-def dense_notice(name, bf16=False):
-    how = "in float32, or in bfloat16 where a step measures faster" if bf16 else "in float32"
+COMPRESSED = {"bf16": "in bfloat16", "quantized": "quantized with error feedback (oktopk.quantized)"}
+
+
+def dense_notice(name, compressed=None):
+    """``compressed``: the path measured against float32 (oktopk.choice), or None."""
+    how = f"in float32, or {COMPRESSED[compressed]} where a step measures faster" if compressed else "in float32"
     return (f"oktopk: {name} steps these parameters: the hook keeps the process group's dense allreduce, {how} "
             "(with Adam-family optimizers sparse gradients ended far above dense in every measurement, docs/tuning.md); "
             "name an algorithm (algorithm=\"auto\") to send sparse anyway")
