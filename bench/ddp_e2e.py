@@ -60,9 +60,10 @@ Methods (``--method``):
 
 Bytes per step are what one rank sends per step once the method compresses
 (after its dense warm-up), averaged over the ranks: for oktopk the library's
-own count (its per-call stats, ``OkTopkState.bytes_sent``) over the sparse
-steps, and the ring formula's over the steps the measured choice sent
-densely (native, or bf16 at 2 bytes a value); for the dense ones the ring allreduce's 2n(P−1)/P words of 4 bytes
+own count over its sparse steps (its per-call stats, ``OkTopkState.bytes_sent``)
+and quantized ones (``quantized_bytes_sent``: its frames), and the ring
+formula's over the steps the measured choice sent densely (native, or bf16
+at 2 bytes a value); for the dense ones the ring allreduce's 2n(P−1)/P words of 4 bytes
 (fp16: 2 bytes); for powerSGD the same ring formula over the elements it
 allreduces, torch's own count (``total_numel_after_compression``: P and Q
 of every compressed matrix, (rows + cols) × rank, and every tensor left
@@ -315,8 +316,8 @@ def train(method, args, width, data):
     elif method.startswith("powersgd"):
         per_step = ring_bytes(state.total_numel_after_compression / compressed, world) if compressed else float("nan")
     else:
-        sent = float(state.bytes_sent)
-        if state.choice is not None:  # the measured choice's dense steps, by the ring formula
+        sent = float(state.bytes_sent + state.quantized_bytes_sent)
+        if state.choice is not None:  # the measured choice's native and bf16 steps, by the ring formula
             sent += state.choice["steps"]["native"] * dense + state.choice["steps"]["bf16"] * ring_bytes(params, world, 2)
         sent = torch.tensor([sent], dtype=torch.float64)
         dist.all_reduce(sent)
@@ -336,8 +337,9 @@ def train(method, args, width, data):
     if method.startswith("oktopk"):
         if rank == 0 and state.choice is not None:
             c = state.choice
-            print(f"choice,{method},{c['path']},{c['native_ms_per_step']},{c['sparse_ms_per_step']},{c['bf16_ms_per_step']},"
-                  f"{c['steps']['native']},{c['steps']['sparse']},{c['steps']['bf16']},{c['reason']}", flush=True)
+            paths = list(c["steps"])  # native, sparse and the compressed dense paths (oktopk.choice)
+            print(f"choice,{method},{c['path']},{c['candidate']}," + ",".join(f"{p}:{c[p + '_ms_per_step']}" for p in paths) + ","
+                  + ",".join(f"{p}:{c['steps'][p]}" for p in paths) + f",{c['reason']}", flush=True)
         state.close()
 
 

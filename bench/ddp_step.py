@@ -117,7 +117,7 @@ def run(method, args, data):
         else:
             path, native, sparse = "sparse", 0, args.steps - state.warmup_iters
         native += state.warmup_iters
-        sent = float(state.bytes_sent)
+        sent = float(state.bytes_sent + state.quantized_bytes_sent)
         if choice is not None:
             sent += choice["steps"]["bf16"] * ring_bytes(params, world, 2)
     total = torch.tensor([sent + native * dense], dtype=torch.float64)

@@ -174,6 +174,7 @@ class OkTopkState(ReducerStats):
         "dense_compression",
         "_quantized",
         "_quantized_worker",
+        "_quantized_bytes",
     ]
 
     def __init__(self, process_group=None, density=DEFAULTS.density, algorithm=DEFAULTS.algorithm, warmup_iters=DEFAULT_WARMUP_ITERS,
@@ -203,6 +204,7 @@ class OkTopkState(ReducerStats):
         # tensor id), and the thread that reduces CPU buckets on it.
         self._quantized = {}
         self._quantized_worker = None
+        self._quantized_bytes = 0
         if self._choice is not None:
             watch = self._optimizers
             self._choice.adam_seen = lambda: watch.seen
@@ -240,6 +242,12 @@ class OkTopkState(ReducerStats):
         self._residual_groups = set()
         # The latest iteration that sent a bucket to the regrouping pool.
         self._pooled_iter = None
+
+    @property
+    def quantized_bytes_sent(self):
+        """Bytes this rank sent on the QUANTIZED path (``oktopk.quantized``),
+        apart from ``bytes_sent`` (the library's sparse calls)."""
+        return self._quantized_bytes
 
     @property
     def choice(self):
@@ -663,7 +671,7 @@ def _quantized_allreduce(state, bucket, tensor, rebuilt):
         group.to(tensor.device)
     state._quantized[group_id] = group
     if tensor.device.type == "cuda":
-        group.allreduce_(tensor, group_pg)
+        state._quantized_bytes += group.allreduce_(tensor, group_pg)
         fut = torch.futures.Future(devices=[tensor.device])
         fut.set_result(tensor)
         return fut
@@ -673,7 +681,7 @@ def _quantized_allreduce(state, bucket, tensor, rebuilt):
 
     def reduce():
         try:
-            group.allreduce_(tensor, group_pg)
+            state._quantized_bytes += group.allreduce_(tensor, group_pg)
         except Exception as e:  # noqa: BLE001 - DDP raises it from the future
             fut.set_exception(e)
             return

@@ -223,7 +223,7 @@ def _quantized_(state, group_id, shard):
     if group is None:
         group = state._quantized[group_id] = QuantizedGroup((group_id,), (shard.numel(),), dist.get_world_size(pg), dist.get_rank(pg),
                                                             shard.device)
-    group.to(shard.device).allreduce_(shard.view(-1), pg)
+    state._quantized_bytes += group.to(shard.device).allreduce_(shard.view(-1), pg)
 
 
 def _fold_residual(state, group_id, shard):

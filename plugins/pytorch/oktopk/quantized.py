@@ -115,7 +115,8 @@ class QuantizedGroup:
 
     def allreduce_(self, flat, group):
         """The average of ``flat`` (1-D float32, n long) over the ranks, in
-        place (steps 1-4 above)."""
+        place (steps 1-4 above); returns the bytes this rank sent: a frame to
+        each other rank in each of the two exchanges."""
         acc = torch.zeros(self.padded, device=flat.device)
         acc[: self.n] = flat
         acc += self.residual
@@ -134,11 +135,12 @@ class QuantizedGroup:
         gathered = [torch.empty_like(frame) for _ in range(self.world)]
         dist.all_gather(gathered, frame, group=group)
         chunks, bad_anywhere = self._decode(torch.stack(gathered))
-        if bad_anywhere:
+        if not bad_anywhere:
+            self.residual, self.owner_residual = residual, owner_residual
+            flat.copy_(chunks.view(-1)[: self.n])
+        else:
             flat.fill_(float("nan"))  # every rank alike; residuals unchanged
-            return
-        self.residual, self.owner_residual = residual, owner_residual
-        flat.copy_(chunks.view(-1)[: self.n])
+        return 2 * (self.world - 1) * self.frame_bytes()
 
     def reordered(self, members, sizes):
         """The same residuals for the same parameters in another bucket
