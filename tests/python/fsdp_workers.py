@@ -321,9 +321,10 @@ def adaptive(rank, world, port, out, steps):
     dist.destroy_process_group()
 
 
-def adam_default(rank, world, port, out, steps):
-    """The default state on FSDP2 replicas stepped by Adam, its clock
-    injected so that a bfloat16 step costs 40 ms and a native one 30: the
+def adam_default(rank, world, port, out, steps, dense_compression):
+    """The default state (with ``dense_compression``) on FSDP2 replicas
+    stepped by Adam, its clock injected so that a compressed step costs
+    40 ms and a native one 30: the
     path of every step, each replicate allreduce's shard before and after
     it (to check it against the other replica's), the choice and the
     library calls after ``steps`` steps, and the shards, next to native HSDP
@@ -333,10 +334,11 @@ def adam_default(rank, world, port, out, steps):
     setup(rank, world, port)
     mesh = mesh_2x2()
     result = {"reduced": []}
-    for name in ("_native_", "_bf16_"):
-        def recorded(state, shard, reduce=getattr(oktopk.fsdp, name), path=name.strip("_")):
+    for name in ("_native_", "_bf16_", "_quantized_"):
+        def recorded(state, *args, reduce=getattr(oktopk.fsdp, name), path=name.strip("_")):
+            shard = args[-1]
             before = shard.clone()
-            reduce(state, shard)
+            reduce(state, *args)
             result["reduced"].append((path, before.numpy(), shard.clone().numpy()))
 
         setattr(oktopk.fsdp, name, recorded)
@@ -344,14 +346,14 @@ def adam_default(rank, world, port, out, steps):
         model = sharded_stack(mesh, mode == "sparse")
         state = None
         if mode == "sparse":
-            state = OkTopkState(process_group=mesh.get_group("replicate"), density=0.05, recheck_every=8)
+            state = OkTopkState(process_group=mesh.get_group("replicate"), density=0.05, recheck_every=8, dense_compression=dense_compression)
             state._choice.clock = clock = InjectedClock()
             oktopk.fsdp.register(model, state)
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)
         paths = []
         for s in range(steps):
             if state is not None:
-                clock.now += 0.040 if state._path == "bf16" and s > state.warmup_iters else 0.030  # the step before
+                clock.now += 0.040 if state._path == dense_compression and s > state.warmup_iters else 0.030  # the step before
             step(model, opt, rank, s)
             if state is not None:
                 paths.append(state._path if s >= state.warmup_iters else "warm-up")

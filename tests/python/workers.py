@@ -1122,3 +1122,38 @@ def nccl_hook(rank, world, port, out):
     for s in states:
         s.close()
     dist.destroy_process_group()
+
+
+def quantized_calls(rank, world, port, out):
+    """oktopk.quantized over ``world`` ranks on one group of 3 parameters
+    (1000 values, not a multiple of the padding): per call, this rank's
+    input and the result, then the final residuals; a call with NaN on rank
+    1 (the result, and whether the residuals moved); the residuals through
+    state_dict and through a reordering of the parameters."""
+    from oktopk.quantized import QuantizedGroup
+
+    setup(rank, world, port)
+    group = QuantizedGroup((7, 3, 5), (400, 100, 500), world, rank, "cpu")
+    calls = []
+    for step in range(6):
+        g = torch.Generator().manual_seed(100 * step + rank)
+        x = torch.randn(1000, generator=g) * (1 + step)
+        flat = x.clone()
+        sent = group.allreduce_(flat, None)
+        calls.append((x.numpy(), flat.numpy(), sent))
+    residual, owner = group.residual.clone(), group.owner_residual.clone()
+    poisoned = torch.randn(1000)
+    if rank == 1:
+        poisoned[17] = float("nan")
+    group.allreduce_(poisoned, None)
+    unchanged = torch.equal(group.residual, residual) and torch.equal(group.owner_residual, owner)
+    saved = QuantizedGroup.from_state_dict(group.state_dict())
+    reordered = group.reordered((5, 7, 3), (500, 400, 100))
+    write(out, rank, {
+        "calls": calls,
+        "residual": residual.numpy(), "owner_residual": owner.numpy(), "chunk": group.chunk, "padded": group.padded,
+        "nan_result": poisoned.numpy(), "residuals_unchanged": unchanged,
+        "saved_equal": torch.equal(saved.residual, group.residual) and torch.equal(saved.owner_residual, group.owner_residual),
+        "reordered_residual": reordered.residual.numpy(), "reordered_owner": reordered.owner_residual.numpy(),
+    })
+    dist.destroy_process_group()

@@ -62,16 +62,28 @@ def dequantize(codes, scales, bits=BITS, block=BLOCK):
 def pack(codes, bits=BITS):
     """int8 codes (a multiple of 8 long) as ``bits`` bits each: 8 codes in
     ``bits`` bytes."""
-    u = (codes.to(torch.int64) + _levels(bits)).view(-1, 8)
-    word = (u << (torch.arange(8, device=codes.device) * bits)).sum(1)
+    u = (codes + _levels(bits)).view(torch.uint8)  # 0 .. 2^bits - 2
+    if 8 % bits == 0:  # whole codes per byte: byte-wide shifts
+        per_byte = 8 // bits
+        u = u.view(-1, per_byte)
+        out = u[:, 0].clone()
+        for i in range(1, per_byte):
+            out |= u[:, i] << (bits * i)
+        return out
+    word = (u.view(-1, 8).to(torch.int64) << (torch.arange(8, device=codes.device) * bits)).sum(1)
     return torch.stack([(word >> (8 * i)) & 0xFF for i in range(bits)], 1).to(torch.uint8).view(-1)
 
 
 def unpack(packed, bits=BITS):
-    b = packed.view(-1, bits).to(torch.int64)
-    word = (b << (torch.arange(bits, device=packed.device) * 8)).sum(1)
-    u = (word[:, None] >> (torch.arange(8, device=packed.device) * bits)) & ((1 << bits) - 1)
-    return (u - _levels(bits)).to(torch.int8).view(-1)
+    mask = (1 << bits) - 1
+    packed = packed.reshape(-1)
+    if 8 % bits == 0:
+        u = torch.stack([(packed >> (bits * i)) & mask for i in range(8 // bits)], 1)
+    else:
+        b = packed.view(-1, bits).to(torch.int64)
+        word = (b << (torch.arange(bits, device=packed.device) * 8)).sum(1)
+        u = (word[:, None] >> (torch.arange(8, device=packed.device) * bits)) & mask
+    return u.to(torch.int8).view(-1) - _levels(bits)
 
 
 class QuantizedGroup:

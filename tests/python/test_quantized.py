@@ -1,0 +1,87 @@
+"""oktopk.quantized: the blockwise-quantized allreduce with error feedback
+(an Adam-family optimizer's compressed dense path), over real gloo process
+groups."""
+
+import numpy as np
+import pytest
+import torch
+
+import workers
+from oktopk.quantized import dequantize, pack, quantize, unpack
+from test_ddp import run
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4])
+def test_codes_pack_into_bits_and_round_to_the_nearest_level(bits):
+    x = torch.randn(4096) * torch.logspace(-30, 3, 4096)  # blocks of every scale, subnormal ones included
+    x[64:128] = 0.0  # a block of zeros
+    codes, scales = quantize(x, bits, 64)
+    packed = pack(codes, bits)
+    assert packed.dtype == torch.uint8 and packed.numel() == 4096 * bits // 8
+    assert torch.equal(unpack(packed, bits), codes)
+    levels = 2 ** (bits - 1) - 1
+    assert int(codes.abs().max()) == levels and torch.equal(codes[64:128], torch.zeros(64, dtype=torch.int8))
+    # Each value is within half a level of what its code stands for, unless
+    # its block's scale rounded below it in bfloat16 (then clamped to it).
+    step = (scales.float() / levels).repeat_interleave(64)
+    error = (dequantize(codes, scales, bits, 64) - x).abs()
+    big = x.abs() <= scales.float().repeat_interleave(64)
+    assert bool((error[big] <= 0.5 * step[big] * (1 + 1e-6) + 1e-45).all())
+
+
+@pytest.fixture(scope="module", params=[2, 3])
+def quantized_run(request):
+    return request.param, run(workers.quantized_calls, request.param)
+
+
+def test_every_rank_gets_the_same_bits_and_the_bytes_are_about_an_eighth_of_float32s(quantized_run):
+    world, results = quantized_run
+    for step in range(6):
+        outs = [results[r]["calls"][step][1] for r in range(world)]
+        assert all(np.array_equal(outs[0], o) for o in outs[1:]), step
+        exact = sum(results[r]["calls"][step][0].astype(np.float64) for r in range(world)) / world
+        assert not np.array_equal(outs[0], exact.astype(np.float32))  # rounded, not exact
+        assert np.abs(outs[0] - exact).max() <= 0.25 * np.abs(exact).max()  # and close
+    padded, sent = results[0]["padded"], results[0]["calls"][0][2]
+    assert sent == 2 * (world - 1) * (padded // world * 4 // 8 + 2 * (padded // world // 64) + 2)
+    float32_ring = 2 * (world - 1) / world * padded * 4
+    assert sent <= (4 + 16 / 64 + 0.3) / 32 * float32_ring  # 4 bits, a 16-bit scale per 64, the flag
+
+
+def test_nothing_is_lost_results_plus_residuals_sum_to_the_gradients(quantized_run):
+    # Over the calls: sum of results + mean of the ranks' residuals + the
+    # owner residuals (rank j holds chunk j) = sum of the mean inputs, to
+    # float32 rounding.
+    world, results = quantized_run
+    chunk = results[0]["chunk"]
+    total = sum(results[0]["calls"][s][1].astype(np.float64) for s in range(6))
+    total += sum(results[r]["residual"][:1000].astype(np.float64) for r in range(world)) / world
+    owner = np.concatenate([results[r]["owner_residual"] for r in range(world)])[:1000]
+    total += owner
+    want = sum(results[r]["calls"][s][0].astype(np.float64) for r in range(world) for s in range(6)) / world
+    assert np.abs(total - want).max() <= 1e-5 * np.abs(want).max()
+    assert chunk * world == results[0]["padded"]
+
+
+def test_a_nan_on_one_rank_is_nan_on_every_rank_and_moves_no_residual(quantized_run):
+    world, results = quantized_run
+    for r in range(world):
+        assert np.isnan(results[r]["nan_result"]).all() and results[r]["residuals_unchanged"], r
+        assert results[r]["saved_equal"], r
+
+
+def test_a_reordered_group_keeps_every_parameters_residual_and_the_owned_one(quantized_run):
+    # Parameters (7, 3, 5) of 400, 100, 500 values reordered to (5, 7, 3):
+    # each parameter's residual moves with it, and rank j's owner residual
+    # joins its own residual (times the world size) over the chunk it owned,
+    # so the mean over the ranks still holds everything.
+    world, results = quantized_run
+    chunk = results[0]["chunk"]
+    for r in range(world):
+        res = results[r]
+        held = res["residual"].astype(np.float64).copy()
+        held[r * chunk : (r + 1) * chunk] += world * res["owner_residual"]
+        old = {7: held[0:400], 3: held[400:500], 5: held[500:1000]}
+        new = res["reordered_residual"]
+        assert np.allclose(new[:1000], np.concatenate([old[5], old[7], old[3]]), rtol=0, atol=1e-6)
+        assert not res["reordered_owner"].any()
