@@ -48,6 +48,10 @@ Methods (``--method``):
   ``algorithm="oktopk"``, which ``oktopk_oktopk`` names now.
 - ``oktopk_auto``: the same with ``algorithm="auto"`` (the library picks the
   algorithm per bucket and call from its cost model and the measured link).
+- ``oktopk_quantized``, ``oktopk_float32``: the same with
+  ``dense_compression="quantized"`` or ``None`` (which compressed dense path
+  the measured choice weighs against float32 under an Adam-family
+  optimizer; the default is bfloat16).
 - ``oktopk_sched``: the same with ``density_schedule=(0.25,
   --sched-steps)``: the density starts at 25% and decays to ``--density``.
 - ``oktopk_wN`` (e.g. ``oktopk_w10``): the same as ``oktopk`` with N dense
@@ -109,7 +113,7 @@ from charlm import CharTransformer, batch, fortunes_corpus, held_out_batch, lm_l
 from cnn import VGGStyle, digits  # noqa: E402
 from tta_report import HEADER  # noqa: E402
 
-METHODS = ("ddp", "fp16", "powersgd1", "powersgd4", "oktopk", "oktopk_auto", "oktopk_sched")
+METHODS = ("ddp", "fp16", "powersgd1", "powersgd4", "oktopk", "oktopk_auto", "oktopk_sched", "oktopk_quantized", "oktopk_float32")
 
 
 class WideMLP(nn.Module):
@@ -242,6 +246,8 @@ def train(method, args, width, data):
         from oktopk import OkTopkState, oktopk_hook
 
         kwargs = {"algorithm": "auto"} if method == "oktopk_auto" else {}
+        if method in ("oktopk_quantized", "oktopk_float32"):  # under AdamW: the dense path measured against float32
+            kwargs["dense_compression"] = "quantized" if method == "oktopk_quantized" else None
         if algorithm_of(method) is not None:
             kwargs["algorithm"] = algorithm_of(method)
         if method == "oktopk_sched":

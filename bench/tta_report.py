@@ -31,6 +31,8 @@ NAMES = {
     "oktopk": "oktopk_hook, defaults (density {density}, the measured choice)",
     "oktopk_auto": 'oktopk_hook, density {density}, algorithm="auto"',
     "oktopk_sched": "oktopk_hook, density {density}, density_schedule=(0.25, {sched})",
+    "oktopk_quantized": 'oktopk_hook, the measured choice, dense_compression="quantized"',
+    "oktopk_float32": "oktopk_hook, the measured choice, dense_compression=None",
 }
 
 
