@@ -70,18 +70,37 @@ def test_a_nan_on_one_rank_is_nan_on_every_rank_and_moves_no_residual(quantized_
         assert results[r]["saved_equal"], r
 
 
-def test_a_reordered_group_keeps_every_parameters_residual_and_the_owned_one(quantized_run):
-    # Parameters (7, 3, 5) of 400, 100, 500 values reordered to (5, 7, 3):
-    # each parameter's residual moves with it, and rank j's owner residual
-    # joins its own residual (times the world size) over the chunk it owned,
-    # so the mean over the ranks still holds everything.
+def test_what_a_group_holds_for_a_native_step_is_its_residual_and_its_owned_chunk(quantized_run):
+    # A native step after quantized ones adds this to the rank's values:
+    # its residual, and over the chunk it owns its owner residual times the
+    # world size, so the average over the ranks keeps both.
     world, results = quantized_run
     chunk = results[0]["chunk"]
     for r in range(world):
         res = results[r]
-        held = res["residual"].astype(np.float64).copy()
-        held[r * chunk : (r + 1) * chunk] += world * res["owner_residual"]
-        old = {7: held[0:400], 3: held[400:500], 5: held[500:1000]}
-        new = res["reordered_residual"]
-        assert np.allclose(new[:1000], np.concatenate([old[5], old[7], old[3]]), rtol=0, atol=1e-6)
-        assert not res["reordered_owner"].any()
+        want = res["residual"].astype(np.float64).copy()
+        want[r * chunk : (r + 1) * chunk] += world * res["owner_residual"]
+        assert np.allclose(res["held"], want[:1000], rtol=0, atol=1e-6)
+
+
+@pytest.fixture(scope="module", params=["quantized", None])
+def resume_run(request, tmp_path_factory):
+    return request.param, run(workers.quantized_resume, 2, str(tmp_path_factory.mktemp("resume")), request.param)
+
+
+@pytest.mark.parametrize("first", [7, 16])
+def test_a_run_resumed_under_adamw_continues_exactly(resume_run, first):
+    # Resumed after step 7 or 16: the resumed run's first step meets DDP's
+    # provisional bucket, which holds both rebuilt ones. Quantized: each
+    # group is reduced from the layout's pool with its saved residuals.
+    # float32 (dense_compression=None, native on every step): nothing is
+    # held, so the bucket goes native as it is (it once went through the
+    # sparse regrouping, a sparse step under AdamW). Either way the paths
+    # and final parameters equal the whole run's, bitwise.
+    compression, results = resume_run
+    for r in range(2):
+        full, resumed = results[r]["full"], results[r][first]
+        want = {"quantized", "native"} if compression else {"native"}
+        assert set(full["paths"].values()) - {"warm-up"} == want, full["paths"]
+        assert resumed["paths"] == {s: full["paths"][s] for s in range(first, 20)}
+        assert resumed["params"] == full["params"], f"rank {r}"

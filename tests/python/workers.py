@@ -1129,7 +1129,7 @@ def quantized_calls(rank, world, port, out):
     (1000 values, not a multiple of the padding): per call, this rank's
     input and the result, then the final residuals; a call with NaN on rank
     1 (the result, and whether the residuals moved); the residuals through
-    state_dict and through a reordering of the parameters."""
+    state_dict, and what the group holds for a native step."""
     from oktopk.quantized import QuantizedGroup
 
     setup(rank, world, port)
@@ -1148,12 +1148,58 @@ def quantized_calls(rank, world, port, out):
     group.allreduce_(poisoned, None)
     unchanged = torch.equal(group.residual, residual) and torch.equal(group.owner_residual, owner)
     saved = QuantizedGroup.from_state_dict(group.state_dict())
-    reordered = group.reordered((5, 7, 3), (500, 400, 100))
     write(out, rank, {
         "calls": calls,
         "residual": residual.numpy(), "owner_residual": owner.numpy(), "chunk": group.chunk, "padded": group.padded,
         "nan_result": poisoned.numpy(), "residuals_unchanged": unchanged,
         "saved_equal": torch.equal(saved.residual, group.residual) and torch.equal(saved.owner_residual, group.owner_residual),
-        "reordered_residual": reordered.residual.numpy(), "reordered_owner": reordered.owner_residual.numpy(),
+        "held": group.held().numpy(),
     })
+    dist.destroy_process_group()
+
+
+def quantized_resume(rank, world, port, out, ckpt, dense_compression):
+    """The default hook with ``dense_compression`` under AdamW on
+    Branchy (every branch used; buckets of at most 1 kB: DDP's provisional
+    layout holds in one bucket what its rebuilt one splits in two),
+    20 steps, its clock injected so that quantized is a clear win: the paths
+    and the final parameters of the whole run, and of the same run resumed
+    from checkpoints saved after steps 7 and 16 (inside the quantized steps,
+    residuals held)."""
+    setup(rank, world, port)
+
+    def train(first, last, saves=()):
+        torch.manual_seed(0)
+        m = DDP(Branchy(), bucket_cap_mb=0.001)
+        o = torch.optim.AdamW(m.parameters(), lr=1e-2)
+        state = OkTopkState(density=0.05, warmup_iters=2, recheck_every=8, dense_compression=dense_compression)
+        clock = InjectedClock()
+        state._choice.clock = clock
+        if first:
+            saved = torch.load(os.path.join(ckpt, f"rank{rank}-{first}.pt"), weights_only=False)
+            m.module.load_state_dict(saved["model"])
+            o.load_state_dict(saved["optimizer"])
+            state.load_state_dict(saved["oktopk"])
+            clock.now = saved["clock"]
+        m.register_comm_hook(state, oktopk_hook)
+        paths = {}
+        for step in range(first, last):
+            clock.now += 0.010 if step > 2 and state._path == "quantized" else 0.030  # float32 only: always native
+            g = torch.Generator().manual_seed(1000 * step + rank)
+            x, y = torch.randn(8, 20, generator=g), torch.randint(0, 5, (8,), generator=g)
+            o.zero_grad(set_to_none=True)
+            F.cross_entropy(m(x, True, True), y).backward()
+            o.step()
+            paths[step] = state._path if step >= 2 else "warm-up"
+            if step + 1 in saves:
+                torch.save({"model": m.module.state_dict(), "optimizer": o.state_dict(), "oktopk": state.state_dict(), "clock": clock.now},
+                           os.path.join(ckpt, f"rank{rank}-{step + 1}.pt"))
+        result = {"paths": paths, "held": len(state._quantized), "params": b"".join(p.detach().numpy().tobytes() for p in m.parameters())}
+        state.close()
+        return result
+
+    results = {"full": train(0, 20, saves=(7, 16))}
+    for first in (7, 16):
+        results[first] = train(first, 20)
+    write(out, rank, results)
     dist.destroy_process_group()

@@ -12,8 +12,6 @@ returns a future of their average over the ranks, like PyTorch's
 rest wait in a per-bucket residual (error feedback).
 """
 
-import concurrent.futures
-
 import torch
 import torch.distributed as dist
 
@@ -182,8 +180,8 @@ class OkTopkState(ReducerStats):
         "_host_buffers",
         "dense_compression",
         "_quantized",
-        "_quantized_worker",
         "_quantized_bytes",
+        "_quantized_spill",
     ]
 
     def __init__(self, process_group=None, density=DEFAULTS.density, algorithm=DEFAULTS.algorithm, warmup_iters=DEFAULT_WARMUP_ITERS,
@@ -210,10 +208,12 @@ class OkTopkState(ReducerStats):
         self._choice = StepChoice(sparse_margin, recheck_every, adam_candidate=dense_compression) if algorithm is None else None
         self.dense_compression = dense_compression
         # The QUANTIZED path's residuals per group of parameters (library
-        # tensor id), and the thread that reduces CPU buckets on it.
+        # tensor id).
         self._quantized = {}
-        self._quantized_worker = None
         self._quantized_bytes = 0
+        # A native step's fold: each parameter's share of what its group
+        # held, until its bucket comes.
+        self._quantized_spill = {}
         if self._choice is not None:
             watch = self._optimizers
             self._choice.adam_seen = lambda: watch.seen
@@ -334,13 +334,8 @@ class OkTopkState(ReducerStats):
             "world_size": size,
             "choice": None if self._choice is None else self._choice.state_dict(),
             "residual_groups": sorted(self._residual_groups),
-            "quantized": {group_id: group.state_dict() for group_id, group in self._drained_quantized().items()},
+            "quantized": {group_id: group.state_dict() for group_id, group in self._quantized.items()},
         }
-
-    def _drained_quantized(self):
-        if self._quantized_worker is not None:
-            self._quantized_worker.submit(lambda: None).result()  # after every queued bucket
-        return self._quantized
 
     def load_state_dict(self, state):
         """Restore a state_dict() saved by this same rank of a run of the same
@@ -415,9 +410,6 @@ class OkTopkState(ReducerStats):
         garbage-collected (nothing is registered to run at interpreter
         exit)."""
         self._reducer.close()
-        if self._quantized_worker is not None:
-            self._quantized_worker.shutdown(wait=True)
-            self._quantized_worker = None
         self._layout.remove_hooks()
         self._optimizers.close()
 
@@ -658,60 +650,89 @@ def _bf16_allreduce(state, tensor):
     return fut.then(decompress)
 
 
-def _quantized_allreduce(state, bucket, tensor, rebuilt):
+def _quantized_allreduce(state, bucket, tensor):
     """The QUANTIZED path (an Adam-family optimizer's choice, oktopk.choice):
-    the bucket through oktopk.quantized, its residuals kept per group of
-    parameters. 16-bit buckets go native, and so do the buckets of DDP's
-    provisional layout in a resumed run's first step (the saved residuals
-    wait for the rebuilt buckets they belong to). CPU buckets are reduced on
-    a thread of their own, in bucket order, so backward goes on."""
-    if tensor.dtype != torch.float32 or not rebuilt:
+    each group of parameters (oktopk.layout) through oktopk.quantized in its
+    own layout, with its residuals. A bucket that is one group is reduced
+    as it is (in place when in the group's order); the buckets of DDP's
+    provisional layout (a resumed run's first step) go through the layout's
+    regrouping pool, each group reduced once all its parameters arrived, so
+    a resumed run continues exactly. 16-bit buckets go native. The
+    collectives run here, in the hook: DDP's own (the used-parameter map
+    with find_unused_parameters) share the process group and must keep one
+    order on every rank, which a thread of our own would not."""
+    if tensor.dtype != torch.float32:
         return _native_allreduce(state, tensor)
-    members = state._layout.members(bucket)
-    order, sizes = tuple(i for i, _, _ in members), tuple(b - a for _, a, b in members)
-    group_id = group_id_of(order)
-    group = state._quantized.get(group_id)
-    group_pg = state.process_group
-    if group is None:
-        group = QuantizedGroup(order, sizes, dist.get_world_size(group_pg), dist.get_rank(group_pg), tensor.device)
-    elif group.members != order:
-        group = group.to(tensor.device).reordered(order, sizes)
-    else:
-        group.to(tensor.device)
-    state._quantized[group_id] = group
-    if tensor.device.type == "cuda":
-        state._quantized_bytes += group.allreduce_(tensor, group_pg)
-        fut = torch.futures.Future(devices=[tensor.device])
-        fut.set_result(tensor)
-        return fut
-    if state._quantized_worker is None:
-        state._quantized_worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="oktopk-quantized")
-    fut = torch.futures.Future()
+    layout = state._layout
+    members = layout.members(bucket)
+    group_id = layout.learn_group([i for i, _, _ in members]) if state._hook_iters > 0 else group_id_of([i for i, _, _ in members])
+    cuda = tensor.device.type == "cuda"
+    fut = torch.futures.Future(devices=[tensor.device]) if cuda else torch.futures.Future()
 
     def reduce():
         try:
-            state._quantized_bytes += group.allreduce_(tensor, group_pg)
+            if group_id in layout.groups:
+                where = {i: (a, b) for i, a, b in members}
+                _reduce_quantized_group(state, group_id, [(tensor,) + where[i] for i in layout.groups[group_id]])
+                fut.set_result(tensor)
+                return
+            complete = layout.pool_bucket(tensor, members, set(), fut, None)
+            while complete:
+                for pooled_id in complete:
+                    pieces, _ = layout.pooled(pooled_id)
+                    _reduce_quantized_group(state, pooled_id, [(t, a, b) for t, a, b, _ in pieces])
+                    layout.done(pooled_id)
+                # After the last bucket, what is still pooled belongs to no
+                # known group (the model changed): new groups.
+                complete = layout.leftover_groups() if bucket.is_last() and layout.pooling else []
         except Exception as e:  # noqa: BLE001 - DDP raises it from the future
-            fut.set_exception(e)
-            return
-        fut.set_result(tensor)
+            layout.fail(e)
+            if not fut.done():
+                fut.set_exception(e)
 
-    state._quantized_worker.submit(reduce)
+    reduce()
     return fut
 
 
-def _fold_quantized(state, bucket, tensor):
-    """Before a native step after QUANTIZED ones: the group's residuals join
-    the bucket (oktopk.quantized), so nothing waits."""
-    members = state._layout.members(bucket)
-    order = tuple(i for i, _, _ in members)
-    group = state._quantized.pop(group_id_of(order), None)
-    if group is None or tensor.dtype != torch.float32:
-        return
+def _reduce_quantized_group(state, group_id, pieces):
+    """One group's quantized allreduce over ``pieces`` ((tensor, start,
+    end) per parameter, in the group's order): in place when they are one
+    tensor's consecutive values, else gathered and scattered back."""
+    tensor = pieces[0][0]
+    sizes = tuple(b - a for _, a, b in pieces)
+    group = state._quantized.get(group_id)
+    pg = state.process_group
+    if group is None:
+        group = state._quantized[group_id] = QuantizedGroup(state._layout.groups[group_id], sizes, dist.get_world_size(pg),
+                                                            dist.get_rank(pg), tensor.device)
     group.to(tensor.device)
-    if group.members != order:
-        group = group.reordered(order, tuple(b - a for _, a, b in members))
-    group.fold_into_(tensor)
+    in_place = all(t is tensor for t, _, _ in pieces) and all(pieces[k][2] == pieces[k + 1][1] for k in range(len(pieces) - 1))
+    flat = tensor[pieces[0][1] : pieces[-1][2]] if in_place else torch.cat([t[a:b] for t, a, b in pieces])
+    state._quantized_bytes += group.allreduce_(flat, pg)
+    if not in_place:
+        at = 0
+        for t, a, b in pieces:
+            t[a:b].copy_(flat[at : at + b - a])
+            at += b - a
+
+
+def _fold_quantized(state, bucket, tensor):
+    """Before a native step after QUANTIZED ones: what each group holds
+    (oktopk.quantized) joins its parameters' values in whichever bucket
+    they arrive, so nothing waits."""
+    members = state._layout.members(bucket)
+    for group_id in {state._layout.group_of.get(i) for i, _, _ in members} & set(state._quantized):
+        group = state._quantized.pop(group_id).to(tensor.device)
+        held, at = group.held(), 0
+        for i, size in zip(group.members, group.sizes):
+            state._quantized_spill[i] = held[at : at + size]
+            at += size
+    if tensor.dtype != torch.float32:
+        return
+    for i, a, b in members:
+        piece = state._quantized_spill.pop(i, None)
+        if piece is not None:
+            tensor[a:b] += piece
 
 
 def _agree_max(state, device):
@@ -852,7 +873,7 @@ def oktopk_hook(state: OkTopkState, bucket: dist.GradBucket) -> torch.futures.Fu
             _begin_step(state, phase_iter - state.warmup_iters, tensor.device, untimed=not rebuilt)
         elif rebuilt and phase_iter == state.warmup_iters - 1:
             state._choice.time_warmup_step()  # a native step the choice can compare the sparse probe with
-    if sparse and state._path == NATIVE and state._quantized and rebuilt:
+    if sparse and state._path == NATIVE and (state._quantized or state._quantized_spill):
         _fold_quantized(state, bucket, tensor)
     if sparse and state._path == NATIVE and not layout.watching and not state._residual_groups:
         # Native chosen, nothing to fold: allreduce_hook's work and no more.
@@ -860,7 +881,7 @@ def oktopk_hook(state: OkTopkState, bucket: dist.GradBucket) -> torch.futures.Fu
     if sparse and state._path == BF16:
         return _bf16_allreduce(state, tensor)  # no sparse step ran: nothing to fold
     if sparse and state._path == QUANTIZED:
-        return _quantized_allreduce(state, bucket, tensor, rebuilt)
+        return _quantized_allreduce(state, bucket, tensor)
     members = layout.members(bucket)  # numbers the parameters in the first layout
     unused = layout.take_unused(members, tensor if sparse else None)
     if not sparse:
@@ -876,9 +897,14 @@ def oktopk_hook(state: OkTopkState, bucket: dist.GradBucket) -> torch.futures.Fu
                 # pool (below) complete their groups.
                 state._reducer.submit(_flush_pool, state, _call(state, phase_iter))
             return _native_allreduce(state, tensor)
+        if not any(layout.group_of.get(i) in state._residual_groups for i, _, _ in members):
+            # Not one group, but none of its groups holds a residual: the
+            # native allreduce has nothing to fold.
+            return _native_allreduce(state, tensor)
         # A bucket that is not one group (a resumed run's first step, in
-        # DDP's provisional layout) goes through the sparse path's
-        # regrouping, which keeps each group's residual in its own layout.
+        # DDP's provisional layout) whose groups hold residuals goes through
+        # the sparse path's regrouping, which keeps each group's residual in
+        # its own layout.
     _start(state)
     call = _call(state, phase_iter)
     if state._reducer.adaptive is None:

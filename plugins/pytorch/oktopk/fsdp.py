@@ -145,7 +145,7 @@ class _Registration:
             elif state._choice is not None and state._path == NATIVE:
                 _fold_residual(state, group_id, shard)
                 if group_id in state._quantized and shard.dtype == torch.float32:
-                    state._quantized.pop(group_id).to(shard.device).fold_into_(shard.view(-1))
+                    shard.view(-1).add_(state._quantized.pop(group_id).to(shard.device).held())
                 _native_(state, shard)
             elif state._choice is not None and state._path == BF16:
                 _bf16_(state, shard)  # no sparse step ran: nothing to fold

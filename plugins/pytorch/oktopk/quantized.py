@@ -154,31 +154,14 @@ class QuantizedGroup:
             flat.fill_(float("nan"))  # every rank alike; residuals unchanged
         return 2 * (self.world - 1) * self.frame_bytes()
 
-    def reordered(self, members, sizes):
-        """The same residuals for the same parameters in another bucket
-        order (DDP rebuilt its buckets otherwise in a resumed run): this
-        rank's owner residual joins its own residual first (times the world
-        size, as the average divides it), since the chunks it owns will hold
-        other values, so nothing is lost."""
-        assert sorted(members) == sorted(self.members)
-        own = slice(self.rank * self.chunk, (self.rank + 1) * self.chunk)
-        residual = self.residual.clone()
-        residual[own] += self.world * self.owner_residual
-        at, slices = 0, {}
-        for index, size in zip(self.members, self.sizes):
-            slices[index] = residual[at : at + size]
-            at += size
-        group = QuantizedGroup(members, sizes, self.world, self.rank, self.residual.device, self.bits, self.block)
-        group.residual[: group.n] = torch.cat([slices[i] for i in members])
-        return group
-
-    def fold_into_(self, flat):
-        """Before a native step: what this rank holds joins its bucket
-        ``flat`` (the owner residual times the world size, as the average
-        divides it), so the switch loses nothing; the group is spent."""
+    def held(self):
+        """What this rank holds for the group's n values: its residual, and
+        over the chunk it owns the owner residual times the world size (the
+        average divides it). A native step that adds it to this rank's
+        values loses nothing of either."""
         held = self.residual.clone()
         held[self.rank * self.chunk : (self.rank + 1) * self.chunk] += self.world * self.owner_residual
-        flat += held[: self.n]
+        return held[: self.n]
 
     def to(self, device):
         self.residual, self.owner_residual = self.residual.to(device), self.owner_residual.to(device)
