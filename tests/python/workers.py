@@ -830,6 +830,17 @@ def choice_cost(path, step, rank):
     return base + ((rank * 7919 + step * 104729) % 1000) / 1000 * 0.001
 
 
+def load_checkpoint(ckpt, rank, step, model, optimizer, state):
+    """Load what a run saved after ``step`` (model, optimizer, oktopk
+    state) into a DDP model, its optimizer and a state; returns the saved
+    dict."""
+    saved = torch.load(os.path.join(ckpt, f"rank{rank}-{step}.pt"), weights_only=False)
+    model.module.load_state_dict(saved["model"])
+    optimizer.load_state_dict(saved["optimizer"])
+    state.load_state_dict(saved["oktopk"])
+    return saved
+
+
 class InjectedClock:
     """A StepChoice clock the training loop advances."""
 
@@ -861,10 +872,7 @@ def choice_run(rank, world, port, out, ckpt, value_dtype="float32", device_path=
         clock = InjectedClock()
         state._choice.clock = clock
         if first:
-            saved = torch.load(os.path.join(ckpt, f"rank{rank}-{first}.pt"), weights_only=False)
-            m.module.load_state_dict(saved["model"])
-            o.load_state_dict(saved["optimizer"])
-            state.load_state_dict(saved["oktopk"])
+            load_checkpoint(ckpt, rank, first, m, o, state)
         names = {id(p): name for name, p in m.module.named_parameters()}
         local = {name: torch.zeros_like(p) for name, p in m.module.named_parameters()}
         applied = {name: torch.zeros_like(p) for name, p in m.module.named_parameters()}
@@ -1176,11 +1184,7 @@ def quantized_resume(rank, world, port, out, ckpt, dense_compression):
         clock = InjectedClock()
         state._choice.clock = clock
         if first:
-            saved = torch.load(os.path.join(ckpt, f"rank{rank}-{first}.pt"), weights_only=False)
-            m.module.load_state_dict(saved["model"])
-            o.load_state_dict(saved["optimizer"])
-            state.load_state_dict(saved["oktopk"])
-            clock.now = saved["clock"]
+            clock.now = load_checkpoint(ckpt, rank, first, m, o, state)["clock"]
         m.register_comm_hook(state, oktopk_hook)
         paths = {}
         for step in range(first, last):
