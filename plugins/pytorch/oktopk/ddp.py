@@ -77,7 +77,7 @@ class OkTopkState(ReducerStats):
         with error feedback, about 0.13 of float32's bytes,
         ``oktopk.quantized``) or ``None`` (float32 on every step). On the
         AdamW transformer of results/text.md at 200 Mbit/s bf16 reached the
-        target as soon as ``fp16_compress_hook`` and ended at float32's
+        target within 2% of ``fp16_compress_hook`` and ended at float32's
         loss; quantized reached it 1.2x sooner but ended 0.009 above it.
     :param tau: Ok-Topk's space repartition period (iterations).
     :param tau_prime: threshold refresh period (iterations).
