@@ -17,7 +17,7 @@ import sys
 from ddp_step import HEADER
 
 SECTION = "## DDP step matrix (make bench-ddp)"
-COMMAND = "make bench-ddp  (bench/ddp_matrix.sh: bench/ddp_step.py on bench/cluster.sh, 3 repeats in shuffled order)"
+COMMAND = "make bench-ddp  (bench/ddp_matrix.sh: bench/ddp_step.py on bench/cluster.sh, repeats in shuffled order)"
 LINK_ORDER = {"loopback": 0, "1gbit": 1, "200mbit": 2}
 
 
@@ -35,8 +35,8 @@ def table(rows):
     for r in rows:
         configs.setdefault((r["model"], int(r["params"]), int(r["P"]), r["link"]), {}).setdefault(r["method"], []).append(r)
     lines = [
-        "| model | params | P | link | plain DDP ms | default hook ms | ×DDP | best fixed path | ×best | hook chose | explored | bytes/step vs DDP | others (ms) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| model | params | P | link | repeats | plain DDP ms | default hook ms | ×DDP | best fixed path | ×best | hook chose | explored | bytes/step vs DDP | others (ms) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     summary = []
     for (model, params, p, link), methods in sorted(configs.items(), key=lambda kv: (kv[0][2], LINK_ORDER.get(kv[0][3], 9), kv[0][1])):
@@ -57,7 +57,7 @@ def table(rows):
             return f"{med[m]:.1f} [{spread[m][0]:.1f}–{spread[m][1]:.1f}]"
 
         lines.append(
-            f"| {model} | {params / 1e6:.2f}M | {p} | {link} | {cell('ddp')} | {cell('oktopk')} | {med['oktopk'] / med['ddp']:.2f} | "
+            f"| {model} | {params / 1e6:.2f}M | {p} | {link} | {len(methods['oktopk'])} | {cell('ddp')} | {cell('oktopk')} | {med['oktopk'] / med['ddp']:.2f} | "
             f"{best} {med[best]:.1f} | {med['oktopk'] / med[best]:.2f} | {'/'.join(chose)} | {explored:.0f} of {steps} | "
             f"{bytes_ratio:.3f} | {others} |"
         )
@@ -85,7 +85,7 @@ def main():
     text = "\n".join([
         SECTION,
         "",
-        f"Per configuration, each method's median over the repeats of its median slowest-rank step (ms, {window}: "
+        f"Per configuration, each method's median over the repeats (their number in the repeats column) of its median slowest-rank step (ms, {window}: "
         "after the warm-up, the default hook's first probes and the confirmation of a switch), with the repeats' range in brackets. ×DDP: the default hook's step over plain "
         "DDP's; ×best: over the fastest of plain DDP and the fixed sparse algorithms. Explored: the default hook's steps on the path it "
         "did not choose (its first probe; with recheck_every=200 the next probe is past these steps). Bytes/step: what one rank sent "

@@ -59,7 +59,7 @@ for config in "${configs[@]}"; do
 			order=$(echo $methods | tr ' ' '\n' | shuf --random-source=<(yes "$rep$model$link$ranks") | paste -sd,)
 			jobs+=("PYTHONPATH='$HERE/../plugins/pytorch' '$PY' '$HERE/ddp_step.py' --model ${model%%:*} --width ${model#*:} --order $order --steps $STEPS --skip $SKIP --link $link --rep $rep")
 		done
-		echo "ddp step matrix: P=$ranks, $link, repeat $rep of $REPS ($((SECONDS - START)) s so far)" >&2
+		echo "ddp step matrix: P=$ranks, $link, repeat $rep ($FIRST to $((FIRST + REPS - 1))) ($((SECONDS - START)) s so far)" >&2
 		for job in "${jobs[@]}"; do
 			BENCH_MODE=$mode BENCH_RATE=$link "$HERE/cluster.sh" "$ranks" "$rows" "$job" ||
 				echo "ddp step matrix: a job failed (its rows so far are kept): $job" >&2

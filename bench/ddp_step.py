@@ -19,7 +19,10 @@ seed:
 - ``oktopk``: ``OkTopkState()`` with every default: the measured choice
   between the process group's allreduce and the library's sparse one;
 - ``oktopk_<algorithm>``: the hook with that algorithm fixed (sparse after
-  the two dense warm-up steps).
+  the two dense warm-up steps);
+- ``allreduce_hook``: torch's own hook, what any Python comm hook costs;
+- any of them with ``:view`` (``ddp:view``): DDP built with
+  ``gradient_as_bucket_view=True``.
 
 Models: ``cnn`` is the demo's VGG-style CNN (examples/pytorch/cnn.py,
 ``--width 1``: 0.1M parameters); ``mlp`` the wide MLP of bench/ddp_e2e.py
@@ -74,19 +77,24 @@ def run(method, args, data):
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     net = VGGStyle(args.width) if args.model == "cnn" else WideMLP(args.width)
-    model = DDP(net)
+    # "<method>:view": DDP with gradient_as_bucket_view=True (the gradients
+    # are views of the buckets: no copy into them, and none back).
+    base, _, variant = method.partition(":")
+    if variant not in ("", "view"):
+        raise SystemExit(f"ddp_step.py: unknown variant {variant!r} of {base!r} (only ':view')")
+    model = DDP(net, gradient_as_bucket_view=variant == "view")
     state = None
-    if method.startswith("oktopk"):
+    if base.startswith("oktopk"):
         from oktopk import OkTopkState, oktopk_hook
 
-        algorithm = method[len("oktopk_"):] if method != "oktopk" else None
+        algorithm = base[len("oktopk_"):] if base != "oktopk" else None
         state = OkTopkState(algorithm=algorithm)
         model.register_comm_hook(state, oktopk_hook)
-    elif method == "allreduce_hook":  # torch's own hook: what any Python hook costs
+    elif base == "allreduce_hook":  # torch's own hook: what any Python hook costs
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
         model.register_comm_hook(None, default_hooks.allreduce_hook)
-    elif method != "ddp":
+    elif base != "ddp":
         raise SystemExit(f"ddp_step.py: unknown method {method!r}")
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     x, y = data

@@ -227,6 +227,20 @@ def test_switching_between_native_and_sparse_keeps_gradient_mass(choice_run, cho
         assert after["trunk.weight"] == after["head.weight"] == 0.0, after
 
 
+def test_gradients_as_bucket_views_change_no_path_value_or_residual(choice_run, tmp_path):
+    # DDP(gradient_as_bucket_view=True), which docs/pytorch.md advises on
+    # fast links: .grad is a view of the bucket the hook reduces in place.
+    # The same run takes the same paths and ends with the same parameters
+    # and residuals, bitwise, on every rank.
+    viewed = run(workers.choice_run, 3, str(tmp_path), "float32", None, True)
+    for r in range(3):
+        full, view = choice_run[r]["full"], viewed[r]["full"]
+        assert view["paths"] == full["paths"], f"rank {r}"
+        assert view["params"] == full["params"], f"rank {r}: parameters differ"
+        for name, residual in full["residual"].items():
+            assert (view["residual"][name] == residual).all(), f"rank {r} {name}: residuals differ"
+
+
 @pytest.mark.parametrize("first", [24, 39])
 def test_a_resumed_run_continues_the_decision(choice_run, first):
     # Resumed after step 24 (sparse chosen) and after step 39 (inside a

@@ -851,7 +851,7 @@ class InjectedClock:
         return self.now
 
 
-def choice_run(rank, world, port, out, ckpt, value_dtype="float32", device_path=None):
+def choice_run(rank, world, port, out, ckpt, value_dtype="float32", device_path=None, bucket_view=False):
     """The default hook (algorithm None, recheck_every 8) on Branchy with
     find_unused_parameters=True over 48 steps, its clock injected with
     choice_cost: per step, the path and whether a communicator existed
@@ -861,12 +861,13 @@ def choice_run(rank, world, port, out, ckpt, value_dtype="float32", device_path=
     (as unused_parameters); the residuals right after the first native step
     that follows sparse ones (step 14); then the same run resumed from
     checkpoints saved after steps 24 and 39 (inside a sparse probe), for
-    float32 values only."""
+    float32 values only. ``bucket_view``: DDP's gradient_as_bucket_view
+    (no resumed runs then)."""
     setup(rank, world, port)
 
     def train(first, last, saves=()):
         torch.manual_seed(0)
-        m = DDP(Branchy(), find_unused_parameters=True)
+        m = DDP(Branchy(), find_unused_parameters=True, gradient_as_bucket_view=bucket_view)
         o = torch.optim.SGD(m.parameters(), lr=0.05)
         state = OkTopkState(density=0.05, warmup_iters=2, recheck_every=8, value_dtype=value_dtype, device_path=device_path)
         clock = InjectedClock()
@@ -923,7 +924,7 @@ def choice_run(rank, world, port, out, ckpt, value_dtype="float32", device_path=
         return result
 
     results = {"full": train(0, 48, saves=(24, 39))}
-    for first in (24, 39) if value_dtype == "float32" else ():
+    for first in (24, 39) if value_dtype == "float32" and not bucket_view else ():
         results[first] = train(first, 48)
     write(out, rank, results)
     dist.destroy_process_group()
