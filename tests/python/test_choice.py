@@ -241,6 +241,26 @@ def test_gradients_as_bucket_views_change_no_path_value_or_residual(choice_run, 
             assert (view["residual"][name] == residual).all(), f"rank {r} {name}: residuals differ"
 
 
+def test_native_steps_point_grads_at_the_bucket_and_change_no_value():
+    # grads_as_bucket_views (the default): on a native step with nothing
+    # to fold, every .grad is its slice of DDP's one bucket after backward
+    # (DDP's copy back then has nothing to do); with it off, never. The
+    # parameters are bitwise the same either way at every step, whether the
+    # script zeroes .grad to None or to zeros (accumulating into the slice).
+    steps = 20
+    results = run(workers.grad_views, 2, steps)
+    for r in range(2):
+        for set_to_none in (True, False):
+            on, off = results[r][True, set_to_none], results[r][False, set_to_none]
+            assert on["paths"] == off["paths"]
+            # Warm-up, sparse probe (s = 0-3), native probe (4-7), native
+            # chosen at s = 8; its first step after the probes folds nothing.
+            assert on["paths"] == ["warm-up"] * 2 + [SPARSE] * 4 + [NATIVE] * (steps - 6), on["paths"]
+            assert on["params"] == off["params"], f"rank {r}, set_to_none={set_to_none}: parameters differ"
+            assert not any(off["in_bucket"])
+            assert not any(on["in_bucket"][:6]) and all(on["in_bucket"][12:]), on["in_bucket"]
+
+
 @pytest.mark.parametrize("first", [24, 39])
 def test_a_resumed_run_continues_the_decision(choice_run, first):
     # Resumed after step 24 (sparse chosen) and after step 39 (inside a

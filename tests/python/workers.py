@@ -930,6 +930,38 @@ def choice_run(rank, world, port, out, ckpt, value_dtype="float32", device_path=
     dist.destroy_process_group()
 
 
+def grad_views(rank, world, port, out, steps):
+    """The default hook on small_model with its clock injected so that native
+    wins (native 10 ms a step, sparse 30 ms), with grads_as_bucket_views
+    True and False, zeroing the gradients to None or to zeros: per step, the
+    path, the parameters after the optimizer step (bytes), and whether every
+    .grad was a slice of the one bucket (one storage) after backward."""
+    setup(rank, world, port)
+    results = {}
+    for views in (True, False):
+        for set_to_none in (True, False):
+            m = DDP(small_model())
+            o = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+            state = OkTopkState(density=0.05, warmup_iters=2, grads_as_bucket_views=views)
+            clock = InjectedClock()
+            state._choice.clock = clock
+            m.register_comm_hook(state, oktopk_hook)
+            paths, params, in_bucket = [], [], []
+            for step in range(steps):
+                clock.now += 0.030 if step > state.warmup_iters and state._path == "sparse" else 0.010
+                x, y = batch(rank, step)
+                o.zero_grad(set_to_none=set_to_none)
+                F.cross_entropy(m(x), y).backward()
+                in_bucket.append(len({p.grad.untyped_storage().data_ptr() for p in m.parameters()}) == 1)
+                o.step()
+                paths.append(state._path if step >= state.warmup_iters else "warm-up")
+                params.append(b"".join(p.detach().numpy().tobytes() for p in m.parameters()))
+            results[views, set_to_none] = {"paths": paths, "params": params, "in_bucket": in_bucket}
+            state.close()
+    write(out, rank, results)
+    dist.destroy_process_group()
+
+
 def adam_family(rank, world, port, out, dense_compression):
     """The default hook under AdamW (with ``dense_compression``), 16 steps,
     its clock injected so that a compressed step costs 10 ms and a native
