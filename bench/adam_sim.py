@@ -24,6 +24,9 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "pytorch"))
 from charlm import CharTransformer, batch, fortunes_corpus, held_out_loss, lm_loss, lr_at  # noqa: E402
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "plugins", "pytorch"))
+from oktopk.transforms import ChunkedDCT, hadamard_matrix, hadamard_rotate, rotation_signs  # noqa: E402
+
 VARIANTS = {
     # What each variant changes from AdamW on Ok-Topk's result (defaults in
     # run's cfg): v, Adam's second moment: "adam" (updated by what arrives),
@@ -70,20 +73,49 @@ VARIANTS = {
     "q3_b128": dict(sparse=True, quant_bits=3, quant_block=128),
     "q2": dict(sparse=True, quant_bits=2, quant_block=128),
     "q3_noef": dict(sparse=True, quant_bits=3, quant_block=64, residual_decay=0.0),
+    # Rotated quantization (THC): each block of quant_block entries is first
+    # turned by a randomized Hadamard rotation (±1 signs from a seed every
+    # worker shares, then the orthonormal Hadamard matrix), which spreads
+    # a block's outliers over all its entries, then rounded stochastically
+    # (unbiased) to 2^bits evenly spaced levels spanning ±scale; both
+    # errors (worker's and owner's) are kept, in the original space.
+    "q4_rot": dict(sparse=True, quant_bits=4, quant_block=128, rotate=True),
+    "q3_rot": dict(sparse=True, quant_bits=3, quant_block=128, rotate=True),
+    "q2_rot": dict(sparse=True, quant_bits=2, quant_block=128, rotate=True),
+    "q3_rot_nearest": dict(sparse=True, quant_bits=3, quant_block=128, rotate=True, stochastic=False),
+    "q2_rot_nearest": dict(sparse=True, quant_bits=2, quant_block=128, rotate=True, stochastic=False),
+    "q3_sr": dict(sparse=True, quant_bits=3, quant_block=128, stochastic=True),
+    # DeMo (Peng, Quesnelle, Kingma 2024): no Adam. Each worker keeps its
+    # own momentum with the learning rate folded in, d = 0.999 d + lr g
+    # (its local gradient, clipped), takes the orthonormal DCT-II of d in
+    # chunks (64x64 blocks of a matrix, 64-long pieces of a vector), selects
+    # the top demo_topk coefficients of each chunk and removes what it sends
+    # from d; the update is p = p (1 - lr wd) - lr sign(IDCT(reduced)).
+    # "allgather": the public code's exchange, each coefficient averaged
+    # over the workers that sent it. "oktopk": Ok-Topk's rule over all
+    # coefficients (the sum of the selections, its global top-k kept,
+    # divided by P; a worker's coefficient the global selection drops stays
+    # in its momentum); "oktopk_mean": the same, each kept coefficient
+    # averaged over its contributors instead of divided by P.
+    "demo": dict(sparse=True, demo="allgather", warmup=0),
+    "demo_ok": dict(sparse=True, demo="oktopk", warmup=0),
+    "demo_ok_mean": dict(sparse=True, demo="oktopk_mean", warmup=0),
+    "demo_ok_t8": dict(sparse=True, demo="oktopk", demo_topk=8, warmup=0),
 }
 
 
-def quantize(x, bits, block):
-    """x (..., n) rounded to nearest on 2^bits - 1 symmetric levels per
-    block of ``block`` entries, scaled by the block's largest magnitude
-    (itself rounded to bfloat16, as it travels)."""
+def quantize_stochastic(x, bits, block, gen):
+    """x (..., n) rounded stochastically (unbiased) to 2^bits evenly spaced
+    levels from -scale to +scale per block, scale the block's largest
+    magnitude (rounded to bfloat16, as it travels)."""
     n = x.shape[-1]
-    pad = (-n) % block
-    xb = torch.nn.functional.pad(x, (0, pad)).reshape(*x.shape[:-1], -1, block)
-    half = 2 ** (bits - 1) - 1  # levels -half..half
+    xb = torch.nn.functional.pad(x, (0, (-n) % block)).reshape(*x.shape[:-1], -1, block)
+    top = 2**bits - 1
     scale = xb.abs().amax(-1, keepdim=True).bfloat16().float().clamp_min(1e-30)
-    q = (xb / scale * half).round().clamp(-half, half) * scale / half
-    return q.reshape(*x.shape[:-1], -1)[..., :n]
+    # bfloat16 may round the scale below the largest magnitude: clamp.
+    t = ((xb / scale).clamp(-1, 1) + 1) * (top / 2)
+    q = (t + torch.rand(t.shape, generator=gen)).floor().clamp(0, top)
+    return (q * (2 / top) - 1).mul(scale).reshape(*x.shape[:-1], -1)[..., :n]
 
 
 def topk_mask(x, k, bounds=None):
@@ -101,9 +133,12 @@ def topk_mask(x, k, bounds=None):
 
 def run(name, args, data):
     cfg = dict(sparse=True, v="adam", small_dense=False, clip=True, precond=None, per_tensor=False, momentum=False, residual_decay=1.0, onebit=False,
-               flush_every=0, quant_bits=0, quant_block=0) | VARIANTS[name]
+               flush_every=0, quant_bits=0, quant_block=0, rotate=False, stochastic=None, demo=None, demo_topk=32, warmup=args.warmup) | VARIANTS[name]
+    if cfg["stochastic"] is None:
+        cfg["stochastic"] = cfg["rotate"]
     train_text, held = data
-    torch.manual_seed(0)
+    label = name + (f"_lr{args.lr:g}" if args.lr != 2e-3 else "") + (f"_s{args.seed}" if args.seed else "")
+    torch.manual_seed(args.seed)
     model = CharTransformer(args.dim, args.layers, seq=args.seq)
     params = list(model.parameters())
     sizes = [p.numel() for p in params]
@@ -118,14 +153,24 @@ def run(name, args, data):
         bounds.append(bounds[-1] + size)
     bounds_all = bounds
     bounds = bounds if cfg["per_tensor"] else None
-    gens = [torch.Generator().manual_seed(1000 + w) for w in range(args.P)]
+    gens = [torch.Generator().manual_seed(1000 + w + 100 * args.seed) for w in range(args.P)]
+    rounding = torch.Generator().manual_seed(7 + args.seed)
+    if cfg["rotate"]:
+        h = hadamard_matrix(cfg["quant_block"])
+        padded = n + (-n) % cfg["quant_block"]
+        signs = rotation_signs(padded, 99)
+    if cfg["demo"]:
+        dct = ChunkedDCT([p.shape for p in params])
+        delta = torch.zeros(args.P, n)  # every worker's momentum, in DCT coefficients (the transform is orthonormal)
+        k_demo = sum(nc * min(cfg["demo_topk"], cl) for _, nc, cl in dct.blocks())
+        print(f"# {label}: {k_demo} coefficients selected per worker ({k_demo / n:.4f} of {n})", flush=True)
     m = torch.zeros(n)
     v = torch.zeros(n)
     vlocal = torch.zeros(n)
     kept = torch.zeros(n)  # times each entry was kept globally
     b1, b2, eps, wd = 0.9, 0.999, 1e-8, 0.01
     vt = 0  # the last step that updated v
-    print(f"sim,{name},0,{held_out_loss(model, held, args.seq):.4f}", flush=True)
+    print(f"sim,{label},0,{held_out_loss(model, held, args.seq):.4f}", flush=True)
     for step in range(args.steps):
         lr = lr_at(step, args.steps, args.lr, args.lr_warmup)
         grads = torch.empty(args.P, n)
@@ -133,13 +178,30 @@ def run(name, args, data):
             model.zero_grad()
             lm_loss(model, *batch(train_text, args.batch_size, args.seq, gens[w])).backward()
             grads[w] = torch.cat([p.grad.reshape(-1) for p in params])
-        dense_phase = step < args.warmup
-        flush = cfg["flush_every"] and not dense_phase and (step - args.warmup + 1) % cfg["flush_every"] == 0
+        if cfg["demo"]:
+            demo_step(cfg, args, lr, grads, delta, dct, params, sizes, k_demo, wd=0.01)
+            if (step + 1) % args.eval_every == 0:
+                print(f"sim,{label},{step + 1},{held_out_loss(model, held, args.seq):.4f}", flush=True)
+            continue
+        dense_phase = step < cfg["warmup"]
+        flush = cfg["flush_every"] and not dense_phase and (step - cfg["warmup"] + 1) % cfg["flush_every"] == 0
         if flush:
             g = (grads + residual).mean(0)
             residual = torch.zeros_like(residual)
         elif not cfg["sparse"] or dense_phase:
             g = grads.mean(0)
+        elif cfg["quant_bits"] and (cfg["rotate"] or cfg["stochastic"]):
+            acc = grads + residual
+            turn = (lambda x: hadamard_rotate(torch.nn.functional.pad(x, (0, padded - n)), signs, h)) if cfg["rotate"] else (lambda x: x)
+            back = (lambda x: hadamard_rotate(x, signs, h, inverse=True)[..., :n]) if cfg["rotate"] else (lambda x: x)
+            sent = quantize_stochastic(turn(acc), cfg["quant_bits"], cfg["quant_block"], rounding) if cfg["stochastic"] else \
+                quantize(turn(acc), cfg["quant_bits"], cfg["quant_block"])
+            residual = (acc - back(sent)) * cfg["residual_decay"]
+            avg = sent.mean(0) + turn(owner_residual)
+            gq = quantize_stochastic(avg, cfg["quant_bits"], cfg["quant_block"], rounding) if cfg["stochastic"] else \
+                quantize(avg, cfg["quant_bits"], cfg["quant_block"])
+            owner_residual = back(avg - gq) * cfg["residual_decay"]
+            g = back(gq)
         elif cfg["quant_bits"]:
             acc = grads + residual
             sent = quantize(acc, cfg["quant_bits"], cfg["quant_block"])
@@ -210,11 +272,41 @@ def run(name, args, data):
                 p.copy_(pflat[at : at + s].view_as(p))
                 at += s
         if (step + 1) % args.eval_every == 0:
-            print(f"sim,{name},{step + 1},{held_out_loss(model, held, args.seq):.4f}", flush=True)
+            print(f"sim,{label},{step + 1},{held_out_loss(model, held, args.seq):.4f}", flush=True)
     if args.shares and cfg["sparse"]:
         at, sparse_steps = 0, max(1, args.steps - args.warmup)
         for (tensor, _), s in zip(model.named_parameters(), sizes):
             print(f"share,{name},{tensor},{s},{kept[at : at + s].mean().item() / sparse_steps:.5f}", flush=True)
+            at += s
+
+
+def demo_step(cfg, args, lr, grads, delta, dct, params, sizes, k, wd):
+    """One DeMo step of every worker (see VARIANTS), in place on the
+    parameters and on ``delta`` (P x n coefficients)."""
+    if cfg["clip"]:  # each worker's own gradient, as clip_grad_norm_ without a gradient allreduce
+        grads = grads / grads.norm(dim=1, keepdim=True).clamp_min(1.0)
+    delta.mul_(0.999).add_(dct.apply(grads), alpha=lr)
+    sel = torch.zeros_like(delta, dtype=torch.bool)
+    for at, nc, cl in dct.blocks():
+        block = delta[:, at : at + nc * cl].reshape(args.P, nc, cl)
+        idx = torch.topk(block.abs(), min(cfg["demo_topk"], cl), dim=-1, sorted=False).indices
+        sel[:, at : at + nc * cl].view(args.P, nc, cl).scatter_(-1, idx, True)
+    summed = (delta * sel).sum(0)
+    count = sel.sum(0)
+    if cfg["demo"] == "allgather":
+        reduced = summed / count.clamp_min(1)
+        delta.masked_fill_(sel, 0.0)
+    else:
+        keep = torch.zeros_like(summed, dtype=torch.bool)
+        keep[torch.topk(summed.abs(), k, sorted=False).indices] = True
+        keep &= count > 0
+        reduced = torch.where(keep, summed / (count.clamp_min(1) if cfg["demo"] == "oktopk_mean" else args.P), 0.0)
+        delta.masked_fill_(sel & keep, 0.0)
+    update = dct.apply(reduced, inverse=True).sign()
+    at = 0
+    with torch.no_grad():
+        for p, s in zip(params, sizes):
+            p.mul_(1 - lr * wd).sub_(update[at : at + s].view_as(p), alpha=lr)
             at += s
 
 
@@ -233,6 +325,7 @@ def main():
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--lr-warmup", type=int, default=30)
     ap.add_argument("--eval-every", type=int, default=50)
+    ap.add_argument("--seed", type=int, default=0, help="model initialization and batches (0: the runs in results/)")
     ap.add_argument("--shares", action="store_true", help="print the share of each tensor kept per sparse step")
     args = ap.parse_args()
     torch.set_num_threads(1)

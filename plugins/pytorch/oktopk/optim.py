@@ -1,0 +1,274 @@
+"""Optimizers that own their exchange: methods whose update is not "the
+average gradient, then the optimizer", so they cannot live in a gradient
+hook alone.
+
+``DeMo`` is Decoupled Momentum optimization (Peng, Quesnelle, Kingma 2024)
+with its exchange carried by Ok-Topk (Li & Hoefler, PPoPP'22). Each rank
+keeps its own momentum, with the learning rate folded in, and sends a few
+DCT coefficients of it per step; every rank applies the sign of the same
+reduced momentum, so every coordinate moves every step (no bursts, which
+is what stalls top-k under Adam) while a step sends about 1% of the
+values.
+
+One step, P ranks, n parameters (``ChunkedDCT``'s blocks: 64 x 64 for a
+matrix, 64 for a vector):
+
+1. d = 0.999 d + lr · DCT(g): the momentum, kept in DCT coefficients (the
+   transform is orthonormal and linear, so this is DeMo's d, transformed);
+   g is this rank's own gradient (no gradient allreduce).
+2. Selection: the ``topk`` (32) largest |d| of every block (about 0.8% of a
+   matrix's coefficients; half of a short vector's).
+3. Ok-Topk's reduction of the selections (the library's caller-selected
+   call): split and reduce, global top-k, balance and allgatherv: every
+   rank gets the same averaged sparse result, at most 6k words per rank
+   whatever P (DeMo's own all-gather costs P · k).
+4. Error feedback on the momentum, Ok-Topk's rule: d loses exactly what
+   this rank sent of the global result; a coefficient it selected that the
+   global selection dropped stays in d.
+5. p = p (1 - lr · wd) - lr · sign(IDCT(result)).
+
+Where DeMo averages each coefficient over the ranks that sent it, Ok-Topk
+divides the sum by P; bench/adam_sim.py measured both (results/text.md).
+
+Use::
+
+    model = DDP(net)                                        # as before
+    opt = oktopk.optim.DeMo(model, lr=3e-4, weight_decay=0.01)  # was torch.optim.AdamW(model.parameters(), ...)
+
+Given a DDP module, DeMo turns DDP's gradient allreduce off (a comm hook
+that returns the local gradient at once), since it exchanges the
+momentum instead; given parameters, the caller runs backward under
+``no_sync()`` (or without DDP). Clipping ``clip_grad_norm_`` before
+``step`` clips the local gradient. Learning-rate schedulers work as with
+any torch optimizer. The sign update wants a smaller learning rate than
+AdamW's (results/text.md has the sweep).
+"""
+
+import torch
+
+from . import _lib
+from ._lib import OkTopkError
+from .device import HostBuffers
+from .transforms import ChunkedDCT
+
+MOMENTUM_DECAY = 0.999  # DeMo's compression_decay
+TOPK = 32  # coefficients kept per block
+CHUNK = 64  # a block's side
+TENSOR_ID = 0x44654D6F  # the library's state of the flat coefficient vector ("DeMo")
+
+
+def _local_gradient_hook(state, bucket):
+    """DDP comm hook that communicates nothing: the bucket keeps this rank's
+    own gradient (DeMo exchanges the momentum in ``step``)."""
+    fut = torch.futures.Future()
+    fut.set_result(bucket.buffer())
+    return fut
+
+
+class DeMo(torch.optim.Optimizer):
+    """DeMo over Ok-Topk (see the module's text).
+
+    :param params: a DDP module (its gradient allreduce is turned off and
+        its process group used) or an iterable of parameters or groups.
+    :param lr: learning rate (the sign step's size).
+    :param weight_decay: decoupled, as AdamW's: p *= 1 - lr · wd.
+    :param momentum_decay: d's decay per step (DeMo's 0.999).
+    :param topk: coefficients selected per block.
+    :param chunk: the largest side of a block.
+    :param process_group: the ranks that exchange (default: the DDP
+        module's, else the default group).
+    :param timeout: seconds a step's exchange may take (the library's
+        default when None).
+
+    Raises ``ValueError`` on a bad setting, ``OkTopkError`` when an
+    exchange fails (a dead or slow peer, a mismatched call): the momentum
+    and the parameters are then unchanged. A step where any rank's
+    gradient holds NaN or Inf is skipped on every rank, with nothing
+    changed (``skipped_steps`` counts them).
+
+    Example::
+
+        model = DDP(net)
+        opt = oktopk.optim.DeMo(model, lr=3e-4, weight_decay=0.01)
+        for x, y in data:
+            opt.zero_grad()
+            loss_fn(model(x), y).backward()
+            opt.step()
+    """
+
+    def __init__(self, params, lr=1e-3, weight_decay=0.0, momentum_decay=MOMENTUM_DECAY, topk=TOPK, chunk=CHUNK,
+                 process_group=None, timeout=None):
+        if not (isinstance(lr, (int, float)) and lr >= 0):
+            raise ValueError(f"oktopk: lr must be a number >= 0, got {lr!r}")
+        if not (isinstance(weight_decay, (int, float)) and weight_decay >= 0):
+            raise ValueError(f"oktopk: weight_decay must be a number >= 0, got {weight_decay!r}")
+        if not (isinstance(momentum_decay, (int, float)) and 0 <= momentum_decay < 1):
+            raise ValueError(f"oktopk: momentum_decay must be in [0, 1), got {momentum_decay!r}")
+        if not (isinstance(topk, int) and not isinstance(topk, bool) and topk >= 1):
+            raise ValueError(f"oktopk: topk must be an int >= 1, got {topk!r}")
+        if not (isinstance(chunk, int) and not isinstance(chunk, bool) and chunk >= 1):
+            raise ValueError(f"oktopk: chunk must be an int >= 1, got {chunk!r}")
+        if timeout is not None and not (isinstance(timeout, (int, float)) and timeout > 0):
+            raise ValueError(f"oktopk: timeout must be a number of seconds > 0, got {timeout!r}")
+        ddp = params if isinstance(params, torch.nn.parallel.DistributedDataParallel) else None
+        if ddp is not None:
+            ddp.register_comm_hook(None, _local_gradient_hook)
+            if process_group is None:
+                process_group = ddp.process_group
+            params = [p for p in ddp.parameters() if p.requires_grad]
+        super().__init__(params, dict(lr=lr, weight_decay=weight_decay))
+        self.momentum_decay, self.topk, self.chunk = float(momentum_decay), topk, chunk
+        self.process_group, self.timeout = process_group, timeout
+        self._params = [p for group in self.param_groups for p in group["params"]]
+        for p in self._params:
+            if not p.is_floating_point():
+                raise ValueError(f"oktopk: DeMo steps floating-point parameters, got {p.dtype}")
+        if len({p.device for p in self._params}) > 1:
+            raise ValueError("oktopk: DeMo's parameters must all be on one device")
+        self.transform = ChunkedDCT([p.shape for p in self._params], chunk)
+        self.n = self.transform.numel
+        device = self._params[0].device if self._params else torch.device("cpu")
+        self.transform.to(device)
+        self.selected = sum(blocks * min(topk, length) for _, blocks, length in self.transform.blocks())
+        self.momentum = torch.zeros(self.n, dtype=torch.float32, device=device)  # d, in DCT coefficients
+        self.steps = 0  # exchanges completed
+        self.skipped_steps = 0  # steps skipped for a NaN or Inf
+        self.bytes_sent = 0  # by this rank's exchanges, indices included
+        self._comm = None
+        self._pending_library_state = None  # a checkpoint's, installed once the communicator exists
+        self._host = HostBuffers()
+
+    @property
+    def density(self):
+        """The share of the coefficients each rank selects per step."""
+        return self.selected / self.n if self.n else 0.0
+
+    def _communicator(self):
+        if self._comm is None:
+            from .comm import Communicator
+
+            self._comm = Communicator(self.process_group, algorithm="oktopk", density=self.density, timeout=self.timeout)
+            if self._pending_library_state is not None:
+                host = torch.empty(self.n, dtype=torch.float32)
+                self._comm.load_tensor_state_residual(TENSOR_ID, self._pending_library_state, host)
+                self.momentum.copy_(host)
+                self._pending_library_state = None
+        return self._comm
+
+    def _flat_gradient(self):
+        """Every parameter's lr-scaled gradient, flat, float32 (zeros for a
+        parameter without one)."""
+        pieces = []
+        for group in self.param_groups:
+            for p in group["params"]:
+                g = p.grad
+                if g is None:
+                    pieces.append(torch.zeros(p.numel(), dtype=torch.float32, device=self.momentum.device))
+                else:
+                    if g.is_sparse:
+                        raise ValueError("oktopk: DeMo does not take sparse gradients")
+                    pieces.append(g.detach().reshape(-1).float() * group["lr"])
+        return torch.cat(pieces) if pieces else torch.zeros(0)
+
+    def _select(self, acc):
+        """Step 2: the ``topk`` largest |acc| of every block, ascending."""
+        chosen = []
+        for at, blocks, length in self.transform.blocks():
+            magnitude = acc[at : at + blocks * length].view(blocks, length).abs()
+            idx = torch.topk(magnitude, min(self.topk, length), dim=1, sorted=False).indices
+            chosen.append((idx + torch.arange(blocks, device=acc.device)[:, None] * length + at).reshape(-1))
+        return torch.cat(chosen).sort().values if chosen else torch.zeros(0, dtype=torch.int64)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if self.n == 0:
+            return loss
+        comm = self._communicator()
+        acc = self._flat_gradient()
+        acc = self.transform.apply(acc)
+        acc.add_(self.momentum, alpha=self.momentum_decay)  # step 1 (d is not touched until the exchange succeeds)
+        non_finite = not bool(torch.isfinite(acc).all())
+        indices = torch.zeros(0, dtype=torch.int64, device=acc.device) if non_finite else self._select(acc)
+        count = indices.numel()
+        pinned = acc.device.type == "cuda"
+        sel_i = self._host.take("sel_i", count, torch.int32, pinned)
+        sel_v = self._host.take("sel_v", count, torch.float32, pinned)
+        sel_i.copy_(indices.to(torch.int32))
+        sel_v.copy_(acc[indices])
+        k, _, threshold = comm.selection_plan(TENSOR_ID, self.n)
+        cap = comm.selected_capacity(self.n, k)
+        out = (self._host.take("res_i", cap, torch.int32, pinned), self._host.take("res_v", cap, torch.float32, pinned),
+               self._host.take("con_i", count, torch.int32, pinned), self._host.take("con_v", count, torch.float32, pinned),
+               self._host.take("err_i", cap, torch.int32, pinned), self._host.take("err_v", cap, torch.float32, pinned))
+        try:
+            stats, results, consumed, errors = comm.sparse_allreduce_selected(
+                TENSOR_ID, self.n, torch.float32, sel_i, sel_v, threshold, non_finite, out)  # step 3
+        except OkTopkError as e:
+            if e.code != _lib.NON_FINITE:
+                raise
+            self.skipped_steps += 1
+            return loss
+        ri, rv, ci, cv, ei, ev = (t.to(acc.device, non_blocking=True) for t in (
+            out[0][:results], out[1][:results], out[2][:consumed], out[3][:consumed], out[4][:errors], out[5][:errors]))
+        acc[ci.long()] -= cv  # step 4
+        if errors:
+            acc[ei.long()] += ev
+        self.momentum = acc
+        reduced = torch.zeros(self.n, dtype=torch.float32, device=acc.device)
+        reduced[ri.long()] = rv
+        update = self.transform.apply(reduced, inverse=True).sign_()
+        at = 0
+        for group in self.param_groups:  # step 5
+            lr, wd = group["lr"], group["weight_decay"]
+            for p in group["params"]:
+                size = p.numel()
+                if wd:
+                    p.mul_(1 - lr * wd)
+                p.add_(update[at : at + size].view_as(p).to(p.dtype), alpha=-lr)
+                at += size
+        self.steps += 1
+        self.bytes_sent += stats.bytes_sent
+        return loss
+
+    def state_dict(self):
+        state = super().state_dict()
+        if self._comm is not None:
+            library = self._comm.save_tensor_state_residual(TENSOR_ID, self.momentum.cpu()) if self.steps else None
+        else:
+            library = self._pending_library_state
+        state["oktopk"] = {"method": "DeMo", "n": self.n, "topk": self.topk, "chunk": self.chunk,
+                           "momentum_decay": self.momentum_decay, "steps": self.steps, "skipped_steps": self.skipped_steps,
+                           "bytes_sent": self.bytes_sent, "library_state": library}
+        return state
+
+    def load_state_dict(self, state_dict):
+        state_dict = dict(state_dict)
+        mine = state_dict.pop("oktopk", None)
+        if mine is None or mine.get("method") != "DeMo":
+            raise ValueError("oktopk: not a DeMo checkpoint (no 'oktopk' entry of method DeMo)")
+        for key, value in (("n", self.n), ("topk", self.topk), ("chunk", self.chunk), ("momentum_decay", self.momentum_decay)):
+            if mine[key] != value:
+                raise ValueError(f"oktopk: the checkpoint's {key} is {mine[key]!r}, this optimizer's {value!r}")
+        super().load_state_dict(state_dict)
+        self.steps, self.skipped_steps, self.bytes_sent = mine["steps"], mine["skipped_steps"], mine["bytes_sent"]
+        blob = mine["library_state"]
+        self.momentum.zero_()
+        if blob is None:
+            self._pending_library_state = None
+        elif self._comm is None:
+            self._pending_library_state = blob
+        else:
+            host = torch.empty(self.n, dtype=torch.float32)
+            self._comm.load_tensor_state_residual(TENSOR_ID, blob, host)
+            self.momentum.copy_(host)
+
+    def close(self):
+        """Release the communicator (also done when the optimizer is
+        collected)."""
+        if self._comm is not None:
+            self._comm.destroy()
+            self._comm = None
