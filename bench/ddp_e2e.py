@@ -61,6 +61,9 @@ Methods (``--method``):
   instead of ``--density``.
 - ``oktopk_topka``, ``oktopk_gtopk``, ...: the same with that sparse
   algorithm (any of ``oktopk.ALGORITHMS`` but the dense ones).
+- ``demo`` (charlm): ``oktopk.optim.DeMo`` instead of AdamW (its exchange
+  over Ok-Topk, DDP's allreduce off), peak learning rate ``--demo-lr``
+  on the same schedule, weight decay 0.01, the local gradient clipped.
 
 Bytes per step are what one rank sends per step once the method compresses
 (after its dense warm-up), averaged over the ranks: for oktopk the library's
@@ -113,7 +116,10 @@ from charlm import CharTransformer, batch, fortunes_corpus, held_out_batch, lm_l
 from cnn import VGGStyle, digits  # noqa: E402
 from tta_report import HEADER  # noqa: E402
 
-METHODS = ("ddp", "fp16", "powersgd1", "powersgd4", "oktopk", "oktopk_auto", "oktopk_sched", "oktopk_quantized", "oktopk_float32")
+METHODS = ("ddp", "fp16", "powersgd1", "powersgd4", "oktopk", "oktopk_auto", "oktopk_sched", "oktopk_quantized", "oktopk_float32", "demo")
+# DeMo's peak learning rate on charlm: the best of bench/adam_sim.py's sweep
+# (results/text.md); its sign step moves every coordinate by the whole rate.
+DEMO_LR = 3e-4
 
 
 class WideMLP(nn.Module):
@@ -195,6 +201,7 @@ def main():
     ap.add_argument("--density", type=float, default=0.01)
     ap.add_argument("--powersgd-start", type=int, default=10, help="powerSGD's start_powerSGD_iter (at least 2)")
     ap.add_argument("--sched-steps", type=int, default=50, help="oktopk_sched: decay_steps of density_schedule=(0.25, N)")
+    ap.add_argument("--demo-lr", type=float, default=DEMO_LR, help="demo: peak learning rate of DeMo's sign step")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     if args.steps < 1 or args.eval_every < 1:
@@ -258,7 +265,13 @@ def train(method, args, width, data):
         state = OkTopkState(density=density, **kwargs)
         model.register_comm_hook(state, oktopk_hook)
         warmup = state.warmup_iters
-    if charlm:
+    peak_lr = args.lr
+    if method == "demo":
+        import oktopk.optim
+
+        opt = oktopk.optim.DeMo(model, lr=args.demo_lr, weight_decay=0.01)
+        peak_lr = args.demo_lr
+    elif charlm:
         opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     else:
         opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
@@ -283,7 +296,7 @@ def train(method, args, width, data):
     while step < args.steps:
         if charlm:
             for group in opt.param_groups:
-                group["lr"] = lr_at(step, args.steps, args.lr, args.lr_warmup)
+                group["lr"] = lr_at(step, args.steps, peak_lr, args.lr_warmup)
             out = lm_loss(model, *batch(train_text, args.batch_size, args.seq, windows))
         else:
             epoch, i = divmod(step, per_epoch)
@@ -321,6 +334,11 @@ def train(method, args, width, data):
         per_step = ring_bytes(params, world, 2)
     elif method.startswith("powersgd"):
         per_step = ring_bytes(state.total_numel_after_compression / compressed, world) if compressed else float("nan")
+    elif method == "demo":  # the library's count of every exchange, indices included
+        sent = torch.tensor([float(opt.bytes_sent)], dtype=torch.float64)
+        dist.all_reduce(sent)
+        per_step = sent.item() / world / step
+        opt.close()
     else:
         sent = float(state.bytes_sent + state.quantized_bytes_sent)
         if state.choice is not None:  # the measured choice's native and bf16 steps, by the ring formula
@@ -333,7 +351,7 @@ def train(method, args, width, data):
         t_target, s_target = reached if reached is not None else (float("nan"), float("nan"))
         row = {
             "method": method, "model": args.model, "P": world, "params": params, "density": f"{density:g}",
-            "warmup_steps": warmup, "steps": args.steps, "batch_per_rank": args.batch_size, "lr": f"{args.lr:g}", "target": f"{args.target:g}",
+            "warmup_steps": warmup, "steps": args.steps, "batch_per_rank": args.batch_size, "lr": f"{peak_lr:g}", "target": f"{args.target:g}",
             "eval_every": args.eval_every, "time_to_target_s": f"{t_target:.3f}", "steps_to_target": s_target,
             "train_s": f"{train_s:.3f}", "final_step": step, "final_accuracy": f"{acc:.2f}", "final_loss": f"{loss:.4f}",
             "ms_per_step": f"{1000 * train_s / step:.1f}", "bytes_per_step": f"{per_step:.0f}", "run_bytes": f"{run_bytes:.0f}",

@@ -1,6 +1,7 @@
 """Rank functions for oktopk.optim's tests (spawned by test_ddp.run)."""
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -113,3 +114,35 @@ def demo_mismatch(rank, world, port, out):
                       "unchanged": all(torch.equal(a, p) for a, p in zip(params, m.parameters())),
                       "momentum_zero": not bool(opt.momentum.any())})
     opt.close()
+
+
+def demo_dead_peer(rank, world, port, out, timeout):
+    """The last rank dies after two steps (DDP rebuilds its buckets, a
+    collective of its own, in the second); the others' third step must fail
+    within the timeout, leaving the momentum and parameters as they were."""
+    import os
+    import time
+
+    setup(rank, world, port)
+    m = DDP(model())
+    opt = oktopk.optim.DeMo(m, lr=0.01, timeout=timeout)
+    for step in range(3):
+        if step == 2:
+            dist.barrier()  # the dying rank's last sends have arrived
+            if rank == world - 1:
+                os._exit(0)  # no goodbye: the peer vanishes
+        x, y = batch(rank, step)
+        opt.zero_grad()
+        F.cross_entropy(m(x), y).backward()
+        params = [p.detach().clone() for p in m.parameters()]
+        momentum = opt.momentum.clone()
+        start = time.monotonic()
+        try:
+            opt.step()
+            error = None
+        except Exception as e:  # noqa: BLE001 - the test checks it is OkTopkError
+            error = repr(e)
+    write(out, rank, {"error": error, "seconds": time.monotonic() - start,
+                      "unchanged": all(torch.equal(a, p) for a, p in zip(params, m.parameters())),
+                      "momentum_unchanged": torch.equal(momentum, opt.momentum), "steps": opt.steps})
+    os._exit(0)  # the process group's peer is gone: no orderly teardown

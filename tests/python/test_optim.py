@@ -112,3 +112,11 @@ def test_demo_a_setting_that_differs_across_ranks_fails_every_rank_quickly():
         res = results[r]
         assert res["error"] is not None and res["seconds"] < 10, res
         assert res["unchanged"] and res["momentum_zero"], r
+
+
+def test_demo_a_dead_peer_fails_the_step_within_its_timeout_and_changes_nothing():
+    results = run(optim_workers.demo_dead_peer, 3, 5)
+    for r in range(2):
+        res = results[r]
+        assert res["error"] is not None and res["error"].startswith("OkTopkError") and res["seconds"] < 5 + 5, res
+        assert res["unchanged"] and res["momentum_unchanged"] and res["steps"] == 2, r
