@@ -85,6 +85,14 @@ VARIANTS = {
     "q3_rot_nearest": dict(sparse=True, quant_bits=3, quant_block=128, rotate=True, stochastic=False),
     "q2_rot_nearest": dict(sparse=True, quant_bits=2, quant_block=128, rotate=True, stochastic=False),
     "q3_sr": dict(sparse=True, quant_bits=3, quant_block=128, stochastic=True),
+    # Nearest rounding on every code (2^bits levels, no zero), and a scale
+    # clipped to a multiple of the block's RMS (after a rotation a block is
+    # near-Gaussian: the multiples are near the Lloyd-Max quantizers' outer
+    # levels, 2.0 sigma for 8 levels, 1.5 for 4).
+    "q3_full": dict(sparse=True, quant_bits=3, quant_block=128, quant_levels="full", stochastic=False),
+    "q3_rot_full_clip": dict(sparse=True, quant_bits=3, quant_block=128, rotate=True, stochastic=False, quant_levels="full", quant_clip=2.0),
+    "q2_rot_full_clip": dict(sparse=True, quant_bits=2, quant_block=128, rotate=True, stochastic=False, quant_levels="full", quant_clip=1.5),
+    "q3_full_clip": dict(sparse=True, quant_bits=3, quant_block=128, stochastic=False, quant_levels="full", quant_clip=2.0),
     # DeMo (Peng, Quesnelle, Kingma 2024): no Adam. Each worker keeps its
     # own momentum with the learning rate folded in, d = 0.999 d + lr g
     # (its local gradient, clipped), takes the orthonormal DCT-II of d in
@@ -102,6 +110,31 @@ VARIANTS = {
     "demo_ok_mean": dict(sparse=True, demo="oktopk_mean", warmup=0),
     "demo_ok_t8": dict(sparse=True, demo="oktopk", demo_topk=8, warmup=0),
 }
+
+
+def quantize(x, bits, block, levels="sym", clip=None):
+    """x (..., n) rounded to nearest per block of ``block`` entries, scaled
+    by the block's largest magnitude (itself rounded to bfloat16, as it
+    travels), or with ``clip`` by at most clip times the block's root mean
+    square (what lies beyond is clamped; error feedback keeps the rest).
+    ``levels``: "sym", 2^bits - 1 symmetric levels, zero among them;
+    "full", 2^bits evenly spaced levels from -scale to +scale (every code
+    used, no zero)."""
+    n = x.shape[-1]
+    pad = (-n) % block
+    xb = torch.nn.functional.pad(x, (0, pad)).reshape(*x.shape[:-1], -1, block)
+    scale = xb.abs().amax(-1, keepdim=True)
+    if clip is not None:
+        scale = torch.minimum(scale, clip * xb.pow(2).mean(-1, keepdim=True).sqrt())
+    scale = scale.bfloat16().float().clamp_min(1e-30)
+    if levels == "full":
+        top = 2**bits - 1
+        t = ((xb / scale).clamp(-1, 1) + 1) * (top / 2)
+        q = (t.round() * (2 / top) - 1) * scale
+    else:
+        half = 2 ** (bits - 1) - 1  # levels -half..half
+        q = (xb / scale * half).round().clamp(-half, half) * scale / half
+    return q.reshape(*x.shape[:-1], -1)[..., :n]
 
 
 def quantize_stochastic(x, bits, block, gen):
@@ -133,7 +166,7 @@ def topk_mask(x, k, bounds=None):
 
 def run(name, args, data):
     cfg = dict(sparse=True, v="adam", small_dense=False, clip=True, precond=None, per_tensor=False, momentum=False, residual_decay=1.0, onebit=False,
-               flush_every=0, quant_bits=0, quant_block=0, rotate=False, stochastic=None, demo=None, demo_topk=32, warmup=args.warmup) | VARIANTS[name]
+               flush_every=0, quant_bits=0, quant_block=0, rotate=False, stochastic=None, quant_levels="sym", quant_clip=None, demo=None, demo_topk=32, warmup=args.warmup) | VARIANTS[name]
     if cfg["stochastic"] is None:
         cfg["stochastic"] = cfg["rotate"]
     train_text, held = data
@@ -190,16 +223,15 @@ def run(name, args, data):
             residual = torch.zeros_like(residual)
         elif not cfg["sparse"] or dense_phase:
             g = grads.mean(0)
-        elif cfg["quant_bits"] and (cfg["rotate"] or cfg["stochastic"]):
+        elif cfg["quant_bits"] and (cfg["rotate"] or cfg["stochastic"] or cfg["quant_levels"] != "sym" or cfg["quant_clip"]):
             acc = grads + residual
             turn = (lambda x: hadamard_rotate(torch.nn.functional.pad(x, (0, padded - n)), signs, h)) if cfg["rotate"] else (lambda x: x)
             back = (lambda x: hadamard_rotate(x, signs, h, inverse=True)[..., :n]) if cfg["rotate"] else (lambda x: x)
-            sent = quantize_stochastic(turn(acc), cfg["quant_bits"], cfg["quant_block"], rounding) if cfg["stochastic"] else \
-                quantize(turn(acc), cfg["quant_bits"], cfg["quant_block"])
+            nearest = lambda x: quantize(x, cfg["quant_bits"], cfg["quant_block"], cfg["quant_levels"], cfg["quant_clip"])  # noqa: E731
+            sent = quantize_stochastic(turn(acc), cfg["quant_bits"], cfg["quant_block"], rounding) if cfg["stochastic"] else nearest(turn(acc))
             residual = (acc - back(sent)) * cfg["residual_decay"]
             avg = sent.mean(0) + turn(owner_residual)
-            gq = quantize_stochastic(avg, cfg["quant_bits"], cfg["quant_block"], rounding) if cfg["stochastic"] else \
-                quantize(avg, cfg["quant_bits"], cfg["quant_block"])
+            gq = quantize_stochastic(avg, cfg["quant_bits"], cfg["quant_block"], rounding) if cfg["stochastic"] else nearest(avg)
             owner_residual = back(avg - gq) * cfg["residual_decay"]
             g = back(gq)
         elif cfg["quant_bits"]:

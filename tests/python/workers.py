@@ -1165,8 +1165,9 @@ def nccl_hook(rank, world, port, out):
     dist.destroy_process_group()
 
 
-def quantized_calls(rank, world, port, out):
-    """oktopk.quantized over ``world`` ranks on one group of 3 parameters
+def quantized_calls(rank, world, port, out, recipe=None):
+    """oktopk.quantized (its defaults, or ``recipe``'s settings) over
+    ``world`` ranks on one group of 3 parameters
     (1000 values, not a multiple of the padding): per call, this rank's
     input and the result, then the final residuals; a call with NaN on rank
     1 (the result, and whether the residuals moved); the residuals through
@@ -1174,7 +1175,7 @@ def quantized_calls(rank, world, port, out):
     from oktopk.quantized import QuantizedGroup
 
     setup(rank, world, port)
-    group = QuantizedGroup((7, 3, 5), (400, 100, 500), world, rank, "cpu")
+    group = QuantizedGroup((7, 3, 5), (400, 100, 500), world, rank, "cpu", **(recipe or {}))
     calls = []
     for step in range(6):
         g = torch.Generator().manual_seed(100 * step + rank)

@@ -34,35 +34,58 @@ the library's sparse calls do: AMP's scaler skips the step alike.
 import torch
 import torch.distributed as dist
 
+from .transforms import hadamard_matrix, hadamard_rotate, rotation_signs
+
 BITS = 4  # bits per value
 BLOCK = 64  # values per bfloat16 scale
+LEVELS = "sym"  # "sym": 2^bits - 1 levels, zero among them; "full": 2^bits levels, every code used
+CLIP = None  # None: a block's scale is its largest magnitude; c: at most c times its root mean square
+ROTATE = False  # a randomized Hadamard rotation of every block first (THC)
+ROTATION_SEED = 0x0C7A  # the rotation's signs, the same on every rank
 
 
 def _levels(bits):
-    return 2 ** (bits - 1) - 1  # codes run from -levels to levels
+    return 2 ** (bits - 1) - 1  # "sym" codes stand for -levels .. levels
 
 
-def quantize(x, bits=BITS, block=BLOCK):
-    """``x`` (1-D float32, a multiple of ``block`` long) as int8 codes and a
-    bfloat16 scale per block; :func:`dequantize` gives what they stand
-    for."""
-    levels = _levels(bits)
+def quantize(x, bits=BITS, block=BLOCK, levels=LEVELS, clip=CLIP):
+    """``x`` (1-D float32, a multiple of ``block`` long) as unsigned codes
+    (uint8, below 2^bits) rounded to the nearest level, and a bfloat16
+    scale per block: the block's largest magnitude, or with ``clip`` at
+    most ``clip`` times its root mean square (larger values are clamped to
+    it; error feedback keeps the rest). ``levels`` "sym": 2^bits - 1
+    levels spread evenly over [-scale, scale], zero among them; "full":
+    2^bits levels from -scale to scale, no zero. :func:`dequantize` gives
+    what the codes stand for."""
     xb = x.view(-1, block)
-    scales = xb.abs().amax(1).to(torch.bfloat16)
-    step = (scales.float() / levels).clamp_min(torch.finfo(torch.float32).tiny)
-    codes = torch.round(xb / step[:, None]).clamp_(-levels, levels).to(torch.int8)
-    return codes.view(-1), scales
+    scales = xb.abs().amax(1)
+    if clip is not None:
+        scales = torch.minimum(scales, clip * xb.square().mean(1).sqrt())
+    scales = scales.to(torch.bfloat16)
+    scale = scales.float().clamp_min(torch.finfo(torch.float32).tiny)[:, None]
+    if levels == "full":
+        top = 2**bits - 1
+        codes = ((xb / scale).clamp_(-1, 1).add_(1).mul_(top / 2)).round_()
+    else:
+        half = _levels(bits)
+        codes = torch.round(xb / (scale / half)).clamp_(-half, half).add_(half)
+    return codes.to(torch.uint8).view(-1), scales
 
 
-def dequantize(codes, scales, bits=BITS, block=BLOCK):
-    step = (scales.float() / _levels(bits)).clamp_min(torch.finfo(torch.float32).tiny)
-    return (codes.view(-1, block).float() * step[:, None]).view(-1)
+def dequantize(codes, scales, bits=BITS, block=BLOCK, levels=LEVELS):
+    scale = scales.float().clamp_min(torch.finfo(torch.float32).tiny)[:, None]
+    c = codes.view(-1, block).float()
+    if levels == "full":
+        top = 2**bits - 1
+        return (c * (2 / top) - 1).mul_(scale).view(-1)
+    half = _levels(bits)
+    return ((c - half) * (scale / half)).view(-1)
 
 
 def pack(codes, bits=BITS):
-    """int8 codes (a multiple of 8 long) as ``bits`` bits each: 8 codes in
-    ``bits`` bytes."""
-    u = (codes + _levels(bits)).view(torch.uint8)  # 0 .. 2^bits - 2
+    """uint8 codes below 2^bits (a multiple of 8 long) as ``bits`` bits
+    each: 8 codes in ``bits`` bytes."""
+    u = codes
     if 8 % bits == 0:  # whole codes per byte: byte-wide shifts
         per_byte = 8 // bits
         u = u.view(-1, per_byte)
@@ -83,23 +106,42 @@ def unpack(packed, bits=BITS):
         b = packed.view(-1, bits).to(torch.int64)
         word = (b << (torch.arange(bits, device=packed.device) * 8)).sum(1)
         u = (word[:, None] >> (torch.arange(8, device=packed.device) * bits)) & mask
-    return u.to(torch.int8).view(-1) - _levels(bits)
+    return u.to(torch.uint8).view(-1)
 
 
 class QuantizedGroup:
     """One group of parameters' residuals (a DDP bucket's): this rank's
     (the bucket's padded length, its parameters in ``members`` order, of
-    ``sizes`` values each) and its owner residual (its chunk)."""
+    ``sizes`` values each) and its owner residual (its chunk; in the
+    rotated space when ``rotate``)."""
 
-    def __init__(self, members, sizes, world, rank, device, bits=BITS, block=BLOCK):
+    def __init__(self, members, sizes, world, rank, device, bits=BITS, block=BLOCK, levels=LEVELS, clip=CLIP, rotate=ROTATE):
+        if levels not in ("sym", "full"):
+            raise ValueError(f"oktopk: quantization levels must be 'sym' or 'full', got {levels!r}")
         self.members, self.sizes, self.rank = tuple(members), tuple(sizes), rank
         n = sum(self.sizes)
         self.n, self.world, self.bits, self.block = n, world, bits, block
+        self.levels, self.clip, self.rotate = levels, clip, bool(rotate)
         unit = world * block
         self.padded = -(-n // unit) * unit
         self.chunk = self.padded // world
         self.residual = torch.zeros(self.padded, device=device)
         self.owner_residual = torch.zeros(self.chunk, device=device)
+        self._rotation = None  # (signs, Hadamard matrix), made when first used
+
+    def _turn(self, x, inverse=False, at=0):
+        """x (a whole number of blocks, starting at ``at`` of the padded
+        vector) rotated, or turned back; x itself without a rotation."""
+        if not self.rotate:
+            return x
+        if self._rotation is None or self._rotation[0].device != x.device:
+            self._rotation = (rotation_signs(self.padded, ROTATION_SEED, x.device), hadamard_matrix(self.block).to(x.device))
+        signs, h = self._rotation
+        return hadamard_rotate(x, signs[at : at + x.numel()], h, inverse)
+
+    def _quantize(self, x):
+        codes, scales = quantize(x, self.bits, self.block, self.levels, self.clip)
+        return codes, scales, dequantize(codes, scales, self.bits, self.block, self.levels)
 
     def frame_bytes(self):
         """Bytes of one chunk's frame: codes, scales (bfloat16), and a flag
@@ -122,7 +164,7 @@ class QuantizedGroup:
         codes = unpack(frames[:, :code_bytes].contiguous(), self.bits).view(frames.shape[0], -1)
         scales = frames[:, code_bytes : code_bytes + scale_bytes].contiguous().view(torch.bfloat16)
         flagged = bool(frames[:, code_bytes + scale_bytes :].contiguous().view(torch.bfloat16).float().max() > 0)
-        values = torch.stack([dequantize(codes[r], scales[r], self.bits, self.block) for r in range(frames.shape[0])])
+        values = torch.stack([dequantize(codes[r], scales[r], self.bits, self.block, self.levels) for r in range(frames.shape[0])])
         return values, flagged
 
     def allreduce_(self, flat, group):
@@ -133,34 +175,36 @@ class QuantizedGroup:
         acc[: self.n] = flat
         acc += self.residual
         bad = not bool(torch.isfinite(acc).all())
-        codes, scales = quantize(torch.nan_to_num(acc) if bad else acc, self.bits, self.block)
-        residual = acc - dequantize(codes, scales, self.bits, self.block)
+        codes, scales, sent = self._quantize(self._turn(torch.nan_to_num(acc) if bad else acc))
+        residual = acc - self._turn(sent, inverse=True)
         send = self._frames(codes, scales, 1.0 if bad else 0.0)
         received = torch.empty_like(send)
         dist.all_to_all_single(received, send, group=group)
         mine, bad_here = self._decode(received)
         # Summed in rank order, so every owner's arithmetic is the same.
         average = mine.sum(0) / self.world + self.owner_residual
-        codes2, scales2 = quantize(torch.nan_to_num(average), self.bits, self.block)
-        owner_residual = average - dequantize(codes2, scales2, self.bits, self.block)
+        codes2, scales2, rounded = self._quantize(torch.nan_to_num(average))
+        owner_residual = average - rounded
         frame = self._frames(codes2, scales2, 1.0 if bad_here else 0.0)[0]
         gathered = [torch.empty_like(frame) for _ in range(self.world)]
         dist.all_gather(gathered, frame, group=group)
         chunks, bad_anywhere = self._decode(torch.stack(gathered))
         if not bad_anywhere:
             self.residual, self.owner_residual = residual, owner_residual
-            flat.copy_(chunks.view(-1)[: self.n])
+            flat.copy_(self._turn(chunks.view(-1), inverse=True)[: self.n])
         else:
             flat.fill_(float("nan"))  # every rank alike; residuals unchanged
         return 2 * (self.world - 1) * self.frame_bytes()
 
     def held(self):
         """What this rank holds for the group's n values: its residual, and
-        over the chunk it owns the owner residual times the world size (the
-        average divides it). A native step that adds it to this rank's
-        values loses nothing of either."""
+        over the chunk it owns the owner residual (turned back from the
+        rotated space) times the world size (the average divides it). A
+        native step that adds it to this rank's values loses nothing of
+        either."""
         held = self.residual.clone()
-        held[self.rank * self.chunk : (self.rank + 1) * self.chunk] += self.world * self.owner_residual
+        at = self.rank * self.chunk
+        held[at : at + self.chunk] += self.world * self._turn(self.owner_residual, inverse=True, at=at)
         return held[: self.n]
 
     def to(self, device):
@@ -169,11 +213,15 @@ class QuantizedGroup:
 
     def state_dict(self):
         return {"members": list(self.members), "sizes": list(self.sizes), "world": self.world, "rank": self.rank,
-                "bits": self.bits, "block": self.block, "residual": self.residual.cpu(), "owner_residual": self.owner_residual.cpu()}
+                "bits": self.bits, "block": self.block, "levels": self.levels, "clip": self.clip, "rotate": self.rotate,
+                "residual": self.residual.cpu(), "owner_residual": self.owner_residual.cpu()}
 
     @classmethod
     def from_state_dict(cls, saved):
-        group = cls(saved["members"], saved["sizes"], saved["world"], saved["rank"], "cpu", saved["bits"], saved["block"])
+        # A checkpoint from before levels, clip and rotate were recorded used
+        # the recipe of 4 bits in blocks of 64: "sym" levels, no clip, no rotation.
+        group = cls(saved["members"], saved["sizes"], saved["world"], saved["rank"], "cpu", saved["bits"], saved["block"],
+                    saved.get("levels", "sym"), saved.get("clip"), saved.get("rotate", False))
         group.residual.copy_(saved["residual"])
         group.owner_residual.copy_(saved["owner_residual"])
         return group
