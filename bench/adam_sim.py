@@ -108,7 +108,7 @@ VARIANTS = {
     "demo": dict(sparse=True, demo="allgather", warmup=0),
     "demo_ok": dict(sparse=True, demo="oktopk", warmup=0),
     "demo_ok_mean": dict(sparse=True, demo="oktopk_mean", warmup=0),
-    "demo_ok_t8": dict(sparse=True, demo="oktopk", demo_topk=8, warmup=0),
+    "demo_ok_t64": dict(sparse=True, demo="oktopk", demo_topk=64, warmup=0),
 }
 
 

@@ -119,7 +119,7 @@ from tta_report import HEADER  # noqa: E402
 METHODS = ("ddp", "fp16", "powersgd1", "powersgd4", "oktopk", "oktopk_auto", "oktopk_sched", "oktopk_quantized", "oktopk_float32", "demo")
 # DeMo's peak learning rate on charlm: the best of bench/adam_sim.py's sweep
 # (results/text.md); its sign step moves every coordinate by the whole rate.
-DEMO_LR = 3e-4
+DEMO_LR = 3e-3
 
 
 class WideMLP(nn.Module):

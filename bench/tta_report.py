@@ -33,6 +33,7 @@ NAMES = {
     "oktopk_sched": "oktopk_hook, density {density}, density_schedule=(0.25, {sched})",
     "oktopk_quantized": 'oktopk_hook, the measured choice, dense_compression="quantized"',
     "oktopk_float32": "oktopk_hook, the measured choice, dense_compression=None",
+    "demo": "oktopk.optim.DeMo (its exchange over Ok-Topk, no gradient allreduce)",
 }
 
 

@@ -4,7 +4,10 @@
 learning-rate warm-up, cosine decay and gradient clipping, under PyTorch DDP
 over gloo: the shape of most transformer training scripts. Switching to
 sparse allreduce is the line behind ``--oktopk`` (``--density`` and
-``--warmup`` set the OkTopkState options of the same names).
+``--warmup`` set the OkTopkState options of the same names); ``--demo LR``
+replaces AdamW by ``oktopk.optim.DeMo`` at peak learning rate LR, the one
+line behind it (DeMo exchanges its momentum over Ok-Topk, and turns DDP's
+gradient allreduce off).
 
     apt-get install fortunes     # once; make bench-text installs it
     python -m torch.distributed.run --nproc-per-node 4 examples/pytorch/charlm.py --oktopk
@@ -120,7 +123,10 @@ def main(argv=None):
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--lr-warmup", type=int, default=30)
+    ap.add_argument("--demo", type=float, default=None, metavar="LR", help="oktopk.optim.DeMo instead of AdamW, at this peak learning rate")
     args = ap.parse_args(argv)
+    if args.demo is not None and args.oktopk:
+        ap.error("--demo exchanges DeMo's momentum itself: it takes no comm hook (--oktopk)")
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -128,7 +134,13 @@ def main(argv=None):
     torch.set_num_threads(1)
     train_text, held = fortunes_corpus()
     model = DDP(CharTransformer(args.dim, args.layers, seq=args.seq))
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
+    if args.demo is not None:
+        import oktopk.optim
+
+        args.lr = args.demo
+        opt = oktopk.optim.DeMo(model, lr=args.lr, weight_decay=0.01)  # the one line: was torch.optim.AdamW
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     state = None
     if args.oktopk:
         import oktopk
@@ -149,11 +161,13 @@ def main(argv=None):
             print(f"step {step}: held-out loss {held_out_loss(model.module, held, args.seq):.3f} nats/byte", flush=True)
     elapsed = time.perf_counter() - start
     if rank == 0:
-        mode = "oktopk" if args.oktopk else "dense"
+        mode = "demo" if args.demo is not None else "oktopk" if args.oktopk else "dense"
         print(f"RESULT mode={mode} ranks={world} held_out_loss={held_out_loss(model.module, held, args.seq):.3f} "
               f"ms_per_iter={1000 * elapsed / args.steps:.1f}", flush=True)
     if state is not None:
         state.close()
+    if args.demo is not None:
+        opt.close()
     dist.destroy_process_group()
 
 
