@@ -109,6 +109,9 @@ VARIANTS = {
     "demo_ok": dict(sparse=True, demo="oktopk", warmup=0),
     "demo_ok_mean": dict(sparse=True, demo="oktopk_mean", warmup=0),
     "demo_ok_t64": dict(sparse=True, demo="oktopk", demo_topk=64, warmup=0),
+    "demo_t64": dict(sparse=True, demo="allgather", demo_topk=64, warmup=0),
+    "demo_ok_mean_t64": dict(sparse=True, demo="oktopk_mean", demo_topk=64, warmup=0),
+    "demo_ok_t128": dict(sparse=True, demo="oktopk", demo_topk=128, warmup=0),
 }
 
 
