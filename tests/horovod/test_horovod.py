@@ -264,3 +264,11 @@ def test_device_path_equals_staging_path_and_resumes_on_it(tmp_path):
         assert len(set(res["digests"])) == 1, f"rank {r}: {res['digests']}"
         assert res["same_checkpoint"], f"rank {r}: the library states differ"
         assert 0 < res["bytes"] <= 3 * 8 * res["pairs"], res
+
+
+def test_demo_under_horovodrun_keeps_ranks_bitwise_identical_without_horovods_allreduce():
+    results = horovodrun(2, "demo", 5)
+    for r, res in results.items():
+        assert res["digests"] == results[0]["digests"], f"rank {r} diverged"
+        assert res["moved"] and res["steps"] == 5 and res["bytes_sent"] > 0
+        assert res["horovod_reductions"] == 0, f"rank {r}: {res['horovod_reductions']} reductions went through Horovod"

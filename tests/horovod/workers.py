@@ -456,6 +456,33 @@ def device_path(out, ckpt):
             **moved}
 
 
+def demo(out, steps="5"):
+    """oktopk_horovod.DeMo on a model whose ranks start from different
+    seeds (hvd.broadcast_parameters unifies them): the parameters' digest
+    after every step, the bytes it sent, and how many reductions went
+    through Horovod itself after the first step (which connects the ranks
+    through Horovod's collectives): none, there is no gradient allreduce."""
+    hvd.init()
+    torch.set_num_threads(1)
+    torch.manual_seed(hvd.rank())
+    model = small_model()
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    opt = oktopk_horovod.DeMo(model.parameters(), lr=0.01, weight_decay=0.1)
+    digests, before, reductions = [], digest(model), 0
+    for step in range(int(steps)):
+        g = torch.Generator().manual_seed(1000 * step + hvd.rank())
+        x, y = torch.randn(8, 20, generator=g), torch.randint(0, 5, (8,), generator=g)
+        opt.zero_grad()
+        with counting_horovod_reductions() as count:
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+        reductions += count[0] if step else 0
+        digests.append(digest(model))
+    result = {"digests": digests, "moved": digests[-1] != before, "bytes_sent": opt.bytes_sent, "steps": opt.steps,
+              "horovod_reductions": reductions}
+    opt.close()
+    return result
+
 if __name__ == "__main__":
     name, outdir = sys.argv[1], sys.argv[2]
     result = globals()[name](outdir, *sys.argv[3:])

@@ -14,14 +14,18 @@ arguments, sends gradients through liboktopk when given an oktopk compressor
 and hands everything else to ``hvd.DistributedOptimizer``. Passing the
 oktopk compressor to plain ``hvd.DistributedOptimizer`` fails at the first
 backward with a message saying so; it never falls back to a dense exchange.
+
+``oktopk_horovod.DeMo`` is ``oktopk.optim.DeMo`` over Horovod's ranks, in
+place of ``hvd.DistributedOptimizer``: it exchanges its momentum itself.
 """
 
 from oktopk import OkTopkError, _lib
 
 from .compression import Compression, OkTopkCompressor
+from .optim import DeMo
 from .optimizer import DistributedOptimizer
 
-__all__ = ["ALGORITHMS", "Compression", "DistributedOptimizer", "OkTopkCompressor", "OkTopkError"]
+__all__ = ["ALGORITHMS", "Compression", "DeMo", "DistributedOptimizer", "OkTopkCompressor", "OkTopkError"]
 
 
 def __getattr__(name):

@@ -79,6 +79,10 @@ class DeMo(torch.optim.Optimizer):
         module's, else the default group).
     :param timeout: seconds a step's exchange may take (the library's
         default when None).
+    :param communicator: how to connect the ranks, for a job without a
+        torch process group: a callable taking (density, timeout) and
+        returning an ``oktopk.Communicator`` with the Ok-Topk algorithm
+        (``oktopk_horovod.DeMo`` passes one over Horovod's collectives).
 
     Raises ``ValueError`` on a bad setting, ``OkTopkError`` when an
     exchange fails (a dead or slow peer, a mismatched call): the momentum
@@ -97,7 +101,7 @@ class DeMo(torch.optim.Optimizer):
     """
 
     def __init__(self, params, lr=1e-3, weight_decay=0.0, momentum_decay=MOMENTUM_DECAY, topk=TOPK, chunk=CHUNK,
-                 process_group=None, timeout=None):
+                 process_group=None, timeout=None, communicator=None):
         if not (isinstance(lr, (int, float)) and lr >= 0):
             raise ValueError(f"oktopk: lr must be a number >= 0, got {lr!r}")
         if not (isinstance(weight_decay, (int, float)) and weight_decay >= 0):
@@ -118,7 +122,7 @@ class DeMo(torch.optim.Optimizer):
             params = [p for p in ddp.parameters() if p.requires_grad]
         super().__init__(params, dict(lr=lr, weight_decay=weight_decay))
         self.momentum_decay, self.topk, self.chunk = float(momentum_decay), topk, chunk
-        self.process_group, self.timeout = process_group, timeout
+        self.process_group, self.timeout, self._connect = process_group, timeout, communicator
         self._params = [p for group in self.param_groups for p in group["params"]]
         for p in self._params:
             if not p.is_floating_point():
@@ -145,9 +149,12 @@ class DeMo(torch.optim.Optimizer):
 
     def _communicator(self):
         if self._comm is None:
-            from .comm import Communicator
+            if self._connect is not None:
+                self._comm = self._connect(self.density, self.timeout)
+            else:
+                from .comm import Communicator
 
-            self._comm = Communicator(self.process_group, algorithm="oktopk", density=self.density, timeout=self.timeout)
+                self._comm = Communicator(self.process_group, algorithm="oktopk", density=self.density, timeout=self.timeout)
             if self._pending_library_state is not None:
                 host = torch.empty(self.n, dtype=torch.float32)
                 self._comm.load_tensor_state_residual(TENSOR_ID, self._pending_library_state, host)
