@@ -40,7 +40,7 @@ from oktopk.adaptive import AdaptiveControl
 from oktopk.choice import NATIVE, SPARSE, StepChoice, debug_enabled
 from oktopk import device as device_path_
 from oktopk.comm import route_source_address
-from oktopk.optimizers import adam_family, dense_notice, sparse_warning
+from oktopk.optimizers import HOROVOD_DEMO_LINE, adam_family, dense_notice, sparse_warning
 from oktopk.reducer import Reducer, ReducerStats
 from oktopk.schedule import check_schedule, density_at
 
@@ -371,7 +371,7 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
                     previous, kept_dense = self._path, self._choice.kept_dense_for
                     self._path = self._choice.begin_step(self.sparse_step)
                     if kept_dense is None and self._choice.kept_dense_for is not None and hvd.rank() == 0:
-                        print(dense_notice(self._choice.kept_dense_for), flush=True)
+                        print(dense_notice(self._choice.kept_dense_for, demo_line=HOROVOD_DEMO_LINE), flush=True)
                     self._follow_path(previous)
             finally:
                 self._reset_step()
