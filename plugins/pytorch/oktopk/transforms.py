@@ -70,7 +70,9 @@ class ChunkedDCT:
         return self
 
     def apply(self, x, inverse=False):
-        """The transform (or its inverse) of x (..., numel), a new tensor."""
+        """The transform (or its inverse) of x (..., numel), a new tensor:
+        each block Y = A X B^T (inverse X = A^T Y B), A and B the DCT
+        matrices of its sides."""
         out = torch.empty_like(x)
         lead = x.shape[:-1]
         for at, rows, cols, r, c in self.parts:
@@ -79,11 +81,9 @@ class ChunkedDCT:
             a, b = self.basis[r], self.basis[c]
             piece = x[..., at : at + rows * cols]
             if inverse:
-                y = piece.reshape(*lead, rows // r, cols // c, r, c)
-                y = torch.einsum("...ijab,ak,bl->...ikjl", y, a, b)
+                y = (a.T @ piece.reshape(*lead, rows // r, cols // c, r, c) @ b).transpose(-3, -2)
             else:
-                y = piece.reshape(*lead, rows // r, r, cols // c, c)
-                y = torch.einsum("...ikjl,ak,bl->...ijab", y, a, b)
+                y = a @ piece.reshape(*lead, rows // r, r, cols // c, c).transpose(-3, -2) @ b.T
             out[..., at : at + rows * cols] = y.reshape(*lead, rows * cols)
         return out
 
