@@ -60,7 +60,7 @@ def dense_notice(name, compressed=None, demo_line=DEMO_LINE):
     how = f"in float32, or {COMPRESSED[compressed]} where a step measures faster" if compressed else "in float32"
     return (f"oktopk: {name} steps these parameters: the hook keeps the process group's dense allreduce, {how} "
             "(with Adam-family optimizers sparse gradients ended far above dense in every measurement, docs/tuning.md). "
-            f"To send about 2% of the bytes instead, change the optimizer's line: {demo_line} "
+            f"To send about 5% of the bytes instead, change the optimizer's line: {demo_line} "
             "(DeMo over Ok-Topk; its learning rate wants its own sweep, docs/optim.md)")
 
 
