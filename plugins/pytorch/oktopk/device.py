@@ -128,6 +128,37 @@ class HostBuffers:
         return buf[:n]
 
 
+def selected_call(comm, tensor_id, n, k, dtype, indices, values, threshold, non_finite, host, density=None, tau_prime=None):
+    """One caller-selected call from any device: this rank's selection
+    (``indices``, ascending, and float32 ``values``, on the device) crosses
+    to host memory from ``host`` (a :class:`HostBuffers`), the library
+    reduces it (k: the plan's), and the result, consumed and error pairs
+    come back to the device. Returns (statistics, those six tensors), or
+    (None, None) when some rank's acc held NaN or Inf (the step is skipped
+    everywhere). On CUDA the caller synchronizes its stream before the
+    next call reuses the host memory."""
+    device = values.device
+    pinned = device.type == "cuda"
+    count = indices.numel()
+    sel_i = host.take("sel_i", count, torch.int32, pinned)
+    sel_v = host.take("sel_v", count, torch.float32, pinned)
+    sel_i.copy_(indices.to(torch.int32))
+    sel_v.copy_(values)
+    cap = comm.selected_capacity(n, k)
+    out = (host.take("res_i", cap, torch.int32, pinned), host.take("res_v", cap, torch.float32, pinned),
+           host.take("con_i", count, torch.int32, pinned), host.take("con_v", count, torch.float32, pinned),
+           host.take("err_i", cap, torch.int32, pinned), host.take("err_v", cap, torch.float32, pinned))
+    try:
+        stats, results, consumed, errors = comm.sparse_allreduce_selected(
+            tensor_id, n, dtype, sel_i, sel_v, threshold, non_finite, out, density, tau_prime)
+    except OkTopkError as e:
+        if e.code != _lib.NON_FINITE:
+            raise
+        return None, None
+    lengths = (results, results, consumed, consumed, errors, errors)
+    return stats, tuple(t[:m].to(device, non_blocking=True) for t, m in zip(out, lengths))
+
+
 def sparse_allreduce_(comm, tensor_id, grad, group, host, hold=(), density=None, tau_prime=None):
     """The device path of one call: ``grad`` (1-D, contiguous, float32,
     float16 or bfloat16, on any device) becomes the averaged sparse global
@@ -162,25 +193,14 @@ def sparse_allreduce_(comm, tensor_id, grad, group, host, hold=(), density=None,
                 keep &= (indices < a) | (indices >= b)
             indices = indices[keep]
     count = indices.numel()
-    sel_i = host.take("sel_i", count, torch.int32, pinned)
-    sel_v = host.take("sel_v", count, torch.float32, pinned)
-    sel_i.copy_(indices.to(torch.int32))
-    sel_v.copy_(acc[indices])
     moved += 8 * count
-    cap = comm.selected_capacity(n, k)
-    out = (host.take("res_i", cap, torch.int32, pinned), host.take("res_v", cap, torch.float32, pinned),
-           host.take("con_i", count, torch.int32, pinned), host.take("con_v", count, torch.float32, pinned),
-           host.take("err_i", cap, torch.int32, pinned), host.take("err_v", cap, torch.float32, pinned))
-    try:
-        stats, results, consumed, errors = comm.sparse_allreduce_selected(
-            tensor_id, n, grad.dtype, sel_i, sel_v, new_threshold, non_finite, out, density, tau_prime)
-    except OkTopkError as e:
-        if e.code != _lib.NON_FINITE:
-            raise
+    stats, pairs = selected_call(comm, tensor_id, n, k, grad.dtype, indices, acc[indices], new_threshold, non_finite, host,
+                                 density, tau_prime)
+    if stats is None:
         grad.fill_(float("nan"))
         return None, moved, count
-    ri, rv, ci, cv, ei, ev = (t.to(device, non_blocking=True) for t in (
-        out[0][:results], out[1][:results], out[2][:consumed], out[3][:consumed], out[4][:errors], out[5][:errors]))
+    ri, rv, ci, cv, ei, ev = pairs
+    results, consumed, errors = ri.numel(), ci.numel(), ei.numel()
     moved += 8 * (results + consumed + errors)
     # The residual: acc, less what this rank sent of the result, plus an
     # owner's rounding errors, each non-finite sum 0 (core/residual.go).

@@ -46,9 +46,7 @@ AdamW's (results/text.md has the sweep).
 
 import torch
 
-from . import _lib
-from ._lib import OkTopkError
-from .device import HostBuffers
+from .device import HostBuffers, selected_call
 from .transforms import ChunkedDCT
 
 MOMENTUM_DECAY = 0.999  # DeMo's compression_decay
@@ -200,29 +198,15 @@ class DeMo(torch.optim.Optimizer):
         acc.add_(self.momentum, alpha=self.momentum_decay)  # step 1 (d is not touched until the exchange succeeds)
         non_finite = not bool(torch.isfinite(acc).all())
         indices = torch.zeros(0, dtype=torch.int64, device=acc.device) if non_finite else self._select(acc)
-        count = indices.numel()
-        pinned = acc.device.type == "cuda"
-        sel_i = self._host.take("sel_i", count, torch.int32, pinned)
-        sel_v = self._host.take("sel_v", count, torch.float32, pinned)
-        sel_i.copy_(indices.to(torch.int32))
-        sel_v.copy_(acc[indices])
         k, _, threshold = comm.selection_plan(TENSOR_ID, self.n)
-        cap = comm.selected_capacity(self.n, k)
-        out = (self._host.take("res_i", cap, torch.int32, pinned), self._host.take("res_v", cap, torch.float32, pinned),
-               self._host.take("con_i", count, torch.int32, pinned), self._host.take("con_v", count, torch.float32, pinned),
-               self._host.take("err_i", cap, torch.int32, pinned), self._host.take("err_v", cap, torch.float32, pinned))
-        try:
-            stats, results, consumed, errors = comm.sparse_allreduce_selected(
-                TENSOR_ID, self.n, torch.float32, sel_i, sel_v, threshold, non_finite, out)  # step 3
-        except OkTopkError as e:
-            if e.code != _lib.NON_FINITE:
-                raise
+        stats, pairs = selected_call(comm, TENSOR_ID, self.n, k, torch.float32, indices, acc[indices], threshold, non_finite,
+                                     self._host)  # step 3
+        if stats is None:
             self.skipped_steps += 1
             return loss
-        ri, rv, ci, cv, ei, ev = (t.to(acc.device, non_blocking=True) for t in (
-            out[0][:results], out[1][:results], out[2][:consumed], out[3][:consumed], out[4][:errors], out[5][:errors]))
+        ri, rv, ci, cv, ei, ev = pairs
         acc[ci.long()] -= cv  # step 4
-        if errors:
+        if ei.numel():
             acc[ei.long()] += ev
         self.momentum = acc
         reduced = torch.zeros(self.n, dtype=torch.float32, device=acc.device)
@@ -237,6 +221,8 @@ class DeMo(torch.optim.Optimizer):
                     p.mul_(1 - lr * wd)
                 p.add_(update[at : at + size].view_as(p).to(p.dtype), alpha=-lr)
                 at += size
+        if acc.device.type == "cuda":
+            torch.cuda.current_stream(acc.device).synchronize()  # the host memory is reused by the next step
         self.steps += 1
         self.bytes_sent += stats.bytes_sent
         return loss
