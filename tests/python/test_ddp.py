@@ -155,6 +155,9 @@ def test_checkpoint_resume_matches_uninterrupted_run(tmp_path, multi_bucket):
     for r in range(2):
         for cut in cuts:
             assert resumed[r][cut]["params"] == full[r]["params"], f"rank {r}, resumed after step {cut}: parameters differ from the uninterrupted run's"
+            # SGD with momentum: the resumed run corrects momentum
+            # (oktopk.momentum) from its first step, from the checkpoint.
+            assert resumed[r][cut]["corrected"] == full[r]["corrected"] > 0, (cut, resumed[r][cut]["corrected"], full[r]["corrected"])
             if multi_bucket:
                 assert full[r]["groups"] >= 3, full[r]["groups"]
                 assert resumed[r][cut]["groups"] == full[r]["groups"], (cut, resumed[r][cut]["groups"], full[r]["groups"])

@@ -199,7 +199,8 @@ def checkpoint(rank, world, port, out, phase, ckpt, multi_bucket, cuts):
             o.step()
             if save and step + 1 in cuts:
                 torch.save({"model": m.module.state_dict(), "optimizer": o.state_dict(), "oktopk": state.state_dict()}, path(step + 1))
-        result = {"params": b"".join(p.detach().numpy().tobytes() for p in m.parameters()), "groups": len(state._layout.groups)}
+        result = {"params": b"".join(p.detach().numpy().tobytes() for p in m.parameters()), "groups": len(state._layout.groups),
+                  "corrected": len(state._momentum.velocity)}
         state.close()
         return result
 

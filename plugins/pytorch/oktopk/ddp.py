@@ -23,6 +23,7 @@ from .quantized import QuantizedGroup
 from . import device as device_path_
 from .comm import Communicator
 from .layout import BucketLayout, group_id_of, on_stream
+from .momentum import MomentumCorrection
 from .optimizers import OptimizerWatch, dense_notice
 from .reducer import Reducer, ReducerStats
 from .schedule import check_schedule, density_at
@@ -95,6 +96,21 @@ class OkTopkState(ReducerStats):
         by a later step's reduction, as under ``gradient_as_bucket_view``
         (clone one to keep it). Only a parameter whose ``.grad`` is
         contiguous and has its slice's shape and dtype is pointed.
+    :param momentum_correction: for parameters that ``torch.optim.SGD`` steps
+        with momentum (default True): each rank keeps its own velocity and
+        what is reduced, and kept in the residual, is the velocity's step
+        rather than the gradient, so a value that waited in the residual
+        never arrives as a burst that the optimizer's momentum multiplies
+        (Lin et al., Deep Gradient Compression). The optimizer is left as it
+        is: the hook hands it the gradient on which its own momentum lands
+        on the reduced average, so ``momentum_buffer`` and weight decay keep
+        their meaning (``oktopk.momentum``). It starts after the optimizer's
+        first step and costs two more copies of the gradients per rank.
+        ``.grad`` then holds that gradient, not the average of the ranks':
+        clip before ``backward`` returns, or turn this off, if a script
+        clips ``.grad``. False: the optimizer's momentum acts on the sparse
+        average (measured: the demo's MLP swings and ends lower,
+        results/sgd.md).
     :param tau: Ok-Topk's space repartition period (iterations).
     :param tau_prime: threshold refresh period (iterations).
     :param timeout: seconds a call, or the communicator's setup, may wait for
@@ -200,18 +216,24 @@ class OkTopkState(ReducerStats):
         "_quantized_spill",
         "grads_as_bucket_views",
         "_bucket_grads",
+        "momentum_correction",
+        "_momentum",
     ]
 
     def __init__(self, process_group=None, density=DEFAULTS.density, algorithm=DEFAULTS.algorithm, warmup_iters=DEFAULT_WARMUP_ITERS,
                  tau=DEFAULTS.tau, tau_prime=DEFAULTS.tau_prime, timeout=DEFAULTS.timeout, value_dtype=DEFAULTS.value_dtype,
                  stochastic_rounding=DEFAULTS.stochastic_rounding, density_schedule=DEFAULTS.density_schedule,
                  measure_xi_every=DEFAULTS.measure_xi_every, adaptive=DEFAULTS.adaptive, sparse_margin=DEFAULT_MARGIN,
-                 recheck_every=DEFAULT_RECHECK_EVERY, device_path=None, dense_compression=BF16, grads_as_bucket_views=True):
+                 recheck_every=DEFAULT_RECHECK_EVERY, device_path=None, dense_compression=BF16, grads_as_bucket_views=True,
+                 momentum_correction=True):
         if device_path not in (None, True, False):
             raise ValueError(f"device_path must be None, True or False, got {device_path!r}")
         if not isinstance(grads_as_bucket_views, bool):
             raise ValueError(f"grads_as_bucket_views must be True or False, got {grads_as_bucket_views!r}")
         self.grads_as_bucket_views = grads_as_bucket_views
+        if not isinstance(momentum_correction, bool):
+            raise ValueError(f"momentum_correction must be True or False, got {momentum_correction!r}")
+        self.momentum_correction = momentum_correction
         self._bucket_grads = BucketGrads()
         self.device_path = device_path
         # The device path's groups (oktopk.device.DeviceGroup: residual on
@@ -226,7 +248,12 @@ class OkTopkState(ReducerStats):
         # and native or bfloat16 on every step for an Adam-family
         # optimizer's parameters (oktopk.optimizers); a named algorithm
         # warns about one.
-        self._optimizers = OptimizerWatch(warn=algorithm is not None)
+        self._layout = BucketLayout()
+        self._momentum = None
+        if momentum_correction:
+            index = self._layout.param_index
+            self._momentum = MomentumCorrection(lambda p: index.get(id(p)))
+        self._optimizers = OptimizerWatch(warn=algorithm is not None, on_momentum=None if self._momentum is None else self._momentum.stepped)
         self._choice = StepChoice(sparse_margin, recheck_every, adam_candidate=dense_compression) if algorithm is None else None
         self.dense_compression = dense_compression
         # The QUANTIZED path's residuals per group of parameters (library
@@ -253,7 +280,6 @@ class OkTopkState(ReducerStats):
         # The communicator (made at the first sparse step), its worker
         # thread, and the statistics of its calls (ReducerStats).
         self._reducer = Reducer(None if self.adaptive is None else AdaptiveControl(self.adaptive, self.density, self.tau_prime))
-        self._layout = BucketLayout()
         # Residuals and thresholds loaded before the communicator existed.
         self._pending_state = {}
         # Iterations this process has run through the hook: DDP's first one
@@ -357,6 +383,7 @@ class OkTopkState(ReducerStats):
             "choice": None if self._choice is None else self._choice.state_dict(),
             "residual_groups": sorted(self._residual_groups),
             "quantized": {group_id: group.state_dict() for group_id, group in self._quantized.items()},
+            "momentum": {} if self._momentum is None else self._momentum.state_dict(),
         }
 
     def load_state_dict(self, state):
@@ -388,6 +415,8 @@ class OkTopkState(ReducerStats):
         if self._choice is not None and state.get("choice") is not None:
             self._choice.load_state_dict(state["choice"])
         self._quantized = {int(k): QuantizedGroup.from_state_dict(v) for k, v in state.get("quantized", {}).items()}
+        if self._momentum is not None:
+            self._momentum.load_state_dict(state.get("momentum", {}))
         # A checkpoint from before the choice existed: every group may hold a residual.
         self._residual_groups = set(state.get("residual_groups", state.get("tensors", {}).keys()))
         tensors = dict(state.get("tensors", {}))
@@ -412,6 +441,7 @@ class OkTopkState(ReducerStats):
             "device_path": self.device_path,
             "dense_compression": self.dense_compression,
             "grads_as_bucket_views": self.grads_as_bucket_views,
+            "momentum_correction": self.momentum_correction,
         }
 
     def __setstate__(self, state):
@@ -425,7 +455,8 @@ class OkTopkState(ReducerStats):
                              None if state.get("adaptive") is None else state["adaptive"]["bounds"],
                              *((saved_choice["margin"], saved_choice["recheck_every"]) if saved_choice else ()),
                              device_path=state.get("device_path"), dense_compression=state.get("dense_compression", BF16),
-                             grads_as_bucket_views=state.get("grads_as_bucket_views", True))
+                             grads_as_bucket_views=state.get("grads_as_bucket_views", True),
+                             momentum_correction=state.get("momentum_correction", True))
         self.load_state_dict(state)
 
     def close(self):
@@ -926,6 +957,23 @@ def oktopk_hook(state: OkTopkState, bucket: dist.GradBucket) -> torch.futures.Fu
             f"oktopk_hook: unsupported bucket of {tensor.dtype} on {tensor.device.type}; "
             "liboktopk reduces float32, float16 and bfloat16 gradients on CPU or CUDA"
         )
+    correction = state._momentum
+    if correction is None or not correction.active:
+        return _reduce(state, bucket, tensor)
+    # Momentum correction (oktopk.momentum): every path below reduces the
+    # velocity's step in place of the gradient, and the optimizer gets the
+    # G on which its own momentum lands on the average.
+    if bucket.index() == 0:
+        correction.begin_step()
+    work = correction.before(bucket.parameters(), state._layout.members(bucket), tensor)
+    fut = _reduce(state, bucket, tensor)
+    if work is None:
+        return fut
+    return fut.then(lambda f: correction.after(work, f.value()))
+
+
+def _reduce(state, bucket, tensor):
+    """oktopk_hook's future of the bucket's average, by the step's path."""
     is_last = bucket.is_last()
     # Every bucket of one iteration is in the same phase: they were all
     # fired with the same state.iter, which the last one advances.

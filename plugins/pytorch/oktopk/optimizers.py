@@ -28,7 +28,9 @@ import threading
 import warnings
 import weakref
 
-from torch.optim.optimizer import register_optimizer_step_pre_hook
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+from .momentum import MOMENTUM_OPTIMIZER
 
 
 def adam_family(optimizer):
@@ -70,12 +72,15 @@ class OptimizerWatch:
     parameters, through torch's global optimizer step pre-hook. The hook
     holds only a weak reference to the watch and is removed by ``close``
     (not from inside itself: torch iterates its hooks while calling them).
-    ``warn``: warn once when seen (a named algorithm)."""
+    ``warn``: warn once when seen (a named algorithm). ``on_momentum``:
+    called with every torch.optim.SGD that steps watched parameters, after
+    each of its steps (oktopk.momentum)."""
 
-    def __init__(self, warn=False):
+    def __init__(self, warn=False, on_momentum=None):
         self._handle = None
         self.seen = None  # the Adam-family optimizer's class name
         self.warn = warn
+        self.on_momentum = on_momentum
         self._params = set()  # id() of the watched parameters
         self._verdicts = weakref.WeakKeyDictionary()  # optimizer -> steps watched parameters?
         self._lock = threading.Lock()
@@ -87,6 +92,14 @@ class OptimizerWatch:
                 watch._on_step(optimizer)
 
         self._handle = register_optimizer_step_pre_hook(pre_step)
+        self._post_handle = None
+        if on_momentum is not None:
+            def post_step(optimizer, args, kwargs):
+                watch = ref()
+                if watch is not None:
+                    watch._after_step(optimizer)
+
+            self._post_handle = register_optimizer_step_post_hook(post_step)
 
     def watch(self, params):
         """Add parameters (tensors) to those watched."""
@@ -98,12 +111,9 @@ class OptimizerWatch:
                 self._params |= new
                 self._verdicts = weakref.WeakKeyDictionary()  # an optimizer may step the new ones
 
-    def _on_step(self, optimizer):
-        if self.seen is not None:
-            return
-        name = adam_family(optimizer)
-        if name is None:
-            return
+    def _steps_watched(self, optimizer):
+        """Whether the optimizer steps any watched parameter (cached per
+        optimizer)."""
         with self._lock:
             try:
                 verdict = self._verdicts.get(optimizer)
@@ -115,16 +125,32 @@ class OptimizerWatch:
                     self._verdicts[optimizer] = verdict
                 except TypeError:
                     pass
-            if not verdict:
+            return verdict
+
+    def _on_step(self, optimizer):
+        if self.seen is not None:
+            return
+        name = adam_family(optimizer)
+        if name is None or not self._steps_watched(optimizer):
+            return
+        with self._lock:
+            if self.seen is not None:
                 return
             self.seen = name
         if self.warn:
             warnings.warn(sparse_warning(name), stacklevel=3)
 
+    def _after_step(self, optimizer):
+        if isinstance(optimizer, MOMENTUM_OPTIMIZER) and self._steps_watched(optimizer):
+            self.on_momentum(optimizer)
+
     def close(self):
         if self._handle is not None:
             self._handle.remove()
             self._handle = None
+        if getattr(self, "_post_handle", None) is not None:
+            self._post_handle.remove()
+            self._post_handle = None
 
     def __del__(self):
         self.close()

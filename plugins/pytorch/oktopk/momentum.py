@@ -1,0 +1,228 @@
+"""Momentum correction (Lin et al., Deep Gradient Compression, ICLR 2018)
+for parameters that ``torch.optim.SGD`` steps with momentum.
+
+Why. With error feedback alone, the optimizer applies its momentum to the
+sparse average: an entry that waited ~1/density steps in the residual
+arrives as the sum of those steps' gradients, and momentum keeps moving
+the weight by that burst for ~1/(1 − m) more steps, ten at m = 0.9. The
+demo's MLP then swings by ten points of accuracy and ends five below
+dense (results/sgd.md). The correction moves momentum before the
+selection: each rank keeps its own velocity b ← m·b + (1 − d)·g (torch's
+``momentum_buffer`` arithmetic, on the local gradient), and what the
+library reduces and keeps in its residual is the velocity's step (b, or
+g + m·b for Nesterov), not the gradient. The reduced average S is then the
+update itself: SGD with momentum at density 1, a velocity that waited in
+the residual at lower density, but never a burst that momentum multiplies.
+
+How the optimizer steps without a second momentum. The user's optimizer is
+left as it is; what the hook hands it as the gradient is the G for which
+torch's own momentum arithmetic lands on S:
+
+- SGD: buf ← m·buf + (1 − d)·G, step −lr·buf. With B the optimizer's buffer
+  apart from weight decay, G = (S − m·B)/(1 − d) gives buf = S (and B = S).
+- Nesterov (d = 0): step −lr·(G + m·buf). G = (S − m²·B)/(1 + m), then
+  B ← m·B + G.
+- At the optimizer's first step (no buffer yet) torch sets buf = G: G = S
+  (Nesterov: S/(1 + m)).
+
+Weight decay is added by the optimizer to G and rides its momentum exactly
+as in dense SGD (it is linear and needs no exchange), so ``momentum_buffer``
+stays the optimizer's true velocity and a checkpoint of the optimizer
+means what it always did. The correction starts when the hook has seen
+the optimizer step (after its first step): each parameter's velocity and B
+start from the optimizer's ``momentum_buffer``, which is the average of the
+ranks' velocities at density 1, so the switch loses nothing. B advances
+only when the optimizer steps: a step that ``GradScaler`` skips (a NaN or
+Inf) leaves the velocity and B as they were.
+
+Each rank holds two more copies of the parameters' gradients: its velocity
+and B. Momentum factor masking (DGC's other rule) and local clipping were
+measured and are not applied (results/sgd.md). Parameters with momentum 0,
+``maximize=True``, or another optimizer are reduced as before.
+"""
+
+import warnings
+import weakref
+
+import torch
+
+# The optimizer that owns momentum the correction understands: torch's SGD
+# (its subclasses included; their arithmetic is the parent's unless they
+# override step, which the correction cannot see).
+MOMENTUM_OPTIMIZER = torch.optim.SGD
+
+
+def momentum_of(group):
+    """(m, dampening, nesterov) of a parameter group the correction applies
+    to, else None."""
+    m = group.get("momentum", 0.0)
+    if not m or group.get("maximize", False):
+        return None
+    return float(m), float(group.get("dampening", 0.0)), bool(group.get("nesterov", False))
+
+
+class MomentumCorrection:
+    """Per-parameter velocity and optimizer-side momentum for one hook
+    state, keyed by the layout's canonical parameter index
+    (``index_of(param)``, None for a parameter the hook has not numbered)."""
+
+    def __init__(self, index_of):
+        self._index_of = index_of
+        self._optimizer = None  # weakref to the SGD optimizer seen stepping the hook's parameters
+        self._group_of = {}  # id(param) -> its parameter group (refreshed when a param is missing)
+        self.settings = {}  # index -> (m, dampening, nesterov) at the optimizer's latest step
+        self.velocity = {}  # index -> this rank's velocity b (flat, the bucket's dtype and device)
+        self.applied = {}  # index -> B, the optimizer's momentum apart from weight decay (None: no step yet)
+        self._pending = {}  # index -> B after this step, committed when the optimizer steps
+        # One value the hook handed the optimizer this step ((index, offset,
+        # value)), checked when it steps: a gradient rescaled in between
+        # (GradScaler's unscale_, clipping .grad) breaks the arithmetic.
+        self._sample = None
+        self.stopped = None  # why the correction stopped, or None
+
+    # -- the optimizer -----------------------------------------------------
+
+    def stepped(self, optimizer):
+        """After each step of an SGD optimizer that steps the hook's
+        parameters: commit the B this step landed on, and start the
+        velocity and B of each parameter it now holds a momentum buffer
+        for (the average of the ranks' velocities so far: nothing is lost
+        when the correction starts)."""
+        if self._optimizer is None or self._optimizer() is not optimizer:
+            self._optimizer = weakref.ref(optimizer)
+            self._group_of = {}
+        if self.stopped is not None:
+            return
+        sample, self._sample = self._sample, None
+        self.applied.update(self._pending)
+        self._pending.clear()
+        for group in optimizer.param_groups:
+            settings = momentum_of(group)
+            if settings is None:
+                continue
+            for p in group["params"]:
+                i = self._index_of(p)
+                if i is None:
+                    continue
+                if sample is not None and sample[0] == i and p.grad is not None and p.grad.reshape(-1)[sample[1]].item() != sample[2]:
+                    self._stop(f"the gradient it handed the optimizer was changed before the step ({sample[2]!r} became "
+                               f"{p.grad.reshape(-1)[sample[1]].item()!r}: GradScaler's unscale_ or clipping .grad)")
+                    return
+                self.settings[i] = settings
+                if i not in self.velocity:
+                    buf = optimizer.state.get(p, {}).get("momentum_buffer")
+                    if buf is not None:
+                        self.velocity[i] = buf.detach().reshape(-1).clone()
+                        self.applied[i] = self.velocity[i].clone()
+
+    def _settings_of(self, p, i):
+        """(m, dampening, nesterov) for parameter p (index i), read live from
+        the optimizer (a momentum scheduler may change them between
+        steps), or as a checkpoint saved them until the optimizer steps."""
+        optimizer = None if self._optimizer is None else self._optimizer()
+        if optimizer is None:
+            return self.settings.get(i)
+        group = self._group_of.get(id(p))
+        if group is None:
+            self._group_of = {id(q): g for g in optimizer.param_groups for q in g["params"]}
+            group = self._group_of.get(id(p))
+        return None if group is None else momentum_of(group)
+
+    @property
+    def active(self):
+        return self.stopped is None and bool(self.settings)
+
+    def _stop(self, why):
+        """Hand the optimizer its momentum back for the rest of the run: the
+        residual's velocity steps are still owed and are sent as they are;
+        the optimizer's momentum_buffer is already its true velocity."""
+        self.stopped = why
+        self.settings, self.velocity, self.applied, self._pending = {}, {}, {}, {}
+        warnings.warn(f"oktopk: momentum correction stopped: {why}. It needs the optimizer to receive the hook's gradient "
+                      "unchanged; the optimizer's own momentum acts on the sparse average from now on. Clip or unscale "
+                      "nothing after backward, or pass momentum_correction=False (docs/pytorch.md).", stacklevel=4)
+
+    # -- one bucket ----------------------------------------------------------
+
+    def begin_step(self):
+        """At the step's first bucket: B computed for a step whose optimizer
+        step never came (the script skipped it) does not count."""
+        self._pending.clear()
+        self._sample = None
+
+    def before(self, params, members, tensor):
+        """Replace each corrected parameter's gradient in ``tensor`` (the
+        bucket) by its velocity's step. Returns what ``after`` needs, or
+        None when no parameter of the bucket is corrected."""
+        work = []
+        for p, (i, a, b) in zip(params, members):
+            settings = self._settings_of(p, i)
+            if settings is None:
+                continue
+            m, d, nesterov = settings
+            g = tensor[a:b]
+            velocity = self.velocity.get(i)
+            if velocity is None or self.applied.get(i) is None:
+                new = g.clone()  # torch's first step: buf = grad, no dampening
+                self.applied[i] = None
+            else:
+                new = velocity.to(g.device, g.dtype).mul(m).add_(g, alpha=1.0 - d)
+            if nesterov:
+                g.add_(new, alpha=m)
+            else:
+                g.copy_(new)
+            work.append((i, a, b, m, d, nesterov, new))
+        return work or None
+
+    def after(self, work, result):
+        """With the reduced average S in ``result``: keep the new velocities
+        and write in each corrected slot the G on which the optimizer's own
+        momentum lands on S. A bucket that came back non-finite (the library
+        skipped the step) keeps the velocities as they were."""
+        if not bool(torch.isfinite(result).all()):
+            return result
+        if self._sample is None:
+            i, a, b = work[0][:3]
+            j = int(result[a:b].abs().argmax()) if b > a else 0
+            self._sample = (i, j, None)
+        for i, a, b, m, d, nesterov, new in work:
+            self.velocity[i] = new
+            s = result[a:b]
+            before = self.applied[i]
+            if before is not None:
+                before = before.to(s.device, s.dtype)
+            if before is None:
+                after = s.div_(1.0 + m) if nesterov else s
+                self._pending[i] = after.clone()
+            elif nesterov:
+                s.sub_(before, alpha=m * m).div_(1.0 + m)
+                self._pending[i] = before.mul(m).add_(s)
+            else:
+                self._pending[i] = s.clone()
+                s.sub_(before, alpha=m)
+                if d:
+                    s.div_(1.0 - d)
+        if self._sample is not None and self._sample[2] is None:
+            i, j, _ = self._sample
+            a = next(w[1] for w in work if w[0] == i)
+            self._sample = (i, j, result[a + j].item())
+        return result
+
+    # -- checkpoints -------------------------------------------------------
+
+    def state_dict(self):
+        """Each parameter's settings, velocity and B (on the CPU), by
+        canonical index: a resumed run corrects its first step as this one
+        would have, before its optimizer has stepped."""
+        def cpu(t):
+            return None if t is None else t.detach().cpu().clone()
+
+        return {i: {"settings": self.settings[i], "velocity": cpu(self.velocity.get(i)), "applied": cpu(self.applied.get(i))}
+                for i in sorted(self.settings)}
+
+    def load_state_dict(self, saved):
+        self.settings = {int(i): tuple(e["settings"]) for i, e in saved.items()}
+        self.velocity = {int(i): e["velocity"] for i, e in saved.items() if e["velocity"] is not None}
+        self.applied = {int(i): e["applied"] for i, e in saved.items()}
+        self._pending = {}
+        self._optimizer, self._group_of = None, {}

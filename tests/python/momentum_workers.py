@@ -1,0 +1,151 @@
+"""Rank bodies for test_momentum.py: DDP over gloo with the hook's momentum
+correction (oktopk.momentum) under torch.optim.SGD with momentum."""
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from oktopk import OkTopkState, oktopk_hook
+from workers import batch, deeper_model, residuals_by_parameter, setup, write
+
+
+def _sgd(model, nesterov, dampening, weight_decay):
+    return torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, nesterov=nesterov, dampening=dampening, weight_decay=weight_decay)
+
+
+def density_one(rank, world, port, out, nesterov, dampening, weight_decay, steps):
+    """The corrected hook at density 1 beside plain DDP, the same SGD: the
+    parameters and the optimizers' momentum buffers after every step."""
+    setup(rank, world, port)
+    a, b = DDP(deeper_model()), DDP(deeper_model())
+    state = OkTopkState(algorithm="oktopk", density=1.0, warmup_iters=2)
+    a.register_comm_hook(state, oktopk_hook)
+    b.register_comm_hook(None, allreduce_hook)
+    oa, ob = _sgd(a, nesterov, dampening, weight_decay), _sgd(b, nesterov, dampening, weight_decay)
+    worst_param = worst_buffer = 0.0
+    for step in range(steps):
+        x, y = batch(rank, step)
+        for m, o in ((a, oa), (b, ob)):
+            o.zero_grad()
+            F.cross_entropy(m(x), y).backward()
+            o.step()
+        for pa, pb in zip(a.parameters(), b.parameters()):
+            scale = pb.detach().abs().max().item() + 1e-30
+            worst_param = max(worst_param, (pa.detach() - pb.detach()).abs().max().item() / scale)
+            ba, bb = oa.state[pa]["momentum_buffer"], ob.state[pb]["momentum_buffer"]
+            worst_buffer = max(worst_buffer, (ba - bb).abs().max().item() / (bb.abs().max().item() + 1e-30))
+    write(out, rank, {"worst_param": worst_param, "worst_buffer": worst_buffer, "corrected": len(state._momentum.velocity),
+                      "params": len(list(a.parameters())), "sparse_iters": state.iter - state.warmup_iters})
+    state.close()
+    dist.destroy_process_group()
+
+
+def recording(state):
+    """Wrap the state's correction so that every corrected slot's input to
+    the reduction (the velocity's step) and result (the average S) are
+    summed per canonical parameter index, in float64."""
+    corr = state._momentum
+    given, averaged = {}, {}
+    before, after = corr.before, corr.after
+
+    def record(into, tensor, work):
+        for i, a, b, *_ in work:
+            into[i] = into.get(i, 0) + tensor[a:b].double()
+
+    def before_(params, members, tensor):
+        work = before(params, members, tensor)
+        if work:
+            record(given, tensor, work)
+        return work
+
+    def after_(work, result):
+        record(averaged, result, work)
+        return after(work, result)
+
+    corr.before, corr.after = before_, after_
+    return given, averaged
+
+
+def mass(rank, world, port, out, steps, nesterov):
+    """At density 0.05: what the ranks put into the reduction (their
+    velocities' steps) summed, against P x the averages plus the
+    residuals left: nothing a velocity gave may vanish."""
+    setup(rank, world, port)
+    model = DDP(deeper_model())
+    state = OkTopkState(algorithm="oktopk", density=0.05, warmup_iters=2)
+    model.register_comm_hook(state, oktopk_hook)
+    opt = _sgd(model, nesterov, 0.0, 0.0)
+    given, averaged = recording(state)
+    for step in range(steps):
+        x, y = batch(rank, step)
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    residual = residuals_by_parameter(state, model.module)
+    index = {n: state._layout.param_index[id(p)] for n, p in model.module.named_parameters()}
+    write(out, rank, {"given": {n: given[i] for n, i in index.items()}, "averaged": {n: averaged[i] for n, i in index.items()},
+                      "residual": {n: residual[n].reshape(-1).double() for n in index},
+                      "params": [p.detach().clone() for p in model.parameters()]})
+    state.close()
+    dist.destroy_process_group()
+
+
+def non_finite(rank, world, port, out, bad_rank, bad_step, steps, scaler):
+    """Rank bad_rank puts a NaN into one gradient entry at step bad_step;
+    the script skips the optimizer step when a gradient is not finite (with
+    ``scaler``: GradScaler does, and its unscale_ changes the gradient the
+    hook handed over, which stops the correction). The correction's
+    velocities and B before and after that step, on every rank."""
+    setup(rank, world, port)
+    model = DDP(deeper_model())
+    state = OkTopkState(algorithm="oktopk", density=0.05, warmup_iters=2)
+    model.register_comm_hook(state, oktopk_hook)
+    opt = _sgd(model, False, 0.0, 0.0)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10) if scaler else None
+    current = {"step": -1}
+
+    def inject(grad):
+        if rank == bad_rank and current["step"] == bad_step:
+            grad = grad.clone()
+            grad.view(-1)[3] = float("nan")
+        return grad
+
+    model.module[0].weight.register_hook(inject)
+
+    def snapshot():
+        corr = state._momentum
+        return ({i: v.clone() for i, v in corr.velocity.items()}, {i: a.clone() for i, a in corr.applied.items() if a is not None},
+                [p.detach().clone() for p in model.parameters()], {n: r.clone() for n, r in residuals_by_parameter(state, model.module).items()})
+
+    kept, finite_after = None, []
+    for step in range(steps):
+        current["step"] = step
+        if step == bad_step:
+            before = snapshot()
+        x, y = batch(rank, step)
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+        else:
+            loss.backward()
+            if all(torch.isfinite(p.grad).all().item() for p in model.parameters()):
+                opt.step()
+        if step == bad_step:
+            after = snapshot()
+            kept = {
+                "velocity": before[0].keys() == after[0].keys() and all(torch.equal(before[0][i], after[0][i]) for i in before[0]),
+                "applied": before[1].keys() == after[1].keys() and all(torch.equal(before[1][i], after[1][i]) for i in before[1]),
+                "params": all(torch.equal(a, b) for a, b in zip(before[2], after[2])),
+                "residual": all(torch.equal(before[3][n], after[3][n]) for n in before[3]),
+                "velocities": len(before[0]),
+            }
+        finite_after.append(all(torch.isfinite(p).all().item() for p in model.parameters()))
+    write(out, rank, {"kept": kept, "finite": finite_after, "params": [p.detach().clone() for p in model.parameters()],
+                      "stopped": state._momentum.stopped})
+    state.close()
+    dist.destroy_process_group()

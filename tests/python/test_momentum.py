@@ -1,0 +1,70 @@
+"""The hook's momentum correction (oktopk.momentum) under torch.optim.SGD
+with momentum, on real DDP ranks over gloo."""
+
+import pytest
+import torch
+
+import momentum_workers
+from test_ddp import run
+
+
+@pytest.mark.parametrize("nesterov,dampening,weight_decay", [(False, 0.0, 0.0), (True, 0.0, 0.01), (False, 0.5, 0.01)])
+def test_density_one_equals_dense_sgd_with_momentum(nesterov, dampening, weight_decay):
+    # At density 1 every velocity step is sent: the average of the ranks'
+    # velocities is the dense momentum, and the G handed to the optimizer
+    # makes its own momentum land on it. Same values, summed and
+    # subtracted in another order: float32 rounding only, relative to each
+    # tensor's largest entry. The optimizer's momentum_buffer must match
+    # dense's too: a checkpoint of the optimizer keeps its meaning.
+    results = run(momentum_workers.density_one, 2, nesterov, dampening, weight_decay, 8)
+    for r, res in results.items():
+        assert res["corrected"] == res["params"], f"rank {r}: the correction did not take every parameter: {res}"
+        assert res["sparse_iters"] == 6, res
+        assert res["worst_param"] <= 1e-5, f"rank {r}: {res}"
+        assert res["worst_buffer"] <= 1e-5, f"rank {r}: {res}"
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_velocity_mass_is_kept_and_ranks_agree(nesterov):
+    world = 3
+    results = run(momentum_workers.mass, world, 12, nesterov)
+    for r in range(1, world):
+        for a, b in zip(results[0]["params"], results[r]["params"]):
+            assert torch.equal(a, b), f"rank {r}'s parameters differ from rank 0's"
+    for name in results[0]["given"]:
+        given = sum(results[r]["given"][name] for r in range(world))
+        left = sum(results[r]["residual"][name] for r in range(world))
+        applied = world * results[0]["averaged"][name]
+        assert left.abs().sum() > 0, f"{name}: no residual: the sparse path never ran"
+        lost = (given - applied - left).abs().sum() / given.abs().sum()
+        assert lost <= 1e-5, f"{name}: {lost:.3%} of the velocities' mass lost"
+
+
+def test_non_finite_step_leaves_velocity_residual_and_parameters_unchanged_on_every_rank():
+    # Rank 1's NaN at sparse step 4: the library skips the step everywhere,
+    # the script skips the optimizer, and nothing the correction holds may
+    # move, on any rank; training then goes on alike.
+    world = 2
+    results = run(momentum_workers.non_finite, world, 1, 4, 8, False)
+    for r, res in results.items():
+        assert res["stopped"] is None, res["stopped"]
+        kept = res["kept"]
+        assert kept["velocities"] > 0, f"rank {r}: the correction was not running: {kept}"
+        assert kept == {"velocity": True, "applied": True, "params": True, "residual": True, "velocities": kept["velocities"]}, f"rank {r}: {kept}"
+        assert all(res["finite"]), f"rank {r}: {res['finite']}"
+    for a, b in zip(results[0]["params"], results[1]["params"]):
+        assert torch.equal(a, b)
+
+
+def test_grad_scaler_stops_the_correction_and_training_goes_on_alike():
+    # GradScaler's unscale_ divides the gradient the hook handed over
+    # before the optimizer steps, which the correction's arithmetic cannot
+    # follow: it must notice at the first step and hand the optimizer its
+    # momentum back, on every rank, the NaN step then skipped as before.
+    results = run(momentum_workers.non_finite, 2, 1, 4, 8, True)
+    for r, res in results.items():
+        assert res["stopped"] is not None and "unscale_" in res["stopped"], f"rank {r}: {res['stopped']}"
+        assert all(res["finite"]), f"rank {r}: {res['finite']}"
+        assert res["kept"]["params"] and res["kept"]["residual"], f"rank {r}: {res['kept']}"
+    for a, b in zip(results[0]["params"], results[1]["params"]):
+        assert torch.equal(a, b)
