@@ -46,6 +46,10 @@ Methods (``--method``):
   ``choice,`` line saying what it chose and why), τ = 64, τ′ = 32. Results
   from before that default (results/tta*, results/text*) ran
   ``algorithm="oktopk"``, which ``oktopk_oktopk`` names now.
+- ``oktopk_nomc``: the same with ``momentum_correction=False``: the
+  optimizer's momentum acts on the sparse average (the hook before momentum
+  correction, oktopk.momentum). ``_nomc`` ends any oktopk method name to
+  the same effect (``oktopk_oktopk_nomc``).
 - ``oktopk_auto``: the same with ``algorithm="auto"`` (the library picks the
   algorithm per bucket and call from its cost model and the measured link).
 - ``oktopk_quantized``, ``oktopk_float32``: the same with
@@ -116,7 +120,7 @@ from charlm import CharTransformer, batch, fortunes_corpus, held_out_batch, lm_l
 from cnn import VGGStyle, digits  # noqa: E402
 from tta_report import HEADER  # noqa: E402
 
-METHODS = ("ddp", "fp16", "powersgd1", "powersgd4", "oktopk", "oktopk_auto", "oktopk_sched", "oktopk_quantized", "oktopk_float32", "demo")
+METHODS = ("ddp", "fp16", "powersgd1", "powersgd4", "oktopk", "oktopk_nomc", "oktopk_auto", "oktopk_sched", "oktopk_quantized", "oktopk_float32", "demo")
 # DeMo's peak learning rate on charlm: the best of bench/adam_sim.py's sweep
 # (results/text.md); its sign step moves every coordinate by the whole rate.
 DEMO_LR = 3e-3
@@ -169,7 +173,7 @@ def sparse_algorithms():
 def algorithm_of(method):
     """The algorithm an ``oktopk_<algorithm>`` (or ``oktopk_<algorithm>_wN``)
     method names, else None."""
-    method = re.sub(r"_w\d+$", "", method)
+    method = re.sub(r"(_w\d+)?(_nomc)?$", "", method)
     name = method[len("oktopk_"):] if method.startswith("oktopk_") else None
     return name if name in sparse_algorithms() else None
 
@@ -257,6 +261,8 @@ def train(method, args, width, data):
             kwargs["dense_compression"] = "quantized" if method == "oktopk_quantized" else None
         if algorithm_of(method) is not None:
             kwargs["algorithm"] = algorithm_of(method)
+        if method.endswith("_nomc"):
+            kwargs["momentum_correction"] = False
         if method == "oktopk_sched":
             kwargs["density_schedule"] = (0.25, args.sched_steps)
         if warmup_of(method) is not None:

@@ -29,6 +29,7 @@ NAMES = {
     "powersgd1": "powerSGD_hook, rank 1",
     "powersgd4": "powerSGD_hook, rank 4",
     "oktopk": "oktopk_hook, defaults (density {density}, the measured choice)",
+    "oktopk_nomc": "oktopk_hook, defaults but momentum_correction=False",
     "oktopk_auto": 'oktopk_hook, density {density}, algorithm="auto"',
     "oktopk_sched": "oktopk_hook, density {density}, density_schedule=(0.25, {sched})",
     "oktopk_quantized": 'oktopk_hook, the measured choice, dense_compression="quantized"',
@@ -39,7 +40,9 @@ NAMES = {
 
 def method_name(method):
     """The table's name of a method (oktopk_wN: N dense warm-up steps;
-    oktopk_dN: density N%)."""
+    oktopk_dN: density N%; ..._nomc: momentum_correction=False)."""
+    if method.endswith("_nomc") and method != "oktopk_nomc":
+        return method_name(method[: -len("_nomc")]) + ", momentum_correction=False"
     if method.startswith("oktopk_w") and method[len("oktopk_w"):].isdigit():
         return "oktopk_hook, density {density}, warmup_iters=" + method[len("oktopk_w"):]
     if method.startswith("oktopk_d") and method[len("oktopk_d"):].isdigit():

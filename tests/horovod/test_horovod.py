@@ -272,3 +272,16 @@ def test_demo_under_horovodrun_keeps_ranks_bitwise_identical_without_horovods_al
         assert res["digests"] == results[0]["digests"], f"rank {r} diverged"
         assert res["moved"] and res["steps"] == 5 and res["bytes_sent"] > 0
         assert res["horovod_reductions"] == 0, f"rank {r}: {res['horovod_reductions']} reductions went through Horovod"
+
+
+@pytest.mark.parametrize("nesterov", ["0", "1"])
+def test_momentum_correction_at_density_one_equals_horovods_sgd_with_momentum(nesterov):
+    # Each rank's velocity step is what is reduced; at density 1 their
+    # average is the dense momentum, and the gradient handed to the
+    # optimizer makes its own momentum (weight decay riding it) land on it:
+    # plain Horovod's SGD within float32 rounding.
+    results = horovodrun(2, "momentum_density_one", nesterov)
+    for r, res in results.items():
+        assert res["corrected"] == res["params"], f"rank {r}: {res}"
+        assert res["worst"] <= 1e-5, f"rank {r}: {res['worst']}"
+    assert results[0]["digest"] == results[1]["digest"]

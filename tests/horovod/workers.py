@@ -483,6 +483,40 @@ def demo(out, steps="5"):
     opt.close()
     return result
 
+def momentum_density_one(out, nesterov, steps="6"):
+    """Compression.oktopk(density=1.0) under SGD with momentum 0.9 (and
+    weight decay), corrected (oktopk.momentum), beside hvd.DistributedOptimizer
+    with the same SGD: the parameters' largest relative difference over the
+    steps, whether the correction took every parameter, and the parameters
+    at the end (ranks must agree)."""
+    hvd.init()
+    torch.set_num_threads(1)
+    nesterov = nesterov == "1"
+    torch.manual_seed(5)
+    model, reference = small_model(), small_model()
+    reference.load_state_dict(model.state_dict())
+
+    def sgd(m):
+        return torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9, nesterov=nesterov, weight_decay=0.01)
+
+    opt = oktopk_horovod.DistributedOptimizer(sgd(model), named_parameters=model.named_parameters(),
+                                              compression=oktopk_horovod.Compression.oktopk(algorithm="oktopk", density=1.0))
+    ref = hvd.DistributedOptimizer(sgd(reference), named_parameters=reference.named_parameters())
+    worst = 0.0
+    for step in range(int(steps)):
+        g = torch.Generator().manual_seed(1000 * step + hvd.rank())
+        x, y = torch.randn(32, 20, generator=g), torch.randint(0, 5, (32,), generator=g)
+        for m, o in ((model, opt), (reference, ref)):
+            o.zero_grad()
+            F.cross_entropy(m(x), y).backward()
+            o.step()
+        for p, q in zip(model.parameters(), reference.parameters()):
+            worst = max(worst, (p - q).abs().max().item() / (q.abs().max().item() or 1.0))
+    result = {"worst": worst, "corrected": len(opt._momentum.velocity), "params": len(list(model.parameters())), "digest": digest(model)}
+    opt.close()
+    return result
+
+
 if __name__ == "__main__":
     name, outdir = sys.argv[1], sys.argv[2]
     result = globals()[name](outdir, *sys.argv[3:])

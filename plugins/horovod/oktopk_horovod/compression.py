@@ -18,10 +18,13 @@ class OkTopkCompressor(Compressor):
     def __init__(self, density=DEFAULTS.density, algorithm=DEFAULTS.algorithm, tau=DEFAULTS.tau, tau_prime=DEFAULTS.tau_prime,
                  timeout=DEFAULTS.timeout, value_dtype=DEFAULTS.value_dtype, stochastic_rounding=DEFAULTS.stochastic_rounding,
                  density_schedule=DEFAULTS.density_schedule, measure_xi_every=DEFAULTS.measure_xi_every, adaptive=DEFAULTS.adaptive,
-                 sparse_margin=DEFAULT_MARGIN, recheck_every=DEFAULT_RECHECK_EVERY, device_path=None):
+                 sparse_margin=DEFAULT_MARGIN, recheck_every=DEFAULT_RECHECK_EVERY, device_path=None, momentum_correction=True):
         if device_path not in (None, True, False):
             raise ValueError(f"device_path must be None, True or False, got {device_path!r}")
+        if not isinstance(momentum_correction, bool):
+            raise ValueError(f"momentum_correction must be True or False, got {momentum_correction!r}")
         self.device_path = device_path
+        self.momentum_correction = momentum_correction
         # algorithm None: the measured choice, whose sparse path is "auto".
         (self.density, self.algorithm, self.tau, self.tau_prime, self.timeout, self.value_dtype, self.stochastic_rounding,
          self.density_schedule, self.measure_xi_every, self.adaptive) = check_settings(
@@ -52,7 +55,7 @@ class Compression(hvd.Compression):
     def oktopk(density=DEFAULTS.density, algorithm=DEFAULTS.algorithm, tau=DEFAULTS.tau, tau_prime=DEFAULTS.tau_prime, timeout=DEFAULTS.timeout,
                value_dtype=DEFAULTS.value_dtype, stochastic_rounding=DEFAULTS.stochastic_rounding, density_schedule=DEFAULTS.density_schedule,
                measure_xi_every=DEFAULTS.measure_xi_every, adaptive=DEFAULTS.adaptive, sparse_margin=DEFAULT_MARGIN,
-               recheck_every=DEFAULT_RECHECK_EVERY, device_path=None):
+               recheck_every=DEFAULT_RECHECK_EVERY, device_path=None, momentum_correction=True):
         """Sparse allreduce sending about ``density`` of each gradient
         bucket; the rest waits in a residual (error feedback).
         ``algorithm=None`` (the default): each step takes the faster of
@@ -86,6 +89,11 @@ class Compression(hvd.Compression):
         stands. ``device_path`` is ``OkTopkState``'s: by default a bucket
         of CUDA gradients is selected on the GPU and only its pairs cross
         to the host (``oktopk.device``); ``True`` forces that on CPU
-        gradients too, ``False`` stages every bucket through host memory."""
+        gradients too, ``False`` stages every bucket through host memory.
+        ``momentum_correction`` is ``OkTopkState``'s: when the wrapped
+        optimizer is ``torch.optim.SGD`` with momentum (and ``op`` is
+        Average), each rank's velocity is what is reduced, and the optimizer
+        gets the gradient on which its own momentum lands on the average
+        (``oktopk.momentum``); ``oktopk_state_dict()`` carries it."""
         return OkTopkCompressor(density, algorithm, tau, tau_prime, timeout, value_dtype, stochastic_rounding, density_schedule, measure_xi_every,
-                                adaptive, sparse_margin, recheck_every, device_path)
+                                adaptive, sparse_margin, recheck_every, device_path, momentum_correction)

@@ -38,6 +38,7 @@ import torch
 from oktopk import Communicator
 from oktopk.adaptive import AdaptiveControl
 from oktopk.choice import NATIVE, SPARSE, StepChoice, debug_enabled
+from oktopk.momentum import MOMENTUM_OPTIMIZER, MomentumCorrection
 from oktopk import device as device_path_
 from oktopk.comm import route_source_address
 from oktopk.optimizers import HOROVOD_DEMO_LINE, adam_family, dense_notice, sparse_warning
@@ -170,6 +171,13 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
                 self._choice.log = print
             # This step's time starts here, in no step's path: untimed.
             self._path = self._choice.begin_step(self.sparse_step, untimed=True)
+        # Momentum correction (oktopk.momentum) when this optimizer is SGD
+        # averaging: parameters numbered in bucket order (by name, alike on
+        # every rank and across restarts).
+        self._momentum = None
+        if compressor.momentum_correction and isinstance(self, MOMENTUM_OPTIMIZER) and op == hvd.Average:
+            index = {p: i for i, p in enumerate(p for bucket in self._buckets for p in bucket.params)}
+            self._momentum = MomentumCorrection(index.get)
         # Guards the hooks' count of final gradients and the issue of buckets.
         self._lock = threading.Lock()
         self._should_synchronize = True
@@ -237,6 +245,26 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
         return density, (step if every is not None and step % every == 0 else None), tau_prime
 
     def _reduce(self, bucket, call):
+        """Worker thread: the bucket's gradients replaced by their average,
+        through the path of ``call``; with momentum correction each
+        parameter's velocity step goes in and the gradient on which the
+        optimizer's momentum lands on the average comes out."""
+        for p in bucket.params:
+            if p.grad.is_sparse and self._sparse_as_dense:
+                p.grad = p.grad.to_dense()
+        correction = self._momentum
+        if correction is None or not correction.active or any(p.grad.is_sparse or not p.grad.is_contiguous() for p in bucket.params):
+            self._reduce_bucket(bucket, call)
+            return
+        if bucket.index == 0:
+            correction.begin_step()
+        work = [(p, correction.before([p], [(correction.index_of(p), 0, p.numel())], p.grad.view(-1))) for p in bucket.params]
+        self._reduce_bucket(bucket, call)
+        for p, w in work:
+            if w is not None:
+                correction.after(w, p.grad.view(-1))
+
+    def _reduce_bucket(self, bucket, call):
         for p in bucket.params:
             if p.grad.is_sparse:
                 if not self._sparse_as_dense:
@@ -441,7 +469,10 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
                 )
             self.synchronize()
         self._synchronized = False
-        return super(self.__class__, self).step(closure)
+        loss = super(self.__class__, self).step(closure)
+        if self._momentum is not None:
+            self._momentum.stepped(self)
+        return loss
 
     def zero_grad(self, *args, **kwargs):
         if any(bucket.future is not None for bucket in self._buckets):
@@ -468,7 +499,8 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
                 "density_schedule": self.density_schedule,
                 "adaptive": self._reducer.adaptive_state(self._measure_xi_every),
                 "choice": None if self._choice is None else {**self._choice.state_dict(), "path": self._path},
-                "residual_ids": sorted(self._residual_ids)}
+                "residual_ids": sorted(self._residual_ids),
+                "momentum": {} if self._momentum is None else self._momentum.state_dict()}
 
     def load_oktopk_state_dict(self, state):
         """Restore this rank's ``oktopk_state_dict()``. Another rank's, or
@@ -507,6 +539,8 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
             self._path = state["choice"]["path"]
         self._residual_ids = set(state.get("residual_ids", tensors.keys()))
         self._stateful_ids = set(tensors.keys())
+        if self._momentum is not None:
+            self._momentum.load_state_dict(state.get("momentum", {}))
 
     @property
     def choice(self):

@@ -67,7 +67,7 @@ class MomentumCorrection:
     (``index_of(param)``, None for a parameter the hook has not numbered)."""
 
     def __init__(self, index_of):
-        self._index_of = index_of
+        self.index_of = index_of
         self._optimizer = None  # weakref to the SGD optimizer seen stepping the hook's parameters
         self._group_of = {}  # id(param) -> its parameter group (refreshed when a param is missing)
         self.settings = {}  # index -> (m, dampening, nesterov) at the optimizer's latest step
@@ -101,7 +101,7 @@ class MomentumCorrection:
             if settings is None:
                 continue
             for p in group["params"]:
-                i = self._index_of(p)
+                i = self.index_of(p)
                 if i is None:
                     continue
                 if sample is not None and sample[0] == i and p.grad is not None and p.grad.reshape(-1)[sample[1]].item() != sample[2]:
