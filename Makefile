@@ -108,7 +108,40 @@ venv-horovod:
 		touch $(HVD_VENV)/.ok; \
 	fi
 
-test: test-go test-c test-launch test-python test-wheel test-horovod test-venvs bench-smoke bench-e2e-smoke bench-ddp-smoke chaos-smoke
+# Every test: each step in a make of its own, in this order, under
+# tests/timed.sh, which writes the step's wall time to TEST_TIMES; `make
+# test` ends with the table of them (on a failure, the table so far and the
+# failing step's name). What is installed or built once and then cached
+# (apt packages, Go modules, the library, the virtualenvs, Horovod's build)
+# has a "setup:" line of its own, before the first suite that needs it; each
+# suite's line holds its recipe and the builds only it uses (the examples,
+# the wheels, the bench and chaos programs). A suite alone (`make
+# test-python`) runs as before, untimed.
+TEST_TIMES := $(BUILD)/test-times.txt
+# $(call timed,NAME,TARGET): make TARGET, its wall time recorded as NAME.
+# The + runs it under `make -n` too, so that the sub-make shows its recipe.
+timed = +@tests/timed.sh $(TEST_TIMES) run "$(1)" $(MAKE) --no-print-directory $(2)
+test:
+	@tests/timed.sh $(TEST_TIMES) reset
+	$(call timed,setup: libzmq and Go modules,deps)
+	$(call timed,test-go,test-go)
+	$(call timed,setup: liboktopk.so,build)
+	$(call timed,test-c,test-c)
+	$(call timed,setup: Open MPI and Slurm,deps-launch)
+	$(call timed,setup: torch venv,venv)
+	$(call timed,test-launch,test-launch)
+	$(call timed,test-python,test-python)
+	$(call timed,setup: wheel venv,venv-wheel)
+	$(call timed,setup: horovod venv,venv-horovod)
+	$(call timed,test-wheel,test-wheel)
+	$(call timed,test-horovod,test-horovod)
+	$(call timed,test-venvs,test-venvs)
+	$(call timed,bench-smoke,bench-smoke)
+	$(call timed,setup: fortunes,deps-text)
+	$(call timed,bench-e2e-smoke,bench-e2e-smoke)
+	$(call timed,bench-ddp-smoke,bench-ddp-smoke)
+	$(call timed,chaos-smoke,chaos-smoke)
+	@tests/timed.sh $(TEST_TIMES) print
 
 # Fuzz budgets are counts of executions, about 10 s each on a 2-core machine,
 # not durations: with a duration Go's fuzz coordinator can report a bare

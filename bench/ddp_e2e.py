@@ -205,6 +205,8 @@ def main():
     ap.add_argument("--density", type=float, default=0.01)
     ap.add_argument("--powersgd-start", type=int, default=10, help="powerSGD's start_powerSGD_iter (at least 2)")
     ap.add_argument("--sched-steps", type=int, default=50, help="oktopk_sched: decay_steps of density_schedule=(0.25, N)")
+    ap.add_argument("--algorithm", default=None, help="oktopk methods: this algorithm on every step after the warm-up instead of the measured "
+                    "choice (on loopback the choice keeps the native allreduce, so accuracy studies of the sparse path name one)")
     ap.add_argument("--demo-lr", type=float, default=DEMO_LR, help="demo: peak learning rate of DeMo's sign step")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
@@ -259,6 +261,8 @@ def train(method, args, width, data):
         kwargs = {"algorithm": "auto"} if method == "oktopk_auto" else {}
         if method in ("oktopk_quantized", "oktopk_float32"):  # under AdamW: the dense path measured against float32
             kwargs["dense_compression"] = "quantized" if method == "oktopk_quantized" else None
+        if args.algorithm is not None:
+            kwargs["algorithm"] = args.algorithm
         if algorithm_of(method) is not None:
             kwargs["algorithm"] = algorithm_of(method)
         if method.endswith("_nomc"):
