@@ -216,6 +216,7 @@ def main():
         ap.error(f"--powersgd-start must be at least 2 (powerSGD with error feedback starts after DDP's first steps), got {args.powersgd_start}")
     methods = args.method.split(",")
     for m in methods:
+        m = m if m == "oktopk_nomc" else m.removesuffix("_nomc")
         if m not in METHODS and warmup_of(m) is None and density_of(m) is None and algorithm_of(m) is None:
             ap.error(f"--method {m!r} is none of {', '.join(METHODS)}, nor oktopk_wN (N >= 2 dense warm-up steps), nor oktopk_dN "
                      f"(density N%), nor oktopk_<algorithm> ({', '.join(sparse_algorithms())}), optionally with _wN")
@@ -267,7 +268,7 @@ def train(method, args, width, data):
             kwargs["algorithm"] = algorithm_of(method)
         if method.endswith("_nomc"):
             kwargs["momentum_correction"] = False
-        if method == "oktopk_sched":
+        if method.removesuffix("_nomc") == "oktopk_sched":
             kwargs["density_schedule"] = (0.25, args.sched_steps)
         if warmup_of(method) is not None:
             kwargs["warmup_iters"] = warmup_of(method)
