@@ -105,10 +105,10 @@ class OkTopkState(ReducerStats):
         is: the hook hands it the gradient on which its own momentum lands
         on the reduced average, so ``momentum_buffer`` and weight decay keep
         their meaning (``oktopk.momentum``). It starts after the optimizer's
-        first step and costs two more copies of the gradients per rank.
+        first step and costs three more copies of the gradients per rank.
         ``.grad`` then holds that gradient, not the average of the ranks':
-        clip before ``backward`` returns, or turn this off, if a script
-        clips ``.grad``. False: the optimizer's momentum acts on the sparse
+        a script that rescales ``.grad`` before the step (GradScaler,
+        clipping) stops the correction, with a warning. False: the optimizer's momentum acts on the sparse
         average (measured: the demo's MLP swings and ends lower,
         results/sgd.md).
     :param tau: Ok-Topk's space repartition period (iterations).

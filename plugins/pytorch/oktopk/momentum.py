@@ -35,9 +35,11 @@ ranks' velocities at density 1, so the switch loses nothing. B advances
 only when the optimizer steps: a step that ``GradScaler`` skips (a NaN or
 Inf) leaves the velocity and B as they were.
 
-Each rank holds two more copies of the parameters' gradients: its velocity
-and B. Momentum factor masking (DGC's other rule) and local clipping were
-measured and are not applied (results/sgd.md). Parameters with momentum 0,
+Each rank holds three more copies of the parameters' gradients: its
+velocity, the buffer the next one is computed into (a step skipped for a
+NaN must find the old one whole), and B. Momentum factor masking (DGC's
+other rule) was simulated and is not applied, local clipping was not
+tried (results/sgd.md). Parameters with momentum 0,
 ``maximize=True``, or another optimizer are reduced as before.
 """
 
