@@ -141,6 +141,7 @@ def test_dead_rank_makes_others_raise_within_timeout():
     assert res["step"] == 3, res
     assert "oktopk" in res["error"], res
     assert res["seconds"] <= timeout * 1.1 + 1.0, res
+    assert res["corrected"] > 0 and res["velocities_kept"], res
 
 
 @pytest.mark.parametrize("multi_bucket", [False, True], ids=["one_bucket", "multi_bucket"])

@@ -144,8 +144,11 @@ def dead_peer(rank, world, port, out, timeout):
     m = DDP(small_model())
     state = OkTopkState(algorithm="oktopk", density=0.1, warmup_iters=2, timeout=timeout)
     m.register_comm_hook(state, oktopk_hook)
-    o = torch.optim.SGD(m.parameters(), lr=0.1)
+    # With momentum, so that the failing step runs under the momentum
+    # correction (oktopk.momentum), which must keep its velocities whole.
+    o = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
     for step in range(100):
+        velocities = {i: v.clone() for i, v in state._momentum.velocity.items()}
         if step == 3:
             # Rank 1's last sends of step 2 may still be queued when its
             # step returns; the barrier lets them arrive before it dies, so
@@ -159,7 +162,10 @@ def dead_peer(rank, world, port, out, timeout):
         try:
             F.cross_entropy(m(x), y).backward()
         except Exception as e:  # noqa: BLE001 - what DDP re-raises is checked by the test
-            write(out, rank, {"step": step, "seconds": time.monotonic() - start, "error": repr(e)})
+            kept = velocities.keys() == state._momentum.velocity.keys() and all(
+                torch.equal(v, state._momentum.velocity[i]) for i, v in velocities.items())
+            write(out, rank, {"step": step, "seconds": time.monotonic() - start, "error": repr(e), "corrected": len(velocities),
+                              "velocities_kept": kept})
             os._exit(0)
         o.step()
     write(out, rank, {"step": None})
@@ -512,7 +518,10 @@ def dead_in_setup(rank, world, port, out, timeout):
         try:
             F.cross_entropy(m(x), y).backward()
         except Exception as e:  # noqa: BLE001 - what DDP re-raises is checked by the test
-            write(out, rank, {"step": step, "seconds": time.monotonic() - start, "error": repr(e)})
+            kept = velocities.keys() == state._momentum.velocity.keys() and all(
+                torch.equal(v, state._momentum.velocity[i]) for i, v in velocities.items())
+            write(out, rank, {"step": step, "seconds": time.monotonic() - start, "error": repr(e), "corrected": len(velocities),
+                              "velocities_kept": kept})
             os._exit(0)
         o.step()
     write(out, rank, {"step": None})
