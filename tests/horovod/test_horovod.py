@@ -109,7 +109,7 @@ def test_auto_counts_the_algorithm_of_every_call_alike_on_every_rank():
     "kwargs",
     [dict(density=0.0), dict(density=1.5), dict(algorithm="nope"), dict(tau=0), dict(tau_prime=-1), dict(timeout=0),
      dict(value_dtype="float64"), dict(value_dtype="float16", algorithm="sparcml"), dict(value_dtype="float16", algorithm="gtopk"),
-     dict(stochastic_rounding=True)],
+     dict(stochastic_rounding=True), dict(momentum_correction=1), dict(momentum_correction="yes")],
 )
 def test_bad_settings_raise_value_error(kwargs):
     import oktopk_horovod

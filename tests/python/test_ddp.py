@@ -113,6 +113,8 @@ def test_auto_counts_the_algorithm_of_every_call_alike_on_every_rank():
         {"stochastic_rounding": 1, "value_dtype": "float16"},
         {"grads_as_bucket_views": 1},
         {"grads_as_bucket_views": None},
+        {"momentum_correction": 1},
+        {"momentum_correction": "yes"},
     ],
 )
 def test_bad_settings_raise_value_error(kwargs):
