@@ -108,9 +108,9 @@ class OkTopkState(ReducerStats):
         first step and costs three more copies of the gradients per rank.
         ``.grad`` then holds that gradient, not the average of the ranks':
         a script that rescales ``.grad`` before the step (GradScaler,
-        clipping) stops the correction, with a warning. False: the optimizer's momentum acts on the sparse
-        average (measured: the demo's MLP swings and ends lower,
-        results/sgd.md).
+        clipping) stops the correction, with a warning. False: the
+        optimizer's momentum acts on the sparse average (measured: the demo's
+        MLP swings and ends lower, results/sgd.md).
     :param tau: Ok-Topk's space repartition period (iterations).
     :param tau_prime: threshold refresh period (iterations).
     :param timeout: seconds a call, or the communicator's setup, may wait for
@@ -244,15 +244,17 @@ class OkTopkState(ReducerStats):
         self._library_groups = set()
         self._host_buffers = device_path_.HostBuffers()
         self.warmup_iters = check_warmup_iters(warmup_iters)
-        # algorithm None: the measured choice, whose sparse path is "auto",
-        # and native or bfloat16 on every step for an Adam-family
-        # optimizer's parameters (oktopk.optimizers); a named algorithm
-        # warns about one.
+        # The parameters' canonical numbering, which the momentum
+        # correction (oktopk.momentum) keys its velocities by.
         self._layout = BucketLayout()
         self._momentum = None
         if momentum_correction:
             index = self._layout.param_index
             self._momentum = MomentumCorrection(lambda p: index.get(id(p)))
+        # algorithm None: the measured choice, whose sparse path is "auto",
+        # and native or bfloat16 on every step for an Adam-family
+        # optimizer's parameters (oktopk.optimizers); a named algorithm
+        # warns about one. Every SGD step reaches the correction.
         self._optimizers = OptimizerWatch(warn=algorithm is not None, on_momentum=None if self._momentum is None else self._momentum.stepped)
         self._choice = StepChoice(sparse_margin, recheck_every, adam_candidate=dense_compression) if algorithm is None else None
         self.dense_compression = dense_compression
