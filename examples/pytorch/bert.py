@@ -85,6 +85,8 @@ def main(argv=None):
     ap.add_argument("--density-schedule", default=None, metavar="START,DECAY_STEPS", help="oktopk: density_schedule, e.g. 0.25,150")
     ap.add_argument("--adaptive", default=None, metavar="MIN,MAX[,MAX_XI]", help="oktopk: adaptive density bounds, e.g. 0.01,0.25")
     ap.add_argument("--xi-every", type=int, default=None, help="oktopk: measure_xi_every")
+    ap.add_argument("--demo", action="store_true", help="train with oktopk.optim.DeMo instead of Adam (the one line that compresses under Adam)")
+    ap.add_argument("--demo-lr", type=float, default=1e-3, help="DeMo's learning rate (its sign step's size)")
     args = ap.parse_args(argv)
 
     dist.init_process_group("gloo")
@@ -101,7 +103,12 @@ def main(argv=None):
         state = OkTopkState(density=args.density, algorithm=args.algorithm, tau_prime=128, warmup_iters=args.warmup,
                             density_schedule=schedule, adaptive=adaptive, measure_xi_every=args.xi_every)
         model.register_comm_hook(state, oktopk_hook)  # the one line that switches to sparse
-    opt = torch.optim.Adam(model.parameters(), lr=args.lr)
+    if args.demo:
+        import oktopk.optim
+
+        opt = oktopk.optim.DeMo(model, lr=args.demo_lr)  # was torch.optim.Adam(model.parameters(), lr=args.lr)
+    else:
+        opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     data = markov_corpus(args.vocab, args.seq, args.steps * args.batch_size, seed=100 + rank)
     mask_id = args.vocab
     start = time.perf_counter()
@@ -129,11 +136,15 @@ def main(argv=None):
             print(f"step {step}: masked-token loss {mean:.3f} (mean of the last {len(recent)} steps; uniform: {math.log(args.vocab):.3f}){extra}", flush=True)
     elapsed = time.perf_counter() - start
     if rank == 0:
-        mode = "oktopk" if args.oktopk else "dense"
+        mode = "demo" if args.demo else "oktopk" if args.oktopk else "dense"
         sent = f" bytes_sent_per_rank_per_iter={state.bytes_sent / max(args.steps - state.warmup_iters, 1):.0f}" if state else ""
+        if args.demo:
+            sent = f" bytes_sent_per_rank_per_iter={opt.bytes_sent / max(opt.steps, 1):.0f}"
         print(f"RESULT mode={mode} ranks={world} final_loss={mean:.3f} ms_per_iter={1000 * elapsed / args.steps:.1f}{sent}", flush=True)
     if state is not None:
         state.close()
+    if args.demo:
+        opt.close()
     dist.destroy_process_group()
 
 

@@ -43,6 +43,8 @@ def main(argv=None):
     ap.add_argument("--vocab", type=int, default=64)
     ap.add_argument("--seq", type=int, default=32)
     ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--demo", action="store_true", help="train with oktopk.optim.DeMo across the replicas instead of Adam")
+    ap.add_argument("--demo-lr", type=float, default=3e-3, help="DeMo's learning rate (its sign step's size)")
     args = ap.parse_args(argv)
 
     dist.init_process_group("gloo")
@@ -54,7 +56,7 @@ def main(argv=None):
     numel = sum(p.numel() for p in model.parameters())
     # Dense: FSDP2's own HSDP over the 2-D mesh. Sparse: shard only; the
     # replicate dimension is oktopk's.
-    shard_on = mesh["shard"] if args.oktopk else mesh
+    shard_on = mesh["shard"] if args.oktopk or args.demo else mesh
     for layer in model.encoder.layers:
         fully_shard(layer, mesh=shard_on)
     fully_shard(model, mesh=shard_on)
@@ -65,7 +67,13 @@ def main(argv=None):
 
         state = OkTopkState(process_group=mesh.get_group("replicate"), density=args.density, algorithm=args.algorithm, tau_prime=128)
         oktopk.fsdp.register(model, state)  # the one line that switches the replicas to sparse
-    opt = torch.optim.Adam(model.parameters(), lr=args.lr)
+    if args.demo:
+        import oktopk.optim
+
+        # The one line for Adam users: DeMo exchanges each shard's momentum with its replicas.
+        opt = oktopk.optim.DeMo(model.parameters(), lr=args.demo_lr, process_group=mesh.get_group("replicate"))
+    else:
+        opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     data = markov_corpus(args.vocab, args.seq, args.steps * args.batch_size, seed=100 + rank)
     mask_id = args.vocab
     start = time.perf_counter()
@@ -92,14 +100,16 @@ def main(argv=None):
     # shard sends 2(R-1)/R of it.
     shard_bytes = (shard - 1) / shard * numel * 4
     ring_bytes = 2 * (replicas - 1) / replicas * numel / shard * 4
-    if state is None:
+    if args.demo:  # DeMo's own count of its exchanges, indices included
+        replicate_bytes = opt.bytes_sent / args.steps
+    elif state is None:
         replicate_bytes = ring_bytes
     else:  # the sparse calls' own count, and the ring's for the warm-up and the steps that took gloo's allreduce
         sparse_steps = state.choice["steps"]["sparse"] if state.choice else args.steps - state.warmup_iters
         replicate_bytes = (state.bytes_sent + (args.steps - sparse_steps) * ring_bytes) / args.steps
         sparse_step_bytes = state.bytes_sent / max(sparse_steps, 1)
     if rank == 0:
-        mode = "dense" if state is None else "oktopk"
+        mode = "demo" if args.demo else "dense" if state is None else "oktopk"
         path = "" if state is None or state.choice is None else f" path={state.choice['path']}"
         if state is not None:  # what one sparse step sends, beside the run's average
             path += f" replicate_bytes_per_sparse_step={sparse_step_bytes:.0f}"
@@ -107,6 +117,8 @@ def main(argv=None):
               f"shard_bytes_per_iter={shard_bytes:.0f} replicate_bytes_per_iter={replicate_bytes:.0f}{path}", flush=True)
     if state is not None:
         state.close()
+    if args.demo:
+        opt.close()
     dist.destroy_process_group()
 
 

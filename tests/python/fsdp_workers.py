@@ -363,3 +363,47 @@ def adam_default(rank, world, port, out, steps, dense_compression):
             state.close()
     write(out, rank, result)
     dist.destroy_process_group()
+
+
+def demo_hsdp(rank, world, port, out, steps):
+    """oktopk.optim.DeMo across the replicas of FSDP2 shards, then the same
+    arithmetic on plain tensors: DeMo over copies of this rank's starting
+    shards, fed the shard gradients the sharded run saw, over the same
+    replicate group. What each rank needs to check that a sharded step is
+    DeMo's step of its local shards."""
+    import oktopk.optim
+
+    setup(rank, world, port)
+    mesh = mesh_2x2()
+    replicas = mesh.get_group("replicate")
+    model = sharded_stack(mesh, True)
+    start = {name: p.to_local().detach().clone() for name, p in model.named_parameters()}
+    refusals = {}
+    try:
+        oktopk.optim.DeMo(model.parameters(), lr=0.01)
+    except ValueError as e:
+        refusals["no_group"] = str(e)
+    opt = oktopk.optim.DeMo(model.parameters(), lr=0.01, weight_decay=0.1, topk=8, process_group=replicas)
+    grads = []
+    for s in range(steps):
+        x, y = batch(rank, s)
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        grads.append({name: p.grad.to_local().detach().clone() for name, p in model.named_parameters()})
+        opt.step()
+    sharded = local_shards(model)
+    sent = opt.bytes_sent
+    opt.close()
+    plain = {name: nn.Parameter(t.clone()) for name, t in start.items()}
+    ref = oktopk.optim.DeMo(list(plain.values()), lr=0.01, weight_decay=0.1, topk=8, process_group=replicas)
+    for s in range(steps):
+        for name, p in plain.items():
+            p.grad = grads[s][name].clone()
+        ref.step()
+    ref.close()
+    write(out, rank, {"sharded": {k: v.numpy() for k, v in sharded.items()},
+                      "plain": {k: p.detach().numpy().copy() for k, p in plain.items()},
+                      "start": {k: v.numpy() for k, v in start.items()},
+                      "grad0": {k: v.numpy() for k, v in grads[0].items()},
+                      "bytes": sent, "refusals": refusals})
+    dist.destroy_process_group()

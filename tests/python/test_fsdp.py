@@ -206,3 +206,23 @@ def test_the_default_on_replicas_stepped_by_adam_stays_dense_and_every_allreduce
             # rounding changes can move it by up to that per probe step.
             worst = np.abs(shard - res["sparse"][name]).max()
             assert worst <= 4e-3, f"rank {r} {name}: {worst}"
+
+
+def test_demo_over_hsdp_replicas_is_demo_of_each_local_shard_and_replicas_agree():
+    # Mesh (replicate, shard) = (2, 2): rank = 2 * replica + shard, so ranks
+    # r and r + 2 hold the same shards.
+    steps = 4
+    results = run(fsdp_workers.demo_hsdp, WORLD, steps)
+    for r, res in results.items():
+        assert "process_group" in res["refusals"]["no_group"], res["refusals"]
+        assert res["bytes"] > 0
+        for name, sharded in res["sharded"].items():
+            # DeMo on DTensor shards is DeMo on their local tensors, bit for bit.
+            assert np.array_equal(sharded, res["plain"][name]), (r, name)
+            assert not np.array_equal(sharded, res["start"][name]), (r, name)  # it stepped
+    for r in (0, 1):
+        twin = results[r + 2]
+        for name in results[r]["sharded"]:
+            assert np.array_equal(results[r]["sharded"][name], twin["sharded"][name]), (r, name)
+            # No dense exchange across the replicas: their shard gradients differ.
+            assert not np.array_equal(results[r]["grad0"][name], twin["grad0"][name]), (r, name)

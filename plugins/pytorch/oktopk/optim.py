@@ -42,9 +42,29 @@ momentum instead; given parameters, the caller runs backward under
 ``step`` clips the local gradient. Learning-rate schedulers work as with
 any torch optimizer. The sign update wants a smaller learning rate than
 AdamW's (results/text.md has the sweep).
+
+Under HSDP (FSDP2 sharding within a replica, replicas across the slow
+links), shard over the shard dimension only and give DeMo the replicate
+group: FSDP2 reduce-scatters each gradient within the replica, and DeMo
+exchanges the momentum of this rank's shards with the ranks that hold the
+same shards::
+
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh["shard"])
+    fully_shard(model, mesh=mesh["shard"])
+    opt = oktopk.optim.DeMo(model.parameters(), lr=3e-3, process_group=mesh.get_group("replicate"))
+
+Its blocks are then those of each local shard (a shard is a matrix of
+whole rows), so a sharded run selects other coefficients than an
+unsharded one; replicas of a shard end bitwise identical.
 """
 
 import torch
+
+try:
+    from torch.distributed.tensor import DTensor
+except ImportError:  # torch before 2.4 (Horovod's): no FSDP2 either
+    DTensor = None
 
 from .device import HostBuffers, selected_call
 from .transforms import ChunkedDCT
@@ -53,6 +73,32 @@ MOMENTUM_DECAY = 0.999  # DeMo's compression_decay
 TOPK = 64  # coefficients kept per block (DeMo's public code: 32; 64 measured better, results/text.md)
 CHUNK = 64  # a block's side
 TENSOR_ID = 0x44654D6F  # the library's state of the flat coefficient vector ("DeMo")
+
+
+def _local(t):
+    """A plain tensor's self, a DTensor's (an FSDP2 shard's) local values:
+    DeMo works on what this rank holds."""
+    return t.to_local() if DTensor is not None and isinstance(t, DTensor) else t
+
+
+def _check_shards(params, process_group):
+    """FSDP2 shards are DeMo's only when it exchanges over the replicas:
+    over the default group it would mix different shards, and under a 2-D
+    (native HSDP) mesh FSDP2 has already all-reduced them densely."""
+    sharded = [p for p in params if DTensor is not None and isinstance(p, DTensor)]
+    if not sharded:
+        return
+    if any(p.device_mesh.ndim != 1 for p in sharded):
+        raise ValueError(
+            "oktopk: DeMo's parameters are sharded over a 2-D mesh (native HSDP), so FSDP2 all-reduces their "
+            "gradients densely first; shard over the shard dimension only (fully_shard(module, mesh=mesh['shard'])) "
+            "and pass process_group=mesh.get_group('replicate')"
+        )
+    if process_group is None:
+        raise ValueError(
+            "oktopk: DeMo's parameters are FSDP2 shards: pass the replicas' group, "
+            "process_group=mesh.get_group('replicate'), so that each shard is exchanged with its own replicas"
+        )
 
 
 def _local_gradient_hook(state, bucket):
@@ -122,14 +168,15 @@ class DeMo(torch.optim.Optimizer):
         self.momentum_decay, self.topk, self.chunk = float(momentum_decay), topk, chunk
         self.process_group, self.timeout, self._connect = process_group, timeout, communicator
         self._params = [p for group in self.param_groups for p in group["params"]]
+        _check_shards(self._params, process_group)
         for p in self._params:
             if not p.is_floating_point():
                 raise ValueError(f"oktopk: DeMo steps floating-point parameters, got {p.dtype}")
         if len({p.device for p in self._params}) > 1:
             raise ValueError("oktopk: DeMo's parameters must all be on one device")
-        self.transform = ChunkedDCT([p.shape for p in self._params], chunk)
+        self.transform = ChunkedDCT([_local(p).shape for p in self._params], chunk)
         self.n = self.transform.numel
-        device = self._params[0].device if self._params else torch.device("cpu")
+        device = _local(self._params[0]).device if self._params else torch.device("cpu")
         self.transform.to(device)
         self.selected = sum(blocks * min(topk, length) for _, blocks, length in self.transform.blocks())
         self.momentum = torch.zeros(self.n, dtype=torch.float32, device=device)  # d, in DCT coefficients
@@ -168,11 +215,11 @@ class DeMo(torch.optim.Optimizer):
             for p in group["params"]:
                 g = p.grad
                 if g is None:
-                    pieces.append(torch.zeros(p.numel(), dtype=torch.float32, device=self.momentum.device))
+                    pieces.append(torch.zeros(_local(p).numel(), dtype=torch.float32, device=self.momentum.device))
                 else:
                     if g.is_sparse:
                         raise ValueError("oktopk: DeMo does not take sparse gradients")
-                    pieces.append(g.detach().reshape(-1).float() * group["lr"])
+                    pieces.append(_local(g).detach().reshape(-1).float() * group["lr"])
         return torch.cat(pieces) if pieces else torch.zeros(0)
 
     def _select(self, acc):
@@ -216,10 +263,11 @@ class DeMo(torch.optim.Optimizer):
         for group in self.param_groups:  # step 5
             lr, wd = group["lr"], group["weight_decay"]
             for p in group["params"]:
-                size = p.numel()
+                values = _local(p)  # a shard's local tensor shares the shard's storage
+                size = values.numel()
                 if wd:
-                    p.mul_(1 - lr * wd)
-                p.add_(update[at : at + size].view_as(p).to(p.dtype), alpha=-lr)
+                    values.mul_(1 - lr * wd)
+                values.add_(update[at : at + size].view_as(values).to(values.dtype), alpha=-lr)
                 at += size
         if acc.device.type == "cuda":
             torch.cuda.current_stream(acc.device).synchronize()  # the host memory is reused by the next step
