@@ -63,6 +63,7 @@ def main(argv=None):
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--width", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-momentum-correction", action="store_true", help="oktopk: leave SGD's momentum after the sparse average (momentum_correction=False)")
     args = ap.parse_args(argv)
 
     dist.init_process_group("gloo")
@@ -75,7 +76,7 @@ def main(argv=None):
     if args.oktopk:
         from oktopk import OkTopkState, oktopk_hook
 
-        state = OkTopkState(density=args.density, algorithm=args.algorithm)
+        state = OkTopkState(density=args.density, algorithm=args.algorithm, momentum_correction=not args.no_momentum_correction)
         model.register_comm_hook(state, oktopk_hook)  # the one line that switches to sparse
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     params = sum(p.numel() for p in model.parameters())
