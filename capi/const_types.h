@@ -17,5 +17,6 @@ typedef const oktopk_unique_id_t oktopk_const_unique_id;
 typedef const void oktopk_const_void;
 typedef const size_t oktopk_const_size_t;
 typedef const oktopk_call_options_t oktopk_const_call_options;
+typedef const oktopk_link_model_t oktopk_const_link_model;
 
 #endif

@@ -88,7 +88,7 @@ extern "C" {
 
 /* ABI version: major changes break callers, minor ones only add. */
 #define OKTOPK_VERSION_MAJOR 0
-#define OKTOPK_VERSION_MINOR 10
+#define OKTOPK_VERSION_MINOR 11
 #define OKTOPK_VERSION_PATCH 0
 #define OKTOPK_VERSION_CODE \
   (OKTOPK_VERSION_MAJOR * 10000 + OKTOPK_VERSION_MINOR * 100 + OKTOPK_VERSION_PATCH)
@@ -594,6 +594,23 @@ oktopk_result_t oktopk_topk(const float *x, size_t n, size_t k, uint32_t *indice
  * oktopkNonFinite with *count 0. */
 oktopk_result_t oktopk_threshold_select(const float *x, size_t n, float threshold, uint32_t *indices,
                                         float *values, size_t capacity, size_t *count);
+
+/* ---- cost model (no communication; added in 0.11) ------------------- */
+/* The cost model OKTOPK_ALGO_AUTO chooses by, for one call on a link the
+ * caller describes (a link measured by oktopk_comm_measure_link, or one
+ * planned): *seconds is the predicted time of a call of `algorithm` on a
+ * dense float32 gradient of n elements over nranks ranks with config's
+ * density, tau and tau_prime (NULL: the defaults), *bytes_per_rank the
+ * bytes one rank sends on the call's critical path (gTopk's root, which
+ * sends the most, in its tree), and *algorithm_run the algorithm that would
+ * run: `algorithm` itself, or OKTOPK_ALGO_AUTO's choice. The terms are
+ * rounds x latency + bytes x seconds_per_byte + bytes of memory passes x
+ * pass_seconds_per_byte, counted from this library's implementations, one
+ * link for every pair of ranks. algorithm_run and bytes_per_rank may be
+ * NULL. */
+oktopk_result_t oktopk_predict_call(const oktopk_link_model_t *link, int algorithm, int64_t n, int nranks,
+                                    const oktopk_config_t *config, int *algorithm_run, double *seconds,
+                                    double *bytes_per_rank);
 
 /* ---- diagnostics ----------------------------------------------------- */
 /* Number of goroutines in the library's Go runtime, for leak checks in tests

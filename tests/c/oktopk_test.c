@@ -1188,6 +1188,40 @@ static void test_fork_is_refused(oktopk_comm_t comm) {
   }
 }
 
+/* oktopk_predict_call: Auto's model without a communicator. A ring's time
+ * is its rounds, bytes and passes on the link given (ring.go's terms); its
+ * bytes per rank are 2n(P-1)/P float32 values; auto names what it would
+ * run; bad arguments are refused. */
+static void test_predict_call(void) {
+  oktopk_link_model_t link = {sizeof link, 1e-4, 1e-8, 0};
+  double seconds = -1, bytes = -1;
+  int ran = -1;
+  OK(oktopk_predict_call(&link, OKTOPK_ALGO_DENSE_RING, 1 << 20, 4, NULL, &ran, &seconds, &bytes));
+  REQUIRE(ran == OKTOPK_ALGO_DENSE_RING && bytes == 8.0 * (1 << 20) * 3 / 4);
+  REQUIRE(fabs(seconds - (6 * 1e-4 + bytes * 1e-8)) < 1e-12);
+  oktopk_config_t cfg;
+  oktopk_config_init(&cfg);
+  cfg.density = 0.001;
+  link.seconds_per_byte = 1e-7; /* a slow link: a sparse algorithm wins */
+  OK(oktopk_predict_call(&link, OKTOPK_ALGO_AUTO, 1 << 24, 16, &cfg, &ran, &seconds, NULL));
+  REQUIRE(ran != OKTOPK_ALGO_AUTO && ran != OKTOPK_ALGO_DENSE_RING && ran != OKTOPK_ALGO_DENSE_RABENSEIFNER && seconds > 0);
+  OK(oktopk_predict_call(&link, OKTOPK_ALGO_OKTOPK, 1 << 24, 1, &cfg, NULL, &seconds, &bytes));
+  REQUIRE(bytes == 0); /* one rank: nothing travels */
+  EXPECT(oktopk_predict_call(NULL, OKTOPK_ALGO_OKTOPK, 100, 2, NULL, NULL, &seconds, NULL), oktopkInvalidArgument);
+  EXPECT(oktopk_predict_call(&link, OKTOPK_ALGO_AUTO + 1, 100, 2, NULL, NULL, &seconds, NULL), oktopkInvalidArgument);
+  EXPECT(oktopk_predict_call(&link, OKTOPK_ALGO_OKTOPK, 0, 2, NULL, NULL, &seconds, NULL), oktopkInvalidArgument);
+  EXPECT(oktopk_predict_call(&link, OKTOPK_ALGO_OKTOPK, 100, 0, NULL, NULL, &seconds, NULL), oktopkInvalidArgument);
+  EXPECT(oktopk_predict_call(&link, OKTOPK_ALGO_OKTOPK, 100, 2, NULL, NULL, NULL, NULL), oktopkInvalidArgument);
+  link.latency_seconds = -1;
+  EXPECT(oktopk_predict_call(&link, OKTOPK_ALGO_OKTOPK, 100, 2, NULL, NULL, &seconds, NULL), oktopkInvalidArgument);
+  link.latency_seconds = 1e-4;
+  link.size = 4;
+  EXPECT(oktopk_predict_call(&link, OKTOPK_ALGO_OKTOPK, 100, 2, NULL, NULL, &seconds, NULL), oktopkInvalidArgument);
+  cfg.density = 2;
+  link.size = sizeof link;
+  EXPECT(oktopk_predict_call(&link, OKTOPK_ALGO_OKTOPK, 100, 2, &cfg, NULL, &seconds, NULL), oktopkInvalidArgument);
+}
+
 static int run_errors(void) {
   rank_ = 0;
   /* Library-level calls. */
@@ -1205,6 +1239,7 @@ static int run_errors(void) {
   }
   REQUIRE(oktopk_algorithm_takes_reduced_values(OKTOPK_ALGO_AUTO + 1) == -1 && oktopk_algorithm_takes_reduced_values(-1) == -1);
   oktopk_config_init(NULL); /* must not crash */
+  test_predict_call();
   EXPECT(oktopk_get_last_error(0, NULL, 10, NULL), oktopkInvalidArgument);
   char small[4];
   EXPECT(oktopk_get_last_error(0, small, 0, NULL), oktopkInvalidArgument);

@@ -240,6 +240,8 @@ def _declare(lib):
         "oktopk_algorithm_name": (c.c_char_p, [c.c_int]),
         "oktopk_algorithm_takes_reduced_values": (c.c_int, [c.c_int]),
         "oktopk_comm_measure_link": (c.c_int, [i64, P(LinkModel)]),
+        "oktopk_predict_call": (c.c_int, [P(LinkModel), c.c_int, i64, c.c_int, P(Config), P(c.c_int), P(c.c_double),
+                                          P(c.c_double)]),
         "oktopk_config_init": (None, [P(Config)]),
         "oktopk_get_last_error": (c.c_int, [i64, c.c_char_p, sz, P(c.c_int)]),
         "oktopk_make_token": (c.c_int, [c.c_char_p, sz]),
@@ -402,3 +404,23 @@ def new_link_model():
     m = LinkModel()
     m.size = ctypes.sizeof(LinkModel)
     return m
+
+
+def predict_call(latency, seconds_per_byte, pass_seconds_per_byte, algorithm, n, nranks, density=None, tau=None,
+                 tau_prime=None):
+    """The library's cost model (the one ``algorithm="auto"`` chooses by) for
+    one call of ``algorithm`` (a name) on n float32 elements over nranks
+    ranks, on a link of that latency (s), time per byte sent (s) and time per
+    byte of a pass over memory (s): (seconds, bytes one rank sends, the
+    algorithm that would run: auto's choice for "auto"). ValueError for
+    arguments the library refuses."""
+    link = new_link_model()
+    link.latency_seconds, link.seconds_per_byte, link.pass_seconds_per_byte = latency, seconds_per_byte, pass_seconds_per_byte
+    cfg = default_config(density=density, tau=tau, tau_prime=tau_prime)
+    ran, seconds, sent = ctypes.c_int(-1), ctypes.c_double(), ctypes.c_double()
+    code = lib().oktopk_predict_call(ctypes.byref(link), algorithm_code(algorithm), n, nranks, ctypes.byref(cfg),
+                                     ctypes.byref(ran), ctypes.byref(seconds), ctypes.byref(sent))
+    if code == INVALID_ARGUMENT:
+        raise ValueError(last_error())
+    check(code)
+    return seconds.value, sent.value, algorithm_name(ran.value)

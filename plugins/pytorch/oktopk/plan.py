@@ -1,0 +1,419 @@
+"""Will oktopk help this cluster? A step-time model of data-parallel
+training, and ``python -m oktopk.plan``, which prints it for each method.
+
+One step, P ranks of R per node, n parameters in DDP's buckets:
+
+    step = compute + exposed communication,
+    exposed = max(0, communication - overlap x backward),  backward = 2/3 compute
+
+and communication is the sum over the buckets of one collective call each,
+predicted by the library's own cost model: the terms ``algorithm="auto"``
+chooses by (``oktopk_predict_call``: rounds x latency + bytes x time per
+byte + bytes of memory passes x time per byte of a pass, counted from the
+library's implementations). Nothing here re-derives an algorithm's cost:
+the dense paths and PowerSGD are the library's ring on their bytes, DeMo is
+Ok-Topk on its coefficients.
+
+Two link levels, one communicator. The hook runs one flat communicator over
+all P ranks (so does DDP's native allreduce in gloo; NCCL builds rings over
+the nodes in the same way), so a call is modelled on the slowest link its
+schedule crosses: with one node, the intra-node link; otherwise the
+inter-node latency, and the node's network bandwidth shared by the ranks of
+a node that cross it at once. A ring's schedule crosses with one rank per
+node per step (ranks are numbered node by node), so it gets the whole
+network link; schedules that talk to every peer at once (Ok-Topk's split
+and reduce and allgatherv, Rabenseifner, SparCML's split) get a 1/R share
+of it. The intra-node traffic runs meanwhile on the faster level and is not
+on the critical path. A hierarchical schedule (reduce inside the node, then
+exchange across nodes) would move R times fewer bytes over the network for
+the sparse schedules; the library does not run one, and the model predicts
+what runs.
+
+Selection is the library's memory passes (the γ term); on a GPU it is a
+pass over the device's memory (``--select-gbps``), on the host a pass over
+the host's. Methods:
+
+- ``dense``: the native allreduce, float32 (the ring);
+- ``bf16``: the same in bfloat16, half the bytes;
+- ``quantized``: ``oktopk.quantized``, 4-bit values with a scale per block,
+  its all-to-all and allgather the ring's bytes at that width;
+- ``oktopk``, ``topka``, ``topkdsa``, ``gtopk``, ``gaussiank``, and
+  ``auto`` (whatever the model chooses per bucket);
+- ``powersgd``: rank r, two allreduces of (rows + cols) x r per matrix, and
+  passes over the gradient for its products;
+- ``demo``: ``oktopk.optim.DeMo``, Ok-Topk on the DCT coefficients of the
+  momentum at the blocks' density, plus the transforms' passes.
+
+Bytes are per rank per step, what one rank sends on the critical path.
+"""
+
+import argparse
+import math
+import os
+import re
+import sys
+from collections import namedtuple
+
+from . import _lib, choice, quantized
+from .optim import CHUNK, TOPK
+from .settings import DEFAULT_WARMUP_ITERS, DEFAULTS
+
+# torch DDP's default bucket_cap_mb: each bucket is one collective call.
+DDP_BUCKET_BYTES = 25 * 2**20
+# The share of the compute in backward, which bucketed communication can
+# overlap: backward costs about twice forward.
+BACKWARD_SHARE = 2 / 3
+# Schedules that cross the network with one rank per node at a time (a ring
+# over ranks numbered node by node, a tree whose upper levels have one rank
+# per node): they get the node's whole network link. Every other schedule
+# shares it among the node's ranks.
+ONE_CROSSING_PER_NODE = frozenset({"dense_ring", "topka", "gaussiank", "gtopk"})
+# PowerSGD's passes over the gradient per step: the error-feedback add, M·Q,
+# Mᵀ·P, the decompression P·Qᵀ and the new residual (torch's
+# powerSGD_hook), each reading or writing n values.
+POWERSGD_PASSES = 6
+# DeMo's passes over the parameters per step besides its Ok-Topk call: the
+# momentum update, the blockwise DCT of the momentum and the inverse DCT of
+# the result (a 64-point transform each way, read and written), the
+# selection's and the sign update's, about 12 reads or writes of n values.
+DEMO_PASSES = 12
+DEMO_DENSITY = TOPK / (CHUNK * CHUNK)  # coefficients kept per 64 x 64 block
+QUANTIZED_BYTES_PER_VALUE = (quantized.BITS + 16 / quantized.BLOCK) / 8
+METHODS = ("dense", "bf16", "quantized", "oktopk", "topka", "topkdsa", "gtopk", "gaussiank", "auto", "powersgd", "demo")
+SPARSE_ALGORITHMS = {"oktopk": "oktopk", "topka": "topka", "topkdsa": "topkdsa", "gtopk": "gtopk",
+                     "gaussiank": "gaussiank", "auto": "auto"}
+ADAM_FAMILY = ("adam", "adamw", "nadam", "radam", "adamax", "lamb")
+
+
+class Link(namedtuple("Link", "bytes_per_second latency")):
+    """One link level: bandwidth (bytes/s) and latency (s) of one message."""
+
+    @property
+    def seconds_per_byte(self):
+        return 1.0 / self.bytes_per_second if self.bytes_per_second != math.inf else 0.0
+
+
+class Cluster(namedtuple("Cluster", "ranks ranks_per_node inter intra pass_seconds_per_byte compute_seconds overlap")):
+    """P ranks, R per node; ``inter``, ``intra``: the two Link levels;
+    ``pass_seconds_per_byte``: a pass over memory where selection runs
+    (γ); ``compute_seconds``: forward, backward and optimizer of one step;
+    ``overlap``: the share of backward communication can hide under (0 to
+    1)."""
+
+    @property
+    def nodes(self):
+        return -(-self.ranks // self.ranks_per_node)
+
+
+Step = namedtuple("Step", "method seconds communication bytes ran")
+
+
+def call_link(cluster, algorithm):
+    """(latency, seconds per byte) of the link a call of ``algorithm``
+    (a library name) is limited by: see the module's text."""
+    if cluster.nodes <= 1:
+        return cluster.intra.latency, cluster.intra.seconds_per_byte
+    share = 1 if algorithm in ONE_CROSSING_PER_NODE else cluster.ranks_per_node
+    return cluster.inter.latency, cluster.inter.seconds_per_byte * share
+
+
+def predict_call(cluster, algorithm, n, density=DEFAULTS.density, value_bytes=4.0, tau=DEFAULTS.tau,
+                 tau_prime=DEFAULTS.tau_prime):
+    """One call of ``algorithm`` on n values over the cluster's ranks, from
+    the library's model: (seconds, bytes one rank sends, the algorithm
+    run). ``value_bytes`` < 4: a dense allreduce whose values travel in
+    fewer bytes (the library's terms count float32; the time per byte is
+    scaled instead, so rounds and passes stay the ring's)."""
+    if n <= 0:
+        return 0.0, 0.0, algorithm
+    latency, per_byte = call_link(cluster, algorithm)
+    width = value_bytes / 4.0
+    seconds, sent, ran = _lib.predict_call(latency, per_byte * width, cluster.pass_seconds_per_byte, algorithm, int(n),
+                                           cluster.ranks, density=density, tau=tau, tau_prime=tau_prime)
+    if ran != algorithm:  # auto: the link of what it chose
+        latency, per_byte = call_link(cluster, ran)
+        seconds, sent, _ = _lib.predict_call(latency, per_byte * width, cluster.pass_seconds_per_byte, ran, int(n),
+                                             cluster.ranks, density=density, tau=tau, tau_prime=tau_prime)
+    return seconds, sent * width, ran
+
+
+def buckets(n, bucket_bytes=DDP_BUCKET_BYTES):
+    """The sizes of DDP's buckets of n float32 values."""
+    per = max(1, bucket_bytes // 4)
+    full, rest = divmod(int(n), per)
+    return [per] * full + ([rest] if rest else [])
+
+
+def bucketed(cluster, algorithm, n, **kw):
+    """Every bucket's call of ``algorithm``: (seconds, bytes, algorithms run)."""
+    total, sent, ran = 0.0, 0.0, set()
+    for size in buckets(n):
+        s, b, r = predict_call(cluster, algorithm, size, **kw)
+        total, sent = total + s, sent + b
+        ran.add(r)
+    return total, sent, "+".join(sorted(ran))
+
+
+def powersgd_elements(n, rank, matrix_side):
+    """(values in P, values in Q) of PowerSGD at ``rank`` for n parameters
+    held in square matrices of side ``matrix_side``: (rows + cols) x r per
+    matrix, P's rows x r and Q's cols x r."""
+    matrices = n / (matrix_side * matrix_side)
+    half = matrices * matrix_side * rank
+    return half, half
+
+
+def communication(cluster, method, n, density=DEFAULTS.density, powersgd_rank=4, matrix_side=1024,
+                  powersgd_elements_total=None):
+    """(seconds, bytes per rank, what ran) of one step's reduction by
+    ``method`` (one of METHODS) of n parameters."""
+    if method == "dense":
+        return bucketed(cluster, "dense_ring", n)
+    if method == "bf16":
+        return bucketed(cluster, "dense_ring", n, value_bytes=2.0)
+    if method == "quantized":
+        return bucketed(cluster, "dense_ring", n, value_bytes=QUANTIZED_BYTES_PER_VALUE)
+    if method in SPARSE_ALGORITHMS:
+        return bucketed(cluster, SPARSE_ALGORITHMS[method], n, density=density)
+    if method == "powersgd":
+        if powersgd_elements_total is None:
+            p_values, q_values = powersgd_elements(n, powersgd_rank, matrix_side)
+        else:
+            p_values = q_values = powersgd_elements_total / 2
+        seconds, sent = 0.0, 0.0
+        for values in (p_values, q_values):
+            s, b, _ = bucketed(cluster, "dense_ring", values)
+            seconds, sent = seconds + s, sent + b
+        return seconds + POWERSGD_PASSES * 4 * n * cluster.pass_seconds_per_byte, sent, "dense_ring x 2"
+    if method == "demo":
+        s, b, ran = bucketed(cluster, "oktopk", n, density=DEMO_DENSITY)
+        return s + DEMO_PASSES * 4 * n * cluster.pass_seconds_per_byte, b, ran
+    raise ValueError(f"unknown method {method!r}; one of {', '.join(METHODS)}")
+
+
+def step(cluster, method, n, **kw):
+    """One training step's :class:`Step` by ``method``."""
+    comm, sent, ran = communication(cluster, method, n, **kw)
+    exposed = max(0.0, comm - cluster.overlap * BACKWARD_SHARE * cluster.compute_seconds)
+    return Step(method, cluster.compute_seconds + exposed, comm, sent, ran)
+
+
+def hook_default(cluster, n, optimizer, density=DEFAULTS.density, margin=choice.DEFAULT_MARGIN):
+    """What ``oktopk_hook``'s defaults would run, and why: (path, reason).
+    Under SGD the hook times native steps against sparse ones (Ok-Topk at
+    ``density``) and keeps sparse only when it saves ``margin`` of the
+    native step (``oktopk.choice``); under an Adam-family optimizer sparse
+    is out, and it measures bf16 against float32 the same way."""
+    native = step(cluster, "dense", n)
+    if optimizer.lower() in ADAM_FAMILY:
+        bf16 = step(cluster, "bf16", n)
+        demo = step(cluster, "demo", n)
+        path = "bf16" if bf16.seconds <= (1 - margin) * native.seconds else "dense"
+        why = (f"{optimizer} is Adam-family: sparse gradients are out (oktopk.optimizers); bf16 "
+               f"{bf16.seconds * 1e3:.4g} ms against float32 {native.seconds * 1e3:.4g} ms, margin {margin:.0%}: "
+               f"{'bf16' if path == 'bf16' else 'float32'}. The hook's notice recommends oktopk.optim.DeMo: "
+               f"{demo.seconds * 1e3:.4g} ms, {demo.bytes / 1e6:.4g} MB per rank")
+        return path, why
+    sparse = step(cluster, "oktopk", n, density=density)
+    path = "sparse" if sparse.seconds <= (1 - margin) * native.seconds else "native"
+    why = (f"sparse (Ok-Topk at density {density:g}) {sparse.seconds * 1e3:.4g} ms against native "
+           f"{native.seconds * 1e3:.4g} ms: {'saves' if path == 'sparse' else 'does not save'} the {margin:.0%} "
+           "margin (oktopk.choice)")
+    return path, why
+
+
+_UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+
+
+def parse_rate(text):
+    """A bandwidth in bytes per second from "25gbit", "100Gbit/s", "600GB/s",
+    "200mbit", "1.5e9" (bytes/s) or "inf"; ValueError otherwise. Bits:
+    "bit"; bytes: "B" (or "byte")."""
+    t = str(text).strip()
+    if t.lower() in ("inf", "infinite"):
+        return math.inf
+    m = re.fullmatch(r"([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([kKmMgGtT]?)(bit|bps|b|B|byte|bytes)?(/s)?", t)
+    if not m:
+        raise ValueError(f"bad bandwidth {text!r}: want e.g. 25gbit, 100Gbit/s, 600GB/s, 200mbit")
+    value, prefix, unit = float(m.group(1)), m.group(2).lower(), m.group(3) or "B"
+    bits = unit in ("bit", "bps", "b")
+    rate = value * _UNITS[prefix] / (8 if bits else 1)
+    if not rate > 0:
+        raise ValueError(f"bad bandwidth {text!r}: must be > 0")
+    return rate
+
+
+def parse_seconds(text):
+    """A duration in seconds from "5us", "2ms", "0.3s", "1e-5"."""
+    m = re.fullmatch(r"([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(ns|us|µs|ms|s)?", str(text).strip())
+    if not m:
+        raise ValueError(f"bad duration {text!r}: want e.g. 5us, 2ms, 0.3s")
+    return float(m.group(1)) * {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, None: 1.0}[m.group(2)]
+
+
+def _arg(parse):
+    def convert(text):
+        try:
+            return parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    convert.__name__ = parse.__name__
+    return convert
+
+
+def _positive(kind):
+    def convert(text):
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not 0 < v < math.inf or (kind is int and v != int(v)):
+            raise argparse.ArgumentTypeError(f"{text!r}: want a positive {'integer' if kind is int else 'number'}")
+        return kind(v)
+    return convert
+
+
+def _fraction(text):
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 <= v <= 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: want a number in [0, 1]")
+    return v
+
+
+def parser():
+    p = argparse.ArgumentParser(
+        prog="python -m oktopk.plan",
+        description="Predict a data-parallel training step with each method (dense float32, bf16, 4-bit, "
+                    "Ok-Topk and its baselines, PowerSGD, DeMo), from the library's own cost model, say what "
+                    "oktopk_hook's defaults would choose, and save a map of Ok-Topk's speedup over dense against "
+                    "bandwidth and ranks.")
+    p.add_argument("--params", type=_positive(float), required=True, help="parameters (gradient values), e.g. 1.3e9")
+    p.add_argument("--ranks", type=_positive(int), required=True, help="data-parallel ranks P")
+    p.add_argument("--ranks-per-node", type=_positive(int), default=8, help="ranks per node R (default 8)")
+    p.add_argument("--link", type=_arg(parse_rate), required=True,
+                   help="bandwidth between nodes, per node: 25gbit, 100Gbit/s, 12.5GB/s")
+    p.add_argument("--latency", type=_arg(parse_seconds), default=10e-6,
+                   help="latency of one message between nodes (default 10us)")
+    p.add_argument("--intra", type=_arg(parse_rate), default=parse_rate("100GB/s"),
+                   help="bandwidth per rank inside a node (default 100GB/s; NVLink: 600GB/s)")
+    p.add_argument("--intra-latency", type=_arg(parse_seconds), default=5e-6, help="latency inside a node (default 5us)")
+    p.add_argument("--select-gbps", type=_positive(float), default=1000.0,
+                   help="GB/s of a pass over memory where selection runs (default 1000: an HBM GPU's; a CPU's: 10)")
+    p.add_argument("--compute-ms", type=_positive(float), default=None,
+                   help="forward, backward and optimizer of one step (default: 6 x params x tokens-per-rank "
+                        "flops at --tflops)")
+    p.add_argument("--tokens-per-rank", type=_positive(float), default=4096.0,
+                   help="tokens (samples) per rank per step, for the default compute (default 4096)")
+    p.add_argument("--tflops", type=_positive(float), default=200.0,
+                   help="sustained TFLOP/s of one rank, for the default compute (default 200)")
+    p.add_argument("--overlap", type=_fraction, default=1.0,
+                   help="share of backward the communication can hide under, 0 to 1 (default 1: DDP's buckets)")
+    p.add_argument("--optimizer", default="sgd", help="sgd, or an Adam-family name (adam, adamw, ...)")
+    p.add_argument("--density", type=_fraction, default=DEFAULTS.density,
+                   help=f"density of the sparse methods (default {DEFAULTS.density})")
+    p.add_argument("--powersgd-rank", type=_positive(int), default=4, help="PowerSGD's rank (default 4)")
+    p.add_argument("--matrix-side", type=_positive(int), default=1024,
+                   help="side of the square matrices PowerSGD assumes the parameters are in (default 1024)")
+    p.add_argument("--map", default="plan_map.png",
+                   help="where to save the map (PNG with matplotlib, else CSV beside it; default plan_map.png)")
+    p.add_argument("--no-map", action="store_true", help="print only, save no map")
+    return p
+
+
+def cluster_from(args, ranks=None, rate=None):
+    compute = args.compute_ms / 1e3 if args.compute_ms else 6 * args.params * args.tokens_per_rank / (args.tflops * 1e12)
+    return Cluster(ranks=ranks or args.ranks, ranks_per_node=args.ranks_per_node,
+                   inter=Link(rate or args.link, args.latency), intra=Link(args.intra, args.intra_latency),
+                   pass_seconds_per_byte=1 / (args.select_gbps * 1e9), compute_seconds=compute, overlap=args.overlap)
+
+
+MAP_RANKS = (8, 16, 32, 64, 128, 256, 512, 1024)
+MAP_RATES_GBIT = (1, 2.5, 5, 10, 25, 50, 100, 200, 400)
+
+
+def speedup_map(args):
+    """Rows of (ranks, Gbit/s, dense ms, Ok-Topk ms, speedup) over the map's
+    grid, for the model size given."""
+    rows = []
+    for ranks in MAP_RANKS:
+        for gbit in MAP_RATES_GBIT:
+            c = cluster_from(args, ranks=max(ranks, 1), rate=gbit * 1e9 / 8)
+            dense = step(c, "dense", args.params).seconds
+            sparse = step(c, "oktopk", args.params, density=args.density).seconds
+            rows.append((ranks, gbit, dense * 1e3, sparse * 1e3, dense / sparse))
+    return rows
+
+
+def save_map(args, rows, out=sys.stdout):
+    """The map as a PNG (matplotlib) and always as CSV beside it; returns
+    the paths written."""
+    base, ext = os.path.splitext(args.map)
+    csv_path = base + ".csv"
+    with open(csv_path, "w") as f:
+        f.write("ranks,inter_node_gbit,dense_ms,oktopk_ms,speedup\n")
+        for r in rows:
+            f.write(f"{r[0]},{r[1]:g},{r[2]:.4g},{r[3]:.4g},{r[4]:.3f}\n")
+    written = [csv_path]
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return written
+    grid = [[r[4] for r in rows if r[0] == ranks] for ranks in MAP_RANKS]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    im = ax.imshow(grid, origin="lower", aspect="auto", cmap="RdYlGn", norm=matplotlib.colors.LogNorm(0.25, 4))
+    ax.set_xticks(range(len(MAP_RATES_GBIT)), [f"{g:g}" for g in MAP_RATES_GBIT])
+    ax.set_yticks(range(len(MAP_RANKS)), [str(r) for r in MAP_RANKS])
+    for i, line in enumerate(grid):
+        for j, v in enumerate(line):
+            ax.text(j, i, f"{v:.2g}", ha="center", va="center", fontsize=7)
+    ax.set_xlabel("inter-node bandwidth per node (Gbit/s)")
+    ax.set_ylabel("ranks P")
+    ax.set_title(f"Ok-Topk (density {args.density:g}) step speedup over dense, {args.params:.3g} params, "
+                 f"{args.ranks_per_node} per node", fontsize=9)
+    fig.colorbar(im, ax=ax, label="dense step / Ok-Topk step")
+    fig.tight_layout()
+    png = base + (ext or ".png")
+    fig.savefig(png, dpi=120)
+    plt.close(fig)
+    return [png] + written
+
+
+def report(args, out=sys.stdout):
+    c = cluster_from(args)
+    n = args.params
+    rate_gbit = args.link * 8 / 1e9
+    print(f"{n:.4g} parameters, {args.ranks} ranks ({c.nodes} nodes of {args.ranks_per_node}), "
+          f"{rate_gbit:.4g} Gbit/s and {args.latency * 1e6:.3g} us between nodes, "
+          f"{args.intra / 1e9:.4g} GB/s inside; compute {c.compute_seconds * 1e3:.4g} ms per step, "
+          f"overlap {args.overlap:g}, selection at {args.select_gbps:g} GB/s", file=out)
+    print(f"{'method':<10} {'step ms':>10} {'comm ms':>10} {'MB/rank':>10} {'x dense':>8}  runs", file=out)
+    kw = dict(density=args.density, powersgd_rank=args.powersgd_rank, matrix_side=args.matrix_side)
+    dense = step(c, "dense", n)
+    for m in METHODS:
+        s = step(c, m, n, **kw)
+        print(f"{m:<10} {s.seconds * 1e3:>10.4g} {s.communication * 1e3:>10.4g} {s.bytes / 1e6:>10.4g} "
+              f"{dense.seconds / s.seconds:>8.3g}  {s.ran}", file=out)
+    path, why = hook_default(c, n, args.optimizer, density=args.density)
+    print(f"oktopk_hook's defaults: {path} (after {DEFAULT_WARMUP_ITERS} dense warm-up steps). {why}", file=out)
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
+    if args.ranks_per_node > args.ranks:
+        parser().error(f"--ranks-per-node {args.ranks_per_node} exceeds --ranks {args.ranks}")
+    if args.optimizer.lower() not in ADAM_FAMILY + ("sgd",):
+        parser().error(f"--optimizer {args.optimizer!r}: want sgd or one of {', '.join(ADAM_FAMILY)}")
+    report(args)
+    if not args.no_map:
+        for path in save_map(args, speedup_map(args)):
+            print(f"map: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
