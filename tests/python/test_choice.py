@@ -228,7 +228,7 @@ def test_switching_between_native_and_sparse_keeps_gradient_mass(choice_run, cho
 
 
 def test_gradients_as_bucket_views_change_no_path_value_or_residual(choice_run, tmp_path):
-    # DDP(gradient_as_bucket_view=True), which docs/pytorch.md advises on
+    # DDP(gradient_as_bucket_view=True), which docs/pytorch-details.md advises on
     # fast links: .grad is a view of the bucket the hook reduces in place.
     # The same run takes the same paths and ends with the same parameters
     # and residuals, bitwise, on every rank.
