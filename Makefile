@@ -25,7 +25,7 @@ WHEEL_VENV := $(OKTOPK_CACHE)/venv-wheel-$(shell sha256sum $(WHEEL_REQ) | cut -c
 WHEEL_PY := $(WHEEL_VENV)/bin/python
 GO_SOURCES := $(shell find core transport capi -name '*.go' -not -name '*_test.go') $(wildcard capi/*.c capi/*.h) go.mod go.sum
 
-.PHONY: gpu-check all deps deps-launch deps-text bench-text bench-ddp bench-ddp-smoke venv-wheel build test test-go test-c test-launch test-python test-wheel test-venvs test-horovod wheel demo bench bench-quick bench-smoke bench-e2e bench-e2e-smoke bench-go examples header-check clean venv venv-horovod print-py chaos chaos-smoke fuzz
+.PHONY: gpu-check all deps deps-launch deps-text deps-images bench-text bench-images bench-ddp bench-ddp-smoke venv-wheel build test test-go test-c test-launch test-python test-wheel test-venvs test-horovod wheel demo bench bench-quick bench-smoke bench-e2e bench-e2e-smoke bench-go bench-scale examples header-check clean venv venv-horovod print-py chaos chaos-smoke fuzz
 
 all: build
 
@@ -364,6 +364,30 @@ deps-text:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends fortunes >/dev/null; \
 	fi
 
+# Real photographs for the image benchmark (bench/ddp_e2e.py --model
+# fashion): Fashion-MNIST as Debian's dataset-fashion-mnist ships it,
+# installed when missing.
+IMAGE_DATA := /usr/share/datasets/fashion-mnist
+deps-images:
+	@if [ ! -d $(IMAGE_DATA) ]; then \
+		echo "installing dataset-fashion-mnist"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends dataset-fashion-mnist >/dev/null; \
+	fi
+
+# Time to accuracy for a CNN trained with SGD and momentum on real images
+# (0.58M parameters, Fashion-MNIST, 1,200 steps of 64 images): dense, fp16,
+# PowerSGD rank 4 and the hook with and without momentum correction at P = 4.
+# Writes results/images.csv, images_curve.csv, images.png and a section of
+# bench.md. results/images.md ran it on loopback with the sparse path forced:
+# BENCH_MODE=loopback BENCH_IMAGES_ARGS="--algorithm oktopk".
+BENCH_IMAGES_METHODS ?= ddp fp16 powersgd4 oktopk oktopk_nomc
+BENCH_IMAGES_NAME ?= images
+BENCH_IMAGES_ARGS ?=
+bench-images: $(LIB) venv deps-images
+	BENCH_E2E_MODEL=fashion BENCH_E2E_NAME=$(BENCH_IMAGES_NAME) BENCH_E2E_P=4 BENCH_E2E_STEPS=1200 BENCH_E2E_EVAL=100 \
+		BENCH_E2E_TARGET=85 BENCH_E2E_POWERSGD_START=120 BENCH_E2E_ARGS="--batch-size 16 --lr 0.05 $(BENCH_IMAGES_ARGS)" \
+		BENCH_E2E_METHODS="$(BENCH_IMAGES_METHODS)" bench/ddp_e2e.sh $(PY) results
+
 # Time to a held-out loss for a transformer trained with AdamW on real text
 # (examples/pytorch/charlm.py, 1.89M parameters): every method at P = 4 on
 # the emulated cluster (BENCH_MODE=loopback: over loopback, for steps),
@@ -384,6 +408,27 @@ bench-go: $(BUILD)/.deps
 	$(GO) test -run '^$$' -bench TransferOverLoopback -benchtime 10x ./transport/zmq
 	$(GO) test -run '^$$' -bench RingAllreduceBetweenProcesses -benchtime 1x ./tests
 	$(GO) test -run '^$$' -bench . -benchtime 10x ./core
+
+# The real collectives' traffic at up to 1,024 ranks in one process
+# (bench/cmd/scale: core's code over the in-process transport, no network):
+# words and messages per rank and phase of Ok-Topk, TopkA, TopkDSA, gTopk
+# and the dense ring and Rabenseifner, on gradients recorded from the MLP,
+# the CNN and the transformer at steps 1, 50 and 200 (bench/scale_record.py,
+# into build/scale/grads, once) and on uniform ones. Writes
+# results/scale_traffic.csv and results/scale.md's tables to
+# build/scale/tables.md. SCALE_P: the rank counts; SCALE_FLAGS: more
+# (`build/scale/scale -h`).
+SCALE_P ?= 2,4,8,16,64,256,1024
+SCALE_FLAGS ?=
+$(BUILD)/scale/scale: $(BUILD)/.deps $(GO_SOURCES) $(wildcard bench/cmd/scale/*.go)
+	$(GO) build -o $@ ./bench/cmd/scale
+
+$(BUILD)/scale/grads/.ok: bench/scale_record.py | venv deps-text
+	OMP_NUM_THREADS=1 $(PY) bench/scale_record.py --out $(BUILD)/scale/grads
+	@touch $@
+
+bench-scale: $(BUILD)/scale/scale $(BUILD)/scale/grads/.ok
+	$(BUILD)/scale/scale -grads $(BUILD)/scale/grads -p $(SCALE_P) -csv results/scale_traffic.csv -md $(BUILD)/scale/tables.md $(SCALE_FLAGS)
 
 # The CUDA checks, on a machine with a GPU and no Go or registries: from the
 # wheel `make wheel` built beforehand (tests/gpu_check.sh says how).

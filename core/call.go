@@ -194,6 +194,7 @@ func (c *Call) countSent(bytes uint64) {
 	c.Stats.BytesSent += bytes
 	c.Stats.MessagesSent++
 	c.Stats.Phases[c.phase].BytesSent += bytes
+	c.Stats.Phases[c.phase].MessagesSent++
 	c.mu.Unlock()
 }
 
@@ -202,6 +203,7 @@ func (c *Call) countReceived(bytes uint64) {
 	c.Stats.BytesReceived += bytes
 	c.Stats.MessagesReceived++
 	c.Stats.Phases[c.phase].BytesReceived += bytes
+	c.Stats.Phases[c.phase].MessagesReceived++
 	c.mu.Unlock()
 }
 
@@ -287,11 +289,13 @@ func (p Phase) String() string {
 }
 
 // PhaseStats is one phase's share of a call on one rank: its wall time and
-// the payload bytes this rank queued and received while it ran.
+// the payload bytes and messages this rank queued and received while it ran.
 type PhaseStats struct {
-	Time          time.Duration
-	BytesSent     uint64
-	BytesReceived uint64
+	Time             time.Duration
+	BytesSent        uint64
+	BytesReceived    uint64
+	MessagesSent     uint64
+	MessagesReceived uint64
 }
 
 // Stats is one rank's view of one call.
@@ -307,6 +311,12 @@ type Stats struct {
 	GlobalThreshold  float32
 	Phases           [NumPhases]PhaseStats // the call cut into its phases (Phase)
 	Total            time.Duration
+
+	// Ok-Topk: the entries of the global result this rank kept as the
+	// owner of its region (step 4), before step 5 balanced them into equal
+	// shares. Over the ranks these show how even the regions were, which
+	// is what the balance step corrects.
+	Kept int
 
 	// Which algorithm ran (Auto's choice, for a call with Auto), and the
 	// time the communicator's cost model predicted for it (0 while the
@@ -331,6 +341,13 @@ type Stats struct {
 	// traffic, as the paper's bounds do.
 	XiBytesSent     uint64
 	XiBytesReceived uint64
+
+	// Ok-Topk: the words and messages of BytesSent and MessagesSent that
+	// went to the repartition's boundaries (step 2, every τ calls),
+	// counted in PhaseReduce with step 3's payload but control, not
+	// payload, as the paper's bounds count it.
+	RepartitionWords    int
+	RepartitionMessages int
 
 	// Ok-Topk: the words of BytesSent that went to the global cut's
 	// histogram exchanges (counts, not values), which its cost tests keep
@@ -358,6 +375,8 @@ func (s *Stats) Add(o Stats) {
 		s.Phases[p].Time += o.Phases[p].Time
 		s.Phases[p].BytesSent += o.Phases[p].BytesSent
 		s.Phases[p].BytesReceived += o.Phases[p].BytesReceived
+		s.Phases[p].MessagesSent += o.Phases[p].MessagesSent
+		s.Phases[p].MessagesReceived += o.Phases[p].MessagesReceived
 	}
 	s.Total += o.Total
 	s.Predicted += o.Predicted

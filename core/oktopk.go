@@ -338,7 +338,10 @@ func repartitionIfDue(ctx context.Context, call *Call, st *TensorState, local Sp
 	if st.Iter%st.Config.Tau != 0 && len(st.Boundaries) == call.Size()+1 {
 		return nil
 	}
+	sent, msgs := call.Stats.BytesSent, call.Stats.MessagesSent
 	b, err := repartition(ctx, call, local, st.N)
+	call.Stats.RepartitionWords += int(call.Stats.BytesSent-sent) / 4
+	call.Stats.RepartitionMessages += int(call.Stats.MessagesSent - msgs)
 	if err != nil {
 		return err
 	}
@@ -397,7 +400,10 @@ func okTopkSparseInput(ctx context.Context, call *Call, n int, in Sparse, k int)
 	st.N = n
 	call.Stats.LocalSelected = in.Len()
 	call.Phase(PhaseReduce)
+	sent, msgs := call.Stats.BytesSent, call.Stats.MessagesSent
 	b, err := repartition(ctx, call, in, n)
+	call.Stats.RepartitionWords += int(call.Stats.BytesSent-sent) / 4
+	call.Stats.RepartitionMessages += int(call.Stats.MessagesSent - msgs)
 	if err != nil {
 		return Sparse{}, err
 	}

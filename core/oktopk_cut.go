@@ -41,6 +41,7 @@ func globalSelection(ctx context.Context, call *Call, st *TensorState, reduced S
 		return Sparse{}, false, err
 	}
 	sc.kept = cut.keep(sc.kept, reduced, call.Rank())
+	call.Stats.Kept = sc.kept.Len()
 	// Each owner rounds its sums once to the wire's precision; every rank,
 	// this one too, uses the rounded sums, and this owner's residual takes
 	// the rounding errors (values.go).
