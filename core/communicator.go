@@ -218,6 +218,7 @@ func (c *Communicator) state(id uint64, n int, cfg Config) (*TensorState, error)
 	if st.N != n {
 		return nil, fmt.Errorf("%w: tensor %d has %d elements, earlier calls had %d", ErrInvalidArgument, id, n, st.N)
 	}
+	st.beforeFold = nil // a fold is undone before the tensor's next call or not at all
 	if st.CallerResidual {
 		return nil, fmt.Errorf("%w: tensor %d's residual is the caller's (caller-selected calls); a dense-input call needs it in the library "+
 			"(a new tensor id, or its checkpoint loaded without taking the residual)", ErrInvalidArgument, id)

@@ -184,9 +184,11 @@ func foldTile(r, g []float32) {
 // sum before and after. A tensor without state (no sparse call or load yet)
 // has nothing to fold. When some x + residual outside hold is NaN or ±Inf,
 // neither changes: the caller's dense result is then non-finite on every
-// rank, the step is skipped, and the residual waits for the next one. It
-// is local (no communication) and does not count as one of the tensor's
-// calls.
+// rank, the step is skipped, and the residual waits for the next one. A
+// NaN on another rank is seen only in the caller's dense sum, after this
+// rank folded: the caller then calls UnfoldResidual, so that on every rank
+// the skipped step's residual is what it was before it. It is local (no
+// communication) and does not count as one of the tensor's calls.
 func (c *Communicator) FoldResidual(id uint64, x []float32, hold []Span, v ValueType) error {
 	st := c.TensorStateOf(id)
 	if st == nil {
@@ -224,8 +226,10 @@ func (c *Communicator) FoldResidual(id uint64, x []float32, hold []Span, v Value
 		return true
 	})
 	if !finite {
+		st.beforeFold = nil
 		return nil
 	}
+	st.beforeFold = append(st.beforeFold[:0], st.Residual...)
 	each(func(from, to int) bool {
 		for i := from; i < to; i++ {
 			sum := x[i] + st.Residual[i]
@@ -234,5 +238,21 @@ func (c *Communicator) FoldResidual(id uint64, x []float32, hold []Span, v Value
 		}
 		return true
 	})
+	return nil
+}
+
+// UnfoldResidual undoes tensor id's latest FoldResidual, for a caller whose
+// dense sum of the folded values came out NaN or ±Inf (a non-finite
+// gradient on any rank) and so skips the step: the residual is again what
+// it was before the fold, as after a sparse call skipped for the same
+// reason. Without a fold since the tensor's last call (or load) there is
+// nothing to undo. Local, like the fold.
+func (c *Communicator) UnfoldResidual(id uint64) error {
+	st := c.TensorStateOf(id)
+	if st == nil || st.beforeFold == nil {
+		return nil
+	}
+	copy(st.Residual, st.beforeFold)
+	st.beforeFold = nil
 	return nil
 }

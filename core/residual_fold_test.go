@@ -119,3 +119,71 @@ func TestFoldResidualRoundingNonFiniteAndBadInput(t *testing.T) {
 		t.Errorf("hold past the end: %v", err)
 	}
 }
+
+// A NaN on one rank at the fold's step: that rank's fold keeps its
+// residual, the other rank's folds, and the dense sum is NaN on both. After
+// UnfoldResidual every rank's residual is bitwise what it was before the
+// step, and the next step (finite) folds it all; without a fold since the
+// tensor's last call, UnfoldResidual changes nothing.
+func TestUnfoldResidualRestoresEveryRanksResidualAfterANonFiniteDenseSum(t *testing.T) {
+	const p, n = 2, 64
+	cfg := okTopkConfig(0.1)
+	first, second, third := integerInputsOkTopk(p, n, 1), integerInputsOkTopk(p, n, 2), integerInputsOkTopk(p, n, 3)
+	var before, restored, after [p][]float32
+	var skipped [p]bool
+	runInProc(t, p, func(ctx context.Context, rank int, c *Communicator) error {
+		if _, err := c.SparseAllreduce(ctx, 1, append([]float32(nil), first[rank]...), cfg); err != nil {
+			return err
+		}
+		before[rank] = append([]float32(nil), c.TensorStateOf(1).Residual...)
+		g := append([]float32(nil), second[rank]...)
+		if rank == 1 {
+			g[5] = float32(math.NaN())
+		}
+		if err := c.FoldResidual(1, g, nil, ValuesFloat32); err != nil {
+			return err
+		}
+		if _, err := c.Allreduce(ctx, g, true, DenseRing); err != nil {
+			return err
+		}
+		skipped[rank] = g[5] != g[5]
+		if err := c.UnfoldResidual(1); err != nil {
+			return err
+		}
+		restored[rank] = append([]float32(nil), c.TensorStateOf(1).Residual...)
+		if err := c.UnfoldResidual(1); err != nil { // nothing left to undo
+			return err
+		}
+		g = append([]float32(nil), third[rank]...)
+		if err := c.FoldResidual(1, g, nil, ValuesFloat32); err != nil {
+			return err
+		}
+		for i := range g {
+			if g[i] != third[rank][i]+before[rank][i] {
+				return fmt.Errorf("rank %d entry %d: the next fold gave %v, want %v", rank, i, g[i], third[rank][i]+before[rank][i])
+			}
+		}
+		after[rank] = append([]float32(nil), c.TensorStateOf(1).Residual...)
+		return nil
+	})
+	for r := 0; r < p; r++ {
+		if !skipped[r] {
+			t.Fatalf("rank %d: the dense sum is finite; the test needs it NaN", r)
+		}
+		held := 0
+		for i := range before[r] {
+			if math.Float32bits(restored[r][i]) != math.Float32bits(before[r][i]) {
+				t.Errorf("rank %d entry %d: residual %v after the skipped step, %v before it", r, i, restored[r][i], before[r][i])
+			}
+			if before[r][i] != 0 {
+				held++
+			}
+			if after[r][i] != 0 {
+				t.Errorf("rank %d entry %d: residual %v after a finite fold, want 0", r, i, after[r][i])
+			}
+		}
+		if held == 0 {
+			t.Fatalf("rank %d held no residual: the test checks nothing", r)
+		}
+	}
+}

@@ -37,6 +37,11 @@ type TensorState struct {
 	// (CheckOwner). Size 0: unknown (a version-1 checkpoint).
 	Rank, Size int
 
+	// The residual as it was before the latest FoldResidual, kept until
+	// UnfoldResidual or the tensor's next call: the fold's caller learns
+	// only from its own dense sum whether the step was skipped.
+	beforeFold []float32
+
 	scratch okTopkScratch
 }
 

@@ -88,7 +88,7 @@ extern "C" {
 
 /* ABI version: major changes break callers, minor ones only add. */
 #define OKTOPK_VERSION_MAJOR 0
-#define OKTOPK_VERSION_MINOR 11
+#define OKTOPK_VERSION_MINOR 12
 #define OKTOPK_VERSION_PATCH 0
 #define OKTOPK_VERSION_CODE \
   (OKTOPK_VERSION_MAJOR * 10000 + OKTOPK_VERSION_MINOR * 100 + OKTOPK_VERSION_PATCH)
@@ -473,6 +473,16 @@ oktopk_result_t oktopk_tensor_state_load(oktopk_comm_t comm, uint64_t tensor_id,
  * calls); runs in issue order with this thread's calls, from any thread. */
 oktopk_result_t oktopk_tensor_residual_fold(oktopk_comm_t comm, uint64_t tensor_id, void *data, size_t count,
                                             oktopk_dtype_t dtype, const size_t *hold, size_t hold_count);
+
+/* Added in 0.12. Undoes tensor_id's latest oktopk_tensor_residual_fold for a
+ * caller whose dense sum came out NaN or Inf (a non-finite gradient on any
+ * rank: the step is skipped), so that on every rank the residual is again
+ * what it was before the step, as after a sparse call skipped for the same
+ * reason; a rank's own non-finite sum already left its residual unchanged.
+ * Call it before the tensor's next call: a call or a load in between, or no
+ * fold since the last one, leaves nothing to undo (oktopkSuccess). Local,
+ * like the fold. */
+oktopk_result_t oktopk_tensor_residual_unfold(oktopk_comm_t comm, uint64_t tensor_id);
 
 /* ---- caller-selected sparse allreduce (added in 0.10) ------------------ */
 /* Ok-Topk with error feedback for a caller whose gradient and residual live

@@ -355,6 +355,13 @@ static void test_residual_fold(oktopk_comm_t comm, int rank) {
   REQUIRE(nonzero > (int)(n / 4)); /* a third of the entries are non-zero; a 1% call left nearly all waiting */
   OK(oktopk_tensor_residual_fold(comm, 401, x, n, OKTOPK_FLOAT32, NULL, 0)); /* no state: nothing to fold */
   OK(oktopk_allreduce(comm, x, n, OKTOPK_FLOAT32, 1, OKTOPK_ALGO_DENSE_RING));
+  /* Had that sum come out NaN (a NaN on any rank: the step skipped), the
+   * unfold puts the residual back as it was before the fold, bit for bit. */
+  OK(oktopk_tensor_residual_unfold(comm, 400));
+  OK(oktopk_tensor_state_save(comm, 400, state, sz));
+  REQUIRE(memcmp(state + sz - n * 4, r0, n * 4) == 0);
+  OK(oktopk_tensor_residual_unfold(comm, 400)); /* nothing left to undo */
+  OK(oktopk_tensor_residual_unfold(comm, 401)); /* no state */
   free(g);
   free(x);
   free(r0);

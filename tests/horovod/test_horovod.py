@@ -137,6 +137,31 @@ def test_settings_are_checked_as_the_ddp_state_checks_them(kwargs):
     assert str(hvd.value) == str(ddp.value)
 
 
+@pytest.mark.parametrize("algorithm", [None, "auto", "oktopk", "topka", "gtopk", "dense_ring"], ids=lambda a: f"algorithm={a}")
+@pytest.mark.parametrize(
+    "name,value",
+    [("density", 0), ("tau", 0), ("tau_prime", -1), ("timeout", 0), ("value_dtype", "float64"), ("stochastic_rounding", 1),
+     ("density_schedule", (0.5,)), ("measure_xi_every", 0), ("adaptive", (0.1, 0.01)), ("sparse_margin", 1.0), ("sparse_margin", True),
+     ("recheck_every", 1), ("recheck_every", 8.0), ("device_path", "yes"), ("momentum_correction", "yes")],
+    ids=repr,
+)
+def test_every_bad_setting_is_refused_whatever_the_algorithm(algorithm, name, value):
+    import oktopk_horovod
+
+    with pytest.raises(ValueError, match=name):
+        oktopk_horovod.Compression.oktopk(algorithm=algorithm, **{name: value})
+
+
+@pytest.mark.parametrize("name,values", [("density", ("0.1", "0.05")), ("algorithm", ("None", "'oktopk'")), ("demo_topk", ("32", "8"))],
+                         ids=lambda x: repr(x))
+def test_a_setting_that_differs_across_ranks_fails_every_rank_within_seconds_naming_it(name, values):
+    results = horovodrun(2, "settings_mismatch", name, *values, timeout=120)
+    setting = "topk" if name == "demo_topk" else name
+    for r, res in results.items():
+        assert res["error"] is not None and res["seconds"] <= 5.0, (r, res)
+        assert f"settings differ across ranks: {setting}: rank 0 has {values[0]}, rank 1 has {values[1]}" in res["error"], (r, res)
+
+
 def test_other_compressions_are_plain_horovod():
     import horovod.torch as hvd
     import torch
@@ -285,3 +310,21 @@ def test_momentum_correction_at_density_one_equals_horovods_sgd_with_momentum(ne
         assert res["corrected"] == res["params"], f"rank {r}: {res}"
         assert res["worst"] <= 1e-5, f"rank {r}: {res['worst']}"
     assert results[0]["digest"] == results[1]["digest"]
+
+
+def test_oktopk_state_with_a_changed_field_is_refused_at_load():
+    import horovod.torch as hvd
+    import torch
+
+    import oktopk_horovod
+
+    hvd.init()  # a single process: size 1
+    model = torch.nn.Linear(4, 2)
+    opt = oktopk_horovod.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters(),
+                                              compression=oktopk_horovod.Compression.oktopk(algorithm="oktopk"))
+    saved = opt.oktopk_state_dict()
+    opt.load_oktopk_state_dict(dict(saved))  # intact: accepted
+    for changed in (dict(saved, rank=1), dict(saved, step=9)):
+        with pytest.raises(ValueError, match="fails its checksum"):
+            opt.load_oktopk_state_dict(changed)
+    opt.close()

@@ -517,6 +517,33 @@ def momentum_density_one(out, nesterov, steps="6"):
     return result
 
 
+def settings_mismatch(out, name, *values):
+    """``name`` set to ``values[rank]`` (Python literals) on each rank, of
+    Compression.oktopk, or of DeMo's topk for name "demo_topk": the
+    construction or first step that fails, how long it took, the error."""
+    import ast
+    import time
+
+    hvd.init()
+    torch.set_num_threads(1)
+    torch.manual_seed(3)
+    model = small_model()
+    value = ast.literal_eval(values[hvd.rank()])
+    start = time.monotonic()
+    try:
+        if name == "demo_topk":
+            opt = oktopk_horovod.DeMo(model.parameters(), lr=0.01, topk=value)
+            F.cross_entropy(model(torch.randn(8, 20)), torch.randint(0, 5, (8,))).backward()
+            start = time.monotonic()
+            opt.step()
+        else:
+            oktopk_horovod.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters(),
+                                                compression=oktopk_horovod.Compression.oktopk(**{name: value}))
+        return {"error": None}
+    except oktopk_horovod.OkTopkError as e:
+        return {"error": str(e), "seconds": time.monotonic() - start}
+
+
 if __name__ == "__main__":
     name, outdir = sys.argv[1], sys.argv[2]
     result = globals()[name](outdir, *sys.argv[3:])

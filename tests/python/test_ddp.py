@@ -122,6 +122,57 @@ def test_bad_settings_raise_value_error(kwargs):
         OkTopkState(**kwargs)
 
 
+# One bad value of every OkTopkState setting, by the setting's name (which
+# its message must say). Values that are bad only beside another setting
+# (16-bit values with a dense algorithm) are in the list above.
+BAD_VALUE_OF_EVERY_SETTING = [
+    ("density", 0), ("warmup_iters", 1), ("tau", 0), ("tau_prime", -1), ("timeout", 0), ("value_dtype", "float64"),
+    ("stochastic_rounding", 1), ("density_schedule", (0.5,)), ("measure_xi_every", 0), ("adaptive", (0.1, 0.01)),
+    ("sparse_margin", 1.0), ("sparse_margin", True), ("recheck_every", 1), ("recheck_every", 8.0), ("device_path", "yes"),
+    ("dense_compression", "fp8"), ("dense_compression", "float16"), ("grads_as_bucket_views", 1), ("momentum_correction", "yes"),
+]
+
+
+@pytest.mark.parametrize("algorithm", (None, *ALGORITHMS), ids=lambda a: f"algorithm={a}")
+@pytest.mark.parametrize("name,value", BAD_VALUE_OF_EVERY_SETTING, ids=lambda x: repr(x))
+def test_every_bad_setting_is_refused_whatever_the_algorithm(algorithm, name, value):
+    # The measured choice's settings (sparse_margin, recheck_every,
+    # dense_compression) were once checked only with algorithm=None.
+    with pytest.raises(ValueError, match=name):
+        OkTopkState(algorithm=algorithm, **{name: value})
+
+
+@pytest.mark.parametrize(
+    "name,values,fails_at",
+    [
+        ("dense_compression", ("quantized", "bf16"), 0),
+        ("dense_compression", ("quantized", None), 0),
+        ("warmup_iters", (2, 3), 0),
+        ("density", (0.1, 0.05), 0),
+        ("algorithm", (None, "oktopk"), 0),
+        ("optimizer_family", ("AdamW", "SGD"), 1),  # seen once it has stepped
+    ],
+    ids=lambda x: repr(x),
+)
+def test_a_setting_that_differs_across_ranks_fails_every_rank_within_seconds_naming_it(name, values, fails_at):
+    # Before: a dense_compression mismatch hung until gloo's 30-minute
+    # timeout, a warm-up mismatch aborted a rank inside gloo. The process
+    # group's timeout (gloo's default) is left as it is: it must not be
+    # what ends the run.
+    results = run(workers.settings_mismatch, 2, name, values, timeout=120)
+    for r in range(2):
+        res = results[r]
+        assert res["step"] == fails_at, (r, res)
+        assert res["seconds"] <= 5.0, (r, res)
+        assert "settings differ across ranks" in res["error"], (r, res)
+        named = f"{name}: rank 0 has {values[0]!r}, rank 1 has {values[1]!r}"
+        if name == "density":
+            named = f"density: rank 0 has {float(values[0])!r}, rank 1 has {float(values[1])!r}"
+        if name == "optimizer_family":
+            named = "optimizer_family: rank 0 has 'Adam-family (AdamW)', rank 1 has 'not Adam-family'"
+        assert named in res["error"], (r, res)
+
+
 def test_python_defaults_and_result_names_are_the_librarys():
     # settings.DEFAULTS is Python's one copy of the settings' defaults: it
     # must say what the library's oktopk_config_init says; error messages
@@ -409,3 +460,58 @@ def test_cpu_buckets_are_reduced_in_place_in_ddps_rebuilt_layout():
         assert res["calls"] == 4 * res["groups"], f"rank {r}: {seen}"
         assert res["staging"] == {}, f"rank {r}: the hook copied a CPU bucket into staging memory: {seen}"
     assert results[0]["params"] == results[1]["params"], "ranks ended with different parameters"
+
+
+def test_a_checkpoint_with_a_changed_field_or_byte_is_refused_at_load():
+    # Before, a checkpoint whose "rank" was edited loaded, its quantized
+    # residuals still another rank's.
+    import copy
+
+    import torch
+    from oktopk.quantized import QuantizedGroup
+
+    state = OkTopkState(density=0.1)
+    group = state._quantized[5] = QuantizedGroup((0, 1), (100, 28), 2, 0, "cpu")
+    group.residual.copy_(torch.randn(group.padded, generator=torch.Generator().manual_seed(1)))
+    saved = state.state_dict()
+    intact = OkTopkState(density=0.1)
+    intact.load_state_dict(copy.deepcopy(saved))
+    assert torch.equal(intact._quantized[5].residual, group.residual)
+    corrupted = copy.deepcopy(saved)
+    corrupted["quantized"][5]["residual"].view(torch.int32)[3] ^= 1  # one bit of one residual value
+    unsigned = {k: v for k, v in saved.items() if k != "checksum"}  # dropping the checksum is no way around it
+    for changed in (dict(saved, rank=1), dict(saved, iter=7), corrupted, unsigned):
+        with pytest.raises(ValueError, match="fails its checksum"):
+            OkTopkState(density=0.1).load_state_dict(changed)
+    # A pickled state (its settings beside the checkpoint) is checked alike.
+    pickled = pickle.loads(pickle.dumps(state))
+    assert torch.equal(pickled._quantized[5].residual, group.residual)
+    with pytest.raises(ValueError, match="fails its checksum"):
+        OkTopkState.__new__(OkTopkState).__setstate__(dict(state.__getstate__(), warmup_iters=5))
+    for s in (state, intact, pickled):
+        s.close()
+
+
+@pytest.mark.parametrize(
+    "optimizer,dense_compression,device_path,nan_step",
+    [("SGD", None, False, 6), ("SGD", None, True, 6), ("AdamW", "quantized", None, 14)],
+    ids=["sparse_to_native", "sparse_to_native_device_path", "quantized_to_native"],
+)
+def test_a_nan_on_one_rank_at_the_switch_to_native_keeps_every_residual_on_every_rank(optimizer, dense_compression, device_path, nan_step):
+    # Before: every rank folded what it held into a sum that came out NaN,
+    # and the skipped step lost it (quantized groups 2 -> 0).
+    results = run(workers.nan_at_switch, 2, optimizer, dense_compression, device_path, nan_step)
+    for r, res in results.items():
+        steps = res["steps"]
+        before, at, after = steps[nan_step - 1], steps[nan_step], steps[nan_step + 1]
+        assert before["path"] != "native" and at["path"] == "native" and after["path"] == "native", (r, [s["path"] for s in steps])
+        assert not at["finite"] and before["finite"] and after["finite"], r
+        held = before["quantized"] if dense_compression == "quantized" else before["tensors"]
+        assert held, f"rank {r} held no residual before the switch: the test checks nothing"
+        # Bitwise what it was before the skipped step, on every rank.
+        assert at["tensors"] == before["tensors"], r
+        assert at["residual_groups"] == before["residual_groups"], r
+        assert at["quantized"] == before["quantized"], r
+        # The next (finite) native step folds it all.
+        assert after["quantized"] == {} and after["residual_groups"] == [], r
+    assert results[0]["params"] == results[1]["params"]

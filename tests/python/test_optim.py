@@ -110,7 +110,9 @@ def test_demo_a_setting_that_differs_across_ranks_fails_every_rank_quickly():
     results = run(optim_workers.demo_mismatch, 2)
     for r in range(2):
         res = results[r]
-        assert res["error"] is not None and res["seconds"] < 10, res
+        assert res["error"] is not None and res["seconds"] <= 5, res
+        # Named at the first step's agreement, before any exchange.
+        assert "settings differ across ranks: topk: rank 0 has 32, rank 1 has 8" in res["error"], res
         assert res["unchanged"] and res["momentum_zero"], r
 
 
@@ -120,3 +122,18 @@ def test_demo_a_dead_peer_fails_the_step_within_its_timeout_and_changes_nothing(
         res = results[r]
         assert res["error"] is not None and res["error"].startswith("OkTopkError") and res["seconds"] < 5 + 5, res
         assert res["unchanged"] and res["momentum_unchanged"] and res["steps"] == 2, r
+
+
+def test_demo_a_checkpoint_with_a_changed_field_or_byte_is_refused_at_load():
+    import copy
+
+    import oktopk.optim
+
+    params = [torch.nn.Parameter(torch.randn(8, 8)), torch.nn.Parameter(torch.randn(8))]
+    saved = oktopk.optim.DeMo(params, lr=0.01).state_dict()
+    oktopk.optim.DeMo(params, lr=0.01).load_state_dict(copy.deepcopy(saved))  # intact: accepted
+    for key, value in (("steps", 3), ("skipped_steps", 1), ("library_state", b"\x01")):
+        changed = copy.deepcopy(saved)
+        changed["oktopk"][key] = value
+        with pytest.raises(ValueError, match="DeMo checkpoint fails its checksum"):
+            oktopk.optim.DeMo(params, lr=0.01).load_state_dict(changed)

@@ -1248,3 +1248,80 @@ def quantized_resume(rank, world, port, out, ckpt, dense_compression):
         results[first] = train(first, 20)
     write(out, rank, results)
     dist.destroy_process_group()
+
+
+def settings_mismatch(rank, world, port, out, name, values, optimizer="SGD"):
+    """OkTopkState with ``name`` set to ``values[rank]`` on each rank (an
+    optimizer name per rank for name "optimizer_family"): the step that fails,
+    how long its backward took, and the error."""
+    setup(rank, world, port)
+    m = DDP(small_model())
+    kwargs = {"density": 0.1}
+    if name != "optimizer_family":
+        kwargs[name] = values[rank]
+    state = OkTopkState(**kwargs)
+    m.register_comm_hook(state, oktopk_hook)
+    optimizer = values[rank] if name == "optimizer_family" else optimizer
+    o = getattr(torch.optim, optimizer)(m.parameters(), lr=0.01)
+    result = {"step": None, "error": None}
+    for step in range(6):
+        x, y = batch(rank, step)
+        o.zero_grad()
+        start = time.monotonic()
+        try:
+            F.cross_entropy(m(x), y).backward()
+        except Exception as e:  # noqa: BLE001 - what DDP re-raises is checked by the test
+            result = {"step": step, "seconds": time.monotonic() - start, "error": f"{type(e).__name__}: {e}"}
+            break
+        o.step()
+    write(out, rank, result)
+    os._exit(0)  # the ranks' collectives stopped at different points: no orderly teardown
+
+
+def nan_at_switch(rank, world, port, out, optimizer, dense_compression, device_path, nan_step):
+    """The default hook, its clock injected so that the path of every step
+    is known: under SGD sparse is probed at steps 2-5 and native at 6-9
+    (step 6 folds the sparse residuals); under AdamW with
+    dense_compression="quantized", quantized is chosen and the native probe
+    at step 14 folds the quantized residuals. Rank 1's gradient holds a NaN
+    at ``nan_step`` (a switch step), and a step whose gradient is not
+    finite is skipped, as AMP's scaler skips it. Per step: the path, and
+    the state's checkpoint of residuals (library tensors, quantized groups)
+    after it."""
+    setup(rank, world, port)
+    torch.manual_seed(0)
+    m = DDP(Branchy(), bucket_cap_mb=0.001)
+    o = torch.optim.AdamW(m.parameters(), lr=1e-2) if optimizer == "AdamW" else torch.optim.SGD(m.parameters(), lr=0.05)
+    state = OkTopkState(density=0.05, warmup_iters=2, recheck_every=8, dense_compression=dense_compression, device_path=device_path,
+                        momentum_correction=False)
+    clock = InjectedClock()
+    state._choice.clock = clock
+    m.register_comm_hook(state, oktopk_hook)
+    current = {"step": -1}
+
+    def inject(grad):
+        if rank == 1 and current["step"] == nan_step:
+            grad = grad.clone()
+            grad.view(-1)[3] = float("nan")
+        return grad
+
+    m.module.trunk.weight.register_hook(inject)
+    steps = []
+    for step in range(nan_step + 3):
+        current["step"] = step
+        clock.now += 0.010 if step > 2 and state._path == "quantized" else 0.030
+        g = torch.Generator().manual_seed(1000 * step + rank)
+        x, y = torch.randn(8, 20, generator=g), torch.randint(0, 5, (8,), generator=g)
+        o.zero_grad(set_to_none=True)
+        F.cross_entropy(m(x, True, True), y).backward()
+        finite = all(bool(torch.isfinite(p.grad).all()) for p in m.parameters())
+        if finite:
+            o.step()
+        saved = state.state_dict()
+        steps.append({"path": state._path if step >= 2 else "warm-up", "finite": finite, "tensors": saved["tensors"],
+                      "residual_groups": saved["residual_groups"],
+                      "quantized": {k: (v["residual"].numpy().tobytes(), v["owner_residual"].numpy().tobytes())
+                                    for k, v in saved["quantized"].items()}})
+    write(out, rank, {"steps": steps, "params": b"".join(p.detach().numpy().tobytes() for p in m.parameters())})
+    state.close()
+    dist.destroy_process_group()

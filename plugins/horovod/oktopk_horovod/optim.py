@@ -13,7 +13,7 @@ import horovod.torch as hvd
 from oktopk.comm import Communicator
 from oktopk.optim import DeMo as _DeMo
 
-from .optimizer import _default_bind_host
+from .optimizer import _default_bind_host, horovod_agreement
 
 
 def _horovod_communicator(density, timeout):
@@ -36,7 +36,7 @@ def DeMo(params, **kwargs):
     """``oktopk.optim.DeMo`` over every Horovod rank (its arguments but
     ``process_group`` and ``communicator``). Do not wrap it in
     ``hvd.DistributedOptimizer``: it exchanges its momentum itself."""
-    for name in ("process_group", "communicator"):
+    for name in ("process_group", "communicator", "agreement"):
         if name in kwargs:
             raise ValueError(f"oktopk_horovod.DeMo: {name} is set by Horovod, not by the caller")
-    return _DeMo(params, communicator=_horovod_communicator, **kwargs)
+    return _DeMo(params, communicator=_horovod_communicator, agreement=horovod_agreement("oktopk.optim.settings"), **kwargs)

@@ -41,9 +41,10 @@ from oktopk.choice import NATIVE, SPARSE, StepChoice, debug_enabled
 from oktopk.momentum import MOMENTUM_OPTIMIZER, MomentumCorrection
 from oktopk import device as device_path_
 from oktopk.comm import route_source_address
-from oktopk.optimizers import HOROVOD_DEMO_LINE, adam_family, dense_notice, sparse_warning
-from oktopk.reducer import Reducer, ReducerStats
+from oktopk.optimizers import HOROVOD_DEMO_LINE, adam_family, dense_notice, family_seen, sparse_warning
+from oktopk.reducer import Reducer, ReducerStats, StepFolds
 from oktopk.schedule import check_schedule, density_at
+from oktopk.settings import check_agreement, check_checksum, with_checksum
 
 from .compression import OkTopkCompressor
 
@@ -122,6 +123,7 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
         named = _named_parameters(self.param_groups, named_parameters)
         _check_ranks_agree([name for name, _ in named])
         self._buckets = _make_buckets(named, bucket_bytes)
+        self._bucket_bytes = bucket_bytes
         self._bucket_of = {}
         for bucket in self._buckets:
             for p in bucket.params:
@@ -138,7 +140,6 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
         # in bucket order on every rank, and the calls' statistics.
         adaptive = compressor.adaptive
         self._reducer = Reducer(None if adaptive is None else AdaptiveControl(adaptive, compressor.density, compressor.tau_prime))
-        self._reducer.start(self._make_communicator())
         # Bucket states saved when the measured choice released an idle
         # communicator, loaded into the next one.
         self._pending_state = {}
@@ -149,6 +150,9 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
         self._choice = None
         self._path = SPARSE
         self._residual_ids = set()
+        # What this step's folds took from the residuals, given back when
+        # its sum turns out non-finite (the step is then skipped).
+        self._folds = StepFolds()
         # The buckets the library holds a state of (a sparse call or a load
         # made one): only those are saved, in checkpoints and on release.
         self._stateful_ids = set()
@@ -158,6 +162,11 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
         self._device_groups = {}
         self._library_ids = set()
         self._host_buffers = device_path_.HostBuffers()
+        # Before any collective the settings decide (the choice's first
+        # agreement, the communicator's setup): every rank must hold them
+        # alike. A load sets this again: the first gradient hook after it
+        # agrees before issuing a bucket.
+        self._agree_on_settings()
         # An Adam-family optimizer keeps Horovod's allreduce with algorithm
         # None, and is warned about with a named one (oktopk.optimizers).
         adam = adam_family(self)
@@ -178,6 +187,7 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
         if compressor.momentum_correction and isinstance(self, MOMENTUM_OPTIMIZER) and op == hvd.Average:
             index = {p: i for i, p in enumerate(p for bucket in self._buckets for p in bucket.params)}
             self._momentum = MomentumCorrection(index.get)
+        self._reducer.start(self._make_communicator())
         # Guards the hooks' count of final gradients and the issue of buckets.
         self._lock = threading.Lock()
         self._should_synchronize = True
@@ -215,6 +225,8 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
                         "optimizer.step() or optimizer.synchronize(); raise backward_passes_per_step "
                         "to accumulate gradients locally."
                     )
+                if self._agreement_due:
+                    self._agree_on_settings()
                 self._passes[p] += 1
                 if self._passes[p] == self.backward_passes_per_step:
                     self._bucket_of[p].pending -= 1
@@ -295,8 +307,10 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
             # Horovod's own allreduce of the bucket, its residual (left by
             # sparse steps) folded in first so nothing waits or is lost.
             if bucket.tensor_id in self._residual_ids:
-                self._reducer.comm.fold_residual_(bucket.tensor_id, host)
-                self._residual_ids.discard(bucket.tensor_id)
+                comm, tid = self._reducer.comm, bucket.tensor_id
+                comm.fold_residual_(tid, host)
+                self._folds.took(lambda: (comm.unfold_residual(tid), self._residual_ids.add(tid)))
+                self._residual_ids.discard(tid)
             hvd.allreduce_(host, op=self._op, name=f"oktopk.native.{bucket.index}")
         else:
             if cuda:
@@ -341,7 +355,9 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
                 self._library_ids.discard(tid)
             self._device_groups[tid] = group
         if call == NATIVE:
-            if tid in self._residual_ids and device_path_.fold_(flat, group):
+            residual = group.residual.clone() if tid in self._residual_ids else None
+            if residual is not None and device_path_.fold_(flat, group):
+                self._folds.took(lambda: (group.residual.copy_(residual), self._residual_ids.add(tid)))
                 self._residual_ids.discard(tid)
             hvd.allreduce_(flat, op=self._op, name=f"oktopk.native.{bucket.index}")
         else:
@@ -368,6 +384,26 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
         comm = self._reducer.comm
         return comm.save_tensor_state(tensor_id) if group is None else group.checkpoint(comm, tensor_id)
 
+    def _agreement_settings(self):
+        """The settings that decide which collectives a rank issues and
+        when, with where the run stands (a resumed one: its step and
+        choice): what every rank must hold alike."""
+        c, choice = self._compressor, self._choice
+        return {
+            "density": c.density, "algorithm": c.algorithm, "tau": c.tau, "tau_prime": c.tau_prime, "value_dtype": c.value_dtype,
+            "stochastic_rounding": c.stochastic_rounding, "density_schedule": self.density_schedule,
+            "measure_xi_every": self._measure_xi_every, "adaptive": c.adaptive, "sparse_margin": c.sparse_margin,
+            "recheck_every": c.recheck_every, "device_path": c.device_path, "momentum_correction": c.momentum_correction,
+            "optimizer_family": family_seen(adam_family(self)), "op": str(self._op), "backward_passes_per_step": self.backward_passes_per_step,
+            "bucket_bytes": self._bucket_bytes, "buckets": len(self._buckets), "step": self.sparse_step,
+            "choice": None if choice is None else (choice.chosen, choice.candidate, choice.decided_at, choice.confirm_at, self._path),
+        }
+
+    def _agree_on_settings(self):
+        if hvd.size() > 1:
+            check_agreement(self._agreement_settings(), *horovod_agreement("oktopk.settings"))
+        self._agreement_due = False
+
     # -- Horovod's optimizer interface --------------------------------------
 
     def synchronize(self):
@@ -387,6 +423,15 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
             try:
                 for bucket in self._buckets:
                     bucket.future.result()
+                if self._folds.folded:
+                    # A NaN on any rank makes this step's sum non-finite on
+                    # every rank, and the step skipped: what the folds took
+                    # goes back into the residuals (StepFolds).
+                    self._folds.watching = True
+                    for bucket in self._buckets:
+                        for p in bucket.params:
+                            self._folds.see(p.grad)
+                    self._folds.settle()
                 if (self._reducer.adaptive is not None and self.sparse_step % self._measure_xi_every == 0
                         and self._reducer.comm is not None):
                     # Every call of the step is done: the reducer's
@@ -495,17 +540,20 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
             tensors = dict(self._pending_state)
         else:
             tensors = {tensor_id: self._save_bucket(tensor_id) for tensor_id in sorted(self._stateful_ids)}
-        return {"rank": hvd.rank(), "world_size": hvd.size(), "tensors": tensors, "step": self.sparse_step,
+        return with_checksum({"rank": hvd.rank(), "world_size": hvd.size(), "tensors": tensors, "step": self.sparse_step,
                 "density_schedule": self.density_schedule,
                 "adaptive": self._reducer.adaptive_state(self._measure_xi_every),
                 "choice": None if self._choice is None else {**self._choice.state_dict(), "path": self._path},
                 "residual_ids": sorted(self._residual_ids),
-                "momentum": {} if self._momentum is None else self._momentum.state_dict()}
+                "momentum": {} if self._momentum is None else self._momentum.state_dict()})
 
     def load_oktopk_state_dict(self, state):
         """Restore this rank's ``oktopk_state_dict()``. Another rank's, or
         one saved at another world size, raises ValueError: residuals are
-        each rank's own unsent gradients and cannot be repartitioned."""
+        each rank's own unsent gradients and cannot be repartitioned. So
+        does one whose checksum fails (a field or byte changed since it was
+        saved)."""
+        check_checksum(state, "oktopk_horovod")
         if "tensors" in state:
             _check_owner(state.get("rank"), state.get("world_size"))
             tensors = state["tensors"]
@@ -541,6 +589,9 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
         self._stateful_ids = set(tensors.keys())
         if self._momentum is not None:
             self._momentum.load_state_dict(state.get("momentum", {}))
+        # What decides the collectives may have changed (the step, the
+        # choice): the next step's first gradient hook agrees again.
+        self._agreement_due = True
 
     @property
     def choice(self):
@@ -559,6 +610,19 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
 def _agree_max(values):
     """The measured choice's agreement: each value's max over the ranks."""
     return [float(v) for v in hvd.allreduce(torch.tensor(values, dtype=torch.float64), op=hvd.Max, name="oktopk.choice").tolist()]
+
+
+def horovod_agreement(name):
+    """(gather_digests, gather_settings) for oktopk.settings.check_agreement
+    over every Horovod rank: the digests in one fixed-size allgather."""
+    def gather_digests(digest):
+        every = hvd.allgather(torch.tensor([list(digest)], dtype=torch.int64), name=f"{name}.digest")
+        return [bytes(row.tolist()) for row in every]
+
+    def gather_settings(settings):
+        return hvd.allgather_object(settings, name=f"{name}.values")
+
+    return gather_digests, gather_settings
 
 
 def _check_owner(saved_rank, saved_size):

@@ -82,6 +82,14 @@ def check_choice(margin, recheck_every):
     return float(margin), int(recheck_every)
 
 
+def check_dense_compression(dense_compression):
+    """A front end's path in sparse's place under an Adam-family optimizer,
+    checked; ValueError naming the choices."""
+    if dense_compression not in (QUANTIZED, BF16, None):
+        raise ValueError(f"dense_compression must be {QUANTIZED!r}, {BF16!r} or None, got {dense_compression!r}")
+    return dense_compression
+
+
 def debug_enabled():
     return os.environ.get("OKTOPK_DEBUG_AUTO") == "1"
 
@@ -94,9 +102,7 @@ class StepChoice:
 
     def __init__(self, margin=DEFAULT_MARGIN, recheck_every=DEFAULT_RECHECK_EVERY, adam_candidate=None):
         self.margin, self.recheck_every = check_choice(margin, recheck_every)
-        if adam_candidate not in (None, BF16, QUANTIZED):
-            raise ValueError(f"dense_compression must be {QUANTIZED!r}, {BF16!r} or None, got {adam_candidate!r}")
-        self.adam_candidate = adam_candidate  # the front end's path in sparse's place under Adam, or None
+        self.adam_candidate = check_dense_compression(adam_candidate)  # the front end's path in sparse's place under Adam, or None
         self.agree = None
         self.log = None  # the front end's logger of decisions (rank 0 with OKTOPK_DEBUG_AUTO=1)
         self.clock = time.perf_counter

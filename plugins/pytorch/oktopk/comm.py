@@ -351,6 +351,13 @@ class Communicator:
             self.handle, tensor_id, tensor.data_ptr(), tensor.numel(), dtype, ranges, len(hold)))
         return tensor
 
+    def unfold_residual(self, tensor_id):
+        """Undo ``tensor_id``'s latest :meth:`fold_residual_` when the dense
+        allreduce that followed came out NaN or Inf (a non-finite gradient
+        on some rank: the step is skipped), so the residual is what it was
+        before the step. Before the tensor's next call; local."""
+        self._check(_lib.lib().oktopk_tensor_residual_unfold(self.handle, tensor_id))
+
     def allreduce_(self, tensor, average=True, algorithm="dense_ring"):
         """Dense allreduce of a contiguous CPU tensor, in place
         (``algorithm``: "dense_ring", "dense_rabenseifner" or "auto")."""

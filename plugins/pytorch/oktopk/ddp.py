@@ -18,16 +18,18 @@ import torch
 import torch.distributed as dist
 
 from .adaptive import AdaptiveControl
-from .choice import BF16, DEFAULT_MARGIN, DEFAULT_RECHECK_EVERY, NATIVE, QUANTIZED, SPARSE, StepChoice, debug_enabled
+from .choice import (BF16, DEFAULT_MARGIN, DEFAULT_RECHECK_EVERY, NATIVE, QUANTIZED, SPARSE, StepChoice, check_choice, check_dense_compression,
+                     debug_enabled)
 from .quantized import QuantizedGroup
 from . import device as device_path_
 from .comm import Communicator
 from .layout import BucketLayout, group_id_of, on_stream
 from .momentum import MomentumCorrection
-from .optimizers import OptimizerWatch, dense_notice
-from .reducer import Reducer, ReducerStats
+from .optimizers import OptimizerWatch, dense_notice, family_seen
+from .reducer import Reducer, ReducerStats, StepFolds
 from .schedule import check_schedule, density_at
-from .settings import DEFAULT_WARMUP_ITERS, DEFAULTS, check_settings, check_warmup_iters
+from .settings import (DEFAULT_WARMUP_ITERS, DEFAULTS, check_agreement, check_checksum, check_settings, check_warmup_iters, process_group_agreement,
+                       settings_digest, with_checksum)
 
 # The bucket dtypes liboktopk reduces; the dense warm-up would take others,
 # so they are refused on the first hook call rather than at the first sparse
@@ -218,6 +220,8 @@ class OkTopkState(ReducerStats):
         "_bucket_grads",
         "momentum_correction",
         "_momentum",
+        "_agreement_steps",
+        "_folds",
     ]
 
     def __init__(self, process_group=None, density=DEFAULTS.density, algorithm=DEFAULTS.algorithm, warmup_iters=DEFAULT_WARMUP_ITERS,
@@ -228,6 +232,13 @@ class OkTopkState(ReducerStats):
                  momentum_correction=True):
         if device_path not in (None, True, False):
             raise ValueError(f"device_path must be None, True or False, got {device_path!r}")
+        # Checked whatever the algorithm, though only the measured choice
+        # (algorithm None) reads them: a bad value is refused, never ignored.
+        sparse_margin, recheck_every = check_choice(sparse_margin, recheck_every)
+        dense_compression = check_dense_compression(dense_compression)
+        settings = check_settings(density, "auto" if algorithm is None else algorithm, tau, tau_prime, timeout, value_dtype, stochastic_rounding,
+                                  density_schedule, measure_xi_every, adaptive)
+        self.warmup_iters = check_warmup_iters(warmup_iters)
         if not isinstance(grads_as_bucket_views, bool):
             raise ValueError(f"grads_as_bucket_views must be True or False, got {grads_as_bucket_views!r}")
         self.grads_as_bucket_views = grads_as_bucket_views
@@ -243,7 +254,6 @@ class OkTopkState(ReducerStats):
         self._device_groups = {}
         self._library_groups = set()
         self._host_buffers = device_path_.HostBuffers()
-        self.warmup_iters = check_warmup_iters(warmup_iters)
         # The parameters' canonical numbering, which the momentum
         # correction (oktopk.momentum) keys its velocities by.
         self._layout = BucketLayout()
@@ -269,9 +279,7 @@ class OkTopkState(ReducerStats):
             watch = self._optimizers
             self._choice.adam_seen = lambda: watch.seen
         (self.density, self.algorithm, self.tau, self.tau_prime, self.timeout, self.value_dtype, self.stochastic_rounding,
-         self.density_schedule, self.measure_xi_every, self.adaptive) = check_settings(
-            density, "auto" if algorithm is None else algorithm, tau, tau_prime, timeout, value_dtype, stochastic_rounding, density_schedule,
-            measure_xi_every, adaptive)
+         self.density_schedule, self.measure_xi_every, self.adaptive) = settings
         if algorithm is None:
             self.algorithm = None
         self.process_group = process_group
@@ -301,6 +309,13 @@ class OkTopkState(ReducerStats):
         self._residual_groups = set()
         # The latest iteration that sent a bucket to the regrouping pool.
         self._pooled_iter = None
+        # Steps still to begin with the ranks' agreement on the settings
+        # (agree_on_settings): the first, where nothing yet depends on them,
+        # and the next, once the optimizer has stepped (the family seen).
+        self._agreement_steps = 2
+        # What this step's folds took from the residuals, given back if its
+        # dense sum turns out non-finite (the step is then skipped).
+        self._folds = StepFolds()
 
     @property
     def quantized_bytes_sent(self):
@@ -364,7 +379,12 @@ class OkTopkState(ReducerStats):
         """Iteration counter, the parameter groups residuals are kept in,
         every group's residual and thresholds, and the rank and world size
         they belong to, so a resumed run continues where this one stopped
-        (also into DDP's initial bucket layout). Every rank saves its own."""
+        (also into DDP's initial bucket layout), and a checksum of it all.
+        Every rank saves its own."""
+        return with_checksum(self._checkpoint())
+
+    def _checkpoint(self):
+        self._folds.settle()  # a step skipped for a NaN left its residuals as they were
         tensors = dict(self._pending_state)
         comm = self._reducer.comm
         if comm is not None:
@@ -392,7 +412,9 @@ class OkTopkState(ReducerStats):
         """Restore a state_dict() saved by this same rank of a run of the same
         world size; another rank's or another size's raises ValueError (here,
         or at the first sparse step when the process group does not exist
-        yet), saying what to do."""
+        yet), saying what to do; so does one whose checksum fails (a
+        field or byte changed since it was saved)."""
+        check_checksum(state, "OkTopkState")
         if state.get("algorithm", self.algorithm) != self.algorithm:
             def named(a):
                 return "the measured choice (algorithm=None)" if a is None else f"algorithm {a!r}"
@@ -423,6 +445,9 @@ class OkTopkState(ReducerStats):
         self._residual_groups = set(state.get("residual_groups", state.get("tensors", {}).keys()))
         tensors = dict(state.get("tensors", {}))
         self._layout.load_state_dict(state.get("layout", {}))
+        # What decides the collectives may have changed (iter, layout, the
+        # choice): the next step begins with the ranks' agreement again.
+        self._agreement_steps = max(self._agreement_steps, 1)
         if self._reducer.comm is not None:
             for bucket_id, blob in tensors.items():
                 self._reducer.comm.load_tensor_state(bucket_id, blob)
@@ -432,7 +457,7 @@ class OkTopkState(ReducerStats):
             self._pending_state = tensors
 
     def __getstate__(self):
-        return self.state_dict() | {
+        return with_checksum(self._checkpoint() | {
             "warmup_iters": self.warmup_iters,
             "tau": self.tau,
             "tau_prime": self.tau_prime,
@@ -444,9 +469,10 @@ class OkTopkState(ReducerStats):
             "dense_compression": self.dense_compression,
             "grads_as_bucket_views": self.grads_as_bucket_views,
             "momentum_correction": self.momentum_correction,
-        }
+        })
 
     def __setstate__(self, state):
+        check_checksum(state, "OkTopkState")  # before its fields make the state
         saved_choice = state.get("choice")
         # A state pickled before warm-ups of 1 were refused: its iterations
         # past the warm-up are unaffected by the longer one.
@@ -478,6 +504,45 @@ class OkTopkState(ReducerStats):
 # torch.distributed, and hands every sparse bucket to the state's reducer:
 # a bucket that is exactly one known group is reduced by itself, any other
 # goes through the layout's regrouping pool (see oktopk.layout).
+
+
+def agreement_settings(state):
+    """The state's settings that decide which collectives a rank issues
+    and when, with where the run stands (a resumed one: its step, layout
+    and choice): what every rank must hold alike."""
+    choice = state._choice
+    groups = sorted((group_id, tuple(members)) for group_id, members in state._layout.state_dict().items())
+    return {
+        "density": state.density,
+        "algorithm": state.algorithm,
+        "warmup_iters": state.warmup_iters,
+        "tau": state.tau,
+        "tau_prime": state.tau_prime,
+        "dense_compression": state.dense_compression,
+        "value_dtype": state.value_dtype,
+        "stochastic_rounding": state.stochastic_rounding,
+        "density_schedule": state.density_schedule,
+        "measure_xi_every": state.measure_xi_every,
+        "adaptive": state.adaptive,
+        "sparse_margin": state.sparse_margin,
+        "recheck_every": state.recheck_every,
+        "device_path": state.device_path,
+        "momentum_correction": state.momentum_correction,
+        "optimizer_family": family_seen(state._optimizers.seen),
+        "iter": state.iter,
+        "layout": f"{len(groups)} groups, digest {settings_digest(dict(groups)).hex()[:12]}",
+        "choice": None if choice is None else (choice.chosen, choice.candidate, choice.decided_at, choice.confirm_at),
+    }
+
+
+def agree_on_settings(state, device):
+    """At the first bucket of a step that begins with it (the first steps,
+    and after a load): OkTopkError on every rank, naming each setting and
+    every rank's value, unless every rank of the process group holds the
+    same agreement_settings (oktopk.settings.check_agreement: one
+    fixed-size all_gather, the same on every rank whatever its settings)."""
+    check_agreement(agreement_settings(state), *process_group_agreement(state.process_group, device))
+    state._agreement_steps -= 1
 
 
 def _start(state):
@@ -590,6 +655,7 @@ def _reduce_pieces(state, group_id, pieces, call):
         state.last_density, state.last_tau_prime = density, tau_prime
     state._reducer.sparse_allreduce_(group_id, host, hold, density=density, xi_step=xi_step, tau_prime=tau_prime,
                                      sparse_only=state._choice is not None)
+    state._folds.see(host)  # a step that folds other buckets: a skipped sparse call skips it too
     if host is not tensor:
         _write_back(pieces, host)
 
@@ -616,6 +682,7 @@ def _reduce_on_device(state, group_id, pieces, hold, density):
     reducer.count_host_device(moved, pairs)
     if stats is not None:
         reducer.record(group_id, stats)
+    state._folds.see(grad)
     if not whole:
         _write_back(pieces, grad)
 
@@ -688,7 +755,13 @@ def _native_allreduce(state, tensor):
     group = state.process_group
     world = dist.get_world_size(group)
     fut = dist.all_reduce(tensor, group=group, async_op=True).get_future()
-    return fut.then(lambda f: f.value()[0].div_(world))
+
+    def average(f):
+        reduced = f.value()[0].div_(world)
+        state._folds.see(reduced)
+        return reduced
+
+    return fut.then(average)
 
 
 class BucketGrads:
@@ -826,6 +899,7 @@ def _fold_quantized(state, bucket, tensor):
     members = state._layout.members(bucket)
     for group_id in {state._layout.group_of.get(i) for i, _, _ in members} & set(state._quantized):
         group = state._quantized.pop(group_id).to(tensor.device)
+        state._folds.took(lambda group_id=group_id, group=group: _give_back_quantized(state, group_id, group))
         held, at = group.held(), 0
         for i, size in zip(group.members, group.sizes):
             state._quantized_spill[i] = held[at : at + size]
@@ -836,6 +910,14 @@ def _fold_quantized(state, bucket, tensor):
         piece = state._quantized_spill.pop(i, None)
         if piece is not None:
             tensor[a:b] += piece
+
+
+def _give_back_quantized(state, group_id, group):
+    """Undo _fold_quantized's fold of one group (StepFolds): its residuals
+    held again, none of them waiting to join a bucket."""
+    state._quantized[group_id] = group
+    for i in group.members:
+        state._quantized_spill.pop(i, None)
 
 
 def _agree_max(state, device):
@@ -924,6 +1006,12 @@ def _fold_residual(state, group_id, tensor, slices):
         host = torch.cat([tensor[a:b] for a, b, _ in slices]).to("cpu")
         comm.fold_residual_(group_id, host, hold)
         _write_back([(tensor, a, b) for a, b, _ in slices], host)
+
+    def give_back():
+        comm.unfold_residual(group_id)
+        state._residual_groups.add(group_id)
+
+    state._folds.took(give_back)
     if not hold:
         state._residual_groups.discard(group_id)
 
@@ -938,8 +1026,15 @@ def _fold_on_device(state, group_id, group, tensor, slices):
         if held:
             hold.append((at, at + b - a))
         at += b - a
+    residual = group.residual.clone()
     if device_path_.fold_(grad, group, hold):
         _write_back(pieces, grad)
+
+    def give_back():
+        group.residual.copy_(residual)
+        state._residual_groups.add(group_id)
+
+    state._folds.took(give_back)
     if not hold:
         state._residual_groups.discard(group_id)
 
@@ -959,6 +1054,8 @@ def oktopk_hook(state: OkTopkState, bucket: dist.GradBucket) -> torch.futures.Fu
             f"oktopk_hook: unsupported bucket of {tensor.dtype} on {tensor.device.type}; "
             "liboktopk reduces float32, float16 and bfloat16 gradients on CPU or CUDA"
         )
+    if bucket.index() == 0 and state._agreement_steps:
+        agree_on_settings(state, tensor.device)
     correction = state._momentum
     if correction is None or not correction.active:
         return _reduce(state, bucket, tensor)
@@ -990,7 +1087,9 @@ def _reduce(state, bucket, tensor):
     sparse = phase_iter >= state.warmup_iters
     if state._choice is not None and bucket.index() == 0:
         if sparse:
+            state._folds.settle()  # before anything reads the residuals the step before folded
             _begin_step(state, phase_iter - state.warmup_iters, tensor.device, untimed=not rebuilt)
+            state._folds.watching = state._path == NATIVE and bool(state._residual_groups or state._quantized or state._quantized_spill)
         elif rebuilt and phase_iter == state.warmup_iters - 1:
             state._choice.time_warmup_step()  # a native step the choice can compare the sparse probe with
     if sparse and state._path == NATIVE and (state._quantized or state._quantized_spill):

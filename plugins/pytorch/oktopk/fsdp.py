@@ -36,7 +36,7 @@ from torch.distributed.fsdp import FSDPModule
 from .choice import BF16, NATIVE, QUANTIZED
 from .quantized import QuantizedGroup
 from . import device as device_path_
-from .ddp import SUPPORTED_DTYPES, OkTopkState, _begin_step, _call, _reduce_on_device, _start, _takes_device_path
+from .ddp import SUPPORTED_DTYPES, OkTopkState, _begin_step, _call, _reduce_on_device, _start, _takes_device_path, agree_on_settings
 from .layout import group_id_of
 
 
@@ -119,6 +119,8 @@ class _Registration:
 
     def _begin(self, shard):
         state = self.state
+        if state._agreement_steps:
+            agree_on_settings(state, shard.device)  # before anything the settings decide
         if self.measured_step is not None:  # every call of that step is done, on every rank
             state._reducer.adapt(self.measured_step)
             self.measured_step = None
@@ -127,7 +129,9 @@ class _Registration:
         self.new_step = False
         s = self.step - state.warmup_iters
         if s >= 0 and state._choice is not None:
+            state._folds.settle()  # before anything reads the residuals the step before folded
             _begin_step(state, s, shard.device, untimed=self.steps_run == 0)
+            state._folds.watching = state._path == NATIVE and bool(state._residual_groups or state._quantized)
         elif s == -1 and state._choice is not None and self.steps_run > 0:
             state._choice.time_warmup_step()  # a native step the choice can compare the sparse probe with
         self.steps_run += 1
@@ -145,7 +149,9 @@ class _Registration:
             elif state._choice is not None and state._path == NATIVE:
                 _fold_residual(state, group_id, shard)
                 if group_id in state._quantized and shard.dtype == torch.float32:
-                    shard.view(-1).add_(state._quantized.pop(group_id).to(shard.device).held())
+                    group = state._quantized.pop(group_id).to(shard.device)
+                    state._folds.took(lambda: state._quantized.__setitem__(group_id, group))
+                    shard.view(-1).add_(group.held())
                 _native_(state, shard)
             elif state._choice is not None and state._path == BF16:
                 _bf16_(state, shard)  # no sparse step ran: nothing to fold
@@ -197,6 +203,7 @@ def _native_(state, shard):
     """The replicate group's own allreduce, averaged, in place."""
     dist.all_reduce(shard, group=state.process_group)
     shard.div_(dist.get_world_size(state.process_group))
+    state._folds.see(shard)
 
 
 def _bf16_(state, shard):
@@ -234,13 +241,17 @@ def _fold_residual(state, group_id, shard):
     group = state._device_groups.get(group_id)
     if group is not None:
         flat = shard.reshape(-1)
+        residual = group.residual.clone()
         if device_path_.fold_(flat, group):
+            state._folds.took(lambda: (group.residual.copy_(residual), state._residual_groups.add(group_id)))
             state._residual_groups.discard(group_id)
             if flat.data_ptr() != shard.data_ptr():
                 shard.copy_(flat.view_as(shard))
         return
     host = _host(state, shard)
-    state._reducer.comm.fold_residual_(group_id, host)
+    comm = state._reducer.comm
+    comm.fold_residual_(group_id, host)
+    state._folds.took(lambda: (comm.unfold_residual(group_id), state._residual_groups.add(group_id)))
     if host is not shard:
         shard.copy_(host)
     state._residual_groups.discard(group_id)

@@ -67,6 +67,7 @@ except ImportError:  # torch before 2.4 (Horovod's): no FSDP2 either
     DTensor = None
 
 from .device import HostBuffers, selected_call
+from .settings import check_agreement, check_checksum, process_group_agreement, with_checksum
 from .transforms import ChunkedDCT
 
 MOMENTUM_DECAY = 0.999  # DeMo's compression_decay
@@ -127,6 +128,10 @@ class DeMo(torch.optim.Optimizer):
         torch process group: a callable taking (density, timeout) and
         returning an ``oktopk.Communicator`` with the Ok-Topk algorithm
         (``oktopk_horovod.DeMo`` passes one over Horovod's collectives).
+    :param agreement: with ``communicator``, how the ranks compare their
+        settings at the first step: ``(gather_digests, gather_settings)``
+        as ``oktopk.settings.check_agreement`` takes them (without it, the
+        process group's collectives).
 
     Raises ``ValueError`` on a bad setting, ``OkTopkError`` when an
     exchange fails (a dead or slow peer, a mismatched call): the momentum
@@ -145,7 +150,7 @@ class DeMo(torch.optim.Optimizer):
     """
 
     def __init__(self, params, lr=1e-3, weight_decay=0.0, momentum_decay=MOMENTUM_DECAY, topk=TOPK, chunk=CHUNK,
-                 process_group=None, timeout=None, communicator=None):
+                 process_group=None, timeout=None, communicator=None, agreement=None):
         if not (isinstance(lr, (int, float)) and lr >= 0):
             raise ValueError(f"oktopk: lr must be a number >= 0, got {lr!r}")
         if not (isinstance(weight_decay, (int, float)) and weight_decay >= 0):
@@ -167,6 +172,8 @@ class DeMo(torch.optim.Optimizer):
         super().__init__(params, dict(lr=lr, weight_decay=weight_decay))
         self.momentum_decay, self.topk, self.chunk = float(momentum_decay), topk, chunk
         self.process_group, self.timeout, self._connect = process_group, timeout, communicator
+        self._agreement = agreement
+        self._agreed = False  # the ranks compared their settings (the first step)
         self._params = [p for group in self.param_groups for p in group["params"]]
         _check_shards(self._params, process_group)
         for p in self._params:
@@ -207,6 +214,20 @@ class DeMo(torch.optim.Optimizer):
                 self._pending_library_state = None
         return self._comm
 
+    def _agree_on_settings(self):
+        """At the first step, before the communicator: OkTopkError on every
+        rank, naming each setting and every rank's value, unless every rank
+        holds the same (oktopk.settings.check_agreement)."""
+        settings = {"topk": self.topk, "chunk": self.chunk, "momentum_decay": self.momentum_decay,
+                    "weight_decay": [group["weight_decay"] for group in self.param_groups], "coefficients": self.n,
+                    "steps": self.steps}
+        agreement = self._agreement
+        if agreement is None and self._connect is None and torch.distributed.is_initialized():
+            agreement = process_group_agreement(self.process_group, self.momentum.device)
+        if agreement is not None:
+            check_agreement(settings, *agreement)
+        self._agreed = True
+
     def _flat_gradient(self):
         """Every parameter's lr-scaled gradient, flat, float32 (zeros for a
         parameter without one)."""
@@ -239,6 +260,8 @@ class DeMo(torch.optim.Optimizer):
                 loss = closure()
         if self.n == 0:
             return loss
+        if not self._agreed:
+            self._agree_on_settings()
         comm = self._communicator()
         acc = self._flat_gradient()
         acc = self.transform.apply(acc)
@@ -281,9 +304,9 @@ class DeMo(torch.optim.Optimizer):
             library = self._comm.save_tensor_state_residual(TENSOR_ID, self.momentum.cpu()) if self.steps else None
         else:
             library = self._pending_library_state
-        state["oktopk"] = {"method": "DeMo", "n": self.n, "topk": self.topk, "chunk": self.chunk,
-                           "momentum_decay": self.momentum_decay, "steps": self.steps, "skipped_steps": self.skipped_steps,
-                           "bytes_sent": self.bytes_sent, "library_state": library}
+        state["oktopk"] = with_checksum({"method": "DeMo", "n": self.n, "topk": self.topk, "chunk": self.chunk,
+                                         "momentum_decay": self.momentum_decay, "steps": self.steps, "skipped_steps": self.skipped_steps,
+                                         "bytes_sent": self.bytes_sent, "library_state": library})
         return state
 
     def load_state_dict(self, state_dict):
@@ -291,6 +314,7 @@ class DeMo(torch.optim.Optimizer):
         mine = state_dict.pop("oktopk", None)
         if mine is None or mine.get("method") != "DeMo":
             raise ValueError("oktopk: not a DeMo checkpoint (no 'oktopk' entry of method DeMo)")
+        check_checksum(mine, "DeMo")
         for key, value in (("n", self.n), ("topk", self.topk), ("chunk", self.chunk), ("momentum_decay", self.momentum_decay)):
             if mine[key] != value:
                 raise ValueError(f"oktopk: the checkpoint's {key} is {mine[key]!r}, this optimizer's {value!r}")

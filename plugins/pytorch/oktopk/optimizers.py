@@ -41,6 +41,13 @@ def adam_family(optimizer):
     return None
 
 
+def family_seen(name):
+    """What the ranks compare of the optimizer that steps the parameters
+    (oktopk.settings.check_agreement): the family, which decides the
+    paths, with the Adam-family one's name."""
+    return f"Adam-family ({name})" if name is not None else "not Adam-family"
+
+
 def sparse_warning(name):
     return (f"oktopk: {name} steps these parameters and an algorithm was named, so their gradients are sent sparse; "
             "with Adam-family optimizers sparse gradients ended far above dense in every measurement (docs/tuning.md). "

@@ -198,3 +198,49 @@ class ReducerStats:
     host_device_bytes = _stat("host_device_bytes", "Bytes the sparse calls copied between host and device memory (oktopk.device).")
     host_device_calls = _stat("host_device_calls", "Sparse calls whose host-device bytes are counted in host_device_bytes.")
     host_device_pairs = _stat("host_device_pairs", "The device path's selected and result pairs, summed over its calls.")
+
+
+class StepFolds:
+    """What the folds of one native step took out of the residuals (the
+    library's, the device path's, the quantized path's), to give back when
+    the step's dense sum turns out non-finite.
+
+    A fold moves a residual into this rank's values before the framework's
+    dense allreduce. A NaN or Inf on another rank shows only in that sum,
+    after every rank folded; the step is then skipped (AMP's scaler, or the
+    caller's own check), and what was folded would be lost with it. So on
+    a step that folds, the front end shows every reduced tensor of the step
+    to :meth:`see`, and before the next step :meth:`settle` undoes every
+    fold of a step whose sum was not finite anywhere: each residual is then
+    exactly what it was before the step, on every rank (the sums, and so
+    the verdict, are the same on every rank)."""
+
+    def __init__(self):
+        self.watching = False  # this step may fold: see() checks its sums
+        self.non_finite = False
+        self._undo = []
+
+    def took(self, undo):
+        """A fold of this step, and the function that gives it back."""
+        self._undo.append(undo)
+
+    @property
+    def folded(self):
+        """Whether this step folded anything."""
+        return bool(self._undo)
+
+    def see(self, reduced):
+        """A reduced tensor of this step (the dense sum, averaged)."""
+        if self.watching and not self.non_finite and not bool(torch.isfinite(reduced).all()):
+            self.non_finite = True
+
+    def settle(self):
+        """Between steps: give back what the folds took if the step's sum
+        was not finite; returns how many folds were given back."""
+        given_back = 0
+        if self.non_finite:
+            for undo in reversed(self._undo):
+                undo()
+            given_back = len(self._undo)
+        self._undo, self.non_finite, self.watching = [], False, False
+        return given_back

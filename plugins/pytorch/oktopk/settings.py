@@ -1,8 +1,11 @@
 """The sparse-allreduce settings shared by the DDP hook's OkTopkState and
 Horovod's Compression.oktopk: their defaults and their checks, in one place,
 so that both accept and refuse the same values with the same messages (and
-the DDP hook's own warm-up length, beside them)."""
+the DDP hook's own warm-up length, beside them); and the ranks' agreement
+on the settings that decide which collectives a rank issues, which every
+front end runs before its first step."""
 
+import hashlib
 import numbers
 from collections import namedtuple
 
@@ -84,3 +87,140 @@ def check_warmup_iters(warmup_iters):
             f"hook learns the rebuilt layout in the second), got {warmup_iters!r}"
         )
     return int(warmup_iters)
+
+
+# -- agreement across ranks ---------------------------------------------------
+#
+# Ranks whose settings differ issue different collectives (one a dense
+# warm-up allreduce, the other a sparse call; one a quantized all-to-all,
+# the other a bfloat16 allreduce): they block each other until the process
+# group's timeout (gloo's default: 30 minutes) or abort inside it, and
+# nothing names the setting. So each front end first exchanges a digest of
+# those settings in one collective that every rank issues alike whatever
+# its settings; only when the digests differ does a second one, issued
+# alike by every rank too (each saw the same digests), gather the settings
+# themselves so that the error names each differing one and every rank's
+# value.
+
+DIGEST_BYTES = 16
+
+
+def settings_digest(settings):
+    """DIGEST_BYTES bytes standing for ``settings`` (a dict of plain values:
+    numbers, strings, None, tuples of them), the same on every rank for
+    equal settings."""
+    text = repr(sorted((name, repr(value)) for name, value in settings.items()))
+    return hashlib.blake2b(text.encode(), digest_size=DIGEST_BYTES).digest()
+
+
+def settings_differences(every):
+    """What differs between the ranks' settings (``every``: one dict per
+    rank, in rank order), one clause per setting: "name: rank 0 has a,
+    rank 1 has b"."""
+    names = sorted({name for settings in every for name in settings})
+    clauses = []
+    for name in names:
+        values = [settings.get(name) for settings in every]
+        if any(repr(v) != repr(values[0]) for v in values[1:]):
+            clauses.append(f"{name}: " + ", ".join(f"rank {r} has {v!r}" for r, v in enumerate(values)))
+    return "; ".join(clauses)
+
+
+def check_agreement(settings, gather_digests, gather_settings, who="oktopk"):
+    """Raise OkTopkError (MISMATCH) on every rank, naming each setting that
+    differs and every rank's value, unless every rank holds ``settings``.
+    ``gather_digests(bytes)``: every rank's DIGEST_BYTES bytes, in rank
+    order, through one fixed-size collective; ``gather_settings(dict)``:
+    every rank's dict, in rank order (called only on a mismatch, then by
+    every rank)."""
+    digests = gather_digests(settings_digest(settings))
+    if all(d == digests[0] for d in digests[1:]):
+        return
+    every = gather_settings(settings)
+    differences = settings_differences(every) or "(the digests differ, the values print alike)"
+    raise _lib.OkTopkError(_lib.MISMATCH, f"{who}: settings differ across ranks: {differences}")
+
+
+def process_group_agreement(process_group, device):
+    """(gather_digests, gather_settings) for :func:`check_agreement` over a
+    torch.distributed process group; the digests travel as a tensor on
+    ``device`` (NCCL wants the bucket's device)."""
+    import torch
+    import torch.distributed as dist
+
+    def gather_digests(digest):
+        mine = torch.tensor(list(digest), dtype=torch.int64, device=device)
+        every = [torch.empty_like(mine) for _ in range(dist.get_world_size(process_group))]
+        dist.all_gather(every, mine, group=process_group)
+        return [bytes(t.tolist()) for t in every]
+
+    def gather_settings(settings):
+        every = [None] * dist.get_world_size(process_group)
+        dist.all_gather_object(every, settings, group=process_group)
+        return every
+
+    return gather_digests, gather_settings
+
+
+# -- checkpoint checksums -------------------------------------------------------
+#
+# The library's tensor states carry a CRC-32C of their bytes; a front end's
+# own checkpoint (which rank it belongs to, the layout, the choice, the
+# quantized residuals) carries this checksum of its content, so that a
+# corrupted or hand-edited one is refused at load rather than continued
+# from (a "rank" field changed would otherwise pass the ownership check).
+
+CHECKSUM_KEY = "checksum"
+
+
+def _feed(h, x):
+    """x into the hash h, canonically: dict keys sorted, a list and a
+    tuple alike (a checkpoint's container may turn one into the other), a
+    tensor by dtype, shape and bytes."""
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        t = x.detach().to("cpu").contiguous().reshape(-1)
+        h.update(f"T{t.dtype}{tuple(x.shape)}:".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes())
+    elif isinstance(x, dict):
+        h.update(b"{")
+        for key in sorted(x, key=repr):
+            _feed(h, key)
+            _feed(h, x[key])
+        h.update(b"}")
+    elif isinstance(x, (list, tuple)):
+        h.update(b"[")
+        for item in x:
+            _feed(h, item)
+        h.update(b"]")
+    elif isinstance(x, (bytes, bytearray, memoryview)):
+        h.update(b"B%d:" % len(x))
+        h.update(bytes(x))
+    else:
+        h.update(f"{type(x).__name__}:{x!r};".encode())
+
+
+def content_checksum(state):
+    """The checksum (hex) of a checkpoint dict's content, its own
+    CHECKSUM_KEY left out."""
+    h = hashlib.blake2b(digest_size=16)
+    _feed(h, {key: value for key, value in state.items() if key != CHECKSUM_KEY})
+    return h.hexdigest()
+
+
+def with_checksum(state):
+    """``state`` (a checkpoint dict) with the checksum of its content."""
+    return {**state, CHECKSUM_KEY: content_checksum(state)}
+
+
+def check_checksum(state, what):
+    """ValueError unless ``state`` holds the checksum of its content. A
+    state without one is refused too: dropping the key must not be a way
+    around the check."""
+    if CHECKSUM_KEY not in state or state[CHECKSUM_KEY] != content_checksum(state):
+        raise ValueError(
+            f"oktopk: this {what} checkpoint fails its checksum: a field or byte changed after it was saved (a hand edit, "
+            f"a corrupted or truncated file). Load the checkpoint this rank saved, intact, or do not load the oktopk state "
+            f"(load only the model and optimizer) and it starts afresh."
+        )
