@@ -19,7 +19,7 @@
 #   BENCH_E2E_TARGET=95          held-out accuracy, percent
 #   BENCH_E2E_EVAL=5             evaluate every this many steps
 #   BENCH_E2E_STOP=0             1: stop each method at its target
-#   BENCH_E2E_MODEL=mlp BENCH_E2E_WIDTH=   (mlp: 4096; cnn: 13)
+#   BENCH_E2E_MODEL=mlp BENCH_E2E_WIDTH=   (mlp: 4096; cnn: 13; fashion: 512)
 #   BENCH_E2E_DENSITY=0.01       oktopk's density
 #   BENCH_E2E_POWERSGD_START=10  powerSGD's dense warm-up steps
 #   BENCH_E2E_SCHED_STEPS=50     oktopk_sched's decay steps

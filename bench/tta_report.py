@@ -56,11 +56,13 @@ def method_name(method):
 TRAINING = {
     "charlm": "on real English text (Debian's fortunes; every tenth fortune held out), {batch} windows of bytes per rank per step, "
     "AdamW (peak learning rate {lr}, weight decay 0.01, linear warm-up, cosine decay, gradients clipped to norm 1)",
+    "fashion": "on Fashion-MNIST (Debian's dataset-fashion-mnist; its 10,000 test images held out), {batch} images per rank per step, "
+    "SGD (momentum 0.9, peak learning rate {lr}, linear warm-up, cosine decay)",
 }
 DIGITS = "on the digits data, {batch} images per rank per step, SGD (learning rate {lr}, momentum 0.9)"
 METRIC = {"charlm": ("held-out loss", "{target} nats per byte or below", "next-byte accuracy %")}
 ACCURACY = ("held-out accuracy", "{target}%", "final accuracy %")
-COMMAND = {"charlm": "make bench-text"}
+COMMAND = {"charlm": "make bench-text", "fashion": "make bench-images"}
 
 
 def number(s):
