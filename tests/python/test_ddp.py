@@ -515,3 +515,15 @@ def test_a_nan_on_one_rank_at_the_switch_to_native_keeps_every_residual_on_every
         # The next (finite) native step folds it all.
         assert after["quantized"] == {} and after["residual_groups"] == [], r
     assert results[0]["params"] == results[1]["params"]
+
+
+def test_repr_names_only_the_settings_that_differ_from_their_defaults():
+    states = [OkTopkState(), OkTopkState(density=0.05, sparse_margin=0.2, momentum_correction=False),
+              OkTopkState(algorithm="oktopk", dense_compression=None)]
+    try:
+        assert repr(states[0]) == "OkTopkState()"
+        assert repr(states[1]) == "OkTopkState(density=0.05, momentum_correction=False, sparse_margin=0.2)"
+        assert repr(states[2]) == "OkTopkState(algorithm='oktopk', dense_compression=None)"
+    finally:
+        for s in states:
+            s.close()

@@ -12,6 +12,7 @@ returns a future of their average over the ranks, like PyTorch's
 rest wait in a per-bucket residual (error feedback).
 """
 
+import inspect
 import weakref
 
 import torch
@@ -455,6 +456,20 @@ class OkTopkState(ReducerStats):
             self._library_groups |= set(tensors)
         else:
             self._pending_state = tensors
+
+    def __repr__(self):
+        """OkTopkState(...) naming only the settings that differ from their
+        defaults: what was chosen for this job, at a glance."""
+        values = {"process_group": self.process_group, "density": self.density, "algorithm": self.algorithm,
+                  "warmup_iters": self.warmup_iters, "tau": self.tau, "tau_prime": self.tau_prime, "timeout": self.timeout,
+                  "value_dtype": self.value_dtype, "stochastic_rounding": self.stochastic_rounding,
+                  "density_schedule": self.density_schedule, "measure_xi_every": self.measure_xi_every, "adaptive": self.adaptive,
+                  "device_path": self.device_path, "dense_compression": self.dense_compression,
+                  "grads_as_bucket_views": self.grads_as_bucket_views, "momentum_correction": self.momentum_correction}
+        if self._choice is not None:  # the measured choice's own settings (algorithm None)
+            values["sparse_margin"], values["recheck_every"] = self._choice.margin, self._choice.recheck_every
+        defaults = {name: p.default for name, p in inspect.signature(OkTopkState.__init__).parameters.items() if name != "self"}
+        return "OkTopkState(" + ", ".join(f"{name}={value!r}" for name, value in values.items() if value != defaults[name]) + ")"
 
     def __getstate__(self):
         return with_checksum(self._checkpoint() | {
