@@ -25,7 +25,7 @@ WHEEL_VENV := $(OKTOPK_CACHE)/venv-wheel-$(shell sha256sum $(WHEEL_REQ) | cut -c
 WHEEL_PY := $(WHEEL_VENV)/bin/python
 GO_SOURCES := $(shell find core transport capi -name '*.go' -not -name '*_test.go') $(wildcard capi/*.c capi/*.h) go.mod go.sum
 
-.PHONY: gpu-check all deps deps-launch deps-text deps-images bench-text bench-images bench-ddp bench-ddp-smoke venv-wheel build test test-go test-c test-launch test-python test-wheel test-venvs test-horovod wheel demo bench bench-quick bench-smoke bench-e2e bench-e2e-smoke bench-go bench-scale examples header-check clean venv venv-horovod print-py chaos chaos-smoke fuzz
+.PHONY: gpu-check all deps deps-launch deps-text deps-images bench-text bench-images bench-ddp bench-ddp-smoke venv-wheel build test test-go test-c test-launch test-python test-wheel test-venvs test-horovod wheel demo demo-runs bench bench-quick bench-smoke bench-e2e bench-e2e-smoke bench-go bench-scale examples header-check clean venv venv-horovod print-py chaos chaos-smoke fuzz
 
 all: build
 
@@ -286,9 +286,19 @@ test-venvs: venv venv-horovod venv-wheel
 	tests/venv_scripts.sh $(TORCH_VENV) $(HVD_VENV) $(WHEEL_VENV)
 
 # Plain DDP, then the hook with its defaults, on 4 ranks (bench/demo.sh): as
-# root on links limited to DEMO_RATE (1gbit) in network namespaces, else on
-# loopback. Prints both side by side and saves build/demo/demo.png.
-demo: $(LIB) venv
+# root on links limited to DEMO_RATE (200mbit) in network namespaces, else on
+# loopback. Prints both side by side, saves build/demo/demo.png, and ends
+# with the wall time of each step, setup included (tests/timed.sh).
+DEMO_TIMES := $(BUILD)/demo-times.txt
+demo: export TIMED_TITLE = make demo
+demo:
+	@mkdir -p $(BUILD) && tests/timed.sh $(DEMO_TIMES) reset
+	+@tests/timed.sh $(DEMO_TIMES) run "setup: libzmq and Go modules" $(MAKE) --no-print-directory deps
+	+@tests/timed.sh $(DEMO_TIMES) run "setup: liboktopk.so" $(MAKE) --no-print-directory build
+	+@tests/timed.sh $(DEMO_TIMES) run "setup: torch venv" $(MAKE) --no-print-directory venv
+	+@tests/timed.sh $(DEMO_TIMES) run "the demo's two runs" $(MAKE) --no-print-directory demo-runs
+	@tests/timed.sh $(DEMO_TIMES) print
+demo-runs: $(LIB) venv
 	bench/demo.sh $(PY) $(BUILD)/demo
 
 # The DDP step matrix (bench/ddp_matrix.sh): plain DDP against the default

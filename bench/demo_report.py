@@ -118,13 +118,20 @@ def report(rows, curve, choice, mode, rate, target):
     def mb(r):
         return float(r["run_bytes"]) / int(r["final_step"]) / 1e6
 
-    def to_target(method, level):
-        """The first evaluation at or above level: its seconds and step."""
+    def first_at(method, level):
+        """The first evaluation at or above level: (seconds, step), or None."""
         for c in curve:
             m, step, seconds, acc, _ = c.split(",")
             if m == method and float(acc) >= level:
-                return f"{float(seconds):.1f} s (step {step})"
-        return "not reached"
+                return float(seconds), int(step)
+        return None
+
+    def to_target(method, level):
+        at = first_at(method, level)
+        return "not reached" if at is None else f"{at[0]:.1f} s (step {at[1]})"
+
+    def stopped(r):
+        return int(r["final_step"]) < int(r["steps"])
 
     lines = [
         f"{'':28}{'plain DDP':>22}{'oktopk hook, defaults':>26}",
@@ -132,8 +139,18 @@ def report(rows, curve, choice, mode, rate, target):
         f"{'MB sent per step per rank':28}{mb(ddp):>22.2f}{mb(hook):>26.2f}",
         *(f"{f'time to {level:g}% accuracy':28}{to_target('ddp', level):>22}{to_target('oktopk', level):>26}"
           for level in (float(target) - 5, float(target))),
-        f"{'final accuracy %':28}{float(ddp['final_accuracy']):>22.2f}{float(hook['final_accuracy']):>26.2f}",
+        f"{'accuracy at the end %':28}{float(ddp['final_accuracy']):>22.2f}{float(hook['final_accuracy']):>26.2f}",
     ]
+    if stopped(ddp) or stopped(hook):
+        lines.append(f"(a run ends at its first evaluation at or above {float(target):g}%, or after {ddp['steps']} steps)")
+    dense_at, hook_at = first_at("ddp", float(target)), first_at("oktopk", float(target))
+    if dense_at is not None and hook_at is not None:
+        ratio = dense_at[0] / hook_at[0]
+        verdict = f"{ratio:.1f}x sooner than" if ratio >= 1.05 else ("level with" if ratio > 1 / 1.05 else f"{1 / ratio:.1f}x later than")
+        lines += ["", f"The hook reached {float(target):g}% accuracy {verdict} plain DDP: {hook_at[0]:.1f} s of training "
+                      f"against {dense_at[0]:.1f} s ({hook_at[1]} steps against {dense_at[1]})."]
+    elif dense_at is not None:
+        lines += ["", f"The hook did not reach {float(target):g}% in {hook['final_step']} steps; plain DDP did in {dense_at[0]:.1f} s."]
     if choice is not None:
         lines += ["", choice_sentence(choice)]
     speed = float(ddp["ms_per_step"]) / float(hook["ms_per_step"])
@@ -143,7 +160,7 @@ def report(rows, curve, choice, mode, rate, target):
         lines.append("This ran on loopback, a fast link: sparse saves too little here, so the hook keeps the "
                      "framework's own allreduce (it never makes a step slower by choosing sparse; it costs what any "
                      "DDP comm hook does). To see a slow link, run `make demo` as root: the ranks then run in network "
-                     "namespaces with each link limited to DEMO_RATE (1gbit by default), as `make bench` does.")
+                     "namespaces with each link limited to DEMO_RATE (200mbit by default), as `make bench` does.")
     return "\n".join(lines)
 
 

@@ -11,8 +11,11 @@
 #          steps' recipes) it only runs COMMAND.
 #   print  prints the table: each step's seconds and share of the total,
 #          then the total; exits 1 if any step failed.
+#   TIMED_TITLE names the whole in the table's heading and in a failure's
+#   line ("make test" unless set; make demo sets "make demo").
 set -u
 file=$1 action=$2
+title=${TIMED_TITLE:-make test}
 shift 2
 # make's one-letter flags are the first word of MAKEFLAGS when it has any
 # ("kn -j2 ..."); " -j2 ..." or " -- X=1" has none.
@@ -25,13 +28,13 @@ now_us() { local t=${EPOCHREALTIME//[!0-9]/}; echo $((10#$t)); }
 
 print_table() {
 	[ -s "$file" ] || return 0
-	awk -F'\t' '
+	awk -F'\t' -v title="$title" '
 		{ name[NR] = $1; secs[NR] = $2; status[NR] = $3; total += $2
 		  if (length($1) > w) w = length($1); if ($3 != "ok") failed = 1 }
 		END {
 			if (w < 5) w = 5
 			print ""
-			print "make test: wall time of each step, in the order they ran"
+			print title ": wall time of each step, in the order they ran"
 			for (i = 1; i <= NR; i++)
 				printf("  %-" w "s %8.1f s %5.1f%%  %s\n", name[i], secs[i],
 					(total > 0 ? 100 * secs[i] / total : 0), status[i])
@@ -60,7 +63,7 @@ run)
 	if [ $rc != 0 ]; then
 		[[ $flags == *k* ]] && exit 0
 		print_table
-		echo "make test: $name failed"
+		echo "$title: $name failed"
 	fi
 	exit $rc
 	;;

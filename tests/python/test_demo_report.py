@@ -99,3 +99,30 @@ def test_report_from_a_recorded_demo_out(tmp_path):
     assert f"{'ms per step':28}{1472.7:>22.1f}{779.5:>26.1f}" in lines
     assert lines[-2:] == [RECORDED_SENTENCE, f"On 1gbit links the hook's steps are {1472.7 / 779.5:.1f}x as fast as "
                                              "plain DDP's."]
+
+
+def _row(method, ms_per_step, final_step, steps, accuracy):
+    values = dict.fromkeys(HEADER.split(","), "0")
+    values.update(method=method, final_step=str(final_step), steps=str(steps), run_bytes="250000000",
+                  final_accuracy=accuracy, ms_per_step=ms_per_step)
+    return dict(zip(HEADER.split(","), values.values()))
+
+
+def test_report_says_how_much_sooner_the_hook_reached_the_target():
+    curve = ["ddp,20,24.0,93.00,0.3", "ddp,40,48.0,95.28,0.2", "oktopk,40,8.0,94.00,0.3", "oktopk,60,12.0,95.56,0.2"]
+    rows = {"ddp": _row("ddp", "1200.0", 40, 100, "95.28"), "oktopk": _row("oktopk", "200.0", 60, 100, "95.56")}
+    lines = report(rows, curve, None, "netns", "200mbit", "95").splitlines()
+    assert "(a run ends at its first evaluation at or above 95%, or after 100 steps)" in lines
+    assert ("The hook reached 95% accuracy 4.0x sooner than plain DDP: 12.0 s of training against 48.0 s "
+            "(60 steps against 40).") in lines
+    assert f"{'time to 90% accuracy':28}{'24.0 s (step 20)':>22}{'8.0 s (step 40)':>26}" in lines
+
+
+def test_report_says_when_the_hook_is_later_or_never_there():
+    curve = ["ddp,40,48.0,95.28,0.2", "oktopk,60,60.0,95.56,0.2"]
+    rows = {"ddp": _row("ddp", "1200.0", 100, 100, "97.0"), "oktopk": _row("oktopk", "1000.0", 100, 100, "96.0")}
+    lines = report(rows, curve, None, "netns", "1gbit", "95").splitlines()
+    assert not any(line.startswith("(a run ends") for line in lines)  # neither run stopped early
+    assert "The hook reached 95% accuracy 1.2x later than plain DDP: 60.0 s of training against 48.0 s (60 steps against 40)." in lines
+    lines = report(rows, curve[:1], None, "netns", "1gbit", "95").splitlines()
+    assert "The hook did not reach 95% in 100 steps; plain DDP did in 48.0 s." in lines
