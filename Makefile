@@ -25,7 +25,7 @@ WHEEL_VENV := $(OKTOPK_CACHE)/venv-wheel-$(shell sha256sum $(WHEEL_REQ) | cut -c
 WHEEL_PY := $(WHEEL_VENV)/bin/python
 GO_SOURCES := $(shell find core transport capi -name '*.go' -not -name '*_test.go') $(wildcard capi/*.c capi/*.h) go.mod go.sum
 
-.PHONY: gpu-check all deps deps-launch deps-text deps-images bench-text bench-images bench-ddp bench-ddp-smoke venv-wheel build test test-go test-c test-launch test-python test-wheel test-venvs test-horovod wheel demo demo-runs bench bench-quick bench-smoke bench-e2e bench-e2e-smoke bench-go bench-scale examples header-check clean venv venv-horovod print-py chaos chaos-smoke fuzz
+.PHONY: gpu-check all deps deps-launch deps-text deps-images bench-text bench-images bench-ddp bench-ddp-smoke venv-wheel build test test-go test-c test-launch test-python test-wheel test-venvs test-horovod wheel demo demo-runs bench bench-quick bench-smoke bench-e2e bench-e2e-smoke bench-go bench-scale examples header-check clean venv venv-horovod print-py chaos chaos-smoke chaos-torch chaos-torch-smoke fuzz
 
 all: build
 
@@ -141,6 +141,7 @@ test:
 	$(call timed,bench-e2e-smoke,bench-e2e-smoke)
 	$(call timed,bench-ddp-smoke,bench-ddp-smoke)
 	$(call timed,chaos-smoke,chaos-smoke)
+	$(call timed,chaos-torch-smoke,chaos-torch-smoke)
 	@tests/timed.sh $(TEST_TIMES) print
 
 # Fuzz budgets are counts of executions, about 10 s each on a 2-core machine,
@@ -204,6 +205,30 @@ chaos: $(BUILD)/chaos
 CHAOS_SMOKE_FAULTS ?= 30
 chaos-smoke: $(BUILD)/chaos
 	timeout 170 $(BUILD)/chaos run -faults $(CHAOS_SMOKE_FAULTS) -seed $(CHAOS_SEED) -out $(BUILD)/chaos-smoke.md -logs $(BUILD)/chaos-smoke-logs
+
+# The PyTorch plugin's fault campaign (tests/chaos_torch): real gloo process
+# groups over 2-3 real rank processes (CPU, tiny models), CHAOS_TORCH_FAULTS
+# faults drawn from CHAOS_TORCH_SEED into the plugin's own paths (the DDP
+# hook's measured choice: native, sparse, bf16, quantized; its named
+# algorithms; FSDP2; DeMo): SIGKILL and SIGSTOP of a rank, NaN and Inf in
+# one rank's gradient, settings that differ across ranks, corrupted
+# checkpoints, and resumes at every kind of step of the measured choice,
+# each against the uninterrupted run bit for bit. It prints the table of
+# fault kinds and writes it to CHAOS_TORCH_OUT, the failing jobs' rank logs
+# to $(BUILD)/chaos-torch-logs, and fails on any hang, crash, silent
+# divergence, unnamed error or changed state. CHAOS_TORCH_FLAGS passes more
+# (e.g. --kinds sigkill,nan -v, or --job N to replay one job).
+CHAOS_TORCH_FAULTS ?= 200
+CHAOS_TORCH_SEED ?= 1
+CHAOS_TORCH_OUT ?= $(BUILD)/chaos_torch.md
+CHAOS_TORCH_FLAGS ?=
+chaos-torch: $(LIB) venv
+	$(PYENV) $(PY) tests/chaos_torch/campaign.py --seed $(CHAOS_TORCH_SEED) --faults $(CHAOS_TORCH_FAULTS) --out $(CHAOS_TORCH_OUT) --logs $(BUILD)/chaos-torch-logs $(CHAOS_TORCH_FLAGS)
+
+# A seeded slice for `make test`: one job of every kind (about 20 faults),
+# in well under two minutes.
+chaos-torch-smoke: $(LIB) venv
+	timeout 170 env $(PYENV) $(PY) tests/chaos_torch/campaign.py --smoke --seed $(CHAOS_TORCH_SEED) --out $(BUILD)/chaos-torch-smoke.md --logs $(BUILD)/chaos-torch-smoke-logs
 
 # The C ABI's users: the C test program and the C++ trainer, linked against
 # build/liboktopk.so with an rpath of $ORIGIN so they run from build/.

@@ -1,0 +1,1202 @@
+"""The PyTorch plugin's fault campaign: `make chaos-torch` (the full one),
+`make chaos-torch-smoke` (a slice that `make test` runs).
+
+tests/cmd/chaos (`make chaos`) injects faults into the library's calls;
+this one injects them into the plugin's own paths, with real
+torch.distributed gloo process groups over real rank processes (CPU, 2-3
+ranks, tiny models): the DDP hook's measured choice (native, sparse, and
+under AdamW bf16 or quantized), its named algorithms, FSDP2
+(oktopk.fsdp) and oktopk.optim.DeMo. The faults:
+
+- sigkill / sigstop: one rank killed or stopped at a random point of a
+  chosen step; the others must raise a named error within the timeouts.
+- nan / inf: one rank's gradient poisoned at a chosen step (warm-up,
+  probe, switch, quantized, ...); every rank must see it, skip the step
+  and keep every residual as it was; the ranks end bitwise equal.
+- mismatch-*: one rank holds another value of a setting the plugin
+  compares (or resumed from another step); every rank must raise, naming
+  it, within seconds (the process group's own timeout is long, so it
+  cannot be what ends the job).
+- corrupt-byte / corrupt-field / corrupt-file: a checkpoint of the
+  plugin's with a bit flipped, a field edited, or a byte of the saved file
+  flipped; loading it must be refused (the checksum), the live state left
+  as it was.
+- resume-<step kind>: a checkpoint saved at a warm-up, probe, decision,
+  confirmation, switch or steady step, loaded into a fresh model,
+  optimizer and state; the continued run must equal the uninterrupted one
+  bitwise (paths, parameters, residuals).
+
+Every job has a hard wall-clock bound. Seeded and replayable:
+
+    campaign.py --seed 7 --faults 200 --out results/chaos_torch.md
+    campaign.py --seed 7 --faults 200 --job 12 -v     # one job again
+    campaign.py --smoke                                 # make test's slice
+
+Exits 1 on any hang, crash, silent divergence, unnamed error, changed
+state or harness error.
+"""
+
+import argparse
+import json
+import os
+import queue
+import random
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter, defaultdict
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+WORKER = os.path.join(HERE, "worker.py")
+
+PLUGIN_TIMEOUT = 2.0  # OkTopkState(timeout=), DeMo(timeout=): seconds a library call waits for a peer
+PG_TIMEOUT = 3.0  # the job's gloo process group: the warm-up and native steps' collectives
+MISMATCH_PG_TIMEOUT = 60.0  # long: a mismatch must be named by the plugin, not ended by gloo
+HANG_AFTER_FAULT = 15.0  # a rank that has not returned this long after a kill or stop hangs
+MAX_DELAY = 0.02  # a kill or stop lands up to this long after the victim starts its step
+AFTER_FAULT_STEPS = 40  # steps a kill's or stop's job runs past the step it lands in
+MISMATCH_BOUND = 5.0  # seconds within which a mismatch must fail every rank
+
+# Faults drawn per kind (weights) when the plan is made.
+JOB_WEIGHTS = {
+    "sigkill": 14,
+    "sigstop": 8,
+    "nan": 11,
+    "inf": 7,
+    "mismatch-setting": 16,
+    "mismatch-demo": 4,
+    "mismatch-resume": 4,
+    "corrupt": 5,  # each job: several corruptions (corrupt-byte, -field, -file)
+    "resume": 7,  # each job: several cuts (resume-<step kind>)
+}
+
+# The row order of the report.
+KIND_ORDER = ["sigkill", "sigstop", "nan", "inf", "mismatch-setting", "mismatch-demo", "mismatch-resume", "corrupt-byte", "corrupt-field",
+              "corrupt-file", "resume-warm-up", "resume-probe", "resume-decision", "resume-confirmation", "resume-switch", "resume-steady"]
+
+KIND_TEXT = {
+    "sigkill": "SIGKILL of one rank 0-20 ms after it starts a chosen step (it waits there for the campaign's go, so the signal "
+               "lands inside the run; a step takes a few ms, so it may land a few steps on); the others must raise a named error "
+               "(OkTopkError, or gloo's RuntimeError on a dense step) within the timeouts.",
+    "sigstop": "SIGSTOP of one rank likewise (killed when the job ends); the others must raise a named timeout.",
+    "nan": "NaN in one rank's gradient at a chosen step (a hook on the hidden activation's gradient; DeMo: in .grad); "
+           "every rank must see a non-finite step, skip it, and keep its residuals, thresholds, quantized residuals and velocities bitwise.",
+    "inf": "+Inf or -Inf likewise.",
+    "mismatch-setting": "one rank's OkTopkState (DDP hook or FSDP2) holds another value of a setting the ranks compare "
+                        "(agreement_settings), or another optimizer family; every rank must raise OkTopkError naming it.",
+    "mismatch-demo": "one rank's DeMo holds another topk, chunk, momentum_decay or weight_decay.",
+    "mismatch-resume": "one rank resumes from a checkpoint of another step than the others', or starts fresh while they resume.",
+    "corrupt-byte": "one bit of a tensor or blob of the plugin's checkpoint flipped in memory; loading it into a fresh state and "
+                    "into the live one must raise ValueError naming the checksum and change neither.",
+    "corrupt-field": "one field of the plugin's checkpoint edited (iter, rank, density, the choice's decision, a group, the checksum "
+                     "itself, or the checksum dropped), likewise.",
+    "corrupt-file": "one byte of a tensor or blob flipped in the file torch.save wrote, then torch.load; likewise.",
+    "resume-warm-up": "a checkpoint saved in the dense warm-up, loaded into a fresh model, optimizer and state in the same ranks; "
+                      "the continued run must equal the uninterrupted one bitwise (every step's path, parameters, residuals).",
+    "resume-probe": "likewise, saved inside a probe of the path not chosen (or before the first decision).",
+    "resume-decision": "likewise, saved just before a decision of the measured choice.",
+    "resume-confirmation": "likewise, saved while a switch awaits its confirmation.",
+    "resume-switch": "likewise, saved just before a step that switches path (sparse to native folds the residuals; native to "
+                     "sparse makes a new communicator; quantized to native folds the quantized residuals).",
+    "resume-steady": "likewise, saved on a chosen path between decisions (named algorithms, DeMo: any step after the warm-up).",
+}
+
+# The settings agreement_settings compares, each with two values a rank can
+# hold (the others hold the first), and the algorithm the state needs for
+# them.
+SETTINGS = [
+    ("density", [0.1, 0.05], {}),
+    ("algorithm", [None, "oktopk"], {}),
+    ("algorithm", ["oktopk", "topka"], {}),
+    ("algorithm", ["auto", "gaussiank"], {}),
+    ("warmup_iters", [2, 3], {}),
+    ("tau", [64, 8], {"algorithm": "oktopk"}),
+    ("tau_prime", [32, 4], {"algorithm": "oktopk"}),
+    ("dense_compression", ["bf16", "quantized"], {}),
+    ("dense_compression", ["quantized", None], {}),
+    ("value_dtype", ["float32", "bfloat16"], {}),
+    ("value_dtype", ["float16", "float32"], {"algorithm": "oktopk"}),
+    ("stochastic_rounding", [False, True], {"value_dtype": "float16"}),
+    ("density_schedule", [None, [0.5, 4]], {"algorithm": "oktopk"}),
+    ("measure_xi_every", [None, 2], {"algorithm": "oktopk"}),
+    ("adaptive", [None, [0.01, 0.2]], {"algorithm": "oktopk"}),
+    ("sparse_margin", [0.1, 0.25], {}),
+    ("recheck_every", [200, 8], {}),
+    ("device_path", [None, True], {}),
+    ("momentum_correction", [True, False], {}),
+    ("optimizer_family", ["sgdm", "adamw"], {}),
+]
+DEMO_SETTINGS = [("topk", [32, 8]), ("chunk", [64, 16]), ("momentum_decay", [0.999, 0.99]), ("weight_decay", [0.0, 0.1])]
+# The named algorithms the runs use; the dense ones only where a checkpoint
+# is the subject (resume): their states hold no library tensor state, and
+# state_dict() then raises (results/chaos_torch.md, findings).
+NAMED = ["oktopk", "auto", "topka", "gaussiank", "gtopk", "topkdsa"]
+NAMED_WITH_DENSE = NAMED + ["dense_ring"]
+# What the resume jobs run, in turn: the DDP hook's measured choice (twice
+# as often: its steps are what a resume must get right), FSDP2's, a named
+# algorithm, DeMo.
+RESUMED = ["ddp", "ddp", "fsdp", "named", "demo"]
+
+
+# -- the plan ----------------------------------------------------------------
+
+def ddp_cfg(rng, front="ddp", schedule=None, optimizer=None, choice=None, named=NAMED):
+    """A DDP (or FSDP2) config: the measured choice or a named algorithm."""
+    if choice is None:
+        choice = rng.random() < 0.7
+    state = {"density": 0.05, "timeout": PLUGIN_TIMEOUT}
+    if choice:
+        optimizer = optimizer or rng.choice(["sgdm", "sgdm", "sgd", "adamw", "adamw"])
+        state["recheck_every"] = 8
+        if optimizer == "adamw":
+            state["dense_compression"] = rng.choice(["quantized", "bf16"])
+        if schedule is None:
+            schedule = rng.choice(["sparse-then-native", "native-then-candidate", "none"])
+    else:
+        optimizer = optimizer or rng.choice(["sgd", "sgdm"])
+        state["algorithm"] = rng.choice(named)
+        state["tau"], state["tau_prime"] = 2, 3
+        if state["algorithm"] in ("oktopk", "topka", "gaussiank", "auto") and rng.random() < 0.4:
+            state["value_dtype"] = rng.choice(["bfloat16", "float16"])
+        schedule = "none"
+    return {"front": front, "optimizer": optimizer, "model": rng.choice(["small", "deep"]) if front == "ddp" else "small", "state": state,
+            "schedule": schedule}
+
+
+def demo_cfg(rng):
+    return {"front": "demo", "model": "small", "schedule": "none",
+            "state": {"lr": 0.01, "weight_decay": 0.1, "topk": rng.choice([8, 16, 32]), "chunk": rng.choice([16, 64]),
+                      "timeout": PLUGIN_TIMEOUT}}
+
+
+def any_cfg(rng, schedule=None):
+    r = rng.random()
+    if r < 0.6:
+        return ddp_cfg(rng, schedule=schedule)
+    if r < 0.8:
+        return ddp_cfg(rng, front="fsdp", schedule=schedule)
+    return demo_cfg(rng)
+
+
+def describe(cfg):
+    """A config in a few words, for the report."""
+    s = cfg.get("state", {})
+    if cfg["front"] == "demo":
+        return "DeMo"
+    head = "FSDP2" if cfg["front"] == "fsdp" else "DDP"
+    if "algorithm" in s:
+        return f"{head} {s['algorithm']}" + (f" {s['value_dtype']}" if "value_dtype" in s else "")
+    if cfg.get("optimizer") == "adamw":
+        return f"{head} choice, AdamW ({s.get('dense_compression')})"
+    return f"{head} choice, {'SGD+momentum' if cfg.get('optimizer') == 'sgdm' else 'SGD'}"
+
+
+def schedule_steps(cfg):
+    """Steps that take a run through its schedule's decisions."""
+    warm = cfg.get("state", {}).get("warmup_iters", 2) if cfg["front"] != "demo" else 0
+    return warm + {"sparse-then-native": 30, "native-then-candidate": 26}.get(cfg.get("schedule"), 14)
+
+
+class Cycle:
+    """The items of a list in a seeded order, over and over: every setting
+    is drawn before any is drawn twice."""
+
+    def __init__(self, items, rng):
+        self.items, self.rng, self.left = list(items), rng, []
+
+    def next(self):
+        if not self.left:
+            self.left = list(self.items)
+            self.rng.shuffle(self.left)
+        return self.left.pop()
+
+
+def make_job(kind, rng, world, cycles=None):
+    if cycles is None:
+        cycles = {"setting": Cycle(SETTINGS, rng), "demo": Cycle(DEMO_SETTINGS, rng), "resume": Cycle(RESUMED, rng)}
+    job = {"kind": kind, "world": world, "pg_timeout": PG_TIMEOUT}
+    if kind in ("sigkill", "sigstop"):
+        cfg = any_cfg(rng, schedule=rng.choice(["none", "none", "sparse-then-native"]))
+        steps = schedule_steps(cfg) if cfg["schedule"] != "none" else 16
+        warm = 0 if cfg["front"] == "demo" else 2
+        # The step the fault lands in: anywhere from the warm-up's first
+        # (DDP rebuilds its buckets there) to three before the end; the
+        # first sparse step (the communicator's setup) often.
+        at = rng.choice([warm, warm, rng.randrange(0, steps - 3), rng.randrange(warm, steps - 3)])
+        # Steps enough after the fault's that the run cannot end before
+        # the signal lands (a step takes a few ms); the survivors stop at
+        # their first failing step anyway.
+        job.update(type="fault_run", cfg=cfg, steps=at + AFTER_FAULT_STEPS, progress=True, faults=[kind],
+                   fault={"signal": kind, "victim": rng.randrange(world), "step": at, "delay": round(rng.uniform(0, MAX_DELAY), 4)})
+    elif kind in ("nan", "inf"):
+        cfg = any_cfg(rng, schedule=rng.choice(["sparse-then-native", "native-then-candidate", "none"]))
+        warm = 0 if cfg["front"] == "demo" else cfg["state"].get("warmup_iters", 2)
+        steps = schedule_steps(cfg)
+        # Where it lands: the warm-up, the first sparse step, a probe, the
+        # schedule's switches (sparse to native at s 12, native to the
+        # candidate at s 16 or 24), or any step.
+        interesting = [0, 1, warm, warm + 1, warm + 4, warm + 12, warm + 16, warm + 24, rng.randrange(steps)]
+        step = min(rng.choice(interesting), steps - 3)
+        value = "nan" if kind == "nan" else rng.choice(["inf", "-inf"])
+        job.update(type="fault_run", cfg=cfg, steps=min(steps, step + 4), inject={"rank": rng.randrange(world), "step": step, "value": value},
+                   faults=[kind])
+    elif kind == "mismatch-setting":
+        name, values, needs = cycles["setting"].next()
+        front = "fsdp" if rng.random() < 0.25 else "ddp"
+        cfg = ddp_cfg(rng, front=front, choice=True, schedule="none", optimizer="sgdm")
+        cfg["state"].pop("recheck_every", None)
+        cfg["state"].update(needs)
+        if name == "optimizer_family":
+            cfg["state"]["dense_compression"] = "bf16"
+        if name in ("value_dtype",) and values[0] == "float32" and "algorithm" not in needs:
+            pass  # the measured choice's sparse path is "auto", which takes 16-bit values
+        victim = rng.randrange(world)
+        per_rank = [values[1] if r == victim else values[0] for r in range(world)]
+        job.update(type="mismatch", cfg=cfg, setting=name, values=per_rank, steps=3, pg_timeout=MISMATCH_PG_TIMEOUT, faults=[kind])
+    elif kind == "mismatch-demo":
+        name, values = cycles["demo"].next()
+        cfg = demo_cfg(rng)
+        victim = rng.randrange(world)
+        job.update(type="mismatch", cfg=cfg, setting=name, values=[values[1] if r == victim else values[0] for r in range(world)], steps=3,
+                   pg_timeout=MISMATCH_PG_TIMEOUT, faults=[kind])
+    elif kind == "mismatch-resume":
+        cfg = any_cfg(rng, schedule="none")
+        if cfg["front"] == "demo":
+            cfg = ddp_cfg(rng, schedule="none")
+        a, b = sorted(rng.sample(range(1, 7), 2))
+        victim = rng.randrange(world)
+        fresh = rng.random() < 0.3
+        other = None if fresh else b
+        job.update(type="mismatch", cfg=cfg, setting="resume-fresh" if fresh else "resume-step",
+                   values=[other if r == victim else a for r in range(world)], save_steps=[a, b], steps=3, pg_timeout=MISMATCH_PG_TIMEOUT,
+                   faults=[kind])
+    elif kind == "corrupt":
+        # A checkpoint that holds residuals (library states, quantized
+        # residuals, velocities): the candidate path chosen (steps 4-11
+        # after the warm-up of sparse-then-native), or a sparse algorithm.
+        cfg = any_cfg(rng, schedule="sparse-then-native")
+        if cfg.get("state", {}).get("dense_compression") == "bf16":
+            cfg["state"]["dense_compression"] = "quantized"  # bf16 keeps no residual: nothing to flip
+        if cfg.get("state", {}).get("algorithm") in ("dense_ring", "dense_rabenseifner"):
+            cfg["state"]["algorithm"] = "oktopk"
+        hows = [rng.choice(["byte", "byte", "field", "field", "file"]) for _ in range(rng.randrange(3, 6))]
+        corruptions = [{"how": h} for h in hows]
+        for c in corruptions:
+            if c["how"] == "field" and rng.random() < 0.15:
+                c["field"] = "checksum-dropped"
+        job.update(type="corrupt", cfg=cfg, steps=rng.randrange(7, 14), corruptions=corruptions, seed=rng.randrange(10**6),
+                   faults=["corrupt-" + h for h in hows])
+    elif kind == "resume":
+        what = cycles["resume"].next()
+        if what == "ddp":
+            cfg = ddp_cfg(rng, choice=True, schedule=rng.choice(["sparse-then-native", "native-then-candidate"]))
+        elif what == "fsdp":
+            cfg = ddp_cfg(rng, front="fsdp", choice=True, schedule=rng.choice(["sparse-then-native", "native-then-candidate"]))
+        elif what == "named":
+            cfg = ddp_cfg(rng, choice=False, named=NAMED_WITH_DENSE)
+        else:
+            cfg = demo_cfg(rng)
+        steps = schedule_steps(cfg)
+        warm = 0 if cfg["front"] == "demo" else 2
+        # The step after the warm-up (s) each checkpoint is taken before: for
+        # the measured choice one in the warm-up, one before a switch of
+        # path (sparse-then-native: to native at s 12 and 28, folding the
+        # residuals, to sparse at 24; native-then-candidate: to native at
+        # 4, to the candidate at 16) and one before a probe, decision or
+        # confirmation step; else any three.
+        if cfg["schedule"] == "sparse-then-native":
+            strata = [[-1, 0], [12, 24, 28], [1, 2, 4, 5, 7, 8, 13, 16, 17, 19, 20, 25]]
+        elif cfg["schedule"] == "native-then-candidate":
+            strata = [[-1, 0], [4, 16], [2, 5, 8, 9, 12, 17, 20, 21, 23, 24]]
+        else:
+            strata = None
+        if strata:
+            cuts = sorted(warm + rng.choice(points) for points in strata)
+        else:
+            cuts = sorted(rng.sample(range(1, steps - 1), 3))
+        # Two ranks: at three, a float sum over the ranks depends on where a
+        # value sits in its bucket, and a resumed process's first step runs
+        # in DDP's provisional layout, so plain DDP does not resume bitwise
+        # either (results/chaos_torch.md).
+        job.update(type="resume", world=2, cfg=cfg, steps=steps, cuts=cuts, faults=["resume"] * len(cuts))
+    else:
+        raise ValueError(kind)
+    return job
+
+
+def plan(seed, faults, kinds=None):
+    """The campaign's jobs, drawn from ``seed`` until they inject at least
+    ``faults`` faults: every kind once first, then by JOB_WEIGHTS."""
+    rng = random.Random(seed)
+    names = [k for k in JOB_WEIGHTS if kinds is None or k in kinds or any(f.startswith(k) for f in kinds)]
+    if not names:
+        raise SystemExit(f"no job kind matches {kinds}")
+    jobs, total = [], 0
+    queue_ = list(names)
+    cycles = {"setting": Cycle(SETTINGS, random.Random(seed + 1)), "demo": Cycle(DEMO_SETTINGS, random.Random(seed + 2)),
+              "resume": Cycle(RESUMED, random.Random(seed + 3))}
+    while total < faults:
+        kind = queue_.pop(0) if queue_ else rng.choices(names, weights=[JOB_WEIGHTS[k] for k in names])[0]
+        world = rng.choice([2, 2, 3])
+        job = make_job(kind, rng, world, cycles)
+        job["id"] = len(jobs)
+        jobs.append(job)
+        total += len(job["faults"])
+    return jobs
+
+
+def smoke_plan(seed):
+    """make test's slice: every kind of fault, on 2 ranks (a kill on 3), in configurations
+    chosen to be quick, the victims and delays drawn from ``seed``. It
+    leaves out what results/chaos_torch.md lists as the plugin's open
+    findings (a resume from the warm-up under a clear win or AdamW, a NaN
+    in one of several groups, a NaN at the first sparse step, a dense
+    named algorithm's checkpoint), so that it stays green until they are
+    fixed; the full campaign counts them."""
+    rng = random.Random(seed)
+    T = PLUGIN_TIMEOUT
+
+    def ddp(optimizer="sgdm", **state):
+        return {"front": "ddp", "optimizer": optimizer, "model": "small", "state": {"density": 0.05, "timeout": T, **state}, "schedule": "none"}
+
+    demo = {"front": "demo", "model": "small", "schedule": "none", "state": {"lr": 0.01, "weight_decay": 0.1, "topk": 8, "chunk": 16, "timeout": T}}
+    fsdp = {"front": "fsdp", "optimizer": "sgd", "model": "small", "state": {"density": 0.05, "timeout": T}, "schedule": "none"}
+
+    def fault(kind, cfg, step):
+        return {"kind": kind, "type": "fault_run", "cfg": cfg, "steps": step + AFTER_FAULT_STEPS, "progress": True, "faults": [kind],
+                "fault": {"signal": kind, "victim": rng.randrange(2), "step": step, "delay": round(rng.uniform(0, MAX_DELAY), 4)}}
+
+    def mismatch(kind, cfg, name, values):
+        victim = rng.randrange(2)
+        per_rank = [values[1] if r == victim else values[0] for r in range(2)]
+        return {"kind": kind, "type": "mismatch", "cfg": cfg, "setting": name, "values": per_rank,
+                "steps": 3, "pg_timeout": MISMATCH_PG_TIMEOUT, "faults": [kind]}
+
+    quantized = dict(ddp("adamw", recheck_every=8, dense_compression="quantized"), schedule="sparse-then-native")
+    choice = dict(ddp("sgd", recheck_every=8), schedule="native-then-candidate")
+    jobs = [
+        fault("sigkill", ddp(recheck_every=8), 3),  # the sparse probe
+        fault("sigstop", ddp(algorithm="oktopk"), 5),
+        {"kind": "nan", "type": "fault_run", "cfg": quantized, "steps": 17, "faults": ["nan"],
+         "inject": {"rank": rng.randrange(2), "step": 14, "value": "nan"}},  # quantized to native: the fold given back
+        {"kind": "inf", "type": "fault_run", "cfg": demo, "steps": 7, "faults": ["inf"],
+         "inject": {"rank": rng.randrange(2), "step": 4, "value": rng.choice(["inf", "-inf"])}},
+        mismatch("mismatch-setting", ddp(), "dense_compression", ["bf16", "quantized"]),
+        mismatch("mismatch-setting", fsdp, "warmup_iters", [2, 3]),
+        mismatch("mismatch-demo", demo, "topk", [32, 8]),
+        dict(mismatch("mismatch-resume", ddp(algorithm="oktopk"), "resume-step", [None, None]), values=[3, 5][:: rng.choice([1, -1])],
+             save_steps=[3, 5]),
+        {"kind": "corrupt", "type": "corrupt", "cfg": dict(ddp(recheck_every=8), schedule="sparse-then-native"), "steps": 9,
+         "seed": rng.randrange(10**6), "faults": ["corrupt-byte", "corrupt-field", "corrupt-file", "corrupt-field"],
+         "corruptions": [{"how": "byte"}, {"how": "field"}, {"how": "file"}, {"how": "field", "field": "checksum-dropped"}]},
+        {"kind": "corrupt", "type": "corrupt", "cfg": demo, "steps": 5, "seed": rng.randrange(10**6),
+         "corruptions": [{"how": "file"}, {"how": "byte"}], "faults": ["corrupt-file", "corrupt-byte"]},
+        # Warm-up (no clear win to lose), the native probe, the switch to
+        # the candidate's probe (a new communicator).
+        {"kind": "resume", "type": "resume", "cfg": choice, "steps": 24, "cuts": [1, 7, 18], "faults": ["resume"] * 3},
+        # Three ranks, FSDP2: killed at the first sparse step, where the
+        # communicator is set up through the store.
+        dict(fault("sigkill", dict(fsdp, optimizer="sgdm"), 2), world=3, fault={"signal": "sigkill", "victim": rng.randrange(3), "step": 2,
+                                                                                  "delay": round(rng.uniform(0, 0.01), 4)}),
+    ]
+    for n, job in enumerate(jobs):
+        job["id"] = n
+        job.setdefault("world", 2)
+        job.setdefault("pg_timeout", PG_TIMEOUT)
+    return jobs
+
+
+# -- sessions of rank processes ----------------------------------------------
+
+def free_port():
+    """A port free a moment ago, below the kernel's ephemeral range (as
+    tests/python/conftest.py picks them)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    rng = random.Random()
+    for _ in range(100):
+        port = rng.randrange(10000, low - 2)
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", port))
+                b.bind(("127.0.0.1", port + 1))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError("no free port pair below the ephemeral range")
+
+
+class Session:
+    """``world`` rank processes (worker.py) in one gloo process group,
+    reading jobs from their stdin."""
+
+    counter = 0
+
+    def __init__(self, world, python, logdir, workdir):
+        Session.counter += 1
+        self.id = Session.counter
+        self.world = world
+        self.events = queue.Queue()
+        self.procs, self.logs = [], []
+        self.ready = set()
+        self.dead = False
+        self.used = 0
+        port = free_port()
+        env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "plugins", "pytorch") + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                   OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+        env.pop("OKTOPK_DEBUG_AUTO", None)
+        for r in range(world):
+            log = os.path.join(logdir, f"session{self.id}-rank{r}.log")
+            self.logs.append(log)
+            with open(log, "w") as err:
+                p = subprocess.Popen([python, WORKER, "--rank", str(r), "--world", str(world), "--port", str(port), "--workdir", workdir],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, env=env, cwd=ROOT, text=True,
+                                     start_new_session=True)
+            self.procs.append(p)
+            threading.Thread(target=self._read, args=(r, p), daemon=True).start()
+
+    def _read(self, rank, p):
+        for line in p.stdout:
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue
+            msg["rank"] = rank
+            self.events.put(msg)
+        self.events.put({"ev": "eof", "rank": rank})
+
+    def wait_ready(self, timeout):
+        deadline = time.monotonic() + timeout
+        while len(self.ready) < self.world:
+            try:
+                msg = self.events.get(timeout=max(0.01, deadline - time.monotonic()))
+            except queue.Empty:
+                return False
+            if msg["ev"] == "ready":
+                self.ready.add(msg["rank"])
+            elif msg["ev"] == "eof":
+                return False
+            if time.monotonic() > deadline:
+                return False
+        return True
+
+    def send(self, job):
+        line = json.dumps(job) + "\n"
+        for p in self.procs:
+            try:
+                p.stdin.write(line)
+                p.stdin.flush()
+            except (BrokenPipeError, OSError):
+                pass
+        self.used += 1
+
+    def kill(self):
+        self.dead = True
+        for p in self.procs:
+            if p.poll() is None:
+                try:
+                    os.kill(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        for p in self.procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+
+    def exit_codes(self):
+        return [p.poll() for p in self.procs]
+
+
+class Sessions:
+    """The current session per world size, and a spare one started ahead
+    for the jobs that end theirs (a killed or stopped rank)."""
+
+    def __init__(self, python, logdir, workdir):
+        self.python, self.logdir, self.workdir = python, logdir, workdir
+        self.current, self.spare = {}, {}
+
+    def get(self, world):
+        s = self.current.get(world)
+        if s is not None and not s.dead:
+            return s
+        s = self.spare.pop(world, None) or Session(world, self.python, self.logdir, self.workdir)
+        self.current[world] = s
+        return s
+
+    def prewarm(self, world):
+        if world not in self.spare:
+            self.spare[world] = Session(world, self.python, self.logdir, self.workdir)
+
+    def retire(self, world):
+        s = self.current.pop(world, None)
+        if s is not None:
+            s.kill()
+
+    def close(self):
+        for s in list(self.current.values()) + list(self.spare.values()):
+            s.kill()
+
+
+# -- running a job -----------------------------------------------------------
+
+def job_bound(job):
+    """The job's hard wall-clock bound (seconds), its sleeps included."""
+    steps = job.get("steps", 10)
+    if job["type"] == "resume":
+        steps = steps + sum(steps - c for c in job["cuts"])
+    if job["type"] == "corrupt":
+        steps += 6 + 3 * len(job["corruptions"])
+    return 40.0 + 0.5 * steps + (8 * 0.3 * (1 + len(job.get("cuts", []))) if job["cfg"].get("schedule") != "none" else 0)
+
+
+def run_job(sessions, job, verbose=False, next_job=None):
+    """Run one job on a session; returns (results by rank, exit codes,
+    fault time or None, timing, hung ranks). ``next_job``: the one after
+    it, whose session is started meanwhile when this job ends its own."""
+    world = job["world"]
+    destructive = job["kind"] in ("sigkill", "sigstop")
+    session = sessions.get(world)
+    if destructive and next_job is not None and next_job["kind"] in ("sigkill", "sigstop"):
+        sessions.prewarm(next_job["world"])  # its ranks import torch while this job runs
+    started = time.monotonic()
+    if not session.wait_ready(120):
+        codes = session.exit_codes()
+        sessions.retire(world)
+        return {"harness": f"session {session.id} did not start (exit codes {codes}); logs {session.logs}"}
+    setup_seconds = time.monotonic() - started
+    payload = dict(job, last=destructive)
+    session.send(payload)
+    t0 = time.monotonic()
+    deadline = t0 + job_bound(job)
+    results, fault_time, hung, eof = {}, None, [], set()
+    fault = job.get("fault")
+    victim = fault["victim"] if fault else None
+    while len(results) + len(eof - set(results)) < world:
+        if fault_time is not None and victim is not None:
+            # Only the survivors report; the victim is dead or stopped.
+            if all(r in results or r in eof for r in range(world) if r != victim):
+                break
+            deadline = min(deadline, fault_time + HANG_AFTER_FAULT)
+        try:
+            msg = session.events.get(timeout=max(0.01, min(0.2, deadline - time.monotonic())))
+        except queue.Empty:
+            msg = None
+        if msg is not None:
+            ev, r = msg["ev"], msg["rank"]
+            if ev == "done":
+                results[r] = msg["result"]
+            elif ev == "eof":
+                eof.add(r)
+            elif ev == "step" and fault is not None and r == victim and fault_time is None and msg["step"] == fault["step"]:
+                # The victim waits at the start of the step for this go.
+                try:
+                    session.procs[victim].stdin.write("go\n")
+                    session.procs[victim].stdin.flush()
+                except (BrokenPipeError, OSError):
+                    pass
+                time.sleep(fault["delay"])
+                sig = signal.SIGKILL if fault["signal"] == "sigkill" else signal.SIGSTOP
+                try:
+                    os.kill(session.procs[victim].pid, sig)
+                    fault_time = time.monotonic()
+                except ProcessLookupError:
+                    pass
+        if time.monotonic() > deadline:
+            hung = [r for r in range(world) if r not in results and r not in eof and r != (victim if fault_time is not None else None)]
+            break
+    elapsed = time.monotonic() - t0
+    codes = [p.poll() for p in session.procs]
+    if destructive or hung or any(r in eof for r in range(world)):
+        sessions.retire(world)
+    else:
+        # Reuse the session only if every rank ended the job alike (all
+        # succeeded, or all failed at the same step): the ranks then made
+        # the same communicators, whose store keys are numbered per
+        # process.
+        ends = {json.dumps([(res.get("error") or {}).get("step"), bool(res.get("error")), bool(res.get("harness_error"))])
+                for res in results.values()}
+        if len(ends) > 1 or any(res.get("harness_error") for res in results.values()):
+            sessions.retire(world)
+    if verbose:
+        print(f"  job {job['id']} {job['kind']}: {elapsed:.1f} s (+{setup_seconds:.1f} s session start), session {session.id}", flush=True)
+    return {"results": results, "codes": codes, "fault_time": fault_time, "elapsed": elapsed, "hung": hung, "eof": sorted(eof),
+            "victim": victim if fault_time is not None else None, "logs": session.logs, "fault_landed": fault_time is not None}
+
+
+# -- judging a job -----------------------------------------------------------
+
+FAULT_WORDS = {
+    "sigkill": re.compile(r"peer|closed|reset|crash|dead|died|timed? ?out|timeout|broken pipe|connection|remote|store", re.I),
+    "sigstop": re.compile(r"timed? ?out|timeout|within .* s", re.I),
+}
+
+
+def named_type(err):
+    """Whether an error is of a type the plugin promises (OkTopkError,
+    ValueError, RuntimeError and its torch subclasses)."""
+    mro = set(err.get("mro", []))
+    return bool(mro & {"OkTopkError", "ValueError", "RuntimeError"})
+
+
+def mass_error(*masses):
+    """The error of a state_dict() that raised while its mass was taken."""
+    return next((m["error"] for m in masses if isinstance(m, dict) and "error" in m), None)
+
+
+def mass_moved(before, after, front):
+    """How ``after`` lost or changed what ``before`` held (see the worker's
+    mass_of): each group's library state and quantized residuals bitwise,
+    a new quantized group all zero, no group dropped from those a native
+    step folds, the velocities bitwise; DeMo: momentum and library state."""
+    if front == "demo":
+        return [k for k in ("momentum", "library_state") if before.get(k) != after.get(k)]
+    moved = []
+    for g, d in before["tensors"].items():
+        if after["tensors"].get(g) != d:
+            moved.append(f"library state of group {g}")
+    for g, (d, _) in before["quantized"].items():
+        if g not in after["quantized"] or after["quantized"][g][0] != d:
+            moved.append(f"quantized residuals of group {g}")
+    for g, (_, zero) in after["quantized"].items():
+        if g not in before["quantized"] and not zero:
+            moved.append(f"new quantized group {g} not zero")
+    dropped = set(before["residual_groups"]) - set(after["residual_groups"])
+    if dropped:
+        moved.append(f"groups {sorted(dropped)} no longer folded")
+    if before["momentum"] != after["momentum"]:
+        moved.append("velocities")
+    return moved
+
+
+def outcome(kind, **kw):
+    o = {"kind": kind, "hang": 0, "crash": 0, "silent": 0, "unnamed": 0, "changed": 0, "detection": None, "notes": []}
+    o.update(kw)
+    return o
+
+
+def judge(job, run):
+    """The job's faults, each an outcome: hang, crash, silent divergence,
+    unnamed error, state changed, detection seconds, and notes."""
+    if "harness" in run:
+        return [outcome(k, harness=run["harness"]) for k in job["faults"]], []
+    results, world = run["results"], job["world"]
+    harness = [f"rank {r}: {res['harness_error']}" for r, res in results.items() if res.get("harness_error")]
+    if harness:
+        return [outcome(k, harness="; ".join(harness)) for k in job["faults"]], []
+    kind = job["kind"]
+    base = {"hang": len(run["hung"]) > 0}
+    crashed = [r for r in run["eof"] if r not in results and r != run.get("victim")]
+    notes = []
+    if run["hung"]:
+        notes.append(f"ranks {run['hung']} still running after the bound")
+    if crashed:
+        notes.append(f"ranks {crashed} died without reporting (exit codes {run['codes']})")
+    extra = []  # (label, value) for the report's breakdowns
+    if kind in ("sigkill", "sigstop"):
+        o = outcome(kind, hang=int(base["hang"]), crash=len(crashed), notes=notes)
+        if not run["fault_landed"]:
+            o["harness"] = "the fault was never injected (the victim finished before its step?)"
+            return [o], extra
+        if job["fault"]["victim"] in results:
+            o["harness"] = "the fault landed after the victim's run had ended: nothing was left to notice it"
+            return [o], extra
+        worst = 0.0
+        words = FAULT_WORDS[kind]
+        for r, res in results.items():
+            if r == run["victim"]:
+                continue
+            err = res.get("error")
+            if err is None:
+                o["silent"] = 1
+                o["notes"].append(f"rank {r} finished every step without noticing the {kind}")
+                continue
+            if not named_type(err) or not words.search(err["msg"]):
+                o["unnamed"] = 1
+                o["notes"].append(f"rank {r}: {err['msg'][:300]}")
+            seconds = err["t"] - run["fault_time"]
+            if seconds < -0.05:
+                o["unnamed"] = 1
+                o["notes"].append(f"rank {r} failed {-seconds:.2f} s before the fault: {err['msg'][:300]}")
+            worst = max(worst, seconds)
+            before, after = res.get("before_failure"), res.get("after_failure")
+            if res.get("after_failure_error"):
+                o["notes"].append(f"rank {r}: state_dict() after the failure raised {res['after_failure_error']}")
+            elif before and after and mass_error(before["mass"], after["mass"]):
+                o["info"] = f"rank {r}: state_dict() raised: {mass_error(before['mass'], after['mass'])}"
+            elif before and after:
+                # What the plugin promises after a failed step: DeMo's
+                # momentum and parameters unchanged; the hook's velocities
+                # (tests/python: dead_peer). The rest is restored from a
+                # checkpoint (docs/pytorch-details.md, Failures): told, not
+                # counted.
+                moved = mass_moved(before["mass"], after["mass"], job["cfg"]["front"])
+                promised = [m for m in moved if m in ("momentum", "library_state", "velocities")]
+                if before["params"] != after["params"]:
+                    promised.append("parameters")
+                if promised:
+                    o["changed"] = 1
+                    o["notes"].append(f"rank {r}: {', '.join(promised)} changed by the failed step {err['step']} ({res.get('failing_path')})")
+                others = [m for m in moved if m not in promised]
+                if others:
+                    o["info"] = f"rank {r}: after the failed step {err['step']} ({res.get('failing_path')}): {', '.join(others)}"
+        o["detection"] = worst
+        landed = [res.get("failing_path") for r, res in results.items() if r != run["victim"] and res.get("error")]
+        extra.append(("landed", f"{kind} in {landed[0] if landed else '?'}"))
+        return [o], extra
+    if kind in ("nan", "inf"):
+        o = outcome(kind, hang=int(base["hang"]), crash=len(crashed), notes=notes)
+        inj = job["inject"]
+        b = inj["step"]
+        paths = set()
+        seen = []
+        for r, res in results.items():
+            if res.get("error"):
+                o["unnamed"] = 1
+                o["notes"].append(f"rank {r} raised at step {res['error']['step']}: {res['error']['msg'][:300]}")
+                continue
+            finite = {int(k): v for k, v in res["finite"].items()}
+            seen.append(finite.get(b))
+            paths.add(res["paths"].get(str(b), "?"))
+            if any(not finite[g] for g in finite if g > b):
+                o["silent"] = 1
+                o["notes"].append(f"rank {r}: non-finite gradients after the step (steps {[g for g in finite if g > b and not finite[g]]})")
+            error = mass_error(res.get("mass_before"), res.get("mass_after"))
+            if error:
+                o["unnamed"] = 1
+                o["notes"].append(f"rank {r}: state_dict() raised around the skipped step {b}: {error}")
+                continue
+            moved = mass_moved(res["mass_before"], res["mass_after"], job["cfg"]["front"])
+            if moved:
+                o["changed"] = 1
+                o["notes"].append(f"rank {r}: {', '.join(moved)} changed by the skipped step {b}")
+            o["detection"] = max(o["detection"] or 0.0, res.get("inject_seconds", 0.0))
+        if any(s is not False for s in seen) and len(seen) == world:
+            o["silent"] = 1
+            o["notes"].append(f"the poisoned step {b} was finite on some rank: {seen}")
+        digests = {res.get("params") for res in results.values() if not res.get("error")}
+        if len(digests) > 1:
+            o["silent"] = 1
+            o["notes"].append("the ranks ended with different parameters")
+        extra.append(("landed", f"{kind} in {sorted(paths)[0] if len(paths) == 1 else '/'.join(sorted(paths))}"))
+        return [o], extra
+    if job["type"] == "mismatch":
+        o = outcome(kind, hang=int(base["hang"]), crash=len(crashed), notes=notes)
+        name = job["setting"]
+        want = "iter" if name.startswith("resume") else name
+        if name == "optimizer_family":
+            want = "optimizer_family"
+        worst = 0.0
+        for r, res in results.items():
+            err = res.get("error")
+            if err is None:
+                o["silent"] = 1
+                o["notes"].append(f"rank {r} ran every step with {name} {job['values'][r]!r} against {job['values']}")
+                continue
+            named = "OkTopkError" in err["msg"] or "OkTopkError" in err.get("mro", [])
+            if not named or "settings differ across ranks" not in err["msg"] or want not in err["msg"]:
+                o["unnamed"] = 1
+                o["notes"].append(f"rank {r}: {err['msg'][:400]}")
+            worst = max(worst, err["seconds"])
+        if worst > MISMATCH_BOUND:
+            o["notes"].append(f"detected after {worst:.1f} s, over the {MISMATCH_BOUND} s bound")
+            o["hang"] = 1
+        o["detection"] = worst
+        extra.append(("setting", f"{'FSDP2' if job['cfg']['front'] == 'fsdp' else 'DeMo' if job['cfg']['front'] == 'demo' else 'DDP'}: {name}"))
+        return [o], extra
+    if job["type"] == "corrupt":
+        outs = []
+        for i, fk in enumerate(job["faults"]):
+            o = outcome(fk, hang=int(base["hang"]), crash=len(crashed), notes=list(notes))
+            worst = 0.0
+            for r, res in results.items():
+                if i >= len(res.get("faults", [])):
+                    continue
+                entry = res["faults"][i]
+                for target in ("fresh", "live"):
+                    err = entry[target]
+                    if err is None:
+                        o["silent"] = 1
+                        o["notes"].append(f"rank {r}: the {target} state loaded the checkpoint with its {entry['what']}")
+                        continue
+                    msg = err["msg"]
+                    if "ValueError" not in err["mro"] or not ("fails its checksum" in msg or "not a DeMo checkpoint" in msg):
+                        o["unnamed"] = 1
+                        o["notes"].append(f"rank {r} ({target}, {entry['what']}): {msg[:300]}")
+                    worst = max(worst, err["seconds"])
+                    if entry[target + "_changed"]:
+                        o["changed"] = 1
+                        o["notes"].append(f"rank {r}: the refused load changed the {target} state ({entry['what']})")
+            o["detection"] = worst
+            outs.append(o)
+        for r, res in results.items():
+            if res.get("intact_loads") is not True:
+                outs[0]["unnamed"] = 1
+                outs[0]["notes"].append(f"rank {r}: the intact checkpoint did not load: {res.get('intact_loads')}")
+        if len({res.get("params") for res in results.values()}) > 1:
+            outs[0]["silent"] = 1
+            outs[0]["notes"].append("the ranks ended with different parameters after the refused loads")
+        if len(results) < world:
+            for o in outs:
+                o["hang"] = max(o["hang"], int(bool(run["hung"])))
+        return outs, extra
+    if job["type"] == "resume":
+        outs = []
+        any_res = next(iter(results.values()), None)
+        failed = [(r, res["error"]) for r, res in results.items() if res.get("checkpoint_failed")]
+        if failed:
+            r, err = failed[0]
+            for cut in job["cuts"]:
+                o = outcome("resume-" + ("warm-up" if cut <= any_res.get("warmup", 0) else "steady"), hang=int(base["hang"]), crash=len(crashed),
+                            notes=notes + [f"rank {r}: state_dict() raised after step {err['step'] - 1}, so no checkpoint: {err['msg'][:300]}"])
+                o["unnamed"] = 1
+                outs.append(o)
+                extra.append(("resumed", f"{describe(job['cfg'])}: {o['kind']}"))
+            return outs, extra
+        for cut in job["cuts"]:
+            label = resume_label(job, any_res, cut) if any_res else "resume-?"
+            o = outcome(label, hang=int(base["hang"]), crash=len(crashed), notes=list(notes))
+            if any_res:
+                paths = any_res["whole"]["paths"]
+                o["at"] = (paths.get(str(cut - 1)), paths.get(str(cut)))  # the paths of the steps before and after the cut
+            for r, res in results.items():
+                entry = res["resumed"].get(str(cut))
+                whole = res["whole"]
+                if entry is None:
+                    o["notes"].append(f"rank {r}: not run (an earlier cut failed)")
+                    o["unnamed"] = max(o["unnamed"], 0)
+                    continue
+                if entry.get("error"):
+                    o["unnamed"] = 1
+                    o["notes"].append(f"rank {r} resumed at {cut} raised at step {entry['error']['step']}: {entry['error']['msg'][:300]}")
+                    continue
+                differ = []
+                tail = {g: p for g, p in whole["paths"].items() if int(g) >= cut}
+                if entry["paths"] != tail:
+                    first = min((int(g) for g in tail if entry["paths"].get(g) != tail[g]), default=None)
+                    differ.append(f"paths from step {first} ({entry['paths'].get(str(first))} for {tail.get(str(first))})")
+                algos = {g: a for g, a in whole.get("algorithms", {}).items() if int(g) > cut}  # the first resumed step: new counters
+                theirs = {g: a for g, a in entry.get("algorithms", {}).items() if int(g) > cut}
+                if not differ and algos != theirs:
+                    first = min(int(g) for g in set(algos) | set(theirs) if algos.get(g) != theirs.get(g))
+                    differ.append(f"library algorithms from step {first} ({theirs.get(str(first))} for {algos.get(str(first))})")
+                if entry["params"] != whole["params"]:
+                    differ.append("parameters")
+                if whole["mass"] != entry["mass"]:
+                    differ.append("residuals")
+                if differ:
+                    o["silent"] = 1
+                    o["notes"].append(f"rank {r} resumed at step {cut}: {', '.join(differ)} differ from the uninterrupted run's")
+            outs.append(o)
+            extra.append(("resumed", f"{describe(job['cfg'])}: {label}"))
+        return outs, extra
+    raise ValueError(kind)
+
+
+def resume_label(job, res, cut):
+    """What kind of step the first resumed step (``cut``) is, from the
+    uninterrupted run's paths and the choice saved at the cut."""
+    warm = res.get("warmup", 0)
+    if cut <= warm and job["cfg"]["front"] != "demo":
+        return "resume-warm-up"
+    paths = res["whole"]["paths"]
+    choice = res.get("choice_at", {}).get(str(cut))
+    here, before = paths.get(str(cut)), paths.get(str(cut - 1))
+    if choice is None:
+        return "resume-steady"
+    s = cut - warm
+    if before is not None and here != before and before != "warm-up":
+        return "resume-switch"
+    if choice["confirm_at"] is not None and s <= choice["confirm_at"]:
+        return "resume-confirmation"
+    due = choice["chosen"] is None and s in (4, 8) or choice["decided_at"] is not None and s == choice["decided_at"] + 8 + 4
+    if due:
+        return "resume-decision"
+    if choice["chosen"] is None or here != choice["chosen"]:
+        return "resume-probe"
+    return "resume-steady"
+
+
+# -- the plugin's findings -------------------------------------------------
+#
+# Failures the campaign found in the plugin, by the signature of their
+# notes; tests/chaos_torch/repro.py reproduces each alone.
+
+FINDINGS = [
+    ("warmup-adam", "A run under AdamW resumed from a checkpoint saved at the end of the warm-up probes sparse, not bf16 or quantized: "
+                    "the ranks agree on the optimizer family at the first step after the warm-up, and the resumed process has not seen "
+                    "its optimizer step by then; from the next decision on every step is native. The resumed run's paths and "
+                    "parameters differ from the uninterrupted run's."),
+    ("warmup-timing", "The measured choice resumed from a checkpoint saved in the warm-up loses the last warm-up step's time (taken "
+                      "at the first bucket of the step after it, and a resumed process does not time its own first step), so where "
+                      "the sparse probe wins clearly (a slow link) the resumed run probes native for 4 steps instead of choosing "
+                      "sparse at once: other paths, other parameters."),
+    ("nan-one-group", "A NaN or Inf in one group's gradient (one DDP bucket of several; one FSDP2 module of several) skips that group "
+                      "on every rank, and the script skips the optimizer step, but the other groups were reduced: their library "
+                      "residuals and thresholds, quantized residuals and velocities advanced on a step that did not happen, and what "
+                      "they sent is lost (docs: the velocity and residual stay as they were)."),
+    ("switch-fold", "A run resumed from a checkpoint saved just before a step that switches from sparse to native (DDP hook or "
+                    "FSDP2) does not fold the residuals into that native step: the fold needs the communicator, which a resumed "
+                    "process makes only at its first sparse step, so the residuals wait (until the next sparse probe, recheck_every "
+                    "steps later, or for good once only native steps remain): other parameters, other residuals, same paths."),
+    ("auto-remeasure", "With algorithm='auto' the library chooses each call's algorithm from a link measurement that each "
+                       "communicator makes at its first call and the checkpoint does not carry: a resumed run measures again and, where "
+                       "two candidates' predicted times are close (here tiny buckets: dense_ring against topka, the 5% rule), chooses "
+                       "others, so it is not the uninterrupted run bitwise. Timing-dependent: replay the job (it failed 3 times of 3 "
+                       "at some cut), not repro.py. The measured choice's sparse path is 'auto' too."),
+    ("no-state", "state_dict() raises OkTopkError ('tensor ... has no state yet') with a named dense algorithm (every step after "
+                 "the warm-up) and after a NaN or Inf at the first sparse step (until the next sparse step): no checkpoint there."),
+]
+
+
+def classify(o, job):
+    """The finding a failed outcome is an instance of, or None."""
+    text = " ".join(o["notes"])
+    if "has no state yet" in text:
+        return "no-state"
+    if o["kind"] in ("nan", "inf") and o["changed"] and not o["silent"] and not o["unnamed"]:
+        return "nan-one-group"
+    if o["kind"].startswith("resume") and o["silent"] and not o["unnamed"]:
+        if re.search(r"paths from step \d+ \(sparse for (bf16|quantized)\)", text) and job["cfg"].get("optimizer") == "adamw":
+            return "warmup-adam"
+        if o["kind"] == "resume-warm-up" and re.search(r"\(native for (sparse|bf16|quantized)\)", text) and \
+                job["cfg"].get("schedule") == "sparse-then-native":
+            return "warmup-timing"
+        if "paths from" not in text and o.get("at") == ("sparse", "native"):
+            return "switch-fold"
+        if "paths from" not in text and "library algorithms from step" in text:
+            return "auto-remeasure"
+    return None
+
+
+# -- the report --------------------------------------------------------------
+
+def failed(o):
+    return bool(o["hang"] or o["crash"] or o["silent"] or o["unnamed"] or o["changed"] or o.get("harness"))
+
+
+def fmt_seconds(v):
+    return "–" if v is None else f"{v:.2f} s"
+
+
+def report(args, jobs, outcomes, extras, wall, failures, failed_jobs, python):
+    rows = defaultdict(lambda: {"count": 0, "hang": 0, "crash": 0, "silent": 0, "unnamed": 0, "changed": 0, "detection": None})
+    for o in outcomes:
+        row = rows[o["kind"]]
+        row["count"] += 1
+        for k in ("hang", "crash", "silent", "unnamed", "changed"):
+            row[k] += 1 if o[k] else 0
+        if o["detection"] is not None:
+            row["detection"] = max(row["detection"] or 0.0, o["detection"])
+    total = {"count": 0, "hang": 0, "crash": 0, "silent": 0, "unnamed": 0, "changed": 0, "detection": None}
+    for row in rows.values():
+        for k in ("count", "hang", "crash", "silent", "unnamed", "changed"):
+            total[k] += row[k]
+        if row["detection"] is not None:
+            total["detection"] = max(total["detection"] or 0.0, row["detection"])
+    lines = ["# PyTorch plugin fault campaign", ""]
+    worlds = Counter(j["world"] for j in jobs)
+    lines.append(f"Seed {args.seed}, {len(outcomes)} faults injected in {len(jobs)} jobs "
+                 f"({worlds.get(2, 0)} of 2 ranks, {worlds.get(3, 0)} of 3), real gloo process groups over real rank processes "
+                 f"(CPU, tiny models); plugin timeout {PLUGIN_TIMEOUT:g} s, the jobs' gloo timeout {PG_TIMEOUT:g} s "
+                 f"({MISMATCH_PG_TIMEOUT:g} s for the mismatches, which the plugin must name within {MISMATCH_BOUND:g} s), "
+                 f"a hang is a rank not returned {HANG_AFTER_FAULT:g} s after a kill or stop or past the job's bound; "
+                 f"{wall // 60:.0f}:{wall % 60:02.0f} min.")
+    lines.append(f"Fronts: the DDP hook (the measured choice under SGD, SGD with momentum and AdamW with bf16 or quantized, and named "
+                 f"algorithms), FSDP2 (oktopk.fsdp) and oktopk.optim.DeMo.")
+    if args.smoke:
+        made = f"make chaos-torch-smoke CHAOS_TORCH_SEED={args.seed}"
+        one = f"tests/chaos_torch/campaign.py --smoke --seed {args.seed} --job N -v"
+    else:
+        out = f" CHAOS_TORCH_OUT={os.path.relpath(os.path.abspath(args.out), ROOT)}" if args.out else ""
+        made = f"make chaos-torch CHAOS_TORCH_SEED={args.seed} CHAOS_TORCH_FAULTS={args.faults}{out}"
+        one = f"make chaos-torch CHAOS_TORCH_SEED={args.seed} CHAOS_TORCH_FAULTS={args.faults} CHAOS_TORCH_FLAGS='--job N -v'"
+    if args.custom or args.kinds or args.job:
+        made = f"tests/chaos_torch/campaign.py {' '.join(sys.argv[1:])}"
+    lines.append(f"Made by `{made}` (seeded: the same command replays it); one job again: `{one}`.")
+    lines += ["", "| fault | count | hangs | crashes | silent divergences | unnamed errors | state changed | max detection |",
+              "|---|---|---|---|---|---|---|---|"]
+    kinds = [k for k in KIND_ORDER if k in rows] + sorted(k for k in rows if k not in KIND_ORDER)
+    for k in kinds:
+        r = rows[k]
+        lines.append(f"| {k} | {r['count']} | {r['hang']} | {r['crash']} | {r['silent']} | {r['unnamed']} | {r['changed']} | "
+                     f"{fmt_seconds(r['detection'])} |")
+    t = total
+    lines.append(f"| **total** | {t['count']} | {t['hang']} | {t['crash']} | {t['silent']} | {t['unnamed']} | {t['changed']} | "
+                 f"{fmt_seconds(t['detection'])} |")
+    lines += ["", "Max detection: for a kill or stop, from the signal to the last surviving rank's failing return; for a mismatch, "
+                  "the failing step's duration; for a NaN or Inf, the poisoned step's duration; for a corrupted checkpoint, the refused "
+                  "load's. Silent divergence: a run that went on where it had to fail (a mismatch or corruption accepted, a dead peer "
+                  "not noticed), ranks that ended with different parameters, a poisoned step that was finite on a rank, or a resumed "
+                  "run that differs from the uninterrupted one. Unnamed error: an error of another type than OkTopkError, ValueError "
+                  "or RuntimeError, or whose message names neither the setting nor the fault, or an error where none was due. State "
+                  "changed: residuals, thresholds, quantized residuals or velocities (DeMo: its momentum and parameters) that a skipped, "
+                  "failed or refused step changed."]
+    by = defaultdict(Counter)
+    for label, value in extras:
+        by[label][value] += 1
+    if by.get("landed"):
+        lines += ["", "Where the kills, stops, NaNs and Infs landed (the path of the step they hit; FSDP2 and DeMo included):", "",
+                  "| fault in path | count |", "|---|---|"]
+        for v, n in sorted(by["landed"].items()):
+            lines.append(f"| {v} | {n} |")
+    if by.get("setting"):
+        lines += ["", "Mismatched settings (one rank holds the other value; every rank must name it):", "", "| front: setting | count |",
+                  "|---|---|"]
+        for v, n in sorted(by["setting"].items()):
+            lines.append(f"| {v} | {n} |")
+    if by.get("resumed"):
+        lines += ["", "Resumes by configuration and step kind:", "", "| configuration: step kind | count |", "|---|---|"]
+        for v, n in sorted(by["resumed"].items()):
+            lines.append(f"| {v} | {n} |")
+    fronts = Counter(describe(j["cfg"]) for j in jobs)
+    lines += ["", "Jobs per configuration:", "", "| configuration | jobs |", "|---|---|"]
+    for v, n in sorted(fronts.items()):
+        lines.append(f"| {v} | {n} |")
+    lines += ["", "## How", "",
+              "- Each rank is a process of its own (tests/chaos_torch/worker.py) that imports torch and oktopk once; a session of 2 or "
+              "3 of them serves job after job, each job on a gloo process group of its own (`dist.new_group`), and ends when a job "
+              "kills or stops one of its ranks (or its ranks ended a job unalike); the campaign starts the next session while the job "
+              "before runs. Only the plugin's public API is used.",
+              "- The measured choice times whole steps. So that a resumed run meets the same decisions as the uninterrupted one "
+              "whatever the machine's load, the loop sleeps after each step by its path (a schedule: 0.3 s against a few ms of work), "
+              "which sets where the probes, decisions, confirmations and switches fall; the table of resumes names the step kind "
+              "each checkpoint was taken before, from the uninterrupted run's paths and the choice it saved.",
+              "- Resumes run on 2 ranks: at 3, a float sum over the ranks depends on where a value sits in its bucket, and a "
+              "resumed process's first step runs in DDP's provisional bucket layout, so plain DDP (no hook) does not resume bitwise "
+              "at 3 ranks either (measured: a one-bucket model resumed after step 1 or 3 ends with other bits); that is torch's, "
+              "not the plugin's.",
+              "- A kill's or stop's victim waits at the start of its step for the campaign's go, which then signals it 0-20 ms later.",
+              "", "## Fault kinds", ""]
+    for k in kinds:
+        if k in KIND_TEXT:
+            lines.append(f"- {k}: {KIND_TEXT[k]}")
+    lines.append("")
+    infos = [f"job {o['job']} ({o['kind']}): {o['info']}" for o in outcomes if o.get("info")]
+    if infos:
+        lines += [f"Seen, not counted ({len(infos)}): after a failed step the plugin promises a raise, the velocities (DeMo: its "
+                  f"momentum and parameters) as they were, and a restart from a checkpoint saved on every rank at the same step "
+                  f"(docs/pytorch-details.md, Failures); what else the failed step left changed:", ""]
+        lines += [f"- {i}" for i in infos[:40]]
+        if len(infos) > 40:
+            lines.append(f"- ... and {len(infos) - 40} more")
+        lines.append("")
+    found = Counter(o.get("finding") for o in outcomes if o.get("finding"))
+    unclassified = sum(1 for o in outcomes if failed(o) and not o.get("finding"))
+    if found or unclassified:
+        lines += ["## Findings", "", "The failures above, by what in the plugin they come from; each reproduces alone with the plugin's "
+                  "public API: `PYTHONPATH=plugins/pytorch OMP_NUM_THREADS=1 $(make -s print-py) tests/chaos_torch/repro.py CASE`.", "",
+                  "| finding (repro.py CASE) | faults failed | what |", "|---|---|---|"]
+        for name, text in FINDINGS:
+            if found.get(name):
+                lines.append(f"| {name} | {found[name]} | {text} |")
+        if unclassified:
+            lines.append(f"| (unclassified) | {unclassified} | see the failures below |")
+        lines.append("")
+    if failures:
+        lines.append(f"## Failures ({len(failures)})")
+        lines.append("")
+        for f in failures:
+            lines.append(f"- {f}")
+        lines.append("")
+    else:
+        lines.append("No failures.")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--faults", type=int, default=200)
+    ap.add_argument("--smoke", action="store_true", help="make test's slice: one job of every kind")
+    ap.add_argument("--kinds", default=None, help="comma-separated job kinds (" + ", ".join(JOB_WEIGHTS) + ")")
+    ap.add_argument("--job", type=int, action="append", help="run only job N of the plan (repeatable)")
+    ap.add_argument("--out", default=None, help="write the report here")
+    ap.add_argument("--logs", default=os.path.join(ROOT, "build", "chaos-torch-logs"), help="the failing jobs' rank logs")
+    ap.add_argument("--python", default=sys.executable)
+    ap.add_argument("--budget", type=float, default=0, help="fail if the campaign takes longer (seconds; 0: no bound)")
+    ap.add_argument("--plan", action="store_true", help="print the plan and exit")
+    ap.add_argument("--custom", default=None, help="run the jobs of this file (JSON lines, as --plan prints them) instead")
+    ap.add_argument("-v", "--verbose", action="store_true")
+    args = ap.parse_args(argv)
+    kinds = args.kinds.split(",") if args.kinds else None
+    if args.custom:
+        with open(args.custom) as f:
+            jobs = [dict(json.loads(line), id=n) for n, line in enumerate(f) if line.strip()]
+    else:
+        jobs = smoke_plan(args.seed) if args.smoke else plan(args.seed, args.faults, kinds)
+    if args.plan:
+        for j in jobs:
+            print(json.dumps(j))
+        return 0
+    selected = [j for j in jobs if args.job is None or j["id"] in args.job]
+    start = time.monotonic()
+    os.makedirs(args.logs, exist_ok=True)
+    for old in os.listdir(args.logs):
+        if old.startswith("job"):
+            shutil.rmtree(os.path.join(args.logs, old), ignore_errors=True)
+    scratch = tempfile.mkdtemp(prefix="chaos-torch-")
+    session_logs = os.path.join(args.logs, "sessions")
+    shutil.rmtree(session_logs, ignore_errors=True)
+    os.makedirs(session_logs)
+    sessions = Sessions(args.python, session_logs, scratch)
+    # The jobs that keep their session first (grouped by world size), then
+    # those that end it, each on a session started while the one before ran.
+    order = sorted(selected, key=lambda j: (j["kind"] in ("sigkill", "sigstop"), j["world"], j["id"]))
+    outcomes, extras, failures, failed_jobs = [], [], [], []
+    try:
+        for n, job in enumerate(order):
+            run = run_job(sessions, job, args.verbose, order[n + 1] if n + 1 < len(order) else None)
+            outs, extra = judge(job, run)
+            for o in outs:
+                o["job"] = job["id"]
+                if failed(o):
+                    o["finding"] = classify(o, job)
+            outcomes += outs
+            extras += extra
+            bad = [o for o in outs if failed(o)]
+            if bad:
+                failed_jobs.append(job["id"])
+                keep = os.path.join(args.logs, f"job{job['id']}")
+                os.makedirs(keep, exist_ok=True)
+                for log in run.get("logs", []):
+                    if os.path.exists(log):
+                        shutil.copy(log, keep)
+                for o in bad:
+                    what = [k for k in ("hang", "crash", "silent", "unnamed", "changed") if o[k]]
+                    if o.get("harness"):
+                        what.append("harness: " + o["harness"])
+                    tag = f" [finding {o['finding']}]" if o.get("finding") else ""
+                    failures.append(f"job {job['id']} ({o['kind']}, {describe(job['cfg'])}, {job['world']} ranks){tag}: "
+                                    f"{', '.join(what)}: {'; '.join(o['notes'])[:1200]} (rank logs: {os.path.relpath(keep, ROOT)})")
+                print(("  FAILED: " if args.verbose else f"job {job['id']:3d} {job['kind']:16s} FAILED: ") + failures[-1], flush=True)
+            elif not args.verbose:
+                print(f"job {job['id']:3d} {job['kind']:16s} {len(outs)} fault(s) ok  ({run.get('elapsed', 0):.1f} s)", flush=True)
+    finally:
+        sessions.close()
+        shutil.rmtree(scratch, ignore_errors=True)
+    wall = time.monotonic() - start
+    if args.budget and wall > args.budget:
+        failures.append(f"the campaign took {wall:.0f} s, over its budget of {args.budget:.0f} s")
+    text = report(args, selected, outcomes, extras, wall, failures, failed_jobs, args.python)
+    print(text)
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            f.write(text)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""A fast slice of the PyTorch plugin's fault campaign (tests/chaos_torch/:
+`make chaos-torch` runs it all, `make chaos-torch-smoke` the slice that
+`make test` runs): the plan is seeded and covers every kind and setting,
+the judge flags each way a job can fail, and four real faults (a mismatch,
+a corrupted DeMo checkpoint, a NaN, a killed rank) over real gloo ranks
+are caught as the plugin promises."""
+
+import copy
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "chaos_torch"))
+
+import campaign  # noqa: E402
+
+
+def test_the_plan_is_seeded_replayable_and_covers_every_kind_and_setting():
+    jobs = campaign.plan(7, 200)
+    assert jobs == campaign.plan(7, 200)
+    assert jobs != campaign.plan(8, 200)
+    assert sum(len(j["faults"]) for j in jobs) >= 200
+    assert {j["kind"] for j in jobs} == set(campaign.JOB_WEIGHTS)
+    assert {j["setting"] for j in jobs if j["kind"] == "mismatch-setting"} == {name for name, _, _ in campaign.SETTINGS}
+    assert {j["setting"] for j in jobs if j["kind"] == "mismatch-demo"} == {name for name, _ in campaign.DEMO_SETTINGS}
+    assert all(j["world"] == 2 for j in jobs if j["kind"] == "resume")
+    # A job replays alone: its spec is the same whatever else is selected.
+    assert [j for j in jobs if j["id"] == 12] == [jobs[12]]
+    smoke = campaign.smoke_plan(1)
+    assert {j["kind"] for j in smoke} == set(campaign.JOB_WEIGHTS)
+
+
+def _kill_job():
+    return {"id": 0, "kind": "sigkill", "type": "fault_run", "world": 2, "faults": ["sigkill"], "cfg": {"front": "ddp", "state": {}},
+            "fault": {"signal": "sigkill", "victim": 1, "step": 3, "delay": 0.0}}
+
+
+def _run(results, **kw):
+    run = {"results": results, "codes": [None, None], "fault_time": 100.0, "elapsed": 1.0, "hung": [], "eof": [], "victim": 1,
+           "logs": [], "fault_landed": True}
+    run.update(kw)
+    return run
+
+
+def test_the_judge_flags_hangs_silence_unnamed_errors_and_changed_state():
+    mass = {"tensors": {"1": "a"}, "quantized": {}, "residual_groups": ["1"], "momentum": "m"}
+    ok_error = {"type": "RuntimeError", "mro": ["OkTopkError", "RuntimeError"], "msg": "OkTopkError: oktopk: remote peer failed",
+                "step": 3, "t": 100.5, "seconds": 0.5}
+    survivor = {"error": ok_error, "failing_path": "sparse", "before_failure": {"mass": mass, "params": "p"},
+                "after_failure": {"mass": mass, "params": "p"}}
+    (o,), _ = campaign.judge(_kill_job(), _run({0: survivor}))
+    assert not campaign.failed(o) and o["detection"] == 0.5
+    (o,), _ = campaign.judge(_kill_job(), _run({0: dict(survivor, error=None)}))
+    assert o["silent"], "a survivor that never noticed the dead peer"
+    (o,), _ = campaign.judge(_kill_job(), _run({0: dict(survivor, error=dict(ok_error, msg="KeyError: 3", mro=["KeyError"]))}))
+    assert o["unnamed"]
+    moved = dict(mass, momentum="other")
+    (o,), _ = campaign.judge(_kill_job(), _run({0: dict(survivor, after_failure={"mass": moved, "params": "p"})}))
+    assert o["changed"], "velocities changed by a failed step"
+    (o,), _ = campaign.judge(_kill_job(), _run({}, hung=[0]))
+    assert o["hang"]
+
+    nan = {"id": 1, "kind": "nan", "type": "fault_run", "world": 2, "faults": ["nan"], "cfg": {"front": "ddp", "state": {}},
+           "inject": {"rank": 0, "step": 4, "value": "nan"}}
+    rank = {"error": None, "finite": {"3": True, "4": False, "5": True}, "paths": {"4": "sparse"}, "mass_before": mass, "mass_after": mass,
+            "params": "p", "inject_seconds": 0.01}
+    (o,), _ = campaign.judge(nan, _run({0: rank, 1: rank}, victim=None))
+    assert not campaign.failed(o)
+    dropped = dict(mass, residual_groups=[])
+    (o,), _ = campaign.judge(nan, _run({0: rank, 1: dict(rank, mass_after=dropped)}, victim=None))
+    assert o["changed"], "a group no longer folded: its residual would be lost"
+    (o,), _ = campaign.judge(nan, _run({0: rank, 1: dict(rank, finite={"3": True, "4": True, "5": True})}, victim=None))
+    assert o["silent"], "the poisoned step was finite on one rank"
+    (o,), _ = campaign.judge(nan, _run({0: rank, 1: dict(rank, params="q")}, victim=None))
+    assert o["silent"]
+
+    resume = {"id": 2, "kind": "resume", "type": "resume", "world": 2, "faults": ["resume"], "cuts": [5], "cfg": {"front": "ddp", "state": {}}}
+    whole = {"params": "p", "mass": mass, "paths": {"5": "sparse", "6": "sparse"}}
+    res = {"whole": whole, "choice_at": {}, "warmup": 2, "error": None,
+           "resumed": {"5": {"error": None, "params": "p", "mass": mass, "paths": {"5": "sparse", "6": "sparse"}}}}
+    (o,), _ = campaign.judge(resume, _run({0: res}, victim=None))
+    assert not campaign.failed(o)
+    other = copy.deepcopy(res)
+    other["resumed"]["5"]["paths"]["6"] = "native"
+    (o,), _ = campaign.judge(resume, _run({0: other}, victim=None))
+    assert o["silent"]
+
+
+def test_a_slice_of_real_faults_is_caught(tmp_path):
+    demo = {"front": "demo", "model": "small", "schedule": "none",
+            "state": {"lr": 0.01, "weight_decay": 0.1, "topk": 8, "chunk": 16, "timeout": 2.0}}
+    ddp = {"front": "ddp", "optimizer": "sgdm", "model": "small", "schedule": "none",
+           "state": {"density": 0.05, "timeout": 2.0, "algorithm": "oktopk"}}
+    jobs = [
+        {"kind": "mismatch-setting", "type": "mismatch", "cfg": ddp, "setting": "density", "values": [0.05, 0.1], "steps": 3, "pg_timeout": 60.0,
+         "faults": ["mismatch-setting"]},
+        {"kind": "corrupt", "type": "corrupt", "cfg": demo, "steps": 4, "seed": 3, "corruptions": [{"how": "file"}, {"how": "field"}],
+         "faults": ["corrupt-file", "corrupt-field"]},
+        {"kind": "nan", "type": "fault_run", "cfg": ddp, "steps": 7, "inject": {"rank": 1, "step": 4, "value": "nan"}, "faults": ["nan"]},
+        {"kind": "sigkill", "type": "fault_run", "cfg": ddp, "steps": 44, "progress": True, "faults": ["sigkill"],
+         "fault": {"signal": "sigkill", "victim": 1, "step": 4, "delay": 0.01}},
+    ]
+    custom = tmp_path / "jobs.jsonl"
+    custom.write_text("".join(json.dumps(dict(j, world=2, pg_timeout=j.get("pg_timeout", 3.0))) + "\n" for j in jobs))
+    out = tmp_path / "report.md"
+    code = campaign.main(["--custom", str(custom), "--out", str(out), "--logs", str(tmp_path / "logs")])
+    report = out.read_text()
+    assert code == 0, report
+    for row in ("| sigkill | 1 | 0 | 0 | 0 | 0 | 0 |", "| nan | 1 | 0 | 0 | 0 | 0 | 0 |", "| mismatch-setting | 1 | 0 | 0 | 0 | 0 | 0 |",
+                "| corrupt-file | 1 | 0 | 0 | 0 | 0 | 0 |", "| **total** | 5 | 0 | 0 | 0 | 0 | 0 |"):
+        assert row in report, report
