@@ -329,19 +329,21 @@ def adam_default(rank, world, port, out, steps, dense_compression):
     it (to check it against the other replica's), the choice and the
     library calls after ``steps`` steps, and the shards, next to native HSDP
     under Adam."""
+    import oktopk.paths
     from workers import InjectedClock
 
     setup(rank, world, port)
     mesh = mesh_2x2()
     result = {"reduced": []}
-    for name in ("_native_", "_bf16_", "_quantized_"):
-        def recorded(state, *args, reduce=getattr(oktopk.fsdp, name), path=name.strip("_")):
-            shard = args[-1]
+    for path in ("native", "bf16", "quantized"):
+        module = oktopk.paths.PATHS[path]  # the registration's shard reductions (reduce_), by path
+
+        def recorded(state, group_id, shard, step, reduce=module.reduce_, path=path):
             before = shard.clone()
-            reduce(state, *args)
+            reduce(state, group_id, shard, step)
             result["reduced"].append((path, before.numpy(), shard.clone().numpy()))
 
-        setattr(oktopk.fsdp, name, recorded)
+        module.reduce_ = recorded
     for mode in ("native", "sparse"):
         model = sharded_stack(mesh, mode == "sparse")
         state = None

@@ -27,26 +27,28 @@ and why:
 """
 
 import contextlib
-import hashlib
-import os
 import threading
 import warnings
 
 import horovod.torch as hvd
 import torch
 
-from oktopk import Communicator
+from oktopk import Communicator, log
 from oktopk.adaptive import AdaptiveControl
 from oktopk.choice import NATIVE, SPARSE, StepChoice, debug_enabled
 from oktopk.momentum import MOMENTUM_OPTIMIZER, MomentumCorrection
 from oktopk import device as device_path_
-from oktopk.comm import route_source_address
 from oktopk.optimizers import HOROVOD_DEMO_LINE, adam_family, dense_notice, family_seen, sparse_warning
+from oktopk.path_sparse import save_group
 from oktopk.reducer import Reducer, ReducerStats, StepFolds
 from oktopk.schedule import check_schedule, density_at
 from oktopk.settings import check_agreement, check_checksum, with_checksum
 
+from .buckets import check_ranks_agree, make_buckets, parameters_by_name, reduce_bucket
 from .compression import OkTopkCompressor
+from .ranks import agree_max, check_owner, default_bind_host, horovod_agreement
+
+_default_bind_host = default_bind_host  # the name oktopk_horovod.optim imports
 
 BUCKET_BYTES = 25 * 1024 * 1024  # DDP's default bucket_cap_mb
 
@@ -97,17 +99,6 @@ def DistributedOptimizer(
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op, bucket_bytes, sparse_as_dense)
 
 
-class _Bucket:
-    __slots__ = ["index", "tensor_id", "params", "pending", "future"]
-
-    def __init__(self, index, names, params):
-        self.index = index
-        self.tensor_id = int.from_bytes(hashlib.blake2b("\0".join(names).encode(), digest_size=8).digest(), "little")
-        self.params = params
-        self.pending = 0  # parameters whose gradient is not final yet
-        self.future = None
-
-
 class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
     # Mixed into the wrapped optimizer's own class (as Horovod does), so
     # isinstance checks, param_groups and state_dict behave as before. Its
@@ -120,9 +111,9 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
         self._sparse_as_dense = sparse_as_dense
         self.backward_passes_per_step = backward_passes_per_step
         self._op = op
-        named = _named_parameters(self.param_groups, named_parameters)
-        _check_ranks_agree([name for name, _ in named])
-        self._buckets = _make_buckets(named, bucket_bytes)
+        named = parameters_by_name(self.param_groups, named_parameters)
+        check_ranks_agree([name for name, _ in named])
+        self._buckets = make_buckets(named, bucket_bytes)
         self._bucket_bytes = bucket_bytes
         self._bucket_of = {}
         for bucket in self._buckets:
@@ -174,10 +165,10 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
             warnings.warn(sparse_warning(adam), stacklevel=3)
         if compressor.algorithm is None:
             self._choice = StepChoice(compressor.sparse_margin, compressor.recheck_every)
-            self._choice.agree = _agree_max
+            self._choice.agree = agree_max
             self._choice.adam_seen = lambda: adam
             if debug_enabled() and hvd.rank() == 0:
-                self._choice.log = print
+                self._choice.log = log.decisions()
             # This step's time starts here, in no step's path: untimed.
             self._path = self._choice.begin_step(self.sparse_step, untimed=True)
         # Momentum correction (oktopk.momentum) when this optimizer is SGD
@@ -245,7 +236,11 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
     def _call(self):
         """(density or None, ξ step or None, τ′ or None) of this step's
         calls, the same on every rank (the step count is, and the adaptation
-        its ranks agreed on)."""
+        its ranks agreed on). Not oktopk.path_sparse.call_for: the step
+        count here is sparse_step (Horovod has no dense warm-up to count
+        from), and the adapted density and τ′ are read here, when the
+        bucket is issued, where the DDP hook's worker thread reads them at
+        the call."""
         step, every = self.sparse_step, self._measure_xi_every
         density = None if self.density_schedule is None else density_at(self.density_schedule, self._compressor.density, step)
         tau_prime = None
@@ -266,123 +261,15 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
                 p.grad = p.grad.to_dense()
         correction = self._momentum
         if correction is None or not correction.active or any(p.grad.is_sparse or not p.grad.is_contiguous() for p in bucket.params):
-            self._reduce_bucket(bucket, call)
+            reduce_bucket(self, bucket, call)
             return
         if bucket.index == 0:
             correction.begin_step()
         work = [(p, correction.before([p], [(correction.index_of(p), 0, p.numel())], p.grad.view(-1))) for p in bucket.params]
-        self._reduce_bucket(bucket, call)
+        reduce_bucket(self, bucket, call)
         for p, w in work:
             if w is not None:
                 correction.after(w, p.grad.view(-1))
-
-    def _reduce_bucket(self, bucket, call):
-        for p in bucket.params:
-            if p.grad.is_sparse:
-                if not self._sparse_as_dense:
-                    raise ValueError(
-                        "oktopk: a parameter has a sparse gradient (nn.Embedding(sparse=True)); "
-                        "pass sparse_as_dense=True to reduce it as a dense gradient"
-                    )
-                p.grad = p.grad.to_dense()
-        grads = [p.grad for p in bucket.params]
-        cuda = grads[0].device.type != "cpu"
-        if self._takes_device_path(grads):
-            self._reduce_on_device(bucket, grads, call)
-            return
-        if not cuda and len(grads) == 1 and grads[0].is_contiguous():
-            host = grads[0].view(-1)  # in place
-        else:
-            # The one copy of a bucket that remains, and why: the library
-            # reduces one contiguous vector in host memory, and a bucket's
-            # gradients are separate tensors (on the GPU for CUDA, copied
-            # to pinned memory: DMA transfers, no device-side concatenation).
-            # The staging memory is the reducer's, reused.
-            host = self._reducer.staging_for(sum(g.numel() for g in grads), grads[0].dtype, cuda)
-            at = 0
-            for g in grads:
-                host[at : at + g.numel()].view_as(g).copy_(g)
-                at += g.numel()
-        if call == NATIVE:
-            # Horovod's own allreduce of the bucket, its residual (left by
-            # sparse steps) folded in first so nothing waits or is lost.
-            if bucket.tensor_id in self._residual_ids:
-                comm, tid = self._reducer.comm, bucket.tensor_id
-                comm.fold_residual_(tid, host)
-                self._folds.took(lambda: (comm.unfold_residual(tid), self._residual_ids.add(tid)))
-                self._residual_ids.discard(tid)
-            hvd.allreduce_(host, op=self._op, name=f"oktopk.native.{bucket.index}")
-        else:
-            if cuda:
-                self._reducer.count_host_device(2 * host.numel() * host.element_size())
-            # A step the library skipped (NaN or Inf on some rank) comes back
-            # as NaN on every rank, as Horovod's dense average would, so AMP's
-            # scaler or the user's own check skips it everywhere.
-            density, xi_step, tau_prime = call
-            self._residual_ids.add(bucket.tensor_id)
-            self._reducer.sparse_allreduce_(bucket.tensor_id, host, density=density, xi_step=xi_step, tau_prime=tau_prime,
-                                            sparse_only=self._choice is not None)
-            self._stateful_ids.add(bucket.tensor_id)
-            if self._op == hvd.Sum:
-                host.mul_(hvd.size())
-        if host.data_ptr() != grads[0].data_ptr():
-            at = 0
-            for g in grads:
-                g.copy_(host[at : at + g.numel()].view_as(g))
-                at += g.numel()
-
-    def _takes_device_path(self, grads):
-        """Whether a bucket of these gradients takes the device path (see
-        Compression.oktopk's device_path)."""
-        c = self._compressor
-        if c.device_path is False or (c.device_path is None and grads[0].device.type != "cuda"):
-            return False
-        return (c.algorithm in (None, "auto", "oktopk") and self._measure_xi_every is None and self._reducer.adaptive is None
-                and sum(g.numel() for g in grads) <= device_path_.MAX_ELEMENTS)
-
-    def _reduce_on_device(self, bucket, grads, call):
-        """_reduce on the device path: the bucket's gradients gathered on
-        their device (one of them: used in place), reduced there with only
-        pairs crossing to the library, and written back."""
-        whole = len(grads) == 1 and grads[0].is_contiguous()
-        flat = grads[0].view(-1) if whole else torch.cat([g.reshape(-1) for g in grads])
-        tid = bucket.tensor_id
-        group = self._device_groups.get(tid)
-        if group is None:
-            group = device_path_.DeviceGroup(flat.numel(), flat.device)
-            if tid in self._library_ids:  # a loaded checkpoint: its residual moves here
-                group.load(self._reducer.comm, tid, self._reducer.comm.save_tensor_state(tid))
-                self._library_ids.discard(tid)
-            self._device_groups[tid] = group
-        if call == NATIVE:
-            residual = group.residual.clone() if tid in self._residual_ids else None
-            if residual is not None and device_path_.fold_(flat, group):
-                self._folds.took(lambda: (group.residual.copy_(residual), self._residual_ids.add(tid)))
-                self._residual_ids.discard(tid)
-            hvd.allreduce_(flat, op=self._op, name=f"oktopk.native.{bucket.index}")
-        else:
-            density, _, tau_prime = call
-            self._residual_ids.add(tid)
-            stats, moved, pairs = device_path_.sparse_allreduce_(self._reducer.comm, tid, flat, group, self._host_buffers,
-                                                                 density=density, tau_prime=tau_prime)
-            self._reducer.count_host_device(moved, pairs)
-            if stats is not None:
-                self._reducer.record(tid, stats)
-            self._stateful_ids.add(tid)
-            if self._op == hvd.Sum:
-                flat.mul_(hvd.size())
-        if not whole:
-            at = 0
-            for g in grads:
-                g.copy_(flat[at : at + g.numel()].view_as(g))
-                at += g.numel()
-
-    def _save_bucket(self, tensor_id):
-        """A bucket's library state, with its residual from the device when
-        it takes the device path."""
-        group = self._device_groups.get(tensor_id)
-        comm = self._reducer.comm
-        return comm.save_tensor_state(tensor_id) if group is None else group.checkpoint(comm, tensor_id)
 
     def _agreement_settings(self):
         """The settings that decide which collectives a rank issues and
@@ -444,7 +331,7 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
                     previous, kept_dense = self._path, self._choice.kept_dense_for
                     self._path = self._choice.begin_step(self.sparse_step)
                     if kept_dense is None and self._choice.kept_dense_for is not None and hvd.rank() == 0:
-                        print(dense_notice(self._choice.kept_dense_for, demo_line=HOROVOD_DEMO_LINE), flush=True)
+                        log.notice(dense_notice(self._choice.kept_dense_for, demo_line=HOROVOD_DEMO_LINE))
                     self._follow_path(previous)
             finally:
                 self._reset_step()
@@ -464,7 +351,7 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
             compressor.tau,
             compressor.tau_prime,
             compressor.timeout,
-            bind_host=_default_bind_host(),
+            bind_host=default_bind_host(),
             value_dtype=compressor.value_dtype,
             stochastic_rounding=compressor.stochastic_rounding,
         )
@@ -480,7 +367,7 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
         if (reducer.comm is not None and previous == NATIVE and self._path == NATIVE and self._choice.chosen == NATIVE
                 and not self._residual_ids):
             reducer.drain()
-            self._pending_state = {tensor_id: self._save_bucket(tensor_id) for tensor_id in sorted(self._stateful_ids)}
+            self._pending_state = {tensor_id: save_group(reducer.comm, self._device_groups, tensor_id) for tensor_id in sorted(self._stateful_ids)}
             self._device_groups = {}  # their residuals are in the saved states, loaded again at the next sparse step
             reducer.comm.destroy()
             reducer.comm = None
@@ -539,7 +426,7 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
         if self._reducer.comm is None:  # released while native is chosen
             tensors = dict(self._pending_state)
         else:
-            tensors = {tensor_id: self._save_bucket(tensor_id) for tensor_id in sorted(self._stateful_ids)}
+            tensors = {tensor_id: save_group(self._reducer.comm, self._device_groups, tensor_id) for tensor_id in sorted(self._stateful_ids)}
         return with_checksum({"rank": hvd.rank(), "world_size": hvd.size(), "tensors": tensors, "step": self.sparse_step,
                 "density_schedule": self.density_schedule,
                 "adaptive": self._reducer.adaptive_state(self._measure_xi_every),
@@ -555,7 +442,7 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
         saved)."""
         check_checksum(state, "oktopk_horovod")
         if "tensors" in state:
-            _check_owner(state.get("rank"), state.get("world_size"))
+            check_owner(state.get("rank"), state.get("world_size"))
             tensors = state["tensors"]
         else:
             tensors = state  # saved before states recorded their rank (the library still checks)
@@ -605,94 +492,3 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
         it is garbage-collected (nothing is registered to run at
         interpreter exit)."""
         self._reducer.close()
-
-
-def _agree_max(values):
-    """The measured choice's agreement: each value's max over the ranks."""
-    return [float(v) for v in hvd.allreduce(torch.tensor(values, dtype=torch.float64), op=hvd.Max, name="oktopk.choice").tolist()]
-
-
-def horovod_agreement(name):
-    """(gather_digests, gather_settings) for oktopk.settings.check_agreement
-    over every Horovod rank: the digests in one fixed-size allgather."""
-    def gather_digests(digest):
-        every = hvd.allgather(torch.tensor([list(digest)], dtype=torch.int64), name=f"{name}.digest")
-        return [bytes(row.tolist()) for row in every]
-
-    def gather_settings(settings):
-        return hvd.allgather_object(settings, name=f"{name}.values")
-
-    return gather_digests, gather_settings
-
-
-def _check_owner(saved_rank, saved_size):
-    """Refuse a checkpoint of another rank or world size, saying what to do."""
-    if saved_size is None:
-        return
-    rank, size = hvd.rank(), hvd.size()
-    if saved_size != size:
-        raise ValueError(
-            f"oktopk: this oktopk state was saved by a run of {saved_size} ranks, and this run has {size}: each rank's "
-            f"residuals are its own and cannot be repartitioned. Resume with {saved_size} ranks, or do not load the "
-            f"oktopk state (load only the model and optimizer) and its residuals start afresh."
-        )
-    if saved_rank != rank:
-        raise ValueError(
-            f"oktopk: this oktopk state belongs to rank {saved_rank}, and this process is rank {rank} of {size}: each "
-            f"rank keeps its own residuals and must load its own state. Save every rank's oktopk_state_dict() (e.g. to "
-            f"a file named with hvd.rank()), or collect them on rank 0 with hvd.allgather_object, and load on each rank "
-            f"the state of that rank."
-        )
-
-
-def _default_bind_host():
-    """Unless OKTOPK_SOCKET_IFNAME names an interface, bind the address that
-    routes to horovodrun's Gloo rendezvous server, so ranks on other hosts
-    can reach this one (None, the library's loopback default, for a job on
-    this machine alone)."""
-    if os.environ.get("OKTOPK_SOCKET_IFNAME"):
-        return None
-    addr, port = os.environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR"), os.environ.get("HOROVOD_GLOO_RENDEZVOUS_PORT")
-    if not addr or not port or os.environ.get("HOROVOD_CROSS_SIZE", "1") == "1":
-        return None
-    return route_source_address(addr, int(port))
-
-
-def _named_parameters(param_groups, named_parameters):
-    """(name, parameter) for every trainable parameter the optimizer holds,
-    sorted by name; without names, positional ones as Horovod makes them."""
-    params = [p for group in param_groups for p in group["params"] if p.requires_grad]
-    if named_parameters is None:
-        named = [(f"allreduce.noname.{i}", p) for i, p in enumerate(params)]
-    else:
-        named = list(named_parameters)
-        if len({name for name, _ in named}) != len(named):
-            raise ValueError("named_parameters contains duplicate names")
-        known = {id(p) for _, p in named}
-        missing = [i for i, p in enumerate(params) if id(p) not in known]
-        if missing:
-            raise ValueError("named_parameters was specified, but one or more model parameters were not named")
-        held = {id(p) for p in params}
-        named = [(name, p) for name, p in named if id(p) in held]
-    return sorted(named, key=lambda item: item[0])
-
-
-def _check_ranks_agree(names):
-    digest = hashlib.blake2b("\0".join(names).encode(), digest_size=16).hexdigest()
-    digests = hvd.allgather_object(digest, name="oktopk.names")
-    if len(set(digests)) != 1:
-        raise ValueError("oktopk: ranks hold different parameter names; every rank must wrap the same model")
-
-
-def _make_buckets(named, bucket_bytes):
-    buckets, names, params, size = [], [], [], 0
-    for name, p in named:
-        if params and (size + p.numel() * p.element_size() > bucket_bytes or p.dtype != params[0].dtype):
-            buckets.append(_Bucket(len(buckets), names, params))
-            names, params, size = [], [], 0
-        names.append(name)
-        params.append(p)
-        size += p.numel() * p.element_size()
-    if params:
-        buckets.append(_Bucket(len(buckets), names, params))
-    return buckets

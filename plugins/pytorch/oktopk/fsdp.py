@@ -29,15 +29,15 @@ model's sharded state.
 
 import pickle
 
-import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 
-from .choice import BF16, NATIVE, QUANTIZED
-from .quantized import QuantizedGroup
-from . import device as device_path_
-from .ddp import SUPPORTED_DTYPES, OkTopkState, _begin_step, _call, _reduce_on_device, _start, _takes_device_path, agree_on_settings
+from . import path_quantized, path_sparse
+from .choice import NATIVE, SPARSE
 from .layout import group_id_of
+from .paths import PATHS, SUPPORTED_DTYPES
+from .state import OkTopkState
+from .step import agree_on_settings, begin_step
 
 
 def sharded_modules(model):
@@ -130,7 +130,7 @@ class _Registration:
         s = self.step - state.warmup_iters
         if s >= 0 and state._choice is not None:
             state._folds.settle()  # before anything reads the residuals the step before folded
-            _begin_step(state, s, shard.device, untimed=self.steps_run == 0)
+            begin_step(state, s, shard.device, untimed=self.steps_run == 0)
             state._folds.watching = state._path == NATIVE and bool(state._residual_groups or state._quantized)
         elif s == -1 and state._choice is not None and self.steps_run > 0:
             state._choice.time_warmup_step()  # a native step the choice can compare the sparse probe with
@@ -145,116 +145,32 @@ class _Registration:
                 self._begin(shard)
             state = self.state
             if self.step < state.warmup_iters:
-                _native_(state, shard)
-            elif state._choice is not None and state._path == NATIVE:
-                _fold_residual(state, group_id, shard)
-                if group_id in state._quantized and shard.dtype == torch.float32:
-                    group = state._quantized.pop(group_id).to(shard.device)
-                    state._folds.took(lambda: state._quantized.__setitem__(group_id, group))
-                    shard.view(-1).add_(group.held())
-                _native_(state, shard)
-            elif state._choice is not None and state._path == BF16:
-                _bf16_(state, shard)  # no sparse step ran: nothing to fold
-            elif state._choice is not None and state._path == QUANTIZED:
-                _quantized_(state, group_id, shard)
+                path = NATIVE  # the dense warm-up
             else:
-                self._sparse_(group_id, shard)
+                path = state._path if state._choice is not None else SPARSE
+                if path == NATIVE:
+                    # What earlier steps left in the residuals joins the
+                    # shard first, so the switch loses nothing. (A BF16
+                    # step follows no sparse step: nothing to fold.)
+                    path_sparse.fold_shard_(state, group_id, shard)
+                    path_quantized.fold_shard_(state, group_id, shard)
+                elif path == SPARSE:
+                    self._note_measured_step()
+            PATHS[path].reduce_(state, group_id, shard, self.step)
 
         return hook
 
-    def _sparse_(self, group_id, shard):
+    def _note_measured_step(self):
+        """Before a sparse step's shard: a step that measures ξ with the
+        adaptive control is adapted after, when the next step begins (every
+        call of it is done then, on every rank). The communicator is made
+        first, as the shard's call would: a setup that fails leaves no step
+        to adapt."""
         state = self.state
-        _start(state)
-        density, xi_step = call = _call(state, self.step)
+        path_sparse.start(state)
+        _, xi_step = path_sparse.call_for(state, self.step)
         if xi_step is not None and state._reducer.adaptive is not None:
             self.measured_step = xi_step
-        tau_prime = None
-        adaptive = state._reducer.adaptive
-        if adaptive is not None:
-            density, tau_prime = adaptive.density, adaptive.tau_prime
-            state.last_density, state.last_tau_prime = density, tau_prime
-        else:
-            state.last_density = state.density if call[0] is None else call[0]
-        if _takes_device_path(state, shard) and shard.is_contiguous():
-            # The shard stays on its device; only pairs cross (oktopk.device).
-            flat = shard.view(-1)
-            _reduce_on_device(state, group_id, [(flat, 0, flat.numel())], (), density)
-            return
-        host = _host(state, shard)
-        state._residual_groups.add(group_id)
-        state._reducer.sparse_allreduce_(group_id, host, density=density, xi_step=xi_step, tau_prime=tau_prime,
-                                         sparse_only=state._choice is not None)
-        if host is not shard:
-            shard.copy_(host)
-
-
-def _host(state, shard):
-    """The shard itself when the library can read it (a contiguous CPU
-    tensor), else a host copy in the state's reused staging memory (pinned
-    for CUDA shards)."""
-    if shard.device.type == "cpu" and shard.is_contiguous():
-        return shard
-    host = state._reducer.staging_for(shard.numel(), shard.dtype, shard.device.type == "cuda")
-    host.copy_(shard.reshape(-1))
-    return host
-
-
-def _native_(state, shard):
-    """The replicate group's own allreduce, averaged, in place."""
-    dist.all_reduce(shard, group=state.process_group)
-    shard.div_(dist.get_world_size(state.process_group))
-    state._folds.see(shard)
-
-
-def _bf16_(state, shard):
-    """The BF16 path (an Adam-family optimizer's choice, oktopk.choice): the
-    replicate group's allreduce in bfloat16, averaged, in place, as
-    ``bf16_compress_hook`` sends a bucket. A 16-bit shard goes as it is."""
-    if shard.dtype != torch.float32:
-        _native_(state, shard)
-        return
-    compressed = shard.to(torch.bfloat16).div_(dist.get_world_size(state.process_group))
-    dist.all_reduce(compressed, group=state.process_group)
-    shard.copy_(compressed)
-
-
-def _quantized_(state, group_id, shard):
-    """The QUANTIZED path (an Adam-family optimizer's choice, oktopk.choice):
-    the shard through oktopk.quantized over the replicas, in place, its
-    residuals kept under the module's group id. A 16-bit shard goes native."""
-    if shard.dtype != torch.float32 or not shard.is_contiguous():
-        _native_(state, shard)
-        return
-    pg = state.process_group
-    group = state._quantized.get(group_id)
-    if group is None:
-        group = state._quantized[group_id] = QuantizedGroup((group_id,), (shard.numel(),), dist.get_world_size(pg), dist.get_rank(pg),
-                                                            shard.device)
-    state._quantized_bytes += group.to(shard.device).allreduce_(shard.view(-1), pg)
-
-
-def _fold_residual(state, group_id, shard):
-    """Before a native step: the residual a sparse step left joins the
-    shard, so the switch loses nothing."""
-    if state._reducer.comm is None or group_id not in state._residual_groups:
-        return
-    group = state._device_groups.get(group_id)
-    if group is not None:
-        flat = shard.reshape(-1)
-        residual = group.residual.clone()
-        if device_path_.fold_(flat, group):
-            state._folds.took(lambda: (group.residual.copy_(residual), state._residual_groups.add(group_id)))
-            state._residual_groups.discard(group_id)
-            if flat.data_ptr() != shard.data_ptr():
-                shard.copy_(flat.view_as(shard))
-        return
-    host = _host(state, shard)
-    comm = state._reducer.comm
-    comm.fold_residual_(group_id, host)
-    state._folds.took(lambda: (comm.unfold_residual(group_id), state._residual_groups.add(group_id)))
-    if host is not shard:
-        shard.copy_(host)
-    state._residual_groups.discard(group_id)
 
 
 class checkpoint_state:

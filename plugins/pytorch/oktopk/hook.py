@@ -1,0 +1,118 @@
+"""The DDP communication hook: each bucket of one step takes the step's
+path (``oktopk.paths``): the dense warm-up, then the measured choice's
+path, or the named algorithm's sparse one.
+
+The hook numbers each bucket's parameters, reduces the dense warm-up with
+torch.distributed, folds what earlier steps left in the residuals into a
+native step's buckets, and hands every other bucket to its path's module.
+"""
+
+import torch
+import torch.distributed as dist
+
+from . import path_native, path_quantized, path_sparse
+from .choice import BF16, NATIVE
+from .paths import PATHS, SUPPORTED_DTYPES
+from .state import OkTopkState
+from .step import agree_on_settings, begin_step
+
+
+def oktopk_hook(state: OkTopkState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP communication hook: the average of the bucket's gradients over the
+    ranks, sparsified by ``state.algorithm`` at ``state.density``.
+
+    Example::
+
+        >>> state = OkTopkState(density=0.01)
+        >>> ddp_model.register_comm_hook(state, oktopk_hook)
+    """
+    tensor = bucket.buffer()
+    if tensor.dtype not in SUPPORTED_DTYPES or tensor.device.type not in ("cpu", "cuda"):
+        raise ValueError(
+            f"oktopk_hook: unsupported bucket of {tensor.dtype} on {tensor.device.type}; "
+            "liboktopk reduces float32, float16 and bfloat16 gradients on CPU or CUDA"
+        )
+    if bucket.index() == 0 and state._agreement_steps:
+        agree_on_settings(state, tensor.device)
+    correction = state._momentum
+    if correction is None or not correction.active:
+        return _reduce(state, bucket, tensor)
+    # Momentum correction (oktopk.momentum): every path below reduces the
+    # velocity's step in place of the gradient, and the optimizer gets the
+    # G on which its own momentum lands on the average.
+    if bucket.index() == 0:
+        correction.begin_step()
+    work = correction.before(bucket.parameters(), state._layout.members(bucket), tensor)
+    fut = _reduce(state, bucket, tensor)
+    if work is None:
+        return fut
+    return fut.then(lambda f: correction.after(work, f.value()))
+
+
+def _reduce(state, bucket, tensor):
+    """oktopk_hook's future of the bucket's average, by the step's path."""
+    is_last = bucket.is_last()
+    # Every bucket of one iteration is in the same phase: they were all
+    # fired with the same state.iter, which the last one advances.
+    phase_iter = state.iter
+    rebuilt = state._hook_iters > 0  # not DDP's first, provisional, layout
+    if state._hook_iters < 2:  # the provisional layout and the rebuilt one: every parameter
+        state._optimizers.watch(bucket.parameters())
+    if is_last:
+        state.iter += 1
+        state._hook_iters += 1
+    layout = state._layout
+    sparse = phase_iter >= state.warmup_iters
+    if state._choice is not None and bucket.index() == 0:
+        if sparse:
+            state._folds.settle()  # before anything reads the residuals the step before folded
+            begin_step(state, phase_iter - state.warmup_iters, tensor.device, untimed=not rebuilt)
+            state._folds.watching = state._path == NATIVE and bool(state._residual_groups or state._quantized or state._quantized_spill)
+        elif rebuilt and phase_iter == state.warmup_iters - 1:
+            state._choice.time_warmup_step()  # a native step the choice can compare the sparse probe with
+    if not sparse:
+        # The dense warm-up; DDP's rebuilt layout's buckets become the
+        # groups the residuals are kept in.
+        members = layout.members(bucket)  # numbers the parameters in the first layout
+        layout.take_unused(members, None)  # resets the marks of parameters DDP found unused
+        if rebuilt:
+            layout.learn_group([i for i, _, _ in members])
+        return path_native.reduce(state, bucket, tensor, phase_iter)
+    if state._path == NATIVE:
+        return _native(state, bucket, tensor, phase_iter, is_last)
+    if state._path == BF16 and state.grads_as_bucket_views:
+        state._bucket_grads.point(bucket)  # no sparse step ran: nothing to fold
+    return PATHS[state._path].reduce(state, bucket, tensor, phase_iter)
+
+
+def _native(state, bucket, tensor, step, is_last):
+    """A bucket of a native step after the warm-up: what the other paths'
+    steps left in the residuals joins it first, so the switch loses
+    nothing."""
+    if state._quantized or state._quantized_spill:
+        path_quantized.fold(state, bucket, tensor)
+    layout = state._layout
+    if not layout.watching and not state._residual_groups:
+        # Native chosen, nothing to fold: allreduce_hook's work and no more.
+        if state.grads_as_bucket_views:
+            state._bucket_grads.point(bucket)
+        return path_native.reduce(state, bucket, tensor, step)
+    members = layout.members(bucket)
+    unused = layout.take_unused(members, tensor)
+    group_id = layout.learn_group([i for i, _, _ in members])
+    if group_id in layout.groups:
+        path_sparse.fold(state, group_id, tensor, layout.slices(group_id, members, unused))
+        if is_last and state._pooled_iter == step:
+            # Buckets of this step that went through the regrouping
+            # pool (below) complete their groups.
+            state._reducer.submit(path_sparse.flush_pool, state, path_sparse.call_for(state, step))
+        return path_native.reduce(state, bucket, tensor, step)
+    if not any(layout.group_of.get(i) in state._residual_groups for i, _, _ in members):
+        # Not one group, but none of its groups holds a residual: the
+        # native allreduce has nothing to fold.
+        return path_native.reduce(state, bucket, tensor, step)
+    # A bucket that is not one group (a resumed run's first step, in DDP's
+    # provisional layout) whose groups hold residuals goes through the
+    # sparse path's regrouping, which keeps each group's residual in its
+    # own layout.
+    return path_sparse.reduce_members(state, bucket, tensor, step, members, unused)

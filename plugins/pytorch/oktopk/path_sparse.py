@@ -1,0 +1,429 @@
+"""The SPARSE path: the library's sparse allreduce (Ok-Topk, or the
+algorithm the state names), with a residual (error feedback) per group of
+parameters kept inside liboktopk, or on the device on the device path
+(``oktopk.device``).
+
+Its parts, in this file's order:
+
+* the two entry points of every path module (``oktopk.paths``):
+  :func:`reduce`, a DDP bucket queued on the state's worker thread (a
+  future), and :func:`reduce_`, an FSDP2 shard reduced in place;
+* the communicator, made at the first sparse step (:func:`start`), and what
+  each sparse iteration's calls use (:func:`call_for`);
+* the device path's bookkeeping, shared with the Horovod optimizer
+  (:func:`device_path_wanted`, :func:`device_group`, :func:`device_call`,
+  :func:`save_group`: the same logic over its own buckets);
+* the worker thread's functions: a bucket that is exactly one group is
+  reduced by itself, any other goes through the layout's regrouping pool
+  (see ``oktopk.layout``);
+* the folds: before a native step, the residual a sparse step left joins
+  the values (:func:`fold`, :func:`fold_shard_`), so the switch loses
+  nothing.
+"""
+
+import torch
+
+from . import device as device_path_
+from .comm import Communicator
+from .layout import on_stream
+from .schedule import density_at
+
+
+def reduce(state, bucket, tensor, step):
+    """DDP: the bucket's average as a future, reduced on the state's worker
+    thread in sparse iteration ``step`` (state.iter when its buckets
+    fired)."""
+    layout = state._layout
+    members = layout.members(bucket)  # numbers the parameters in the first layout
+    unused = layout.take_unused(members, tensor)
+    return reduce_members(state, bucket, tensor, step, members, unused)
+
+
+def reduce_members(state, bucket, tensor, step, members, unused):
+    """:func:`reduce` of a bucket whose ``members`` (layout.members) and
+    ``unused`` (layout.take_unused) the hook has already taken (a native
+    step's bucket that must go through the regrouping pool)."""
+    start(state)
+    call = call_for(state, step)
+    if state._reducer.adaptive is None:
+        state.last_density = state.density if call[0] is None else call[0]
+    if tensor.device.type == "cuda":
+        # The worker copies on the stream backward produced the bucket on;
+        # the future's CUDA events make DDP wait for the copy back.
+        fut = torch.futures.Future(devices=[tensor.device])
+        stream = torch.cuda.current_stream(tensor.device)
+    else:
+        fut, stream = torch.futures.Future(), None
+    reducer = state._reducer
+    layout = state._layout
+    group_id = layout.learn_group([i for i, _, _ in members])
+    if group_id in layout.groups:
+        reducer.submit(_reduce_bucket, state, group_id, tensor, layout.slices(group_id, members, unused), fut, stream, call)
+    else:
+        state._pooled_iter = step
+        reducer.submit(_pool_bucket, state, tensor, members, unused, fut, stream, call)
+    if bucket.is_last():
+        reducer.submit(flush_pool, state, call)
+        if reducer.adaptive is not None and call[1] is not None:
+            reducer.submit(_adapt, state, call[1])
+    return fut
+
+
+def reduce_(state, group_id, shard, step):
+    """FSDP2: the module's shard (group ``group_id``) replaced, in place, by
+    its sparse average over the replicas, in sparse iteration ``step``. The
+    call is made here, in the hook, not on the worker thread: FSDP2 waits
+    for the shard before it goes on."""
+    start(state)
+    density, xi_step = call = call_for(state, step)
+    tau_prime = None
+    adaptive = state._reducer.adaptive
+    if adaptive is not None:
+        density, tau_prime = adaptive.density, adaptive.tau_prime
+        state.last_density, state.last_tau_prime = density, tau_prime
+    else:
+        state.last_density = state.density if call[0] is None else call[0]
+    if takes_device_path(state, shard) and shard.is_contiguous():
+        # The shard stays on its device; only pairs cross (oktopk.device).
+        flat = shard.view(-1)
+        reduce_on_device(state, group_id, [(flat, 0, flat.numel())], (), density)
+        return
+    host = _host(state, shard)
+    state._residual_groups.add(group_id)
+    state._reducer.sparse_allreduce_(group_id, host, density=density, xi_step=xi_step, tau_prime=tau_prime,
+                                     sparse_only=state._choice is not None)
+    if host is not shard:
+        shard.copy_(host)
+
+
+def _host(state, shard):
+    """The shard itself when the library can read it (a contiguous CPU
+    tensor), else a host copy in the state's reused staging memory (pinned
+    for CUDA shards)."""
+    if shard.device.type == "cpu" and shard.is_contiguous():
+        return shard
+    host = state._reducer.staging_for(shard.numel(), shard.dtype, shard.device.type == "cuda")
+    host.copy_(shard.reshape(-1))
+    return host
+
+
+# -- the communicator and each iteration's calls ----------------------------
+
+
+def start(state):
+    """Make the communicator and its worker at the first sparse step, with
+    the residuals a checkpoint loaded before."""
+    if state._reducer.comm is None:
+        state._check_owner()
+        algorithm = "auto" if state.algorithm is None else state.algorithm  # the measured choice's sparse path
+        state._reducer.start(Communicator(state.process_group, algorithm, state.density, state.tau, state.tau_prime, state.timeout,
+                                          value_dtype=state.value_dtype, stochastic_rounding=state.stochastic_rounding))
+        for bucket_id, blob in state._pending_state.items():
+            state._reducer.comm.load_tensor_state(bucket_id, blob)
+        state._library_groups = set(state._pending_state)
+        state._pending_state = {}
+
+
+def call_for(state, step):
+    """(density or None, ξ step or None) of sparse iteration ``step``
+    (state.iter when its buckets fired): the same on every rank."""
+    s = step - state.warmup_iters
+    density = None if state.density_schedule is None else density_at(state.density_schedule, state.density, s)
+    measure = state.measure_xi_every is not None and s % state.measure_xi_every == 0
+    return density, (step if measure else None)
+
+
+# -- the device path's bookkeeping (the Horovod optimizer's too) -----------
+#
+# Explicit arguments rather than the state: the Horovod optimizer keeps the
+# same dictionaries under its own names, per bucket id.
+
+
+def device_path_wanted(device_path, algorithm, measure_xi_every, adaptive, device, numel):
+    """Whether a sparse call on a tensor of ``numel`` entries on ``device``
+    takes the device path, under these settings (``device_path``: None,
+    True or False, see OkTopkState; ``adaptive``: the reducer's control or
+    None). It runs Ok-Topk and measures no ξ."""
+    if device_path is False or (device_path is None and device.type != "cuda"):
+        return False
+    return algorithm in (None, "auto", "oktopk") and measure_xi_every is None and adaptive is None and numel <= device_path_.MAX_ELEMENTS
+
+
+def takes_device_path(state, tensor):
+    """Whether a sparse call on ``tensor`` (a bucket) takes the device path
+    (see OkTopkState's device_path)."""
+    return device_path_wanted(state.device_path, state.algorithm, state.measure_xi_every, state._reducer.adaptive, tensor.device,
+                              tensor.numel())
+
+
+def device_group(groups, library_groups, comm, group_id, n, device):
+    """The group's device-path state in ``groups`` (id -> DeviceGroup), made
+    at its first call; a state the library holds with its residual (its id
+    in ``library_groups``: loaded from a checkpoint) moves its residual to
+    the device."""
+    group = groups.get(group_id)
+    if group is None:
+        group = device_path_.DeviceGroup(n, device)
+        if group_id in library_groups:
+            group.load(comm, group_id, comm.save_tensor_state(group_id))
+            library_groups.discard(group_id)
+        groups[group_id] = group
+    return group
+
+
+def device_call(reducer, host_buffers, group_id, grad, group, hold=(), density=None, tau_prime=None):
+    """One device-path call (oktopk.device.sparse_allreduce_) on the
+    reducer's communicator, its copies and statistics counted."""
+    stats, moved, pairs = device_path_.sparse_allreduce_(reducer.comm, group_id, grad, group, host_buffers, hold, density, tau_prime)
+    reducer.count_host_device(moved, pairs)
+    if stats is not None:
+        reducer.record(group_id, stats)
+
+
+def save_group(comm, groups, group_id):
+    """A group's state saved from the library, with its residual from the
+    device when it takes the device path (its DeviceGroup in ``groups``)."""
+    group = groups.get(group_id)
+    return comm.save_tensor_state(group_id) if group is None else group.checkpoint(comm, group_id)
+
+
+def reduce_on_device(state, group_id, pieces, hold, density):
+    """Worker thread: _reduce_pieces on the device path (oktopk.device):
+    the pieces gathered on their device when they are not one whole
+    buffer, and written back."""
+    tensor = pieces[0][0]
+    whole = len(pieces) == 1 and pieces[0][1:] == (0, tensor.numel()) and tensor.is_contiguous()
+    grad = tensor if whole else torch.cat([t[a:b] for t, a, b in pieces])
+    group = device_group(state._device_groups, state._library_groups, state._reducer.comm, group_id, grad.numel(), grad.device)
+    state._residual_groups.add(group_id)  # a native step folds it in first
+    device_call(state._reducer, state._host_buffers, group_id, grad, group, hold, density)
+    state._folds.see(grad)
+    if not whole:
+        write_back(pieces, grad)
+
+
+# -- the worker thread -------------------------------------------------------
+
+
+def _reduce_pieces(state, group_id, pieces, call):
+    """Worker thread: sparse allreduce of the concatenation of pieces
+    ((tensor, start, end, held), in the group's layout), written back into
+    them; the held ones (parameters unused on this rank) are held back in the
+    library. A step the library skipped for a non-finite gradient comes back
+    as NaN (see Reducer.sparse_allreduce_). call is (density or None, the
+    step when ξ is measured or None)."""
+    hold, at = [], 0
+    for _, a, b, held in pieces:
+        if held:
+            if hold and hold[-1][1] == at:
+                hold[-1] = (hold[-1][0], at + b - a)
+            else:
+                hold.append((at, at + b - a))
+        at += b - a
+    pieces = [piece[:3] for piece in pieces]
+    merged = [pieces[0]]
+    for t, a, b in pieces[1:]:
+        if t is merged[-1][0] and a == merged[-1][2]:
+            merged[-1] = (t, merged[-1][1], b)  # adjacent in one buffer: one copy
+        else:
+            merged.append((t, a, b))
+    pieces = merged
+    tensor = pieces[0][0]
+    n = sum(b - a for _, a, b in pieces)
+    cuda = tensor.device.type == "cuda"
+    density, xi_step = call
+    if takes_device_path(state, tensor):
+        reduce_on_device(state, group_id, pieces, hold, density)
+        return
+    if not cuda and len(pieces) == 1 and pieces[0][1:] == (0, tensor.numel()) and tensor.is_contiguous():
+        host = tensor  # in place
+    else:
+        # The one copy of a bucket that remains, and why: the library
+        # reads host memory (a CUDA bucket is copied to pinned host
+        # memory, so both copies are DMA transfers), and it keeps the
+        # residual in the group's layout (a CPU bucket whose parameters
+        # DDP laid out otherwise, as in the first iteration of a resumed
+        # run or under a checkpoint saved in ascending order, or a group
+        # spread over buckets, is gathered). The staging memory is the
+        # reducer's, reused.
+        host = state._reducer.staging_for(n, tensor.dtype, cuda)
+        at = 0
+        for t, a, b in pieces:
+            host[at : at + b - a].copy_(t[a:b])
+            at += b - a
+    state._residual_groups.add(group_id)  # a native step folds it in first
+    if cuda:
+        state._reducer.count_host_device(2 * host.numel() * host.element_size())
+    tau_prime = None
+    adaptive = state._reducer.adaptive
+    if adaptive is not None:  # this worker thread adapts them, between steps
+        density, tau_prime = adaptive.density, adaptive.tau_prime
+        state.last_density, state.last_tau_prime = density, tau_prime
+    state._reducer.sparse_allreduce_(group_id, host, hold, density=density, xi_step=xi_step, tau_prime=tau_prime,
+                                     sparse_only=state._choice is not None)
+    state._folds.see(host)  # a step that folds other buckets: a skipped sparse call skips it too
+    if host is not tensor:
+        write_back(pieces, host)
+
+
+def write_back(pieces, flat):
+    """flat's consecutive slices back into pieces ((tensor, start, end))."""
+    at = 0
+    for t, a, b in pieces:
+        t[a:b].copy_(flat[at : at + b - a])
+        at += b - a
+
+
+def _reduce_group(state, group_id, pieces, stream, call):
+    """Worker thread: one group's pieces reduced on stream, in sparse
+    iteration ``call``; first raises an adaptation's failure."""
+    _raise_adapt_error(state)
+    with on_stream(stream):
+        _reduce_pieces(state, group_id, pieces, call)
+
+
+def _reduce_bucket(state, group_id, tensor, slices, fut, stream, call):
+    # Worker thread: one DDP bucket that is exactly one group; slices are
+    # (start, end, held).
+    try:
+        _reduce_group(state, group_id, [(tensor, a, b, held) for a, b, held in slices], stream, call)
+        with on_stream(stream):
+            fut.set_result(tensor)
+    except BaseException as e:  # noqa: BLE001 - the future carries it to DDP
+        fut.set_exception(e)
+
+
+def _pool_bucket(state, tensor, members, unused, fut, stream, call):
+    """Worker thread: a bucket that is not one group goes to the layout's
+    pool; the groups it completes are reduced."""
+    _reduce_pooled(state, call, lambda: state._layout.pool_bucket(tensor, members, unused, fut, stream))
+
+
+def flush_pool(state, call):
+    """Worker thread, after a step's last bucket: what is still pooled
+    becomes new groups, reduced."""
+    if state._layout.pooling:
+        _reduce_pooled(state, call, state._layout.leftover_groups)
+
+
+def _reduce_pooled(state, call, ready):
+    """Reduce the pooled groups ``ready()`` returns; a failure fails every
+    pooled bucket's future (DDP raises it)."""
+    layout = state._layout
+    try:
+        for group_id in ready():
+            pieces, stream = layout.pooled(group_id)
+            _reduce_group(state, group_id, pieces, stream, call)
+            layout.done(group_id)
+    except BaseException as e:  # noqa: BLE001 - every waiting future carries it to DDP
+        layout.fail(e)
+
+
+def _adapt(state, step):
+    """Worker thread, after the last call of sparse iteration ``step``,
+    which measured ξ: adapt the density and τ′ of the steps that follow
+    (their calls come after this in the worker's queue, on every rank). A
+    failure is raised by the next bucket."""
+    try:
+        state._reducer.adapt(step)
+    except BaseException as e:  # noqa: BLE001 - the next bucket's future carries it to DDP
+        state._adapt_error = e
+
+
+def _raise_adapt_error(state):
+    if state._adapt_error is not None:
+        e, state._adapt_error = state._adapt_error, None
+        raise e
+
+
+# -- the folds: before a native step, the residual joins the values ---------
+
+
+def fold(state, group_id, tensor, slices):
+    """Before a native allreduce of a bucket that is group ``group_id``
+    (``slices``: (start, end, held) of its parameters in the group's order):
+    move the group's residual into it (held slots keep theirs), so the
+    switch from sparse loses nothing. Only groups a sparse step left a
+    residual in are folded. A bucket laid out otherwise than the group's
+    residual (a resumed run's first step), or on CUDA, is staged through
+    host memory in the group's order for it, once per switch."""
+    comm = state._reducer.comm
+    if comm is None or group_id not in state._residual_groups:
+        return
+    group = state._device_groups.get(group_id)
+    if group is not None:
+        _fold_on_device(state, group_id, group, tensor, slices)
+        return
+    hold, at = [], 0
+    for a, b, held in slices:
+        if held:
+            hold.append((at, at + b - a))
+        at += b - a
+    in_order = all(slices[j][0] == (slices[j - 1][1] if j else 0) for j in range(len(slices))) and at == tensor.numel()
+    if in_order and tensor.device.type == "cpu" and tensor.is_contiguous():
+        comm.fold_residual_(group_id, tensor, hold)
+    else:
+        host = torch.cat([tensor[a:b] for a, b, _ in slices]).to("cpu")
+        comm.fold_residual_(group_id, host, hold)
+        write_back([(tensor, a, b) for a, b, _ in slices], host)
+
+    def give_back():
+        comm.unfold_residual(group_id)
+        state._residual_groups.add(group_id)
+
+    state._folds.took(give_back)
+    if not hold:
+        state._residual_groups.discard(group_id)
+
+
+def _fold_on_device(state, group_id, group, tensor, slices):
+    """fold for a device-path group: the same fold, where the residual
+    is."""
+    pieces = [(tensor, a, b) for a, b, _ in slices]
+    grad = torch.cat([tensor[a:b] for a, b, _ in slices])
+    hold, at = [], 0
+    for a, b, held in slices:
+        if held:
+            hold.append((at, at + b - a))
+        at += b - a
+    residual = group.residual.clone()
+    if device_path_.fold_(grad, group, hold):
+        write_back(pieces, grad)
+
+    def give_back():
+        group.residual.copy_(residual)
+        state._residual_groups.add(group_id)
+
+    state._folds.took(give_back)
+    if not hold:
+        state._residual_groups.discard(group_id)
+
+
+def fold_shard_(state, group_id, shard):
+    """:func:`fold` for an FSDP2 shard (the whole group, nothing held),
+    before a native step: the residual a sparse step left joins the shard,
+    so the switch loses nothing. Written for the shard rather than through
+    :func:`fold`: it folds in place where the shard allows (a device
+    group's residual into a view of the shard; a CUDA shard staged through
+    the reducer's pinned memory, not a fresh copy), and records a device
+    fold only when it folded (a non-finite sum changes nothing, and the
+    group keeps its residual)."""
+    if state._reducer.comm is None or group_id not in state._residual_groups:
+        return
+    group = state._device_groups.get(group_id)
+    if group is not None:
+        flat = shard.reshape(-1)
+        residual = group.residual.clone()
+        if device_path_.fold_(flat, group):
+            state._folds.took(lambda: (group.residual.copy_(residual), state._residual_groups.add(group_id)))
+            state._residual_groups.discard(group_id)
+            if flat.data_ptr() != shard.data_ptr():
+                shard.copy_(flat.view_as(shard))
+        return
+    host = _host(state, shard)
+    comm = state._reducer.comm
+    comm.fold_residual_(group_id, host)
+    state._folds.took(lambda: (comm.unfold_residual(group_id), state._residual_groups.add(group_id)))
+    if host is not shard:
+        shard.copy_(host)
+    state._residual_groups.discard(group_id)
