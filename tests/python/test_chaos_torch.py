@@ -110,3 +110,15 @@ def test_a_slice_of_real_faults_is_caught(tmp_path):
     for row in ("| sigkill | 1 | 0 | 0 | 0 | 0 | 0 |", "| nan | 1 | 0 | 0 | 0 | 0 | 0 |", "| mismatch-setting | 1 | 0 | 0 | 0 | 0 | 0 |",
                 "| corrupt-file | 1 | 0 | 0 | 0 | 0 | 0 |", "| **total** | 5 | 0 | 0 | 0 | 0 | 0 |"):
         assert row in report, report
+
+
+def test_a_checkpoint_can_be_taken_where_the_library_holds_no_state_yet():
+    """The campaign's no-state finding, fixed: state_dict() after every
+    step of a named dense algorithm, and after a NaN at the first sparse
+    step (named algorithm and the measured choice), on 2 real gloo ranks."""
+    import subprocess
+
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    run = subprocess.run([sys.executable, os.path.join(HERE, "..", "chaos_torch", "repro.py"), "no-state"],
+                         env=env, capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0 and "no-state: fixed" in run.stdout, run.stdout + run.stderr

@@ -24,6 +24,7 @@ Its parts, in this file's order:
 import torch
 
 from . import device as device_path_
+from ._lib import OkTopkError
 from .comm import Communicator
 from .layout import on_stream
 from .schedule import density_at
@@ -182,9 +183,25 @@ def device_call(reducer, host_buffers, group_id, grad, group, hold=(), density=N
 
 def save_group(comm, groups, group_id):
     """A group's state saved from the library, with its residual from the
-    device when it takes the device path (its DeviceGroup in ``groups``)."""
+    device when it takes the device path (its DeviceGroup in ``groups``);
+    None for a group the library holds no state for yet: one that no
+    sparse call has completed on (a dense algorithm's, or one whose first
+    sparse step was skipped for a NaN) has no residual to save."""
     group = groups.get(group_id)
-    return comm.save_tensor_state(group_id) if group is None else group.checkpoint(comm, group_id)
+    if group is not None:
+        return group.checkpoint(comm, group_id)
+    try:
+        return comm.save_tensor_state(group_id)
+    except OkTopkError as e:
+        if "has no state yet" in str(e):
+            return None
+        raise
+
+
+def save_groups(comm, groups, group_ids):
+    """save_group of each of group_ids that has a state, by id."""
+    saved = {group_id: save_group(comm, groups, group_id) for group_id in sorted(group_ids)}
+    return {group_id: blob for group_id, blob in saved.items() if blob is not None}
 
 
 def reduce_on_device(state, group_id, pieces, hold, density):

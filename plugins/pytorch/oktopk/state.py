@@ -20,7 +20,7 @@ from .layout import BucketLayout
 from .momentum import MomentumCorrection
 from .optimizers import OptimizerWatch
 from .path_native import BucketGrads
-from .path_sparse import save_group
+from .path_sparse import save_groups
 from .reducer import Reducer, ReducerStats, StepFolds
 from .schedule import check_schedule
 from .settings import DEFAULT_WARMUP_ITERS, DEFAULTS, check_checksum, check_settings, check_warmup_iters, with_checksum
@@ -342,8 +342,7 @@ class OkTopkState(ReducerStats):
         comm = self._reducer.comm
         if comm is not None:
             self._reducer.drain()  # after every queued bucket
-            for group_id in sorted(self._layout.groups):
-                tensors[group_id] = save_group(comm, self._device_groups, group_id)
+            tensors.update(save_groups(comm, self._device_groups, self._layout.groups))
         rank, size = self._placement() or self._owner or (None, None)
         return {
             "iter": self.iter,

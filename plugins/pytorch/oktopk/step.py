@@ -11,7 +11,7 @@ import torch.distributed as dist
 from . import log
 from .choice import NATIVE, SPARSE, debug_enabled
 from .optimizers import dense_notice, family_seen
-from .path_sparse import save_group
+from .path_sparse import save_groups
 from .settings import check_agreement, process_group_agreement, settings_digest
 
 
@@ -111,6 +111,6 @@ def release_communicator(state):
     if reducer.comm is None:
         return
     reducer.drain()
-    state._pending_state = {group_id: save_group(reducer.comm, state._device_groups, group_id) for group_id in sorted(state._layout.groups)}
+    state._pending_state = save_groups(reducer.comm, state._device_groups, state._layout.groups)
     state._device_groups = {}  # their residuals are in the saved states; the next sparse step loads them again
     reducer.close()
