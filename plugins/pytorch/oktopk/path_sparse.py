@@ -356,23 +356,6 @@ def _raise_adapt_error(state):
 # -- the folds: before a native step, the residual joins the values ---------
 
 
-def _comm_holding(state, group_id):
-    """The communicator that holds group_id's residual for a fold, or None
-    where the group holds none. A run resumed from a checkpoint saved just
-    before a switch to native has its residuals still pending (the
-    communicator is made at the first sparse step, which has not come):
-    it is made here, so the switch folds them as the uninterrupted run
-    does. Every rank reaches this at the same bucket of the same step
-    (they share the checkpoint's step, layout and residual groups)."""
-    if group_id not in state._residual_groups:
-        return None
-    if state._reducer.comm is None:
-        if group_id not in state._pending_state:
-            return None
-        start(state)
-    return state._reducer.comm
-
-
 def fold(state, group_id, tensor, slices):
     """Before a native allreduce of a bucket that is group ``group_id``
     (``slices``: (start, end, held) of its parameters in the group's order):
@@ -381,8 +364,8 @@ def fold(state, group_id, tensor, slices):
     residual in are folded. A bucket laid out otherwise than the group's
     residual (a resumed run's first step), or on CUDA, is staged through
     host memory in the group's order for it, once per switch."""
-    comm = _comm_holding(state, group_id)
-    if comm is None:
+    comm = state._reducer.comm
+    if comm is None or group_id not in state._residual_groups:
         return
     group = state._device_groups.get(group_id)
     if group is not None:
@@ -442,7 +425,7 @@ def fold_shard_(state, group_id, shard):
     the reducer's pinned memory, not a fresh copy), and records a device
     fold only when it folded (a non-finite sum changes nothing, and the
     group keeps its residual)."""
-    if _comm_holding(state, group_id) is None:
+    if state._reducer.comm is None or group_id not in state._residual_groups:
         return
     group = state._device_groups.get(group_id)
     if group is not None:
