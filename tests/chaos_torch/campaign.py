@@ -44,7 +44,6 @@ import random
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -53,6 +52,10 @@ import time
 from collections import Counter, defaultdict
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "python"))
+
+from conftest import free_port  # noqa: E402  (ports below the ephemeral range, as every test picks them)
+
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 WORKER = os.path.join(HERE, "worker.py")
 
@@ -414,27 +417,6 @@ def smoke_plan(seed):
 
 
 # -- sessions of rank processes ----------------------------------------------
-
-def free_port():
-    """A port free a moment ago, below the kernel's ephemeral range (as
-    tests/python/conftest.py picks them)."""
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            low = int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
-    rng = random.Random()
-    for _ in range(100):
-        port = rng.randrange(10000, low - 2)
-        try:
-            with socket.socket() as a, socket.socket() as b:
-                a.bind(("127.0.0.1", port))
-                b.bind(("127.0.0.1", port + 1))
-            return port
-        except OSError:
-            continue
-    raise RuntimeError("no free port pair below the ephemeral range")
-
 
 class Session:
     """``world`` rank processes (worker.py) in one gloo process group,
