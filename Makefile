@@ -156,12 +156,16 @@ FUZZ_DECODE_EXECS ?= 200000x
 FUZZ_WIRE_EXECS ?= 60000x
 FUZZ_PAYLOAD_EXECS ?= 30000x
 FUZZ_TOPK_EXECS ?= 6000x
+GO_TESTS_THAT_SHRINK := ^(TestDenseAllreduceOverZMQIsBitwiseSerialSum|TestSparseAlgorithmsOverZMQDensityOneEqualsDenseAverage|TestSparseAlgorithmsOverZMQRanksBitwiseIdentical|TestInProcAndZMQGiveEqualResultsAndTraffic)$$
 test-go: $(BUILD)/.deps
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 20m ./...
-	@# The race detector slows code ~10x, so some tests shrink under it; this
-	@# pass runs the collectives' tests at the sizes the acceptance names.
-	$(GO) test -count=1 -timeout 20m ./core ./tests
+	@# The race detector slows code ~10x, so some tests shrink under it
+	@# (raceEnabled); this pass runs them at the sizes the acceptance names:
+	@# all of core's, and the collectives over ZeroMQ of tests/ (the rest of
+	@# tests/, the fault tests, runs at full size under the race detector).
+	$(GO) test -count=1 -timeout 20m ./core
+	$(GO) test -count=1 -timeout 20m -run '$(GO_TESTS_THAT_SHRINK)' ./tests
 	@# Fuzz the decoders of everything that comes off the wire, and selection.
 	$(GO) test -run '^$$' -fuzz FuzzDecodeFrame -fuzztime $(FUZZ_DECODE_EXECS) ./transport
 	$(GO) test -run '^$$' -fuzz '^FuzzInboxMessage$$' -fuzztime $(FUZZ_WIRE_EXECS) ./transport/zmq
