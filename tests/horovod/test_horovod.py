@@ -45,7 +45,10 @@ def test_density_one_matches_horovod_average(np, bucket_bytes):
     assert all(res["grad_digests"] == results[0]["grad_digests"] for res in results.values())
 
 
-@pytest.mark.parametrize("np", [2, 4])
+# 2 ranks: at 4 the same training is tests/python's DDP test of the digits
+# CNN (the same model, data, epochs and bound), and Horovod's 4-rank path is
+# checked exactly by test_density_one_matches_horovod_average.
+@pytest.mark.parametrize("np", [2])
 def test_sparse_cnn_within_one_point_of_dense_and_ranks_agree(np):
     epochs = 30
     common = ["--epochs", epochs, "--init-seed", 7]  # per-rank init: the broadcast must unify it
