@@ -68,6 +68,10 @@ Methods (``--method``):
   optimizer; the default is bfloat16).
 - ``oktopk_sched``: the same with ``density_schedule=(0.25,
   --sched-steps)``: the density starts at 25% and decays to ``--density``.
+- ``oktopk_mask``, ``oktopk_clip``, ``oktopk_mask_clip``: the same with
+  DGC's momentum factor masking (``momentum_masking=True``), its local
+  gradient clipping (``local_clip_norm=--clip-norm``), or both, inside the
+  momentum correction (results/sgd.md).
 - ``oktopk_wN`` (e.g. ``oktopk_w10``): the same as ``oktopk`` with N dense
   warm-up steps (``warmup_iters=N``) instead of two: the evidence for the
   warm-up default.
@@ -131,7 +135,8 @@ from charlm import CharTransformer, batch, fortunes_corpus, held_out_batch, lm_l
 from cnn import VGGStyle, digits  # noqa: E402
 from tta_report import HEADER  # noqa: E402
 
-METHODS = ("ddp", "fp16", "powersgd1", "powersgd4", "oktopk", "oktopk_nomc", "oktopk_auto", "oktopk_sched", "oktopk_quantized", "oktopk_float32", "demo")
+METHODS = ("ddp", "fp16", "powersgd1", "powersgd4", "oktopk", "oktopk_nomc", "oktopk_auto", "oktopk_sched", "oktopk_quantized", "oktopk_float32",
+           "oktopk_mask", "oktopk_clip", "oktopk_mask_clip", "demo")
 # DeMo's peak learning rate on charlm: the best of bench/adam_sim.py's sweep
 # (results/text.md); its sign step moves every coordinate by the whole rate.
 DEMO_LR = 3e-3
@@ -254,6 +259,8 @@ def main():
     ap.add_argument("--density", type=float, default=0.01)
     ap.add_argument("--powersgd-start", type=int, default=10, help="powerSGD's start_powerSGD_iter (at least 2)")
     ap.add_argument("--sched-steps", type=int, default=50, help="oktopk_sched: decay_steps of density_schedule=(0.25, N)")
+    ap.add_argument("--clip-norm", type=float, default=4.0, help="oktopk_clip, oktopk_mask_clip: local_clip_norm (each rank's gradient of "
+                    "each parameter clipped to norm clip-norm / sqrt(P))")
     ap.add_argument("--algorithm", default=None, help="oktopk methods: this algorithm on every step after the warm-up instead of the measured "
                     "choice (on loopback the choice keeps the native allreduce, so accuracy studies of the sparse path name one)")
     ap.add_argument("--demo-lr", type=float, default=DEMO_LR, help="demo: peak learning rate of DeMo's sign step")
@@ -321,6 +328,10 @@ def train(method, args, width, data):
             kwargs["momentum_correction"] = False
         if method.removesuffix("_nomc") == "oktopk_sched":
             kwargs["density_schedule"] = (0.25, args.sched_steps)
+        if method in ("oktopk_mask", "oktopk_mask_clip"):
+            kwargs["momentum_masking"] = True
+        if method in ("oktopk_clip", "oktopk_mask_clip"):
+            kwargs["local_clip_norm"] = args.clip_norm
         if warmup_of(method) is not None:
             kwargs["warmup_iters"] = warmup_of(method)
         density = density_of(method) or args.density

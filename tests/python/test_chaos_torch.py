@@ -122,3 +122,21 @@ def test_a_checkpoint_can_be_taken_where_the_library_holds_no_state_yet():
     run = subprocess.run([sys.executable, os.path.join(HERE, "..", "chaos_torch", "repro.py"), "no-state"],
                          env=env, capture_output=True, text=True, timeout=180)
     assert run.returncode == 0 and "no-state: fixed" in run.stdout, run.stdout + run.stderr
+
+
+def test_runs_resumed_in_the_warm_up_or_before_a_switch_to_native_take_the_whole_runs_paths_and_parameters():
+    """The campaign's warmup-timing, warmup-adam and switch-fold findings,
+    fixed, on 2 real gloo ranks: resumed from the end of the warm-up and
+    from before its last step on a slow link, from the end of the warm-up
+    under AdamW, and just before the switch from sparse to native that
+    folds the residuals, the run takes the uninterrupted run's paths and
+    ends with its parameters, bitwise."""
+    import subprocess
+
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cases = ["warmup-timing", "warmup-adam", "switch-fold"]
+    run = subprocess.run([sys.executable, os.path.join(HERE, "..", "chaos_torch", "repro.py"), *cases],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    for case in cases:
+        assert f"{case}: fixed" in run.stdout, run.stdout

@@ -127,6 +127,13 @@ class StepChoice:
         # This rank's own timings: s -> seconds of step s, for recent steps.
         self._seconds = {}
         self._started = None  # (s, clock, timed) at the latest step's first bucket
+        self._unfinished = None  # (s, seconds so far) of a loaded checkpoint's step under way, until resume_timing
+        # (_started, [s, seconds so far]): the step under way as the first
+        # checkpoint since its first bucket saved it. Every checkpoint until
+        # the next step's first bucket holds the same, so that two saves
+        # between the same steps are equal (and a save right after a load
+        # holds what was loaded).
+        self._saved_so_far = None
 
     # -- the schedule --------------------------------------------------------
 
@@ -179,9 +186,16 @@ class StepChoice:
     # -- measuring and deciding ----------------------------------------------
 
     def time_warmup_step(self):
-        """At the first bucket of the last warm-up step (native, in the
-        final bucket layout): time it, as step -1."""
+        """At the first bucket of the last warm-up step (native): time it,
+        as step -1."""
         self._started = (-1, self.clock(), True)
+
+    def leave_out(self, seconds):
+        """Leave ``seconds`` just spent (the front end's agreement on the
+        settings) out of the time of the step under way."""
+        if self._started is not None:
+            s, started, timed = self._started
+            self._started = (s, started + seconds, timed)
 
     def begin_step(self, s, untimed=False):
         """At the first bucket of step s: time the step before it (when it
@@ -364,7 +378,34 @@ class StepChoice:
             # decides from the same figures (the resumed first step is not
             # timed: its clock started in another process).
             "seconds": dict(self._seconds),
+            # The step under way, timed from its first bucket until the next
+            # step's: a checkpoint saved between two steps holds the time
+            # the one just run has taken so far, which the resumed run
+            # completes at its first bucket. The next decision may need
+            # that step (the last warm-up step's time decides whether the
+            # sparse probe wins clearly).
+            "unfinished": self._unfinished_step(),
         }
+
+    def _unfinished_step(self):
+        """[s, seconds so far] of the timed step under way, or None."""
+        if self._started is None or not self._started[2]:
+            return None
+        if self._saved_so_far is None or self._saved_so_far[0] is not self._started:
+            self._saved_so_far = (self._started, [self._started[0], self.clock() - self._started[1]])
+        return list(self._saved_so_far[1])
+
+    def resume_timing(self):
+        """At the load of a checkpoint, in the resuming process: the step
+        that was under way when it was saved goes on being timed from here,
+        from the time it had taken so far; its first bucket of the next step
+        ends it, as in the run that saved it. Apart from load_state_dict,
+        which reads no clock: the clock is this process's, and a choice may
+        be loaded before it is set."""
+        if self._unfinished is not None:
+            s, seconds = self._unfinished
+            self._started, self._unfinished = (s, self.clock() - seconds, True), None
+            self._saved_so_far = (self._started, [s, seconds])
 
     def load_state_dict(self, saved):
         self.margin, self.recheck_every = check_choice(saved["margin"], saved["recheck_every"])
@@ -381,3 +422,6 @@ class StepChoice:
             raise ValueError(f"oktopk: this checkpoint's choice measures the {self.candidate} path, which this front end "
                              f"does not offer (its dense_compression: {self.adam_candidate!r})")
         self._seconds, self._started = {int(k): float(v) for k, v in saved.get("seconds", {}).items()}, None
+        # Saved before the step under way was: that step goes untimed.
+        unfinished = saved.get("unfinished")
+        self._unfinished = None if unfinished is None else (int(unfinished[0]), float(unfinished[1]))

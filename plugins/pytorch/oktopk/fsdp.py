@@ -132,8 +132,11 @@ class _Registration:
             state._folds.settle()  # before anything reads the residuals the step before folded
             begin_step(state, s, shard.device, untimed=self.steps_run == 0)
             state._folds.watching = state._path == NATIVE and bool(state._residual_groups or state._quantized)
-        elif s == -1 and state._choice is not None and self.steps_run > 0:
-            state._choice.time_warmup_step()  # a native step the choice can compare the sparse probe with
+        elif s == -1 and state._choice is not None:
+            # A native step the choice can compare the sparse probe with
+            # (a process resumed from a checkpoint saved before it runs it
+            # first: timed too, as in the whole run).
+            state._choice.time_warmup_step()
         self.steps_run += 1
 
     def _hook_for(self, group_id):

@@ -68,8 +68,13 @@ def _reduce(state, bucket, tensor):
             state._folds.settle()  # before anything reads the residuals the step before folded
             begin_step(state, phase_iter - state.warmup_iters, tensor.device, untimed=not rebuilt)
             state._folds.watching = state._path == NATIVE and bool(state._residual_groups or state._quantized or state._quantized_spill)
-        elif rebuilt and phase_iter == state.warmup_iters - 1:
-            state._choice.time_warmup_step()  # a native step the choice can compare the sparse probe with
+        elif phase_iter == state.warmup_iters - 1:
+            # A native step the choice can compare the sparse probe with.
+            # A process resumed from a checkpoint saved before it runs it
+            # first, in DDP's provisional layout (dense all the same): timed
+            # too, or the resumed run would decide without it where the
+            # whole run did not.
+            state._choice.time_warmup_step()
     if not sparse:
         # The dense warm-up; DDP's rebuilt layout's buckets become the
         # groups the residuals are kept in.

@@ -37,11 +37,33 @@ Inf) leaves the velocity and B as they were.
 
 Each rank holds three more copies of the parameters' gradients: its
 velocity, the buffer the next one is computed into (a step skipped for a
-NaN must find the old one whole), and B. Momentum factor masking (DGC's
-other rule) was simulated and is not applied, local clipping was not
-tried (results/sgd.md). Parameters with momentum 0,
+NaN must find the old one whole), and B. Parameters with momentum 0,
 ``maximize=True``, or another optimizer are reduced as before.
+
+DGC's two other rules, opt-in (OkTopkState's ``momentum_masking`` and
+``local_clip_norm``; off by default, results/sgd.md measures them):
+
+- Momentum factor masking: where this rank's accumulated entry left (was
+  sent), its velocity is zeroed too, so an entry's momentum does not keep
+  pushing what was already delivered. Which entries left is read from the
+  residual after the call: a sent entry's residual is exactly 0 (float32
+  values; 16-bit ones leave the rounding there, so masking refuses them).
+  On the host path the residual is the library's, read by folding it into
+  a zeroed buffer and undoing the fold at once (``oktopk_tensor_residual_
+  fold``/``unfold``, on the worker thread in issue order); on the device
+  path it is the DeviceGroup's. A dense step (the warm-up once the
+  correction runs, the measured choice's native steps, a dense algorithm)
+  sends every entry: every velocity is zeroed, so at density 1 masking is
+  plain SGD without momentum, and it cannot be on by default.
+- Local gradient clipping: each rank's gradient of each corrected
+  parameter is scaled to a norm of at most ``local_clip_norm / sqrt(P)``
+  before it enters the velocity (the threshold scaled by 1/sqrt(P), as if
+  every rank's gradient were distributed alike). Per parameter, as DGC's
+  reference code clips each tensor: the whole model's norm is known only
+  after the last bucket, too late for the first one.
 """
+
+import math
 
 import warnings
 import weakref
@@ -76,8 +98,17 @@ class MomentumCorrection:
     # The values of the first corrected slot the sample is taken among.
     SAMPLE_SPAN = 4096
 
-    def __init__(self, index_of):
+    def __init__(self, index_of, masking=False, clip_norm=None, process_group=None):
         self.index_of = index_of
+        self.masking = masking  # DGC's momentum factor masking
+        self.clip_norm = clip_norm  # DGC's local gradient clipping: the max norm before the 1/sqrt(P) scaling, or None
+        self.process_group = process_group
+        self._clip_at = None  # clip_norm / sqrt(P), once P is known
+        # index -> bool mask of the entries this step's sparse call took
+        # from this rank (masking), written by the worker thread after the
+        # call, read by ``after``; cleared at each step's first bucket.
+        self._left = {}
+        self._peek = {}  # group id -> the float32 buffer the host path's residual is read into
         self._optimizer = None  # weakref to the SGD optimizer seen stepping the hook's parameters
         self._group_of = {}  # id(param) -> its parameter group (refreshed when a param is missing)
         self.settings = {}  # index -> (m, dampening, nesterov) at the optimizer's latest step
@@ -170,18 +201,29 @@ class MomentumCorrection:
         optimizer step never came (the script skipped it) does not count."""
         self._handed = {}
         self._sample = None
+        self._left = {}
 
     def before(self, params, members, tensor):
         """Replace each corrected parameter's gradient in ``tensor`` (the
         bucket) by its velocity's step. Returns what ``after`` needs, or
         None when no parameter of the bucket is corrected."""
         work = []
+        if self.clip_norm is not None and self._clip_at is None:
+            import torch.distributed as dist
+
+            self._clip_at = self.clip_norm / math.sqrt(dist.get_world_size(self.process_group))
         for p, (i, a, b) in zip(params, members):
             settings = self._settings_of(p, i)
             if settings is None:
                 continue
             m, d, nesterov = settings
             g = tensor[a:b]
+            if self._clip_at is not None:
+                # DGC's local clipping (clip_grad_norm_'s rule, on this
+                # rank's gradient of this parameter).
+                norm = float(torch.linalg.vector_norm(g, dtype=torch.float32))
+                if norm > self._clip_at:
+                    g.mul_(self._clip_at / (norm + 1e-6))
             new = self._spare.get(i)
             if new is None or new.shape != g.shape or new.dtype != g.dtype or new.device != g.device:
                 new = self._spare[i] = torch.empty_like(g)
@@ -215,6 +257,13 @@ class MomentumCorrection:
             self.velocity[i], self._spare[i] = self._spare[i], self.velocity.get(i)
             if self._spare[i] is None:
                 del self._spare[i]
+            if self.masking:
+                # What left this rank stops its momentum (a dense step: all).
+                left = self._left.pop(i, None)
+                if left is None:
+                    self.velocity[i].zero_()
+                else:
+                    self.velocity[i].masked_fill_(left.to(self.velocity[i].device), 0.0)
             s = result[a:b]
             before = self.applied[i]
             if before is not None:
@@ -235,6 +284,33 @@ class MomentumCorrection:
             j = int(result[a : a + span].abs().argmax()) if span else 0
             self._sample = (i, j, result[a + j].item())
         return result
+
+    # -- masking: which entries left -------------------------------------------
+
+    def note_sent(self, state, group_id, sizes):
+        """Worker thread, right after group ``group_id``'s sparse call
+        (``sizes``: its members' entries, in the group's order): which
+        entries the call took from this rank, those whose residual is now
+        exactly 0, for ``after`` to zero their velocities."""
+        device_group = state._device_groups.get(group_id)
+        if device_group is not None:
+            residual = device_group.residual
+        else:
+            n = sum(sizes)
+            residual = self._peek.get(group_id)
+            if residual is None or residual.numel() != n:
+                residual = self._peek[group_id] = torch.empty(n, dtype=torch.float32)
+            residual.zero_()
+            comm = state._reducer.comm
+            # The residual into the zeroed buffer, and back: the fold is
+            # exact in float32 and the unfold restores it as it was.
+            comm.fold_residual_(group_id, residual)
+            comm.unfold_residual(group_id)
+        left = residual == 0
+        at = 0
+        for i, size in zip(state._layout.groups[group_id], sizes):
+            self._left[i] = left[at : at + size]
+            at += size
 
     # -- checkpoints -------------------------------------------------------
 

@@ -237,6 +237,7 @@ def _reduce_pieces(state, group_id, pieces, call):
             else:
                 hold.append((at, at + b - a))
         at += b - a
+    sizes = [b - a for _, a, b, _ in pieces]  # the members', in the group's order (momentum masking)
     pieces = [piece[:3] for piece in pieces]
     merged = [pieces[0]]
     for t, a, b in pieces[1:]:
@@ -249,8 +250,11 @@ def _reduce_pieces(state, group_id, pieces, call):
     n = sum(b - a for _, a, b in pieces)
     cuda = tensor.device.type == "cuda"
     density, xi_step = call
+    masking = state._momentum is not None and state._momentum.masking
     if takes_device_path(state, tensor):
         reduce_on_device(state, group_id, pieces, hold, density)
+        if masking:
+            state._momentum.note_sent(state, group_id, sizes)
         return
     if not cuda and len(pieces) == 1 and pieces[0][1:] == (0, tensor.numel()) and tensor.is_contiguous():
         host = tensor  # in place
@@ -278,6 +282,8 @@ def _reduce_pieces(state, group_id, pieces, call):
         state.last_density, state.last_tau_prime = density, tau_prime
     state._reducer.sparse_allreduce_(group_id, host, hold, density=density, xi_step=xi_step, tau_prime=tau_prime,
                                      sparse_only=state._choice is not None)
+    if masking:
+        state._momentum.note_sent(state, group_id, sizes)
     state._folds.see(host)  # a step that folds other buckets: a skipped sparse call skips it too
     if host is not tensor:
         write_back(pieces, host)

@@ -89,6 +89,25 @@ def check_warmup_iters(warmup_iters):
     return int(warmup_iters)
 
 
+def check_momentum_options(momentum_correction, momentum_masking, local_clip_norm, value_dtype):
+    """The momentum correction's opt-in DGC rules (oktopk.momentum),
+    checked: (momentum_masking, local_clip_norm as a float or None);
+    ValueError naming the bad one. Both act inside the correction, so each
+    needs it on; masking reads which entries left from the residual, where
+    a float32 value leaves exactly 0 (a 16-bit one leaves its rounding)."""
+    if not isinstance(momentum_masking, bool):
+        raise ValueError(f"momentum_masking must be True or False, got {momentum_masking!r}")
+    if local_clip_norm is not None and (not is_real(local_clip_norm) or not 0.0 < local_clip_norm < float("inf")):
+        raise ValueError(f"local_clip_norm must be None or a positive finite number, got {local_clip_norm!r}")
+    if (momentum_masking or local_clip_norm is not None) and not momentum_correction:
+        name = "momentum_masking" if momentum_masking else "local_clip_norm"
+        raise ValueError(f"{name} acts inside the momentum correction: it needs momentum_correction=True")
+    if momentum_masking and value_dtype != "float32":
+        raise ValueError(f"momentum_masking needs value_dtype float32 (a sent {value_dtype} value leaves its rounding in the "
+                         f"residual, so which entries left cannot be read there), got {value_dtype!r}")
+    return momentum_masking, None if local_clip_norm is None else float(local_clip_norm)
+
+
 # -- agreement across ranks ---------------------------------------------------
 #
 # Ranks whose settings differ issue different collectives (one a dense

@@ -13,7 +13,7 @@ import inspect
 import torch.distributed as dist
 
 from .adaptive import AdaptiveControl
-from .choice import BF16, DEFAULT_MARGIN, DEFAULT_RECHECK_EVERY, SPARSE, StepChoice, check_choice, check_dense_compression
+from .choice import BF16, DEFAULT_MARGIN, DEFAULT_RECHECK_EVERY, PATHS, SPARSE, StepChoice, check_choice, check_dense_compression
 from .quantized import QuantizedGroup
 from . import device as device_path_
 from .layout import BucketLayout
@@ -23,7 +23,7 @@ from .path_native import BucketGrads
 from .path_sparse import save_groups
 from .reducer import Reducer, ReducerStats, StepFolds
 from .schedule import check_schedule
-from .settings import DEFAULT_WARMUP_ITERS, DEFAULTS, check_checksum, check_settings, check_warmup_iters, with_checksum
+from .settings import DEFAULT_WARMUP_ITERS, DEFAULTS, check_checksum, check_momentum_options, check_settings, check_warmup_iters, with_checksum
 
 
 class OkTopkState(ReducerStats):
@@ -102,6 +102,14 @@ class OkTopkState(ReducerStats):
         clipping) stops the correction, with a warning. False: the
         optimizer's momentum acts on the sparse average (measured: the demo's
         MLP swings and ends lower, results/sgd.md).
+    :param momentum_masking: with the correction, DGC's momentum factor
+        masking (default False): zero this rank's velocity where its entry
+        was sent (every entry on a dense step: at density 1 this is SGD
+        without momentum). float32 values only (``oktopk.momentum``).
+    :param local_clip_norm: with the correction, DGC's local gradient
+        clipping (default None: off): each rank's gradient of each corrected
+        parameter is clipped to norm ``local_clip_norm / sqrt(P)`` before it
+        enters the velocity.
     :param tau: Ok-Topk's space repartition period (iterations).
     :param tau_prime: threshold refresh period (iterations).
     :param timeout: seconds a call, or the communicator's setup, may wait for
@@ -174,7 +182,8 @@ class OkTopkState(ReducerStats):
         "measure_xi_every", "adaptive", "process_group", "iter", "last_density", "last_tau_prime", "_reducer", "_layout", "_pending_state",
         "_hook_iters", "_owner", "_adapt_error", "_choice", "_path", "_residual_groups", "_pooled_iter", "_optimizers", "device_path",
         "_device_groups", "_library_groups", "_host_buffers", "dense_compression", "_quantized", "_quantized_bytes", "_quantized_spill",
-        "grads_as_bucket_views", "_bucket_grads", "momentum_correction", "_momentum", "_agreement_steps", "_folds",
+        "grads_as_bucket_views", "_bucket_grads", "momentum_correction", "momentum_masking", "local_clip_norm", "_momentum", "_agreement_steps", "_folds",
+        "_communicator_at_load",
     ]
 
     def __init__(self, process_group=None, density=DEFAULTS.density, algorithm=DEFAULTS.algorithm, warmup_iters=DEFAULT_WARMUP_ITERS,
@@ -182,7 +191,7 @@ class OkTopkState(ReducerStats):
                  stochastic_rounding=DEFAULTS.stochastic_rounding, density_schedule=DEFAULTS.density_schedule,
                  measure_xi_every=DEFAULTS.measure_xi_every, adaptive=DEFAULTS.adaptive, sparse_margin=DEFAULT_MARGIN,
                  recheck_every=DEFAULT_RECHECK_EVERY, device_path=None, dense_compression=BF16, grads_as_bucket_views=True,
-                 momentum_correction=True):
+                 momentum_correction=True, momentum_masking=False, local_clip_norm=None):
         if device_path not in (None, True, False):
             raise ValueError(f"device_path must be None, True or False, got {device_path!r}")
         # Checked whatever the algorithm, though only the measured choice
@@ -198,6 +207,8 @@ class OkTopkState(ReducerStats):
         if not isinstance(momentum_correction, bool):
             raise ValueError(f"momentum_correction must be True or False, got {momentum_correction!r}")
         self.momentum_correction = momentum_correction
+        self.momentum_masking, self.local_clip_norm = check_momentum_options(momentum_correction, momentum_masking, local_clip_norm,
+                                                                             settings.value_dtype)
         self._bucket_grads = BucketGrads()
         self.device_path = device_path
         # The device path's groups (oktopk.device.DeviceGroup: residual on
@@ -213,7 +224,7 @@ class OkTopkState(ReducerStats):
         self._momentum = None
         if momentum_correction:
             index = self._layout.param_index
-            self._momentum = MomentumCorrection(lambda p: index.get(id(p)))
+            self._momentum = MomentumCorrection(lambda p: index.get(id(p)), self.momentum_masking, self.local_clip_norm, process_group)
         # algorithm None: the measured choice, whose sparse path is "auto",
         # and native or bfloat16 on every step for an Adam-family
         # optimizer's parameters (oktopk.optimizers); a named algorithm
@@ -269,6 +280,14 @@ class OkTopkState(ReducerStats):
         # What this step's folds took from the residuals, given back if its
         # dense sum turns out non-finite (the step is then skipped).
         self._folds = StepFolds()
+        # Where a loaded checkpoint's run had its communicator (made at a
+        # sparse step, not released since): the path of the step it was
+        # saved after, until this run's first step after the warm-up; else
+        # None. A native step there makes the communicator again and folds
+        # the residuals through it, as that run did. A released
+        # communicator (native chosen) stays released: what it held back
+        # (parameters unused on this rank) waits for the next sparse step.
+        self._communicator_at_load = None
 
     @property
     def quantized_bytes_sent(self):
@@ -358,6 +377,15 @@ class OkTopkState(ReducerStats):
             "residual_groups": sorted(self._residual_groups),
             "quantized": {group_id: group.state_dict() for group_id, group in self._quantized.items()},
             "momentum": {} if self._momentum is None else self._momentum.state_dict(),
+            # The Adam-family optimizer seen stepping the parameters: the
+            # measured choice agrees on it at the first step after the
+            # warm-up, before a process resumed from the end of the warm-up
+            # has seen its optimizer step.
+            "optimizer_seen": self._optimizers.seen,
+            # Whether the communicator was alive, and the path of the step
+            # just run: whether the next step still has it (oktopk.step).
+            "communicator": comm is not None,
+            "path": self._path,
         }
 
     def load_state_dict(self, state):
@@ -390,6 +418,10 @@ class OkTopkState(ReducerStats):
             self.adaptive = self._reducer.adaptive.bounds
         if self._choice is not None and state.get("choice") is not None:
             self._choice.load_state_dict(state["choice"])
+        if self._choice is not None and state.get("optimizer_seen") is not None and self._optimizers.seen is None:
+            # As the run that saved it had seen it (a named algorithm only
+            # warns of one: a resumed process warns again).
+            self._optimizers.seen = str(state["optimizer_seen"])
         self._quantized = {int(k): QuantizedGroup.from_state_dict(v) for k, v in state.get("quantized", {}).items()}
         if self._momentum is not None:
             self._momentum.load_state_dict(state.get("momentum", {}))
@@ -407,6 +439,15 @@ class OkTopkState(ReducerStats):
             self._library_groups |= set(tensors)
         else:
             self._pending_state = tensors
+        if self._choice is not None:
+            self._choice.resume_timing()  # last: the saved step's time goes on from here
+            # Saved before these fields were: as before, the residuals wait
+            # for the next sparse step.
+            saved_path = state.get("path", SPARSE)
+            if saved_path not in PATHS:
+                raise ValueError(f"oktopk: this checkpoint's step took the path {saved_path!r}, which this version does not know")
+            alive = bool(state.get("communicator")) and self._reducer.comm is None
+            self._communicator_at_load = saved_path if alive else None
 
     def __repr__(self):
         """OkTopkState(...) naming only the settings that differ from their
@@ -416,7 +457,8 @@ class OkTopkState(ReducerStats):
                   "value_dtype": self.value_dtype, "stochastic_rounding": self.stochastic_rounding,
                   "density_schedule": self.density_schedule, "measure_xi_every": self.measure_xi_every, "adaptive": self.adaptive,
                   "device_path": self.device_path, "dense_compression": self.dense_compression,
-                  "grads_as_bucket_views": self.grads_as_bucket_views, "momentum_correction": self.momentum_correction}
+                  "grads_as_bucket_views": self.grads_as_bucket_views, "momentum_correction": self.momentum_correction,
+                  "momentum_masking": self.momentum_masking, "local_clip_norm": self.local_clip_norm}
         if self._choice is not None:  # the measured choice's own settings (algorithm None)
             values["sparse_margin"], values["recheck_every"] = self._choice.margin, self._choice.recheck_every
         defaults = {name: p.default for name, p in inspect.signature(OkTopkState.__init__).parameters.items() if name != "self"}
@@ -435,6 +477,8 @@ class OkTopkState(ReducerStats):
             "dense_compression": self.dense_compression,
             "grads_as_bucket_views": self.grads_as_bucket_views,
             "momentum_correction": self.momentum_correction,
+            "momentum_masking": self.momentum_masking,
+            "local_clip_norm": self.local_clip_norm,
         })
 
     def __setstate__(self, state):
@@ -450,7 +494,8 @@ class OkTopkState(ReducerStats):
                              *((saved_choice["margin"], saved_choice["recheck_every"]) if saved_choice else ()),
                              device_path=state.get("device_path"), dense_compression=state.get("dense_compression", BF16),
                              grads_as_bucket_views=state.get("grads_as_bucket_views", True),
-                             momentum_correction=state.get("momentum_correction", True))
+                             momentum_correction=state.get("momentum_correction", True),
+                             momentum_masking=state.get("momentum_masking", False), local_clip_norm=state.get("local_clip_norm"))
         self.load_state_dict(state)
 
     def close(self):

@@ -11,7 +11,7 @@ import torch.distributed as dist
 from . import log
 from .choice import NATIVE, SPARSE, debug_enabled
 from .optimizers import dense_notice, family_seen
-from .path_sparse import save_groups
+from .path_sparse import save_groups, start
 from .settings import check_agreement, process_group_agreement, settings_digest
 
 
@@ -37,10 +37,13 @@ def agreement_settings(state):
         "recheck_every": state.recheck_every,
         "device_path": state.device_path,
         "momentum_correction": state.momentum_correction,
+        "momentum_masking": state.momentum_masking,
+        "local_clip_norm": state.local_clip_norm,
         "optimizer_family": family_seen(state._optimizers.seen),
         "iter": state.iter,
         "layout": f"{len(groups)} groups, digest {settings_digest(dict(groups)).hex()[:12]}",
         "choice": None if choice is None else (choice.chosen, choice.candidate, choice.decided_at, choice.confirm_at),
+        "communicator_at_load": state._communicator_at_load,
     }
 
 
@@ -50,8 +53,15 @@ def agree_on_settings(state, device):
     every rank's value, unless every rank of the process group holds the
     same agreement_settings (oktopk.settings.check_agreement: one
     fixed-size all_gather, the same on every rank whatever its settings)."""
+    choice = state._choice
+    arrived = None if choice is None else choice.clock()
     check_agreement(agreement_settings(state), *process_group_agreement(state.process_group, device))
     state._agreement_steps -= 1
+    if choice is not None:
+        # Its wait for the slowest rank (after a load: the slowest to load)
+        # is no step's time: a resumed run times the step its checkpoint
+        # was saved in across it, as the run that saved it did not.
+        choice.leave_out(choice.clock() - arrived)
 
 
 # -- the measured choice's path of each step ------------------------------------
@@ -78,6 +88,15 @@ def begin_step(state, s, device, untimed):
             choice.log = log.decisions()
     previous, kept_dense = state._path, choice.kept_dense_for
     state._path = choice.begin_step(s, untimed)
+    saved_after, state._communicator_at_load = state._communicator_at_load, None
+    if saved_after is not None and state._path == NATIVE and not (saved_after == NATIVE and choice.chosen == NATIVE):
+        # The first step of a run resumed from a checkpoint whose run had
+        # its communicator, which that run still has at this native step
+        # (it releases it below only after a native step, native chosen):
+        # made again, so this step folds the residuals as that run's did.
+        # Every rank makes it at the same step (the checkpoint's path and
+        # communicator, this step's path and the step are agreed).
+        start(state)
     if kept_dense is None and choice.kept_dense_for is not None and dist.get_rank(state.process_group) == 0:
         log.notice(dense_notice(choice.kept_dense_for, compressed=choice.candidate))
     if state._path == SPARSE:

@@ -1,0 +1,174 @@
+"""Rank bodies for test_momentum_dgc.py: DGC's momentum factor masking and
+local gradient clipping inside the hook's momentum correction
+(OkTopkState's momentum_masking and local_clip_norm), on DDP over gloo."""
+
+import math
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from oktopk import OkTopkState, oktopk_hook
+from workers import batch, deeper_model, residuals_by_parameter, setup, write
+
+M = 0.9
+
+
+def _sgd(model, momentum=M):
+    return torch.optim.SGD(model.parameters(), lr=0.05, momentum=momentum)
+
+
+def _step(model, opt, rank, step):
+    x, y = batch(rank, step)
+    opt.zero_grad()
+    F.cross_entropy(model(x), y).backward()
+    opt.step()
+
+
+def off_is_default(rank, world, port, out, steps):
+    """Three hooked models from the same seed: the default state, masking
+    and clipping passed off explicitly, and a clip norm no gradient reaches
+    (its norm is computed, nothing scaled). Their parameters after every
+    step, which must be the same bits."""
+    setup(rank, world, port)
+    kinds = ({}, {"momentum_masking": False, "local_clip_norm": None}, {"local_clip_norm": 1e30})
+    runs = []
+    for kwargs in kinds:
+        model = DDP(deeper_model())
+        state = OkTopkState(algorithm="oktopk", density=0.05, warmup_iters=2, **kwargs)
+        model.register_comm_hook(state, oktopk_hook)
+        runs.append((model, _sgd(model), state))
+    same = []
+    for step in range(steps):
+        for model, opt, _ in runs:
+            _step(model, opt, rank, step)
+        ref = [p.detach() for p in runs[0][0].parameters()]
+        same.append([all(torch.equal(a, b.detach()) for a, b in zip(ref, model.parameters())) for model, _, _ in runs[1:]])
+    write(out, rank, {"same": same, "sparse_iters": runs[0][2].iter - 2, "corrected": len(runs[0][2]._momentum.velocity)})
+    for _, _, state in runs:
+        state.close()
+    dist.destroy_process_group()
+
+
+def masking(rank, world, port, out, steps, clip, device_path):
+    """Masking on at density 0.05. Each step: the velocity step each
+    corrected parameter put into the reduction (x), the residuals before
+    and after, and the velocities after. An entry left this rank when its
+    residual after is not residual before + x (what the library would have
+    kept had it sent nothing); with SGD (d = 0, no Nesterov) the new
+    velocity is x, so after masking it must be 0 there and x elsewhere."""
+    setup(rank, world, port)
+    model = DDP(deeper_model())
+    state = OkTopkState(algorithm="oktopk", density=0.05, warmup_iters=2, momentum_masking=True, local_clip_norm=clip,
+                        device_path=device_path)
+    model.register_comm_hook(state, oktopk_hook)
+    opt = _sgd(model)
+    corr = state._momentum
+    given = {}
+    before = corr.before
+
+    def before_(params, members, tensor):
+        work = before(params, members, tensor)
+        for i, a, b, *_ in work or ():
+            given[i] = tensor[a:b].clone()
+        return work
+
+    corr.before = before_
+    checks = []
+    residual = None
+    for step in range(steps):
+        given.clear()
+        _step(model, opt, rank, step)
+        names = {state._layout.param_index[id(p)]: n for n, p in model.module.named_parameters()}
+        if step < state.warmup_iters:
+            # A dense step once the correction runs (the second warm-up
+            # step) sends every entry: every velocity is zero.
+            checks.append({"step": step, "dense": True, "velocities": len(corr.velocity),
+                           "all_zero": all(not v.any() for v in corr.velocity.values())})
+            continue
+        after = residuals_by_parameter(state, model.module)
+        sent = wrong = kept_nonzero = 0
+        for i, x in given.items():
+            r0 = torch.zeros_like(x) if residual is None else residual[names[i]].reshape(-1)
+            r1 = after[names[i]].reshape(-1)
+            left = (r0 + x) != r1
+            want = torch.where(left, torch.zeros_like(x), x)
+            v = corr.velocity[i]
+            wrong += int((v != want).sum())
+            sent += int(left.sum())
+            kept_nonzero += int((v != 0).sum())
+        checks.append({"step": step, "dense": False, "given": len(given), "sent": sent, "wrong": wrong, "kept_nonzero": kept_nonzero})
+        residual = after
+    write(out, rank, {"checks": checks, "params": [p.detach().clone() for p in model.parameters()], "stopped": corr.stopped,
+                      "device_groups": len(state._device_groups)})
+    state.close()
+    dist.destroy_process_group()
+
+
+def clipping(rank, world, port, out, steps, clip):
+    """Clipping on at density 0.05. Each corrected parameter's gradient as
+    the bucket held it (raw) and as it entered the velocity (the velocity
+    step x less m x the old velocity, SGD with d = 0): the worst ratio of
+    the clipped norm to clip / sqrt(P), the worst distance from raw scaled
+    by clip_grad_norm_'s rule, and how often the clip bit."""
+    setup(rank, world, port)
+    model = DDP(deeper_model())
+    state = OkTopkState(algorithm="oktopk", density=0.05, warmup_iters=2, local_clip_norm=clip)
+    model.register_comm_hook(state, oktopk_hook)
+    opt = _sgd(model)
+    corr = state._momentum
+    limit = clip / math.sqrt(world)
+    worst = {"ratio": 0.0, "error": 0.0, "bit": 0, "seen": 0}
+    before = corr.before
+
+    def before_(params, members, tensor):
+        raw = {i: tensor[a:b].clone() for i, a, b in members}
+        old = {i: None if v is None else v.clone() for i, v in ((i, corr.velocity.get(i)) for i, _, _ in members)}
+        first = {i: corr.applied.get(i) is None for i, _, _ in members}
+        work = before(params, members, tensor)
+        for i, a, b, *_ in work or ():
+            x = tensor[a:b]
+            clipped = x.clone() if old[i] is None or first[i] else x - M * old[i]
+            norm = float(torch.linalg.vector_norm(raw[i]))
+            want = raw[i] * (limit / (norm + 1e-6)) if norm > limit else raw[i]
+            worst["ratio"] = max(worst["ratio"], float(torch.linalg.vector_norm(clipped)) / limit)
+            worst["error"] = max(worst["error"], float((clipped - want).abs().max()) / (float(want.abs().max()) + 1e-30))
+            worst["bit"] += norm > limit
+            worst["seen"] += 1
+        return work
+
+    corr.before = before_
+    for step in range(steps):
+        _step(model, opt, rank, step)
+    write(out, rank, {"worst": worst, "params": [p.detach().clone() for p in model.parameters()], "stopped": corr.stopped})
+    state.close()
+    dist.destroy_process_group()
+
+
+def masked_density_one(rank, world, port, out, steps):
+    """At density 1 every entry is sent each step, so masking zeroes every
+    velocity: beside plain DDP whose SGD momentum buffer is zeroed after
+    each step from the second (the correction starts at the optimizer's
+    first step, so the second step still carries the first one's
+    momentum), the parameters must match to float32 rounding."""
+    setup(rank, world, port)
+    a, b = DDP(deeper_model()), DDP(deeper_model())
+    state = OkTopkState(algorithm="oktopk", density=1.0, warmup_iters=2, momentum_masking=True)
+    a.register_comm_hook(state, oktopk_hook)
+    b.register_comm_hook(None, allreduce_hook)
+    oa, ob = _sgd(a), _sgd(b)
+    worst = 0.0
+    for step in range(steps):
+        _step(a, oa, rank, step)
+        _step(b, ob, rank, step)
+        if step >= 1:
+            for p in b.parameters():
+                ob.state[p]["momentum_buffer"].zero_()
+        for pa, pb in zip(a.parameters(), b.parameters()):
+            worst = max(worst, (pa.detach() - pb.detach()).abs().max().item() / (pb.detach().abs().max().item() + 1e-30))
+    write(out, rank, {"worst": worst, "corrected": len(state._momentum.velocity), "params": len(list(a.parameters())),
+                      "sparse_iters": state.iter - state.warmup_iters})
+    state.close()
+    dist.destroy_process_group()
