@@ -18,13 +18,23 @@ from conftest import free_port
 from oktopk import ALGORITHMS, OkTopkState
 
 
+# Ranks are forked from a server that imported torch once (about 2.5 s of
+# CPU a process otherwise, most of the suite's time on a 2-core machine). The
+# server holds no library, thread pool or process group: each rank still
+# starts with none, as a spawned one does.
+START_METHOD = os.environ.get("OKTOPK_TEST_START_METHOD", "forkserver")
+if START_METHOD == "forkserver":
+    mp.set_forkserver_preload(["torch", "torch.distributed", "torch.nn.parallel", "numpy"])
+
+
 def run(fn, world, *args, expect_exit=None, timeout=240):
     """Run fn(rank, world, port, out, *args) on `world` spawned processes and
     return what each rank wrote."""
     import tempfile
 
     out = tempfile.mkdtemp(prefix="oktopk-test-")
-    ctx = mp.start_processes(workers.exit_when_done, args=(fn, world, free_port(), out) + args, nprocs=world, join=False, start_method="spawn")
+    ctx = mp.start_processes(workers.exit_when_done, args=(fn, world, free_port(), out) + args, nprocs=world, join=False,
+                             start_method=START_METHOD)
     deadline = time.monotonic() + timeout
     while not all(not p.is_alive() for p in ctx.processes):
         if time.monotonic() > deadline:
