@@ -1,6 +1,6 @@
 """Real multi-process DDP over gloo on CPU with oktopk's communication hook.
 
-Every test starts fresh processes (spawn) that form a torch.distributed
+Every test starts fresh processes (forked from a server that imported torch) that form a torch.distributed
 process group; oktopk's communicator rendezvouses through that group's own
 store and moves gradients over its ZeroMQ transport.
 """
