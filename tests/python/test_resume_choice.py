@@ -34,14 +34,21 @@ def slow_link(path):
     return 10.0 if path == SPARSE else 30.0  # sparse a third of native: a clear win
 
 
+def in_last_warm_up_step(seconds):
+    """A choice (on a clock of its own) timing the warm-up's last step, and
+    ``seconds`` into it."""
+    choice, clock = StepChoice(recheck_every=200), Clock()
+    choice.clock = clock
+    choice.time_warmup_step()
+    clock.now += seconds
+    return choice, clock
+
+
 def test_a_checkpoint_saved_at_the_end_of_the_warm_up_carries_its_last_steps_time():
     # The whole run: the warm-up's last step takes 30 ms from its first
     # bucket to the next step's (20 ms until the checkpoint, 10 after), so
     # the sparse probe's 10 ms is a clear win at s = 4: no native probe.
-    whole, clock = StepChoice(recheck_every=200), Clock()
-    whole.clock = clock
-    whole.time_warmup_step()
-    clock.now += 0.020
+    whole, clock = in_last_warm_up_step(0.020)
     saved = whole.state_dict()
     clock.now += 0.010
     want = run_steps(whole, clock, 0, 12, slow_link)
@@ -63,10 +70,7 @@ def test_a_checkpoint_without_the_step_under_way_still_loads_and_probes_native()
     # Saved before the field existed (or before any timed step): the step
     # is not timed, and the resumed run probes native after the sparse
     # probe, as before.
-    whole, clock = StepChoice(recheck_every=200), Clock()
-    whole.clock = clock
-    whole.time_warmup_step()
-    clock.now += 0.020
+    whole, clock = in_last_warm_up_step(0.020)
     saved = whole.state_dict()
     del saved["unfinished"]
     resumed, clock = StepChoice(), Clock()
@@ -78,10 +82,7 @@ def test_a_checkpoint_without_the_step_under_way_still_loads_and_probes_native()
 
 
 def test_the_agreements_wait_is_left_out_of_the_step_under_way():
-    choice, clock = StepChoice(recheck_every=200), Clock()
-    choice.clock = clock
-    choice.time_warmup_step()
-    clock.now += 0.030
+    choice, clock = in_last_warm_up_step(0.030)
     clock.now += 5.0  # waiting for a slow rank at the agreement on the settings
     choice.leave_out(5.0)
     run_steps(choice, clock, 0, PROBE_STEPS + 1, slow_link)
@@ -128,10 +129,7 @@ def test_checkpoints_saved_between_the_same_two_steps_are_equal():
     # The time so far is read at the first save after a step's first
     # bucket: a later save before the next step holds the same, and so does
     # a save right after the load of it (the fault campaign compares them).
-    choice, clock = StepChoice(recheck_every=200), Clock()
-    choice.clock = clock
-    choice.time_warmup_step()
-    clock.now += 0.020
+    choice, clock = in_last_warm_up_step(0.020)
     first = choice.state_dict()
     clock.now += 0.005
     assert choice.state_dict() == first and first["unfinished"] == [-1, pytest.approx(0.020)]
