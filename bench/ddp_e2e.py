@@ -72,6 +72,9 @@ Methods (``--method``):
   DGC's momentum factor masking (``momentum_masking=True``), its local
   gradient clipping (``local_clip_norm=--clip-norm``), or both, inside the
   momentum correction (results/sgd.md).
+- ``oktopk_wmask``, ``oktopk_wmask_sched``: masking of the entries that
+  left after waiting (``momentum_masking="waited"``), and the same with the
+  density schedule of ``oktopk_sched``.
 - ``oktopk_wN`` (e.g. ``oktopk_w10``): the same as ``oktopk`` with N dense
   warm-up steps (``warmup_iters=N``) instead of two: the evidence for the
   warm-up default.
@@ -136,7 +139,7 @@ from cnn import VGGStyle, digits  # noqa: E402
 from tta_report import HEADER  # noqa: E402
 
 METHODS = ("ddp", "fp16", "powersgd1", "powersgd4", "oktopk", "oktopk_nomc", "oktopk_auto", "oktopk_sched", "oktopk_quantized", "oktopk_float32",
-           "oktopk_mask", "oktopk_clip", "oktopk_mask_clip", "demo")
+           "oktopk_mask", "oktopk_clip", "oktopk_mask_clip", "oktopk_wmask", "oktopk_wmask_sched", "demo")
 # DeMo's peak learning rate on charlm: the best of bench/adam_sim.py's sweep
 # (results/text.md); its sign step moves every coordinate by the whole rate.
 DEMO_LR = 3e-3
@@ -326,10 +329,12 @@ def train(method, args, width, data):
             kwargs["algorithm"] = algorithm_of(method)
         if method.endswith("_nomc"):
             kwargs["momentum_correction"] = False
-        if method.removesuffix("_nomc") == "oktopk_sched":
+        if method.removesuffix("_nomc") in ("oktopk_sched", "oktopk_wmask_sched"):
             kwargs["density_schedule"] = (0.25, args.sched_steps)
         if method in ("oktopk_mask", "oktopk_mask_clip"):
             kwargs["momentum_masking"] = True
+        if method in ("oktopk_wmask", "oktopk_wmask_sched"):
+            kwargs["momentum_masking"] = "waited"
         if method in ("oktopk_clip", "oktopk_mask_clip"):
             kwargs["local_clip_norm"] = args.clip_norm
         if warmup_of(method) is not None:

@@ -3,6 +3,7 @@ local gradient clipping inside the hook's momentum correction
 (OkTopkState's momentum_masking and local_clip_norm), on DDP over gloo."""
 
 import math
+import os
 
 import torch
 import torch.distributed as dist
@@ -11,7 +12,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from oktopk import OkTopkState, oktopk_hook
-from workers import batch, deeper_model, residuals_by_parameter, setup, write
+from workers import batch, deeper_model, residuals_by_parameter, setup, train_resumable, write
 
 M = 0.9
 
@@ -52,16 +53,19 @@ def off_is_default(rank, world, port, out, steps):
     dist.destroy_process_group()
 
 
-def masking(rank, world, port, out, steps, clip, device_path):
-    """Masking on at density 0.05. Each step: the velocity step each
-    corrected parameter put into the reduction (x), the residuals before
-    and after, and the velocities after. An entry left this rank when its
-    residual after is not residual before + x (what the library would have
-    kept had it sent nothing); with SGD (d = 0, no Nesterov) the new
-    velocity is x, so after masking it must be 0 there and x elsewhere."""
+def masking(rank, world, port, out, steps, clip, device_path, rule=True):
+    """Masking (``rule``: True or "waited") on at density 0.05. Each step:
+    the velocity step each corrected parameter put into the reduction (x),
+    the residuals before and after, and the velocities after. An entry left
+    this rank when its residual after is not residual before + x (what the
+    library would have kept had it sent nothing); it had waited when its
+    residual before was not 0. With SGD (d = 0, no Nesterov) the new
+    velocity is x, so after masking it must be 0 where the rule masks
+    (True: every entry that left; "waited": those that left after waiting)
+    and x elsewhere."""
     setup(rank, world, port)
     model = DDP(deeper_model())
-    state = OkTopkState(algorithm="oktopk", density=0.05, warmup_iters=2, momentum_masking=True, local_clip_norm=clip,
+    state = OkTopkState(algorithm="oktopk", density=0.05, warmup_iters=2, momentum_masking=rule, local_clip_norm=clip,
                         device_path=device_path)
     model.register_comm_hook(state, oktopk_hook)
     opt = _sgd(model)
@@ -85,21 +89,26 @@ def masking(rank, world, port, out, steps, clip, device_path):
         if step < state.warmup_iters:
             # A dense step once the correction runs (the second warm-up
             # step) sends every entry: every velocity is zero.
+            # ("waited": nothing waited, no velocity is masked.)
             checks.append({"step": step, "dense": True, "velocities": len(corr.velocity),
-                           "all_zero": all(not v.any() for v in corr.velocity.values())})
+                           "all_zero": all(not v.any() for v in corr.velocity.values()),
+                           "wrong": sum(int((corr.velocity[i] != x).sum()) for i, x in given.items())})
             continue
         after = residuals_by_parameter(state, model.module)
-        sent = wrong = kept_nonzero = 0
+        sent = masked = wrong = kept_nonzero = 0
         for i, x in given.items():
             r0 = torch.zeros_like(x) if residual is None else residual[names[i]].reshape(-1)
             r1 = after[names[i]].reshape(-1)
             left = (r0 + x) != r1
-            want = torch.where(left, torch.zeros_like(x), x)
+            mask = left & (r0 != 0) if rule == "waited" else left
+            want = torch.where(mask, torch.zeros_like(x), x)
             v = corr.velocity[i]
             wrong += int((v != want).sum())
             sent += int(left.sum())
+            masked += int(mask.sum())
             kept_nonzero += int((v != 0).sum())
-        checks.append({"step": step, "dense": False, "given": len(given), "sent": sent, "wrong": wrong, "kept_nonzero": kept_nonzero})
+        checks.append({"step": step, "dense": False, "given": len(given), "sent": sent, "masked": masked, "wrong": wrong,
+                       "kept_nonzero": kept_nonzero})
         residual = after
     write(out, rank, {"checks": checks, "params": [p.detach().clone() for p in model.parameters()], "stopped": corr.stopped,
                       "device_groups": len(state._device_groups)})
@@ -171,4 +180,48 @@ def masked_density_one(rank, world, port, out, steps):
     write(out, rank, {"worst": worst, "corrected": len(state._momentum.velocity), "params": len(list(a.parameters())),
                       "sparse_iters": state.iter - state.warmup_iters})
     state.close()
+    dist.destroy_process_group()
+
+
+def waited_density_one(rank, world, port, out, steps):
+    """At density 1 every entry is sent at every call, so none ever waits:
+    "waited" masking masks nothing. Beside the default correction (no
+    masking) from the same seed, the parameters after every step must be
+    the same bits: dense SGD with momentum."""
+    setup(rank, world, port)
+    a, b = DDP(deeper_model()), DDP(deeper_model())
+    sa = OkTopkState(algorithm="oktopk", density=1.0, warmup_iters=2, momentum_masking="waited")
+    sb = OkTopkState(algorithm="oktopk", density=1.0, warmup_iters=2)
+    a.register_comm_hook(sa, oktopk_hook)
+    b.register_comm_hook(sb, oktopk_hook)
+    oa, ob = _sgd(a), _sgd(b)
+    same = []
+    for step in range(steps):
+        _step(a, oa, rank, step)
+        _step(b, ob, rank, step)
+        same.append(all(torch.equal(pa.detach(), pb.detach()) for pa, pb in zip(a.parameters(), b.parameters())))
+    write(out, rank, {"same": same, "corrected": len(sa._momentum.velocity), "velocity_nonzero": sum(int(v.count_nonzero()) for v in sa._momentum.velocity.values()),
+                      "sparse_iters": sa.iter - sa.warmup_iters})
+    sa.close()
+    sb.close()
+    dist.destroy_process_group()
+
+
+def waited_resume(rank, world, port, out, ckpt):
+    """"waited" masking at density 0.1 over 10 steps, saving after step 6,
+    and the same run resumed from that checkpoint: the resumed run must know
+    which entries were waiting when it was saved. Records each step's
+    velocities' count of nonzero entries."""
+    setup(rank, world, port)
+    path = os.path.join(ckpt, f"rank{rank}-waited.pt")
+
+    def record(state):
+        return sum(int(v.count_nonzero()) for v in state._momentum.velocity.values())
+
+    def state():
+        return OkTopkState(algorithm="oktopk", density=0.1, warmup_iters=2, momentum_masking="waited")
+
+    full = train_resumable(rank, path, 0, 10, state(), record, save=6)
+    resumed = train_resumable(rank, path, 6, 10, state(), record)
+    write(out, rank, {"full": full, "resumed": resumed})
     dist.destroy_process_group()

@@ -43,6 +43,39 @@ def test_masking_zeroes_the_velocity_of_every_entry_that_left_and_ranks_agree(de
         assert torch.equal(a, b), "rank 1's parameters differ from rank 0's"
 
 
+@pytest.mark.parametrize("device_path", [None, True], ids=["host", "device_path"])
+def test_waited_masking_zeroes_the_velocity_of_entries_that_left_after_waiting_only(device_path):
+    results = run(dgc_workers.masking, 2, 10, None, device_path, "waited")
+    for r, res in results.items():
+        assert res["stopped"] is None, res["stopped"]
+        dense = [c for c in res["checks"] if c["dense"]]
+        assert dense[1]["velocities"] > 0 and not dense[1]["all_zero"] and dense[1]["wrong"] == 0, f"rank {r}: a dense step masked: {dense}"
+        sparse = [c for c in res["checks"] if not c["dense"]]
+        assert len(sparse) == 8, sparse
+        # The first sparse call follows a dense step: nothing had waited.
+        assert sparse[0]["sent"] > 0 and sparse[0]["masked"] == 0, f"rank {r}: {sparse[0]}"
+        assert any(0 < c["masked"] < c["sent"] for c in sparse[1:]), f"rank {r}: never both kinds of sent entry: {sparse}"
+        for c in sparse:
+            assert c["wrong"] == 0, f"rank {r}: step {c['step']}: {c['wrong']} velocity entries not masked by the rule: {c}"
+    for a, b in zip(results[0]["params"], results[1]["params"]):
+        assert torch.equal(a, b), "rank 1's parameters differ from rank 0's"
+
+
+def test_waited_masking_at_density_one_is_dense_sgd_with_momentum_bitwise():
+    results = run(dgc_workers.waited_density_one, 2, 8)
+    for r, res in results.items():
+        assert res["sparse_iters"] == 6 and res["corrected"] > 0 and res["velocity_nonzero"] > 0, res
+        assert all(res["same"]), f"rank {r}: {res['same']}"
+
+
+def test_waited_masking_resumes_bitwise(tmp_path):
+    results = run(dgc_workers.waited_resume, 2, str(tmp_path))
+    for r, res in results.items():
+        full, resumed = res["full"], res["resumed"]
+        assert resumed["params"] == full["params"], f"rank {r}: the resumed run's parameters differ"
+        assert all(resumed["steps"][s] == full["steps"][s] for s in range(6, 10)), (r, full["steps"], resumed["steps"])
+
+
 def test_clipping_bounds_each_gradient_norm_by_clip_over_sqrt_p():
     clip = 0.05  # below the test model's gradient norms: it bites
     results = run(dgc_workers.clipping, 2, 8, clip)
@@ -72,6 +105,9 @@ def test_masking_at_density_one_is_sgd_without_momentum():
         ({"momentum_masking": True, "momentum_correction": False}, "momentum_masking"),
         ({"momentum_masking": True, "value_dtype": "float16"}, "momentum_masking"),
         ({"momentum_masking": True, "value_dtype": "bfloat16"}, "momentum_masking"),
+        ({"momentum_masking": "waited", "value_dtype": "bfloat16"}, "momentum_masking"),
+        ({"momentum_masking": "waited", "momentum_correction": False}, "momentum_masking"),
+        ({"momentum_masking": "Waited"}, "momentum_masking"),
         ({"local_clip_norm": 0}, "local_clip_norm"),
         ({"local_clip_norm": -1.0}, "local_clip_norm"),
         ({"local_clip_norm": float("inf")}, "local_clip_norm"),
@@ -102,7 +138,7 @@ def test_settings_are_kept_named_and_pickled():
         state.close()
 
 
-@pytest.mark.parametrize("name,values", [("momentum_masking", (True, False)), ("local_clip_norm", (1.0, None))], ids=repr)
+@pytest.mark.parametrize("name,values", [("momentum_masking", (True, False)), ("momentum_masking", ("waited", True)), ("local_clip_norm", (1.0, None))], ids=repr)
 def test_a_rule_on_one_rank_only_fails_every_rank_naming_it(name, values):
     # A rank that masks or clips and one that does not would train apart
     # silently: the ranks' agreement on the settings refuses it at step 0.

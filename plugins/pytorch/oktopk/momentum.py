@@ -40,21 +40,30 @@ velocity, the buffer the next one is computed into (a step skipped for a
 NaN must find the old one whole), and B. Parameters with momentum 0,
 ``maximize=True``, or another optimizer are reduced as before.
 
-DGC's two other rules, opt-in (OkTopkState's ``momentum_masking`` and
-``local_clip_norm``; off by default, results/sgd.md measures them):
+DGC's two other rules, opt-in (off by default; results/sgd.md measures them
+on the 17.1M MLP and on a CNN on Fashion-MNIST):
 
-- Momentum factor masking: where this rank's accumulated entry left (was
-  sent), its velocity is zeroed too, so an entry's momentum does not keep
-  pushing what was already delivered. Which entries left is read from the
-  residual after the call: a sent entry's residual is exactly 0 (float32
-  values; 16-bit ones leave the rounding there, so masking refuses them).
-  On the host path the residual is the library's, read by folding it into
-  a zeroed buffer and undoing the fold at once (``oktopk_tensor_residual_
-  fold``/``unfold``, on the worker thread in issue order); on the device
-  path it is the DeviceGroup's. A dense step (the warm-up once the
-  correction runs, the measured choice's native steps, a dense algorithm)
-  sends every entry: every velocity is zeroed, so at density 1 masking is
-  plain SGD without momentum, and it cannot be on by default.
+- Momentum factor masking (``momentum_masking``): zero this rank's velocity
+  where its entry was sent, so its momentum does not keep pushing what was
+  already delivered. Which entries left is read from the residual after
+  the call: a sent entry's residual is exactly 0 (float32 values; 16-bit
+  ones leave the rounding there, so masking refuses them). On the host path
+  the residual is the library's, read by folding it into a zeroed buffer
+  and undoing the fold at once (``oktopk_tensor_residual_fold``/``unfold``,
+  on the worker thread in issue order); on the device path it is the
+  DeviceGroup's.
+  - ``True``, DGC's rule: every entry that left. A dense step (the warm-up
+    once the correction runs, the measured choice's native steps, a dense
+    algorithm) sends every entry and zeroes every velocity, so at density
+    1 it is SGD without momentum.
+  - ``"waited"``: only an entry that left after waiting (it was still in the
+    residual after the previous call). Such an entry arrives as a burst of
+    several steps' velocity steps, the burst DGC's masking means to stop; an
+    entry sent on consecutive calls moves as in dense SGD, and a dense step
+    masks nothing, so at density 1 (nothing ever waits) it is dense SGD
+    with momentum, bit for bit. Either rule drops the masked velocity's
+    future pushes, about m/(1 − m) of its step: on the short, constant-rate
+    MLP run that damping helps, on the longer CNN run it costs accuracy.
 - Local gradient clipping: each rank's gradient of each corrected
   parameter is scaled to a norm of at most ``local_clip_norm / sqrt(P)``
   before it enters the velocity (the threshold scaled by 1/sqrt(P), as if
@@ -108,6 +117,11 @@ class MomentumCorrection:
         # from this rank (masking), written by the worker thread after the
         # call, read by ``after``; cleared at each step's first bucket.
         self._left = {}
+        # index -> bool mask of the entries still waiting in this rank's
+        # residual after the latest sparse call ("waited" masking): an entry
+        # sent now that was waiting arrives as a burst of several steps'
+        # velocity; one sent on consecutive calls is moved as dense SGD moves it.
+        self._waiting = {}
         self._peek = {}  # group id -> the float32 buffer the host path's residual is read into
         self._optimizer = None  # weakref to the SGD optimizer seen stepping the hook's parameters
         self._group_of = {}  # id(param) -> its parameter group (refreshed when a param is missing)
@@ -257,7 +271,15 @@ class MomentumCorrection:
             self.velocity[i], self._spare[i] = self._spare[i], self.velocity.get(i)
             if self._spare[i] is None:
                 del self._spare[i]
-            if self.masking:
+            if self.masking == "waited":
+                # What left after waiting stops its momentum; a dense step
+                # delivers what waited and masks nothing.
+                left = self._left.pop(i, None)
+                if left is None:
+                    self._waiting.pop(i, None)
+                else:
+                    self.velocity[i].masked_fill_(left.to(self.velocity[i].device), 0.0)
+            elif self.masking:
                 # What left this rank stops its momentum (a dense step: all).
                 left = self._left.pop(i, None)
                 if left is None:
@@ -309,7 +331,13 @@ class MomentumCorrection:
         left = residual == 0
         at = 0
         for i, size in zip(state._layout.groups[group_id], sizes):
-            self._left[i] = left[at : at + size]
+            here = left[at : at + size]
+            if self.masking == "waited":
+                waiting = self._waiting.get(i)
+                self._waiting[i] = ~here
+                # Nothing waited before the first sparse call (or after a dense step).
+                here = here & waiting if waiting is not None and waiting.shape == here.shape else torch.zeros_like(here)
+            self._left[i] = here
             at += size
 
     # -- checkpoints -------------------------------------------------------
@@ -321,12 +349,14 @@ class MomentumCorrection:
         def cpu(t):
             return None if t is None else t.detach().cpu().clone()
 
-        return {i: {"settings": self.settings[i], "velocity": cpu(self.velocity.get(i)), "applied": cpu(self.applied.get(i))}
+        return {i: {"settings": self.settings[i], "velocity": cpu(self.velocity.get(i)), "applied": cpu(self.applied.get(i)),
+                    "waiting": cpu(self._waiting.get(i))}
                 for i in sorted(self.settings)}
 
     def load_state_dict(self, saved):
         self.settings = {int(i): tuple(e["settings"]) for i, e in saved.items()}
         self.velocity = {int(i): e["velocity"] for i, e in saved.items() if e["velocity"] is not None}
         self.applied = {int(i): e["applied"] for i, e in saved.items()}
+        self._waiting = {int(i): e["waiting"] for i, e in saved.items() if e.get("waiting") is not None}
         self._spare, self._handed, self._sample = {}, {}, None
         self._optimizer, self._group_of = None, {}

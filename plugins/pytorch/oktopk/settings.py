@@ -95,8 +95,8 @@ def check_momentum_options(momentum_correction, momentum_masking, local_clip_nor
     ValueError naming the bad one. Both act inside the correction, so each
     needs it on; masking reads which entries left from the residual, where
     a float32 value leaves exactly 0 (a 16-bit one leaves its rounding)."""
-    if not isinstance(momentum_masking, bool):
-        raise ValueError(f"momentum_masking must be True or False, got {momentum_masking!r}")
+    if not isinstance(momentum_masking, bool) and momentum_masking != "waited":
+        raise ValueError(f"momentum_masking must be False, True or \"waited\", got {momentum_masking!r}")
     if local_clip_norm is not None and (not is_real(local_clip_norm) or not 0.0 < local_clip_norm < float("inf")):
         raise ValueError(f"local_clip_norm must be None or a positive finite number, got {local_clip_norm!r}")
     if (momentum_masking or local_clip_norm is not None) and not momentum_correction:
