@@ -76,8 +76,9 @@ func bruckRounds(p, r int, round func(j uint32, d, cnt, to, from int) error) err
 
 // AllgatherEqual gathers a block of the same size from every rank by
 // Bruck's algorithm (bruckRounds), each round's blocks in one message: for
-// the small control messages (histograms, region boundaries) whose cost is
-// latency, not bandwidth.
+// the small control messages (Ok-Topk's histograms and region boundaries,
+// or beyond okTopkGatheredControlMaxP ranks, where those are summed by
+// SumAllreduce, its owners' counts) whose cost is latency, not bandwidth.
 //
 // It returns the blocks in rank order (own block included, not copied). A
 // rank whose block has another size makes the call fail with ErrMismatch.

@@ -259,7 +259,8 @@ const (
 	// allreduce's reduce-scatter (Rabenseifner: fold and recursive halving).
 	PhaseReduce
 	// PhaseGlobalSelect is Ok-Topk's global selection: the histogram
-	// exchange and its refinement rounds, and the cut.
+	// exchange and its refinement rounds, the cut, and (where the
+	// histograms are summed) the owners' counts.
 	PhaseGlobalSelect
 	// PhaseBalance is Ok-Topk's move of the kept entries into P equal
 	// shares.
@@ -350,8 +351,10 @@ type Stats struct {
 	RepartitionMessages int
 
 	// Ok-Topk: the words of BytesSent that went to the global cut's
-	// histogram exchanges (counts, not values), which its cost tests keep
-	// apart from the payload the paper's bounds count.
+	// histogram exchanges and, where the histograms are summed by
+	// allreduce, the owners' counts (counts, not values; all of the
+	// global-select phase), which its cost tests keep apart from the
+	// payload the paper's bounds count.
 	histogramWords int
 }
 

@@ -13,8 +13,10 @@ package core
 //     reused and nudged (SelectByThreshold).
 //  2. Space repartition, every τ calls. Each rank takes the P-quantile
 //     positions of its selected indices; the boundaries are averaged over
-//     the ranks, so each of the P regions holds about k/P selected entries
-//     of every rank. In between the boundaries are reused.
+//     the ranks (summed as integers, then divided by P: gathered and summed
+//     by every rank up to 16 ranks, summed by an allreduce beyond), so
+//     each of the P regions holds about k/P selected entries of every rank.
+//     In between the boundaries are reused.
 //  3. Split and reduce. Rank r owns region r. In step i = 1…P−1 rank r sends
 //     its selected entries of region (r+i) mod P to that rank and receives
 //     region r's entries from rank (r−i) mod P; the rotation spreads the
@@ -26,10 +28,12 @@ package core
 //     region-relative as integers. The dense-gradient call sums into an
 //     array over its region; the sparse-input call merges the sorted index
 //     lists instead, so its cost follows the pairs, not n (same bits).
-//  4. Global selection. The owners allgather histograms of their reduced
+//  4. Global selection. The owners' histograms of their reduced
 //     magnitudes — 80 bins an eighth of an octave wide, centred on the last
-//     global threshold — and every rank cuts the summed histogram at the bin
-//     edge that keeps closest to k entries. When that keeps outside
+//     global threshold — are summed (up to 16 ranks every rank gathers them
+//     all and sums them; beyond, an allreduce sums them), and every rank
+//     cuts the summed histogram at the bin edge that keeps closest to k
+//     entries. When that keeps outside
 //     [3k/4, 5k/4] (entries that only one rank contributed pile up just above
 //     the local thresholds, often in the very bin the cut falls in), the
 //     ranks refine that bin with histograms of 64 sub-bins, round after
@@ -47,9 +51,12 @@ package core
 //     the current call's histogram costs control words instead, but the
 //     global count is near k on every call.
 //  5. Balance, then allgatherv. Every owner's count follows from the
-//     histograms (no separate count exchange); the kept entries, in index
-//     order, are cut into P equal shares and moved to the rank holding that
-//     share; the balanced blocks are allgathered. Every rank now has the
+//     gathered histograms up to 16 ranks; beyond, where the histograms
+//     were summed, the owners allgather their counts (one word each; two
+//     when the cut splits ties, which every rank then splits in owner
+//     order). The kept entries, in index order, are cut into P equal
+//     shares and moved to the rank holding that share; the balanced blocks
+//     are allgathered. Every rank now has the
 //     same sparse global result, divided by P and written densely into the
 //     caller's buffer.
 //  6. Residual (error feedback). residual = acc with exactly the entries
@@ -82,20 +89,36 @@ package core
 // moves the ~k selected entries (2 words each) once, 2k(P−1)/P; step 5's
 // allgatherv 2k(P−1)/P and its balance at most the same again, so at most
 // 6k(P−1)/P, the paper's bound (the lower bound of any sparse allreduce is
-// 2k(P−1)/P). Control, beside it: the histogram allgather, 81(P−1) words
-// (80 counts and the NaN flag), and 64(P−1) per refinement round (at most
-// 4 rounds for an eighth-octave bin, 6 for the open-ended end bins; usually
-// none or one). Every τ calls the repartition allgathers P+1 boundaries of
-// 2 words, 2(P+1)(P−1); every τ′ calls the exact cut takes up to 6
-// refinement rounds. Latency: (P−1)α for split-and-reduce, about α for the
-// balance (its few messages go out at once); every allgather — the
-// histograms, each refinement round, the repartition's boundaries, and step
-// 5's balanced shares — is one round up to P = 16, each rank sending its
-// block straight to every other (AllgatherDirect: P−1 messages at once),
-// and beyond that Bruck's algorithm in ⌈log₂ P⌉ rounds (AllgatherEqual,
-// AllgathervBruck; okTopkDirectMaxP). So about (P + 3)α per reuse call with
-// one refinement round up to 16 ranks, Pα + 3⌈log₂ P⌉α beyond: within the
-// paper's (2P + 2 log P)α either way.
+// 2k(P−1)/P). Control, beside it, up to 16 ranks (okTopkGatheredControlMaxP),
+// where every rank gathers every rank's vectors: the histograms, 81(P−1)
+// words (80 counts and the NaN flag), and 64(P−1) per refinement round (at
+// most 4 rounds for an eighth-octave bin, 6 for the open-ended end bins;
+// usually none or one); every τ calls the repartition's P+1 boundaries of
+// 2 words, 2(P+1)(P−1). Beyond 16 ranks each of these is an allreduce
+// (SumAllreduce: recursive halving, then doubling; P′ the largest power of
+// two ≤ P): the histograms 2·81(P′−1)/P′ words per rank on average (≈ 162),
+// each refinement round 2·64(P′−1)/P′ (≈ 128), the repartition
+// 2·2(P+1)(P′−1)/P′ (≈ 4(P+1)), a rank's share within a word per round of
+// that average, and a rank folded in or out (P not a power of two) sending
+// the vector once more; step 5 then needs the owners' counts, an allgather
+// of one word per owner, P−1 (2(P−1) when the cut splits ties). So a reuse
+// call's control is about 162 + (P−1) words instead of 81(P−1): 1.2k
+// instead of 82.9k at P = 1,024, the repartition 4.1k instead of 2.1M.
+// Every τ′ calls the exact cut takes up to 6 refinement rounds.
+//
+// Latency: (P−1)α for split-and-reduce, about α for the balance (its few
+// messages go out at once). Up to P = 16 every allgather — the histograms,
+// each refinement round, the repartition's boundaries, and step 5's
+// balanced shares — is one round, each rank sending its block straight to
+// every other (AllgatherDirect: P−1 messages at once): about (P + 3)α per
+// reuse call with one refinement round. Beyond, the shares and the counts
+// are allgathered by Bruck's algorithm in ⌈log₂ P⌉ rounds (AllgatherEqual,
+// AllgathervBruck; okTopkDirectMaxP) and the histograms, each refinement
+// round and the boundaries are allreduces of 2⌊log₂ P⌋ rounds (+2 when P
+// is not a power of two): Pα + (4⌊log₂ P⌋ + 2⌈log₂ P⌉)α per reuse call
+// with one refinement round, ⌊log₂ P⌋ rounds more per allreduce than the
+// allgathers of every rank's vector took, for words that do not grow with
+// P. Both within the paper's (2P + 2 log P)α.
 
 import (
 	"context"
@@ -110,6 +133,7 @@ const (
 	stepRepartition uint32 = 0 << 20
 	stepSplit       uint32 = 1 << 20
 	stepHistograms  uint32 = 2 << 20
+	stepCounts      uint32 = 3 << 20 // the owners' counts, when the histograms were summed
 	stepBalance     uint32 = 4 << 20
 	stepAllgather   uint32 = 5 << 20
 	stepRefine      uint32 = 6 << 20 // P steps per refinement round
@@ -157,6 +181,22 @@ type okTopkScratch struct {
 // benchmark does not reach) a rank's P−1 messages grow past the rounds
 // saved, and Bruck's algorithm gathers.
 const okTopkDirectMaxP = 16
+
+// okTopkGatheredControlMaxP is the most ranks for which Ok-Topk's control
+// exchanges — the global cut's histograms and refinement rounds, and the
+// repartition's boundaries — allgather every rank's vector (in one direct
+// round up to okTopkDirectMaxP ranks), so that every rank sums them itself
+// and has every owner's count for step 5. Beyond it they are allreduces
+// (SumAllreduce: recursive halving and doubling), whose words per rank do
+// not grow with P, in 2⌊log₂ P⌋ rounds (+2 when P is not a power of two)
+// instead of one round or ⌈log₂ P⌉; step 5 then allgathers the owners'
+// counts, one word each (two when the cut splits ties). A variable so that
+// tests can run either form at any P; the two give the same results.
+var okTopkGatheredControlMaxP = okTopkDirectMaxP
+
+// okTopkSumsControl says whether a call over p ranks sums its control
+// vectors by allreduce (okTopkGatheredControlMaxP).
+func okTopkSumsControl(p int) bool { return p > okTopkGatheredControlMaxP }
 
 func okTopkGatherEqual(ctx context.Context, call *Call, step uint32, own []byte) ([][]byte, error) {
 	if call.Size() <= okTopkDirectMaxP {
@@ -351,7 +391,10 @@ func repartitionIfDue(ctx context.Context, call *Call, st *TensorState, local Sp
 
 // repartition computes region boundaries from the P-quantile positions of
 // every rank's selected indices, averaged over the ranks with integer
-// arithmetic so that every rank gets the same boundaries.
+// arithmetic (the sum over ranks, exact, divided by P) so that every rank
+// gets the same boundaries. Up to okTopkGatheredControlMaxP ranks every
+// rank gathers every rank's quantiles and sums them; beyond, the sums are
+// one SumAllreduce of P+1 64-bit integers. Same sums, same boundaries.
 func repartition(ctx context.Context, call *Call, local Sparse, n int) ([]uint32, error) {
 	p := call.Size()
 	quantiles := make([]uint64, p+1)
@@ -365,22 +408,36 @@ func repartition(ctx context.Context, call *Call, local Sparse, n int) ([]uint32
 			quantiles[j] = uint64(local.Idx[j*local.Len()/p])
 		}
 	}
-	payload := make([]byte, 8*(p+1))
-	for j, q := range quantiles {
-		binary.LittleEndian.PutUint64(payload[8*j:], q)
-	}
-	blocks, err := okTopkGatherEqual(ctx, call, stepRepartition, payload)
-	if err != nil {
-		return nil, err
-	}
 	sum := make([]uint64, p+1)
-	for r, b := range blocks {
-		for j := range sum {
-			q := binary.LittleEndian.Uint64(b[8*j:])
-			if q > uint64(n) {
-				return nil, fmt.Errorf("%w: rank %d's region boundary %d exceeds n=%d (different tensor sizes?)", ErrMismatch, r, q, n)
+	if okTopkSumsControl(p) {
+		copy(sum, quantiles)
+		if err := SumAllreduce(ctx, call, stepRepartition, sum); err != nil {
+			return nil, err
+		}
+		for j, s := range sum {
+			// Every rank's quantile is at most its n: a larger sum means
+			// another rank's n is larger than this one's.
+			if s > uint64(p)*uint64(n) {
+				return nil, fmt.Errorf("%w: region boundary %d summed over the ranks is %d, above P·n = %d (different tensor sizes?)", ErrMismatch, j, s, uint64(p)*uint64(n))
 			}
-			sum[j] += q
+		}
+	} else {
+		payload := make([]byte, 8*(p+1))
+		for j, q := range quantiles {
+			binary.LittleEndian.PutUint64(payload[8*j:], q)
+		}
+		blocks, err := okTopkGatherEqual(ctx, call, stepRepartition, payload)
+		if err != nil {
+			return nil, err
+		}
+		for r, b := range blocks {
+			for j := range sum {
+				q := binary.LittleEndian.Uint64(b[8*j:])
+				if q > uint64(n) {
+					return nil, fmt.Errorf("%w: rank %d's region boundary %d exceeds n=%d (different tensor sizes?)", ErrMismatch, r, q, n)
+				}
+				sum[j] += q
+			}
 		}
 	}
 	bounds := make([]uint32, p+1)
@@ -424,7 +481,10 @@ func okTopkSparseInput(ctx context.Context, call *Call, n int, in Sparse, k int)
 // reduce (P−1 rounds), histograms, one refinement round, balance,
 // allgatherv; a repartition every τ calls and a few more refinement rounds
 // for the exact cut every τ′. Each allgather is one round up to
-// okTopkDirectMaxP ranks, Bruck's ⌈log₂ P⌉ above. At density 1: its NaN
+// okTopkDirectMaxP ranks, Bruck's ⌈log₂ P⌉ above; beyond
+// okTopkGatheredControlMaxP the histograms, refinement rounds and
+// boundaries are allreduces (2⌊log₂ P⌋ rounds, +2 when P is not a power of
+// two) and the owners' counts an allgather. At density 1: its NaN
 // agreement, then a dense ring.
 func okTopkCost(s callShape, cfg Config, sparseInput bool) costTerms {
 	if s.k == s.n && !sparseInput {
@@ -437,9 +497,23 @@ func okTopkCost(s callShape, cfg Config, sparseInput bool) costTerms {
 	if s.p <= okTopkDirectMaxP {
 		g = 1
 	}
+	payload := mul(okTopkReuseVolume*8*s.K, s.f)
+	if okTopkSumsControl(s.p) {
+		// Allreduces of 81 and 64 counts and of P+1 boundaries, then the
+		// counts' allgather of a word per owner.
+		a := 2*s.Lp + 2*s.fold
+		share, fold := (s.Pp-1)/s.Pp, s.fold
+		return costTerms{
+			rounds: s.P - 1 + 2*a + 2*g + 1 + a/tau + 4*a/tauPrime,
+			bytes: payload + mul(4*(81+64), 2*share+fold) + mul(4, s.P-1) +
+				mul(8*(s.P+1), 2*share+fold)/tau,
+			passes:  okTopkPasses + 3/s.P + 1.6/tauPrime,
+			entries: 3 * s.K,
+		}
+	}
 	return costTerms{
 		rounds: s.P - 1 + 3*g + 1 + g/tau + 4*g/tauPrime,
-		bytes: mul(okTopkReuseVolume*8*s.K, s.f) + mul(4*(81+64), s.P-1) +
+		bytes: payload + mul(4*(81+64), s.P-1) +
 			mul(16*(s.P+1), s.P-1)/tau,
 		passes:  okTopkPasses + 3/s.P + 1.6/tauPrime,
 		entries: 3 * s.K,

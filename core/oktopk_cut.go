@@ -1,12 +1,17 @@
 package core
 
-// Ok-Topk step 4, the global selection: the owners allgather histograms of
-// their reduced magnitudes, and every rank cuts the summed histogram where
-// it keeps closest to k entries, refining the boundary bin when the coarse
-// cut keeps too few or too many (and on exact calls until exactly k stay,
-// ties split in index order). Every rank computes the same cut from the
-// same histograms, so every owner keeps what the others expect. Step 4's
-// costs are in oktopk.go's opening comment.
+// Ok-Topk step 4, the global selection: the owners' histograms of their
+// reduced magnitudes are summed — allgathered and summed by every rank up
+// to okTopkGatheredControlMaxP ranks, summed by an allreduce beyond — and
+// every rank cuts the summed histogram where it keeps closest to k
+// entries, refining the boundary bin when the coarse cut keeps too few or
+// too many (and on exact calls until exactly k stay, ties split in index
+// order). Every rank computes the same cut from the same sums (integers:
+// exact in any order), so every owner keeps what the others expect. Step
+// 5 needs every owner's count: from the gathered histograms, or, when they
+// were summed, from an allgather of the counts (with each owner's ties
+// when the cut splits them). Step 4's costs are in oktopk.go's opening
+// comment.
 
 import (
 	"context"
@@ -22,7 +27,8 @@ func globalSelection(ctx context.Context, call *Call, st *TensorState, reduced S
 	call.Phase(PhaseGlobalSelect)
 	sc := call.okTopkScratch(st)
 	base := histogramBase(st.GlobalThreshold)
-	hists, anyNonFinite, err := exchangeHistograms(ctx, call, reduced, base, nonFinite)
+	summed := okTopkSumsControl(call.Size())
+	hists, anyNonFinite, err := exchangeHistograms(ctx, call, reduced, base, nonFinite, summed)
 	if err != nil {
 		return Sparse{}, false, err
 	}
@@ -35,10 +41,16 @@ func globalSelection(ctx context.Context, call *Call, st *TensorState, reduced S
 	// exactly the k largest stay (an exact call: the exact global top-k,
 	// ties to the lower index, for a few histogram rounds instead of
 	// gathering every owner's candidates). Every rank computes the same
-	// cut, and every owner's count, from the same histograms.
-	cut, err := chooseGlobalCut(ctx, call, reduced, hists, base, k, exact)
+	// cut, and every owner's count, from the same histograms; summed
+	// histograms leave the counts to an exchange of their own.
+	cut, err := chooseGlobalCut(ctx, call, reduced, hists, base, k, exact, summed)
 	if err != nil {
 		return Sparse{}, false, err
+	}
+	if summed {
+		if cut, err = exchangeCounts(ctx, call, reduced, cut, k); err != nil {
+			return Sparse{}, false, err
+		}
 	}
 	sc.kept = cut.keep(sc.kept, reduced, call.Rank())
 	call.Stats.Kept = sc.kept.Len()
@@ -139,6 +151,10 @@ type globalCut struct {
 	edge   uint64
 	quota  []int
 	counts []int // entries each owner keeps
+
+	// From summed histograms (counts nil until exchangeCounts): the cut
+	// keeps key edge−1's ties up to k in owner order, quota unknown yet.
+	splitsTies bool
 }
 
 // keep returns the entries of reduced the cut keeps on owner, in dst's
@@ -178,15 +194,25 @@ func (c globalCut) threshold() float32 {
 // down to a single key if need be, whose ties are then split by owner
 // order. So a reuse call keeps within the window or exactly k entries,
 // unless fewer than k were reduced at all (then it keeps them all).
-func chooseGlobalCut(ctx context.Context, call *Call, reduced Sparse, hists [][histogramBins]uint32, base, k int, exact bool) (globalCut, error) {
+//
+// With summed (hists and every refinement round one row, the sum over the
+// owners) the decisions are the same, as they depend on the totals only,
+// but the owners' counts and tie quotas are left to exchangeCounts.
+func chooseGlobalCut(ctx context.Context, call *Call, reduced Sparse, hists [][histogramBins]uint32, base, k int, exact, summed bool) (globalCut, error) {
 	p := len(hists)
 	acceptable := func(total, k int) bool { return total == k || !exact && acceptableCount(total, k) }
+	cutAt := func(edge uint64, counts []int) globalCut {
+		if summed {
+			return globalCut{edge: edge}
+		}
+		return globalCut{edge: edge, counts: counts}
+	}
 	coarse := func(o, b int) int { return int(hists[o][b]) }
-	above := make([]int, p) // per owner, entries above the bin being refined
+	above := make([]int, p) // per owner (summed: in all), entries above the bin being refined
 	totals := cumulativeTotals(coarse, p, histogramBins, 0)
 	best := closestTo(totals, k)
 	if acceptable(totals[best], k) || totals[0] < k {
-		return globalCut{edge: binLow(base, best), counts: ownerCounts(above, coarse, best, histogramBins)}, nil
+		return cutAt(binLow(base, best), ownerCounts(above, coarse, best, histogramBins)), nil
 	}
 	// The k-th largest lies in the highest bin from which on at least k
 	// entries are reduced; narrow it.
@@ -194,7 +220,7 @@ func chooseGlobalCut(ctx context.Context, call *Call, reduced Sparse, hists [][h
 	above = ownerCounts(above, coarse, b+1, histogramBins)
 	lo, hi := binLow(base, b), binLow(base, b+1)
 	for round := uint32(0); ; round++ {
-		sub, err := exchangeRefinement(ctx, call, stepRefine+round*AllgatherSteps(p), reduced, lo, hi)
+		sub, err := exchangeRefinement(ctx, call, stepRefine+round*refineSteps(call.Size(), summed), reduced, lo, hi, summed)
 		if err != nil {
 			return globalCut{}, err
 		}
@@ -206,7 +232,7 @@ func chooseGlobalCut(ctx context.Context, call *Call, reduced Sparse, hists [][h
 		totals := cumulativeTotals(fine, p, refineBins, aboveTotal)
 		best := closestTo(totals, k)
 		if acceptable(totals[best], k) {
-			return globalCut{edge: subLow(lo, hi, best), counts: ownerCounts(above, fine, best, refineBins)}, nil
+			return cutAt(subLow(lo, hi, best), ownerCounts(above, fine, best, refineBins)), nil
 		}
 		s := boundary(totals, k)
 		above = ownerCounts(above, fine, s+1, refineBins)
@@ -214,6 +240,9 @@ func chooseGlobalCut(ctx context.Context, call *Call, reduced Sparse, hists [][h
 		if hi-lo == 1 {
 			// One key left: keep everything above it and split its
 			// ties by owner order, so exactly k are kept.
+			if summed {
+				return globalCut{edge: lo + 1, splitsTies: true}, nil
+			}
 			ties := make([]int, p)
 			for o := range ties {
 				ties[o] = fine(o, s)
@@ -306,22 +335,38 @@ func abs(x int) int {
 	return x
 }
 
-// exchangeHistograms allgathers every owner's histogram and non-finite flag.
-func exchangeHistograms(ctx context.Context, call *Call, reduced Sparse, base int, nonFinite bool) ([][histogramBins]uint32, bool, error) {
-	var mine [histogramBins]uint32
+// refineSteps is the step numbers a refinement round uses, over p ranks.
+func refineSteps(p int, summed bool) uint32 {
+	if summed {
+		return SumAllreduceSteps(p)
+	}
+	return AllgatherSteps(p)
+}
+
+// exchangeHistograms exchanges every owner's histogram and non-finite
+// flag: gathered, one row per owner, or (summed) one row, their sum, from
+// one SumAllreduce of 81 counts (the flags summed into the last).
+func exchangeHistograms(ctx context.Context, call *Call, reduced Sparse, base int, nonFinite, summed bool) ([][histogramBins]uint32, bool, error) {
+	var mine [histogramBins + 1]uint32
 	for _, v := range reduced.Val {
 		mine[histogramBin(v, base)]++
+	}
+	if nonFinite {
+		mine[histogramBins] = 1
+	}
+	sent := call.Stats.BytesSent
+	defer func() { call.Stats.histogramWords += int(call.Stats.BytesSent-sent) / 4 }()
+	if summed {
+		if err := SumAllreduce(ctx, call, stepHistograms, mine[:]); err != nil {
+			return nil, false, err
+		}
+		return [][histogramBins]uint32{[histogramBins]uint32(mine[:histogramBins])}, mine[histogramBins] != 0, nil
 	}
 	payload := make([]byte, 4*(histogramBins+1))
 	for b, c := range mine {
 		binary.LittleEndian.PutUint32(payload[4*b:], c)
 	}
-	if nonFinite {
-		payload[4*histogramBins] = 1
-	}
-	sent := call.Stats.BytesSent
 	blocks, err := okTopkGatherEqual(ctx, call, stepHistograms, payload)
-	call.Stats.histogramWords += int(call.Stats.BytesSent-sent) / 4
 	if err != nil {
 		return nil, false, err
 	}
@@ -336,22 +381,29 @@ func exchangeHistograms(ctx context.Context, call *Call, reduced Sparse, base in
 	return hists, anyNonFinite, nil
 }
 
-// exchangeRefinement allgathers every owner's histogram of its reduced
-// entries with keys in [lo, hi), refineBins sub-bins.
-func exchangeRefinement(ctx context.Context, call *Call, step uint32, reduced Sparse, lo, hi uint64) ([][refineBins]uint32, error) {
+// exchangeRefinement exchanges every owner's histogram of its reduced
+// entries with keys in [lo, hi), refineBins sub-bins: gathered, one row per
+// owner, or (summed) their sum by SumAllreduce, one row.
+func exchangeRefinement(ctx context.Context, call *Call, step uint32, reduced Sparse, lo, hi uint64, summed bool) ([][refineBins]uint32, error) {
 	var mine [refineBins]uint32
 	for _, v := range reduced.Val {
 		if key := magnitudeKey(v); key >= lo && key < hi {
 			mine[subBin(key, lo, hi)]++
 		}
 	}
+	sent := call.Stats.BytesSent
+	defer func() { call.Stats.histogramWords += int(call.Stats.BytesSent-sent) / 4 }()
+	if summed {
+		if err := SumAllreduce(ctx, call, step, mine[:]); err != nil {
+			return nil, err
+		}
+		return [][refineBins]uint32{mine}, nil
+	}
 	payload := make([]byte, 4*refineBins)
 	for b, c := range mine {
 		binary.LittleEndian.PutUint32(payload[4*b:], c)
 	}
-	sent := call.Stats.BytesSent
 	blocks, err := okTopkGatherEqual(ctx, call, step, payload)
-	call.Stats.histogramWords += int(call.Stats.BytesSent-sent) / 4
 	if err != nil {
 		return nil, err
 	}
@@ -362,4 +414,48 @@ func exchangeRefinement(ctx context.Context, call *Call, step uint32, reduced Sp
 		}
 	}
 	return hists, nil
+}
+
+// exchangeCounts completes a cut chosen from summed histograms: every owner
+// announces how many of its reduced entries the cut keeps (an allgather of
+// one word per owner), or, when the cut splits the ties of key edge−1, how
+// many lie above that key and how many at it (two words), from which every
+// rank splits the ties in owner order as splitTies does for gathered
+// histograms. Every rank gets every owner's count, which step 5 needs.
+func exchangeCounts(ctx context.Context, call *Call, reduced Sparse, cut globalCut, k int) (globalCut, error) {
+	above, ties := 0, 0
+	for _, v := range reduced.Val {
+		switch key := magnitudeKey(v); {
+		case key >= cut.edge:
+			above++
+		case cut.splitsTies && key+1 == cut.edge:
+			ties++
+		}
+	}
+	width := 1
+	if cut.splitsTies {
+		width = 2
+	}
+	payload := binary.LittleEndian.AppendUint32(make([]byte, 0, 4*width), uint32(above))
+	if cut.splitsTies {
+		payload = binary.LittleEndian.AppendUint32(payload, uint32(ties))
+	}
+	sent := call.Stats.BytesSent
+	blocks, err := okTopkGatherEqual(ctx, call, stepCounts, payload)
+	call.Stats.histogramWords += int(call.Stats.BytesSent-sent) / 4
+	if err != nil {
+		return globalCut{}, err
+	}
+	aboves, tiesOf := make([]int, len(blocks)), make([]int, len(blocks))
+	for o, b := range blocks {
+		aboves[o] = int(binary.LittleEndian.Uint32(b))
+		if cut.splitsTies {
+			tiesOf[o] = int(binary.LittleEndian.Uint32(b[4:]))
+		}
+	}
+	if cut.splitsTies {
+		return splitTies(cut.edge-1, aboves, tiesOf, k), nil
+	}
+	cut.counts = aboves
+	return cut, nil
 }

@@ -195,8 +195,8 @@ func runRanks(in *input, p int, alg core.Algorithm, cfg core.Config, calls int, 
 // Ok-Topk, "repartition" is step 2's boundaries (counted by core inside
 // the reduce phase), "split" is the reduce phase without them, "payload"
 // is what the paper's bounds count (split, balance, allgather) and
-// "control" the rest (repartition, the global cut's histograms, the
-// baselines' NaN agreement).
+// "control" the rest (repartition, the global cut's histograms and,
+// beyond 16 ranks, the owners' counts, the baselines' NaN agreement).
 var extraRows = []string{"repartition", "split", "payload", "control", "total"}
 
 type counts struct{ sent, msgs, recvd []float64 }
@@ -571,7 +571,7 @@ func (rp *report) markdown(calls int, took time.Duration) string {
 
 	fmt.Fprintf(&b, "\n### Ok-Topk: payload words per rank against the bounds\n\n")
 	fmt.Fprintf(&b, "Payload is what the bounds count (split-and-reduce, balance, allgatherv); control is the repartition's "+
-		"boundaries and the global cut's histograms. ÷LB is the median over ranks of the median call ÷ 2k(P−1)/P; ≤6k says "+
+		"boundaries and the global cut's histograms (with, beyond 16 ranks, the owners' counts). ÷LB is the median over ranks of the median call ÷ 2k(P−1)/P; ≤6k says "+
 		"whether the largest payload of any rank in any call stays within 6k(P−1)/P.\n\n")
 	fmt.Fprintf(&b, "| input | P | k | payload median | ÷LB | payload max (median call) | max, any call | ≤6k | control max | total max | messages median / max | run s |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, in := range inputs {
