@@ -1,6 +1,7 @@
 """The state of the DDP hook (``oktopk.hook``) and of the FSDP2
-registration (``oktopk.fsdp``): their settings, where the run stands, and
-its checkpoint (``state_dict``, and pickling).
+registration (``oktopk.fsdp``): their settings and where the run stands.
+Its checkpoint (``state_dict``, and pickling) is made and checked in
+``oktopk.checkpoint``.
 
 ``OkTopkState`` keeps the module name ``oktopk.ddp``, where it was defined
 first and from where it is still imported: pickles and ``torch.load``
@@ -10,20 +11,16 @@ older one.
 
 import inspect
 
-import torch.distributed as dist
-
 from .adaptive import AdaptiveControl
-from .choice import BF16, DEFAULT_MARGIN, DEFAULT_RECHECK_EVERY, PATHS, SPARSE, StepChoice, check_choice, check_dense_compression
-from .quantized import QuantizedGroup
+from . import checkpoint
+from .choice import BF16, DEFAULT_MARGIN, DEFAULT_RECHECK_EVERY, SPARSE, StepChoice, check_choice, check_dense_compression
 from . import device as device_path_
 from .layout import BucketLayout
 from .momentum import MomentumCorrection
 from .optimizers import OptimizerWatch
 from .path_native import BucketGrads
-from .path_sparse import save_groups
 from .reducer import Reducer, ReducerStats, StepFolds
-from .schedule import check_schedule
-from .settings import DEFAULT_WARMUP_ITERS, DEFAULTS, check_checksum, check_momentum_options, check_settings, check_warmup_iters, with_checksum
+from .settings import DEFAULT_WARMUP_ITERS, DEFAULTS, check_momentum_options, check_settings, check_warmup_iters
 
 
 class OkTopkState(ReducerStats):
@@ -103,9 +100,11 @@ class OkTopkState(ReducerStats):
         optimizer's momentum acts on the sparse average (measured: the demo's
         MLP swings and ends lower, results/sgd.md).
     :param momentum_masking: with the correction, DGC's momentum factor
-        masking (default False): zero this rank's velocity where its entry
-        was sent (every entry on a dense step: at density 1 this is SGD
-        without momentum). float32 values only (``oktopk.momentum``).
+        masking (default False): True zeroes this rank's velocity where its
+        entry was sent (every entry on a dense step: at density 1 this is
+        SGD without momentum); "waited" only where an entry was sent after
+        waiting in the residual (at density 1 nothing waits: dense SGD).
+        float32 values only (``oktopk.momentum``, results/sgd.md).
     :param local_clip_norm: with the correction, DGC's local gradient
         clipping (default None: off): each rank's gradient of each corrected
         parameter is clipped to norm ``local_clip_norm / sqrt(P)`` before it
@@ -312,40 +311,12 @@ class OkTopkState(ReducerStats):
     def recheck_every(self):
         return None if self._choice is None else self._choice.recheck_every
 
-    # -- which rank a checkpoint belongs to ---------------------------------
-
-    def _placement(self):
-        """(rank, world size) of this process in the state's group, or None
-        before the process group exists."""
-        if not dist.is_available() or not dist.is_initialized():
-            return None
-        return dist.get_rank(self.process_group), dist.get_world_size(self.process_group)
+    # -- checkpointing (oktopk.checkpoint: what a checkpoint holds, and why) --
 
     def _check_owner(self):
-        """Refuse a checkpoint of another rank or world size: its residuals
-        are another rank's unsent gradients, or a partition among another
-        number of ranks. Loaded anyway it would make the run drift, or fail
-        at the first sparse step."""
-        here = self._placement()
-        if self._owner is None or here is None:
-            return
-        (rank, size), (saved_rank, saved_size) = here, self._owner
-        if saved_size != size:
-            raise ValueError(
-                f"oktopk: this OkTopkState checkpoint was saved by a run of {saved_size} ranks, and this run has {size}: "
-                f"each rank's residuals are its own and cannot be repartitioned. Resume with {saved_size} ranks, or do "
-                f"not load the oktopk state (load only the model and optimizer) and its residuals start afresh."
-            )
-        if saved_rank != rank:
-            raise ValueError(
-                f"oktopk: this OkTopkState checkpoint belongs to rank {saved_rank}, and this process is rank {rank} of "
-                f"{size}: each rank keeps its own residuals and must load its own state. Save every rank's state_dict() "
-                f"(e.g. to a file named with dist.get_rank()), or collect them on rank 0 with dist.gather_object, and "
-                f"load on each rank the state of that rank."
-            )
-        self._owner = None  # checked
-
-    # -- checkpointing -----------------------------------------------------
+        """Refuse a checkpoint of another rank or world size
+        (``oktopk.checkpoint.check_owner``)."""
+        checkpoint.check_owner(self)
 
     def state_dict(self):
         """Iteration counter, the parameter groups residuals are kept in,
@@ -353,40 +324,7 @@ class OkTopkState(ReducerStats):
         they belong to, so a resumed run continues where this one stopped
         (also into DDP's initial bucket layout), and a checksum of it all.
         Every rank saves its own."""
-        return with_checksum(self._checkpoint())
-
-    def _checkpoint(self):
-        self._folds.settle()  # a step skipped for a NaN left its residuals as they were
-        tensors = dict(self._pending_state)
-        comm = self._reducer.comm
-        if comm is not None:
-            self._reducer.drain()  # after every queued bucket
-            tensors.update(save_groups(comm, self._device_groups, self._layout.groups))
-        rank, size = self._placement() or self._owner or (None, None)
-        return {
-            "iter": self.iter,
-            "density": self.density,
-            "density_schedule": self.density_schedule,
-            "adaptive": self._reducer.adaptive_state(self.measure_xi_every),
-            "algorithm": self.algorithm,
-            "tensors": tensors,
-            "layout": self._layout.state_dict(),
-            "rank": rank,
-            "world_size": size,
-            "choice": None if self._choice is None else self._choice.state_dict(),
-            "residual_groups": sorted(self._residual_groups),
-            "quantized": {group_id: group.state_dict() for group_id, group in self._quantized.items()},
-            "momentum": {} if self._momentum is None else self._momentum.state_dict(),
-            # The Adam-family optimizer seen stepping the parameters: the
-            # measured choice agrees on it at the first step after the
-            # warm-up, before a process resumed from the end of the warm-up
-            # has seen its optimizer step.
-            "optimizer_seen": self._optimizers.seen,
-            # Whether the communicator was alive, and the path of the step
-            # just run: whether the next step still has it (oktopk.step).
-            "communicator": comm is not None,
-            "path": self._path,
-        }
+        return checkpoint.state_dict(self)
 
     def load_state_dict(self, state):
         """Restore a state_dict() saved by this same rank of a run of the same
@@ -394,60 +332,7 @@ class OkTopkState(ReducerStats):
         or at the first sparse step when the process group does not exist
         yet), saying what to do; so does one whose checksum fails (a
         field or byte changed since it was saved)."""
-        check_checksum(state, "OkTopkState")
-        if state.get("algorithm", self.algorithm) != self.algorithm:
-            def named(a):
-                return "the measured choice (algorithm=None)" if a is None else f"algorithm {a!r}"
-            raise ValueError(f"checkpoint was made with {named(state['algorithm'])}, this state uses {named(self.algorithm)}: "
-                             f"make the state with the checkpoint's algorithm")
-        # The schedule is part of the run: a resumed run continues the saved
-        # one (a checkpoint from before schedules existed keeps this state's).
-        schedule = check_schedule(state["density_schedule"], self.density) if "density_schedule" in state else self.density_schedule
-        previous = self._owner
-        self._owner = None if state.get("world_size") is None else (int(state["rank"]), int(state["world_size"]))
-        try:
-            self._check_owner()
-        except ValueError:
-            self._owner = previous
-            raise
-        self.iter = int(state["iter"])
-        self.density_schedule = schedule
-        # So is the adaptation: where it stood, under the saved bounds.
-        if state.get("adaptive") is not None:
-            self.measure_xi_every = self._reducer.load_adaptive(state["adaptive"], self.density, self.tau_prime)
-            self.adaptive = self._reducer.adaptive.bounds
-        if self._choice is not None and state.get("choice") is not None:
-            self._choice.load_state_dict(state["choice"])
-        if self._choice is not None and state.get("optimizer_seen") is not None and self._optimizers.seen is None:
-            # As the run that saved it had seen it (a named algorithm only
-            # warns of one: a resumed process warns again).
-            self._optimizers.seen = str(state["optimizer_seen"])
-        self._quantized = {int(k): QuantizedGroup.from_state_dict(v) for k, v in state.get("quantized", {}).items()}
-        if self._momentum is not None:
-            self._momentum.load_state_dict(state.get("momentum", {}))
-        # A checkpoint from before the choice existed: every group may hold a residual.
-        self._residual_groups = set(state.get("residual_groups", state.get("tensors", {}).keys()))
-        tensors = dict(state.get("tensors", {}))
-        self._layout.load_state_dict(state.get("layout", {}))
-        # What decides the collectives may have changed (iter, layout, the
-        # choice): the next step begins with the ranks' agreement again.
-        self._agreement_steps = max(self._agreement_steps, 1)
-        if self._reducer.comm is not None:
-            for bucket_id, blob in tensors.items():
-                self._reducer.comm.load_tensor_state(bucket_id, blob)
-                self._device_groups.pop(bucket_id, None)
-            self._library_groups |= set(tensors)
-        else:
-            self._pending_state = tensors
-        if self._choice is not None:
-            self._choice.resume_timing()  # last: the saved step's time goes on from here
-            # Saved before these fields were: as before, the residuals wait
-            # for the next sparse step.
-            saved_path = state.get("path", SPARSE)
-            if saved_path not in PATHS:
-                raise ValueError(f"oktopk: this checkpoint's step took the path {saved_path!r}, which this version does not know")
-            alive = bool(state.get("communicator")) and self._reducer.comm is None
-            self._communicator_at_load = saved_path if alive else None
+        checkpoint.load_state_dict(self, state)
 
     def __repr__(self):
         """OkTopkState(...) naming only the settings that differ from their
@@ -465,37 +350,11 @@ class OkTopkState(ReducerStats):
         return "OkTopkState(" + ", ".join(f"{name}={value!r}" for name, value in values.items() if value != defaults[name]) + ")"
 
     def __getstate__(self):
-        return with_checksum(self._checkpoint() | {
-            "warmup_iters": self.warmup_iters,
-            "tau": self.tau,
-            "tau_prime": self.tau_prime,
-            "timeout": self.timeout,
-            "value_dtype": self.value_dtype,
-            "stochastic_rounding": self.stochastic_rounding,
-            "measure_xi_every": self.measure_xi_every,
-            "device_path": self.device_path,
-            "dense_compression": self.dense_compression,
-            "grads_as_bucket_views": self.grads_as_bucket_views,
-            "momentum_correction": self.momentum_correction,
-            "momentum_masking": self.momentum_masking,
-            "local_clip_norm": self.local_clip_norm,
-        })
+        return checkpoint.pickled(self)
 
     def __setstate__(self, state):
-        check_checksum(state, "OkTopkState")  # before its fields make the state
-        saved_choice = state.get("choice")
-        # A state pickled before warm-ups of 1 were refused: its iterations
-        # past the warm-up are unaffected by the longer one.
-        warmup_iters = max(state["warmup_iters"], 2)
-        OkTopkState.__init__(self, None, state["density"], state["algorithm"], warmup_iters, state["tau"], state["tau_prime"], state["timeout"],
-                             state.get("value_dtype", DEFAULTS.value_dtype), state.get("stochastic_rounding", DEFAULTS.stochastic_rounding),
-                             state.get("density_schedule"), state.get("measure_xi_every"),
-                             None if state.get("adaptive") is None else state["adaptive"]["bounds"],
-                             *((saved_choice["margin"], saved_choice["recheck_every"]) if saved_choice else ()),
-                             device_path=state.get("device_path"), dense_compression=state.get("dense_compression", BF16),
-                             grads_as_bucket_views=state.get("grads_as_bucket_views", True),
-                             momentum_correction=state.get("momentum_correction", True),
-                             momentum_masking=state.get("momentum_masking", False), local_clip_norm=state.get("local_clip_norm"))
+        args, kwargs = checkpoint.constructor_arguments(state)
+        OkTopkState.__init__(self, *args, **kwargs)
         self.load_state_dict(state)
 
     def close(self):

@@ -1,0 +1,212 @@
+"""The checkpoint of an ``OkTopkState`` (``oktopk.state``): what its
+``state_dict()`` and its pickle hold, and the checks a load makes.
+
+A checkpoint holds what a resumed run needs to continue the same run rather
+than start a similar one:
+
+- where the run stands: ``iter``, which the warm-up and the density
+  schedule follow, and the schedule itself and the adaptation's position
+  (``adaptive``), which are part of the run, not of the settings;
+- what is waiting to be sent: each group's residual and thresholds
+  (``tensors``, from the library or the device path's groups), the
+  QUANTIZED path's residuals (``quantized``), the momentum correction's
+  velocities (``momentum``), and which groups may hold a residual
+  (``residual_groups``) so that a native step folds them in first;
+- the layout those are kept in (``layout``), including DDP's initial bucket
+  layout, so that a run resumed at any step after the warm-up finds it;
+- the measured choice's position (``choice``, its step under way included),
+  the Adam-family optimizer seen (``optimizer_seen``: the ranks agree on it
+  at the first step after the warm-up, before a resumed process has seen
+  its optimizer step), and whether the communicator was alive and the path
+  of the step just run (``communicator``, ``path``), so that the next step
+  takes the path the saving run's next step would have taken;
+- the rank and world size it belongs to (``rank``, ``world_size``): each
+  rank's residuals are its own unsent gradients, partitioned among that
+  many ranks, so another rank's or another size's is refused, not loaded
+  into a drifting run;
+- a checksum of it all (``oktopk.settings.with_checksum``), so that a
+  changed field or byte is refused rather than trained on.
+
+A pickle holds the same with the constructor's settings, from which
+unpickling makes the state again. Fields a checkpoint made by an older
+version lacks take what that version did, so its checkpoints still load.
+The field order is part of the output: the same state pickles to the same
+bytes.
+"""
+
+import torch.distributed as dist
+
+from .choice import BF16, PATHS, SPARSE
+from .path_sparse import save_groups
+from .quantized import QuantizedGroup
+from .schedule import check_schedule
+from .settings import DEFAULTS, check_checksum, with_checksum
+
+NAME = "OkTopkState"  # how a failed checksum names what failed
+
+
+def placement(state):
+    """(rank, world size) of this process in the state's group, or None
+    before the process group exists."""
+    if not dist.is_available() or not dist.is_initialized():
+        return None
+    return dist.get_rank(state.process_group), dist.get_world_size(state.process_group)
+
+
+def check_owner(state):
+    """Refuse a checkpoint of another rank or world size: its residuals are
+    another rank's unsent gradients, or a partition among another number of
+    ranks. Loaded anyway it would make the run drift, or fail at the first
+    sparse step."""
+    here = placement(state)
+    if state._owner is None or here is None:
+        return
+    (rank, size), (saved_rank, saved_size) = here, state._owner
+    if saved_size != size:
+        raise ValueError(
+            f"oktopk: this OkTopkState checkpoint was saved by a run of {saved_size} ranks, and this run has {size}: "
+            f"each rank's residuals are its own and cannot be repartitioned. Resume with {saved_size} ranks, or do "
+            f"not load the oktopk state (load only the model and optimizer) and its residuals start afresh."
+        )
+    if saved_rank != rank:
+        raise ValueError(
+            f"oktopk: this OkTopkState checkpoint belongs to rank {saved_rank}, and this process is rank {rank} of "
+            f"{size}: each rank keeps its own residuals and must load its own state. Save every rank's state_dict() "
+            f"(e.g. to a file named with dist.get_rank()), or collect them on rank 0 with dist.gather_object, and "
+            f"load on each rank the state of that rank."
+        )
+    state._owner = None  # checked
+
+
+def fields(state):
+    """The checkpoint's fields, without the checksum."""
+    state._folds.settle()  # a step skipped for a NaN left its residuals as they were
+    tensors = dict(state._pending_state)
+    comm = state._reducer.comm
+    if comm is not None:
+        state._reducer.drain()  # after every queued bucket
+        tensors.update(save_groups(comm, state._device_groups, state._layout.groups))
+    rank, size = placement(state) or state._owner or (None, None)
+    return {
+        "iter": state.iter,
+        "density": state.density,
+        "density_schedule": state.density_schedule,
+        "adaptive": state._reducer.adaptive_state(state.measure_xi_every),
+        "algorithm": state.algorithm,
+        "tensors": tensors,
+        "layout": state._layout.state_dict(),
+        "rank": rank,
+        "world_size": size,
+        "choice": None if state._choice is None else state._choice.state_dict(),
+        "residual_groups": sorted(state._residual_groups),
+        "quantized": {group_id: group.state_dict() for group_id, group in state._quantized.items()},
+        "momentum": {} if state._momentum is None else state._momentum.state_dict(),
+        "optimizer_seen": state._optimizers.seen,
+        "communicator": comm is not None,
+        "path": state._path,
+    }
+
+
+def state_dict(state):
+    """``OkTopkState.state_dict()``: the fields and their checksum."""
+    return with_checksum(fields(state))
+
+
+def load_state_dict(state, saved):
+    """``OkTopkState.load_state_dict(saved)``: check ``saved`` (checksum,
+    algorithm, schedule, owner) before any of it changes ``state``, then
+    restore it."""
+    check_checksum(saved, NAME)
+    if saved.get("algorithm", state.algorithm) != state.algorithm:
+        def named(a):
+            return "the measured choice (algorithm=None)" if a is None else f"algorithm {a!r}"
+        raise ValueError(f"checkpoint was made with {named(saved['algorithm'])}, this state uses {named(state.algorithm)}: "
+                         f"make the state with the checkpoint's algorithm")
+    # A checkpoint from before schedules existed keeps this state's.
+    schedule = check_schedule(saved["density_schedule"], state.density) if "density_schedule" in saved else state.density_schedule
+    previous = state._owner
+    state._owner = None if saved.get("world_size") is None else (int(saved["rank"]), int(saved["world_size"]))
+    try:
+        check_owner(state)
+    except ValueError:
+        state._owner = previous
+        raise
+    state.iter = int(saved["iter"])
+    state.density_schedule = schedule
+    # The adaptation goes on under the saved bounds, not this state's.
+    if saved.get("adaptive") is not None:
+        state.measure_xi_every = state._reducer.load_adaptive(saved["adaptive"], state.density, state.tau_prime)
+        state.adaptive = state._reducer.adaptive.bounds
+    if state._choice is not None and saved.get("choice") is not None:
+        state._choice.load_state_dict(saved["choice"])
+    if state._choice is not None and saved.get("optimizer_seen") is not None and state._optimizers.seen is None:
+        # As the run that saved it had seen it (a named algorithm only
+        # warns of one: a resumed process warns again).
+        state._optimizers.seen = str(saved["optimizer_seen"])
+    state._quantized = {int(k): QuantizedGroup.from_state_dict(v) for k, v in saved.get("quantized", {}).items()}
+    if state._momentum is not None:
+        state._momentum.load_state_dict(saved.get("momentum", {}))
+    # A checkpoint from before the choice existed: every group may hold a residual.
+    state._residual_groups = set(saved.get("residual_groups", saved.get("tensors", {}).keys()))
+    tensors = dict(saved.get("tensors", {}))
+    state._layout.load_state_dict(saved.get("layout", {}))
+    # What decides the collectives may have changed (iter, layout, the
+    # choice): the next step begins with the ranks' agreement again.
+    state._agreement_steps = max(state._agreement_steps, 1)
+    if state._reducer.comm is not None:
+        for bucket_id, blob in tensors.items():
+            state._reducer.comm.load_tensor_state(bucket_id, blob)
+            state._device_groups.pop(bucket_id, None)
+        state._library_groups |= set(tensors)
+    else:
+        state._pending_state = tensors
+    if state._choice is not None:
+        state._choice.resume_timing()  # last: the saved step's time goes on from here
+        # A checkpoint without these fields: the residuals wait for the
+        # next sparse step.
+        saved_path = saved.get("path", SPARSE)
+        if saved_path not in PATHS:
+            raise ValueError(f"oktopk: this checkpoint's step took the path {saved_path!r}, which this version does not know")
+        alive = bool(saved.get("communicator")) and state._reducer.comm is None
+        state._communicator_at_load = saved_path if alive else None
+
+
+def pickled(state):
+    """``OkTopkState.__getstate__()``: the checkpoint's fields and the
+    settings the constructor takes, under one checksum."""
+    return with_checksum(fields(state) | {
+        "warmup_iters": state.warmup_iters,
+        "tau": state.tau,
+        "tau_prime": state.tau_prime,
+        "timeout": state.timeout,
+        "value_dtype": state.value_dtype,
+        "stochastic_rounding": state.stochastic_rounding,
+        "measure_xi_every": state.measure_xi_every,
+        "device_path": state.device_path,
+        "dense_compression": state.dense_compression,
+        "grads_as_bucket_views": state.grads_as_bucket_views,
+        "momentum_correction": state.momentum_correction,
+        "momentum_masking": state.momentum_masking,
+        "local_clip_norm": state.local_clip_norm,
+    })
+
+
+def constructor_arguments(saved):
+    """(args, kwargs) for ``OkTopkState.__init__`` that make the state a
+    pickle ``saved`` was made from, once its checksum holds (checked first:
+    no field of a changed pickle makes the state)."""
+    check_checksum(saved, NAME)
+    saved_choice = saved.get("choice")
+    # A state pickled before warm-ups of 1 were refused: its iterations
+    # past the warm-up are unaffected by the longer one.
+    warmup_iters = max(saved["warmup_iters"], 2)
+    args = (None, saved["density"], saved["algorithm"], warmup_iters, saved["tau"], saved["tau_prime"], saved["timeout"],
+            saved.get("value_dtype", DEFAULTS.value_dtype), saved.get("stochastic_rounding", DEFAULTS.stochastic_rounding),
+            saved.get("density_schedule"), saved.get("measure_xi_every"),
+            None if saved.get("adaptive") is None else saved["adaptive"]["bounds"],
+            *((saved_choice["margin"], saved_choice["recheck_every"]) if saved_choice else ()))
+    kwargs = dict(device_path=saved.get("device_path"), dense_compression=saved.get("dense_compression", BF16),
+                  grads_as_bucket_views=saved.get("grads_as_bucket_views", True),
+                  momentum_correction=saved.get("momentum_correction", True),
+                  momentum_masking=saved.get("momentum_masking", False), local_clip_norm=saved.get("local_clip_norm"))
+    return args, kwargs
