@@ -312,7 +312,7 @@ func readCallOptions(o *C.oktopk_call_options_t, base core.Config, count C.size_
 	has := func(p unsafe.Pointer, width uintptr) bool {
 		return uintptr(p)-uintptr(unsafe.Pointer(o))+width <= size
 	}
-	const known = C.OKTOPK_CALL_DENSITY | C.OKTOPK_CALL_MEASURE_XI | C.OKTOPK_CALL_TAU_PRIME | C.OKTOPK_CALL_SPARSE_ONLY
+	const known = C.OKTOPK_CALL_DENSITY | C.OKTOPK_CALL_MEASURE_XI | C.OKTOPK_CALL_TAU_PRIME | C.OKTOPK_CALL_SPARSE_ONLY | C.OKTOPK_CALL_UNDOABLE
 	flags := o.flags
 	if flags&^known != 0 {
 		return base, opts, invalidArgument("options.flags 0x%x has unknown bits 0x%x", uint32(flags), uint32(flags&^known))
@@ -338,6 +338,7 @@ func readCallOptions(o *C.oktopk_call_options_t, base core.Config, count C.size_
 	}
 	opts.MeasureXi = flags&C.OKTOPK_CALL_MEASURE_XI != 0
 	opts.SparseOnly = flags&C.OKTOPK_CALL_SPARSE_ONLY != 0
+	opts.Undoable = flags&C.OKTOPK_CALL_UNDOABLE != 0
 	if has(unsafe.Pointer(&o.hold_count), 8) && o.hold_count > 0 {
 		spans, err := readHold(unsafe.Pointer(o.hold), o.hold_count, count)
 		if err != nil {

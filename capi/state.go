@@ -156,6 +156,16 @@ func go_oktopk_tensor_residual_unfold(comm C.oktopk_comm_t, tensorID C.uint64_t)
 	})
 }
 
+//export go_oktopk_tensor_undo_call
+func go_oktopk_tensor_undo_call(comm C.oktopk_comm_t, tensorID C.uint64_t) C.oktopk_result_t {
+	return callOn(comm, func(c *communicator) error {
+		_, err := c.do(true, func(_ context.Context, cc *core.Communicator) (core.Stats, error) {
+			return core.Stats{}, cc.UndoCall(uint64(tensorID))
+		})
+		return err
+	})
+}
+
 // valueTypeOf is the value type of a caller's element type.
 func valueTypeOf(dtype C.oktopk_dtype_t) core.ValueType {
 	switch dtype {

@@ -238,7 +238,7 @@ func (c *Communicator) predicted(alg Algorithm, n int, cfg Config) time.Duration
 func (c *Communicator) autoSparseAllreduce(ctx context.Context, seq, id uint64, grad []float32, cfg Config, opts CallOptions) (Stats, error) {
 	var stats Stats
 	n := len(grad)
-	st, undo, err := c.callState(id, n, cfg)
+	st, undo, err := c.callState(id, n, cfg, opts.Undoable)
 	if err != nil {
 		return stats, c.refuse(ctx, seq, err)
 	}

@@ -267,6 +267,10 @@ type CallOptions struct {
 	// SparseOnly makes Auto choose among the sparse algorithms only, for a
 	// caller that weighs sparse against a dense allreduce of its own.
 	SparseOnly bool
+	// Undoable makes the call keep what UndoCall needs to take it back: a
+	// copy of the tensor's residual before the call (undo.go). Local: the
+	// ranks need not agree on it.
+	Undoable bool
 	// Dtype is the element type of the caller's buffer (a binding widens
 	// float16 and bfloat16 to float32 before the call); every frame carries
 	// it, so ranks passing different dtypes fail with ErrMismatch. The zero
@@ -302,7 +306,7 @@ func (c *Communicator) SparseAllreduceWith(ctx context.Context, id uint64, grad 
 	if cfg.Algorithm.row().sparse == nil {
 		return stats, c.refuse(ctx, seq, fmt.Errorf("%w: %v is not built into this library", ErrInvalidArgument, cfg.Algorithm))
 	}
-	st, undo, err := c.callState(id, len(grad), cfg)
+	st, undo, err := c.callState(id, len(grad), cfg, opts.Undoable)
 	if err != nil {
 		return stats, c.refuse(ctx, seq, err)
 	}
@@ -324,8 +328,9 @@ func (c *Communicator) SparseAllreduceWith(ctx context.Context, id uint64, grad 
 // callState is state for a call that may fail: it also returns how to undo
 // what taking the state did (a new state removed, the tensor's earlier
 // settings put back) together with what the call itself changes before it
-// knows it succeeded (snapshotOf). A failed call leaves no trace.
-func (c *Communicator) callState(id uint64, n int, cfg Config) (*TensorState, func(), error) {
+// knows it succeeded (snapshotOf). A failed call leaves no trace. An
+// undoable call also keeps what UndoCall needs (undo.go).
+func (c *Communicator) callState(id uint64, n int, cfg Config, undoable bool) (*TensorState, func(), error) {
 	old, existed := c.states[id]
 	var oldConfig Config
 	if existed {
@@ -336,8 +341,10 @@ func (c *Communicator) callState(id uint64, n int, cfg Config) (*TensorState, fu
 		return nil, nil, err
 	}
 	before := snapshotOf(st, oldConfig)
+	st.keepForUndo(before, !existed, undoable) // the residual copied before the call changes it (undo.go)
 	undo := func() {
 		before.restore(st)
+		st.dropUndo() // a failed call left nothing to take back
 		if !existed {
 			delete(c.states, id)
 		}

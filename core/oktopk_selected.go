@@ -174,6 +174,7 @@ func (c *Communicator) selectedState(id uint64, n int, cfg Config) (*TensorState
 	old, existed := c.states[id]
 	if !existed {
 		st := &TensorState{N: n, Config: cfg, CallerResidual: true, Rank: c.Rank(), Size: c.Size()}
+		st.keepForUndo(tensorSnapshot{}, true, true) // UndoCall removes the state again
 		c.states[id] = st
 		return st, func() { delete(c.states, id) }, nil
 	}
@@ -181,8 +182,9 @@ func (c *Communicator) selectedState(id uint64, n int, cfg Config) (*TensorState
 		return nil, nil, err
 	}
 	before := snapshotOf(old, old.Config)
+	old.keepForUndo(before, false, true) // the caller's residual is the caller's to put back
 	old.Config = cfg
-	return old, func() { before.restore(old) }, nil
+	return old, func() { before.restore(old); old.dropUndo() }, nil
 }
 
 // okTopkSelected is okTopkAllreduce from its step 2 on, for a caller's

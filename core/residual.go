@@ -230,6 +230,7 @@ func (c *Communicator) FoldResidual(id uint64, x []float32, hold []Span, v Value
 		return nil
 	}
 	st.beforeFold = append(st.beforeFold[:0], st.Residual...)
+	st.suspendUndo() // the residual is the caller's now: UndoCall waits for the unfold
 	each(func(from, to int) bool {
 		for i := from; i < to; i++ {
 			sum := x[i] + st.Residual[i]
@@ -254,5 +255,6 @@ func (c *Communicator) UnfoldResidual(id uint64) error {
 	}
 	copy(st.Residual, st.beforeFold)
 	st.beforeFold = nil
+	st.resumeUndo() // the residual is again the one the latest call left
 	return nil
 }

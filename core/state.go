@@ -42,6 +42,9 @@ type TensorState struct {
 	// only from its own dense sum whether the step was skipped.
 	beforeFold []float32
 
+	// What UndoCall needs to take back the tensor's latest call (undo.go).
+	lastCall callRecord
+
 	scratch okTopkScratch
 }
 

@@ -63,9 +63,14 @@
  * library was loaded takes effect.
  *
  * Memory. Per tensor reduced sparsely a rank keeps its residual, n float32
- * values whatever the buffer's dtype; per communicator, working memory
- * reused by every call: Ok-Topk's sum of this rank's region (n/P float32
- * values for the largest tensor), Rabenseifner's copy of the buffer (n
+ * values whatever the buffer's dtype, and, while its calls are made with
+ * OKTOPK_CALL_UNDOABLE (0.13), a copy of the residual as it was before the
+ * latest call, for oktopk_tensor_undo_call: n float32 values more, one
+ * buffer reused from call to call, filled on every core at each such call
+ * but a tensor's first (5 to 6 ms for 2^24 values on two cores, where an
+ * Ok-Topk call at density 0.01 takes about 65 ms); per communicator,
+ * working memory reused by every call: Ok-Topk's sum of this rank's
+ * region (n/P float32 values for the largest tensor), Rabenseifner's copy of the buffer (n
  * values, to put back after a failure), and for float16/bfloat16 buffers
  * their float32 copy (n values). Everything else lives for one call: the
  * messages (the dense ring keeps the n values it receives until its last
@@ -88,7 +93,7 @@ extern "C" {
 
 /* ABI version: major changes break callers, minor ones only add. */
 #define OKTOPK_VERSION_MAJOR 0
-#define OKTOPK_VERSION_MINOR 12
+#define OKTOPK_VERSION_MINOR 13
 #define OKTOPK_VERSION_PATCH 0
 #define OKTOPK_VERSION_CODE \
   (OKTOPK_VERSION_MAJOR * 10000 + OKTOPK_VERSION_MINOR * 100 + OKTOPK_VERSION_PATCH)
@@ -399,6 +404,11 @@ oktopk_result_t oktopk_sparse_allreduce_hold(oktopk_comm_t comm, uint64_t tensor
 #define OKTOPK_CALL_SPARSE_ONLY 0x8 /* added in 0.8: with OKTOPK_ALGO_AUTO, choose among the sparse
                                     * algorithms only, never a dense one: for a caller that weighs
                                     * sparse against a dense allreduce of its own (NCCL's) */
+#define OKTOPK_CALL_UNDOABLE 0x10  /* added in 0.13: keep what oktopk_tensor_undo_call needs to take
+                                    * this call back: a copy of the tensor's residual before the call
+                                    * (see Memory at the top). Local: ranks need not agree on it. For a
+                                    * caller that reduces a step as several tensors and skips the step
+                                    * when any of them comes back oktopkNonFinite */
 typedef struct {
   uint32_t size;       /* sizeof(oktopk_call_options_t) */
   uint32_t flags;      /* OKTOPK_CALL_* or-ed; other bits are oktopkInvalidArgument */
@@ -483,6 +493,29 @@ oktopk_result_t oktopk_tensor_residual_fold(oktopk_comm_t comm, uint64_t tensor_
  * fold since the last one, leaves nothing to undo (oktopkSuccess). Local,
  * like the fold. */
 oktopk_result_t oktopk_tensor_residual_unfold(oktopk_comm_t comm, uint64_t tensor_id);
+
+/* Added in 0.13. Takes back tensor_id's latest sparse call, made with
+ * OKTOPK_CALL_UNDOABLE (oktopk_sparse_allreduce_ex; every
+ * oktopk_sparse_allreduce_selected is undoable), which completed, for a
+ * caller that skips that call's step after all: a step reduced as several
+ * tensors (a framework's buckets) where another tensor's call came back
+ * oktopkNonFinite on every rank, so the whole step is void. The tensor's
+ * residual, thresholds, region boundaries, settings and call count are
+ * again bitwise what they were before the call (a tensor that call created
+ * has no state again), and the calls that follow behave as if it never
+ * happened: what the call sent of the residual waits in it again, and the
+ * skipped step's gradient goes with the step (the caller discards the
+ * call's result). A caller-selected tensor's residual is the caller's to
+ * put back. Take back the same calls on every rank (every rank sees the same
+ * oktopkNonFinite), before the tensor's next call. Nothing to take back
+ * (oktopkSuccess, nothing changes) when the latest call failed (it left the
+ * state as it was), after a load, after a second undo, after an
+ * oktopk_tensor_residual_fold not undone by its oktopk_tensor_residual_unfold,
+ * or for a tensor without state. A latest call that completed without
+ * OKTOPK_CALL_UNDOABLE kept nothing to take it back with: oktopkInvalidUsage,
+ * and nothing changes. Local (no communication, not one of the tensor's
+ * calls); runs in issue order with this thread's calls, from any thread. */
+oktopk_result_t oktopk_tensor_undo_call(oktopk_comm_t comm, uint64_t tensor_id);
 
 /* ---- caller-selected sparse allreduce (added in 0.10) ------------------ */
 /* Ok-Topk with error feedback for a caller whose gradient and residual live

@@ -140,3 +140,19 @@ def test_runs_resumed_in_the_warm_up_or_before_a_switch_to_native_take_the_whole
     assert run.returncode == 0, run.stdout + run.stderr
     for case in cases:
         assert f"{case}: fixed" in run.stdout, run.stdout
+
+
+def test_a_nan_in_one_ddp_bucket_leaves_every_residual_and_velocity_as_before_the_step():
+    """The campaign's nan-one-group finding, fixed for the DDP hook, on 2
+    real gloo ranks: a NaN in one bucket of several skips that bucket's
+    call on every rank and the script skips the optimizer step; the other
+    buckets' calls and velocity steps are taken back, so no library state
+    and no velocity changes across the step (tests/python/
+    test_nan_one_group.py checks it bitwise, with the run without the
+    batch; FSDP2 and the quantized path are still open)."""
+    import subprocess
+
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    run = subprocess.run([sys.executable, os.path.join(HERE, "..", "chaos_torch", "repro.py"), "nan-one-group"],
+                         env=env, capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0 and "nan-one-group: fixed" in run.stdout, run.stdout + run.stderr

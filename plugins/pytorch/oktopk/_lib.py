@@ -91,6 +91,7 @@ class Stats(ctypes.Structure):
 
 
 CALL_DENSITY, CALL_MEASURE_XI, CALL_TAU_PRIME, CALL_SPARSE_ONLY = 0x1, 0x2, 0x4, 0x8  # oktopk_call_options_t.flags
+CALL_UNDOABLE = 0x10  # since 0.13: the call can be taken back (oktopk_tensor_undo_call)
 
 
 class CallOptions(ctypes.Structure):
@@ -257,6 +258,7 @@ def _declare(lib):
         "oktopk_tensor_state_load": (c.c_int, [i64, u64, c.c_void_p, sz]),
         "oktopk_tensor_residual_fold": (c.c_int, [i64, u64, c.c_void_p, sz, c.c_int, P(sz), sz]),
         "oktopk_tensor_residual_unfold": (c.c_int, [i64, u64]),
+        "oktopk_tensor_undo_call": (c.c_int, [i64, u64]),
         "oktopk_topk": (c.c_int, [c.c_void_p, sz, sz, c.c_void_p, c.c_void_p]),
         "oktopk_selection_plan": (c.c_int, [i64, u64, sz, P(CallOptions), P(SelectionPlan)]),
         "oktopk_selected_capacity": (sz, [sz, sz, c.c_int]),

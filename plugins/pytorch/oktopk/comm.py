@@ -235,7 +235,8 @@ class Communicator:
     def _check(self, code):
         _lib.check(code, self.handle)
 
-    def sparse_allreduce_(self, tensor_id, tensor, hold=(), density=None, measure_xi=False, tau_prime=None, sparse_only=False):
+    def sparse_allreduce_(self, tensor_id, tensor, hold=(), density=None, measure_xi=False, tau_prime=None, sparse_only=False,
+                          undoable=False):
         """Averaged sparse allreduce of a contiguous CPU tensor, in place,
         with error feedback kept under ``tensor_id``. ``hold`` lists
         ascending, disjoint (start, end) ranges of the tensor this rank holds
@@ -243,7 +244,9 @@ class Communicator:
         result the caller discards). ``density`` and ``tau_prime`` (None: the
         communicator's) are this call's; ``measure_xi`` also measures ξ (the
         stats' ``xi``, -1 when not measured). Every rank must pass the same
-        density, tau_prime and measure_xi. Returns the call's statistics."""
+        density, tau_prime and measure_xi. ``undoable``: keep what
+        :meth:`undo_call` needs (a copy of the residual before the call; a
+        rank's own choice). Returns the call's statistics."""
         dtype = _DTYPES.get(tensor.dtype)
         if dtype is None:
             raise TypeError(f"oktopk: unsupported dtype {tensor.dtype} (float32, float16, bfloat16)")
@@ -257,6 +260,8 @@ class Communicator:
             opts.flags |= _lib.CALL_MEASURE_XI
         if sparse_only:
             opts.flags |= _lib.CALL_SPARSE_ONLY
+        if undoable:
+            opts.flags |= _lib.CALL_UNDOABLE
         if hold:
             ranges = (ctypes.c_size_t * (2 * len(hold)))(*(x for r in hold for x in r))
             opts.hold, opts.hold_count = ranges, len(hold)
@@ -357,6 +362,18 @@ class Communicator:
         on some rank: the step is skipped), so the residual is what it was
         before the step. Before the tensor's next call; local."""
         self._check(_lib.lib().oktopk_tensor_residual_unfold(self.handle, tensor_id))
+
+    def undo_call(self, tensor_id):
+        """Take back ``tensor_id``'s latest sparse call, which completed
+        (made ``undoable``, or caller-selected), when its step is skipped
+        after all (another tensor of the step came back NaN: the library
+        skipped that one on every rank): the residual, thresholds, region
+        boundaries and call count are again what they were before it,
+        bitwise. Nothing to take back (a no-op) after a failed call, a load,
+        a second undo or a fold not unfolded; a call made without
+        ``undoable`` raises (INVALID_USAGE). Before the tensor's next call;
+        local."""
+        self._check(_lib.lib().oktopk_tensor_undo_call(self.handle, tensor_id))
 
     def allreduce_(self, tensor, average=True, algorithm="dense_ring"):
         """Dense allreduce of a contiguous CPU tensor, in place

@@ -32,9 +32,18 @@ def oktopk_hook(state: OkTopkState, bucket: dist.GradBucket) -> torch.futures.Fu
             f"oktopk_hook: unsupported bucket of {tensor.dtype} on {tensor.device.type}; "
             "liboktopk reduces float32, float16 and bfloat16 gradients on CPU or CUDA"
         )
-    if bucket.index() == 0 and state._agreement_steps:
-        agree_on_settings(state, tensor.device)
     correction = state._momentum
+    if bucket.index() == 0:
+        # Before anything of this step reads a residual or a velocity: a
+        # step before that came back non-finite anywhere (a NaN in one
+        # group skipped it on every rank, and the script skipped the
+        # optimizer step) gives back what its other groups' calls, folds
+        # and velocity steps took, on every rank alike (StepFolds).
+        state._folds.settle()
+        if correction is not None:
+            correction.record_step(state._folds)
+        if state._agreement_steps:
+            agree_on_settings(state, tensor.device)
     if correction is None or not correction.active:
         return _reduce(state, bucket, tensor)
     # Momentum correction (oktopk.momentum): every path below reduces the
@@ -65,7 +74,7 @@ def _reduce(state, bucket, tensor):
     sparse = phase_iter >= state.warmup_iters
     if state._choice is not None and bucket.index() == 0:
         if sparse:
-            state._folds.settle()  # before anything reads the residuals the step before folded
+            # The step before was settled at this bucket's start (oktopk_hook).
             begin_step(state, phase_iter - state.warmup_iters, tensor.device, untimed=not rebuilt)
             state._folds.watching = state._path == NATIVE and bool(state._residual_groups or state._quantized or state._quantized_spill)
         elif phase_iter == state.warmup_iters - 1:

@@ -79,6 +79,9 @@ import weakref
 
 import torch
 
+# A table's missing entry, in a step's record (MomentumCorrection.record_step).
+_ABSENT = object()
+
 # The optimizer that owns momentum the correction understands: torch's SGD
 # (its subclasses included; their arithmetic is the parent's unless they
 # override step, which the correction cannot see).
@@ -135,6 +138,11 @@ class MomentumCorrection:
         # (GradScaler's unscale_, clipping .grad) breaks the arithmetic.
         self._sample = None
         self.stopped = None  # why the correction stopped, or None
+        # This step's changes to the velocities, B and the "waited" masks,
+        # (what, index, the value before, or _ABSENT), for a step that turns
+        # out void to give back (record_step); None: not recording.
+        self._record = None
+        self._folds = None  # the hook's StepFolds, told when a bucket comes back non-finite
 
     # -- the optimizer -----------------------------------------------------
 
@@ -208,6 +216,45 @@ class MomentumCorrection:
                       "unchanged; the optimizer's own momentum acts on the sparse average from now on. Clip or unscale "
                       "nothing after backward, or pass momentum_correction=False (docs/pytorch.md).", stacklevel=4)
 
+    # -- a step that turns out void ---------------------------------------
+
+    def record_step(self, folds):
+        """At each step's first bucket (``folds``: the hook's StepFolds,
+        settled): record what this step changes, for ``folds`` to give back
+        if the step turns out void. A bucket that comes back non-finite
+        (its average is NaN: the script skips the optimizer step) makes it
+        void, whatever the step's path (the warm-up's dense steps too). The
+        record holds references, never copies: a new velocity is computed
+        into the spare buffer and swapped in, so the old one stays whole."""
+        record = self._record = []
+        self._folds = folds
+        folds.took(lambda: self._give_back(record))
+
+    def _note(self, what, i, table):
+        if self._record is not None:
+            self._record.append((what, i, table.get(i, _ABSENT)))
+
+    def _give_back(self, record):
+        """The velocities, B and "waited" masks as they were before the step
+        ``record`` recorded (the newer velocity buffers become spares);
+        nothing after a load, which replaced them."""
+        if record is not self._record:
+            return
+        self._record = None
+        for what, i, before in reversed(record):
+            if what == "velocity":
+                newer = self.velocity.pop(i, None)
+                if before is not _ABSENT:
+                    self.velocity[i] = before
+                if newer is not None:
+                    self._spare[i] = newer
+                continue
+            table = self.applied if what == "applied" else self._waiting
+            if before is _ABSENT:
+                table.pop(i, None)
+            else:
+                table[i] = before
+
     # -- one bucket ----------------------------------------------------------
 
     def begin_step(self):
@@ -244,6 +291,7 @@ class MomentumCorrection:
             velocity = self.velocity.get(i)
             if velocity is None or self.applied.get(i) is None:
                 new.copy_(g)  # torch's first step: buf = grad, no dampening
+                self._note("applied", i, self.applied)
                 self.applied[i] = None
             else:
                 velocity = self.velocity[i] = velocity.to(g.device, g.dtype)
@@ -266,8 +314,11 @@ class MomentumCorrection:
         # A sum is one read; isfinite over the bucket is many times slower
         # on a CPU. A finite sum that overflows is checked exactly.
         if not bool(torch.isfinite(result.sum())) and not bool(torch.isfinite(result).all()):
+            if self._folds is not None:
+                self._folds.skipped()  # the step is void: the other buckets' velocities go back
             return result
         for i, a, b, m, d, nesterov in work:
+            self._note("velocity", i, self.velocity)
             self.velocity[i], self._spare[i] = self._spare[i], self.velocity.get(i)
             if self._spare[i] is None:
                 del self._spare[i]
@@ -276,6 +327,7 @@ class MomentumCorrection:
                 # delivers what waited and masks nothing.
                 left = self._left.pop(i, None)
                 if left is None:
+                    self._note("waiting", i, self._waiting)
                     self._waiting.pop(i, None)
                 else:
                     self.velocity[i].masked_fill_(left.to(self.velocity[i].device), 0.0)
@@ -334,6 +386,7 @@ class MomentumCorrection:
             here = left[at : at + size]
             if self.masking == "waited":
                 waiting = self._waiting.get(i)
+                self._note("waiting", i, self._waiting)
                 self._waiting[i] = ~here
                 # Nothing waited before the first sparse call (or after a dense step).
                 here = here & waiting if waiting is not None and waiting.shape == here.shape else torch.zeros_like(here)
@@ -360,3 +413,4 @@ class MomentumCorrection:
         self._waiting = {int(i): e["waiting"] for i, e in saved.items() if e.get("waiting") is not None}
         self._spare, self._handed, self._sample = {}, {}, None
         self._optimizer, self._group_of = None, {}
+        self._record = None  # a loaded state is no step's to give back

@@ -174,11 +174,14 @@ def device_group(groups, library_groups, comm, group_id, n, device):
 
 def device_call(reducer, host_buffers, group_id, grad, group, hold=(), density=None, tau_prime=None):
     """One device-path call (oktopk.device.sparse_allreduce_) on the
-    reducer's communicator, its copies and statistics counted."""
+    reducer's communicator, its copies and statistics counted; returns its
+    statistics, None when the step was skipped (a NaN or Inf on some
+    rank)."""
     stats, moved, pairs = device_path_.sparse_allreduce_(reducer.comm, group_id, grad, group, host_buffers, hold, density, tau_prime)
     reducer.count_host_device(moved, pairs)
     if stats is not None:
         reducer.record(group_id, stats)
+    return stats
 
 
 def save_group(comm, groups, group_id):
@@ -207,16 +210,18 @@ def save_groups(comm, groups, group_ids):
 def reduce_on_device(state, group_id, pieces, hold, density):
     """Worker thread: _reduce_pieces on the device path (oktopk.device):
     the pieces gathered on their device when they are not one whole
-    buffer, and written back."""
+    buffer, and written back. Returns the call's statistics (None: the
+    step was skipped) and the group's DeviceGroup."""
     tensor = pieces[0][0]
     whole = len(pieces) == 1 and pieces[0][1:] == (0, tensor.numel()) and tensor.is_contiguous()
     grad = tensor if whole else torch.cat([t[a:b] for t, a, b in pieces])
     group = device_group(state._device_groups, state._library_groups, state._reducer.comm, group_id, grad.numel(), grad.device)
     state._residual_groups.add(group_id)  # a native step folds it in first
-    device_call(state._reducer, state._host_buffers, group_id, grad, group, hold, density)
+    stats = device_call(state._reducer, state._host_buffers, group_id, grad, group, hold, density)
     state._folds.see(grad)
     if not whole:
         write_back(pieces, grad)
+    return stats, group
 
 
 # -- the worker thread -------------------------------------------------------
@@ -251,8 +256,11 @@ def _reduce_pieces(state, group_id, pieces, call):
     cuda = tensor.device.type == "cuda"
     density, xi_step = call
     masking = state._momentum is not None and state._momentum.masking
+    had_residual = group_id in state._residual_groups
     if takes_device_path(state, tensor):
-        reduce_on_device(state, group_id, pieces, hold, density)
+        made = group_id not in state._device_groups and group_id not in state._library_groups
+        stats, group = reduce_on_device(state, group_id, pieces, hold, density)
+        _took_call(state, group_id, stats, had_residual, group, made)
         if masking:
             state._momentum.note_sent(state, group_id, sizes)
         return
@@ -280,13 +288,57 @@ def _reduce_pieces(state, group_id, pieces, call):
     if adaptive is not None:  # this worker thread adapts them, between steps
         density, tau_prime = adaptive.density, adaptive.tau_prime
         state.last_density, state.last_tau_prime = density, tau_prime
-    state._reducer.sparse_allreduce_(group_id, host, hold, density=density, xi_step=xi_step, tau_prime=tau_prime,
-                                     sparse_only=state._choice is not None)
+    # A step of several groups can turn out void after this call completed
+    # (another group's NaN): the call keeps a copy of the residual to be
+    # taken back with. A step of one group cannot (a NaN skips this very
+    # call), and pays nothing.
+    undoable = len(state._layout.groups) != 1
+    stats = state._reducer.sparse_allreduce_(group_id, host, hold, density=density, xi_step=xi_step, tau_prime=tau_prime,
+                                             sparse_only=state._choice is not None, undoable=undoable)
+    _took_call(state, group_id, stats, had_residual, undoable=undoable)
     if masking:
         state._momentum.note_sent(state, group_id, sizes)
     state._folds.see(host)  # a step that folds other buckets: a skipped sparse call skips it too
     if host is not tensor:
         write_back(pieces, host)
+
+
+def _took_call(state, group_id, stats, had_residual, group=None, made=False, undoable=True):
+    """Worker thread, right after group ``group_id``'s call of this step
+    (``stats`` None: skipped for a NaN or Inf on some rank, so on every
+    rank): a skip makes the step void; a completed call is recorded with
+    what takes it back should the step be void after all (another group's
+    NaN: StepFolds.settle, before the next step's first call, on every rank
+    alike). Taking it back is the library's oktopk_tensor_undo_call (the
+    residual, thresholds, boundaries and call count as before the call);
+    a device-path group's residual is put back by a swap, its previous one
+    being still whole in its scratch buffer (oktopk.device), and a group
+    the call made (``made``) is forgotten again. ``had_residual``: whether
+    the group held a residual before the call, for a native step's fold;
+    ``undoable``: the call was made so (device-path calls always are)."""
+    folds = state._folds
+    if stats is None:
+        folds.skipped()
+        return
+    if not undoable:
+        return
+    comm, residual_groups = state._reducer.comm, state._residual_groups
+
+    def take_back():
+        # A load since (its residuals, groups and library states are the
+        # checkpoint's) leaves nothing to take back: the library's undo
+        # finds a loaded state, and the sets and groups here were replaced.
+        if state._reducer.comm is comm:
+            comm.undo_call(group_id)
+        if group is not None and state._device_groups.get(group_id) is group:
+            if made:
+                del state._device_groups[group_id]
+            else:
+                group.residual, group.scratch = group.scratch, group.residual
+        if not had_residual and state._residual_groups is residual_groups:
+            residual_groups.discard(group_id)
+
+    folds.took(take_back)
 
 
 def write_back(pieces, flat):

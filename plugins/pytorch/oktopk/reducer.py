@@ -103,7 +103,8 @@ class Reducer:
             self.staging[pinned] = buf
         return buf[:need].view(dtype)
 
-    def sparse_allreduce_(self, tensor_id, host, hold=(), density=None, xi_step=None, tau_prime=None, sparse_only=False):
+    def sparse_allreduce_(self, tensor_id, host, hold=(), density=None, xi_step=None, tau_prime=None, sparse_only=False,
+                          undoable=False):
         """Worker thread: the communicator's sparse allreduce of ``host`` (a
         contiguous CPU tensor) in place, its statistics recorded; ``xi_step``
         (None: not measured) is the step whose ξ the call measures. A step
@@ -112,10 +113,11 @@ class Reducer:
         dense average would, so AMP's scaler or the user's own check skips
         the optimizer step on every rank; the call then returns None, else
         its statistics. ``sparse_only``: "auto" never runs a dense algorithm
-        (the caller's own dense path is the alternative)."""
+        (the caller's own dense path is the alternative). ``undoable``: the
+        call can be taken back (Communicator.undo_call)."""
         try:
             stats = self.comm.sparse_allreduce_(tensor_id, host, hold, density=density, measure_xi=xi_step is not None,
-                                                tau_prime=tau_prime, sparse_only=sparse_only)
+                                                tau_prime=tau_prime, sparse_only=sparse_only, undoable=undoable)
         except OkTopkError as e:
             if e.code != _lib.NON_FINITE:
                 raise
@@ -201,19 +203,28 @@ class ReducerStats:
 
 
 class StepFolds:
-    """What the folds of one native step took out of the residuals (the
-    library's, the device path's, the quantized path's), to give back when
-    the step's dense sum turns out non-finite.
+    """What one step took out of the residuals and velocities, to give back
+    when the step turns out void (a NaN or Inf anywhere in it): the folds
+    of a native step (the library's, the device path's, the quantized
+    path's residuals), the DDP hook's sparse calls, and the momentum
+    correction's velocities.
 
     A fold moves a residual into this rank's values before the framework's
     dense allreduce. A NaN or Inf on another rank shows only in that sum,
     after every rank folded; the step is then skipped (AMP's scaler, or the
     caller's own check), and what was folded would be lost with it. So on
     a step that folds, the front end shows every reduced tensor of the step
-    to :meth:`see`, and before the next step :meth:`settle` undoes every
-    fold of a step whose sum was not finite anywhere: each residual is then
-    exactly what it was before the step, on every rank (the sums, and so
-    the verdict, are the same on every rank)."""
+    to :meth:`see`. A sparse step's groups are reduced one call each: a NaN
+    in one group skips that call on every rank (:meth:`skipped`), but the
+    step's other calls completed, and their residuals, thresholds and call
+    counts moved on (what they sent is lost with the step); each completed
+    call is recorded with the function that takes it back
+    (``oktopk_tensor_undo_call``, :meth:`took`). Before the next step (or a
+    checkpoint) :meth:`settle` gives back everything of a step that was not
+    finite anywhere: each residual and velocity is then exactly what it was
+    before the step, on every rank (the sums and the skips, and so the
+    verdict, are the same on every rank). On a step without a NaN this
+    costs a closure per call, dropped at the next step."""
 
     def __init__(self):
         self.watching = False  # this step may fold: see() checks its sums
@@ -221,8 +232,15 @@ class StepFolds:
         self._undo = []
 
     def took(self, undo):
-        """A fold of this step, and the function that gives it back."""
+        """A fold, call or velocity step of this step, and the function that
+        gives it back."""
         self._undo.append(undo)
+
+    def skipped(self):
+        """A group of this step came back non-finite (the library skipped its
+        call on every rank, or its dense average is NaN): the step is void,
+        and :meth:`settle` gives back the rest of it."""
+        self.non_finite = True
 
     @property
     def folded(self):
@@ -235,8 +253,9 @@ class StepFolds:
             self.non_finite = True
 
     def settle(self):
-        """Between steps: give back what the folds took if the step's sum
-        was not finite; returns how many folds were given back."""
+        """Between steps: give back what the step took if it was not finite
+        anywhere; returns how many folds, calls and velocity steps were
+        given back."""
         given_back = 0
         if self.non_finite:
             for undo in reversed(self._undo):
