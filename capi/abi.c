@@ -99,6 +99,8 @@ FORWARD(comm_abort, (oktopk_comm_t comm), (comm))
 FORWARD(comm_dropped, (oktopk_comm_t comm, uint64_t *count), (comm, count))
 FORWARD(comm_destroy, (oktopk_comm_t comm), (comm))
 FORWARD(comm_measure_link, (oktopk_comm_t comm, oktopk_link_model_t *link), (comm, link))
+FORWARD(comm_get_link, (oktopk_comm_t comm, oktopk_link_model_t *link, int *measured), (comm, link, measured))
+FORWARD(comm_set_link, (oktopk_comm_t comm, const oktopk_link_model_t *link), (comm, link))
 FORWARD(predict_call,
         (const oktopk_link_model_t *link, int algorithm, int64_t n, int nranks, const oktopk_config_t *config,
          int *algorithm_run, double *seconds, double *bytes_per_rank),

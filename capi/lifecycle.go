@@ -214,6 +214,39 @@ func go_oktopk_comm_destroy(comm C.oktopk_comm_t) C.oktopk_result_t {
 	})
 }
 
+//export go_oktopk_comm_get_link
+func go_oktopk_comm_get_link(comm C.oktopk_comm_t, link *C.oktopk_link_model_t, measured *C.int) C.oktopk_result_t {
+	return callOn(comm, func(c *communicator) error {
+		if link == nil || link.size < 4 || measured == nil {
+			return c.refuse(invalidArgument("link and measured must not be NULL; set link.size to sizeof(oktopk_link_model_t)"), true)
+		}
+		_, err := c.do(true, func(_ context.Context, cc *core.Communicator) (core.Stats, error) {
+			m, ok := cc.Link()
+			*measured = 0
+			if ok {
+				*measured = 1
+				writeLinkModel(link, m)
+			}
+			return core.Stats{}, nil
+		})
+		return err
+	})
+}
+
+//export go_oktopk_comm_set_link
+func go_oktopk_comm_set_link(comm C.oktopk_comm_t, link *C.oktopk_const_link_model) C.oktopk_result_t {
+	return callOn(comm, func(c *communicator) error {
+		if link == nil || link.size < C.uint32_t(unsafe.Offsetof(link.pass_seconds_per_byte)+8) {
+			return c.refuse(invalidArgument("link must not be NULL; set link.size to sizeof(oktopk_link_model_t)"), true)
+		}
+		m := core.LinkModel{Alpha: float64(link.latency_seconds), Beta: float64(link.seconds_per_byte), Gamma: float64(link.pass_seconds_per_byte)}
+		_, err := c.do(true, func(_ context.Context, cc *core.Communicator) (core.Stats, error) {
+			return core.Stats{}, cc.SetLinkModel(m)
+		})
+		return err
+	})
+}
+
 //export go_oktopk_comm_measure_link
 func go_oktopk_comm_measure_link(comm C.oktopk_comm_t, link *C.oktopk_link_model_t) C.oktopk_result_t {
 	return callOn(comm, func(c *communicator) error {

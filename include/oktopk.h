@@ -346,6 +346,21 @@ oktopk_result_t oktopk_comm_destroy(oktopk_comm_t comm);
  * made the call (like any collective, it waits for the slowest rank, up to
  * the timeout). */
 oktopk_result_t oktopk_comm_measure_link(oktopk_comm_t comm, oktopk_link_model_t *link);
+/* Added in 0.13. The link model this communicator's OKTOPK_ALGO_AUTO calls
+ * choose by: *measured is 1 and *link filled when one was measured (by
+ * oktopk_comm_measure_link or the first auto call) or set, else 0. Local.
+ * With oktopk_comm_set_link it lets a resumed job, or a communicator made
+ * again, choose as the saved one did, rather than measure a link that may
+ * come out slightly different (a different algorithm where two are close). */
+oktopk_result_t oktopk_comm_get_link(oktopk_comm_t comm, oktopk_link_model_t *link, int *measured);
+/* Added in 0.13. Installs a link model for OKTOPK_ALGO_AUTO instead of a
+ * measurement (every figure finite and >= 0, else oktopkInvalidArgument).
+ * Local: tell no peer. Every rank must set the same figures at the same
+ * point of its call order (one rank's oktopk_comm_get_link, saved on every
+ * rank, is the same on every rank: the measurement is agreed), or their
+ * auto calls may choose differently, which fails those calls with
+ * oktopkMismatch. */
+oktopk_result_t oktopk_comm_set_link(oktopk_comm_t comm, const oktopk_link_model_t *link);
 /* Added in 0.4. Sets *count to what this rank has refused so far:
  * connections to its port that did not authenticate (no or a wrong job token
  * or CURVE key, not oktopk at all, a handshake frame over the size limit, a

@@ -3,12 +3,15 @@ takes the paths of the uninterrupted run: the checkpoint carries the time
 of the step under way, the Adam-family optimizer seen, and whether the
 communicator that folds the residuals was alive (the fault campaign's
 warmup-timing, warmup-adam and switch-fold findings, results/chaos_torch.md;
-tests/python/test_chaos_torch.py runs their reproductions on real ranks)."""
+tests/python/test_chaos_torch.py runs their reproductions on real ranks),
+and the link model "auto" chose by (auto-remeasure)."""
 
 import pytest
 
+import workers
 from oktopk import OkTopkState
 from oktopk.choice import BF16, NATIVE, PROBE_STEPS, SPARSE, StepChoice
+from test_ddp import run
 
 
 class Clock:
@@ -142,3 +145,19 @@ def test_checkpoints_saved_between_the_same_two_steps_are_equal():
     choice.agree = lambda values: values
     choice.begin_step(0)
     assert choice.state_dict()["unfinished"][0] == 0
+
+
+def test_a_resumed_auto_run_chooses_by_the_saved_link_not_a_new_measurement(tmp_path):
+    # "auto" chooses each call's algorithm from the link it measured at its
+    # first call; a new measurement differs a little and, where two
+    # algorithms are close, chooses another: the resumed run would not be
+    # the whole run. The checkpoint carries the link, and the resumed
+    # communicator chooses by it.
+    results = run(workers.link_resume, 2, str(tmp_path))
+    for r, res in results.items():
+        full, resumed, saved = res["full"]["steps"], res["resumed"]["steps"], res["saved"]
+        assert saved is not None and saved == full[3], (r, saved, full)
+        assert all(full[s] == saved for s in range(2, 6)), (r, full)
+        assert resumed[4] == saved and resumed[5] == saved, (r, resumed, saved)
+        assert res["resumed"]["params"] == res["full"]["params"], f"rank {r}: the resumed run's parameters differ"
+    assert results[0]["saved"] == results[1]["saved"], "the ranks saved different links"

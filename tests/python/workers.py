@@ -781,6 +781,28 @@ def train_resumable(rank, path, first, last, state, record, save=None):
     return {"steps": steps, "params": params, "n": sum(p.numel() for p in m.parameters())}
 
 
+def link_resume(rank, world, port, out, ckpt):
+    """algorithm="auto" (it measures the link at its first call) over 6
+    steps, saving after step 4; the same run resumed from that checkpoint
+    in a new state. Records, per step, the link model the communicator
+    chooses by, and the checkpoint's "link" field."""
+    setup(rank, world, port)
+    path = os.path.join(ckpt, f"rank{rank}-link.pt")
+
+    def record(state):
+        comm = state._reducer.comm
+        return None if comm is None else comm.link()
+
+    def state():
+        return OkTopkState(algorithm="auto", density=0.1, warmup_iters=2)
+
+    full = train_resumable(rank, path, 0, 6, state(), record, save=4)
+    saved = torch.load(path, weights_only=False)["oktopk"].get("link")
+    resumed = train_resumable(rank, path, 4, 6, state(), record)
+    write(out, rank, {"full": full, "resumed": resumed, "saved": saved})
+    dist.destroy_process_group()
+
+
 def adaptive(rank, world, port, out, ckpt):
     """Train 12 steps with adaptive=(2**-7, 2**-4, 1e-3) (so every measured
     ξ is above max_xi and the density doubles after each measurement) and ξ

@@ -241,6 +241,8 @@ def _declare(lib):
         "oktopk_algorithm_name": (c.c_char_p, [c.c_int]),
         "oktopk_algorithm_takes_reduced_values": (c.c_int, [c.c_int]),
         "oktopk_comm_measure_link": (c.c_int, [i64, P(LinkModel)]),
+        "oktopk_comm_get_link": (c.c_int, [i64, P(LinkModel), P(c.c_int)]),
+        "oktopk_comm_set_link": (c.c_int, [i64, P(LinkModel)]),
         "oktopk_predict_call": (c.c_int, [P(LinkModel), c.c_int, i64, c.c_int, P(Config), P(c.c_int), P(c.c_double),
                                           P(c.c_double)]),
         "oktopk_config_init": (None, [P(Config)]),

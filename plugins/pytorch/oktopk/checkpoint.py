@@ -86,6 +86,7 @@ def fields(state):
     if comm is not None:
         state._reducer.drain()  # after every queued bucket
         tensors.update(save_groups(comm, state._device_groups, state._layout.groups))
+        state._link = comm.link() or state._link
     rank, size = placement(state) or state._owner or (None, None)
     return {
         "iter": state.iter,
@@ -104,7 +105,23 @@ def fields(state):
         "optimizer_seen": state._optimizers.seen,
         "communicator": comm is not None,
         "path": state._path,
+        "link": state._link,
     }
+
+
+def check_link(link):
+    """A saved link model (None, or a dict of three finite seconds >= 0),
+    checked; ValueError naming the field."""
+    if link is None:
+        return None
+    names = ("latency_seconds", "seconds_per_byte", "pass_seconds_per_byte")
+    if not isinstance(link, dict) or set(link) != set(names):
+        raise ValueError(f"oktopk: this checkpoint's link model is not a dict of {', '.join(names)}: {link!r}")
+    for name in names:
+        v = link[name]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v < float("inf"):
+            raise ValueError(f"oktopk: this checkpoint's link model has {name} = {v!r}: want finite seconds >= 0")
+    return {name: float(link[name]) for name in names}
 
 
 def state_dict(state):
@@ -147,6 +164,11 @@ def load_state_dict(state, saved):
     if state._momentum is not None:
         state._momentum.load_state_dict(saved.get("momentum", {}))
     # A checkpoint from before the choice existed: every group may hold a residual.
+    # The link model "auto" chose by: the resumed run chooses as the saved
+    # one would have, not by a new measurement (absent: measure anew).
+    state._link = check_link(saved.get("link"))
+    if state._link is not None and state._reducer.comm is not None:
+        state._reducer.comm.set_link(state._link)
     state._residual_groups = set(saved.get("residual_groups", saved.get("tensors", {}).keys()))
     tensors = dict(saved.get("tensors", {}))
     state._layout.load_state_dict(saved.get("layout", {}))

@@ -397,6 +397,29 @@ class Communicator:
             "pass_seconds_per_byte": link.pass_seconds_per_byte,
         }
 
+    def link(self):
+        """The link model the "auto" algorithm chooses by (as measure_link
+        returns it), or None before one was measured or set. Local."""
+        link, measured = _lib.new_link_model(), ctypes.c_int(0)
+        self._check(_lib.lib().oktopk_comm_get_link(self.handle, ctypes.byref(link), ctypes.byref(measured)))
+        if not measured.value:
+            return None
+        return {
+            "latency_seconds": link.latency_seconds,
+            "seconds_per_byte": link.seconds_per_byte,
+            "pass_seconds_per_byte": link.pass_seconds_per_byte,
+        }
+
+    def set_link(self, model):
+        """Install a link model (a dict as link() returns) instead of a
+        measurement: the same on every rank, at the same point of the call
+        order (a resumed run, a communicator made again). Local."""
+        link = _lib.new_link_model()
+        link.latency_seconds = model["latency_seconds"]
+        link.seconds_per_byte = model["seconds_per_byte"]
+        link.pass_seconds_per_byte = model["pass_seconds_per_byte"]
+        self._check(_lib.lib().oktopk_comm_set_link(self.handle, ctypes.byref(link)))
+
     def save_tensor_state(self, tensor_id):
         lib = _lib.lib()
         size = ctypes.c_size_t(0)

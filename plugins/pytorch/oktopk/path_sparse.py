@@ -123,6 +123,8 @@ def start(state):
             state._reducer.comm.load_tensor_state(bucket_id, blob)
         state._library_groups = set(state._pending_state)
         state._pending_state = {}
+        if state._link is not None:
+            state._reducer.comm.set_link(state._link)
 
 
 def call_for(state, step):

@@ -182,7 +182,7 @@ class OkTopkState(ReducerStats):
         "_hook_iters", "_owner", "_adapt_error", "_choice", "_path", "_residual_groups", "_pooled_iter", "_optimizers", "device_path",
         "_device_groups", "_library_groups", "_host_buffers", "dense_compression", "_quantized", "_quantized_bytes", "_quantized_spill",
         "grads_as_bucket_views", "_bucket_grads", "momentum_correction", "momentum_masking", "local_clip_norm", "_momentum", "_agreement_steps", "_folds",
-        "_communicator_at_load",
+        "_communicator_at_load", "_link",
     ]
 
     def __init__(self, process_group=None, density=DEFAULTS.density, algorithm=DEFAULTS.algorithm, warmup_iters=DEFAULT_WARMUP_ITERS,
@@ -255,6 +255,10 @@ class OkTopkState(ReducerStats):
         self._reducer = Reducer(None if self.adaptive is None else AdaptiveControl(self.adaptive, self.density, self.tau_prime))
         # Residuals and thresholds loaded before the communicator existed.
         self._pending_state = {}
+        # The link model "auto" chose by (a dict, or None before one was
+        # measured): a communicator made again, or a resumed run, gets this
+        # one rather than a new measurement that may choose otherwise.
+        self._link = None
         # Iterations this process has run through the hook: DDP's first one
         # (0 here) uses its provisional bucket layout, every later one the
         # rebuilt layout, whatever state.iter a checkpoint resumed from.

@@ -131,5 +131,6 @@ def release_communicator(state):
         return
     reducer.drain()
     state._pending_state = save_groups(reducer.comm, state._device_groups, state._layout.groups)
+    state._link = reducer.comm.link() or state._link  # the next communicator chooses by the same link
     state._device_groups = {}  # their residuals are in the saved states; the next sparse step loads them again
     reducer.close()
