@@ -369,6 +369,42 @@ static void test_residual_fold(oktopk_comm_t comm, int rank) {
   free(state);
 }
 
+/* Taking a call back (0.13): after an undoable call the tensor's state is
+ * again bitwise the one saved before it, a second undo changes nothing, and
+ * the next call gives what it gives without the undone one; a call made
+ * without OKTOPK_CALL_UNDOABLE cannot be taken back. */
+static void test_undo_call(oktopk_comm_t comm, int rank) {
+  size_t n = 4096, sz = 0;
+  float *g = malloc(n * 4), *x = malloc(n * 4), *y = malloc(n * 4);
+  oktopk_call_options_t undoable = {.size = sizeof undoable, .flags = OKTOPK_CALL_UNDOABLE};
+  fill_gradient(g, n, rank, 9);
+  OK(oktopk_sparse_allreduce_ex(comm, 500, g, n, OKTOPK_FLOAT32, &undoable, NULL));
+  OK(oktopk_tensor_state_size(comm, 500, &sz));
+  char *before = malloc(sz), *after = malloc(sz);
+  OK(oktopk_tensor_state_save(comm, 500, before, sz));
+  OK(oktopk_tensor_state_load(comm, 501, before, sz)); /* a twin that never makes the undone call */
+  fill_gradient(x, n, rank, 10);
+  OK(oktopk_sparse_allreduce_ex(comm, 500, x, n, OKTOPK_FLOAT32, &undoable, NULL));
+  OK(oktopk_tensor_undo_call(comm, 500));
+  OK(oktopk_tensor_state_save(comm, 500, after, sz));
+  REQUIRE(memcmp(before, after, sz) == 0);
+  OK(oktopk_tensor_undo_call(comm, 500)); /* nothing left to take back */
+  OK(oktopk_tensor_state_save(comm, 500, after, sz));
+  REQUIRE(memcmp(before, after, sz) == 0);
+  fill_gradient(x, n, rank, 11);
+  memcpy(y, x, n * 4);
+  OK(oktopk_sparse_allreduce(comm, 500, x, n, OKTOPK_FLOAT32, NULL));
+  OK(oktopk_sparse_allreduce(comm, 501, y, n, OKTOPK_FLOAT32, NULL));
+  REQUIRE(memcmp(x, y, n * 4) == 0);
+  EXPECT(oktopk_tensor_undo_call(comm, 500), oktopkInvalidUsage); /* that call was not undoable */
+  OK(oktopk_tensor_undo_call(comm, 502)); /* no state */
+  free(g);
+  free(x);
+  free(y);
+  free(before);
+  free(after);
+}
+
 /* A state belongs to one rank of a communicator of one size: rank 0's state
  * loaded on another rank, or any rank's state loaded into a communicator of
  * another size, is refused at load, with a message that says so once (no
@@ -484,6 +520,22 @@ static void test_auto(oktopk_comm_t comm, int rank, int size) {
   printf("HASH auto_link %016llx\n", (unsigned long long)hash_bytes(&link.latency_seconds, 3 * sizeof(double), HASH_SEED));
   oktopk_link_model_t bad = {.size = 2};
   EXPECT(oktopk_comm_measure_link(comm, &bad), oktopkInvalidArgument);
+  /* The link kept (0.13): what the measurement agreed, and what a caller
+   * sets instead (a resumed job's), read back bit for bit. */
+  oktopk_link_model_t got = {.size = sizeof got};
+  int measured = 0;
+  OK(oktopk_comm_get_link(comm, &got, &measured));
+  REQUIRE(measured == 1 && memcmp(&got.latency_seconds, &link.latency_seconds, 3 * sizeof(double)) == 0);
+  oktopk_link_model_t set = {.size = sizeof set, .latency_seconds = 2e-4, .seconds_per_byte = 3e-9, .pass_seconds_per_byte = 1e-10};
+  OK(oktopk_comm_set_link(comm, &set));
+  OK(oktopk_comm_get_link(comm, &got, &measured));
+  REQUIRE(measured == 1 && memcmp(&got.latency_seconds, &set.latency_seconds, 3 * sizeof(double)) == 0);
+  oktopk_link_model_t nan_link = set;
+  nan_link.seconds_per_byte = NAN;
+  EXPECT(oktopk_comm_set_link(comm, &nan_link), oktopkInvalidArgument);
+  EXPECT(oktopk_comm_set_link(comm, &bad), oktopkInvalidArgument);
+  EXPECT(oktopk_comm_get_link(comm, &got, NULL), oktopkInvalidArgument);
+  OK(oktopk_comm_set_link(comm, &link)); /* the measured one again, for what follows */
   float ones[3] = {1, 2, 3};
   OK(oktopk_allreduce(comm, ones, 3, OKTOPK_FLOAT32, 0, OKTOPK_ALGO_AUTO));
   for (int j = 0; j < 3; j++) REQUIRE(ones[j] == (float)((j + 1) * size));
@@ -748,6 +800,7 @@ static int run_ranks(void) {
   test_sparse_async(id_comm, rank);
   test_tensor_state(id_comm, rank);
   test_residual_fold(id_comm, rank);
+  test_undo_call(id_comm, rank);
   test_tensor_state_of_another_rank_or_size(id_comm, rank, size);
 
   OK(oktopk_comm_destroy(bound));
