@@ -262,6 +262,12 @@ def test_default_choice_alike_on_every_rank_keeps_mass_and_resumes(tmp_path):
         assert lost <= 1e-5, f"parameter {i}: {lost:.3%} of its gradient mass lost"
     # Resumed after step 29 (inside the native probe of steps 28-31): the
     # same paths and decisions, and the same final model.
+    # "auto" (the sparse path) chooses by the link it measured at its first
+    # call: the communicator made again at 40, and the resumed run's, keep it.
+    for r in (0, 1):
+        links = full[r]["links"]
+        assert links[0] is not None and None in links.values() and all(v in (None, links[0]) for v in links.values()), links
+        assert links[40] == links[0] and all(results[r]["resumed"]["links"][s] == links[0] for s in (30, 40, 43)), results[r]["resumed"]["links"]
     for r in (0, 1):
         resumed = results[r]["resumed"]
         assert resumed["paths"] == {s: full[r]["paths"][s] for s in range(30, 44)}

@@ -356,7 +356,7 @@ def choice(out, ckpt):
             opt.load_oktopk_state_dict(saved["oktopk"])
         local = [torch.zeros_like(p, dtype=torch.float64) for p in model.parameters()]
         applied = [torch.zeros_like(p, dtype=torch.float64) for p in model.parameters()]
-        paths, alive = {}, {}
+        paths, alive, links = {}, {}, {}
         for step in range(first, last):
             g = torch.Generator().manual_seed(1000 * step + hvd.rank())
             x, y = torch.randn(32, 20, generator=g), torch.randint(0, 5, (32,), generator=g)
@@ -370,6 +370,7 @@ def choice(out, ckpt):
             F.cross_entropy(model(x), y).backward()
             clock.now += choice_cost(opt._path, step, hvd.rank())
             opt.step()
+            links[step] = None if opt._reducer.comm is None else opt._reducer.comm.link()
             for acc, p in zip(applied, model.parameters()):
                 acc += p.grad
             if save == step + 1:
@@ -385,7 +386,7 @@ def choice(out, ckpt):
             for p in bucket.params:
                 residual[index[id(p)]] += flat[at : at + p.numel()].view_as(p)
                 at += p.numel()
-        result = {"paths": paths, "alive": alive, "choice": opt.choice, "local": [t.numpy() for t in local], "applied": [t.numpy() for t in applied],
+        result = {"paths": paths, "alive": alive, "links": links, "choice": opt.choice, "local": [t.numpy() for t in local], "applied": [t.numpy() for t in applied],
                   "residual": [t.numpy() for t in residual], "counts": dict(opt.algorithm_counts), "params": digest(model)}
         opt.close()
         return result

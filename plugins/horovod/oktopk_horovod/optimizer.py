@@ -15,15 +15,12 @@ and why:
   worker thread, whatever order autograd finishes them in: every rank then
   makes the same calls in the same order.
 * The library computes the average over ranks; ``op=hvd.Sum`` scales it back.
-  ``gradient_predivide_factor`` (Average only) splits Horovod's division by
-  the world size into a part before and a part after the sum, to keep fp16
-  sums in range; the library sums in float32 and divides once, so the
-  result is the same average and the factor needs no further work.
+  ``gradient_predivide_factor`` (Average only) needs no work: the library
+  sums in float32 and divides once, so the result is the same average.
 * Sparse gradients (``nn.Embedding(sparse=True)``) are made dense when
-  ``sparse_as_dense=True``, as in Horovod, and then reduced like every
-  other gradient (through liboktopk, at the same density); otherwise they
-  are refused with a message saying so (Horovod would allgather them, which
-  is not a sparse allreduce of the kind oktopk does).
+  ``sparse_as_dense=True``, as in Horovod, and reduced like every other
+  gradient; otherwise they are refused with a message saying so (Horovod
+  would allgather them, which is not a sparse allreduce).
 """
 
 import contextlib
@@ -35,6 +32,7 @@ import torch
 
 from oktopk import Communicator, log
 from oktopk.adaptive import AdaptiveControl
+from oktopk.checkpoint import check_link
 from oktopk.choice import NATIVE, SPARSE, StepChoice, debug_enabled
 from oktopk.momentum import MOMENTUM_OPTIMIZER, MomentumCorrection
 from oktopk import device as device_path_
@@ -132,8 +130,8 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
         adaptive = compressor.adaptive
         self._reducer = Reducer(None if adaptive is None else AdaptiveControl(adaptive, compressor.density, compressor.tau_prime))
         # Bucket states saved when the measured choice released an idle
-        # communicator, loaded into the next one.
-        self._pending_state = {}
+        # communicator, and the link "auto" chose by: the next one keeps both.
+        self._pending_state, self._link = {}, None
         # With algorithm None, the measured choice between Horovod's own
         # allreduce and the sparse one (oktopk.choice): the path of the step
         # under way, decided where the step before it ended, and the buckets
@@ -341,7 +339,7 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
         """The communicator over every Horovod rank, its endpoints exchanged
         through Horovod's own collectives (every rank at the same point)."""
         compressor = self._compressor
-        return Communicator.from_exchange(
+        comm = Communicator.from_exchange(
             hvd.rank(),
             hvd.size(),
             lambda token: hvd.broadcast_object(token, root_rank=0, name="oktopk.token"),
@@ -355,6 +353,9 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
             value_dtype=compressor.value_dtype,
             stochastic_rounding=compressor.stochastic_rounding,
         )
+        if self._link is not None:
+            comm.set_link(self._link)
+        return comm
 
     def _follow_path(self, previous):
         """Between steps, on every rank alike (the path is agreed): once
@@ -369,6 +370,7 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
             reducer.drain()
             self._pending_state = {tensor_id: save_group(reducer.comm, self._device_groups, tensor_id) for tensor_id in sorted(self._stateful_ids)}
             self._device_groups = {}  # their residuals are in the saved states, loaded again at the next sparse step
+            self._link = reducer.comm.link() or self._link
             reducer.comm.destroy()
             reducer.comm = None
         elif reducer.comm is None and self._path == SPARSE:
@@ -427,7 +429,8 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
             tensors = dict(self._pending_state)
         else:
             tensors = {tensor_id: save_group(self._reducer.comm, self._device_groups, tensor_id) for tensor_id in sorted(self._stateful_ids)}
-        return with_checksum({"rank": hvd.rank(), "world_size": hvd.size(), "tensors": tensors, "step": self.sparse_step,
+            self._link = self._reducer.comm.link() or self._link
+        return with_checksum({"link": self._link, "rank": hvd.rank(), "world_size": hvd.size(), "tensors": tensors, "step": self.sparse_step,
                 "density_schedule": self.density_schedule,
                 "adaptive": self._reducer.adaptive_state(self._measure_xi_every),
                 "choice": None if self._choice is None else {**self._choice.state_dict(), "path": self._path},
@@ -472,6 +475,9 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
         if self._choice is not None and state.get("choice") is not None:
             self._choice.load_state_dict(state["choice"])
             self._path = state["choice"]["path"]
+        self._link = check_link(state.get("link"))  # absent: measure anew
+        if self._link is not None and self._reducer.comm is not None:
+            self._reducer.comm.set_link(self._link)
         self._residual_ids = set(state.get("residual_ids", tensors.keys()))
         self._stateful_ids = set(tensors.keys())
         if self._momentum is not None:
