@@ -154,8 +154,15 @@ func TestUndoCallIsAsIfTheCallNeverHappened(t *testing.T) {
 func TestUndoCallNothingToTakeBack(t *testing.T) {
 	const p, n = 2, 400
 	cfg := Config{Algorithm: OkTopk, Density: 0.05, Tau: 2, TauPrime: 2}
-	d := newDriftingGradients(p, n, 3)
+	// Every rank's gradients, made before the ranks run (the generator is
+	// not theirs to share).
+	d, steps := newDriftingGradients(p, n, 3), make([][][]float32, 6)
+	for s := range steps {
+		steps[s] = d.next()
+	}
 	runInProc(t, p, func(ctx context.Context, rank int, c *Communicator) error {
+		at := 0
+		next := func() []float32 { at++; return steps[at-1][rank] }
 		call := func(g []float32) error {
 			_, err := c.SparseAllreduceWith(ctx, 1, append([]float32(nil), g...), cfg, CallOptions{Undoable: true})
 			return err
@@ -169,14 +176,14 @@ func TestUndoCallNothingToTakeBack(t *testing.T) {
 		if err := c.UndoCall(1); err != nil { // no state
 			return err
 		}
-		if err := call(d.next()[rank]); err != nil {
+		if err := call(next()); err != nil {
 			return err
 		}
 		afterFirst := blobOf(t, c, 1)
 
 		// A NaN on rank 1: every rank skips the call, and the undo that
 		// follows leaves the first call in place.
-		g := d.next()[rank]
+		g := next()
 		if rank == 1 {
 			g[7] = float32(math.NaN())
 		}
@@ -192,7 +199,7 @@ func TestUndoCallNothingToTakeBack(t *testing.T) {
 
 		// A fold and its unfold (a peek at the residual) keep the undo;
 		// a fold alone suspends it.
-		if err := call(d.next()[rank]); err != nil {
+		if err := call(next()); err != nil {
 			return err
 		}
 		afterSecond := blobOf(t, c, 1)
@@ -227,7 +234,7 @@ func TestUndoCallNothingToTakeBack(t *testing.T) {
 		}
 
 		// A load: nothing to take back.
-		if err := call(d.next()[rank]); err != nil {
+		if err := call(next()); err != nil {
 			return err
 		}
 		saved := blobOf(t, c, 1)
@@ -245,7 +252,7 @@ func TestUndoCallNothingToTakeBack(t *testing.T) {
 
 		// A call made without the option kept nothing: refused, and
 		// nothing changes; a failed call after it clears the refusal.
-		if _, err := c.SparseAllreduce(ctx, 1, d.next()[rank], cfg); err != nil {
+		if _, err := c.SparseAllreduce(ctx, 1, next(), cfg); err != nil {
 			return err
 		}
 		plain := blobOf(t, c, 1)
@@ -258,7 +265,7 @@ func TestUndoCallNothingToTakeBack(t *testing.T) {
 		if st := c.TensorStateOf(1); st.lastCall.residual != nil {
 			return fmt.Errorf("rank %d: a tensor reduced without the option still keeps a copy of its residual", rank)
 		}
-		g = d.next()[rank]
+		g = next()
 		if rank == 0 {
 			g[3] = float32(math.Inf(1))
 		}
@@ -277,11 +284,14 @@ func TestUndoCallNothingToTakeBack(t *testing.T) {
 func TestUndoCallWithoutTheOptionKeepsNoCopy(t *testing.T) {
 	const p, n = 2, 1 << 16
 	cfg := Config{Algorithm: OkTopk, Density: 0.01, Tau: 2, TauPrime: 2}
-	d := newDriftingGradients(p, n, 9)
+	d, steps := newDriftingGradients(p, n, 9), make([][][]float32, 3)
+	for s := range steps {
+		steps[s] = d.next() // before the ranks run: the generator is not theirs to share
+	}
 	runInProc(t, p, func(ctx context.Context, rank int, c *Communicator) error {
 		for s := 0; s < 3; s++ {
 			undoable := s == 1
-			if _, err := c.SparseAllreduceWith(ctx, 1, d.next()[rank], cfg, CallOptions{Undoable: undoable}); err != nil {
+			if _, err := c.SparseAllreduceWith(ctx, 1, steps[s][rank], cfg, CallOptions{Undoable: undoable}); err != nil {
 				return err
 			}
 			if kept := c.TensorStateOf(1).lastCall.residual != nil; kept != undoable {
