@@ -5,20 +5,18 @@ parameters kept inside liboktopk, or on the device on the device path
 
 Its parts, in this file's order:
 
-* the two entry points of every path module (``oktopk.paths``):
-  :func:`reduce`, a DDP bucket queued on the state's worker thread (a
-  future), and :func:`reduce_`, an FSDP2 shard reduced in place;
+* the entry points of every path module (``oktopk.paths``): :func:`reduce`,
+  a DDP bucket queued on the worker thread (a future), and :func:`reduce_`,
+  an FSDP2 shard reduced in place;
 * the communicator, made at the first sparse step (:func:`start`), and what
   each sparse iteration's calls use (:func:`call_for`);
 * the device path's bookkeeping, shared with the Horovod optimizer
   (:func:`device_path_wanted`, :func:`device_group`, :func:`device_call`,
-  :func:`save_group`: the same logic over its own buckets);
-* the worker thread's functions: a bucket that is exactly one group is
-  reduced by itself, any other goes through the layout's regrouping pool
-  (see ``oktopk.layout``);
-* the folds: before a native step, the residual a sparse step left joins
-  the values (:func:`fold`, :func:`fold_shard_`), so the switch loses
-  nothing.
+  :func:`save_group`);
+* the worker thread's functions: a bucket that is one group is reduced by
+  itself, any other through the layout's regrouping pool (``oktopk.layout``);
+* the folds: before a native step the residual joins the values
+  (:func:`fold`, :func:`fold_shard_`), so the switch loses nothing.
 """
 
 import torch
@@ -269,14 +267,10 @@ def _reduce_pieces(state, group_id, pieces, call):
     if not cuda and len(pieces) == 1 and pieces[0][1:] == (0, tensor.numel()) and tensor.is_contiguous():
         host = tensor  # in place
     else:
-        # The one copy of a bucket that remains, and why: the library
-        # reads host memory (a CUDA bucket is copied to pinned host
-        # memory, so both copies are DMA transfers), and it keeps the
-        # residual in the group's layout (a CPU bucket whose parameters
-        # DDP laid out otherwise, as in the first iteration of a resumed
-        # run or under a checkpoint saved in ascending order, or a group
-        # spread over buckets, is gathered). The staging memory is the
-        # reducer's, reused.
+        # The one copy that remains: the library reads host memory (a CUDA
+        # bucket goes to pinned memory by DMA), in the group's layout (a
+        # bucket DDP laid out otherwise, as in a resumed run's first step,
+        # or a group spread over buckets, is gathered), into reused staging.
         host = state._reducer.staging_for(n, tensor.dtype, cuda)
         at = 0
         for t, a, b in pieces:
