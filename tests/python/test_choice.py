@@ -414,3 +414,37 @@ def test_a_run_resumed_inside_a_confirmation_takes_the_same_paths(resume_at):
         x, y = a.pop(key), b.pop(key)
         assert x == y if None in (x, y) else x == pytest.approx(y)
     assert a == b
+
+
+def test_a_watch_the_garbage_collector_takes_inside_an_optimizer_step_leaves_that_step_whole():
+    # The campaign's job 125: the states of earlier jobs, kept alive by
+    # reference cycles, were collected inside the next job's first
+    # optimizer step, while torch iterated over its global step hooks; the
+    # watch's __del__ removed its hook there and the step raised "OrderedDict
+    # mutated during iteration".
+    import gc
+
+    import torch
+    from torch.optim.optimizer import _global_optimizer_pre_hooks, register_optimizer_step_pre_hook
+    from oktopk.optimizers import OptimizerWatch
+
+    collect = register_optimizer_step_pre_hook(lambda *args: [gc.collect(), None][1])  # before the watch's hook
+    enabled = gc.isenabled()
+    gc.disable()  # only the hook above collects the watch
+    try:
+        watch = OptimizerWatch(on_momentum=lambda optimizer: None)
+        watch.cycle = watch
+        hooks = len(_global_optimizer_pre_hooks)
+        del watch
+        w = torch.nn.Parameter(torch.ones(3))
+        opt = torch.optim.SGD([w], lr=0.5)
+        w.grad = torch.ones(3)
+        opt.step()
+        assert torch.equal(w.detach(), torch.full((3,), 0.5))
+        assert len(_global_optimizer_pre_hooks) == hooks, "the collected watch's hook was removed inside the step"
+        OptimizerWatch().close()  # the next watch removes the collected one's hooks
+        assert len(_global_optimizer_pre_hooks) == hooks - 1
+    finally:
+        collect.remove()
+        if enabled:
+            gc.enable()

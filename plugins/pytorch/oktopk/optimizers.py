@@ -60,6 +60,13 @@ COMPRESSED = {"bf16": "in bfloat16", "quantized": "quantized with error feedback
 # The one line that replaces an Adam-family optimizer (oktopk.optim): a DDP
 # script's, and a Horovod script's (in place of hvd.DistributedOptimizer).
 DEMO_LINE = "opt = oktopk.optim.DeMo(model, lr=3e-3, weight_decay=0.01)"
+
+# The hooks of watches the garbage collector took, removed when the next
+# watch is made. The collector may run inside an optimizer's step, while
+# torch iterates over its global hooks, and removing one there raises
+# "OrderedDict mutated during iteration" in the user's step. Until then they
+# do nothing: they hold only a weak reference to their watch.
+_orphaned_hooks = []
 HOROVOD_DEMO_LINE = "opt = oktopk_horovod.DeMo(model.parameters(), lr=3e-3, weight_decay=0.01)"
 
 
@@ -78,7 +85,8 @@ class OptimizerWatch:
     """Notes the first Adam-family optimizer that steps any of the watched
     parameters, through torch's global optimizer step pre-hook. The hook
     holds only a weak reference to the watch and is removed by ``close``
-    (not from inside itself: torch iterates its hooks while calling them).
+    (not from inside itself: torch iterates its hooks while calling them),
+    or, for a watch the garbage collector took, when the next is made.
     ``warn``: warn once when seen (a named algorithm). ``on_momentum``:
     called with every torch.optim.SGD that steps watched parameters, after
     each of its steps (oktopk.momentum)."""
@@ -91,6 +99,8 @@ class OptimizerWatch:
         self._params = set()  # id() of the watched parameters
         self._verdicts = weakref.WeakKeyDictionary()  # optimizer -> steps watched parameters?
         self._lock = threading.Lock()
+        while _orphaned_hooks:
+            _orphaned_hooks.pop().remove()
         ref = weakref.ref(self)
 
         def pre_step(optimizer, args, kwargs):
@@ -160,4 +170,6 @@ class OptimizerWatch:
             self._post_handle = None
 
     def __del__(self):
-        self.close()
+        for handle in (self._handle, getattr(self, "_post_handle", None)):
+            if handle is not None:
+                _orphaned_hooks.append(handle)
