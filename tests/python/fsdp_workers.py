@@ -409,3 +409,59 @@ def demo_hsdp(rank, world, port, out, steps):
                       "grad0": {k: v.numpy() for k, v in grads[0].items()},
                       "bytes": sent, "refusals": refusals})
     dist.destroy_process_group()
+
+
+def nan_one_module(rank, world, port, out, steps, bad_step, optimizer):
+    """A NaN in one FSDP2 module's gradient shard on ranks 0 and 1 (one rank
+    of each replicate group: a replicate group sees only its own shards) at
+    ``bad_step``, put there just before the module's hook, the other
+    modules' shards finite: the sparse path under SGD (algorithm "oktopk"), the quantized
+    path under AdamW (the measured choice, its clock injected so that
+    quantized is a clear win). A step whose gradient is not finite on some
+    rank is skipped on every rank, as AMP's scaler skips it. Per step: its
+    path, whether it was finite, and the state's checkpoint of residuals
+    (library tensors, quantized groups) after it; and the final shards."""
+    from workers import InjectedClock
+
+    setup(rank, world, port)
+    mesh = mesh_2x2()
+    model = sharded_stack(mesh, True)
+    group = mesh.get_group("replicate")
+    if optimizer == "SGD":
+        state = OkTopkState(process_group=group, density=0.05, algorithm="oktopk")
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    else:
+        state = OkTopkState(process_group=group, density=0.05, dense_compression="quantized", recheck_every=8)
+        state._choice.clock = clock = InjectedClock()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    registration = oktopk.fsdp.register(model, state)
+    current = {"step": -1}
+    hook = registration.modules[0][1]._all_reduce_hook
+
+    def poisoned(shard):
+        if rank in (0, 1) and current["step"] == bad_step:
+            shard.view(-1)[0] = float("nan")
+        hook(shard)
+
+    registration.modules[0][0].set_all_reduce_hook(poisoned)
+    steps_out = []
+    for s in range(steps):
+        current["step"] = s
+        if optimizer != "SGD":
+            clock.now += 0.010 if state._path == "quantized" and s > state.warmup_iters else 0.030  # the step before
+        x, y = batch(rank, s)
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        bad = torch.tensor([0.0 if all(bool(torch.isfinite(p.grad.to_local()).all()) for p in model.parameters()) else 1.0])
+        dist.all_reduce(bad)  # as AMP's scaler: skipped on every rank when any rank's gradient is not finite
+        if bad.item() == 0:
+            opt.step()
+        saved = state.state_dict()
+        steps_out.append({"path": state._path if s >= state.warmup_iters else "warm-up", "finite": bad.item() == 0,
+                          "tensors": saved["tensors"], "residual_groups": saved["residual_groups"],
+                          "quantized": {k: (v["residual"].numpy().tobytes(), v["owner_residual"].numpy().tobytes())
+                                        for k, v in saved["quantized"].items()}})
+    write(out, rank, {"steps": steps_out, "modules": len(registration.modules),
+                      "shards": {k: v.numpy() for k, v in local_shards(model).items()}})
+    state.close()
+    dist.destroy_process_group()

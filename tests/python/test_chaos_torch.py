@@ -149,7 +149,8 @@ def test_a_nan_in_one_ddp_bucket_leaves_every_residual_and_velocity_as_before_th
     buckets' calls and velocity steps are taken back, so no library state
     and no velocity changes across the step (tests/python/
     test_nan_one_group.py checks it bitwise, with the run without the
-    batch; FSDP2 and the quantized path are still open)."""
+    batch; test_fsdp.py and test_ddp.py check FSDP2's modules and the
+    quantized path)."""
     import subprocess
 
     env = dict(os.environ, OMP_NUM_THREADS="1")

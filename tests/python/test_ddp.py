@@ -537,3 +537,22 @@ def test_repr_names_only_the_settings_that_differ_from_their_defaults():
     finally:
         for s in states:
             s.close()
+
+
+def test_a_nan_in_one_bucket_of_a_quantized_step_keeps_every_quantized_residual_on_every_rank():
+    # The campaign's nan-one-group finding on the quantized path: the
+    # NaN's group comes back NaN on every rank and the step is skipped,
+    # but the other groups' quantized allreduces completed and replaced
+    # their residuals; the skipped step lost what they sent. Now they are
+    # taken back before the next step, bitwise.
+    nan_step = 9
+    results = run(workers.nan_at_switch, 2, "AdamW", "quantized", None, nan_step)
+    for r, res in results.items():
+        steps = res["steps"]
+        before, at, after = steps[nan_step - 1], steps[nan_step], steps[nan_step + 1]
+        assert before["path"] == at["path"] == after["path"] == "quantized", (r, [s["path"] for s in steps])
+        assert before["finite"] and not at["finite"] and after["finite"], r
+        assert len(before["quantized"]) >= 2, f"rank {r} held {len(before['quantized'])} quantized group(s): the test checks too little"
+        assert at["quantized"] == before["quantized"], f"rank {r}: a quantized residual changed across the skipped step"
+        assert after["quantized"] != at["quantized"], f"rank {r}: the next step moved nothing"
+    assert results[0]["params"] == results[1]["params"]

@@ -226,3 +226,30 @@ def test_demo_over_hsdp_replicas_is_demo_of_each_local_shard_and_replicas_agree(
             assert np.array_equal(results[r]["sharded"][name], twin["sharded"][name]), (r, name)
             # No dense exchange across the replicas: their shard gradients differ.
             assert not np.array_equal(results[r]["grad0"][name], twin["grad0"][name]), (r, name)
+
+
+@pytest.mark.parametrize("optimizer,path", [("SGD", "sparse"), ("AdamW", "quantized")])
+def test_a_nan_in_one_modules_shard_leaves_every_residual_as_before_the_step(optimizer, path):
+    # The campaign's nan-one-group finding on FSDP2: the NaN's module is
+    # skipped on every replica, but the other modules were reduced, and
+    # their residuals (library states, quantized groups) moved on; the
+    # skipped step lost what they sent. Now they are taken back before the
+    # next step, bitwise, on every rank.
+    bad_step = 5
+    results = run(fsdp_workers.nan_one_module, WORLD, bad_step + 3, bad_step, optimizer)
+    for r in range(WORLD):
+        res = results[r]
+        steps = res["steps"]
+        before, at, after = steps[bad_step - 1], steps[bad_step], steps[bad_step + 1]
+        assert res["modules"] >= 2, f"rank {r}: {res['modules']} module(s); the test needs several"
+        assert before["path"] == at["path"] == path, (r, [s["path"] for s in steps])
+        assert before["finite"] and not at["finite"] and after["finite"], r
+        held = before["quantized"] if path == "quantized" else before["tensors"]
+        assert len(held) >= 2, f"rank {r} held {len(held)} residual(s) before the bad step: the test checks too little"
+        assert at["tensors"] == before["tensors"], f"rank {r}: a library state changed across the skipped step"
+        assert at["residual_groups"] == before["residual_groups"], r
+        assert at["quantized"] == before["quantized"], f"rank {r}: a quantized residual changed across the skipped step"
+        assert at["tensors"] != after["tensors"] or at["quantized"] != after["quantized"], f"rank {r}: the next step moved nothing"
+    for r in range(WORLD):  # replicas (ranks r and r ^ 2) agree bitwise
+        for name, shard in results[r]["shards"].items():
+            assert np.array_equal(shard, results[r ^ 2]["shards"][name]), (r, name)

@@ -119,6 +119,10 @@ class _Registration:
 
     def _begin(self, shard):
         state = self.state
+        # Before anything reads a residual: a step before that came back
+        # non-finite anywhere gives back what its other modules' calls and
+        # folds took, on every rank alike (StepFolds).
+        state._folds.settle()
         if state._agreement_steps:
             agree_on_settings(state, shard.device)  # before anything the settings decide
         if self.measured_step is not None:  # every call of that step is done, on every rank
@@ -129,7 +133,6 @@ class _Registration:
         self.new_step = False
         s = self.step - state.warmup_iters
         if s >= 0 and state._choice is not None:
-            state._folds.settle()  # before anything reads the residuals the step before folded
             begin_step(state, s, shard.device, untimed=self.steps_run == 0)
             state._folds.watching = state._path == NATIVE and bool(state._residual_groups or state._quantized)
         elif s == -1 and state._choice is not None:

@@ -73,12 +73,32 @@ def reduce_group(state, group_id, pieces):
     group.to(tensor.device)
     in_place = all(t is tensor for t, _, _ in pieces) and all(pieces[k][2] == pieces[k + 1][1] for k in range(len(pieces) - 1))
     flat = tensor[pieces[0][1] : pieces[-1][2]] if in_place else torch.cat([t[a:b] for t, a, b in pieces])
-    state._quantized_bytes += group.allreduce_(flat, pg)
+    _allreduce(state, group_id, group, flat, len(state._layout.groups) != 1)
     if not in_place:
         at = 0
         for t, a, b in pieces:
             t[a:b].copy_(flat[at : at + b - a])
             at += b - a
+
+
+def _allreduce(state, group_id, group, flat, undoable):
+    """``group``'s quantized allreduce of ``flat``, recorded for the step
+    (StepFolds): a NaN or Inf on any rank (every rank gets NaN, the
+    residuals unchanged) makes the step void; a completed call, when
+    ``undoable`` (the step has other groups, whose NaN could void it after
+    all), is recorded with what takes it back: the residuals before it,
+    which the call replaced rather than wrote over, kept until the next
+    step settles."""
+    before = (group.residual, group.owner_residual)
+    state._quantized_bytes += group.allreduce_(flat, state.process_group)
+    if group.residual is before[0]:  # the call kept them: skipped
+        state._folds.skipped()
+    elif undoable:
+        def take_back():
+            if state._quantized.get(group_id) is group:  # not replaced by a load since
+                group.residual, group.owner_residual = before
+
+        state._folds.took(take_back)
 
 
 def fold(state, bucket, tensor):
@@ -124,7 +144,7 @@ def reduce_(state, group_id, shard, step):
     if group is None:
         group = state._quantized[group_id] = QuantizedGroup((group_id,), (shard.numel(),), dist.get_world_size(pg), dist.get_rank(pg),
                                                             shard.device)
-    state._quantized_bytes += group.to(shard.device).allreduce_(shard.view(-1), pg)
+    _allreduce(state, group_id, group.to(shard.device), shard.view(-1), len(state._layout.groups) != 1)
 
 
 def fold_shard_(state, group_id, shard):

@@ -82,15 +82,20 @@ def reduce_(state, group_id, shard, step):
         state.last_density, state.last_tau_prime = density, tau_prime
     else:
         state.last_density = state.density if call[0] is None else call[0]
+    had_residual = group_id in state._residual_groups
     if takes_device_path(state, shard) and shard.is_contiguous():
         # The shard stays on its device; only pairs cross (oktopk.device).
         flat = shard.view(-1)
-        reduce_on_device(state, group_id, [(flat, 0, flat.numel())], (), density)
+        made = group_id not in state._device_groups and group_id not in state._library_groups
+        stats, group = reduce_on_device(state, group_id, [(flat, 0, flat.numel())], (), density)
+        _took_call(state, group_id, stats, had_residual, group, made)
         return
     host = _host(state, shard)
     state._residual_groups.add(group_id)
-    state._reducer.sparse_allreduce_(group_id, host, density=density, xi_step=xi_step, tau_prime=tau_prime,
-                                     sparse_only=state._choice is not None)
+    undoable = len(state._layout.groups) != 1  # as a bucket's call (_reduce_pieces)
+    stats = state._reducer.sparse_allreduce_(group_id, host, density=density, xi_step=xi_step, tau_prime=tau_prime,
+                                             sparse_only=state._choice is not None, undoable=undoable)
+    _took_call(state, group_id, stats, had_residual, undoable=undoable)
     if host is not shard:
         shard.copy_(host)
 
@@ -284,10 +289,9 @@ def _reduce_pieces(state, group_id, pieces, call):
     if adaptive is not None:  # this worker thread adapts them, between steps
         density, tau_prime = adaptive.density, adaptive.tau_prime
         state.last_density, state.last_tau_prime = density, tau_prime
-    # A step of several groups can turn out void after this call completed
-    # (another group's NaN): the call keeps a copy of the residual to be
-    # taken back with. A step of one group cannot (a NaN skips this very
-    # call), and pays nothing.
+    # Another group's NaN can void the step after this call completed: it
+    # keeps a copy of the residual to be taken back with. A step of one
+    # group cannot (a NaN skips this very call), and pays nothing.
     undoable = len(state._layout.groups) != 1
     stats = state._reducer.sparse_allreduce_(group_id, host, hold, density=density, xi_step=xi_step, tau_prime=tau_prime,
                                              sparse_only=state._choice is not None, undoable=undoable)
@@ -300,18 +304,14 @@ def _reduce_pieces(state, group_id, pieces, call):
 
 
 def _took_call(state, group_id, stats, had_residual, group=None, made=False, undoable=True):
-    """Worker thread, right after group ``group_id``'s call of this step
-    (``stats`` None: skipped for a NaN or Inf on some rank, so on every
-    rank): a skip makes the step void; a completed call is recorded with
-    what takes it back should the step be void after all (another group's
-    NaN: StepFolds.settle, before the next step's first call, on every rank
-    alike). Taking it back is the library's oktopk_tensor_undo_call (the
-    residual, thresholds, boundaries and call count as before the call);
-    a device-path group's residual is put back by a swap, its previous one
-    being still whole in its scratch buffer (oktopk.device), and a group
-    the call made (``made``) is forgotten again. ``had_residual``: whether
-    the group held a residual before the call, for a native step's fold;
-    ``undoable``: the call was made so (device-path calls always are)."""
+    """Right after group ``group_id``'s call of this step (``stats`` None:
+    skipped for a NaN or Inf on some rank, so on every rank): a skip makes
+    the step void; a completed call is recorded with what takes it back
+    should another group's NaN void the step (StepFolds.settle): the
+    library's oktopk_tensor_undo_call, a device-path residual swapped back
+    from its scratch buffer (oktopk.device), a group the call ``made``
+    forgotten. ``had_residual``: the group held one before (a native step
+    folds it); ``undoable``: the call was made so (device-path calls are)."""
     folds = state._folds
     if stats is None:
         folds.skipped()
