@@ -847,6 +847,16 @@ def judge(job, run):
             return outs, extra
         for cut in job["cuts"]:
             label = resume_label(job, any_res, cut) if any_res else "resume-?"
+            # Resumed before "auto" (named, or the measured choice's sparse
+            # path) made its first library call, the run measures the link
+            # itself, as a fresh run does, and its algorithms follow that
+            # measurement: neither it nor a second uninterrupted run is the
+            # first one bitwise (docs/pytorch-details.md). Where it chose other
+            # algorithms, it must still take the same paths and end alike on
+            # every rank; where it chose the same, it is compared bitwise.
+            before_auto = bool(any_res) and job["cfg"]["front"] in ("ddp", "fsdp") and \
+                job["cfg"].get("state", {}).get("algorithm") in (None, "auto") and \
+                not any(a for g, a in any_res["whole"].get("algorithms", {}).items() if int(g) < cut)
             o = outcome(label, hang=int(base["hang"]), crash=len(crashed), notes=list(notes))
             if any_res:
                 paths = any_res["whole"]["paths"]
@@ -869,18 +879,26 @@ def judge(job, run):
                     differ.append(f"paths from step {first} ({entry['paths'].get(str(first))} for {tail.get(str(first))})")
                 algos = {g: a for g, a in whole.get("algorithms", {}).items() if int(g) > cut}  # the first resumed step: new counters
                 theirs = {g: a for g, a in entry.get("algorithms", {}).items() if int(g) > cut}
-                if not differ and algos != theirs:
+                remeasured = before_auto and not differ and algos != theirs
+                if remeasured:
+                    o["notes"].append(f"rank {r} resumed at step {cut}, before auto's first call: other algorithms "
+                                      f"(compared across the ranks, not with the uninterrupted run)")
+                elif not differ and algos != theirs:
                     first = min(int(g) for g in set(algos) | set(theirs) if algos.get(g) != theirs.get(g))
                     differ.append(f"library algorithms from step {first} ({theirs.get(str(first))} for {algos.get(str(first))})")
-                if entry["params"] != whole["params"]:
+                if entry["params"] != whole["params"] and not remeasured:
                     differ.append("parameters")
-                if whole["mass"] != entry["mass"]:
+                if whole["mass"] != entry["mass"] and not remeasured:
                     differ.append("residuals")
                 if differ:
                     o["silent"] = 1
                     o["notes"].append(f"rank {r} resumed at step {cut}: {', '.join(differ)} differ from the uninterrupted run's")
+            resumed = [res["resumed"][str(cut)] for res in results.values() if res["resumed"].get(str(cut), {}).get("params")]
+            if before_auto and len({entry["params"] for entry in resumed}) > 1:  # (equal to the whole run's where not remeasured)
+                o["silent"] = 1
+                o["notes"].append(f"resumed at step {cut}, before auto's first call: the ranks ended with different parameters")
             outs.append(o)
-            extra.append(("resumed", f"{describe(job['cfg'])}: {label}"))
+            extra.append(("resumed", f"{describe(job['cfg'])}: {label}" + (" (before auto's first call)" if before_auto else "")))
         return outs, extra
     raise ValueError(kind)
 
