@@ -73,11 +73,15 @@ def test_fp16_allreduce_with_oktopk_sends_float16_values():
     assert ratio < 0.85, ratio
 
 
-def test_nan_on_one_rank_is_a_skipped_step_on_every_rank():
+def test_nan_on_one_rank_is_a_skipped_step_on_every_rank_and_every_residual_stays_as_before():
     results = horovodrun(2, "nan_on_one_rank")
     for r, res in results.items():
         assert res["finite"] == [True, True, False, True, True], f"rank {r}: {res['finite']}"
         assert res["params"] == results[0]["params"], "ranks ended with different parameters"
+        # The other buckets' calls completed; they are taken back, so every
+        # residual and threshold is what it was before the skipped step.
+        assert res["buckets"] >= 2 and res["held"] >= 2, (r, res["buckets"], res["held"])
+        assert res["unchanged"], f"rank {r}: a residual changed across the skipped step"
 
 
 def test_sparse_gradients_need_sparse_as_dense():

@@ -133,16 +133,20 @@ def counting_horovod_reductions():
 
 
 def nan_on_one_rank(out):
-    """A NaN in one rank's gradient at step 2 makes every rank's reduced
-    gradient non-finite at that step only; the steps after it are finite
-    and the ranks stay identical."""
+    """A NaN in one rank's gradient of one bucket (of several) at step 2
+    makes every rank's reduced gradient non-finite at that step only; the
+    steps after it are finite and the ranks stay identical. The state's
+    checkpoint of residuals before and after the skipped step."""
     hvd.init()
     torch.manual_seed(3)
     model = small_model()
-    opt = oktopk_horovod.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters(), compression=oktopk_horovod.Compression.oktopk(algorithm="oktopk", density=0.05))
+    opt = oktopk_horovod.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters(), compression=oktopk_horovod.Compression.oktopk(algorithm="oktopk", density=0.05),
+                                              bucket_bytes=4096)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    finite = []
+    finite, tensors = [], {}
     for step in range(5):
+        if step in (2, 3):
+            tensors[step] = opt.oktopk_state_dict()["tensors"]  # after steps 1 and 2
         g = torch.Generator().manual_seed(1000 * step + hvd.rank())
         x, y = torch.randn(32, 20, generator=g), torch.randint(0, 5, (32,), generator=g)
         opt.zero_grad()
@@ -160,7 +164,8 @@ def nan_on_one_rank(out):
         if ok:  # skip the step as GradScaler would
             with opt.skip_synchronize():
                 opt.step()
-    result = {"finite": finite, "params": digest(model)}
+    result = {"finite": finite, "params": digest(model), "buckets": len(opt._buckets),
+              "unchanged": tensors[2] == tensors[3], "held": len(tensors[2])}
     opt.close()
     return result
 

@@ -25,7 +25,7 @@ import torch
 
 from oktopk.choice import NATIVE
 from oktopk import device as device_path_
-from oktopk.path_sparse import device_call, device_group, device_path_wanted
+from oktopk.path_sparse import device_call, device_group, device_path_wanted, took_call
 
 
 class Bucket:
@@ -75,11 +75,11 @@ def reduce_bucket(opt, bucket, call):
     if call == NATIVE:
         # Horovod's own allreduce of the bucket, its residual (left by
         # sparse steps) folded in first so nothing waits or is lost.
-        if bucket.tensor_id in opt._residual_ids:
+        if bucket.tensor_id in opt._residual_groups:
             comm, tid = opt._reducer.comm, bucket.tensor_id
             comm.fold_residual_(tid, host)
-            opt._folds.took(lambda: (comm.unfold_residual(tid), opt._residual_ids.add(tid)))
-            opt._residual_ids.discard(tid)
+            opt._folds.took(lambda: (comm.unfold_residual(tid), opt._residual_groups.add(tid)))
+            opt._residual_groups.discard(tid)
         hvd.allreduce_(host, op=opt._op, name=f"oktopk.native.{bucket.index}")
     else:
         if cuda:
@@ -87,10 +87,14 @@ def reduce_bucket(opt, bucket, call):
         # A step the library skipped (NaN or Inf on some rank) comes back
         # as NaN on every rank, as Horovod's dense average would, so AMP's
         # scaler or the user's own check skips it everywhere.
+        # Another bucket's NaN can void the step after this call completed:
+        # it is taken back then (took_call, the DDP hook's rule).
         density, xi_step, tau_prime = call
-        opt._residual_ids.add(bucket.tensor_id)
-        opt._reducer.sparse_allreduce_(bucket.tensor_id, host, density=density, xi_step=xi_step, tau_prime=tau_prime,
-                                        sparse_only=opt._choice is not None)
+        had_residual, undoable = bucket.tensor_id in opt._residual_groups, len(opt._buckets) != 1
+        opt._residual_groups.add(bucket.tensor_id)
+        stats = opt._reducer.sparse_allreduce_(bucket.tensor_id, host, density=density, xi_step=xi_step, tau_prime=tau_prime,
+                                               sparse_only=opt._choice is not None, undoable=undoable)
+        took_call(opt, bucket.tensor_id, stats, had_residual, undoable=undoable)
         opt._stateful_ids.add(bucket.tensor_id)
         if opt._op == hvd.Sum:
             host.mul_(hvd.size())
@@ -118,17 +122,20 @@ def _reduce_on_device(opt, bucket, grads, call):
     flat = grads[0].view(-1) if whole else torch.cat([g.reshape(-1) for g in grads])
     tid = bucket.tensor_id
     # A loaded checkpoint's residual (its id in _library_ids) moves here.
+    made = tid not in opt._device_groups and tid not in opt._library_ids
     group = device_group(opt._device_groups, opt._library_ids, opt._reducer.comm, tid, flat.numel(), flat.device)
     if call == NATIVE:
-        residual = group.residual.clone() if tid in opt._residual_ids else None
+        residual = group.residual.clone() if tid in opt._residual_groups else None
         if residual is not None and device_path_.fold_(flat, group):
-            opt._folds.took(lambda: (group.residual.copy_(residual), opt._residual_ids.add(tid)))
-            opt._residual_ids.discard(tid)
+            opt._folds.took(lambda: (group.residual.copy_(residual), opt._residual_groups.add(tid)))
+            opt._residual_groups.discard(tid)
         hvd.allreduce_(flat, op=opt._op, name=f"oktopk.native.{bucket.index}")
     else:
         density, _, tau_prime = call
-        opt._residual_ids.add(tid)
-        device_call(opt._reducer, opt._host_buffers, tid, flat, group, density=density, tau_prime=tau_prime)
+        had_residual = tid in opt._residual_groups
+        opt._residual_groups.add(tid)
+        stats = device_call(opt._reducer, opt._host_buffers, tid, flat, group, density=density, tau_prime=tau_prime)
+        took_call(opt, tid, stats, had_residual, group, made)
         opt._stateful_ids.add(tid)
         if opt._op == hvd.Sum:
             flat.mul_(hvd.size())

@@ -138,7 +138,7 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
         # whose residual a sparse step may have left non-zero.
         self._choice = None
         self._path = SPARSE
-        self._residual_ids = set()
+        self._residual_groups = set()
         # What this step's folds took from the residuals, given back when
         # its sum turns out non-finite (the step is then skipped).
         self._folds = StepFolds()
@@ -308,15 +308,14 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
             try:
                 for bucket in self._buckets:
                     bucket.future.result()
-                if self._folds.folded:
-                    # A NaN on any rank makes this step's sum non-finite on
-                    # every rank, and the step skipped: what the folds took
-                    # goes back into the residuals (StepFolds).
+                if self._folds.folded and self._path == NATIVE:  # a NaN shows in the folded sum, on every rank
                     self._folds.watching = True
                     for bucket in self._buckets:
                         for p in bucket.params:
                             self._folds.see(p.grad)
-                    self._folds.settle()
+                # A step that came back non-finite is skipped: what its folds
+                # and its other buckets' calls took goes back (StepFolds).
+                self._folds.settle()
                 if (self._reducer.adaptive is not None and self.sparse_step % self._measure_xi_every == 0
                         and self._reducer.comm is not None):
                     # Every call of the step is done: the reducer's
@@ -366,7 +365,7 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
         on it too."""
         reducer = self._reducer
         if (reducer.comm is not None and previous == NATIVE and self._path == NATIVE and self._choice.chosen == NATIVE
-                and not self._residual_ids):
+                and not self._residual_groups):
             reducer.drain()
             self._pending_state = {tensor_id: save_group(reducer.comm, self._device_groups, tensor_id) for tensor_id in sorted(self._stateful_ids)}
             self._device_groups = {}  # their residuals are in the saved states, loaded again at the next sparse step
@@ -434,7 +433,7 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
                 "density_schedule": self.density_schedule,
                 "adaptive": self._reducer.adaptive_state(self._measure_xi_every),
                 "choice": None if self._choice is None else {**self._choice.state_dict(), "path": self._path},
-                "residual_ids": sorted(self._residual_ids),
+                "residual_ids": sorted(self._residual_groups),
                 "momentum": {} if self._momentum is None else self._momentum.state_dict()})
 
     def load_oktopk_state_dict(self, state):
@@ -478,7 +477,7 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
         self._link = check_link(state.get("link"))  # absent: measure anew
         if self._link is not None and self._reducer.comm is not None:
             self._reducer.comm.set_link(self._link)
-        self._residual_ids = set(state.get("residual_ids", tensors.keys()))
+        self._residual_groups = set(state.get("residual_ids", tensors.keys()))
         self._stateful_ids = set(tensors.keys())
         if self._momentum is not None:
             self._momentum.load_state_dict(state.get("momentum", {}))

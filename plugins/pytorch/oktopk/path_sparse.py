@@ -88,14 +88,14 @@ def reduce_(state, group_id, shard, step):
         flat = shard.view(-1)
         made = group_id not in state._device_groups and group_id not in state._library_groups
         stats, group = reduce_on_device(state, group_id, [(flat, 0, flat.numel())], (), density)
-        _took_call(state, group_id, stats, had_residual, group, made)
+        took_call(state, group_id, stats, had_residual, group, made)
         return
     host = _host(state, shard)
     state._residual_groups.add(group_id)
     undoable = len(state._layout.groups) != 1  # as a bucket's call (_reduce_pieces)
     stats = state._reducer.sparse_allreduce_(group_id, host, density=density, xi_step=xi_step, tau_prime=tau_prime,
                                              sparse_only=state._choice is not None, undoable=undoable)
-    _took_call(state, group_id, stats, had_residual, undoable=undoable)
+    took_call(state, group_id, stats, had_residual, undoable=undoable)
     if host is not shard:
         shard.copy_(host)
 
@@ -265,7 +265,7 @@ def _reduce_pieces(state, group_id, pieces, call):
     if takes_device_path(state, tensor):
         made = group_id not in state._device_groups and group_id not in state._library_groups
         stats, group = reduce_on_device(state, group_id, pieces, hold, density)
-        _took_call(state, group_id, stats, had_residual, group, made)
+        took_call(state, group_id, stats, had_residual, group, made)
         if masking:
             state._momentum.note_sent(state, group_id, sizes)
         return
@@ -295,7 +295,7 @@ def _reduce_pieces(state, group_id, pieces, call):
     undoable = len(state._layout.groups) != 1
     stats = state._reducer.sparse_allreduce_(group_id, host, hold, density=density, xi_step=xi_step, tau_prime=tau_prime,
                                              sparse_only=state._choice is not None, undoable=undoable)
-    _took_call(state, group_id, stats, had_residual, undoable=undoable)
+    took_call(state, group_id, stats, had_residual, undoable=undoable)
     if masking:
         state._momentum.note_sent(state, group_id, sizes)
     state._folds.see(host)  # a step that folds other buckets: a skipped sparse call skips it too
@@ -303,8 +303,9 @@ def _reduce_pieces(state, group_id, pieces, call):
         write_back(pieces, host)
 
 
-def _took_call(state, group_id, stats, had_residual, group=None, made=False, undoable=True):
-    """Right after group ``group_id``'s call of this step (``stats`` None:
+def took_call(state, group_id, stats, had_residual, group=None, made=False, undoable=True):
+    """Right after group ``group_id``'s call of this step (the DDP hook's,
+    FSDP2's, the Horovod optimizer's: ``state``) (``stats`` None:
     skipped for a NaN or Inf on some rank, so on every rank): a skip makes
     the step void; a completed call is recorded with what takes it back
     should another group's NaN void the step (StepFolds.settle): the
