@@ -25,7 +25,7 @@ WHEEL_VENV := $(OKTOPK_CACHE)/venv-wheel-$(shell sha256sum $(WHEEL_REQ) | cut -c
 WHEEL_PY := $(WHEEL_VENV)/bin/python
 GO_SOURCES := $(shell find core transport capi -name '*.go' -not -name '*_test.go') $(wildcard capi/*.c capi/*.h) go.mod go.sum
 
-.PHONY: gpu-check all deps deps-launch deps-text deps-images bench-text bench-images bench-ddp bench-ddp-smoke venv-wheel build test test-go test-c test-launch test-python test-wheel test-venvs test-horovod wheel demo demo-runs bench bench-quick bench-smoke bench-e2e bench-e2e-smoke bench-go bench-scale examples header-check clean venv venv-horovod print-py chaos chaos-smoke chaos-torch chaos-torch-smoke fuzz
+.PHONY: venv-wait-torch venv-wait-horovod gpu-check all deps deps-launch deps-text deps-images bench-text bench-images bench-ddp bench-ddp-smoke venv-wheel build test test-go test-c test-launch test-python test-wheel test-venvs test-horovod wheel demo demo-runs bench bench-quick bench-smoke bench-e2e bench-e2e-smoke bench-go bench-scale examples header-check clean venv venv-horovod print-py chaos chaos-smoke chaos-torch chaos-torch-smoke fuzz
 
 all: build
 
@@ -127,21 +127,33 @@ venv-horovod:
 # the wheels, the bench and chaos programs). A suite alone (`make
 # test-python`) runs as before, untimed.
 TEST_TIMES := $(BUILD)/test-times.txt
+# The virtualenvs are built in the background from make test's start, at the
+# lowest CPU priority, while the suites before them run (tests/background.sh);
+# the step that needs one waits for it, then makes it (a no-op once built).
+BACKGROUND := $(BUILD)/background
+venv-wait-torch:
+	@tests/background.sh $(BACKGROUND) wait torch-venv
+	@$(MAKE) --no-print-directory venv
+venv-wait-horovod:
+	@tests/background.sh $(BACKGROUND) wait horovod-venv
+	@$(MAKE) --no-print-directory venv-horovod
 # $(call timed,NAME,TARGET): make TARGET, its wall time recorded as NAME.
 # The + runs it under `make -n` too, so that the sub-make shows its recipe.
 timed = +@tests/timed.sh $(TEST_TIMES) run "$(1)" $(MAKE) --no-print-directory $(2)
 test:
 	@tests/timed.sh $(TEST_TIMES) reset
 	$(call timed,setup: libzmq and Go modules,deps)
+	@tests/background.sh $(BACKGROUND) start torch-venv $(MAKE_COMMAND) --no-print-directory venv
+	@tests/background.sh $(BACKGROUND) start horovod-venv $(MAKE_COMMAND) --no-print-directory venv-horovod
 	$(call timed,test-go,test-go)
 	$(call timed,setup: liboktopk.so,build)
 	$(call timed,test-c,test-c)
 	$(call timed,setup: Open MPI and Slurm,deps-launch)
-	$(call timed,setup: torch venv,venv)
+	$(call timed,setup: torch venv (the wait for its background build),venv-wait-torch)
 	$(call timed,test-launch,test-launch)
 	$(call timed,test-python,test-python)
 	$(call timed,setup: wheel venv,venv-wheel)
-	$(call timed,setup: horovod venv,venv-horovod)
+	$(call timed,setup: horovod venv (the wait for its background build),venv-wait-horovod)
 	$(call timed,test-wheel,test-wheel)
 	$(call timed,test-horovod,test-horovod)
 	$(call timed,test-venvs,test-venvs)

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# background.sh DIR start NAME COMMAND... | DIR wait NAME
+# Setup that `make test` builds while its first suites run: on a fresh
+# machine the two virtualenvs (torch's download, Horovod's build from
+# source) take about 5 minutes, and the suites before them leave about a
+# quarter of the cores idle (measured: 29% during test-go, 23% during
+# test-python, on 2 cores).
+#   start  runs COMMAND in the background at the lowest CPU priority, so the
+#          suites keep the cores and it takes only what they leave idle; in a
+#          session of its own, its output in DIR/NAME.log, never on the
+#          terminal or CI's pipe. A build of NAME still running from an
+#          interrupted `make test` is stopped first: two builds of one
+#          virtualenv would remove each other's files.
+#   wait   returns once NAME's background build has ended (at once if none
+#          was started), saying how long it took, and printing its log's
+#          tail if it failed. The step that needs it then runs its own make
+#          target: a no-op when the background built it, the build itself
+#          when it failed (never both at once: wait returns only once the
+#          background has ended).
+set -u
+dir=$1 action=$2 name=$3
+shift 3
+pid_file=$dir/$name.pid rc_file=$dir/$name.rc log=$dir/$name.log
+
+case $action in
+start)
+	mkdir -p "$dir"
+	if [ -f "$pid_file" ] && kill -0 "$(cat "$pid_file")" 2>/dev/null; then
+		kill -- -"$(cat "$pid_file")" 2>/dev/null
+		while kill -0 "$(cat "$pid_file")" 2>/dev/null; do sleep 0.2; done
+	fi
+	rm -f "$rc_file"
+	start=$EPOCHSECONDS
+	setsid bash -c 'nice -n 19 "$@"; echo "$? $(($EPOCHSECONDS - '"$start"'))" >"'"$rc_file"'"' _ "$@" \
+		>"$log" 2>&1 </dev/null &
+	echo $! >"$pid_file"
+	echo "$name: building in the background (log: $log)"
+	;;
+wait)
+	[ -f "$pid_file" ] || exit 0
+	pid=$(cat "$pid_file")
+	while [ ! -f "$rc_file" ] && kill -0 "$pid" 2>/dev/null; do sleep 1; done
+	rm -f "$pid_file"
+	read -r rc secs <"$rc_file" 2>/dev/null || { rc=died secs=?; }
+	if [ "$rc" = 0 ]; then
+		echo "$name: built in the background in $secs s"
+	else
+		echo "$name: the background build failed ($rc); its log's tail, then the build in the foreground:"
+		tail -n 40 "$log"
+	fi
+	;;
+*)
+	echo "usage: $0 DIR start NAME COMMAND... | DIR wait NAME" >&2
+	exit 2
+	;;
+esac
