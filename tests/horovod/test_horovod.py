@@ -340,4 +340,10 @@ def test_oktopk_state_with_a_changed_field_is_refused_at_load():
     for changed in (dict(saved, rank=1), dict(saved, step=9)):
         with pytest.raises(ValueError, match="fails its checksum"):
             opt.load_oktopk_state_dict(changed)
+    # Signed again, so only the layout's version differs: refused, named.
+    from oktopk.settings import with_checksum
+
+    other = {k: v for k, v in saved.items() if k != "checksum"} | {"version": saved["version"] + 1}
+    with pytest.raises(ValueError, match="oktopk_horovod checkpoint has layout version"):
+        opt.load_oktopk_state_dict(with_checksum(other))
     opt.close()

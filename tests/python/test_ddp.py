@@ -502,6 +502,25 @@ def test_a_checkpoint_with_a_changed_field_or_byte_is_refused_at_load():
         s.close()
 
 
+def test_a_checkpoint_of_another_layout_version_is_refused_naming_both_versions():
+    # Signed, so the checksum holds: only its layout's version differs (or
+    # is missing, as in a checkpoint saved before versions were recorded).
+    from oktopk.checkpoint import VERSION
+    from oktopk.settings import with_checksum
+
+    state = OkTopkState(density=0.1)
+    saved = {k: v for k, v in state.state_dict().items() if k != "checksum"}
+    assert saved["version"] == VERSION
+    older = {k: v for k, v in saved.items() if k != "version"}
+    for other, named in ((dict(saved, version=VERSION + 1), VERSION + 1), (older, None)):
+        with pytest.raises(ValueError, match=f"layout version {named!r}, and this oktopk reads version {VERSION}"):
+            OkTopkState(density=0.1).load_state_dict(with_checksum(other))
+    pickled = {k: v for k, v in state.__getstate__().items() if k != "checksum"}
+    with pytest.raises(ValueError, match="layout version"):
+        OkTopkState.__new__(OkTopkState).__setstate__(with_checksum(dict(pickled, version=VERSION + 1)))
+    state.close()
+
+
 @pytest.mark.parametrize(
     "optimizer,dense_compression,device_path,nan_step",
     [("SGD", None, False, 6), ("SGD", None, True, 6), ("AdamW", "quantized", None, 14)],

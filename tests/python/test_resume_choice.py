@@ -69,13 +69,12 @@ def test_a_checkpoint_saved_at_the_end_of_the_warm_up_carries_its_last_steps_tim
     assert resumed.ms[NATIVE] == pytest.approx(30.0) and resumed.summary()["reason"] == whole.summary()["reason"]
 
 
-def test_a_checkpoint_without_the_step_under_way_still_loads_and_probes_native():
-    # Saved before the field existed (or before any timed step): the step
-    # is not timed, and the resumed run probes native after the sparse
-    # probe, as before.
+def test_a_checkpoint_with_no_step_under_way_loads_and_probes_native():
+    # Saved before any timed step: the step is not timed, and the resumed
+    # run probes native after the sparse probe.
     whole, clock = in_last_warm_up_step(0.020)
     saved = whole.state_dict()
-    del saved["unfinished"]
+    saved["unfinished"] = None
     resumed, clock = StepChoice(), Clock()
     resumed.load_state_dict(saved)
     resumed.clock = clock

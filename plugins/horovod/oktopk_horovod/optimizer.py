@@ -32,7 +32,7 @@ import torch
 
 from oktopk import Communicator, log
 from oktopk.adaptive import AdaptiveControl
-from oktopk.checkpoint import check_link
+from oktopk.checkpoint import check_link, check_version
 from oktopk.choice import NATIVE, SPARSE, StepChoice, debug_enabled
 from oktopk.momentum import MOMENTUM_OPTIMIZER, MomentumCorrection
 from oktopk import device as device_path_
@@ -49,6 +49,7 @@ from .ranks import agree_max, check_owner, default_bind_host, horovod_agreement
 _default_bind_host = default_bind_host  # the name oktopk_horovod.optim imports
 
 BUCKET_BYTES = 25 * 1024 * 1024  # DDP's default bucket_cap_mb
+CHECKPOINT_VERSION = 1  # the layout of oktopk_state_dict(): each of its fields always written
 
 
 def DistributedOptimizer(
@@ -429,7 +430,7 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
         else:
             tensors = {tensor_id: save_group(self._reducer.comm, self._device_groups, tensor_id) for tensor_id in sorted(self._stateful_ids)}
             self._link = self._reducer.comm.link() or self._link
-        return with_checksum({"link": self._link, "rank": hvd.rank(), "world_size": hvd.size(), "tensors": tensors, "step": self.sparse_step,
+        return with_checksum({"version": CHECKPOINT_VERSION, "link": self._link, "rank": hvd.rank(), "world_size": hvd.size(), "tensors": tensors, "step": self.sparse_step,
                 "density_schedule": self.density_schedule,
                 "adaptive": self._reducer.adaptive_state(self._measure_xi_every),
                 "choice": None if self._choice is None else {**self._choice.state_dict(), "path": self._path},
@@ -443,17 +444,12 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
         does one whose checksum fails (a field or byte changed since it was
         saved)."""
         check_checksum(state, "oktopk_horovod")
-        if "tensors" in state:
-            check_owner(state.get("rank"), state.get("world_size"))
-            tensors = state["tensors"]
-        else:
-            tensors = state  # saved before states recorded their rank (the library still checks)
+        check_version(state, CHECKPOINT_VERSION, "oktopk_horovod")
+        check_owner(state["rank"], state["world_size"])
+        tensors = state["tensors"]
         # The schedule and its step count are part of the run: a resumed run
-        # continues the saved one (a checkpoint from before schedules keeps
-        # this optimizer's, from its step count).
-        schedule = self.density_schedule
-        if "density_schedule" in state:
-            schedule = check_schedule(state["density_schedule"], self._compressor.density)
+        # continues the saved one.
+        schedule = check_schedule(state["density_schedule"], self._compressor.density)
         ids = {bucket.tensor_id for bucket in self._buckets}
         for tensor_id in tensors:
             if tensor_id not in ids:
@@ -466,21 +462,21 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
                 self._device_groups.pop(tensor_id, None)
             self._library_ids |= set(tensors)
         self.density_schedule = schedule
-        self.sparse_step = int(state.get("step", self.sparse_step))
+        self.sparse_step = int(state["step"])
         # So is the adaptation: where it stood, under the saved bounds.
-        if state.get("adaptive") is not None:
+        if state["adaptive"] is not None:
             self._measure_xi_every = self._reducer.load_adaptive(state["adaptive"], self._compressor.density, self._compressor.tau_prime)
         # And the measured choice: the next step's path, and the decisions.
-        if self._choice is not None and state.get("choice") is not None:
+        if self._choice is not None and state["choice"] is not None:
             self._choice.load_state_dict(state["choice"])
             self._path = state["choice"]["path"]
-        self._link = check_link(state.get("link"))  # absent: measure anew
+        self._link = check_link(state["link"])  # None: measure anew
         if self._link is not None and self._reducer.comm is not None:
             self._reducer.comm.set_link(self._link)
-        self._residual_groups = set(state.get("residual_ids", tensors.keys()))
+        self._residual_groups = set(state["residual_ids"])
         self._stateful_ids = set(tensors.keys())
         if self._momentum is not None:
-            self._momentum.load_state_dict(state.get("momentum", {}))
+            self._momentum.load_state_dict(state["momentum"])
         # What decides the collectives may have changed (the step, the
         # choice): the next step's first gradient hook agrees again.
         self._agreement_due = True

@@ -27,22 +27,25 @@ than start a similar one:
 - a checksum of it all (``oktopk.settings.with_checksum``), so that a
   changed field or byte is refused rather than trained on.
 
+- the layout's version (``version``): a checkpoint of another layout is
+  refused with a message saying so, not read field by field with guesses
+  for what it lacks.
+
 A pickle holds the same with the constructor's settings, from which
-unpickling makes the state again. Fields a checkpoint made by an older
-version lacks take what that version did, so its checkpoints still load.
-The field order is part of the output: the same state pickles to the same
-bytes.
+unpickling makes the state again. The field order is part of the output:
+the same state pickles to the same bytes.
 """
 
 import torch.distributed as dist
 
-from .choice import BF16, PATHS, SPARSE
+from .choice import PATHS
 from .path_sparse import save_groups
 from .quantized import QuantizedGroup
 from .schedule import check_schedule
-from .settings import DEFAULTS, check_checksum, with_checksum
+from .settings import check_checksum, with_checksum
 
 NAME = "OkTopkState"  # how a failed checksum names what failed
+VERSION = 1  # the checkpoint's layout: the fields below, each always written
 
 
 def placement(state):
@@ -89,6 +92,7 @@ def fields(state):
         state._link = comm.link() or state._link
     rank, size = placement(state) or state._owner or (None, None)
     return {
+        "version": VERSION,
         "iter": state.iter,
         "density": state.density,
         "density_schedule": state.density_schedule,
@@ -134,15 +138,15 @@ def load_state_dict(state, saved):
     algorithm, schedule, owner) before any of it changes ``state``, then
     restore it."""
     check_checksum(saved, NAME)
-    if saved.get("algorithm", state.algorithm) != state.algorithm:
+    check_version(saved)
+    if saved["algorithm"] != state.algorithm:
         def named(a):
             return "the measured choice (algorithm=None)" if a is None else f"algorithm {a!r}"
         raise ValueError(f"checkpoint was made with {named(saved['algorithm'])}, this state uses {named(state.algorithm)}: "
                          f"make the state with the checkpoint's algorithm")
-    # A checkpoint from before schedules existed keeps this state's.
-    schedule = check_schedule(saved["density_schedule"], state.density) if "density_schedule" in saved else state.density_schedule
+    schedule = check_schedule(saved["density_schedule"], state.density)
     previous = state._owner
-    state._owner = None if saved.get("world_size") is None else (int(saved["rank"]), int(saved["world_size"]))
+    state._owner = None if saved["world_size"] is None else (int(saved["rank"]), int(saved["world_size"]))
     try:
         check_owner(state)
     except ValueError:
@@ -151,27 +155,26 @@ def load_state_dict(state, saved):
     state.iter = int(saved["iter"])
     state.density_schedule = schedule
     # The adaptation goes on under the saved bounds, not this state's.
-    if saved.get("adaptive") is not None:
+    if saved["adaptive"] is not None:
         state.measure_xi_every = state._reducer.load_adaptive(saved["adaptive"], state.density, state.tau_prime)
         state.adaptive = state._reducer.adaptive.bounds
-    if state._choice is not None and saved.get("choice") is not None:
+    if state._choice is not None and saved["choice"] is not None:
         state._choice.load_state_dict(saved["choice"])
-    if state._choice is not None and saved.get("optimizer_seen") is not None and state._optimizers.seen is None:
+    if state._choice is not None and saved["optimizer_seen"] is not None and state._optimizers.seen is None:
         # As the run that saved it had seen it (a named algorithm only
         # warns of one: a resumed process warns again).
         state._optimizers.seen = str(saved["optimizer_seen"])
-    state._quantized = {int(k): QuantizedGroup.from_state_dict(v) for k, v in saved.get("quantized", {}).items()}
+    state._quantized = {int(k): QuantizedGroup.from_state_dict(v) for k, v in saved["quantized"].items()}
     if state._momentum is not None:
-        state._momentum.load_state_dict(saved.get("momentum", {}))
-    # A checkpoint from before the choice existed: every group may hold a residual.
+        state._momentum.load_state_dict(saved["momentum"])
     # The link model "auto" chose by: the resumed run chooses as the saved
-    # one would have, not by a new measurement (absent: measure anew).
-    state._link = check_link(saved.get("link"))
+    # one would have, not by a new measurement (None: measure anew).
+    state._link = check_link(saved["link"])
     if state._link is not None and state._reducer.comm is not None:
         state._reducer.comm.set_link(state._link)
-    state._residual_groups = set(saved.get("residual_groups", saved.get("tensors", {}).keys()))
-    tensors = dict(saved.get("tensors", {}))
-    state._layout.load_state_dict(saved.get("layout", {}))
+    state._residual_groups = set(saved["residual_groups"])
+    tensors = dict(saved["tensors"])
+    state._layout.load_state_dict(saved["layout"])
     # What decides the collectives may have changed (iter, layout, the
     # choice): the next step begins with the ranks' agreement again.
     state._agreement_steps = max(state._agreement_steps, 1)
@@ -184,12 +187,10 @@ def load_state_dict(state, saved):
         state._pending_state = tensors
     if state._choice is not None:
         state._choice.resume_timing()  # last: the saved step's time goes on from here
-        # A checkpoint without these fields: the residuals wait for the
-        # next sparse step.
-        saved_path = saved.get("path", SPARSE)
+        saved_path = saved["path"]
         if saved_path not in PATHS:
             raise ValueError(f"oktopk: this checkpoint's step took the path {saved_path!r}, which this version does not know")
-        alive = bool(saved.get("communicator")) and state._reducer.comm is None
+        alive = bool(saved["communicator"]) and state._reducer.comm is None
         state._communicator_at_load = saved_path if alive else None
 
 
@@ -218,17 +219,23 @@ def constructor_arguments(saved):
     pickle ``saved`` was made from, once its checksum holds (checked first:
     no field of a changed pickle makes the state)."""
     check_checksum(saved, NAME)
-    saved_choice = saved.get("choice")
-    # A state pickled before warm-ups of 1 were refused: its iterations
-    # past the warm-up are unaffected by the longer one.
-    warmup_iters = max(saved["warmup_iters"], 2)
-    args = (None, saved["density"], saved["algorithm"], warmup_iters, saved["tau"], saved["tau_prime"], saved["timeout"],
-            saved.get("value_dtype", DEFAULTS.value_dtype), saved.get("stochastic_rounding", DEFAULTS.stochastic_rounding),
-            saved.get("density_schedule"), saved.get("measure_xi_every"),
-            None if saved.get("adaptive") is None else saved["adaptive"]["bounds"],
+    check_version(saved)
+    saved_choice = saved["choice"]
+    args = (None, saved["density"], saved["algorithm"], saved["warmup_iters"], saved["tau"], saved["tau_prime"], saved["timeout"],
+            saved["value_dtype"], saved["stochastic_rounding"], saved["density_schedule"], saved["measure_xi_every"],
+            None if saved["adaptive"] is None else saved["adaptive"]["bounds"],
             *((saved_choice["margin"], saved_choice["recheck_every"]) if saved_choice else ()))
-    kwargs = dict(device_path=saved.get("device_path"), dense_compression=saved.get("dense_compression", BF16),
-                  grads_as_bucket_views=saved.get("grads_as_bucket_views", True),
-                  momentum_correction=saved.get("momentum_correction", True),
-                  momentum_masking=saved.get("momentum_masking", False), local_clip_norm=saved.get("local_clip_norm"))
+    kwargs = {name: saved[name] for name in ("device_path", "dense_compression", "grads_as_bucket_views", "momentum_correction",
+                                             "momentum_masking", "local_clip_norm")}
     return args, kwargs
+
+
+def check_version(saved, version=VERSION, what=NAME):
+    """ValueError unless ``saved`` (a ``what`` checkpoint) has its layout's
+    ``version``."""
+    if saved.get("version") != version:
+        raise ValueError(
+            f"oktopk: this {what} checkpoint has layout version {saved.get('version')!r}, and this oktopk reads version "
+            f"{version}: it was saved by another version of oktopk. Load it with that version, or load only the model "
+            f"and optimizer and the oktopk state starts afresh."
+        )

@@ -410,18 +410,14 @@ class StepChoice:
     def load_state_dict(self, saved):
         self.margin, self.recheck_every = check_choice(saved["margin"], saved["recheck_every"])
         self.chosen, self.decided_at = saved["chosen"], saved["decided_at"]
-        self.confirm_at, self.reverted = saved.get("confirm_at"), saved.get("reverted", 0)
+        self.confirm_at, self.reverted = saved["confirm_at"], saved["reverted"]
         self.ms = {**dict.fromkeys(PATHS), **saved["ms"]}
         self.steps = {**dict.fromkeys(PATHS, 0), **saved["steps"]}
         self.explored, self.decisions, self.reason = saved["explored"], saved["decisions"], saved["reason"]
-        self.kept_dense_for = saved.get("kept_dense_for")
-        # Saved before the BF16 path existed: an agreed Adam-family
-        # optimizer meant native only.
-        self.candidate = saved.get("candidate", SPARSE if self.kept_dense_for is None else None)
+        self.kept_dense_for, self.candidate = saved["kept_dense_for"], saved["candidate"]
         if self.candidate not in (SPARSE, None, self.adam_candidate):
             raise ValueError(f"oktopk: this checkpoint's choice measures the {self.candidate} path, which this front end "
                              f"does not offer (its dense_compression: {self.adam_candidate!r})")
-        self._seconds, self._started = {int(k): float(v) for k, v in saved.get("seconds", {}).items()}, None
-        # Saved before the step under way was: that step goes untimed.
-        unfinished = saved.get("unfinished")
+        self._seconds, self._started = {int(k): float(v) for k, v in saved["seconds"].items()}, None
+        unfinished = saved["unfinished"]
         self._unfinished = None if unfinished is None else (int(unfinished[0]), float(unfinished[1]))

@@ -218,10 +218,8 @@ class QuantizedGroup:
 
     @classmethod
     def from_state_dict(cls, saved):
-        # A checkpoint from before levels, clip and rotate were recorded used
-        # the recipe of 4 bits in blocks of 64: "sym" levels, no clip, no rotation.
         group = cls(saved["members"], saved["sizes"], saved["world"], saved["rank"], "cpu", saved["bits"], saved["block"],
-                    saved.get("levels", "sym"), saved.get("clip"), saved.get("rotate", False))
+                    saved["levels"], saved["clip"], saved["rotate"])
         group.residual.copy_(saved["residual"])
         group.owner_residual.copy_(saved["owner_residual"])
         return group
