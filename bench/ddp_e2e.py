@@ -74,7 +74,8 @@ Methods (``--method``):
   momentum correction (results/sgd.md).
 - ``oktopk_wmask``, ``oktopk_wmask_sched``: masking of the entries that
   left after waiting (``momentum_masking="waited"``), and the same with the
-  density schedule of ``oktopk_sched``.
+  density schedule of ``oktopk_sched`` (``oktopk_wmask_w10``: with 10 dense
+  warm-up steps).
 - ``oktopk_wN`` (e.g. ``oktopk_w10``): the same as ``oktopk`` with N dense
   warm-up steps (``warmup_iters=N``) instead of two: the evidence for the
   warm-up default.
@@ -333,7 +334,7 @@ def train(method, args, width, data):
             kwargs["density_schedule"] = (0.25, args.sched_steps)
         if method in ("oktopk_mask", "oktopk_mask_clip"):
             kwargs["momentum_masking"] = True
-        if method in ("oktopk_wmask", "oktopk_wmask_sched"):
+        if method == "oktopk_wmask" or method.startswith("oktopk_wmask_"):
             kwargs["momentum_masking"] = "waited"
         if method in ("oktopk_clip", "oktopk_mask_clip"):
             kwargs["local_clip_norm"] = args.clip_norm

@@ -77,9 +77,9 @@ class OkTopkState(ReducerStats):
         ``gradient_as_bucket_view=True`` does, so that DDP need not copy
         the reduced bucket back: a comm hook gets the bucket undivided and
         divides in a pass of its own, where DDP without a hook divides while
-        copying in, and this saves that pass back (on loopback the 17.1M
-        MLP's native step went from 1.06x plain DDP's to level with it,
-        results/ddp_matrix.md). The values are the same bit for bit; what
+        copying in, and this saves that pass back (on loopback without it
+        the 17.1M MLP's native step took 1.06x plain DDP's, with it the
+        same, results/ddp_matrix.md). The values are the same bit for bit; what
         changes is that a ``.grad`` tensor kept across steps is overwritten
         by a later step's reduction, as under ``gradient_as_bucket_view``
         (clone one to keep it). Only a parameter whose ``.grad`` is
