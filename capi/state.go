@@ -146,6 +146,19 @@ func go_oktopk_tensor_residual_fold(comm C.oktopk_comm_t, tensorID C.uint64_t, d
 	})
 }
 
+//export go_oktopk_tensor_residual_read
+func go_oktopk_tensor_residual_read(comm C.oktopk_comm_t, tensorID C.uint64_t, data unsafe.Pointer, count C.size_t) C.oktopk_result_t {
+	return callOn(comm, func(c *communicator) error {
+		if err := checkBuffer(data, count, C.OKTOPK_FLOAT32); err != nil {
+			return err
+		}
+		_, err := c.do(true, func(_ context.Context, cc *core.Communicator) (core.Stats, error) {
+			return core.Stats{}, cc.ReadResidual(uint64(tensorID), unsafe.Slice((*float32)(data), int(count)))
+		})
+		return err
+	})
+}
+
 //export go_oktopk_tensor_residual_unfold
 func go_oktopk_tensor_residual_unfold(comm C.oktopk_comm_t, tensorID C.uint64_t) C.oktopk_result_t {
 	return callOn(comm, func(c *communicator) error {

@@ -176,6 +176,27 @@ func foldTile(r, g []float32) {
 	clear(g)
 }
 
+// ReadResidual copies tensor id's residual into out (float32, the tensor's
+// length), changing nothing: what a caller that masks its own momentum by
+// what each call took (the entries whose residual is now 0) reads after a
+// call, in one pass. A tensor without state (no sparse call or load yet)
+// has a zero residual. Local, like FoldResidual.
+func (c *Communicator) ReadResidual(id uint64, out []float32) error {
+	st := c.TensorStateOf(id)
+	if st == nil {
+		clear(out)
+		return nil
+	}
+	if st.CallerResidual {
+		return fmt.Errorf("%w: tensor %d's residual is the caller's (caller-selected calls): read it there", ErrInvalidArgument, id)
+	}
+	if len(out) != st.N || len(st.Residual) != st.N {
+		return fmt.Errorf("%w: tensor %d has %d elements, this read has %d", ErrInvalidArgument, id, st.N, len(out))
+	}
+	copy(out, st.Residual)
+	return nil
+}
+
 // FoldResidual hands tensor id's residual to a caller that reduces this step
 // with a dense allreduce of its own (a framework's allreduce, NCCL's): x +=
 // residual outside the held ranges, rounded to the caller's element type v,

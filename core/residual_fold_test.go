@@ -187,3 +187,41 @@ func TestUnfoldResidualRestoresEveryRanksResidualAfterANonFiniteDenseSum(t *test
 		}
 	}
 }
+
+// ReadResidual copies the residual bitwise and changes nothing; a tensor
+// without state reads as zeros; a caller-selected tensor's residual and a
+// buffer of another length are refused.
+func TestReadResidualCopiesItAndChangesNothing(t *testing.T) {
+	c := &Communicator{states: map[uint64]*TensorState{}}
+	st := NewTensorState(3, okTopkConfig(0.5))
+	want := []float32{1e-4, -0.5, float32(math.Inf(1))}
+	copy(st.Residual, want)
+	c.SetTensorState(7, st)
+	before, err := st.MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := []float32{9, 9, 9}
+	if err := c.ReadResidual(7, out); err != nil {
+		t.Fatal(err)
+	}
+	for i := range want {
+		if math.Float32bits(out[i]) != math.Float32bits(want[i]) {
+			t.Errorf("entry %d: read %v, residual %v", i, out[i], want[i])
+		}
+	}
+	if after, err := st.MarshalBinary(); err != nil || string(after) != string(before) {
+		t.Errorf("the read changed the state (%v)", err)
+	}
+	none := []float32{9, 9}
+	if err := c.ReadResidual(8, none); err != nil || none[0] != 0 || none[1] != 0 {
+		t.Errorf("no state: %v, %v", none, err)
+	}
+	if err := c.ReadResidual(7, make([]float32, 4)); !errors.Is(err, ErrInvalidArgument) {
+		t.Errorf("wrong size: %v", err)
+	}
+	st.CallerResidual = true
+	if err := c.ReadResidual(7, make([]float32, 3)); !errors.Is(err, ErrInvalidArgument) {
+		t.Errorf("a caller-selected tensor: %v", err)
+	}
+}

@@ -93,7 +93,7 @@ extern "C" {
 
 /* ABI version: major changes break callers, minor ones only add. */
 #define OKTOPK_VERSION_MAJOR 0
-#define OKTOPK_VERSION_MINOR 13
+#define OKTOPK_VERSION_MINOR 14
 #define OKTOPK_VERSION_PATCH 0
 #define OKTOPK_VERSION_CODE \
   (OKTOPK_VERSION_MAJOR * 10000 + OKTOPK_VERSION_MINOR * 100 + OKTOPK_VERSION_PATCH)
@@ -508,6 +508,14 @@ oktopk_result_t oktopk_tensor_residual_fold(oktopk_comm_t comm, uint64_t tensor_
  * fold since the last one, leaves nothing to undo (oktopkSuccess). Local,
  * like the fold. */
 oktopk_result_t oktopk_tensor_residual_unfold(oktopk_comm_t comm, uint64_t tensor_id);
+
+/* Added in 0.14. Copies tensor_id's residual into data (count float32
+ * values, the tensor's length), changing nothing: for a caller that reads,
+ * after a call, which entries it took (their residual is now 0), as
+ * momentum factor masking does, in one pass. A tensor without state (no
+ * sparse call or load yet) has a zero residual; a caller-selected tensor's
+ * residual is the caller's (oktopkInvalidArgument). Local, like the fold. */
+oktopk_result_t oktopk_tensor_residual_read(oktopk_comm_t comm, uint64_t tensor_id, float *data, size_t count);
 
 /* Added in 0.13. Takes back tensor_id's latest sparse call, made with
  * OKTOPK_CALL_UNDOABLE (oktopk_sparse_allreduce_ex; every

@@ -398,6 +398,23 @@ static void test_undo_call(oktopk_comm_t comm, int rank) {
   REQUIRE(memcmp(x, y, n * 4) == 0);
   EXPECT(oktopk_tensor_undo_call(comm, 500), oktopkInvalidUsage); /* that call was not undoable */
   OK(oktopk_tensor_undo_call(comm, 502)); /* no state */
+  /* Reading the residual (0.14) gives what a fold into zeros gives, and
+   * changes nothing; a tensor without state reads as zeros. */
+  OK(oktopk_tensor_state_save(comm, 500, before, sz));
+  OK(oktopk_tensor_residual_read(comm, 500, x, n));
+  OK(oktopk_tensor_state_save(comm, 500, after, sz));
+  REQUIRE(memcmp(before, after, sz) == 0);
+  memset(y, 0, n * 4);
+  OK(oktopk_tensor_residual_fold(comm, 500, y, n, OKTOPK_FLOAT32, NULL, 0));
+  OK(oktopk_tensor_residual_unfold(comm, 500));
+  REQUIRE(memcmp(x, y, n * 4) == 0);
+  int nonzero = 0;
+  for (size_t i = 0; i < n; i++) nonzero += x[i] != 0;
+  REQUIRE(nonzero > 0); /* a residual to read: the comparison checks something */
+  EXPECT(oktopk_tensor_residual_read(comm, 500, x, n - 1), oktopkInvalidArgument);
+  x[0] = 1;
+  OK(oktopk_tensor_residual_read(comm, 502, x, n));
+  REQUIRE(x[0] == 0);
   free(g);
   free(x);
   free(y);

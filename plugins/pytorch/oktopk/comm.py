@@ -363,6 +363,15 @@ class Communicator:
         before the step. Before the tensor's next call; local."""
         self._check(_lib.lib().oktopk_tensor_residual_unfold(self.handle, tensor_id))
 
+    def read_residual(self, tensor_id, out):
+        """``tensor_id``'s residual copied into ``out`` (a contiguous float32
+        CPU tensor of its length), in one pass, changing nothing (zeros for
+        a tensor without state). Local."""
+        if out.dtype != torch.float32 or out.device.type != "cpu" or not out.is_contiguous():
+            raise ValueError("oktopk: read_residual needs a contiguous float32 CPU tensor")
+        self._check(_lib.lib().oktopk_tensor_residual_read(self.handle, tensor_id, out.data_ptr(), out.numel()))
+        return out
+
     def undo_call(self, tensor_id):
         """Take back ``tensor_id``'s latest sparse call, which completed
         (made ``undoable``, or caller-selected), when its step is skipped

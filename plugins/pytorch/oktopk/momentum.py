@@ -374,12 +374,7 @@ class MomentumCorrection:
             residual = self._peek.get(group_id)
             if residual is None or residual.numel() != n:
                 residual = self._peek[group_id] = torch.empty(n, dtype=torch.float32)
-            residual.zero_()
-            comm = state._reducer.comm
-            # The residual into the zeroed buffer, and back: the fold is
-            # exact in float32 and the unfold restores it as it was.
-            comm.fold_residual_(group_id, residual)
-            comm.unfold_residual(group_id)
+            state._reducer.comm.read_residual(group_id, residual)
         left = residual == 0
         at = 0
         for i, size in zip(state._layout.groups[group_id], sizes):
