@@ -296,6 +296,19 @@ def main():
     for method in methods:
         train(method, args, width, data)
     dist.destroy_process_group()
+    exit_now()
+
+
+def exit_now():
+    """End the rank's process once its output is written, without the
+    interpreter's finalization: there a gloo worker thread releasing a
+    collective DDP issued during backward can abort the process ("terminate
+    called without an active exception", torch's, with or without the
+    hook; docs/pytorch-details.md), about one run in 30, which would fail
+    the run after its figures were written."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def train(method, args, width, data):

@@ -45,7 +45,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "pytorch"))
 from cnn import VGGStyle, digits  # noqa: E402
-from ddp_e2e import WideMLP, ring_bytes  # noqa: E402
+from ddp_e2e import WideMLP, exit_now, ring_bytes  # noqa: E402
 
 HEADER = ("model,params,P,link,rep,method,median_ms,mean_ms,p10_ms,p90_ms,bytes_per_step,path,native_steps,sparse_steps,"
           "explored_steps,final_loss,skip")
@@ -71,6 +71,7 @@ def main():
     for method in args.order.split(","):
         run(method, args, data)
     dist.destroy_process_group()
+    exit_now()  # the output is written: no interpreter finalization (ddp_e2e.exit_now)
 
 
 def run(method, args, data):
