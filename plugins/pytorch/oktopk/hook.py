@@ -55,7 +55,18 @@ def oktopk_hook(state: OkTopkState, bucket: dist.GradBucket) -> torch.futures.Fu
     fut = _reduce(state, bucket, tensor)
     if work is None:
         return fut
-    return fut.then(lambda f: correction.after(work, f.value()))
+
+    def finish(f):
+        try:
+            reduced = f.value()
+        except BaseException:
+            # A failed step (a dead or silent peer) raises; the buckets of it
+            # that completed before must not have moved a velocity either.
+            correction.give_back_step()
+            raise
+        return correction.after(work, reduced)
+
+    return fut.then(finish)
 
 
 def _reduce(state, bucket, tensor):
