@@ -289,9 +289,8 @@ def _reduce_pieces(state, group_id, pieces, call):
     if adaptive is not None:  # this worker thread adapts them, between steps
         density, tau_prime = adaptive.density, adaptive.tau_prime
         state.last_density, state.last_tau_prime = density, tau_prime
-    # Another group's NaN can void the step after this call completed: it
-    # keeps a copy of the residual to be taken back with. A step of one
-    # group cannot (a NaN skips this very call), and pays nothing.
+    # Another group's NaN can void the step after this call: it keeps a copy
+    # of the residual to take it back with (one group's step pays nothing).
     undoable = len(state._layout.groups) != 1
     stats = state._reducer.sparse_allreduce_(group_id, host, hold, density=density, xi_step=xi_step, tau_prime=tau_prime,
                                              sparse_only=state._choice is not None, undoable=undoable)
@@ -304,15 +303,15 @@ def _reduce_pieces(state, group_id, pieces, call):
 
 
 def took_call(state, group_id, stats, had_residual, group=None, made=False, undoable=True):
-    """Right after group ``group_id``'s call of this step (the DDP hook's,
-    FSDP2's, the Horovod optimizer's: ``state``) (``stats`` None:
-    skipped for a NaN or Inf on some rank, so on every rank): a skip makes
-    the step void; a completed call is recorded with what takes it back
-    should another group's NaN void the step (StepFolds.settle): the
-    library's oktopk_tensor_undo_call, a device-path residual swapped back
-    from its scratch buffer (oktopk.device), a group the call ``made``
-    forgotten. ``had_residual``: the group held one before (a native step
-    folds it); ``undoable``: the call was made so (device-path calls are)."""
+    """Right after group ``group_id``'s call (``state``: the DDP hook's,
+    FSDP2's or Horovod's; ``stats`` None: skipped for a NaN or Inf on
+    some rank, so on every rank): a skip makes the step void; a completed
+    call is recorded with what takes it back should another group's NaN
+    void the step (StepFolds.settle): the library's oktopk_tensor_undo_call,
+    a device-path residual swapped back from its scratch buffer
+    (oktopk.device), a group the call ``made`` forgotten. ``had_residual``:
+    the group held one before (a native step folds it); ``undoable``: the
+    call was made so (device-path calls are)."""
     folds = state._folds
     if stats is None:
         folds.skipped()
