@@ -94,12 +94,6 @@ func RabenseifnerAllreduce(ctx context.Context, call *Call, data []float32) erro
 	default:
 		v = r - extra
 	}
-	realRank := func(v int) int {
-		if v < extra {
-			return 2 * v
-		}
-		return v + extra
-	}
 	span := func(lo, hi int) []float32 { return data[chunkStart(n, pow2, lo):chunkStart(n, pow2, hi)] }
 
 	// Step 2: recursive halving; [lo, hi) is the chunk range still being summed here.
@@ -110,7 +104,7 @@ func RabenseifnerAllreduce(ctx context.Context, call *Call, data []float32) erro
 		if v&d != 0 {
 			keep, send = send, keep
 		}
-		if err := exchange(realRank(v^d), firstHalving+uint32(j), send, keep, true, "reduce-scatter"); err != nil {
+		if err := exchange(foldedRank(v^d, extra), firstHalving+uint32(j), send, keep, true, "reduce-scatter"); err != nil {
 			return err
 		}
 		if v&d != 0 {
@@ -129,7 +123,7 @@ func RabenseifnerAllreduce(ctx context.Context, call *Call, data []float32) erro
 			sibLo, sibHi = lo-width, lo
 		}
 		into := span(sibLo, sibHi)
-		if err := exchange(realRank(v^d), firstDoubling+uint32(j), span(lo, hi), into, false, "allgather"); err != nil {
+		if err := exchange(foldedRank(v^d, extra), firstDoubling+uint32(j), span(lo, hi), into, false, "allgather"); err != nil {
 			return err
 		}
 		lo, hi = min(lo, sibLo), max(hi, sibHi)
@@ -142,6 +136,17 @@ func RabenseifnerAllreduce(ctx context.Context, call *Call, data []float32) erro
 		}
 	}
 	return nil
+}
+
+// foldedRank is the real rank of virtual rank v after step 1's fold, with
+// extra ranks folded in: the even rank 2v of the first 2·extra, then the
+// ranks from 2·extra on. SparCML (sparcml.go) and the control sums
+// (sumallreduce.go) fold the same way.
+func foldedRank(v, extra int) int {
+	if v < extra {
+		return 2 * v
+	}
+	return v + extra
 }
 
 // rabenseifnerCost is Rabenseifner's cost under Auto's model (auto.go):

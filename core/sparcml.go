@@ -107,16 +107,10 @@ func ssarRecursiveDouble(ctx context.Context, call *Call, n int, in Sparse, _ in
 	default:
 		v = r - extra
 	}
-	realRank := func(v int) int {
-		if v < extra {
-			return 2 * v
-		}
-		return v + extra
-	}
 
 	// Step 2: recursive doubling of the partial sums.
 	for i, d := 0, 1; d < pow2; i, d = i+1, 2*d {
-		peer := realRank(v ^ d)
+		peer := foldedRank(v^d, extra)
 		b := regionBlock(partial, 0, uint32(n), false)
 		m, err := call.SendRecv(ctx, peer, firstRound+uint32(i), b.Dtype, b.Count, b.Payload, peer)
 		if err != nil {

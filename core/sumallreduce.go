@@ -131,12 +131,6 @@ func SumAllreduce[T controlWord](ctx context.Context, call *Call, firstStep uint
 	default:
 		v = r - extra
 	}
-	realRank := func(v int) int {
-		if v < extra {
-			return 2 * v
-		}
-		return v + extra
-	}
 	span := func(lo, hi int) []T { return data[chunkStart(n, pow2, lo):chunkStart(n, pow2, hi)] }
 
 	// Recursive halving; [lo, hi) is the chunk range still being summed here.
@@ -147,7 +141,7 @@ func SumAllreduce[T controlWord](ctx context.Context, call *Call, firstStep uint
 		if v&d != 0 {
 			keep, give = give, keep
 		}
-		peer := realRank(v ^ d)
+		peer := foldedRank(v^d, extra)
 		if err := send(peer, firstHalving+uint32(j), give); err != nil {
 			return fmt.Errorf("oktopk: control allreduce, reduce-scatter with rank %d: %w", peer, err)
 		}
@@ -169,7 +163,7 @@ func SumAllreduce[T controlWord](ctx context.Context, call *Call, firstStep uint
 		if v&d != 0 {
 			sibLo, sibHi = lo-width, lo
 		}
-		peer := realRank(v ^ d)
+		peer := foldedRank(v^d, extra)
 		if err := send(peer, firstDoubling+uint32(j), span(lo, hi)); err != nil {
 			return fmt.Errorf("oktopk: control allreduce, allgather with rank %d: %w", peer, err)
 		}

@@ -78,6 +78,7 @@ def test_every_rank_gets_the_same_bits_and_the_bytes_are_about_an_eighth_of_floa
     world, recipe, results = quantized_run
     for step in range(6):
         outs = [results[r]["calls"][step][1] for r in range(world)]
+        assert all(results[r]["calls"][step][3] for r in range(world)), step  # every finite call completed
         assert all(np.array_equal(outs[0], o) for o in outs[1:]), step
         exact = sum(results[r]["calls"][step][0].astype(np.float64) for r in range(world)) / world
         assert not np.array_equal(outs[0], exact.astype(np.float32))  # rounded, not exact
@@ -111,6 +112,7 @@ def test_a_nan_on_one_rank_is_nan_on_every_rank_and_moves_no_residual(quantized_
     world, _, results = quantized_run
     for r in range(world):
         assert np.isnan(results[r]["nan_result"]).all() and results[r]["residuals_unchanged"], r
+        assert results[r]["nan_completed"] is False, r  # told, so the hook voids the step
         assert results[r]["saved_equal"], r
 
 

@@ -1211,19 +1211,19 @@ def quantized_calls(rank, world, port, out, recipe=None):
         g = torch.Generator().manual_seed(100 * step + rank)
         x = torch.randn(1000, generator=g) * (1 + step)
         flat = x.clone()
-        sent = group.allreduce_(flat, None)
-        calls.append((x.numpy(), flat.numpy(), sent))
+        sent, completed = group.allreduce_(flat, None)
+        calls.append((x.numpy(), flat.numpy(), sent, completed))
     residual, owner = group.residual.clone(), group.owner_residual.clone()
     poisoned = torch.randn(1000)
     if rank == 1:
         poisoned[17] = float("nan")
-    group.allreduce_(poisoned, None)
+    _, nan_completed = group.allreduce_(poisoned, None)
     unchanged = torch.equal(group.residual, residual) and torch.equal(group.owner_residual, owner)
     saved = QuantizedGroup.from_state_dict(group.state_dict())
     write(out, rank, {
         "calls": calls,
         "residual": residual.numpy(), "owner_residual": owner.numpy(), "chunk": group.chunk, "padded": group.padded,
-        "nan_result": poisoned.numpy(), "residuals_unchanged": unchanged,
+        "nan_result": poisoned.numpy(), "nan_completed": nan_completed, "residuals_unchanged": unchanged,
         "saved_equal": torch.equal(saved.residual, group.residual) and torch.equal(saved.owner_residual, group.owner_residual),
         "held": group.held().numpy(),
     })

@@ -151,6 +151,13 @@ class BucketLayout:
         for i in members:
             self.group_of[i] = group_id
 
+    @property
+    def calls_undoable(self):
+        """Whether a group's completed call must stay undoable until its step
+        settles: with other groups in the step, another group's NaN can void
+        it after the call (StepFolds); one group's step pays nothing."""
+        return len(self.groups) != 1
+
     def learn_group(self, indices):
         """Record a rebuilt-layout bucket (canonical indices in bucket order)
         as a group, its residual laid out in that order, unless its

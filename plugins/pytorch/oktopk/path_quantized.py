@@ -73,7 +73,7 @@ def reduce_group(state, group_id, pieces):
     group.to(tensor.device)
     in_place = all(t is tensor for t, _, _ in pieces) and all(pieces[k][2] == pieces[k + 1][1] for k in range(len(pieces) - 1))
     flat = tensor[pieces[0][1] : pieces[-1][2]] if in_place else torch.cat([t[a:b] for t, a, b in pieces])
-    _allreduce(state, group_id, group, flat, len(state._layout.groups) != 1)
+    _allreduce(state, group_id, group, flat, state._layout.calls_undoable)
     if not in_place:
         at = 0
         for t, a, b in pieces:
@@ -90,8 +90,9 @@ def _allreduce(state, group_id, group, flat, undoable):
     which the call replaced rather than wrote over, kept until the next
     step settles."""
     before = (group.residual, group.owner_residual)
-    state._quantized_bytes += group.allreduce_(flat, state.process_group)
-    if group.residual is before[0]:  # the call kept them: skipped
+    sent, completed = group.allreduce_(flat, state.process_group)
+    state._quantized_bytes += sent
+    if not completed:
         state._folds.skipped()
     elif undoable:
         def take_back():
@@ -144,7 +145,7 @@ def reduce_(state, group_id, shard, step):
     if group is None:
         group = state._quantized[group_id] = QuantizedGroup((group_id,), (shard.numel(),), dist.get_world_size(pg), dist.get_rank(pg),
                                                             shard.device)
-    _allreduce(state, group_id, group.to(shard.device), shard.view(-1), len(state._layout.groups) != 1)
+    _allreduce(state, group_id, group.to(shard.device), shard.view(-1), state._layout.calls_undoable)
 
 
 def fold_shard_(state, group_id, shard):

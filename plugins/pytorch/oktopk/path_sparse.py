@@ -92,7 +92,7 @@ def reduce_(state, group_id, shard, step):
         return
     host = _host(state, shard)
     state._residual_groups.add(group_id)
-    undoable = len(state._layout.groups) != 1  # as a bucket's call (_reduce_pieces)
+    undoable = state._layout.calls_undoable
     stats = state._reducer.sparse_allreduce_(group_id, host, density=density, xi_step=xi_step, tau_prime=tau_prime,
                                              sparse_only=state._choice is not None, undoable=undoable)
     took_call(state, group_id, stats, had_residual, undoable=undoable)
@@ -289,9 +289,7 @@ def _reduce_pieces(state, group_id, pieces, call):
     if adaptive is not None:  # this worker thread adapts them, between steps
         density, tau_prime = adaptive.density, adaptive.tau_prime
         state.last_density, state.last_tau_prime = density, tau_prime
-    # Another group's NaN can void the step after this call: it keeps a copy
-    # of the residual to take it back with (one group's step pays nothing).
-    undoable = len(state._layout.groups) != 1
+    undoable = state._layout.calls_undoable  # the library keeps a copy of the residual to take it back with
     stats = state._reducer.sparse_allreduce_(group_id, host, hold, density=density, xi_step=xi_step, tau_prime=tau_prime,
                                              sparse_only=state._choice is not None, undoable=undoable)
     took_call(state, group_id, stats, had_residual, undoable=undoable)

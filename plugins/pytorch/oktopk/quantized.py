@@ -169,8 +169,10 @@ class QuantizedGroup:
 
     def allreduce_(self, flat, group):
         """The average of ``flat`` (1-D float32, n long) over the ranks, in
-        place (steps 1-4 above); returns the bytes this rank sent: a frame to
-        each other rank in each of the two exchanges."""
+        place (steps 1-4 above). Returns (the bytes this rank sent: a frame
+        to each other rank in each of the two exchanges, whether the call
+        completed); a NaN or Inf on any rank makes ``flat`` NaN on every
+        rank and leaves the residuals as they were (not completed)."""
         acc = torch.zeros(self.padded, device=flat.device)
         acc[: self.n] = flat
         acc += self.residual
@@ -194,7 +196,7 @@ class QuantizedGroup:
             flat.copy_(self._turn(chunks.view(-1), inverse=True)[: self.n])
         else:
             flat.fill_(float("nan"))  # every rank alike; residuals unchanged
-        return 2 * (self.world - 1) * self.frame_bytes()
+        return 2 * (self.world - 1) * self.frame_bytes(), not bad_anywhere
 
     def held(self):
         """What this rank holds for the group's n values: its residual, and
