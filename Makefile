@@ -311,6 +311,7 @@ test-c: examples
 test-launch: $(BUILD)/.deps-launch examples venv
 	$(MAKE) --no-print-directory $(MPI_EXAMPLE)
 	tests/launch/mpirun.sh $(BUILD)
+	tests/background_test.sh
 	timeout 120 tests/launch/twohosts.sh $(C_TEST)
 	timeout 600 tests/launch/slurm.sh $(BUILD) $(PY)
 

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# background_test.sh: tests/background.sh, which `make test` builds its
+# virtualenvs with while the first suites run, does what its header says:
+#   - wait with nothing started returns at once, quietly;
+#   - start runs the command at nice 19, its output in the log only;
+#   - wait returns once the command has ended, says it was built, and
+#     leaves no pid file behind;
+#   - a failed command's wait says so with its status and its log's tail,
+#     and still exits 0 (the step then runs the build itself);
+#   - a second start of the same name stops the first build first (two
+#     builds of one virtualenv would remove each other's files).
+set -u
+here=$(cd "$(dirname "$0")" && pwd)
+bg=$here/background.sh
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+
+out=$("$bg" "$dir" wait nothing 2>&1) || fail "wait with nothing started exited $?"
+[ -z "$out" ] || fail "wait with nothing started printed: $out"
+
+base=$(nice)
+out=$("$bg" "$dir" start ok bash -c 'echo "nice $(nice)"; echo "to stderr" >&2; sleep 1; touch "$0/ok.done"' "$dir")
+[ "$(printf '%s\n' "$out" | wc -l)" = 1 ] && [[ $out == "ok: building in the background"* ]] ||
+	fail "start printed more than its one line: $out"
+out=$("$bg" "$dir" wait ok) || fail "wait ok exited $?"
+[ -f "$dir/ok.done" ] || fail "wait returned before the command ended"
+[[ $out == "ok: built in the background in "*" s" ]] || fail "wait ok said: $out"
+[ ! -f "$dir/ok.pid" ] || fail "wait left ok.pid behind"
+grep -qx "nice $((base + 19 > 19 ? 19 : base + 19))" "$dir/ok.log" || fail "not at nice 19: $(head -1 "$dir/ok.log")"
+grep -qx "to stderr" "$dir/ok.log" || fail "stderr is not in the log"
+
+"$bg" "$dir" start bad bash -c 'echo boom; exit 3' >/dev/null
+out=$("$bg" "$dir" wait bad) || fail "wait after a failed build exited $? (the step must go on to build it itself)"
+[[ $out == *"the background build failed (3)"* && $out == *boom* ]] || fail "a failed build's wait said: $out"
+
+"$bg" "$dir" start twice bash -c 'sleep 2; touch "$0/first.done"' "$dir" >/dev/null
+first=$(cat "$dir/twice.pid")
+"$bg" "$dir" start twice bash -c 'touch "$0/second.done"' "$dir" >/dev/null
+kill -0 "$first" 2>/dev/null && fail "the first build of the same name still runs after the second start"
+"$bg" "$dir" wait twice >/dev/null
+[ -f "$dir/second.done" ] || fail "the second build did not run"
+sleep 2.5
+[ ! -f "$dir/first.done" ] || fail "the first build went on to its end"
+
+if [ "$failures" = 0 ]; then
+	echo "background_test.sh: ok"
+else
+	echo "background_test.sh: $failures failure(s)"
+	exit 1
+fi
