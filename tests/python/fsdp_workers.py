@@ -411,9 +411,10 @@ def demo_hsdp(rank, world, port, out, steps):
     dist.destroy_process_group()
 
 
-def nan_one_module(rank, world, port, out, steps, bad_step, optimizer):
-    """A NaN in one FSDP2 module's gradient shard on ranks 0 and 1 (one rank
-    of each replicate group: a replicate group sees only its own shards) at
+def nan_one_module(rank, world, port, out, steps, bad_step, optimizer, poisoned_ranks=(0, 1)):
+    """A NaN in one FSDP2 module's gradient shard on ``poisoned_ranks`` (0
+    and 1: one rank of each replicate group; 0 alone: one replicate group
+    only, since a replicate group sees only its own shards) at
     ``bad_step``, put there just before the module's hook, the other
     modules' shards finite: the sparse path under SGD (algorithm "oktopk"), the quantized
     path under AdamW (the measured choice, its clock injected so that
@@ -439,7 +440,7 @@ def nan_one_module(rank, world, port, out, steps, bad_step, optimizer):
     hook = registration.modules[0][1]._all_reduce_hook
 
     def poisoned(shard):
-        if rank in (0, 1) and current["step"] == bad_step:
+        if rank in poisoned_ranks and current["step"] == bad_step:
             shard.view(-1)[0] = float("nan")
         hook(shard)
 

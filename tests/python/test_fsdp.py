@@ -228,15 +228,18 @@ def test_demo_over_hsdp_replicas_is_demo_of_each_local_shard_and_replicas_agree(
             assert not np.array_equal(results[r]["grad0"][name], twin["grad0"][name]), (r, name)
 
 
-@pytest.mark.parametrize("optimizer,path", [("SGD", "sparse"), ("AdamW", "quantized")])
-def test_a_nan_in_one_modules_shard_leaves_every_residual_as_before_the_step(optimizer, path):
+@pytest.mark.parametrize("optimizer,path,poisoned", [("SGD", "sparse", (0, 1)), ("AdamW", "quantized", (0, 1)),
+                                                     ("SGD", "sparse", (0,)), ("AdamW", "quantized", (0,))])
+def test_a_nan_in_one_modules_shard_leaves_every_residual_as_before_the_step(optimizer, path, poisoned):
     # The campaign's nan-one-group finding on FSDP2: the NaN's module is
     # skipped on every replica, but the other modules were reduced, and
     # their residuals (library states, quantized groups) moved on; the
     # skipped step lost what they sent. Now they are taken back before the
-    # next step, bitwise, on every rank.
+    # next step, bitwise, on every rank. Poisoned on rank 0 alone, the NaN
+    # reaches one replicate group (ranks 0 and 2); ranks 1 and 3 see only
+    # finite calls and learn of it from the world's agreement.
     bad_step = 5
-    results = run(fsdp_workers.nan_one_module, WORLD, bad_step + 3, bad_step, optimizer)
+    results = run(fsdp_workers.nan_one_module, WORLD, bad_step + 3, bad_step, optimizer, poisoned)
     for r in range(WORLD):
         res = results[r]
         steps = res["steps"]

@@ -29,6 +29,7 @@ model's sharded state.
 
 import pickle
 
+import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 
@@ -103,6 +104,9 @@ class _Registration:
         self.new_step = True
         self.steps_run = 0
         self.measured_step = None  # a step whose ξ was measured, to adapt after
+        self._device = None  # the shards' device: the agreement's flag lives there (NCCL reduces CUDA tensors)
+        if dist.get_world_size(state.process_group) < dist.get_world_size():
+            state._folds.agree = self._agree  # several replicate groups: a NaN reaches only its own
         self._forward = model.register_forward_pre_hook(self._on_forward)
         state._optimizers.watch(model.parameters())  # an Adam-family optimizer keeps them dense (oktopk.optimizers)
         for number, (module, _) in enumerate(modules):
@@ -110,6 +114,8 @@ class _Registration:
             module.set_all_reduce_hook(self._hook_for(group_id(number)))
 
     def remove(self):
+        if self.state._folds.agree == self._agree:
+            self.state._folds.agree = None
         self._forward.remove()
         for _, group in self.modules:
             group._all_reduce_hook = None
@@ -117,12 +123,22 @@ class _Registration:
     def _on_forward(self, module, args):
         self.new_step = True
 
+    def _agree(self, non_finite):
+        """Whether a step was non-finite on any rank of the world: each
+        replicate group sees only its own shards' calls, while the script
+        skips the step everywhere (AMP's scaler agrees over the world)."""
+        flag = torch.tensor([1.0 if non_finite else 0.0], device=self._device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
     def _begin(self, shard):
         state = self.state
         # Before anything reads a residual: a step before that came back
         # non-finite anywhere gives back what its other modules' calls and
         # folds took, on every rank alike (StepFolds).
+        self._device = shard.device
         state._folds.settle()
+        state._folds.began = True
         if state._agreement_steps:
             agree_on_settings(state, shard.device)  # before anything the settings decide
         if self.measured_step is not None:  # every call of that step is done, on every rank

@@ -230,6 +230,13 @@ class StepFolds:
         self.watching = False  # this step may fold: see() checks its sums
         self.non_finite = False
         self._undo = []
+        # Where one rank's groups do not see every group of the step (HSDP
+        # with several replicate groups: a NaN reaches only its own), the
+        # verdict is agreed by every rank: ``agree(non_finite)`` returns
+        # whether the step was non-finite on any rank (a collective), called
+        # by settle() once per step that ``began``, on every rank alike.
+        self.agree = None
+        self.began = False
 
     def took(self, undo):
         """A fold, call or velocity step of this step, and the function that
@@ -257,9 +264,12 @@ class StepFolds:
         anywhere; returns how many folds, calls and velocity steps were
         given back."""
         given_back = 0
-        if self.non_finite:
+        non_finite = self.non_finite
+        if self.agree is not None and self.began:
+            non_finite = self.agree(non_finite)
+        if non_finite:
             for undo in reversed(self._undo):
                 undo()
             given_back = len(self._undo)
-        self._undo, self.non_finite, self.watching = [], False, False
+        self._undo, self.non_finite, self.watching, self.began = [], False, False, False
         return given_back
