@@ -66,24 +66,44 @@ def step(model, opt, rank, s):
     opt.step()
 
 
-def density_one(rank, world, port, out, steps):
+def density_one(rank, world, port, out, steps, momentum=None):
     """Native HSDP, and oktopk at density 1 (k = n) over the replicas: each
-    rank's parameter shards after ``steps`` SGD steps."""
+    rank's parameter shards after ``steps`` SGD steps. ``momentum``: SGD's
+    (momentum, nesterov, dampening, weight_decay), the hook's momentum
+    correction on; also each rank's momentum buffers, and how many
+    parameters the correction took."""
     setup(rank, world, port)
     mesh = mesh_2x2()
     result = {}
+    m, nesterov, dampening, weight_decay = momentum or (0.0, False, 0.0, 0.0)
     for mode in ("native", "sparse"):
         model = sharded_stack(mesh, mode == "sparse")
         state = None
+        corrected_shards = []
         if mode == "sparse":
             state = OkTopkState(process_group=mesh.get_group("replicate"), density=1.0, algorithm="oktopk")
             oktopk.fsdp.register(model, state)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            before = state._momentum.before
+
+            def counting(*args):
+                work = before(*args)
+                corrected_shards.append(work is not None)
+                return work
+
+            state._momentum.before = counting
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=m, nesterov=nesterov, dampening=dampening,
+                              weight_decay=weight_decay)
         for s in range(steps):
             step(model, opt, rank, s)
         result[mode] = {k: v.numpy() for k, v in local_shards(model).items()}
+        if m:
+            result[mode, "buffers"] = {name: opt.state[p]["momentum_buffer"].to_local().clone().numpy()
+                                       for name, p in model.named_parameters()}
         if state is not None:
             result["sparse_calls"] = dict(state.algorithm_counts)
+            result["params"] = len(list(model.parameters()))
+            result["corrected"] = len(state._momentum.velocity) if state._momentum is not None else 0
+            result["corrected_shards"] = sum(corrected_shards)
             state.close()
     write(out, rank, result)
     dist.destroy_process_group()
@@ -428,9 +448,9 @@ def nan_one_module(rank, world, port, out, steps, bad_step, optimizer, poisoned_
     mesh = mesh_2x2()
     model = sharded_stack(mesh, True)
     group = mesh.get_group("replicate")
-    if optimizer == "SGD":
+    if optimizer in ("SGD", "SGD momentum"):  # the latter with the momentum correction's velocities
         state = OkTopkState(process_group=group, density=0.05, algorithm="oktopk")
-        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9 if optimizer == "SGD momentum" else 0.0)
     else:
         state = OkTopkState(process_group=group, density=0.05, dense_compression="quantized", recheck_every=8)
         state._choice.clock = clock = InjectedClock()
@@ -448,7 +468,7 @@ def nan_one_module(rank, world, port, out, steps, bad_step, optimizer, poisoned_
     steps_out = []
     for s in range(steps):
         current["step"] = s
-        if optimizer != "SGD":
+        if optimizer == "AdamW":
             clock.now += 0.010 if state._path == "quantized" and s > state.warmup_iters else 0.030  # the step before
         x, y = batch(rank, s)
         opt.zero_grad()
@@ -460,6 +480,8 @@ def nan_one_module(rank, world, port, out, steps, bad_step, optimizer, poisoned_
         saved = state.state_dict()
         steps_out.append({"path": state._path if s >= state.warmup_iters else "warm-up", "finite": bad.item() == 0,
                           "tensors": saved["tensors"], "residual_groups": saved["residual_groups"],
+                          "velocities": {i: (e["velocity"].numpy().tobytes(), e["applied"].numpy().tobytes())
+                                         for i, e in saved["momentum"].items() if e["velocity"] is not None},
                           "quantized": {k: (v["residual"].numpy().tobytes(), v["owner_residual"].numpy().tobytes())
                                         for k, v in saved["quantized"].items()}})
     write(out, rank, {"steps": steps_out, "modules": len(registration.modules),

@@ -16,6 +16,25 @@ from test_ddp import run
 WORLD = 4
 
 
+@pytest.mark.parametrize("nesterov,dampening,weight_decay", [(False, 0.0, 0.0), (True, 0.0, 0.01), (False, 0.5, 0.01)])
+def test_hsdp_momentum_correction_at_density_one_equals_native_hsdp_sgd_with_momentum(nesterov, dampening, weight_decay):
+    # The momentum correction on FSDP2 replicas: each rank's velocity of its
+    # own shard is reduced, and the optimizer's own momentum lands on the
+    # average. At density 1 that is native HSDP's SGD with momentum, the
+    # optimizer's momentum buffers included, to float32 rounding.
+    results = run(fsdp_workers.density_one, WORLD, 6, (0.9, nesterov, dampening, weight_decay))
+    for r, res in results.items():
+        assert res["corrected"] == res["params"], f"rank {r}: the correction took {res['corrected']} of {res['params']}"
+        # Every module's shard of every step after the optimizer's first.
+        assert res["corrected_shards"] == 4 * 5, f"rank {r}: {res['corrected_shards']} shards corrected"
+        for name, native in res["native"].items():
+            diff = np.abs(res["sparse"][name] - native).max()
+            assert diff <= 1e-5 * max(1.0, np.abs(native).max()), f"rank {r} {name}: {diff}"
+        for name, native in res["native", "buffers"].items():
+            diff = np.abs(res["sparse", "buffers"][name] - native).max()
+            assert diff <= 1e-5 * max(1.0, np.abs(native).max()), f"rank {r} momentum buffer of {name}: {diff}"
+
+
 def test_hsdp_at_density_one_equals_native_hsdp():
     # k = n: every entry travels, so the result is FSDP2's own HSDP average,
     # summed in another order: float32 rounding only.
@@ -229,7 +248,8 @@ def test_demo_over_hsdp_replicas_is_demo_of_each_local_shard_and_replicas_agree(
 
 
 @pytest.mark.parametrize("optimizer,path,poisoned", [("SGD", "sparse", (0, 1)), ("AdamW", "quantized", (0, 1)),
-                                                     ("SGD", "sparse", (0,)), ("AdamW", "quantized", (0,))])
+                                                     ("SGD", "sparse", (0,)), ("AdamW", "quantized", (0,)),
+                                                     ("SGD momentum", "sparse", (0,))])
 def test_a_nan_in_one_modules_shard_leaves_every_residual_as_before_the_step(optimizer, path, poisoned):
     # The campaign's nan-one-group finding on FSDP2: the NaN's module is
     # skipped on every replica, but the other modules were reduced, and
@@ -252,6 +272,9 @@ def test_a_nan_in_one_modules_shard_leaves_every_residual_as_before_the_step(opt
         assert at["tensors"] == before["tensors"], f"rank {r}: a library state changed across the skipped step"
         assert at["residual_groups"] == before["residual_groups"], r
         assert at["quantized"] == before["quantized"], f"rank {r}: a quantized residual changed across the skipped step"
+        assert at["velocities"] == before["velocities"], f"rank {r}: a velocity changed across the skipped step"
+        if optimizer == "SGD momentum":
+            assert len(before["velocities"]) >= 2 and at["velocities"] != after["velocities"], r
         assert at["tensors"] != after["tensors"] or at["quantized"] != after["quantized"], f"rank {r}: the next step moved nothing"
     for r in range(WORLD):  # replicas (ranks r and r ^ 2) agree bitwise
         for name, shard in results[r]["shards"].items():

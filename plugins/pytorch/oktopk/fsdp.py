@@ -88,7 +88,29 @@ def register(model, state):
             )
     if any(g._all_reduce_hook is not None for _, g in modules):
         raise ValueError("oktopk.fsdp.register: the model already has all-reduce hooks (registered twice?)")
+    if state._momentum is not None and state._momentum.masking:
+        raise ValueError("oktopk.fsdp.register: momentum_masking is not supported on FSDP2 replicas yet (the momentum "
+                         "correction is); pass momentum_masking=False")
     return _Registration(model, state, modules)
+
+
+def shard_slices(group, index):
+    """(parameters, members) of one FSDP2 module for the momentum correction:
+    its sharded parameters (what the optimizer steps) and, for each, (its
+    canonical index, start, end) in the flat shard the hook gets, laid out
+    as FSDP2 lays out the reduce-scatter's output (each parameter's local
+    shard at the start of its padded chunk). New parameters are numbered
+    into ``index`` (the layout's param_index) in module and parameter
+    order, the same on every rank."""
+    params, members, at = [], [], 0
+    for fsdp_param in group.fsdp_params:
+        p = fsdp_param.sharded_param
+        i = index.setdefault(id(p), len(index))
+        n = fsdp_param.sharded_size.numel()
+        params.append(p)
+        members.append((i, at, at + n))
+        at += fsdp_param.padded_sharded_param_size.numel()
+    return params, members, at
 
 
 class _Registration:
@@ -109,9 +131,14 @@ class _Registration:
             state._folds.agree = self._agree  # several replicate groups: a NaN reaches only its own
         self._forward = model.register_forward_pre_hook(self._on_forward)
         state._optimizers.watch(model.parameters())  # an Adam-family optimizer keeps them dense (oktopk.optimizers)
+        # Each module's parameters and their slices of its flat shard, for
+        # the momentum correction (None: the correction is off).
+        self.slices = None
+        if state._momentum is not None:
+            self.slices = [shard_slices(group, state._layout.param_index) for _, group in modules]
         for number, (module, _) in enumerate(modules):
             state._layout.add_group(group_id(number), (number,))  # checkpointed with the state
-            module.set_all_reduce_hook(self._hook_for(group_id(number)))
+            module.set_all_reduce_hook(self._hook_for(number))
 
     def remove(self):
         if self.state._folds.agree == self._agree:
@@ -139,6 +166,11 @@ class _Registration:
         self._device = shard.device
         state._folds.settle()
         state._folds.began = True
+        correction = state._momentum
+        if correction is not None:
+            correction.record_step(state._folds)
+            if correction.active:
+                correction.begin_step()
         if state._agreement_steps:
             agree_on_settings(state, shard.device)  # before anything the settings decide
         if self.measured_step is not None:  # every call of that step is done, on every rank
@@ -158,7 +190,9 @@ class _Registration:
             state._choice.time_warmup_step()
         self.steps_run += 1
 
-    def _hook_for(self, group_id):
+    def _hook_for(self, number):
+        module_group = group_id(number)
+
         def hook(shard):
             if shard.dtype not in SUPPORTED_DTYPES or shard.device.type not in ("cpu", "cuda"):
                 raise ValueError(f"oktopk.fsdp: unsupported gradient shard of {shard.dtype} on {shard.device.type}; "
@@ -166,21 +200,52 @@ class _Registration:
             if self.new_step:
                 self._begin(shard)
             state = self.state
-            if self.step < state.warmup_iters:
-                path = NATIVE  # the dense warm-up
-            else:
-                path = state._path if state._choice is not None else SPARSE
-                if path == NATIVE:
-                    # What earlier steps left in the residuals joins the
-                    # shard first, so the switch loses nothing. (A BF16
-                    # step follows no sparse step: nothing to fold.)
-                    path_sparse.fold_shard_(state, group_id, shard)
-                    path_quantized.fold_shard_(state, group_id, shard)
-                elif path == SPARSE:
-                    self._note_measured_step()
-            PATHS[path].reduce_(state, group_id, shard, self.step)
+            # Momentum correction (oktopk.momentum): the shard's gradients
+            # become the velocities' steps before any path (or fold) reads
+            # them, and the optimizer's G after.
+            work = self._correct_before(number, shard)
+            try:
+                self._reduce(module_group, shard)
+            except BaseException:
+                if work is not None:
+                    state._momentum.give_back_step()  # a failed step moves no velocity
+                raise
+            if work is not None:
+                state._momentum.after(work, shard.view(-1))
 
         return hook
+
+    def _correct_before(self, number, shard):
+        """The correction's ``before`` on module ``number``'s shard, or None
+        where it does not apply: off, not yet active (before the
+        optimizer's first step), or a float16 shard (FSDP2 divides such a
+        sum after the hook: the G would be scaled)."""
+        correction = self.state._momentum
+        if correction is None or not correction.active or shard.dtype == torch.float16:
+            return None
+        params, members, padded = self.slices[number]
+        if padded != shard.numel() or not shard.is_contiguous():
+            correction._stop(f"FSDP2's gradient shard of module {number} is not laid out as expected ({shard.numel()} "
+                             f"values, {padded} expected)")
+            return None
+        return correction.before(params, members, shard.view(-1))
+
+    def _reduce(self, group_id, shard):
+        """The shard's average over the replicas, in place, by the step's path."""
+        state = self.state
+        if self.step < state.warmup_iters:
+            path = NATIVE  # the dense warm-up
+        else:
+            path = state._path if state._choice is not None else SPARSE
+            if path == NATIVE:
+                # What earlier steps left in the residuals joins the shard
+                # first, so the switch loses nothing. (A BF16 step follows
+                # no sparse step: nothing to fold.)
+                path_sparse.fold_shard_(state, group_id, shard)
+                path_quantized.fold_shard_(state, group_id, shard)
+            elif path == SPARSE:
+                self._note_measured_step()
+        PATHS[path].reduce_(state, group_id, shard, self.step)
 
     def _note_measured_step(self):
         """Before a sparse step's shard: a step that measures ξ with the

@@ -88,6 +88,12 @@ _ABSENT = object()
 MOMENTUM_OPTIMIZER = torch.optim.SGD
 
 
+def _local(t):
+    """A DTensor's local shard (FSDP2's parameters, gradients and momentum
+    buffers: each rank corrects its own shard), else ``t`` itself."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
 def momentum_of(group):
     """(m, dampening, nesterov) of a parameter group the correction applies
     to, else None."""
@@ -168,14 +174,15 @@ class MomentumCorrection:
                 i = self.index_of(p)
                 if i is None:
                     continue
-                if sample is not None and sample[0] == i and p.grad is not None and p.grad.reshape(-1)[sample[1]].item() != sample[2]:
+                grad = None if p.grad is None else _local(p.grad).reshape(-1)
+                if sample is not None and sample[0] == i and grad is not None and grad[sample[1]].item() != sample[2]:
                     self._stop(f"the gradient it handed the optimizer was changed before the step ({sample[2]!r} became "
-                               f"{p.grad.reshape(-1)[sample[1]].item()!r}: GradScaler's unscale_ or clipping .grad)")
+                               f"{grad[sample[1]].item()!r}: GradScaler's unscale_ or clipping .grad)")
                     return
                 self.settings[i] = settings
-                if i in handed and p.grad is not None:
+                if i in handed and grad is not None:
                     m, d = handed[i]
-                    g = p.grad.reshape(-1)
+                    g = grad
                     before = self.applied.get(i)
                     if before is None:
                         self.applied[i] = g.clone()  # torch's first step: buf = G
@@ -186,7 +193,7 @@ class MomentumCorrection:
                 elif i not in self.velocity:
                     buf = optimizer.state.get(p, {}).get("momentum_buffer")
                     if buf is not None:
-                        self.velocity[i] = buf.detach().reshape(-1).clone()
+                        self.velocity[i] = _local(buf).detach().reshape(-1).clone()
                         self.applied[i] = self.velocity[i].clone()
 
     def _settings_of(self, p, i):
