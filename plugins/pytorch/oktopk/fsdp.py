@@ -207,8 +207,8 @@ class _Registration:
             try:
                 self._reduce(module_group, shard)
             except BaseException:
-                if work is not None:
-                    state._momentum.give_back_step()  # a failed step moves no velocity
+                if state._momentum is not None:  # a failed step moves no velocity, this module's or an earlier one's
+                    state._momentum.give_back_step()
                 raise
             if work is not None:
                 state._momentum.after(work, shard.view(-1))
