@@ -36,8 +36,13 @@ def density_one(rank, world, port, out, nesterov, dampening, weight_decay, steps
             worst_param = max(worst_param, (pa.detach() - pb.detach()).abs().max().item() / scale)
             ba, bb = oa.state[pa]["momentum_buffer"], ob.state[pb]["momentum_buffer"]
             worst_buffer = max(worst_buffer, (ba - bb).abs().max().item() / (bb.abs().max().item() + 1e-30))
+    # B kept as a view of the optimizer's own buffer (sharing its memory), or as a copy of the correction's.
+    index = state._layout.param_index
+    views = sum(state._momentum.applied[index[id(p)]].data_ptr() == oa.state[p]["momentum_buffer"].data_ptr()
+                for p in a.parameters())
     write(out, rank, {"worst_param": worst_param, "worst_buffer": worst_buffer, "corrected": len(state._momentum.velocity),
-                      "params": len(list(a.parameters())), "sparse_iters": state.iter - state.warmup_iters})
+                      "params": len(list(a.parameters())), "sparse_iters": state.iter - state.warmup_iters,
+                      "b_views": views})
     state.close()
     dist.destroy_process_group()
 

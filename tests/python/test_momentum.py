@@ -22,6 +22,9 @@ def test_density_one_equals_dense_sgd_with_momentum(nesterov, dampening, weight_
         assert res["sparse_iters"] == 6, res
         assert res["worst_param"] <= 1e-5, f"rank {r}: {res}"
         assert res["worst_buffer"] <= 1e-5, f"rank {r}: {res}"
+        # Without weight decay B is the optimizer's buffer itself (a copy less);
+        # with it, B leaves weight decay out and is the correction's own.
+        assert res["b_views"] == (0 if weight_decay else res["params"]), f"rank {r}: {res}"
 
 
 @pytest.mark.parametrize("nesterov", [False, True])

@@ -37,7 +37,9 @@ Inf) leaves the velocity and B as they were.
 
 Each rank holds three more copies of the parameters' gradients: its
 velocity, the buffer the next one is computed into (a step skipped for a
-NaN must find the old one whole), and B. Parameters with momentum 0,
+NaN must find the old one whole), and B. Without weight decay B is the
+optimizer's own ``momentum_buffer`` (the same recursion), read in place:
+two copies then. Parameters with momentum 0,
 ``maximize=True``, or another optimizer are reduced as before.
 
 DGC's two other rules, opt-in (off by default; results/sgd.md measures them
@@ -137,6 +139,7 @@ class MomentumCorrection:
         self.settings = {}  # index -> (m, dampening, nesterov) at the optimizer's latest step
         self.velocity = {}  # index -> this rank's velocity b (flat, the bucket's dtype and device)
         self.applied = {}  # index -> B, the optimizer's momentum apart from weight decay (None: no step yet)
+        self._borrowed = set()  # indices whose B is a view of the optimizer's momentum_buffer (_borrow)
         self._spare = {}  # index -> the buffer this step's velocity is computed into (swapped in when it counts)
         self._handed = {}  # index -> (m, dampening) of the G handed over this step, for B at the optimizer's step
         # One value the hook handed the optimizer this step ((index, offset,
@@ -181,9 +184,14 @@ class MomentumCorrection:
                     return
                 self.settings[i] = settings
                 if i in handed and grad is not None:
+                    if self._borrow(optimizer, group, p, i):
+                        continue
                     m, d = handed[i]
                     g = grad
                     before = self.applied.get(i)
+                    if i in self._borrowed:  # the optimizer's buffer until now: never written here
+                        self._borrowed.discard(i)
+                        before = self.applied[i] = None if before is None else before.clone()
                     if before is None:
                         self.applied[i] = g.clone()  # torch's first step: buf = G
                     elif d:
@@ -194,7 +202,22 @@ class MomentumCorrection:
                     buf = optimizer.state.get(p, {}).get("momentum_buffer")
                     if buf is not None:
                         self.velocity[i] = _local(buf).detach().reshape(-1).clone()
-                        self.applied[i] = self.velocity[i].clone()
+                        if not self._borrow(optimizer, group, p, i):
+                            self.applied[i] = self.velocity[i].clone()
+
+    def _borrow(self, optimizer, group, p, i):
+        """Without weight decay B is the optimizer's own momentum_buffer (the
+        same recursion, in torch's own rounding): keep a view of it, which
+        the optimizer advances in place, rather than a copy advanced by a
+        pass of ours (a pass and a gradient-sized copy less per step).
+        Re-taken after every step, so a buffer the optimizer replaced (a
+        load of its state) is followed. Returns whether B is borrowed."""
+        buf = optimizer.state.get(p, {}).get("momentum_buffer")
+        if group.get("weight_decay", 0.0) or buf is None:
+            return False
+        self.applied[i] = _local(buf).detach().reshape(-1)
+        self._borrowed.add(i)
+        return True
 
     def _settings_of(self, p, i):
         """(m, dampening, nesterov) for parameter p (index i), read live from
@@ -219,6 +242,7 @@ class MomentumCorrection:
         the optimizer's momentum_buffer is already its true velocity."""
         self.stopped = why
         self.settings, self.velocity, self.applied, self._spare, self._handed = {}, {}, {}, {}, {}
+        self._borrowed = set()
         warnings.warn(f"oktopk: momentum correction stopped: {why}. It needs the optimizer to receive the hook's gradient "
                       "unchanged; the optimizer's own momentum acts on the sparse average from now on. Clip or unscale "
                       "nothing after backward, or pass momentum_correction=False (docs/pytorch.md).", stacklevel=4)
@@ -420,6 +444,6 @@ class MomentumCorrection:
         self.velocity = {int(i): e["velocity"] for i, e in saved.items() if e["velocity"] is not None}
         self.applied = {int(i): e["applied"] for i, e in saved.items()}
         self._waiting = {int(i): e["waiting"] for i, e in saved.items() if e.get("waiting") is not None}
-        self._spare, self._handed, self._sample = {}, {}, None
+        self._spare, self._handed, self._sample, self._borrowed = {}, {}, None, set()
         self._optimizer, self._group_of = None, {}
         self._record = None  # a loaded state is no step's to give back

@@ -93,7 +93,8 @@ class OkTopkState(ReducerStats):
         is: the hook hands it the gradient on which its own momentum lands
         on the reduced average, so ``momentum_buffer`` and weight decay keep
         their meaning (``oktopk.momentum``). It starts after the optimizer's
-        first step and costs three more copies of the gradients per rank.
+        first step and costs three more copies of the gradients per rank
+        (two without weight decay).
         ``.grad`` then holds that gradient, not the average of the ranks':
         a script that rescales ``.grad`` before the step (GradScaler,
         clipping) stops the correction, with a warning. False: the
