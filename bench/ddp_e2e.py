@@ -78,7 +78,8 @@ Methods (``--method``):
   warm-up steps).
 - ``oktopk_wN`` (e.g. ``oktopk_w10``): the same as ``oktopk`` with N dense
   warm-up steps (``warmup_iters=N``) instead of two: the evidence for the
-  warm-up default.
+  warm-up default. ``_q`` after it (``oktopk_wmask_w10_q``): the warm-up's
+  steps after the first two in 4 bits (``warmup_compression="quantized"``).
 - ``oktopk_dN`` (e.g. ``oktopk_d5``): the same as ``oktopk`` at density N%
   instead of ``--density``.
 - ``oktopk_topka``, ``oktopk_gtopk``, ...: the same with that sparse
@@ -216,7 +217,7 @@ def reached_target(model, acc, loss, target):
 def warmup_of(method):
     """N of an ``oktopk_wN`` or ``oktopk_<algorithm>_wN`` method (N >= 2),
     else None."""
-    m = re.fullmatch(r"oktopk(?:_.+)?_w(\d+)", method)
+    m = re.fullmatch(r"oktopk(?:_.+)?_w(\d+)(?:_q)?", method)
     return int(m.group(1)) if m and int(m.group(1)) >= 2 else None
 
 
@@ -353,6 +354,8 @@ def train(method, args, width, data):
             kwargs["local_clip_norm"] = args.clip_norm
         if warmup_of(method) is not None:
             kwargs["warmup_iters"] = warmup_of(method)
+        if method.endswith("_q"):
+            kwargs["warmup_compression"] = "quantized"
         density = density_of(method) or args.density
         state = OkTopkState(density=density, **kwargs)
         model.register_comm_hook(state, oktopk_hook)
@@ -380,6 +383,7 @@ def train(method, args, width, data):
     acc = loss = float("nan")
     flag = torch.zeros(1)
     train_s, step = 0.0, 0
+    warmup_sent = 0.0  # what a compressed warm-up's steps sent (warmup_compression)
     if rank == 0:  # where every method starts from, for the plot
         acc0, loss0 = evaluate(model.module, xte, yte)
         print(f"curve,{method},0,0.000,{acc0:.2f},{loss0:.4f}", flush=True)
@@ -403,6 +407,8 @@ def train(method, args, width, data):
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         step += 1
+        if step == warmup and method.startswith("oktopk"):
+            warmup_sent = float(state.quantized_bytes_sent)
         if step % args.eval_every == 0 or step == args.steps:
             dist.barrier()  # every rank has finished the step
             train_s += time.perf_counter() - start
@@ -433,13 +439,18 @@ def train(method, args, width, data):
         per_step = sent.item() / world / step
         opt.close()
     else:
-        sent = float(state.bytes_sent + state.quantized_bytes_sent)
+        sent = float(state.bytes_sent + state.quantized_bytes_sent) - warmup_sent
         if state.choice is not None:  # the measured choice's native and bf16 steps, by the ring formula
             sent += state.choice["steps"]["native"] * dense + state.choice["steps"]["bf16"] * ring_bytes(params, world, 2)
         sent = torch.tensor([sent], dtype=torch.float64)
         dist.all_reduce(sent)
         per_step = sent.item() / world / compressed if compressed else float("nan")
-    run_bytes = min(step, warmup) * dense + (compressed * per_step if compressed else 0.0)
+    warmup_sent = torch.tensor([warmup_sent], dtype=torch.float64)
+    dist.all_reduce(warmup_sent)
+    from oktopk.settings import NATIVE_WARMUP_ITERS
+
+    native_warmup = min(step, warmup if warmup_sent.item() == 0 else NATIVE_WARMUP_ITERS)  # a compressed warm-up's first steps are native
+    run_bytes = native_warmup * dense + warmup_sent.item() / world + (compressed * per_step if compressed else 0.0)
     if rank == 0:
         t_target, s_target = reached if reached is not None else (float("nan"), float("nan"))
         row = {

@@ -11,6 +11,7 @@ import pickle
 import time
 
 import pytest
+import torch
 import torch.multiprocessing as mp
 
 import workers
@@ -140,6 +141,7 @@ BAD_VALUE_OF_EVERY_SETTING = [
     ("stochastic_rounding", 1), ("density_schedule", (0.5,)), ("measure_xi_every", 0), ("adaptive", (0.1, 0.01)),
     ("sparse_margin", 1.0), ("sparse_margin", True), ("recheck_every", 1), ("recheck_every", 8.0), ("device_path", "yes"),
     ("dense_compression", "fp8"), ("dense_compression", "float16"), ("grads_as_bucket_views", 1), ("momentum_correction", "yes"),
+    ("warmup_compression", "fp8"), ("warmup_compression", "float32"),
 ]
 
 
@@ -157,6 +159,7 @@ def test_every_bad_setting_is_refused_whatever_the_algorithm(algorithm, name, va
     [
         ("dense_compression", ("quantized", "bf16"), 0),
         ("dense_compression", ("quantized", None), 0),
+        ("warmup_compression", ("quantized", None), 0),
         ("warmup_iters", (2, 3), 0),
         ("density", (0.1, 0.05), 0),
         ("algorithm", (None, "oktopk"), 0),
@@ -575,3 +578,39 @@ def test_a_nan_in_one_bucket_of_a_quantized_step_keeps_every_quantized_residual_
         assert at["quantized"] == before["quantized"], f"rank {r}: a quantized residual changed across the skipped step"
         assert after["quantized"] != at["quantized"], f"rank {r}: the next step moved nothing"
     assert results[0]["params"] == results[1]["params"]
+
+
+@pytest.mark.parametrize("warmup_compression", ["quantized", "bf16"])
+def test_a_compressed_warm_up_is_native_for_ddps_two_steps_then_compressed_and_loses_nothing(warmup_compression):
+    world, native, warmup = 2, 2, 5
+    results = run(workers.compressed_warmup, world, warmup_compression)
+    steps = results[0]["steps"]
+    assert results[0]["sparse_iters"] == len(steps) - warmup
+    for r in range(1, world):  # every rank applies the same update
+        for s, (mine, theirs) in enumerate(zip(steps, results[r]["steps"])):
+            assert torch.equal(mine["hook"], theirs["hook"]), (r, s)
+    n = steps[0]["exact"].numel()
+    scale = max(s["exact"].abs().max().item() for s in steps)
+    for s, step in enumerate(steps):
+        error = (step["hook"] - step["exact"]).abs().max().item()
+        if native <= s < warmup:  # compressed: a few bits a value
+            assert error > 1e-4 * scale, (s, error)
+        elif s != warmup or warmup_compression == "bf16":  # the float32 allreduce; Ok-Topk at density 1
+            assert error <= 1e-6 * scale, (s, error)
+        # (the first sparse step also sends what the quantized residuals held: below)
+    quantized_bytes = [s["quantized_bytes"] for s in steps]
+    if warmup_compression == "quantized":
+        # 4 bits per value and a scale per block of 64: each warm-up step's
+        # frames are about an eighth of float32's 2n(P-1)/P bytes.
+        per_step = [quantized_bytes[s] - quantized_bytes[s - 1] for s in range(native + 1, warmup)]
+        assert all(0 < b < 2 * 4 * n * (world - 1) / world / 4 for b in per_step), per_step
+        assert steps[warmup - 1]["quantized_groups"] > 0
+        # The first sparse step folds what the residuals held: no group holds
+        # one after it, and the updates so far sum to the gradients' average
+        # (density 1 sends everything).
+        assert [s["quantized_groups"] for s in steps[warmup:]] == [0] * (len(steps) - warmup)
+        total = sum(s["hook"].double() for s in steps[: warmup + 1])
+        exact = sum(s["exact"].double() for s in steps[: warmup + 1])
+        assert (total - exact).abs().max().item() <= 1e-5 * scale, (total - exact).abs().max().item()
+    else:
+        assert quantized_bytes == [0] * len(steps)  # bfloat16 keeps no residual: its rounding is lost, as bf16_compress_hook's

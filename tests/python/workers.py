@@ -1348,3 +1348,36 @@ def nan_at_switch(rank, world, port, out, optimizer, dense_compression, device_p
     write(out, rank, {"steps": steps, "params": b"".join(p.detach().numpy().tobytes() for p in m.parameters())})
     state.close()
     dist.destroy_process_group()
+
+
+def compressed_warmup(rank, world, port, out, warmup_compression, steps=7):
+    """The hook with ``warmup_iters=5`` and ``warmup_compression``, then
+    Ok-Topk at density 1, beside allreduce_hook on the same model; SGD at
+    learning rate 0, so both see the same gradients every step. Per step:
+    the hook's gradients and allreduce_hook's (the exact average), the
+    quantized bytes sent so far and the groups holding a quantized
+    residual."""
+    setup(rank, world, port)
+    a, b = DDP(small_model()), DDP(small_model())
+    state = OkTopkState(algorithm="oktopk", density=1.0, warmup_iters=5, warmup_compression=warmup_compression,
+                        momentum_correction=False)
+    a.register_comm_hook(state, oktopk_hook)
+    b.register_comm_hook(None, allreduce_hook)
+    oa, ob = torch.optim.SGD(a.parameters(), lr=0.0), torch.optim.SGD(b.parameters(), lr=0.0)
+    record = []
+    for step in range(steps):
+        x, y = batch(rank, step)
+        for m, o in ((a, oa), (b, ob)):
+            o.zero_grad()
+            F.cross_entropy(m(x), y).backward()
+        record.append({
+            "hook": torch.cat([p.grad.reshape(-1) for p in a.parameters()]).clone(),
+            "exact": torch.cat([p.grad.reshape(-1) for p in b.parameters()]).clone(),
+            "quantized_bytes": state.quantized_bytes_sent,
+            "quantized_groups": len(state._quantized) + len(state._quantized_spill),
+        })
+        oa.step()
+        ob.step()
+    write(out, rank, {"steps": record, "sparse_iters": state.iter - state.warmup_iters})
+    state.close()
+    dist.destroy_process_group()

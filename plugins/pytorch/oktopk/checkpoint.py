@@ -211,6 +211,7 @@ def pickled(state):
         "momentum_correction": state.momentum_correction,
         "momentum_masking": state.momentum_masking,
         "local_clip_norm": state.local_clip_norm,
+        "warmup_compression": state.warmup_compression,
     })
 
 
@@ -226,7 +227,7 @@ def constructor_arguments(saved):
             None if saved["adaptive"] is None else saved["adaptive"]["bounds"],
             *((saved_choice["margin"], saved_choice["recheck_every"]) if saved_choice else ()))
     kwargs = {name: saved[name] for name in ("device_path", "dense_compression", "grads_as_bucket_views", "momentum_correction",
-                                             "momentum_masking", "local_clip_norm")}
+                                             "momentum_masking", "local_clip_norm", "warmup_compression") if name in saved}
     return args, kwargs
 
 

@@ -82,11 +82,12 @@ def check_choice(margin, recheck_every):
     return float(margin), int(recheck_every)
 
 
-def check_dense_compression(dense_compression):
-    """A front end's path in sparse's place under an Adam-family optimizer,
-    checked; ValueError naming the choices."""
+def check_dense_compression(dense_compression, name="dense_compression"):
+    """A front end's compressed dense path (in sparse's place under an
+    Adam-family optimizer, or the warm-up's), checked; ValueError naming
+    the choices."""
     if dense_compression not in (QUANTIZED, BF16, None):
-        raise ValueError(f"dense_compression must be {QUANTIZED!r}, {BF16!r} or None, got {dense_compression!r}")
+        raise ValueError(f"{name} must be {QUANTIZED!r}, {BF16!r} or None, got {dense_compression!r}")
     return dense_compression
 
 

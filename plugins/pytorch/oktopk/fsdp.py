@@ -34,9 +34,9 @@ import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 
 from . import path_quantized, path_sparse
-from .choice import NATIVE, SPARSE
+from .choice import NATIVE, QUANTIZED, SPARSE
 from .layout import group_id_of
-from .paths import PATHS, SUPPORTED_DTYPES
+from .paths import PATHS, SUPPORTED_DTYPES, timed_warmup_step, warmup_path
 from .state import OkTopkState
 from .step import agree_on_settings, begin_step
 
@@ -183,7 +183,7 @@ class _Registration:
         if s >= 0 and state._choice is not None:
             begin_step(state, s, shard.device, untimed=self.steps_run == 0)
             state._folds.watching = state._path == NATIVE and bool(state._residual_groups or state._quantized)
-        elif s == -1 and state._choice is not None:
+        elif self.step == timed_warmup_step(state) and state._choice is not None:
             # A native step the choice can compare the sparse probe with
             # (a process resumed from a checkpoint saved before it runs it
             # first: timed too, as in the whole run).
@@ -234,7 +234,7 @@ class _Registration:
         """The shard's average over the replicas, in place, by the step's path."""
         state = self.state
         if self.step < state.warmup_iters:
-            path = NATIVE  # the dense warm-up
+            path = warmup_path(state, self.step)  # native, or the warm-up's compression
         else:
             path = state._path if state._choice is not None else SPARSE
             if path == NATIVE:
@@ -243,8 +243,12 @@ class _Registration:
                 # no sparse step: nothing to fold.)
                 path_sparse.fold_shard_(state, group_id, shard)
                 path_quantized.fold_shard_(state, group_id, shard)
-            elif path == SPARSE:
-                self._note_measured_step()
+            else:
+                # What a quantized warm-up left joins the shard first.
+                if path != QUANTIZED:
+                    path_quantized.fold_shard_(state, group_id, shard)
+                if path == SPARSE:
+                    self._note_measured_step()
         PATHS[path].reduce_(state, group_id, shard, self.step)
 
     def _note_measured_step(self):

@@ -11,8 +11,8 @@ import torch
 import torch.distributed as dist
 
 from . import path_native, path_quantized, path_sparse
-from .choice import BF16, NATIVE
-from .paths import PATHS, SUPPORTED_DTYPES
+from .choice import BF16, NATIVE, QUANTIZED
+from .paths import PATHS, SUPPORTED_DTYPES, timed_warmup_step, warmup_path
 from .state import OkTopkState
 from .step import agree_on_settings, begin_step
 
@@ -88,13 +88,16 @@ def _reduce(state, bucket, tensor):
             # The step before was settled at this bucket's start (oktopk_hook).
             begin_step(state, phase_iter - state.warmup_iters, tensor.device, untimed=not rebuilt)
             state._folds.watching = state._path == NATIVE and bool(state._residual_groups or state._quantized or state._quantized_spill)
-        elif phase_iter == state.warmup_iters - 1:
+        elif phase_iter == timed_warmup_step(state):
             # A native step the choice can compare the sparse probe with.
             # A process resumed from a checkpoint saved before it runs it
             # first, in DDP's provisional layout (dense all the same): timed
             # too, or the resumed run would decide without it where the
             # whole run did not.
             state._choice.time_warmup_step()
+    if not sparse and warmup_path(state, phase_iter) != NATIVE:
+        # A compressed warm-up step (warmup_compression), in the rebuilt layout.
+        return PATHS[warmup_path(state, phase_iter)].reduce(state, bucket, tensor, phase_iter)
     if not sparse:
         # The dense warm-up; DDP's rebuilt layout's buckets become the
         # groups the residuals are kept in.
@@ -105,7 +108,11 @@ def _reduce(state, bucket, tensor):
         return path_native.reduce(state, bucket, tensor, phase_iter)
     if state._path == NATIVE:
         return _native(state, bucket, tensor, phase_iter, is_last)
-    if state._path == BF16 and state.grads_as_bucket_views:
+    if state._path != QUANTIZED and (state._quantized or state._quantized_spill):
+        # What a quantized warm-up left in its residuals joins the values
+        # first, so nothing waits there.
+        path_quantized.fold(state, bucket, tensor)
+    elif state._path == BF16 and state.grads_as_bucket_views:
         state._bucket_grads.point(bucket)  # no sparse step ran: nothing to fold
     return PATHS[state._path].reduce(state, bucket, tensor, phase_iter)
 

@@ -27,6 +27,7 @@ import torch
 from . import path_bf16, path_native, path_quantized, path_sparse
 from .choice import BF16, NATIVE, QUANTIZED, SPARSE
 from .choice import PATHS as NAMES
+from .settings import NATIVE_WARMUP_ITERS
 
 # The bucket dtypes liboktopk reduces; the dense warm-up would take others,
 # so they are refused on the first hook call rather than at the first sparse
@@ -42,3 +43,20 @@ PATHS = {
 
 # Every path the measured choice can take has its module.
 assert set(PATHS) == set(NAMES), (sorted(PATHS), sorted(NAMES))
+
+
+def warmup_path(state, step):
+    """The path of warm-up step ``step`` (``step < state.warmup_iters``):
+    native, or from DDP's third iteration on ``state.warmup_compression``
+    when set (the first two learn the bucket layout the residuals are kept
+    in, so they stay native)."""
+    if state.warmup_compression is None or step < NATIVE_WARMUP_ITERS:
+        return NATIVE
+    return state.warmup_compression
+
+
+def timed_warmup_step(state):
+    """The warm-up step the measured choice times as native, to compare the
+    sparse probe with: the last one that is native."""
+    return (state.warmup_iters if state.warmup_compression is None else NATIVE_WARMUP_ITERS) - 1
+

@@ -57,29 +57,46 @@ def quantize(x, bits=BITS, block=BLOCK, levels=LEVELS, clip=CLIP):
     levels spread evenly over [-scale, scale], zero among them; "full":
     2^bits levels from -scale to scale, no zero. :func:`dequantize` gives
     what the codes stand for."""
+    codes, scales, _ = _round(x, bits, block, levels, clip)
+    return codes, scales
+
+
+def _round(x, bits, block, levels, clip):
+    """:func:`quantize`'s codes and scales, and what the codes stand for
+    (:func:`dequantize`'s values, the same bits), in as few passes over
+    ``x`` as the arithmetic allows: the gradient-sized passes are what a
+    call costs on the CPU."""
     xb = x.view(-1, block)
-    scales = xb.abs().amax(1)
+    scales = torch.maximum(xb.amax(1), xb.amin(1).neg_())  # the largest magnitude, without an abs() copy
     if clip is not None:
         scales = torch.minimum(scales, clip * xb.square().mean(1).sqrt())
     scales = scales.to(torch.bfloat16)
     scale = scales.float().clamp_min(torch.finfo(torch.float32).tiny)[:, None]
     if levels == "full":
         top = 2**bits - 1
-        codes = ((xb / scale).clamp_(-1, 1).add_(1).mul_(top / 2)).round_()
-    else:
-        half = _levels(bits)
-        codes = torch.round(xb / (scale / half)).clamp_(-half, half).add_(half)
-    return codes.to(torch.uint8).view(-1), scales
+        level = (xb / scale).clamp_(-1, 1).add_(1).mul_(top / 2).round_()
+        codes = level.to(torch.uint8).view(-1)
+        return codes, scales, level.mul_(2 / top).sub_(1).mul_(scale).view(-1)
+    half = _levels(bits)
+    step = scale / half
+    level = torch.div(xb, step).round_().clamp_(-half, half)
+    codes = level.add_(half).to(torch.uint8).view(-1)
+    return codes, scales, level.sub_(half).mul_(step).view(-1)
 
 
 def dequantize(codes, scales, bits=BITS, block=BLOCK, levels=LEVELS):
-    scale = scales.float().clamp_min(torch.finfo(torch.float32).tiny)[:, None]
-    c = codes.view(-1, block).float()
+    return _dequantize_into(codes.float(), scales, bits, block, levels)
+
+
+def _dequantize_into(c, scales, bits, block, levels):
+    """What codes ``c`` (already as float32) stand for, computed in place."""
+    scale = scales.reshape(-1).float().clamp_min(torch.finfo(torch.float32).tiny)[:, None]
+    c = c.view(-1, block)
     if levels == "full":
         top = 2**bits - 1
-        return (c * (2 / top) - 1).mul_(scale).view(-1)
+        return c.mul_(2 / top).sub_(1).mul_(scale).view(-1)
     half = _levels(bits)
-    return ((c - half) * (scale / half)).view(-1)
+    return c.sub_(half).mul_(scale / half).view(-1)
 
 
 def pack(codes, bits=BITS):
@@ -140,8 +157,16 @@ class QuantizedGroup:
         return hadamard_rotate(x, signs[at : at + x.numel()], h, inverse)
 
     def _quantize(self, x):
-        codes, scales = quantize(x, self.bits, self.block, self.levels, self.clip)
-        return codes, scales, dequantize(codes, scales, self.bits, self.block, self.levels)
+        """(codes, scales, what they stand for, whether ``x`` held a NaN or
+        Inf): such a value makes its block's scale non-finite, so the
+        scales tell without a pass of their own; ``x`` is then rounded
+        with those values replaced (``nan_to_num``), and the caller sends
+        the flag."""
+        codes, scales, values = _round(x, self.bits, self.block, self.levels, self.clip)
+        if bool(torch.isfinite(scales).all()):
+            return codes, scales, values, False
+        codes, scales, values = _round(torch.nan_to_num(x), self.bits, self.block, self.levels, self.clip)
+        return codes, scales, values, True
 
     def frame_bytes(self):
         """Bytes of one chunk's frame: codes, scales (bfloat16), and a flag
@@ -161,39 +186,41 @@ class QuantizedGroup:
         sender flagged a non-finite value."""
         code_bytes = self.chunk * self.bits // 8
         scale_bytes = 2 * (self.chunk // self.block)
-        codes = unpack(frames[:, :code_bytes].contiguous(), self.bits).view(frames.shape[0], -1)
+        codes = unpack(frames[:, :code_bytes].contiguous(), self.bits)
         scales = frames[:, code_bytes : code_bytes + scale_bytes].contiguous().view(torch.bfloat16)
         flagged = bool(frames[:, code_bytes + scale_bytes :].contiguous().view(torch.bfloat16).float().max() > 0)
-        values = torch.stack([dequantize(codes[r], scales[r], self.bits, self.block, self.levels) for r in range(frames.shape[0])])
-        return values, flagged
+        values = _dequantize_into(codes.float(), scales, self.bits, self.block, self.levels)
+        return values.view(frames.shape[0], -1), flagged
 
     def allreduce_(self, flat, group):
         """The average of ``flat`` (1-D float32, n long) over the ranks, in
         place (steps 1-4 above). Returns (the bytes this rank sent: a frame
         to each other rank in each of the two exchanges, whether the call
         completed); a NaN or Inf on any rank makes ``flat`` NaN on every
-        rank and leaves the residuals as they were (not completed)."""
-        acc = torch.zeros(self.padded, device=flat.device)
-        acc[: self.n] = flat
-        acc += self.residual
-        bad = not bool(torch.isfinite(acc).all())
-        codes, scales, sent = self._quantize(self._turn(torch.nan_to_num(acc) if bad else acc))
-        residual = acc - self._turn(sent, inverse=True)
+        rank and leaves the residuals as they were (not completed). The
+        residuals are replaced, never written over: a caller may keep the
+        old ones to take the call back."""
+        n = self.n
+        acc = torch.empty(self.padded, device=flat.device)
+        torch.add(flat, self.residual[:n], out=acc[:n])
+        acc[n:] = self.residual[n:]
+        codes, scales, sent, bad = self._quantize(self._turn(acc))
+        residual = acc.sub_(self._turn(sent, inverse=True))  # acc is this call's own: its new residual, in place
         send = self._frames(codes, scales, 1.0 if bad else 0.0)
         received = torch.empty_like(send)
         dist.all_to_all_single(received, send, group=group)
         mine, bad_here = self._decode(received)
         # Summed in rank order, so every owner's arithmetic is the same.
-        average = mine.sum(0) / self.world + self.owner_residual
-        codes2, scales2, rounded = self._quantize(torch.nan_to_num(average))
-        owner_residual = average - rounded
+        average = mine.sum(0).div_(self.world).add_(self.owner_residual)
+        codes2, scales2, rounded, _ = self._quantize(average)
+        owner_residual = average.sub_(rounded)
         frame = self._frames(codes2, scales2, 1.0 if bad_here else 0.0)[0]
         gathered = [torch.empty_like(frame) for _ in range(self.world)]
         dist.all_gather(gathered, frame, group=group)
         chunks, bad_anywhere = self._decode(torch.stack(gathered))
         if not bad_anywhere:
             self.residual, self.owner_residual = residual, owner_residual
-            flat.copy_(self._turn(chunks.view(-1), inverse=True)[: self.n])
+            flat.copy_(self._turn(chunks.view(-1), inverse=True)[:n])
         else:
             flat.fill_(float("nan"))  # every rank alike; residuals unchanged
         return 2 * (self.world - 1) * self.frame_bytes(), not bad_anywhere

@@ -75,15 +75,19 @@ def check_settings(density=DEFAULTS.density, algorithm=DEFAULTS.algorithm, tau=D
                     measure_xi_every, adaptive)
 
 
-DEFAULT_WARMUP_ITERS = 2
+# DDP reduces its first iteration in a provisional bucket layout and
+# rebuilds its buckets after it; the hook learns the rebuilt layout in the
+# second. Those two always take the process group's own allreduce.
+NATIVE_WARMUP_ITERS = 2
+DEFAULT_WARMUP_ITERS = NATIVE_WARMUP_ITERS
 
 
 def check_warmup_iters(warmup_iters):
     """The DDP hook's dense warm-up length, checked; ValueError saying why
-    it must be at least 2."""
-    if not is_int(warmup_iters) or warmup_iters < 2:
+    it must be at least NATIVE_WARMUP_ITERS."""
+    if not is_int(warmup_iters) or warmup_iters < NATIVE_WARMUP_ITERS:
         raise ValueError(
-            f"warmup_iters must be an integer >= 2 (DDP rebuilds its buckets after the first iteration, and the "
+            f"warmup_iters must be an integer >= {NATIVE_WARMUP_ITERS} (DDP rebuilds its buckets after the first iteration, and the "
             f"hook learns the rebuilt layout in the second), got {warmup_iters!r}"
         )
     return int(warmup_iters)

@@ -25,6 +25,7 @@ def agreement_settings(state):
         "density": state.density,
         "algorithm": state.algorithm,
         "warmup_iters": state.warmup_iters,
+        "warmup_compression": state.warmup_compression,
         "tau": state.tau,
         "tau_prime": state.tau_prime,
         "dense_compression": state.dense_compression,
