@@ -120,6 +120,7 @@ SETTINGS = [
     ("algorithm", ["oktopk", "topka"], {}),
     ("algorithm", ["auto", "gaussiank"], {}),
     ("warmup_iters", [2, 3], {}),
+    ("warmup_compression", [None, "quantized"], {"warmup_iters": 4}),
     ("tau", [64, 8], {"algorithm": "oktopk"}),
     ("tau_prime", [32, 4], {"algorithm": "oktopk"}),
     ("dense_compression", ["bf16", "quantized"], {}),
@@ -162,6 +163,10 @@ def ddp_cfg(rng, front="ddp", schedule=None, optimizer=None, choice=None, named=
             state["dense_compression"] = rng.choice(["quantized", "bf16"])
         if schedule is None:
             schedule = rng.choice(["sparse-then-native", "native-then-candidate", "none"])
+        if optimizer != "adamw" and rng.random() < 0.25:
+            # A warm-up whose steps after DDP's first two are quantized:
+            # its residuals join the first sparse step.
+            state["warmup_iters"], state["warmup_compression"] = 4, "quantized"
     else:
         optimizer = optimizer or rng.choice(["sgd", "sgdm"])
         state["algorithm"] = rng.choice(named)
@@ -198,7 +203,8 @@ def describe(cfg):
         return f"{head} {s['algorithm']}" + (f" {s['value_dtype']}" if "value_dtype" in s else "")
     if cfg.get("optimizer") == "adamw":
         return f"{head} choice, AdamW ({s.get('dense_compression')})"
-    return f"{head} choice, {'SGD+momentum' if cfg.get('optimizer') == 'sgdm' else 'SGD'}"
+    warm = ", 4-bit warm-up" if s.get("warmup_compression") else ""
+    return f"{head} choice, {'SGD+momentum' if cfg.get('optimizer') == 'sgdm' else 'SGD'}{warm}"
 
 
 def schedule_steps(cfg):
@@ -245,7 +251,7 @@ def make_job(kind, rng, world, cycles=None):
         # Where it lands: the warm-up, the first sparse step, a probe, the
         # schedule's switches (sparse to native at s 12, native to the
         # candidate at s 16 or 24), or any step.
-        interesting = [0, 1, warm, warm + 1, warm + 4, warm + 12, warm + 16, warm + 24, rng.randrange(steps)]
+        interesting = [0, 1, 2, warm, warm + 1, warm + 4, warm + 12, warm + 16, warm + 24, rng.randrange(steps)]
         step = min(rng.choice(interesting), steps - 3)
         value = "nan" if kind == "nan" else rng.choice(["inf", "-inf"])
         job.update(type="fault_run", cfg=cfg, steps=min(steps, step + 4), inject={"rank": rng.randrange(world), "step": step, "value": value},

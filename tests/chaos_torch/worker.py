@@ -54,9 +54,10 @@ def send(msg):
 # the training loop sleeps after each step by the step's path, so that the
 # timings, and with them the decisions, are set by the schedule: SLOW
 # seconds against a few milliseconds of work. s is the step after the
-# warm-up (s = -1: the last warm-up step, which the choice times as
-# native); "candidate" is the path measured against native (sparse, or
-# quantized or bf16 under an Adam-family optimizer).
+# warm-up (s = -1: the warm-up step the choice times as native, the last
+# one or, with a compressed warm-up, DDP's second; s = -2: the others);
+# "candidate" is the path measured against native (sparse, or quantized
+# or bf16 under an Adam-family optimizer).
 SLOW = 0.3
 
 
@@ -220,6 +221,13 @@ class Run:
                 self.opt = torch.optim.SGD(params, lr=0.05)
         self.schedule = SCHEDULES[cfg.get("schedule", "none")]
         self.warmup = self.state.warmup_iters if self.state is not None else 0
+        # The warm-up step the choice times as native (s = -1 of the cost
+        # schedules): the last one, or DDP's second with a compressed warm-up.
+        self.timed_warmup = -1
+        if self.state is not None:
+            from oktopk.paths import timed_warmup_step
+
+            self.timed_warmup = timed_warmup_step(self.state)
         self.paths = {}
         self.algorithms, self._counts = {}, {}
         self.inject = None  # (step, value) on this rank: a non-finite value into the hidden activation's gradient
@@ -328,7 +336,8 @@ class Run:
             counts = dict(self.state.algorithm_counts)
             self.algorithms[g] = {a: n - self._counts.get(a, 0) for a, n in counts.items() if n != self._counts.get(a, 0)}
             self._counts = counts
-        time.sleep(self.schedule(path, g - self.warmup))
+        s = g - self.warmup if g >= self.warmup else -1 if g == self.timed_warmup else -2
+        time.sleep(self.schedule(path, s))
         return finite, path
 
     def failing_path(self):

@@ -488,3 +488,35 @@ def nan_one_module(rank, world, port, out, steps, bad_step, optimizer, poisoned_
                       "shards": {k: v.numpy() for k, v in local_shards(model).items()}})
     state.close()
     dist.destroy_process_group()
+
+
+def compressed_warmup(rank, world, port, out, steps):
+    """Native HSDP, and oktopk at density 1 over the replicas with
+    ``warmup_iters=5, warmup_compression="quantized"``, under SGD at learning
+    rate 0 (both see the same gradients every step): each step's reduced
+    gradient shards, and the modules holding a quantized residual after
+    it."""
+    setup(rank, world, port)
+    mesh = mesh_2x2()
+    result = {}
+    for mode in ("native", "sparse"):
+        model = sharded_stack(mesh, mode == "sparse")
+        state = None
+        if mode == "sparse":
+            state = OkTopkState(process_group=mesh.get_group("replicate"), density=1.0, algorithm="oktopk", warmup_iters=5,
+                                warmup_compression="quantized", momentum_correction=False)
+            oktopk.fsdp.register(model, state)
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)
+        grads, held = [], []
+        for s in range(steps):
+            x, y = batch(rank, s)
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            grads.append(torch.cat([p.grad.to_local().reshape(-1) for p in model.parameters()]).clone())
+            held.append(None if state is None else len(state._quantized))
+            opt.step()
+        result[mode] = {"grads": grads, "held": held}
+        if state is not None:
+            state.close()
+    write(out, rank, result)
+    dist.destroy_process_group()

@@ -448,3 +448,17 @@ def test_a_watch_the_garbage_collector_takes_inside_an_optimizer_step_leaves_tha
         collect.remove()
         if enabled:
             gc.enable()
+
+
+def test_a_compressed_warm_up_is_left_out_of_the_native_step_the_sparse_probe_is_compared_with():
+    # The choice times DDP's second step, the last native one, until the
+    # next step's first bucket. Before, its timing ran on through the 4-bit
+    # warm-up steps (here 500 ms each), so a 15 ms sparse probe looked like
+    # a clear win over a "native step" of 2 s, and the native probe was
+    # skipped on any link.
+    results = run(workers.compressed_warmup_choice, 2)
+    for r, res in results.items():
+        choice = res["choice"]
+        assert res["quantized_bytes"] > 0, r
+        assert choice["native_ms_per_step"] == pytest.approx(20.0, abs=1.5), (r, choice)
+        assert res["paths"][6:14] == [SPARSE] * PROBE_STEPS + [NATIVE] * PROBE_STEPS, (r, res["paths"])

@@ -1381,3 +1381,29 @@ def compressed_warmup(rank, world, port, out, warmup_compression, steps=7):
     write(out, rank, {"steps": record, "sparse_iters": state.iter - state.warmup_iters})
     state.close()
     dist.destroy_process_group()
+
+
+def compressed_warmup_choice(rank, world, port, out, steps=16):
+    """The default hook (algorithm None) with ``warmup_iters=6,
+    warmup_compression="quantized"`` on small_model, its clock injected:
+    native steps 20 ms, the 4-bit warm-up's 500 ms, sparse 15 ms (no clear
+    win over 20 ms). Returns the choice's summary and each step's path."""
+    setup(rank, world, port)
+    m = DDP(small_model())
+    state = OkTopkState(warmup_iters=6, warmup_compression="quantized", density=0.1)
+    clock = InjectedClock()
+    state._choice.clock = clock
+    m.register_comm_hook(state, oktopk_hook)
+    o = torch.optim.SGD(m.parameters(), lr=0.01)
+    paths, path = [], "native"
+    for step in range(steps):
+        clock.now += {"native": 0.020, "quantized": 0.500, "sparse": 0.015}[path]  # the step before this one
+        x, y = batch(rank, step)
+        o.zero_grad()
+        F.cross_entropy(m(x), y).backward()
+        o.step()
+        path = state._path if step >= state.warmup_iters else ("native" if step < 2 else "quantized")
+        paths.append(path)
+    write(out, rank, {"choice": state.choice, "paths": paths, "quantized_bytes": state.quantized_bytes_sent})
+    state.close()
+    dist.destroy_process_group()

@@ -187,9 +187,19 @@ class StepChoice:
     # -- measuring and deciding ----------------------------------------------
 
     def time_warmup_step(self):
-        """At the first bucket of the last warm-up step (native): time it,
-        as step -1."""
+        """At the first bucket of the last native warm-up step: time it, as
+        step -1, until the next step's first bucket (``begin_step`` at the
+        first step after the warm-up, else ``end_warmup_step``)."""
         self._started = (-1, self.clock(), True)
+
+    def end_warmup_step(self):
+        """At the first bucket of the warm-up step after the timed one (a
+        compressed warm-up's, whose steps are not native): the timed step
+        ends here, not with the warm-up."""
+        if self._started is not None and self._started[0] == -1:
+            if self._started[2]:
+                self._seconds[-1] = self.clock() - self._started[1]
+            self._started = None
 
     def leave_out(self, seconds):
         """Leave ``seconds`` just spent (the front end's agreement on the

@@ -188,6 +188,8 @@ class _Registration:
             # (a process resumed from a checkpoint saved before it runs it
             # first: timed too, as in the whole run).
             state._choice.time_warmup_step()
+        elif self.step == timed_warmup_step(state) + 1 and state._choice is not None:
+            state._choice.end_warmup_step()  # a compressed warm-up's step follows it
         self.steps_run += 1
 
     def _hook_for(self, number):

@@ -95,6 +95,8 @@ def _reduce(state, bucket, tensor):
             # too, or the resumed run would decide without it where the
             # whole run did not.
             state._choice.time_warmup_step()
+        elif phase_iter == timed_warmup_step(state) + 1:
+            state._choice.end_warmup_step()  # a compressed warm-up's step follows it
     if not sparse and warmup_path(state, phase_iter) != NATIVE:
         # A compressed warm-up step (warmup_compression), in the rebuilt layout.
         return PATHS[warmup_path(state, phase_iter)].reduce(state, bucket, tensor, phase_iter)
