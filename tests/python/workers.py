@@ -3,6 +3,7 @@ fresh (spawned) processes. Each writes what the test checks to a file."""
 
 import os
 import pickle
+import signal
 import sys
 import time
 
@@ -499,20 +500,28 @@ def non_finite_step(rank, world, port, out, bad_rank, bad_step, steps):
     dist.destroy_process_group()
 
 
-def dead_in_setup(rank, world, port, out, timeout):
-    """Rank 1 dies just before the first sparse step, where the communicator
-    is set up through the store (warm-up of 2: DDP's bucket rebuild, which
-    talks to every rank, is over by then)."""
+def dead_in_setup(rank, world, port, out, timeout, how="exit"):
+    """Just before the first sparse step, where the communicator is set up
+    through the store (warm-up of 2: DDP's bucket rebuild, which talks to
+    every rank, is over by then), rank 1 dies (``how`` "exit"), or rank 0,
+    the store's host, stops (``how`` "stop": SIGSTOP, as a frozen node;
+    rank 1 kills it once it has written what it saw)."""
     setup(rank, world, port)
     m = DDP(small_model())
     state = OkTopkState(algorithm="oktopk", density=0.1, warmup_iters=2, timeout=timeout)
     m.register_comm_hook(state, oktopk_hook)
     o = torch.optim.SGD(m.parameters(), lr=0.1)
+    victim = 1 if how == "exit" else 0
+    pid_file = os.path.join(out, "victim.pid")
     for step in range(4):
         if step == 2:
-            dist.barrier()  # step 1's last messages arrive before rank 1 dies
-            if rank == 1:
+            dist.barrier()  # step 1's last messages arrive before the victim goes
+            if rank == victim and how == "exit":
                 os._exit(3)
+            if rank == victim:
+                with open(pid_file, "w") as f:
+                    f.write(str(os.getpid()))
+                os.kill(os.getpid(), signal.SIGSTOP)
         x, y = batch(rank, step)
         o.zero_grad()
         start = time.monotonic()
@@ -520,6 +529,9 @@ def dead_in_setup(rank, world, port, out, timeout):
             F.cross_entropy(m(x), y).backward()
         except Exception as e:  # noqa: BLE001 - what DDP re-raises is checked by the test
             write(out, rank, {"step": step, "seconds": time.monotonic() - start, "error": repr(e)})
+            if how == "stop":
+                with open(pid_file) as f:
+                    os.kill(int(f.read()), signal.SIGKILL)
             os._exit(0)
         o.step()
     write(out, rank, {"step": None})

@@ -9,6 +9,7 @@ import itertools
 import math
 import os
 import socket
+import threading
 
 import torch
 import torch.distributed as dist
@@ -126,6 +127,40 @@ def _wait_for(store, keys, timeout, what, missing=None):
                                 f"a rank died or never reached its first oktopk step: {e}") from e
 
 
+# Seconds a store exchange may run past the communicator's timeout before
+# it is abandoned: its own wait reports a missing rank first, by name.
+STORE_GRACE = 2.0
+
+
+def _bounded(exchange, timeout, what):
+    """``exchange()`` (store operations) on a helper thread, abandoned with
+    OkTopkError (TIMEOUT) if it has not returned ``timeout`` + STORE_GRACE
+    seconds later. Why: every store operation reads the store's answer
+    under the timeout the store was made with (torchrun: 30 minutes), and
+    a store.wait that times out still waits that long for the answer to
+    its "stop waiting" when the store's host is stopped (SIGSTOP, a frozen
+    node), whatever the wait's own timeout. The abandoned thread ends when
+    the store answers or its own timeout passes; the job has lost a rank
+    either way."""
+    done = {}
+
+    def run():
+        try:
+            done["value"] = exchange()
+        except BaseException as e:  # noqa: BLE001 - raised again in the caller's thread
+            done["error"] = e
+
+    thread = threading.Thread(target=run, name="oktopk-store", daemon=True)
+    thread.start()
+    thread.join(timeout + STORE_GRACE)
+    if thread.is_alive():
+        raise OkTopkError(_lib.TIMEOUT, f"communicator setup: {what}: the store did not answer within {timeout + STORE_GRACE:g} s; "
+                                        f"the store's host (rank 0's) is stopped or unreachable")
+    if "error" in done:
+        raise done["error"]
+    return done["value"]
+
+
 class XiTally:
     """ξ of one step over the calls (buckets) that measured it: the root of
     the summed squared distances over the root of the summed squared
@@ -171,17 +206,23 @@ class Communicator:
         rank, size = dist.get_rank(group), dist.get_world_size(group)
 
         def share_token(token):
-            if rank == 0:
-                store.set("token", token)
-            _wait_for(store, ["token"], timeout, "rank 0's job token")
-            return store.get("token")
+            def exchange():
+                if rank == 0:
+                    store.set("token", token)
+                _wait_for(store, ["token"], timeout, "rank 0's job token")
+                return store.get("token")
+
+            return _bounded(exchange, timeout, "rank 0's job token")
 
         def gather_endpoints(endpoint):
-            store.set(f"ep/{rank}", endpoint)
-            keys = [f"ep/{r}" for r in range(size)]
-            missing = lambda: "ranks " + ", ".join(str(r) for r in range(size) if not store.check([keys[r]]))  # noqa: E731
-            _wait_for(store, keys, timeout, "every rank's endpoint", missing)
-            return [store.get(k) for k in keys]
+            def exchange():
+                store.set(f"ep/{rank}", endpoint)
+                keys = [f"ep/{r}" for r in range(size)]
+                missing = lambda: "ranks " + ", ".join(str(r) for r in range(size) if not store.check([keys[r]]))  # noqa: E731
+                _wait_for(store, keys, timeout, "every rank's endpoint", missing)
+                return [store.get(k) for k in keys]
+
+            return _bounded(exchange, timeout, "every rank's endpoint")
 
         self.group = group
         if bind_host is None:
