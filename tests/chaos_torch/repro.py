@@ -38,7 +38,10 @@ switch-fold    A run of the measured choice whose sparse probe loses (the loop
                native step. Resumed from a checkpoint saved just before that
                step, it takes the same paths, but the residual is not folded:
                the fold needs the communicator, which the resumed process makes
-               only at its next sparse step. Other parameters.
+               only at its next sparse step. Other parameters. And with
+               groups that span DDP's provisional buckets (the resumed
+               step's), those buckets went through the sparse path instead
+               of the native allreduce. Other parameters.
 no-state       state_dict() raises OkTopkError ("tensor ... has no state
                yet") with a named dense algorithm (every step after the
                warm-up), and after a NaN at the first sparse step (until the
@@ -84,18 +87,26 @@ def path_taken(state, before, g):
     return next(p for p in after if after[p] != before[p])
 
 
-def resumed_paths(rank, optimizer, slow_dense, steps=14, cut=2, slow_sparse=False):
+def deep():
+    """Four layers in buckets of about 2 kB: DDP's provisional buckets
+    (a resumed process's first step) are not its rebuilt ones."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(20, 48), nn.ReLU(), nn.Linear(48, 48), nn.ReLU(), nn.Linear(48, 48), nn.ReLU(), nn.Linear(48, 5))
+    return DDP(net, bucket_cap_mb=0.002)
+
+
+def resumed_paths(rank, optimizer, slow_dense, steps=14, cut=2, slow_sparse=False, model=lambda: DDP(small())):
     """The whole run's paths and parameters from ``cut`` on, and those of the
     run resumed from its checkpoint saved after step cut - 1."""
     import oktopk
 
     def train(first, saved=None):
-        model = DDP(small())
+        ddp = model()
         state = oktopk.OkTopkState(density=0.05, recheck_every=8)
-        model.register_comm_hook(state, oktopk.oktopk_hook)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-2) if optimizer == "adamw" else torch.optim.SGD(model.parameters(), lr=0.05)
+        ddp.register_comm_hook(state, oktopk.oktopk_hook)
+        opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2) if optimizer == "adamw" else torch.optim.SGD(ddp.parameters(), lr=0.05)
         if saved is not None:
-            model.module.load_state_dict(saved["model"])
+            ddp.module.load_state_dict(saved["model"])
             opt.load_state_dict(saved["opt"])
             state.load_state_dict(saved["oktopk"])
         paths, checkpoint = [], None
@@ -103,7 +114,7 @@ def resumed_paths(rank, optimizer, slow_dense, steps=14, cut=2, slow_sparse=Fals
             before = dict(state.choice["steps"])
             x, y = batch(rank, g)
             opt.zero_grad()
-            F.cross_entropy(model(x), y).backward()
+            F.cross_entropy(ddp(x), y).backward()
             opt.step()
             paths.append(path_taken(state, before, g))
             if slow_dense and paths[-1] in ("warm-up", "native"):
@@ -113,8 +124,8 @@ def resumed_paths(rank, optimizer, slow_dense, steps=14, cut=2, slow_sparse=Fals
             if g + 1 == cut:
                 # Copies: the optimizer's state tensors (AdamW's moments)
                 # go on changing in place with the run.
-                checkpoint = copy.deepcopy({"model": model.module.state_dict(), "opt": opt.state_dict(), "oktopk": state.state_dict()})
-        out = (paths, params_of(model), checkpoint)
+                checkpoint = copy.deepcopy({"model": ddp.module.state_dict(), "opt": opt.state_dict(), "oktopk": state.state_dict()})
+        out = (paths, params_of(ddp), checkpoint)
         state.close()
         return out
 
@@ -140,7 +151,11 @@ def case_warmup_adam(rank):
 def case_switch_fold(rank):
     # The sparse probe is steps 2-5 (s 0-3); no clear win, so the native
     # probe starts at step 6 (s 4), whose native steps fold the residuals.
-    return resumed_paths(rank, "sgd", slow_dense=False, slow_sparse=True, steps=12, cut=6)
+    # The deep model's groups span DDP's provisional buckets: the resumed
+    # step gathers each group to fold and allreduce it (found later, by
+    # the campaign's job 20 of seed 7).
+    results = [resumed_paths(rank, "sgd", slow_dense=False, slow_sparse=True, steps=12, cut=6, model=m) for m in (lambda: DDP(small()), deep)]
+    return all(same for same, _ in results), "\n".join(f"{name}:\n{text}" for name, (_, text) in zip(("small", "deep"), results))
 
 
 def case_nan_one_group(rank):

@@ -146,7 +146,41 @@ def _native(state, bucket, tensor, step, is_last):
         # native allreduce has nothing to fold.
         return path_native.reduce(state, bucket, tensor, step)
     # A bucket that is not one group (a resumed run's first step, in DDP's
-    # provisional layout) whose groups hold residuals goes through the
-    # sparse path's regrouping, which keeps each group's residual in its
-    # own layout.
-    return path_sparse.reduce_members(state, bucket, tensor, step, members, unused)
+    # provisional layout) whose groups hold residuals.
+    return _native_pooled(state, bucket, tensor, members, unused)
+
+
+def _native_pooled(state, bucket, tensor, members, unused):
+    """A native step's bucket in DDP's provisional layout (a resumed run's
+    first step) whose groups hold residuals: its parameters wait in the
+    layout's pool until each of their groups is complete; each complete
+    group is gathered in its own layout, its residual folded in, and
+    allreduced as the uninterrupted run's bucket of that group was (the
+    same values in the same order). The allreduces run here, in the hook,
+    so every rank issues them in the same order, as the QUANTIZED path's."""
+    layout = state._layout
+    group, world = state.process_group, dist.get_world_size(state.process_group)
+    fut = torch.futures.Future(devices=[tensor.device]) if tensor.device.type == "cuda" else torch.futures.Future()
+    try:
+        complete = layout.pool_bucket(tensor, members, unused, fut, None)
+        while complete:
+            for group_id in complete:
+                pieces, _ = layout.pooled(group_id)
+                flat = torch.cat([t[a:b] for t, a, b, _ in pieces])
+                slices, at = [], 0
+                for _, a, b, held in pieces:
+                    slices.append((at, at + b - a, held))
+                    at += b - a
+                path_sparse.fold(state, group_id, flat, slices)
+                dist.all_reduce(flat, group=group)
+                state._folds.see(flat.div_(world))
+                path_sparse.write_back([(t, a, b) for t, a, b, _ in pieces], flat)
+                layout.done(group_id)
+            # After the last bucket, what is still pooled belongs to no
+            # known group (the model changed): new groups.
+            complete = layout.leftover_groups() if bucket.is_last() and layout.pooling else []
+    except Exception as e:  # noqa: BLE001 - DDP raises it from the future
+        layout.fail(e)
+        if not fut.done():
+            fut.set_exception(e)
+    return fut
