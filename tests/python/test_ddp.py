@@ -297,7 +297,7 @@ def test_rank_dead_during_setup_makes_others_raise_within_timeout(how):
     # "stop": the store's host frozen. Before, the survivor's store.wait
     # timed out and then waited for the store's answer to its "stop
     # waiting" under the store's own timeout (torchrun's: 30 minutes).
-    from oktopk.comm import STORE_GRACE
+    from oktopk.store import STORE_GRACE
 
     timeout = 4.0
     if how == "exit":

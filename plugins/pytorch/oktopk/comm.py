@@ -3,19 +3,18 @@ group, set up through the group's own store (the TCPStore torchrun made):
 no extra port or environment variable for the user."""
 
 import ctypes
-import datetime
 import ipaddress
 import itertools
 import math
 import os
 import socket
-import threading
 
 import torch
 import torch.distributed as dist
 
 from . import _lib
 from ._lib import OkTopkError
+from .store import bounded, store_for, wait_for
 
 _DTYPES = {torch.float32: _lib.FLOAT32, torch.float16: _lib.FLOAT16, torch.bfloat16: _lib.BFLOAT16}
 _VALUE_DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
@@ -36,15 +35,6 @@ def value_dtype_name(value_dtype):
 # Communicators are created in the same order on every rank (the training
 # script is the same), so a per-process counter names each one's store keys.
 _instance_counter = itertools.count()
-
-
-def _store_for(group):
-    store = dist.distributed_c10d._get_default_store()
-    if group is None or group is dist.GroupMember.WORLD:
-        name = "world"
-    else:
-        name = "g" + "-".join(map(str, dist.get_process_group_ranks(group)))
-    return dist.PrefixStore(f"oktopk/{name}/", store)
 
 
 def _store_address(group):
@@ -105,62 +95,6 @@ def default_bind_host(group=None):
     return route_source_address(*address) if address else None
 
 
-def _wait_for(store, keys, timeout, what, missing=None):
-    """store.wait bounded by the communicator's timeout; a rank that died
-    during setup becomes OkTopkError instead of a wait as long as the
-    store's own (torchrun: 30 minutes)."""
-    try:
-        store.wait(keys, datetime.timedelta(seconds=timeout))
-    except Exception as e:  # noqa: BLE001 - DistStoreError, or the store is gone
-        detail = ""
-        if missing is not None:
-            try:
-                detail = f" (missing: {missing()})"
-            except Exception:  # noqa: BLE001 - the store itself may be gone
-                pass
-        # torch's store raises DistStoreError when the wait times out, and
-        # DistNetworkError when the store itself is gone (torch < 2.1 has
-        # neither class: every failure counts as the remote's).
-        timed_out = isinstance(e, getattr(dist, "DistStoreError", ())) and not isinstance(e, getattr(dist, "DistNetworkError", ()))
-        code = _lib.TIMEOUT if timed_out else _lib.REMOTE_ERROR
-        raise OkTopkError(code, f"communicator setup: {what} not in the store within {timeout:g} s{detail}; "
-                                f"a rank died or never reached its first oktopk step: {e}") from e
-
-
-# Seconds a store exchange may run past the communicator's timeout before
-# it is abandoned: its own wait reports a missing rank first, by name.
-STORE_GRACE = 2.0
-
-
-def _bounded(exchange, timeout, what):
-    """``exchange()`` (store operations) on a helper thread, abandoned with
-    OkTopkError (TIMEOUT) if it has not returned ``timeout`` + STORE_GRACE
-    seconds later. Why: every store operation reads the store's answer
-    under the timeout the store was made with (torchrun: 30 minutes), and
-    a store.wait that times out still waits that long for the answer to
-    its "stop waiting" when the store's host is stopped (SIGSTOP, a frozen
-    node), whatever the wait's own timeout. The abandoned thread ends when
-    the store answers or its own timeout passes; the job has lost a rank
-    either way."""
-    done = {}
-
-    def run():
-        try:
-            done["value"] = exchange()
-        except BaseException as e:  # noqa: BLE001 - raised again in the caller's thread
-            done["error"] = e
-
-    thread = threading.Thread(target=run, name="oktopk-store", daemon=True)
-    thread.start()
-    thread.join(timeout + STORE_GRACE)
-    if thread.is_alive():
-        raise OkTopkError(_lib.TIMEOUT, f"communicator setup: {what}: the store did not answer within {timeout + STORE_GRACE:g} s; "
-                                        f"the store's host (rank 0's) is stopped or unreachable")
-    if "error" in done:
-        raise done["error"]
-    return done["value"]
-
-
 class XiTally:
     """ξ of one step over the calls (buckets) that measured it: the root of
     the summed squared distances over the root of the summed squared
@@ -202,27 +136,27 @@ class Communicator:
                  value_dtype="float32", stochastic_rounding=False):
         if timeout is None:
             timeout = _lib.library_default_config().timeout_ms / 1000
-        store = dist.PrefixStore(f"c{next(_instance_counter)}/", _store_for(group))
+        store = dist.PrefixStore(f"c{next(_instance_counter)}/", store_for(group))
         rank, size = dist.get_rank(group), dist.get_world_size(group)
 
         def share_token(token):
             def exchange():
                 if rank == 0:
                     store.set("token", token)
-                _wait_for(store, ["token"], timeout, "rank 0's job token")
+                wait_for(store, ["token"], timeout, "rank 0's job token")
                 return store.get("token")
 
-            return _bounded(exchange, timeout, "rank 0's job token")
+            return bounded(exchange, timeout, "rank 0's job token")
 
         def gather_endpoints(endpoint):
             def exchange():
                 store.set(f"ep/{rank}", endpoint)
                 keys = [f"ep/{r}" for r in range(size)]
                 missing = lambda: "ranks " + ", ".join(str(r) for r in range(size) if not store.check([keys[r]]))  # noqa: E731
-                _wait_for(store, keys, timeout, "every rank's endpoint", missing)
+                wait_for(store, keys, timeout, "every rank's endpoint", missing)
                 return [store.get(k) for k in keys]
 
-            return _bounded(exchange, timeout, "every rank's endpoint")
+            return bounded(exchange, timeout, "every rank's endpoint")
 
         self.group = group
         if bind_host is None:

@@ -158,29 +158,19 @@ def _native_pooled(state, bucket, tensor, members, unused):
     allreduced as the uninterrupted run's bucket of that group was (the
     same values in the same order). The allreduces run here, in the hook,
     so every rank issues them in the same order, as the QUANTIZED path's."""
-    layout = state._layout
     group, world = state.process_group, dist.get_world_size(state.process_group)
     fut = torch.futures.Future(devices=[tensor.device]) if tensor.device.type == "cuda" else torch.futures.Future()
-    try:
-        complete = layout.pool_bucket(tensor, members, unused, fut, None)
-        while complete:
-            for group_id in complete:
-                pieces, _ = layout.pooled(group_id)
-                flat = torch.cat([t[a:b] for t, a, b, _ in pieces])
-                slices, at = [], 0
-                for _, a, b, held in pieces:
-                    slices.append((at, at + b - a, held))
-                    at += b - a
-                path_sparse.fold(state, group_id, flat, slices)
-                dist.all_reduce(flat, group=group)
-                state._folds.see(flat.div_(world))
-                path_sparse.write_back([(t, a, b) for t, a, b, _ in pieces], flat)
-                layout.done(group_id)
-            # After the last bucket, what is still pooled belongs to no
-            # known group (the model changed): new groups.
-            complete = layout.leftover_groups() if bucket.is_last() and layout.pooling else []
-    except Exception as e:  # noqa: BLE001 - DDP raises it from the future
-        layout.fail(e)
-        if not fut.done():
-            fut.set_exception(e)
+
+    def reduce_group(group_id, pieces):
+        flat = torch.cat([t[a:b] for t, a, b, _ in pieces])
+        slices, at = [], 0
+        for _, a, b, held in pieces:
+            slices.append((at, at + b - a, held))
+            at += b - a
+        path_sparse.fold(state, group_id, flat, slices)
+        dist.all_reduce(flat, group=group)
+        state._folds.see(flat.div_(world))
+        path_sparse.write_back([(t, a, b) for t, a, b, _ in pieces], flat)
+
+    state._layout.reduce_pooled(tensor, members, unused, fut, bucket.is_last(), reduce_group)
     return fut

@@ -233,6 +233,27 @@ class BucketLayout:
                 with on_stream(p.stream):
                     p.future.set_result(p.tensor)
 
+    def reduce_pooled(self, tensor, members, unused, fut, is_last, reduce_group):
+        """A bucket that is not one group, reduced here, in the caller's
+        thread: pooled (:meth:`pool_bucket`), then every group it completes
+        reduced by ``reduce_group(group_id, pieces)`` (``pieces``: (tensor,
+        start, end, held) per parameter, in the group's order) and marked
+        :meth:`done`; after the iteration's last bucket (``is_last``), what
+        is still pooled belongs to no known group (the model changed) and
+        becomes new groups, reduced too. An error fails every pooled
+        bucket's future, ``fut`` included."""
+        try:
+            complete = self.pool_bucket(tensor, members, unused, fut, None)
+            while complete:
+                for group_id in complete:
+                    reduce_group(group_id, self.pooled(group_id)[0])
+                    self.done(group_id)
+                complete = self.leftover_groups() if is_last and self.pooling else []
+        except Exception as e:  # noqa: BLE001 - DDP raises it from the future
+            self.fail(e)
+            if not fut.done():
+                fut.set_exception(e)
+
     def fail(self, error):
         """Every pooled bucket's future carries error to DDP; the pool
         empties."""

@@ -33,29 +33,18 @@ def reduce(state, bucket, tensor, step):
     group_id = layout.learn_group([i for i, _, _ in members]) if state._hook_iters > 0 else group_id_of([i for i, _, _ in members])
     cuda = tensor.device.type == "cuda"
     fut = torch.futures.Future(devices=[tensor.device]) if cuda else torch.futures.Future()
-
-    def reduce():
+    if group_id in layout.groups:
+        where = {i: (a, b) for i, a, b in members}
         try:
-            if group_id in layout.groups:
-                where = {i: (a, b) for i, a, b in members}
-                reduce_group(state, group_id, [(tensor,) + where[i] for i in layout.groups[group_id]])
-                fut.set_result(tensor)
-                return
-            complete = layout.pool_bucket(tensor, members, set(), fut, None)
-            while complete:
-                for pooled_id in complete:
-                    pieces, _ = layout.pooled(pooled_id)
-                    reduce_group(state, pooled_id, [(t, a, b) for t, a, b, _ in pieces])
-                    layout.done(pooled_id)
-                # After the last bucket, what is still pooled belongs to no
-                # known group (the model changed): new groups.
-                complete = layout.leftover_groups() if bucket.is_last() and layout.pooling else []
+            reduce_group(state, group_id, [(tensor,) + where[i] for i in layout.groups[group_id]])
+            fut.set_result(tensor)
         except Exception as e:  # noqa: BLE001 - DDP raises it from the future
             layout.fail(e)
             if not fut.done():
                 fut.set_exception(e)
-
-    reduce()
+        return fut
+    layout.reduce_pooled(tensor, members, set(), fut, bucket.is_last(),
+                         lambda pooled_id, pieces: reduce_group(state, pooled_id, [(t, a, b) for t, a, b, _ in pieces]))
     return fut
 
 
