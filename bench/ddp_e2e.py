@@ -334,6 +334,8 @@ def train(method, args, width, data):
         warmup = args.powersgd_start
     elif method.startswith("oktopk"):
         from oktopk import OkTopkState, oktopk_hook
+        from oktopk.choice import NATIVE
+        from oktopk.paths import warmup_path
 
         kwargs = {"algorithm": "auto"} if method == "oktopk_auto" else {}
         if method in ("oktopk_quantized", "oktopk_float32"):  # under AdamW: the dense path measured against float32
@@ -447,9 +449,10 @@ def train(method, args, width, data):
         per_step = sent.item() / world / compressed if compressed else float("nan")
     warmup_sent = torch.tensor([warmup_sent], dtype=torch.float64)
     dist.all_reduce(warmup_sent)
-    from oktopk.settings import NATIVE_WARMUP_ITERS
-
-    native_warmup = min(step, warmup if warmup_sent.item() == 0 else NATIVE_WARMUP_ITERS)  # a compressed warm-up's first steps are native
+    if warmup_sent.item():  # a compressed warm-up: only its first steps were native
+        native_warmup = min(step, sum(warmup_path(state, s) == NATIVE for s in range(state.warmup_iters)))
+    else:
+        native_warmup = min(step, warmup)
     run_bytes = native_warmup * dense + warmup_sent.item() / world + (compressed * per_step if compressed else 0.0)
     if rank == 0:
         t_target, s_target = reached if reached is not None else (float("nan"), float("nan"))

@@ -97,10 +97,11 @@ def _reduce(state, bucket, tensor):
             state._choice.time_warmup_step()
         elif phase_iter == timed_warmup_step(state) + 1:
             state._choice.end_warmup_step()  # a compressed warm-up's step follows it
-    if not sparse and warmup_path(state, phase_iter) != NATIVE:
-        # A compressed warm-up step (warmup_compression), in the rebuilt layout.
-        return PATHS[warmup_path(state, phase_iter)].reduce(state, bucket, tensor, phase_iter)
     if not sparse:
+        path = warmup_path(state, phase_iter)
+        if path != NATIVE:
+            # A compressed warm-up step (warmup_compression), in the rebuilt layout.
+            return PATHS[path].reduce(state, bucket, tensor, phase_iter)
         # The dense warm-up; DDP's rebuilt layout's buckets become the
         # groups the residuals are kept in.
         members = layout.members(bucket)  # numbers the parameters in the first layout
