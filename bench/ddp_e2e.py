@@ -334,7 +334,7 @@ def train(method, args, width, data):
         warmup = args.powersgd_start
     elif method.startswith("oktopk"):
         from oktopk import OkTopkState, oktopk_hook
-        from oktopk.choice import NATIVE
+        from oktopk.choice import BF16, NATIVE
         from oktopk.paths import warmup_path
 
         kwargs = {"algorithm": "auto"} if method == "oktopk_auto" else {}
@@ -449,11 +449,14 @@ def train(method, args, width, data):
         per_step = sent.item() / world / compressed if compressed else float("nan")
     warmup_sent = torch.tensor([warmup_sent], dtype=torch.float64)
     dist.all_reduce(warmup_sent)
-    if warmup_sent.item():  # a compressed warm-up: only its first steps were native
-        native_warmup = min(step, sum(warmup_path(state, s) == NATIVE for s in range(state.warmup_iters)))
+    bf16_warmup = 0
+    if warmup_sent.item():  # a compressed warm-up: DDP's first step in bfloat16, its second native
+        paths = [warmup_path(state, s) for s in range(min(step, state.warmup_iters))]
+        native_warmup, bf16_warmup = paths.count(NATIVE), paths.count(BF16)
     else:
         native_warmup = min(step, warmup)
-    run_bytes = native_warmup * dense + warmup_sent.item() / world + (compressed * per_step if compressed else 0.0)
+    run_bytes = (native_warmup * dense + bf16_warmup * ring_bytes(params, world, 2) + warmup_sent.item() / world
+                 + (compressed * per_step if compressed else 0.0))
     if rank == 0:
         t_target, s_target = reached if reached is not None else (float("nan"), float("nan"))
         row = {

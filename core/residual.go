@@ -197,6 +197,40 @@ func (c *Communicator) ReadResidual(id uint64, out []float32) error {
 	return nil
 }
 
+// ResidualZeros writes into idx, ascending, the indices of tensor id's
+// residual entries that are exactly 0, as many as fit, and returns how many
+// there are: after a call, the entries it took from this rank (float32
+// values leave exactly 0), for a caller that masks its momentum by them
+// (DGC's momentum factor masking) without copying the whole residual out,
+// one pass and no allocation. It changes nothing. A tensor without state
+// (no sparse call or load yet) has a zero residual: every one of its n
+// entries. Local, like ReadResidual.
+func (c *Communicator) ResidualZeros(id uint64, n int, idx []int64) (int, error) {
+	st := c.TensorStateOf(id)
+	if st == nil {
+		for i := range min(n, len(idx)) {
+			idx[i] = int64(i)
+		}
+		return n, nil
+	}
+	if st.CallerResidual {
+		return 0, fmt.Errorf("%w: tensor %d's residual is the caller's (caller-selected calls): read it there", ErrInvalidArgument, id)
+	}
+	if n != st.N || len(st.Residual) != st.N {
+		return 0, fmt.Errorf("%w: tensor %d has %d elements, this read has %d", ErrInvalidArgument, id, st.N, n)
+	}
+	count := 0
+	for i, v := range st.Residual {
+		if v == 0 {
+			if count < len(idx) {
+				idx[count] = int64(i)
+			}
+			count++
+		}
+	}
+	return count, nil
+}
+
 // FoldResidual hands tensor id's residual to a caller that reduces this step
 // with a dense allreduce of its own (a framework's allreduce, NCCL's): x +=
 // residual outside the held ranges, rounded to the caller's element type v,

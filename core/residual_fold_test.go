@@ -225,3 +225,40 @@ func TestReadResidualCopiesItAndChangesNothing(t *testing.T) {
 		t.Errorf("a caller-selected tensor: %v", err)
 	}
 }
+
+// ResidualZeros lists, ascending, exactly the entries whose residual is 0
+// (-0 too), returns their count even where idx holds fewer, and changes
+// nothing; a tensor without state lists every entry; a caller-selected
+// tensor and a length other than the tensor's are refused.
+func TestResidualZerosListsExactlyTheZeroEntries(t *testing.T) {
+	c := &Communicator{states: map[uint64]*TensorState{}}
+	st := NewTensorState(7, okTopkConfig(0.5))
+	copy(st.Residual, []float32{0, 1e-38, float32(math.Copysign(0, -1)), -2, 0, float32(math.NaN()), 0})
+	c.SetTensorState(7, st)
+	before, err := st.MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	idx := make([]int64, 8)
+	n, err := c.ResidualZeros(7, 7, idx)
+	if err != nil || n != 4 || fmt.Sprint(idx[:n]) != "[0 2 4 6]" {
+		t.Errorf("zeros: %v (count %d), %v", idx[:min(n, len(idx))], n, err)
+	}
+	short := []int64{-1, -1}
+	if n, err := c.ResidualZeros(7, 7, short); err != nil || n != 4 || fmt.Sprint(short) != "[0 2]" {
+		t.Errorf("a short idx: %v (count %d), %v", short, n, err)
+	}
+	if after, err := st.MarshalBinary(); err != nil || string(after) != string(before) {
+		t.Errorf("the read changed the state (%v)", err)
+	}
+	if n, err := c.ResidualZeros(8, 3, idx); err != nil || n != 3 || fmt.Sprint(idx[:3]) != "[0 1 2]" {
+		t.Errorf("no state: %v (count %d), %v", idx[:3], n, err)
+	}
+	if _, err := c.ResidualZeros(7, 6, idx); !errors.Is(err, ErrInvalidArgument) {
+		t.Errorf("wrong size: %v", err)
+	}
+	st.CallerResidual = true
+	if _, err := c.ResidualZeros(7, 7, idx); !errors.Is(err, ErrInvalidArgument) {
+		t.Errorf("a caller-selected tensor: %v", err)
+	}
+}

@@ -93,7 +93,7 @@ extern "C" {
 
 /* ABI version: major changes break callers, minor ones only add. */
 #define OKTOPK_VERSION_MAJOR 0
-#define OKTOPK_VERSION_MINOR 14
+#define OKTOPK_VERSION_MINOR 15
 #define OKTOPK_VERSION_PATCH 0
 #define OKTOPK_VERSION_CODE \
   (OKTOPK_VERSION_MAJOR * 10000 + OKTOPK_VERSION_MINOR * 100 + OKTOPK_VERSION_PATCH)
@@ -516,6 +516,18 @@ oktopk_result_t oktopk_tensor_residual_unfold(oktopk_comm_t comm, uint64_t tenso
  * sparse call or load yet) has a zero residual; a caller-selected tensor's
  * residual is the caller's (oktopkInvalidArgument). Local, like the fold. */
 oktopk_result_t oktopk_tensor_residual_read(oktopk_comm_t comm, uint64_t tensor_id, float *data, size_t count);
+
+/* Added in 0.15. Writes into indices, ascending, the positions of
+ * tensor_id's residual entries that are exactly 0 (as many as capacity
+ * holds) and sets *count to how many there are, as snprintf does: a count
+ * above capacity says how many to make room for. After a call these are
+ * the entries it took from this rank, and momentum factor masking needs no
+ * more: one pass, and k indices crossing the ABI instead of n values
+ * (oktopk_tensor_residual_read). n is the tensor's length (another is
+ * oktopkInvalidArgument); a tensor without state has a zero residual, all
+ * n entries. Changes nothing. Local, like the fold. */
+oktopk_result_t oktopk_tensor_residual_zeros(oktopk_comm_t comm, uint64_t tensor_id, size_t n, int64_t *indices,
+                                             size_t capacity, size_t *count);
 
 /* Added in 0.13. Takes back tensor_id's latest sparse call, made with
  * OKTOPK_CALL_UNDOABLE (oktopk_sparse_allreduce_ex; every

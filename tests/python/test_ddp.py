@@ -591,8 +591,8 @@ def test_a_nan_in_one_bucket_of_a_quantized_step_keeps_every_quantized_residual_
 
 
 @pytest.mark.parametrize("warmup_compression", ["quantized", "bf16"])
-def test_a_compressed_warm_up_is_native_for_ddps_two_steps_then_compressed_and_loses_nothing(warmup_compression):
-    world, native, warmup = 2, 2, 5
+def test_a_compressed_warm_up_is_bf16_then_native_for_ddps_two_steps_then_compressed_and_loses_nothing(warmup_compression):
+    world, native, warmup = 2, 1, 5
     results = run(workers.compressed_warmup, world, warmup_compression)
     steps = results[0]["steps"]
     assert results[0]["sparse_iters"] == len(steps) - warmup
@@ -601,9 +601,13 @@ def test_a_compressed_warm_up_is_native_for_ddps_two_steps_then_compressed_and_l
             assert torch.equal(mine["hook"], theirs["hook"]), (r, s)
     n = steps[0]["exact"].numel()
     scale = max(s["exact"].abs().max().item() for s in steps)
-    for s, step in enumerate(steps):
+    # DDP's first step (its provisional layout, where no residual is kept)
+    # goes in bfloat16, exactly as bf16_compress_hook sends it.
+    assert torch.equal(steps[0]["hook"], steps[0]["bf16"])
+    assert not torch.equal(steps[0]["hook"], steps[0]["exact"])
+    for s, step in enumerate(steps[1:], start=1):
         error = (step["hook"] - step["exact"]).abs().max().item()
-        if native <= s < warmup:  # compressed: a few bits a value
+        if native < s < warmup:  # compressed: a few bits a value
             assert error > 1e-4 * scale, (s, error)
         elif s != warmup or warmup_compression == "bf16":  # the float32 allreduce; Ok-Topk at density 1
             assert error <= 1e-6 * scale, (s, error)
@@ -612,15 +616,16 @@ def test_a_compressed_warm_up_is_native_for_ddps_two_steps_then_compressed_and_l
     if warmup_compression == "quantized":
         # 4 bits per value and a scale per block of 64: each warm-up step's
         # frames are about an eighth of float32's 2n(P-1)/P bytes.
-        per_step = [quantized_bytes[s] - quantized_bytes[s - 1] for s in range(native + 1, warmup)]
+        per_step = [quantized_bytes[s] - quantized_bytes[s - 1] for s in range(native + 2, warmup)]
+        assert quantized_bytes[native] == 0 and quantized_bytes[native + 1] > 0, quantized_bytes
         assert all(0 < b < 2 * 4 * n * (world - 1) / world / 4 for b in per_step), per_step
         assert steps[warmup - 1]["quantized_groups"] > 0
         # The first sparse step folds what the residuals held: no group holds
-        # one after it, and the updates so far sum to the gradients' average
-        # (density 1 sends everything).
+        # one after it, and the updates from the native step on sum to the
+        # gradients' average (density 1 sends everything).
         assert [s["quantized_groups"] for s in steps[warmup:]] == [0] * (len(steps) - warmup)
-        total = sum(s["hook"].double() for s in steps[: warmup + 1])
-        exact = sum(s["exact"].double() for s in steps[: warmup + 1])
+        total = sum(s["hook"].double() for s in steps[native : warmup + 1])
+        exact = sum(s["exact"].double() for s in steps[native : warmup + 1])
         assert (total - exact).abs().max().item() <= 1e-5 * scale, (total - exact).abs().max().item()
     else:
         assert quantized_bytes == [0] * len(steps)  # bfloat16 keeps no residual: its rounding is lost, as bf16_compress_hook's

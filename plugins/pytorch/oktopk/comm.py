@@ -338,14 +338,18 @@ class Communicator:
         before the step. Before the tensor's next call; local."""
         self._check(_lib.lib().oktopk_tensor_residual_unfold(self.handle, tensor_id))
 
-    def read_residual(self, tensor_id, out):
-        """``tensor_id``'s residual copied into ``out`` (a contiguous float32
-        CPU tensor of its length), in one pass, changing nothing (zeros for
-        a tensor without state). Local."""
-        if out.dtype != torch.float32 or out.device.type != "cpu" or not out.is_contiguous():
-            raise ValueError("oktopk: read_residual needs a contiguous float32 CPU tensor")
-        self._check(_lib.lib().oktopk_tensor_residual_read(self.handle, tensor_id, out.data_ptr(), out.numel()))
-        return out
+    def residual_zeros(self, tensor_id, n, out):
+        """The positions where ``tensor_id``'s residual (``n`` entries) is
+        exactly 0, ascending, written into ``out`` (a contiguous int64 CPU
+        tensor) as far as it holds them; returns how many there are (more
+        than ``out`` holds: make room and ask again). After a call, the
+        entries it took from this rank. Changes nothing; local."""
+        if out.dtype != torch.int64 or out.device.type != "cpu" or not out.is_contiguous():
+            raise ValueError("oktopk: residual_zeros needs a contiguous int64 CPU tensor")
+        count = ctypes.c_size_t()
+        self._check(_lib.lib().oktopk_tensor_residual_zeros(self.handle, tensor_id, n, out.data_ptr(), out.numel(),
+                                                            ctypes.byref(count)))
+        return count.value
 
     def undo_call(self, tensor_id):
         """Take back ``tensor_id``'s latest sparse call, which completed

@@ -13,6 +13,7 @@ import torch.distributed as dist
 from . import path_native, path_quantized, path_sparse
 from .choice import BF16, NATIVE, QUANTIZED
 from .paths import PATHS, SUPPORTED_DTYPES, timed_warmup_step, warmup_path
+from .settings import NATIVE_WARMUP_ITERS
 from .state import OkTopkState
 from .step import agree_on_settings, begin_step
 
@@ -99,16 +100,14 @@ def _reduce(state, bucket, tensor):
             state._choice.end_warmup_step()  # a compressed warm-up's step follows it
     if not sparse:
         path = warmup_path(state, phase_iter)
-        if path != NATIVE:
-            # A compressed warm-up step (warmup_compression), in the rebuilt layout.
-            return PATHS[path].reduce(state, bucket, tensor, phase_iter)
-        # The dense warm-up; DDP's rebuilt layout's buckets become the
-        # groups the residuals are kept in.
-        members = layout.members(bucket)  # numbers the parameters in the first layout
-        layout.take_unused(members, None)  # resets the marks of parameters DDP found unused
-        if rebuilt:
-            layout.learn_group([i for i, _, _ in members])
-        return path_native.reduce(state, bucket, tensor, phase_iter)
+        if path == NATIVE or phase_iter < NATIVE_WARMUP_ITERS:
+            # DDP's two layouts (or a native warm-up); the rebuilt layout's
+            # buckets become the groups the residuals are kept in.
+            members = layout.members(bucket)  # numbers the parameters in the first layout
+            layout.take_unused(members, None)  # resets the marks of parameters DDP found unused
+            if rebuilt:
+                layout.learn_group([i for i, _, _ in members])
+        return PATHS[path].reduce(state, bucket, tensor, phase_iter)
     if state._path == NATIVE:
         return _native(state, bucket, tensor, phase_iter, is_last)
     if state._path != QUANTIZED and (state._quantized or state._quantized_spill):

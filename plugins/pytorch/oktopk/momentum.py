@@ -74,6 +74,7 @@ on the 17.1M MLP and on a CNN on Fashion-MNIST):
   after the last bucket, too late for the first one.
 """
 
+import itertools
 import math
 
 import warnings
@@ -124,16 +125,19 @@ class MomentumCorrection:
         self.clip_norm = clip_norm  # DGC's local gradient clipping: the max norm before the 1/sqrt(P) scaling, or None
         self.process_group = process_group
         self._clip_at = None  # clip_norm / sqrt(P), once P is known
-        # index -> bool mask of the entries this step's sparse call took
-        # from this rank (masking), written by the worker thread after the
-        # call, read by ``after``; cleared at each step's first bucket.
+        # index -> the positions (ascending int64) whose velocity this
+        # step's sparse call stops (masking): those it took from this rank,
+        # or with "waited" those of them that were waiting; written by the
+        # worker thread after the call, read by ``after``; cleared at each
+        # step's first bucket.
         self._left = {}
-        # index -> bool mask of the entries still waiting in this rank's
-        # residual after the latest sparse call ("waited" masking): an entry
-        # sent now that was waiting arrives as a burst of several steps'
-        # velocity; one sent on consecutive calls is moved as dense SGD moves it.
-        self._waiting = {}
-        self._peek = {}  # group id -> the float32 buffer the host path's residual is read into
+        # index -> the positions the latest sparse call took from this
+        # rank's residual ("waited" masking); every other entry was waiting
+        # in it. An entry sent now that was waiting arrives as a burst of
+        # several steps' velocity; one sent on consecutive calls is moved as
+        # dense SGD moves it. Positions, not a mask: about k of them.
+        self._taken = {}
+        self._zeros = {}  # group id -> the int64 buffer the host path's residual zeros are listed in
         self._optimizer = None  # weakref to the SGD optimizer seen stepping the hook's parameters
         self._group_of = {}  # id(param) -> its parameter group (refreshed when a param is missing)
         self.settings = {}  # index -> (m, dampening, nesterov) at the optimizer's latest step
@@ -147,7 +151,7 @@ class MomentumCorrection:
         # (GradScaler's unscale_, clipping .grad) breaks the arithmetic.
         self._sample = None
         self.stopped = None  # why the correction stopped, or None
-        # This step's changes to the velocities, B and the "waited" masks,
+        # This step's changes to the velocities, B and the taken positions,
         # (what, index, the value before, or _ABSENT), for a step that turns
         # out void to give back (record_step); None: not recording.
         self._record = None
@@ -273,7 +277,7 @@ class MomentumCorrection:
             self._record.append((what, i, table.get(i, _ABSENT)))
 
     def _give_back(self, record):
-        """The velocities, B and "waited" masks as they were before the step
+        """The velocities, B and taken positions as they were before the step
         ``record`` recorded (the newer velocity buffers become spares);
         nothing after a load, which replaced them."""
         if record is not self._record:
@@ -287,7 +291,7 @@ class MomentumCorrection:
                 if newer is not None:
                     self._spare[i] = newer
                 continue
-            table = self.applied if what == "applied" else self._waiting
+            table = self.applied if what == "applied" else self._taken
             if before is _ABSENT:
                 table.pop(i, None)
             else:
@@ -360,22 +364,18 @@ class MomentumCorrection:
             self.velocity[i], self._spare[i] = self._spare[i], self.velocity.get(i)
             if self._spare[i] is None:
                 del self._spare[i]
-            if self.masking == "waited":
-                # What left after waiting stops its momentum; a dense step
-                # delivers what waited and masks nothing.
+            if self.masking:
+                # What left this rank (with "waited": after waiting) stops its
+                # momentum. A dense step sends everything: True masks all,
+                # "waited" nothing (it delivers what waited).
                 left = self._left.pop(i, None)
-                if left is None:
-                    self._note("waiting", i, self._waiting)
-                    self._waiting.pop(i, None)
+                if left is not None:
+                    self.velocity[i].index_fill_(0, left.to(self.velocity[i].device), 0.0)
+                elif self.masking == "waited":
+                    self._note("taken", i, self._taken)
+                    self._taken.pop(i, None)
                 else:
-                    self.velocity[i].masked_fill_(left.to(self.velocity[i].device), 0.0)
-            elif self.masking:
-                # What left this rank stops its momentum (a dense step: all).
-                left = self._left.pop(i, None)
-                if left is None:
                     self.velocity[i].zero_()
-                else:
-                    self.velocity[i].masked_fill_(left.to(self.velocity[i].device), 0.0)
             s = result[a:b]
             before = self.applied[i]
             if before is not None:
@@ -403,27 +403,35 @@ class MomentumCorrection:
         """Worker thread, right after group ``group_id``'s sparse call
         (``sizes``: its members' entries, in the group's order): which
         entries the call took from this rank, those whose residual is now
-        exactly 0, for ``after`` to zero their velocities."""
+        exactly 0, for ``after`` to zero their velocities. About k
+        positions: listed by the library in one pass (the host path) or by
+        the device, never a mask of the whole bucket."""
         device_group = state._device_groups.get(group_id)
         if device_group is not None:
-            residual = device_group.residual
+            zeros = (device_group.residual == 0).nonzero().squeeze(1)
         else:
             n = sum(sizes)
-            residual = self._peek.get(group_id)
-            if residual is None or residual.numel() != n:
-                residual = self._peek[group_id] = torch.empty(n, dtype=torch.float32)
-            state._reducer.comm.read_residual(group_id, residual)
-        left = residual == 0
+            buffer = self._zeros.get(group_id)
+            if buffer is None:
+                buffer = torch.empty(max(1, n // 32), dtype=torch.int64)
+            count = state._reducer.comm.residual_zeros(group_id, n, buffer)
+            if count > buffer.numel():  # more than room: make room once, and ask again
+                buffer = torch.empty(min(n, 2 * count), dtype=torch.int64)
+                count = state._reducer.comm.residual_zeros(group_id, n, buffer)
+            self._zeros[group_id] = buffer
+            zeros = buffer[:count]
+        ends = torch.tensor(list(itertools.accumulate(sizes)), dtype=torch.int64, device=zeros.device)
+        cuts = [0] + torch.searchsorted(zeros, ends).tolist()
         at = 0
-        for i, size in zip(state._layout.groups[group_id], sizes):
-            here = left[at : at + size]
+        for i, size, lo, hi in zip(state._layout.groups[group_id], sizes, cuts, cuts[1:]):
+            taken = zeros[lo:hi] - at  # a copy: the buffer is the next call's
             if self.masking == "waited":
-                waiting = self._waiting.get(i)
-                self._note("waiting", i, self._waiting)
-                self._waiting[i] = ~here
+                before = self._taken.get(i)
+                self._note("taken", i, self._taken)
+                self._taken[i] = taken
                 # Nothing waited before the first sparse call (or after a dense step).
-                here = here & waiting if waiting is not None and waiting.shape == here.shape else torch.zeros_like(here)
-            self._left[i] = here
+                taken = taken[:0] if before is None else _not_in(taken, before.to(taken.device))
+            self._left[i] = taken
             at += size
 
     # -- checkpoints -------------------------------------------------------
@@ -436,14 +444,30 @@ class MomentumCorrection:
             return None if t is None else t.detach().cpu().clone()
 
         return {i: {"settings": self.settings[i], "velocity": cpu(self.velocity.get(i)), "applied": cpu(self.applied.get(i)),
-                    "waiting": cpu(self._waiting.get(i))}
+                    "taken": cpu(self._taken.get(i))}
                 for i in sorted(self.settings)}
 
     def load_state_dict(self, saved):
         self.settings = {int(i): tuple(e["settings"]) for i, e in saved.items()}
         self.velocity = {int(i): e["velocity"] for i, e in saved.items() if e["velocity"] is not None}
         self.applied = {int(i): e["applied"] for i, e in saved.items()}
-        self._waiting = {int(i): e["waiting"] for i, e in saved.items() if e.get("waiting") is not None}
+        self._taken = {int(i): _taken_of(e) for i, e in saved.items() if e.get("taken", e.get("waiting")) is not None}
         self._spare, self._handed, self._sample, self._borrowed = {}, {}, None, set()
         self._optimizer, self._group_of = None, {}
         self._record = None  # a loaded state is no step's to give back
+
+
+def _not_in(a, b):
+    """The entries of ``a`` not in ``b`` (both ascending int64)."""
+    if not b.numel() or not a.numel():
+        return a
+    at = torch.searchsorted(b, a).clamp_(max=b.numel() - 1)
+    return a[b[at] != a]
+
+
+def _taken_of(saved):
+    """A checkpoint's taken positions; one saved before they were kept as
+    positions holds the mask of the entries still waiting instead."""
+    if saved.get("taken") is not None:
+        return saved["taken"]
+    return (~saved["waiting"]).nonzero().squeeze(1)

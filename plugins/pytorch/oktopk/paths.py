@@ -47,11 +47,17 @@ assert set(PATHS) == set(NAMES), (sorted(PATHS), sorted(NAMES))
 
 def warmup_path(state, step):
     """The path of warm-up step ``step`` (``step < state.warmup_iters``):
-    native, or from DDP's third iteration on ``state.warmup_compression``
-    when set (the first two learn the bucket layout the residuals are kept
-    in, so they stay native)."""
-    if state.warmup_compression is None or step < NATIVE_WARMUP_ITERS:
+    native, or, with ``state.warmup_compression`` set, compressed on every
+    step but DDP's second. DDP's first runs in its provisional bucket layout,
+    where no residual can be kept: it goes in bfloat16, which keeps none
+    (``bf16_compress_hook``'s rounding, half the bytes). Its second learns
+    the rebuilt layout the residuals are kept in and is the native step the
+    measured choice times (``timed_warmup_step``), so it stays native. From
+    the third on, the warm-up takes ``state.warmup_compression``."""
+    if state.warmup_compression is None or step == NATIVE_WARMUP_ITERS - 1:
         return NATIVE
+    if step < NATIVE_WARMUP_ITERS:
+        return BF16
     return state.warmup_compression
 
 

@@ -54,11 +54,13 @@ class OkTopkState(ReducerStats):
         from the third on is that layout known before every step, so that a
         checkpoint taken at any step holds it (PowerSGD likewise starts after
         DDP's first two iterations).
-    :param warmup_compression: how the warm-up's iterations after DDP's
-        first two are reduced: ``None`` (the default: the process group's
-        allreduce in float32, exact), ``"quantized"`` (4 bits per value
-        with error feedback, as ``dense_compression``; what the residuals
-        hold joins the first step after the warm-up) or ``"bf16"``. A long
+    :param warmup_compression: how the warm-up's iterations are reduced:
+        ``None`` (the default: the process group's allreduce in float32,
+        exact), ``"quantized"`` (4 bits per value with error feedback, as
+        ``dense_compression``; what the residuals hold joins the first step
+        after the warm-up) or ``"bf16"``, on every iteration but DDP's first
+        (always bfloat16: no residual can be kept in its provisional layout)
+        and second (native: the step the measured choice times). A long
         warm-up then costs a few bits per value a step, not 32: on the
         demo's MLP at 200 Mbit/s (results/sgd.md) 10 warm-up steps with
         ``momentum_masking="waited"`` reached 95% in dense's steps.
