@@ -145,8 +145,10 @@ FORWARD(tensor_residual_fold,
         (comm, tensor_id, data, count, dtype, hold, hold_count))
 FORWARD(tensor_residual_unfold, (oktopk_comm_t comm, uint64_t tensor_id), (comm, tensor_id))
 FORWARD(tensor_residual_read, (oktopk_comm_t comm, uint64_t tensor_id, float *data, size_t count), (comm, tensor_id, data, count))
-FORWARD(tensor_residual_zeros, (oktopk_comm_t comm, uint64_t tensor_id, size_t n, int64_t *indices, size_t capacity, size_t *count),
-        (comm, tensor_id, n, indices, capacity, count))
+FORWARD(tensor_residual_zeros,
+        (oktopk_comm_t comm, uint64_t tensor_id, size_t n, const uint8_t *before, uint8_t *zero, int64_t *became,
+         size_t capacity, size_t *count),
+        (comm, tensor_id, n, before, zero, became, capacity, count))
 FORWARD(tensor_undo_call, (oktopk_comm_t comm, uint64_t tensor_id), (comm, tensor_id))
 FORWARD(selection_plan,
         (oktopk_comm_t comm, uint64_t tensor_id, size_t n, const oktopk_call_options_t *options,

@@ -10,6 +10,7 @@
 
 typedef const char oktopk_const_char;
 typedef const char *const oktopk_const_string;
+typedef const uint8_t oktopk_const_uint8;
 typedef const uint32_t oktopk_const_uint32;
 typedef const float oktopk_const_float;
 typedef const oktopk_config_t oktopk_const_config;

@@ -160,25 +160,32 @@ func go_oktopk_tensor_residual_read(comm C.oktopk_comm_t, tensorID C.uint64_t, d
 }
 
 //export go_oktopk_tensor_residual_zeros
-func go_oktopk_tensor_residual_zeros(comm C.oktopk_comm_t, tensorID C.uint64_t, n C.size_t, indices *C.int64_t, capacity C.size_t, count *C.size_t) C.oktopk_result_t {
+func go_oktopk_tensor_residual_zeros(comm C.oktopk_comm_t, tensorID C.uint64_t, n C.size_t, before *C.oktopk_const_uint8, zero *C.uint8_t, became *C.int64_t, capacity C.size_t, count *C.size_t) C.oktopk_result_t {
 	return callOn(comm, func(c *communicator) error {
 		switch {
 		case n == 0:
 			return invalidArgument("n is 0")
 		case uint64(n) > core.MaxElements:
 			return invalidArgument("n = %d exceeds %d elements", uint64(n), uint64(core.MaxElements))
-		case capacity > 0 && indices == nil:
-			return invalidArgument("indices is NULL")
+		case zero == nil:
+			return invalidArgument("zero is NULL")
+		case before != nil && capacity > 0 && became == nil:
+			return invalidArgument("became is NULL")
 		case count == nil:
 			return invalidArgument("count is NULL")
 		}
-		var idx []int64
-		if capacity > 0 {
-			idx = unsafe.Slice((*int64)(unsafe.Pointer(indices)), int(min(uint64(capacity), uint64(n))))
+		var prior []byte
+		if before != nil {
+			prior = unsafe.Slice((*byte)(unsafe.Pointer(before)), int(n))
 		}
+		var list []int64
+		if became != nil && capacity > 0 {
+			list = unsafe.Slice((*int64)(unsafe.Pointer(became)), int(min(uint64(capacity), uint64(n))))
+		}
+		marks := unsafe.Slice((*byte)(unsafe.Pointer(zero)), int(n))
 		_, err := c.do(true, func(_ context.Context, cc *core.Communicator) (core.Stats, error) {
-			zeros, err := cc.ResidualZeros(uint64(tensorID), int(n), idx)
-			*count = C.size_t(zeros)
+			listed, err := cc.ResidualZeros(uint64(tensorID), prior, marks, list)
+			*count = C.size_t(listed)
 			return core.Stats{}, err
 		})
 		return err

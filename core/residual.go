@@ -12,6 +12,7 @@ package core
 
 import (
 	"fmt"
+	"math"
 	"sort"
 )
 
@@ -197,38 +198,63 @@ func (c *Communicator) ReadResidual(id uint64, out []float32) error {
 	return nil
 }
 
-// ResidualZeros writes into idx, ascending, the indices of tensor id's
-// residual entries that are exactly 0, as many as fit, and returns how many
-// there are: after a call, the entries it took from this rank (float32
-// values leave exactly 0), for a caller that masks its momentum by them
-// (DGC's momentum factor masking) without copying the whole residual out,
-// one pass and no allocation. It changes nothing. A tensor without state
-// (no sparse call or load yet) has a zero residual: every one of its n
-// entries. Local, like ReadResidual.
-func (c *Communicator) ResidualZeros(id uint64, n int, idx []int64) (int, error) {
+// ResidualZeros marks, in zero, the entries of tensor id's residual that
+// are exactly 0 (1; others 0): after a call, those it took from this rank
+// (float32 values leave exactly 0) and those that have held nothing since.
+// Given before, the marks of an earlier read, it also lists in became,
+// ascending and as many as fit, the entries marked now and not then, and
+// returns how many there are: those that left after waiting, about k of
+// them, which DGC's momentum factor masking ("waited") stops. One pass,
+// nothing allocated, where copying the residual out and comparing the copy
+// took five (ReadResidual). It changes nothing. A tensor without state (no
+// sparse call or load yet) has a zero residual. Local, like ReadResidual.
+func (c *Communicator) ResidualZeros(id uint64, before, zero []byte, became []int64) (int, error) {
+	n := len(zero)
+	if before != nil && len(before) != n {
+		return 0, fmt.Errorf("%w: the earlier marks have %d entries, this read has %d", ErrInvalidArgument, len(before), n)
+	}
 	st := c.TensorStateOf(id)
-	if st == nil {
-		for i := range min(n, len(idx)) {
-			idx[i] = int64(i)
-		}
-		return n, nil
-	}
-	if st.CallerResidual {
+	var residual []float32
+	switch {
+	case st == nil:
+	case st.CallerResidual:
 		return 0, fmt.Errorf("%w: tensor %d's residual is the caller's (caller-selected calls): read it there", ErrInvalidArgument, id)
-	}
-	if n != st.N || len(st.Residual) != st.N {
+	case n != st.N || len(st.Residual) != st.N:
 		return 0, fmt.Errorf("%w: tensor %d has %d elements, this read has %d", ErrInvalidArgument, id, st.N, n)
+	default:
+		residual = st.Residual
 	}
+	if residual == nil {
+		residual = make([]float32, n)
+	}
+	if before == nil {
+		for i, v := range residual[:n] {
+			zero[i] = isZero(v)
+		}
+		return 0, nil
+	}
+	before = before[:n]
 	count := 0
-	for i, v := range st.Residual {
-		if v == 0 {
-			if count < len(idx) {
-				idx[count] = int64(i)
+	for i, v := range residual[:n] {
+		z := isZero(v)
+		// Branch-free but for the about k entries that became zero: the
+		// branch on every entry's comparison cost twice the pass.
+		if z&^before[i] != 0 {
+			if count < len(became) {
+				became[count] = int64(i)
 			}
 			count++
 		}
+		zero[i] = z
 	}
 	return count, nil
+}
+
+// isZero is 1 for ±0 and 0 for every other value, NaN included, without a
+// branch: the bits less the sign are 0 exactly for ±0.
+func isZero(v float32) byte {
+	bits := math.Float32bits(v) << 1
+	return byte(((bits | -bits) >> 31) ^ 1)
 }
 
 // FoldResidual hands tensor id's residual to a caller that reduces this step

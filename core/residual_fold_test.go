@@ -226,39 +226,48 @@ func TestReadResidualCopiesItAndChangesNothing(t *testing.T) {
 	}
 }
 
-// ResidualZeros lists, ascending, exactly the entries whose residual is 0
-// (-0 too), returns their count even where idx holds fewer, and changes
-// nothing; a tensor without state lists every entry; a caller-selected
-// tensor and a length other than the tensor's are refused.
-func TestResidualZerosListsExactlyTheZeroEntries(t *testing.T) {
+// ResidualZeros marks exactly the entries whose residual is 0 (-0 too),
+// lists those not marked before, ascending, counting them even where became
+// holds fewer, and changes nothing; a tensor without state is all zeros; a
+// caller-selected tensor and lengths other than the tensor's are refused.
+func TestResidualZerosMarksTheZeroEntriesAndListsThoseThatBecameZero(t *testing.T) {
 	c := &Communicator{states: map[uint64]*TensorState{}}
 	st := NewTensorState(7, okTopkConfig(0.5))
 	copy(st.Residual, []float32{0, 1e-38, float32(math.Copysign(0, -1)), -2, 0, float32(math.NaN()), 0})
 	c.SetTensorState(7, st)
-	before, err := st.MarshalBinary()
+	saved, err := st.MarshalBinary()
 	if err != nil {
 		t.Fatal(err)
 	}
-	idx := make([]int64, 8)
-	n, err := c.ResidualZeros(7, 7, idx)
-	if err != nil || n != 4 || fmt.Sprint(idx[:n]) != "[0 2 4 6]" {
-		t.Errorf("zeros: %v (count %d), %v", idx[:min(n, len(idx))], n, err)
+	zero := make([]byte, 7)
+	became := make([]int64, 8)
+	if n, err := c.ResidualZeros(7, nil, zero, became); err != nil || n != 0 || fmt.Sprint(zero) != "[1 0 1 0 1 0 1]" {
+		t.Errorf("no earlier marks: %v, count %d, %v", zero, n, err)
+	}
+	before := []byte{0, 0, 1, 1, 0, 0, 0}
+	n, err := c.ResidualZeros(7, before, zero, became)
+	if err != nil || n != 3 || fmt.Sprint(became[:n]) != "[0 4 6]" || fmt.Sprint(zero) != "[1 0 1 0 1 0 1]" {
+		t.Errorf("became zero: %v (count %d), marks %v, %v", became[:min(n, len(became))], n, zero, err)
 	}
 	short := []int64{-1, -1}
-	if n, err := c.ResidualZeros(7, 7, short); err != nil || n != 4 || fmt.Sprint(short) != "[0 2]" {
-		t.Errorf("a short idx: %v (count %d), %v", short, n, err)
+	if n, err := c.ResidualZeros(7, before, zero, short); err != nil || n != 3 || fmt.Sprint(short) != "[0 4]" {
+		t.Errorf("a short list: %v (count %d), %v", short, n, err)
 	}
-	if after, err := st.MarshalBinary(); err != nil || string(after) != string(before) {
-		t.Errorf("the read changed the state (%v)", err)
+	if after, err := st.MarshalBinary(); err != nil || string(after) != string(saved) || fmt.Sprint(before) != "[0 0 1 1 0 0 0]" {
+		t.Errorf("the read changed the state or the earlier marks (%v)", err)
 	}
-	if n, err := c.ResidualZeros(8, 3, idx); err != nil || n != 3 || fmt.Sprint(idx[:3]) != "[0 1 2]" {
-		t.Errorf("no state: %v (count %d), %v", idx[:3], n, err)
+	none := make([]byte, 3)
+	if n, err := c.ResidualZeros(8, []byte{1, 0, 0}, none, became); err != nil || n != 2 || fmt.Sprint(none) != "[1 1 1]" {
+		t.Errorf("no state: %v (count %d), %v", none, n, err)
 	}
-	if _, err := c.ResidualZeros(7, 6, idx); !errors.Is(err, ErrInvalidArgument) {
+	if _, err := c.ResidualZeros(7, nil, make([]byte, 6), became); !errors.Is(err, ErrInvalidArgument) {
 		t.Errorf("wrong size: %v", err)
 	}
+	if _, err := c.ResidualZeros(7, make([]byte, 6), zero, became); !errors.Is(err, ErrInvalidArgument) {
+		t.Errorf("earlier marks of another size: %v", err)
+	}
 	st.CallerResidual = true
-	if _, err := c.ResidualZeros(7, 7, idx); !errors.Is(err, ErrInvalidArgument) {
+	if _, err := c.ResidualZeros(7, nil, zero, became); !errors.Is(err, ErrInvalidArgument) {
 		t.Errorf("a caller-selected tensor: %v", err)
 	}
 }

@@ -517,17 +517,20 @@ oktopk_result_t oktopk_tensor_residual_unfold(oktopk_comm_t comm, uint64_t tenso
  * residual is the caller's (oktopkInvalidArgument). Local, like the fold. */
 oktopk_result_t oktopk_tensor_residual_read(oktopk_comm_t comm, uint64_t tensor_id, float *data, size_t count);
 
-/* Added in 0.15. Writes into indices, ascending, the positions of
- * tensor_id's residual entries that are exactly 0 (as many as capacity
- * holds) and sets *count to how many there are, as snprintf does: a count
- * above capacity says how many to make room for. After a call these are
- * the entries it took from this rank, and momentum factor masking needs no
- * more: one pass, and k indices crossing the ABI instead of n values
- * (oktopk_tensor_residual_read). n is the tensor's length (another is
- * oktopkInvalidArgument); a tensor without state has a zero residual, all
- * n entries. Changes nothing. Local, like the fold. */
-oktopk_result_t oktopk_tensor_residual_zeros(oktopk_comm_t comm, uint64_t tensor_id, size_t n, int64_t *indices,
-                                             size_t capacity, size_t *count);
+/* Added in 0.15. Marks in zero (n bytes, n the tensor's length) the
+ * entries of tensor_id's residual that are exactly 0 (1; others 0): after a
+ * call, those it took from this rank and those that have held nothing
+ * since. Given before, the marks of an earlier read (NULL: none), it also
+ * writes into became, ascending, the entries marked now and not then, as
+ * many as capacity holds, and sets *count to how many there are, as
+ * snprintf counts: the entries that left after waiting in the residual,
+ * about k of them, which momentum factor masking stops. One pass over the
+ * residual, where oktopk_tensor_residual_read and comparing the copy take
+ * five. A tensor without state (no sparse call or load yet) has a zero
+ * residual; a caller-selected tensor's residual is the caller's
+ * (oktopkInvalidArgument). Changes nothing; local, like the fold. */
+oktopk_result_t oktopk_tensor_residual_zeros(oktopk_comm_t comm, uint64_t tensor_id, size_t n, const uint8_t *before,
+                                             uint8_t *zero, int64_t *became, size_t capacity, size_t *count);
 
 /* Added in 0.13. Takes back tensor_id's latest sparse call, made with
  * OKTOPK_CALL_UNDOABLE (oktopk_sparse_allreduce_ex; every

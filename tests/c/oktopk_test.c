@@ -412,23 +412,37 @@ static void test_undo_call(oktopk_comm_t comm, int rank) {
   for (size_t i = 0; i < n; i++) nonzero += x[i] != 0;
   REQUIRE(nonzero > 0); /* a residual to read: the comparison checks something */
   EXPECT(oktopk_tensor_residual_read(comm, 500, x, n - 1), oktopkInvalidArgument);
-  /* Its zero entries (0.15): exactly those of the read, ascending, counted
-   * as snprintf counts where the room is short; nothing changes. */
-  int64_t *zeros = malloc(n * sizeof *zeros);
-  size_t count = 0, want = 0;
-  OK(oktopk_tensor_residual_zeros(comm, 500, n, zeros, n, &count));
+  /* Its zero entries (0.15): marked exactly where the read holds 0; with
+   * earlier marks, those not marked then listed ascending, counted as
+   * snprintf counts where the room is short; nothing changes. */
+  uint8_t *zero = malloc(n), *before_marks = malloc(n);
+  int64_t *became = malloc(n * sizeof *became);
+  size_t count = 1, zeros = 0;
+  OK(oktopk_tensor_residual_zeros(comm, 500, n, NULL, zero, NULL, 0, &count));
+  REQUIRE(count == 0);
+  for (size_t i = 0; i < n; i++) {
+    REQUIRE(zero[i] == (x[i] == 0));
+    zeros += zero[i];
+    before_marks[i] = (uint8_t)(i % 2); /* as if every odd entry had left before */
+  }
+  REQUIRE(zeros > 0 && zeros < n);
+  OK(oktopk_tensor_residual_zeros(comm, 500, n, before_marks, zero, became, n, &count));
+  size_t want = 0;
   for (size_t i = 0; i < n; i++)
-    if (x[i] == 0) REQUIRE(want < count && zeros[want++] == (int64_t)i);
-  REQUIRE(count == want && want > 0 && want < n);
+    if (x[i] == 0 && i % 2 == 0) REQUIRE(want < count && became[want++] == (int64_t)i);
+  REQUIRE(count == want && want > 0);
   size_t short_count = 0;
-  zeros[1] = -1;
-  OK(oktopk_tensor_residual_zeros(comm, 500, n, zeros, 1, &short_count));
-  REQUIRE(short_count == count && zeros[1] == -1);
+  became[1] = -1;
+  OK(oktopk_tensor_residual_zeros(comm, 500, n, before_marks, zero, became, 1, &short_count));
+  REQUIRE(short_count == count && became[1] == -1);
   OK(oktopk_tensor_state_save(comm, 500, after, sz));
   REQUIRE(memcmp(before, after, sz) == 0);
-  EXPECT(oktopk_tensor_residual_zeros(comm, 500, n - 1, zeros, n, &count), oktopkInvalidArgument);
-  EXPECT(oktopk_tensor_residual_zeros(comm, 500, n, zeros, n, NULL), oktopkInvalidArgument);
-  free(zeros);
+  EXPECT(oktopk_tensor_residual_zeros(comm, 500, n - 1, NULL, zero, NULL, 0, &count), oktopkInvalidArgument);
+  EXPECT(oktopk_tensor_residual_zeros(comm, 500, n, NULL, NULL, NULL, 0, &count), oktopkInvalidArgument);
+  EXPECT(oktopk_tensor_residual_zeros(comm, 500, n, before_marks, zero, became, n, NULL), oktopkInvalidArgument);
+  free(zero);
+  free(before_marks);
+  free(became);
   x[0] = 1;
   OK(oktopk_tensor_residual_read(comm, 502, x, n));
   REQUIRE(x[0] == 0);

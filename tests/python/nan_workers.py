@@ -25,7 +25,7 @@ def _snapshot(state, model):
     # In the warm-up no group has a library state yet: no residuals.
     residuals = residuals_by_parameter(state, model) if set(sd["layout"]) <= set(sd["tensors"]) else {}
     return {"tensors": dict(sd["tensors"]), "residuals": residuals,
-            "velocity": copies(corr.velocity), "applied": copies(corr.applied), "taken": copies(corr._taken),
+            "velocity": copies(corr.velocity), "applied": copies(corr.applied), "zero": copies(corr._zero),
             "residual_groups": sorted(sd["residual_groups"])}
 
 
@@ -35,7 +35,7 @@ def _equal(a, b):
     if a["tensors"] != b["tensors"]:
         diff += [f"library state of group {g}" for g in sorted(set(a["tensors"]) | set(b["tensors"]))
                  if a["tensors"].get(g) != b["tensors"].get(g)]
-    for what in ("residuals", "velocity", "applied", "taken"):
+    for what in ("residuals", "velocity", "applied", "zero"):
         keys = set(a[what]) | set(b[what])
         diff += [f"{what} {k}" for k in sorted(keys, key=str)
                  if k not in a[what] or k not in b[what] or not torch.equal(a[what][k], b[what][k])]

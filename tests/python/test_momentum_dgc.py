@@ -148,18 +148,3 @@ def test_a_rule_on_one_rank_only_fails_every_rank_naming_it(name, values):
         assert res["step"] == 0 and "settings differ across ranks" in res["error"], (r, res)
         assert f"{name}: rank 0 has {values[0]!r}, rank 1 has {values[1]!r}" in res["error"], (r, res)
 
-
-def test_waited_masking_loads_a_checkpoint_that_kept_the_waiting_mask():
-    # "waited" masking keeps the positions the latest call took; checkpoints
-    # saved before that kept the mask of the entries still waiting. Both
-    # load to the same positions.
-    from oktopk.momentum import MomentumCorrection
-
-    waiting = torch.tensor([True, False, True, False, False])
-    old = {"settings": (0.9, 0.0, False), "velocity": None, "applied": None, "waiting": waiting}
-    fresh = MomentumCorrection(index_of=None, masking="waited")
-    fresh.load_state_dict({3: old})
-    assert torch.equal(fresh._taken[3], torch.tensor([1, 3, 4]))
-    again = MomentumCorrection(index_of=None, masking="waited")
-    again.load_state_dict(fresh.state_dict())
-    assert torch.equal(again._taken[3], fresh._taken[3]) and "waiting" not in fresh.state_dict()[3]

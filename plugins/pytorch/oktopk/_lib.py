@@ -261,7 +261,7 @@ def _declare(lib):
         "oktopk_tensor_residual_fold": (c.c_int, [i64, u64, c.c_void_p, sz, c.c_int, P(sz), sz]),
         "oktopk_tensor_residual_unfold": (c.c_int, [i64, u64]),
         "oktopk_tensor_residual_read": (c.c_int, [i64, u64, c.c_void_p, sz]),
-        "oktopk_tensor_residual_zeros": (c.c_int, [i64, u64, sz, c.c_void_p, sz, P(sz)]),
+        "oktopk_tensor_residual_zeros": (c.c_int, [i64, u64, sz, c.c_void_p, c.c_void_p, c.c_void_p, sz, P(sz)]),
         "oktopk_tensor_undo_call": (c.c_int, [i64, u64]),
         "oktopk_topk": (c.c_int, [c.c_void_p, sz, sz, c.c_void_p, c.c_void_p]),
         "oktopk_selection_plan": (c.c_int, [i64, u64, sz, P(CallOptions), P(SelectionPlan)]),

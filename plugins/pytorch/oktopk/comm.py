@@ -338,17 +338,23 @@ class Communicator:
         before the step. Before the tensor's next call; local."""
         self._check(_lib.lib().oktopk_tensor_residual_unfold(self.handle, tensor_id))
 
-    def residual_zeros(self, tensor_id, n, out):
-        """The positions where ``tensor_id``'s residual (``n`` entries) is
-        exactly 0, ascending, written into ``out`` (a contiguous int64 CPU
-        tensor) as far as it holds them; returns how many there are (more
-        than ``out`` holds: make room and ask again). After a call, the
-        entries it took from this rank. Changes nothing; local."""
-        if out.dtype != torch.int64 or out.device.type != "cpu" or not out.is_contiguous():
-            raise ValueError("oktopk: residual_zeros needs a contiguous int64 CPU tensor")
+    def residual_zeros(self, tensor_id, before, zero, became):
+        """Marks in ``zero`` (a bool CPU tensor of the tensor's length) the
+        entries of ``tensor_id``'s residual that are exactly 0; given
+        ``before`` (an earlier read's marks, or None), lists in ``became``
+        (int64) the entries marked now and not then, ascending, as far as it
+        holds them, and returns how many there are (more than ``became``
+        holds: make room and ask again). After a call, the entries that left
+        after waiting. Changes nothing; local."""
+        for name, t, dtype in (("zero", zero, torch.bool), ("before", before, torch.bool), ("became", became, torch.int64)):
+            if t is not None and (t.dtype != dtype or t.device.type != "cpu" or not t.is_contiguous()):
+                raise ValueError(f"oktopk: residual_zeros needs {name} as a contiguous {dtype} CPU tensor")
+        if before is not None and before.numel() != zero.numel():
+            raise ValueError(f"oktopk: residual_zeros: before has {before.numel()} entries, zero {zero.numel()}")
         count = ctypes.c_size_t()
-        self._check(_lib.lib().oktopk_tensor_residual_zeros(self.handle, tensor_id, n, out.data_ptr(), out.numel(),
-                                                            ctypes.byref(count)))
+        self._check(_lib.lib().oktopk_tensor_residual_zeros(
+            self.handle, tensor_id, zero.numel(), None if before is None else before.data_ptr(), zero.data_ptr(),
+            became.data_ptr(), became.numel(), ctypes.byref(count)))
         return count.value
 
     def undo_call(self, tensor_id):

@@ -125,19 +125,22 @@ class MomentumCorrection:
         self.clip_norm = clip_norm  # DGC's local gradient clipping: the max norm before the 1/sqrt(P) scaling, or None
         self.process_group = process_group
         self._clip_at = None  # clip_norm / sqrt(P), once P is known
-        # index -> the positions (ascending int64) whose velocity this
-        # step's sparse call stops (masking): those it took from this rank,
-        # or with "waited" those of them that were waiting; written by the
-        # worker thread after the call, read by ``after``; cleared at each
-        # step's first bucket.
+        # index -> the entries whose velocity this step's sparse call stops
+        # (masking): True, a bool mask of those it took from this rank;
+        # "waited", the positions (ascending int64, about k) of those that
+        # left after waiting. Written by the worker thread after the call,
+        # read by ``after``; cleared at each step's first bucket.
         self._left = {}
-        # index -> the positions the latest sparse call took from this
-        # rank's residual ("waited" masking); every other entry was waiting
-        # in it. An entry sent now that was waiting arrives as a burst of
-        # several steps' velocity; one sent on consecutive calls is moved as
-        # dense SGD moves it. Positions, not a mask: about k of them.
-        self._taken = {}
-        self._zeros = {}  # group id -> the int64 buffer the host path's residual zeros are listed in
+        # group id -> bool marks of the entries whose residual was 0 after
+        # the group's latest sparse call ("waited" masking): those it took
+        # and those that held nothing. An entry unmarked then and taken now
+        # had waited: it arrives as a burst of several steps' velocity; one
+        # sent on consecutive calls is moved as dense SGD moves it. Absent:
+        # nothing waited (no sparse call yet, or a dense step since).
+        self._zero = {}
+        self._buffers = {}  # group id -> (the marks' spare, the int64 list): the host path's, reused
+        self._member_of = {}  # index -> (group id, offset, size) at the latest sparse call
+        self._loaded = {}  # index -> a checkpoint's mask of entries still waiting, until its group's next call
         self._optimizer = None  # weakref to the SGD optimizer seen stepping the hook's parameters
         self._group_of = {}  # id(param) -> its parameter group (refreshed when a param is missing)
         self.settings = {}  # index -> (m, dampening, nesterov) at the optimizer's latest step
@@ -291,7 +294,7 @@ class MomentumCorrection:
                 if newer is not None:
                     self._spare[i] = newer
                 continue
-            table = self.applied if what == "applied" else self._taken
+            table = self.applied if what == "applied" else self._zero
             if before is _ABSENT:
                 table.pop(i, None)
             else:
@@ -369,13 +372,17 @@ class MomentumCorrection:
                 # momentum. A dense step sends everything: True masks all,
                 # "waited" nothing (it delivers what waited).
                 left = self._left.pop(i, None)
-                if left is not None:
-                    self.velocity[i].index_fill_(0, left.to(self.velocity[i].device), 0.0)
-                elif self.masking == "waited":
-                    self._note("taken", i, self._taken)
-                    self._taken.pop(i, None)
-                else:
+                if left is None and self.masking == "waited":
+                    group_id = self._member_of.get(i, (None,))[0]
+                    if group_id in self._zero:
+                        self._note("zero", group_id, self._zero)
+                        del self._zero[group_id]
+                elif left is None:
                     self.velocity[i].zero_()
+                elif self.masking == "waited":
+                    self.velocity[i].index_fill_(0, left.to(self.velocity[i].device), 0.0)
+                else:
+                    self.velocity[i].masked_fill_(left.to(self.velocity[i].device), 0.0)
             s = result[a:b]
             before = self.applied[i]
             if before is not None:
@@ -403,36 +410,56 @@ class MomentumCorrection:
         """Worker thread, right after group ``group_id``'s sparse call
         (``sizes``: its members' entries, in the group's order): which
         entries the call took from this rank, those whose residual is now
-        exactly 0, for ``after`` to zero their velocities. About k
-        positions: listed by the library in one pass (the host path) or by
-        the device, never a mask of the whole bucket."""
+        exactly 0, for ``after`` to zero their velocities. The host path's
+        marks and list come from the library in one pass over the residual
+        (``Communicator.residual_zeros``); the device path's from its own."""
+        members = state._layout.groups[group_id]
+        offsets = [0, *itertools.accumulate(sizes)]
+        for i, at, size in zip(members, offsets, sizes):
+            self._member_of[i] = (group_id, at, size)
+        before = self._before(group_id, members, offsets, sizes) if self.masking == "waited" else None
         device_group = state._device_groups.get(group_id)
         if device_group is not None:
-            zeros = (device_group.residual == 0).nonzero().squeeze(1)
+            zero = device_group.residual == 0
+            became = None if before is None else (zero & ~before.to(zero.device)).nonzero().squeeze(1)
         else:
-            n = sum(sizes)
-            buffer = self._zeros.get(group_id)
-            if buffer is None:
-                buffer = torch.empty(max(1, n // 32), dtype=torch.int64)
-            count = state._reducer.comm.residual_zeros(group_id, n, buffer)
-            if count > buffer.numel():  # more than room: make room once, and ask again
-                buffer = torch.empty(min(n, 2 * count), dtype=torch.int64)
-                count = state._reducer.comm.residual_zeros(group_id, n, buffer)
-            self._zeros[group_id] = buffer
-            zeros = buffer[:count]
-        ends = torch.tensor(list(itertools.accumulate(sizes)), dtype=torch.int64, device=zeros.device)
-        cuts = [0] + torch.searchsorted(zeros, ends).tolist()
-        at = 0
-        for i, size, lo, hi in zip(state._layout.groups[group_id], sizes, cuts, cuts[1:]):
-            taken = zeros[lo:hi] - at  # a copy: the buffer is the next call's
+            spare, listed = self._buffers.get(group_id, (None, None))
+            if spare is None or spare is before:
+                spare = torch.empty(offsets[-1], dtype=torch.bool)
+            if listed is None:
+                listed = torch.empty(max(1, offsets[-1] // 64), dtype=torch.int64)
+            comm = state._reducer.comm
+            count = comm.residual_zeros(group_id, before, spare, listed)
+            if count > listed.numel():  # more than room: make room once, and ask again
+                listed = torch.empty(min(offsets[-1], 2 * count), dtype=torch.int64)
+                count = comm.residual_zeros(group_id, before, spare, listed)
+            zero, became = spare, None if before is None else listed[:count]
+            self._buffers[group_id] = (before if self.masking == "waited" else zero, listed)  # the marks not current
+        if self.masking == "waited":
+            self._note("zero", group_id, self._zero)
+            self._zero[group_id] = zero
+            cuts = [0] * (len(sizes) + 1) if became is None else [0, *torch.searchsorted(
+                became, torch.tensor(offsets[1:], dtype=torch.int64, device=became.device)).tolist()]
+        for j, (i, at, size) in enumerate(zip(members, offsets, sizes)):
             if self.masking == "waited":
-                before = self._taken.get(i)
-                self._note("taken", i, self._taken)
-                self._taken[i] = taken
-                # Nothing waited before the first sparse call (or after a dense step).
-                taken = taken[:0] if before is None else _not_in(taken, before.to(taken.device))
-            self._left[i] = taken
-            at += size
+                # A copy: the list is the next call's buffer. Nothing waited
+                # before the first sparse call (or after a dense step).
+                self._left[i] = became[cuts[j] : cuts[j + 1]] - at if became is not None else torch.empty(0, dtype=torch.int64)
+            else:
+                self._left[i] = zero[at : at + size]
+
+    def _before(self, group_id, members, offsets, sizes):
+        """The group's marks after its latest sparse call, or None where
+        nothing waited; a loaded checkpoint's masks of what was still
+        waiting become them at the group's first call."""
+        before = self._zero.get(group_id)
+        if before is None and any(i in self._loaded for i in members):
+            before = torch.ones(offsets[-1], dtype=torch.bool)
+            for i, at, size in zip(members, offsets, sizes):
+                waiting = self._loaded.pop(i, None)
+                if waiting is not None and waiting.numel() == size:
+                    before[at : at + size] = ~waiting.reshape(-1)
+        return before
 
     # -- checkpoints -------------------------------------------------------
 
@@ -444,30 +471,25 @@ class MomentumCorrection:
             return None if t is None else t.detach().cpu().clone()
 
         return {i: {"settings": self.settings[i], "velocity": cpu(self.velocity.get(i)), "applied": cpu(self.applied.get(i)),
-                    "taken": cpu(self._taken.get(i))}
+                    "waiting": self._waiting(i)}
                 for i in sorted(self.settings)}
+
+    def _waiting(self, i):
+        """Parameter ``i``'s entries still waiting after its latest sparse
+        call (a CPU bool mask), or None where nothing waited."""
+        if i in self._loaded:
+            return self._loaded[i].clone()
+        group_id, at, size = self._member_of.get(i, (None, 0, 0))
+        zero = self._zero.get(group_id)
+        return None if zero is None else (~zero[at : at + size]).cpu()
 
     def load_state_dict(self, saved):
         self.settings = {int(i): tuple(e["settings"]) for i, e in saved.items()}
         self.velocity = {int(i): e["velocity"] for i, e in saved.items() if e["velocity"] is not None}
         self.applied = {int(i): e["applied"] for i, e in saved.items()}
-        self._taken = {int(i): _taken_of(e) for i, e in saved.items() if e.get("taken", e.get("waiting")) is not None}
+        self._loaded = {int(i): e["waiting"] for i, e in saved.items() if e.get("waiting") is not None}
+        self._zero, self._member_of = {}, {}
         self._spare, self._handed, self._sample, self._borrowed = {}, {}, None, set()
         self._optimizer, self._group_of = None, {}
         self._record = None  # a loaded state is no step's to give back
 
-
-def _not_in(a, b):
-    """The entries of ``a`` not in ``b`` (both ascending int64)."""
-    if not b.numel() or not a.numel():
-        return a
-    at = torch.searchsorted(b, a).clamp_(max=b.numel() - 1)
-    return a[b[at] != a]
-
-
-def _taken_of(saved):
-    """A checkpoint's taken positions; one saved before they were kept as
-    positions holds the mask of the entries still waiting instead."""
-    if saved.get("taken") is not None:
-        return saved["taken"]
-    return (~saved["waiting"]).nonzero().squeeze(1)
