@@ -135,6 +135,7 @@ SETTINGS = [
     ("recheck_every", [200, 8], {}),
     ("device_path", [None, True], {}),
     ("momentum_correction", [True, False], {}),
+    ("momentum_masking", [False, "waited"], {}),
     ("optimizer_family", ["sgdm", "adamw"], {}),
 ]
 DEMO_SETTINGS = [("topk", [32, 8]), ("chunk", [64, 16]), ("momentum_decay", [0.999, 0.99]), ("weight_decay", [0.0, 0.1])]
@@ -164,9 +165,13 @@ def ddp_cfg(rng, front="ddp", schedule=None, optimizer=None, choice=None, named=
         if schedule is None:
             schedule = rng.choice(["sparse-then-native", "native-then-candidate", "none"])
         if optimizer != "adamw" and rng.random() < 0.25:
-            # A warm-up whose steps after DDP's first two are quantized:
+            # A warm-up in bfloat16, native, then 4 bits (DDP's first step, its second, the rest):
             # its residuals join the first sparse step.
             state["warmup_iters"], state["warmup_compression"] = 4, "quantized"
+        if front == "ddp" and optimizer == "sgdm" and rng.random() < 0.3:
+            # Momentum factor masking: the library marks and lists the
+            # residual's zeros after each sparse call (residual_zeros).
+            state["momentum_masking"] = "waited"
     else:
         optimizer = optimizer or rng.choice(["sgd", "sgdm"])
         state["algorithm"] = rng.choice(named)
@@ -204,6 +209,7 @@ def describe(cfg):
     if cfg.get("optimizer") == "adamw":
         return f"{head} choice, AdamW ({s.get('dense_compression')})"
     warm = ", 4-bit warm-up" if s.get("warmup_compression") else ""
+    warm += ", masking" if s.get("momentum_masking") else ""
     return f"{head} choice, {'SGD+momentum' if cfg.get('optimizer') == 'sgdm' else 'SGD'}{warm}"
 
 

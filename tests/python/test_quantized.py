@@ -127,7 +127,10 @@ def test_what_a_group_holds_for_a_native_step_is_its_residual_and_its_owned_chun
         res = results[r]
         want = res["residual"].astype(np.float64).copy()
         want[r * chunk : (r + 1) * chunk] += world * owner[r * chunk : (r + 1) * chunk]
-        assert np.allclose(res["held"], want[:1000], rtol=0, atol=1e-6)
+        # float32 rounding of values up to a few units: a few ulps of the
+        # largest (the rotation's sums round differently on other CPUs).
+        scale = max(1.0, np.abs(want[:1000]).max())
+        assert np.allclose(res["held"], want[:1000], rtol=0, atol=1e-6 * scale)
 
 
 @pytest.fixture(scope="module", params=["quantized", None])
