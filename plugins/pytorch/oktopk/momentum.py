@@ -294,7 +294,7 @@ class MomentumCorrection:
                 if newer is not None:
                     self._spare[i] = newer
                 continue
-            table = self.applied if what == "applied" else self._zero
+            table = {"applied": self.applied, "zero": self._zero, "loaded": self._loaded}[what]
             if before is _ABSENT:
                 table.pop(i, None)
             else:
@@ -377,6 +377,9 @@ class MomentumCorrection:
                     if group_id in self._zero:
                         self._note("zero", group_id, self._zero)
                         del self._zero[group_id]
+                    if i in self._loaded:  # a resumed run's dense step, before its group's first sparse call
+                        self._note("loaded", i, self._loaded)
+                        del self._loaded[i]
                 elif left is None:
                     self.velocity[i].zero_()
                 elif self.masking == "waited":
