@@ -154,7 +154,7 @@ class MomentumCorrection:
         # (GradScaler's unscale_, clipping .grad) breaks the arithmetic.
         self._sample = None
         self.stopped = None  # why the correction stopped, or None
-        # This step's changes to the velocities, B and the taken positions,
+        # This step's changes to the velocities, B and the masking marks,
         # (what, index, the value before, or _ABSENT), for a step that turns
         # out void to give back (record_step); None: not recording.
         self._record = None
@@ -280,7 +280,7 @@ class MomentumCorrection:
             self._record.append((what, i, table.get(i, _ABSENT)))
 
     def _give_back(self, record):
-        """The velocities, B and taken positions as they were before the step
+        """The velocities, B and masking marks as they were before the step
         ``record`` recorded (the newer velocity buffers become spares);
         nothing after a load, which replaced them."""
         if record is not self._record:
