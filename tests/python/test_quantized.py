@@ -19,6 +19,12 @@ def test_codes_pack_into_bits_and_round_to_the_nearest_level(bits):
     packed = pack(codes, bits)
     assert packed.dtype == torch.uint8 and packed.numel() == 4096 * bits // 8
     assert torch.equal(unpack(packed, bits), codes)
+    # Packed into, and read back from, the code columns of frame rows (a
+    # strided view), as the allreduce builds its frames: the same bytes.
+    frames = torch.full((4, 1024 * bits // 8 + 3), 0xAB, dtype=torch.uint8)
+    pack(codes, bits, frames[:, :-3])
+    assert torch.equal(frames[:, :-3].reshape(-1), packed) and bool((frames[:, -3:] == 0xAB).all())
+    assert torch.equal(unpack(frames[:, :-3], bits, torch.empty(4096, dtype=torch.uint8)), codes)
     levels = 2 ** (bits - 1) - 1  # codes 0 .. 2 levels stand for -levels .. levels
     assert codes.dtype == torch.uint8 and int(codes.max()) == 2 * levels
     assert torch.equal(codes[64:128], torch.full((64,), levels, dtype=torch.uint8))
@@ -114,6 +120,16 @@ def test_a_nan_on_one_rank_is_nan_on_every_rank_and_moves_no_residual(quantized_
         assert np.isnan(results[r]["nan_result"]).all() and results[r]["residuals_unchanged"], r
         assert results[r]["nan_completed"] is False, r  # told, so the hook voids the step
         assert results[r]["saved_equal"], r
+
+
+def test_a_call_leaves_the_residuals_it_replaced_and_a_saved_state_as_they_were(quantized_run):
+    # The residuals before a call are what taking the call back restores
+    # (the hook's void steps), and a state_dict is a copy: the buffers the
+    # calls reuse must not be written under either.
+    world, _, results = quantized_run
+    for r in range(world):
+        assert results[r]["replaced_kept"] == [True] * 6, r
+        assert results[r]["state_dict_kept"], r
 
 
 def test_what_a_group_holds_for_a_native_step_is_its_residual_and_its_owned_chunk(quantized_run):

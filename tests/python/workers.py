@@ -1218,13 +1218,21 @@ def quantized_calls(rank, world, port, out, recipe=None):
 
     setup(rank, world, port)
     group = QuantizedGroup((7, 3, 5), (400, 100, 500), world, rank, "cpu", **(recipe or {}))
-    calls = []
+    calls, replaced_kept, saved_at_3 = [], [], None
     for step in range(6):
         g = torch.Generator().manual_seed(100 * step + rank)
         x = torch.randn(1000, generator=g) * (1 + step)
         flat = x.clone()
+        before = (group.residual, group.owner_residual)
+        before_values = tuple(t.clone() for t in before)
         sent, completed = group.allreduce_(flat, None)
+        replaced_kept.append(all(torch.equal(a, b) for a, b in zip(before, before_values))
+                             and group.residual is not before[0] and group.owner_residual is not before[1])
         calls.append((x.numpy(), flat.numpy(), sent, completed))
+        if step == 3:
+            saved_at_3 = group.state_dict()
+            values_at_3 = (group.residual.clone(), group.owner_residual.clone())
+    state_dict_kept = torch.equal(saved_at_3["residual"], values_at_3[0]) and torch.equal(saved_at_3["owner_residual"], values_at_3[1])
     residual, owner = group.residual.clone(), group.owner_residual.clone()
     poisoned = torch.randn(1000)
     if rank == 1:
@@ -1237,7 +1245,7 @@ def quantized_calls(rank, world, port, out, recipe=None):
         "residual": residual.numpy(), "owner_residual": owner.numpy(), "chunk": group.chunk, "padded": group.padded,
         "nan_result": poisoned.numpy(), "nan_completed": nan_completed, "residuals_unchanged": unchanged,
         "saved_equal": torch.equal(saved.residual, group.residual) and torch.equal(saved.owner_residual, group.owner_residual),
-        "held": group.held().numpy(),
+        "held": group.held().numpy(), "replaced_kept": replaced_kept, "state_dict_kept": state_dict_kept,
     })
     dist.destroy_process_group()
 

@@ -31,6 +31,8 @@ makes the call return NaN on every rank with every residual unchanged, as
 the library's sparse calls do: AMP's scaler skips the step alike.
 """
 
+import threading
+
 import torch
 import torch.distributed as dist
 
@@ -61,69 +63,115 @@ def quantize(x, bits=BITS, block=BLOCK, levels=LEVELS, clip=CLIP):
     return codes, scales
 
 
-def _round(x, bits, block, levels, clip):
+def _round(x, bits, block, levels, clip, out=None):
     """:func:`quantize`'s codes and scales, and what the codes stand for
     (:func:`dequantize`'s values, the same bits), in as few passes over
     ``x`` as the arithmetic allows: the gradient-sized passes are what a
-    call costs on the CPU."""
+    call costs on the CPU. ``out``: (float32, uint8) buffers of x's length
+    to write the values and codes into (a fresh CPU buffer of a gradient's
+    size costs more in page faults than the arithmetic done in it)."""
     xb = x.view(-1, block)
-    scales = torch.maximum(xb.amax(1), xb.amin(1).neg_())  # the largest magnitude, without an abs() copy
+    scales = torch.maximum(xb.amax(1), xb.amin(1).neg_())  # the largest magnitude, without an abs() copy (aminmax over rows of a block is slower than both)
     if clip is not None:
         scales = torch.minimum(scales, clip * xb.square().mean(1).sqrt())
     scales = scales.to(torch.bfloat16)
     scale = scales.float().clamp_min(torch.finfo(torch.float32).tiny)[:, None]
+    values, codes = out if out is not None else (torch.empty_like(x), torch.empty(x.numel(), dtype=torch.uint8, device=x.device))
+    level = values.view(-1, block)
     if levels == "full":
         top = 2**bits - 1
-        level = (xb / scale).clamp_(-1, 1).add_(1).mul_(top / 2).round_()
-        codes = level.to(torch.uint8).view(-1)
+        torch.div(xb, scale, out=level).clamp_(-1, 1).add_(1).mul_(top / 2).round_()
+        codes.copy_(values)
         return codes, scales, level.mul_(2 / top).sub_(1).mul_(scale).view(-1)
     half = _levels(bits)
     step = scale / half
-    level = torch.div(xb, step).round_().clamp_(-half, half)
-    codes = level.add_(half).to(torch.uint8).view(-1)
-    return codes, scales, level.sub_(half).mul_(step).view(-1)
+    torch.div(xb, step, out=level).round_().clamp_(-half, half)
+    # Codes are level + half: the levels (-half .. half) as int8, exactly,
+    # then shifted in uint8 arithmetic (one byte a value, not four).
+    codes.view(torch.int8).copy_(values)
+    codes.add_(half)
+    return codes, scales, level.mul_(step).view(-1)
 
 
 def dequantize(codes, scales, bits=BITS, block=BLOCK, levels=LEVELS):
-    return _dequantize_into(codes.float(), scales, bits, block, levels)
+    return _dequantize(codes, scales, bits, block, levels, torch.empty(codes.numel(), device=codes.device))
 
 
-def _dequantize_into(c, scales, bits, block, levels):
-    """What codes ``c`` (already as float32) stand for, computed in place."""
+def _dequantize(codes, scales, bits, block, levels, out):
+    """What uint8 ``codes`` stand for, written into ``out`` (float32, as
+    long); ``codes`` is left as it was. The same arithmetic, so the same
+    bits, as the values :func:`_round` gives the sender."""
     scale = scales.reshape(-1).float().clamp_min(torch.finfo(torch.float32).tiny)[:, None]
-    c = c.view(-1, block)
+    c = out.view(-1, block)
     if levels == "full":
         top = 2**bits - 1
+        out.copy_(codes)
         return c.mul_(2 / top).sub_(1).mul_(scale).view(-1)
     half = _levels(bits)
-    return c.sub_(half).mul_(scale / half).view(-1)
+    # code - half in uint8 arithmetic wraps the negative levels to what
+    # int8 reads as them: the level, exactly, for one byte-wide pass.
+    codes.sub_(half)
+    out.copy_(codes.view(torch.int8))
+    codes.add_(half)
+    return c.mul_(scale / half).view(-1)
 
 
-def pack(codes, bits=BITS):
+def pack(codes, bits=BITS, out=None):
     """uint8 codes below 2^bits (a multiple of 8 long) as ``bits`` bits
-    each: 8 codes in ``bits`` bytes."""
+    each: 8 codes in ``bits`` bytes (written into ``out``, of that many
+    bytes in any shape, when given)."""
     u = codes
-    if 8 % bits == 0:  # whole codes per byte: byte-wide shifts
+    if 8 % bits == 0:  # whole codes per byte: byte-wide arithmetic
         per_byte = 8 // bits
         u = u.view(-1, per_byte)
-        out = u[:, 0].clone()
-        for i in range(1, per_byte):
-            out |= u[:, i] << (bits * i)
+        if out is None:
+            out = torch.empty(u.shape[0], dtype=torch.uint8, device=codes.device)
+        out.copy_(u[:, 0].view(out.shape))
+        for i in range(1, per_byte):  # codes are below 2^bits: adding is or-ing, and no byte overflows
+            out.add_(u[:, i].view(out.shape), alpha=1 << (bits * i))
         return out
     word = (u.view(-1, 8).to(torch.int64) << (torch.arange(8, device=codes.device) * bits)).sum(1)
-    return torch.stack([(word >> (8 * i)) & 0xFF for i in range(bits)], 1).to(torch.uint8).view(-1)
+    packed = torch.stack([(word >> (8 * i)) & 0xFF for i in range(bits)], 1).to(torch.uint8).view(-1)
+    return packed if out is None else out.copy_(packed.view(out.shape))
 
 
-def unpack(packed, bits=BITS):
+def unpack(packed, bits=BITS, out=None):
+    """:func:`pack`'s codes back, from ``packed`` in any shape (into
+    ``out``, uint8, 1-D, when given)."""
     mask = (1 << bits) - 1
-    packed = packed.reshape(-1)
     if 8 % bits == 0:
-        u = torch.stack([(packed >> (bits * i)) & mask for i in range(8 // bits)], 1)
-    else:
-        b = packed.view(-1, bits).to(torch.int64)
-        word = (b << (torch.arange(bits, device=packed.device) * 8)).sum(1)
-        u = (word[:, None] >> (torch.arange(8, device=packed.device) * bits)) & mask
-    return u.to(torch.uint8).view(-1)
+        per_byte = 8 // bits
+        if out is None:
+            out = torch.empty(packed.numel() * per_byte, dtype=torch.uint8, device=packed.device)
+        u = out.view(-1, per_byte)
+        for i in range(per_byte):
+            torch.bitwise_right_shift(packed, bits * i, out=u[:, i].view(packed.shape))
+        return out.bitwise_and_(mask)
+    b = packed.reshape(-1, bits).to(torch.int64)
+    word = (b << (torch.arange(bits, device=packed.device) * 8)).sum(1)
+    codes = ((word[:, None] >> (torch.arange(8, device=packed.device) * bits)) & mask).to(torch.uint8).view(-1)
+    return codes if out is None else out.copy_(codes)
+
+
+class _Scratch(threading.local):
+    """Buffers a call works in, kept from call to call (and shared by the
+    groups a thread reduces one after another), sized to the largest call
+    so far. Why: a fresh CPU buffer of a gradient's size is a fresh
+    mapping, and its page faults cost more than the arithmetic done in it
+    (on a 2-core machine, writing 68 MB into fresh memory took 88 ms, into
+    a kept buffer 18)."""
+
+    def __init__(self):
+        self.buffers = {}
+
+    def get(self, name, numel, dtype, device):
+        buffer = self.buffers.get((name, device))
+        if buffer is None or buffer.numel() < numel or buffer.dtype != dtype:
+            buffer = self.buffers[(name, device)] = torch.empty(numel, dtype=dtype, device=device)
+        return buffer[:numel]
+
+
+_SCRATCH = _Scratch()
 
 
 class QuantizedGroup:
@@ -144,6 +192,7 @@ class QuantizedGroup:
         self.chunk = self.padded // world
         self.residual = torch.zeros(self.padded, device=device)
         self.owner_residual = torch.zeros(self.chunk, device=device)
+        self._buffers = {}  # residual name -> (the one held, its spare): see _spare
         self._rotation = None  # (signs, Hadamard matrix), made when first used
 
     def _turn(self, x, inverse=False, at=0):
@@ -156,16 +205,16 @@ class QuantizedGroup:
         signs, h = self._rotation
         return hadamard_rotate(x, signs[at : at + x.numel()], h, inverse)
 
-    def _quantize(self, x):
+    def _quantize(self, x, out):
         """(codes, scales, what they stand for, whether ``x`` held a NaN or
-        Inf): such a value makes its block's scale non-finite, so the
-        scales tell without a pass of their own; ``x`` is then rounded
-        with those values replaced (``nan_to_num``), and the caller sends
-        the flag."""
-        codes, scales, values = _round(x, self.bits, self.block, self.levels, self.clip)
+        Inf), the codes and values in ``out`` (:func:`_round`): such a
+        value makes its block's scale non-finite, so the scales tell
+        without a pass of their own; ``x`` is then rounded with those
+        values replaced (``nan_to_num``), and the caller sends the flag."""
+        codes, scales, values = _round(x, self.bits, self.block, self.levels, self.clip, out)
         if bool(torch.isfinite(scales).all()):
             return codes, scales, values, False
-        codes, scales, values = _round(torch.nan_to_num(x), self.bits, self.block, self.levels, self.clip)
+        codes, scales, values = _round(torch.nan_to_num(x), self.bits, self.block, self.levels, self.clip, out)
         return codes, scales, values, True
 
     def frame_bytes(self):
@@ -173,24 +222,41 @@ class QuantizedGroup:
         (one bfloat16: 1 where the sender saw a non-finite value)."""
         return self.chunk * self.bits // 8 + 2 * (self.chunk // self.block) + 2
 
-    def _frames(self, codes, scales, flag):
-        """One frame per chunk of ``codes`` (whole chunks), as uint8 rows."""
+    def _frames(self, codes, scales, flag, out):
+        """One frame per chunk of ``codes`` (whole chunks), as the uint8
+        rows of ``out``."""
         rows = codes.numel() // self.chunk
-        packed = pack(codes, self.bits).view(rows, -1)
-        scales = scales.view(rows, -1).view(torch.uint8)
-        flags = torch.full((rows, 1), flag, dtype=torch.bfloat16, device=codes.device).view(torch.uint8)
-        return torch.cat([packed, scales, flags], 1)
-
-    def _decode(self, frames):
-        """Frames (rows) back to values per row, and whether any row's
-        sender flagged a non-finite value."""
+        frames = out.view(rows, -1)
         code_bytes = self.chunk * self.bits // 8
         scale_bytes = 2 * (self.chunk // self.block)
-        codes = unpack(frames[:, :code_bytes].contiguous(), self.bits)
+        pack(codes, self.bits, frames[:, :code_bytes])
+        frames[:, code_bytes : code_bytes + scale_bytes] = scales.view(rows, -1).view(torch.uint8)
+        frames[:, code_bytes + scale_bytes :] = torch.full((rows, 1), flag, dtype=torch.bfloat16, device=codes.device).view(torch.uint8)
+        return frames
+
+    def _decode(self, frames, out):
+        """Frames (rows) back to values per row, in ``out`` (float32, the
+        rows' chunks long), and whether any row's sender flagged a
+        non-finite value."""
+        rows = frames.shape[0]
+        code_bytes = self.chunk * self.bits // 8
+        scale_bytes = 2 * (self.chunk // self.block)
+        codes = unpack(frames[:, :code_bytes], self.bits, _SCRATCH.get("codes", rows * self.chunk, torch.uint8, frames.device))
         scales = frames[:, code_bytes : code_bytes + scale_bytes].contiguous().view(torch.bfloat16)
         flagged = bool(frames[:, code_bytes + scale_bytes :].contiguous().view(torch.bfloat16).float().max() > 0)
-        values = _dequantize_into(codes.float(), scales, self.bits, self.block, self.levels)
-        return values.view(frames.shape[0], -1), flagged
+        values = _dequantize(codes, scales, self.bits, self.block, self.levels, out)
+        return values.view(rows, -1), flagged
+
+    def _spare(self, name):
+        """A buffer for the new value of residual ``name``: the one this
+        group held before the last call (kept, so that a take-back may
+        restore it until the next call), never the one held now."""
+        held = getattr(self, name)
+        spare = next((b for b in self._buffers.get(name, ()) if b is not held and b.device == held.device), None)
+        if spare is None:
+            spare = torch.empty_like(held)
+        self._buffers[name] = (held, spare)
+        return spare
 
     def allreduce_(self, flat, group):
         """The average of ``flat`` (1-D float32, n long) over the ranks, in
@@ -198,32 +264,38 @@ class QuantizedGroup:
         to each other rank in each of the two exchanges, whether the call
         completed); a NaN or Inf on any rank makes ``flat`` NaN on every
         rank and leaves the residuals as they were (not completed). The
-        residuals are replaced, never written over: a caller may keep the
-        old ones to take the call back."""
-        n = self.n
-        acc = torch.empty(self.padded, device=flat.device)
+        residuals are replaced, never written over: the new ones go in
+        the buffers that held the residuals before the previous call, so a
+        caller may keep the old ones to take this call back until the
+        next."""
+        n, device = self.n, flat.device
+        values = _SCRATCH.get("values", self.padded, torch.float32, device)
+        codes = _SCRATCH.get("codes", self.padded, torch.uint8, device)
+        acc = self._spare("residual")
         torch.add(flat, self.residual[:n], out=acc[:n])
         acc[n:] = self.residual[n:]
-        codes, scales, sent, bad = self._quantize(self._turn(acc))
+        codes, scales, sent, bad = self._quantize(self._turn(acc), (values, codes))
         residual = acc.sub_(self._turn(sent, inverse=True))  # acc is this call's own: its new residual, in place
-        send = self._frames(codes, scales, 1.0 if bad else 0.0)
-        received = torch.empty_like(send)
+        frame_bytes = self.frame_bytes()
+        send = self._frames(codes, scales, 1.0 if bad else 0.0, _SCRATCH.get("send", self.world * frame_bytes, torch.uint8, device))
+        received = _SCRATCH.get("received", self.world * frame_bytes, torch.uint8, device).view(self.world, -1)
         dist.all_to_all_single(received, send, group=group)
-        mine, bad_here = self._decode(received)
+        mine, bad_here = self._decode(received, values)
         # Summed in rank order, so every owner's arithmetic is the same.
-        average = mine.sum(0).div_(self.world).add_(self.owner_residual)
-        codes2, scales2, rounded, _ = self._quantize(average)
+        average = torch.sum(mine, 0, out=self._spare("owner_residual")).div_(self.world).add_(self.owner_residual)
+        codes2, scales2, rounded, _ = self._quantize(average, (_SCRATCH.get("values2", self.chunk, torch.float32, device),
+                                                               _SCRATCH.get("codes2", self.chunk, torch.uint8, device)))
         owner_residual = average.sub_(rounded)
-        frame = self._frames(codes2, scales2, 1.0 if bad_here else 0.0)[0]
-        gathered = [torch.empty_like(frame) for _ in range(self.world)]
-        dist.all_gather(gathered, frame, group=group)
-        chunks, bad_anywhere = self._decode(torch.stack(gathered))
+        frame = self._frames(codes2, scales2, 1.0 if bad_here else 0.0, _SCRATCH.get("frame", frame_bytes, torch.uint8, device))[0]
+        gathered = _SCRATCH.get("gathered", self.world * frame_bytes, torch.uint8, device).view(self.world, -1)
+        dist.all_gather(list(gathered.unbind(0)), frame, group=group)
+        chunks, bad_anywhere = self._decode(gathered, values)
         if not bad_anywhere:
             self.residual, self.owner_residual = residual, owner_residual
             flat.copy_(self._turn(chunks.view(-1), inverse=True)[:n])
         else:
             flat.fill_(float("nan"))  # every rank alike; residuals unchanged
-        return 2 * (self.world - 1) * self.frame_bytes(), not bad_anywhere
+        return 2 * (self.world - 1) * frame_bytes, not bad_anywhere
 
     def held(self):
         """What this rank holds for the group's n values: its residual, and
@@ -243,7 +315,8 @@ class QuantizedGroup:
     def state_dict(self):
         return {"members": list(self.members), "sizes": list(self.sizes), "world": self.world, "rank": self.rank,
                 "bits": self.bits, "block": self.block, "levels": self.levels, "clip": self.clip, "rotate": self.rotate,
-                "residual": self.residual.cpu(), "owner_residual": self.owner_residual.cpu()}
+                # Copies: the buffers are written again two calls on.
+                "residual": self.residual.to("cpu", copy=True), "owner_residual": self.owner_residual.to("cpu", copy=True)}
 
     @classmethod
     def from_state_dict(cls, saved):
