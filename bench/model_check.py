@@ -38,7 +38,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "plugins", "pytorch"))
 
-from oktopk import choice, plan  # noqa: E402
+from oktopk import choice, paths, plan  # noqa: E402
 
 CORES = 2
 WIRE_EFFICIENCY = 0.91
@@ -96,13 +96,14 @@ def path_step(c, path, n, density, powersgd_values):
     return plan.step(c, path, n, **kw).seconds
 
 
-def run_mean(steps, warmup, native, chosen_path_s, default_hook, candidate_s=None):
-    """Mean step over a run of ``steps``: ``warmup`` native steps, then the
-    method; the hook's defaults add their probes (oktopk.choice)."""
+def run_mean(steps, warmup_s, warmup, native, chosen_path_s, default_hook, candidate_s=None):
+    """Mean step over a run of ``steps``: ``warmup`` warm-up steps taking
+    ``warmup_s`` in all, then the method; the hook's defaults add their
+    probes (oktopk.choice)."""
     if not default_hook:
-        return (warmup * native + (steps - warmup) * chosen_path_s) / steps
+        return (warmup_s + (steps - warmup) * chosen_path_s) / steps
     cand = candidate_s
-    t, s = warmup * native, warmup
+    t, s = warmup_s, warmup
     t, s = t + choice.PROBE_STEPS * cand, s + choice.PROBE_STEPS
     if cand > choice.CLEAR_WIN * native:  # not a clear win: probe native too
         t, s = t + choice.PROBE_STEPS * native, s + choice.PROBE_STEPS
@@ -112,6 +113,19 @@ def run_mean(steps, warmup, native, chosen_path_s, default_hook, candidate_s=Non
     rechecks = rest // (choice.DEFAULT_RECHECK_EVERY + choice.PROBE_STEPS)
     t += rechecks * choice.PROBE_STEPS * other + (rest - rechecks * choice.PROBE_STEPS) * chosen
     return t / steps
+
+
+# The step model's path for each path a warm-up step takes (oktopk.paths).
+WARMUP_PATHS = {choice.NATIVE: "dense", choice.BF16: "bf16", choice.QUANTIZED: "quantized"}
+
+
+def warmup_seconds(c, method, warmup, n):
+    """The warm-up's ``warmup`` steps in all: native ones, or for a method
+    ending ``_q`` (``warmup_compression="quantized"``) the paths
+    ``oktopk.paths.warmup_path`` gives each step (DDP's first in bfloat16,
+    its second native, the rest in 4 bits)."""
+    state = type("WarmUp", (), {"warmup_compression": choice.QUANTIZED if method.endswith("_q") else None})()
+    return sum(path_step(c, WARMUP_PATHS[paths.warmup_path(state, i)], n, 1.0, 0) for i in range(warmup))
 
 
 def predict_step_row(r):
@@ -126,7 +140,9 @@ def predict_step_row(r):
     if r["kind"] == "step":
         return chosen * 1e3
     native = path_step(c, "dense", n, 1.0, 0)
-    return run_mean(int(r["steps"]), int(r["warmup"]), native, chosen, r["default_hook"] == "1", chosen) * 1e3
+    warmup = int(r["warmup"])
+    return run_mean(int(r["steps"]), warmup_seconds(c, r["method"], warmup, n), warmup, native, chosen,
+                    r["default_hook"] == "1", chosen) * 1e3
 
 
 def bench_rows():
@@ -167,7 +183,9 @@ def ddp_matrix_rows():
 # The training runs on the emulated cluster (results/bench.md names each
 # run's link): file -> link.
 RUNS = {"tta": "200mbit", "tta_200mbit_p4": "200mbit", "tta_200mbit_p4_rep2": "200mbit", "sgd_200mbit_p4": "200mbit",
-        "sgd_200mbit_p4_rep2": "200mbit", "sgd_200mbit_p4_wmask": "200mbit", "sgd_200mbit_p4_wmask_rep2": "200mbit", "text": "200mbit", "text_rep2": "200mbit", "text_adam_bf16": "200mbit",
+        "sgd_200mbit_p4_rep2": "200mbit", "sgd_200mbit_p4_wmask": "200mbit", "sgd_200mbit_p4_wmask_rep2": "200mbit",
+        "sgd_200mbit_p4_onepass": "200mbit", "sgd_200mbit_p4_onepass_rep2": "200mbit", "sgd_200mbit_p4_scratch": "200mbit",
+        "sgd_200mbit_p4_scratch_rep2": "200mbit", "text": "200mbit", "text_rep2": "200mbit", "text_adam_bf16": "200mbit",
         "text_adam_quantized": "200mbit", "text_adam_quantized_rerun": "200mbit", "text_adam_rep2": "200mbit",
         "text_demo": "200mbit", "text_demo_rep2": "200mbit"}
 
