@@ -182,7 +182,8 @@ class QuantizedGroup:
     """One group of parameters' residuals (a DDP bucket's): this rank's
     (the bucket's padded length, its parameters in ``members`` order, of
     ``sizes`` values each) and its owner residual (its chunk; in the
-    rotated space when ``rotate``)."""
+    rotated space when ``rotate``). On the CPU each is one of a pair of
+    buffers that alternate from call to call (:meth:`_spare`)."""
 
     def __init__(self, members, sizes, world, rank, device, bits=BITS, block=BLOCK, levels=LEVELS, clip=CLIP, rotate=ROTATE):
         if levels not in ("sym", "full"):
@@ -252,10 +253,13 @@ class QuantizedGroup:
         return values.view(rows, -1), flagged
 
     def _spare(self, name):
-        """A buffer for the new value of residual ``name``: the one this
-        group held before the last call (kept, so that a take-back may
-        restore it until the next call), never the one held now."""
+        """A buffer for the new value of residual ``name``: on the CPU the
+        one this group held before the last call (kept, so that a
+        take-back may restore it until the next call), never the one held
+        now; on a GPU a fresh one (see _Scratch)."""
         held = getattr(self, name)
+        if held.device.type != "cpu":
+            return torch.empty_like(held)
         spare = next((b for b in self._buffers.get(name, ()) if b is not held and b.device == held.device), None)
         if spare is None:
             spare = torch.empty_like(held)
