@@ -222,18 +222,21 @@ class QuantizedGroup:
         codes, scales, values = _round(torch.nan_to_num(x), self.bits, self.block, self.levels, self.clip, out)
         return codes, scales, values, True
 
+    def _frame_layout(self):
+        """(bytes of codes, bytes of scales) at the start of a chunk's frame."""
+        return self.chunk * self.bits // 8, 2 * (self.chunk // self.block)
+
     def frame_bytes(self):
         """Bytes of one chunk's frame: codes, scales (bfloat16), and a flag
         (one bfloat16: 1 where the sender saw a non-finite value)."""
-        return self.chunk * self.bits // 8 + 2 * (self.chunk // self.block) + 2
+        return sum(self._frame_layout()) + 2
 
     def _frames(self, codes, scales, flag, out):
         """One frame per chunk of ``codes`` (whole chunks), as the uint8
         rows of ``out``."""
         rows = codes.numel() // self.chunk
         frames = out.view(rows, -1)
-        code_bytes = self.chunk * self.bits // 8
-        scale_bytes = 2 * (self.chunk // self.block)
+        code_bytes, scale_bytes = self._frame_layout()
         pack(codes, self.bits, frames[:, :code_bytes])
         frames[:, code_bytes : code_bytes + scale_bytes] = scales.view(rows, -1).view(torch.uint8)
         frames[:, code_bytes + scale_bytes :] = torch.full((rows, 1), flag, dtype=torch.bfloat16, device=codes.device).view(torch.uint8)
@@ -244,8 +247,9 @@ class QuantizedGroup:
         rows' chunks long), and whether any row's sender flagged a
         non-finite value."""
         rows = frames.shape[0]
-        code_bytes = self.chunk * self.bits // 8
-        scale_bytes = 2 * (self.chunk // self.block)
+        code_bytes, scale_bytes = self._frame_layout()
+        # The codes buffer the sender's codes were in: they are in the
+        # frames by now.
         codes = unpack(frames[:, :code_bytes], self.bits, _SCRATCH.get("codes", rows * self.chunk, torch.uint8, frames.device))
         scales = frames[:, code_bytes : code_bytes + scale_bytes].contiguous().view(torch.bfloat16)
         flagged = bool(frames[:, code_bytes + scale_bytes :].contiguous().view(torch.bfloat16).float().max() > 0)
@@ -260,7 +264,7 @@ class QuantizedGroup:
         held = getattr(self, name)
         if held.device.type != "cpu":
             return torch.empty_like(held)
-        spare = next((b for b in self._buffers.get(name, ()) if b is not held and b.device == held.device), None)
+        spare = next((b for b in self._buffers.get(name, ()) if b is not held), None)
         if spare is None:
             spare = torch.empty_like(held)
         self._buffers[name] = (held, spare)
@@ -272,10 +276,10 @@ class QuantizedGroup:
         to each other rank in each of the two exchanges, whether the call
         completed); a NaN or Inf on any rank makes ``flat`` NaN on every
         rank and leaves the residuals as they were (not completed). The
-        residuals are replaced, never written over: the new ones go in
-        the buffers that held the residuals before the previous call, so a
-        caller may keep the old ones to take this call back until the
-        next."""
+        residuals are replaced, never written over (on the CPU the new ones
+        go in the buffers that held the residuals before the previous
+        call), so a caller may keep the old ones to take this call back
+        until the next."""
         n, device = self.n, flat.device
         values = _SCRATCH.get("values", self.padded, torch.float32, device)
         codes = _SCRATCH.get("codes", self.padded, torch.uint8, device)
