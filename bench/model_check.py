@@ -7,24 +7,35 @@ one row per measured figure, predicted beside measured.
 The emulated cluster is P ranks on one machine of 2 cores, each rank in its
 own network namespace, its link limited by tc tbf in both directions at the
 rate (bench/cluster.sh). As a plan.Cluster: one rank per node (every rank
-has its own link), overlap 0 (the ranks' computation, selection and TCP
-stacks share the 2 cores, so nothing hides under backward), and
-contention c = max(1, P / 2) multiplying what the cores pay:
+has its own link); the wire is the link's, and hides under backward as
+DDP's buckets allow (overlap 1: waiting on tbf costs the cores nothing);
+the cores' work is paid in full (the ranks' computation, selection and
+TCP stacks share the 2 cores), with contention c = max(1, P / 2)
+multiplying it:
 
-- time per byte sent: the tbf rate ÷ WIRE_EFFICIENCY (the library's own
-  link measurements at 200 Mbit/s, results/bench.md's log: 43.9 ns/B
-  median, 0.91 of the rate) plus HOST_SECONDS_PER_BYTE × c (the TCP stack
-  and copies, which loopback shows alone);
-- latency LATENCY × c, and a memory pass PASS_SECONDS_PER_BYTE × c.
+- time per byte on the wire: the tbf rate ÷ WIRE_EFFICIENCY (the library's
+  own link measurements at 200 Mbit/s, results/bench.md's log: 43.9 ns/B
+  median, 0.91 of the rate); latency LATENCY × c;
+- on the cores, per byte sent HOST_SECONDS_PER_BYTE × c (the TCP stack and
+  copies, which loopback shows alone) and a memory pass
+  PASS_SECONDS_PER_BYTE × c.
 
 The three host constants were fitted once to the 115 call times below
-(the most calls within 15%), then left alone. Compute per model is
-calibrated from the loopback runs: the model's plain-DDP loopback step,
-loopback allreduce included (subtracting the model's own loopback
-allreduce leaves the MLPs a negative compute: the host constants fitted
-to the calls overstate a loopback step's); at P = 8, where no loopback
-run exists, twice P = 4's (the same work per rank on half the cores'
-share). The step rows' predictions are then not fitted.
+(the most calls within 15%), then left alone. Compute is calibrated, not
+predicted:
+
+- DDP matrix rows (results/ddp_matrix.csv): the same method's loopback step
+  in the same matrix, which holds its compute and all its host work; the
+  cluster is then the wire alone (no host constants: they are measured).
+- training runs: the model's plain-DDP loopback step, loopback allreduce
+  included (subtracting the model's own loopback allreduce leaves the
+  MLPs a negative compute: the host constants fitted to the calls
+  overstate a loopback step's), plus the host constants' work of the
+  run's path.
+
+At P = 8, where no loopback run exists, twice P = 4's (the same work per
+rank on half the cores' share). The step rows' predictions are then not
+fitted.
 """
 
 import argparse
@@ -60,18 +71,50 @@ LOOPBACK_DDP_MS = {  # (model, P) -> (ms, where)
 }
 
 
-def emulated(P, link, compute=0.0):
+def emulated(P, link, compute=0.0, host_measured=False):
+    """The emulated cluster of P ranks on ``link`` as a plan.Cluster. The
+    wire is the link's; the cores' work (the TCP stacks and copies per byte,
+    the passes) is the host's, shared by the P ranks and paid in full. With
+    ``host_measured`` the host's work is in ``compute`` (a loopback step
+    of the same method): the cluster is the wire alone."""
     c = max(1.0, P / CORES)
     rate = RATES[link]
-    per_byte = (1 / (rate * WIRE_EFFICIENCY) if rate != math.inf else 0.0) + HOST_SECONDS_PER_BYTE * c
-    lk = plan.Link(1 / per_byte, LATENCY * c)
+    if host_measured:
+        return plan.Cluster(ranks=P, ranks_per_node=1, inter=plan.Link(rate * WIRE_EFFICIENCY, 0.0),
+                            intra=plan.Link(rate * WIRE_EFFICIENCY, 0.0), pass_seconds_per_byte=0.0,
+                            compute_seconds=compute, overlap=1.0, shared_cores=True)
+    lk = plan.Link(rate * WIRE_EFFICIENCY, LATENCY * c)
     return plan.Cluster(ranks=P, ranks_per_node=1, inter=lk, intra=lk, pass_seconds_per_byte=PASS_SECONDS_PER_BYTE * c,
-                        compute_seconds=compute, overlap=0.0)
+                        compute_seconds=compute, overlap=1.0, host_seconds_per_byte=HOST_SECONDS_PER_BYTE * c,
+                        shared_cores=True)
 
 
 def model_key(params):
     return {99178: "cnn", 4900362: "mlp4", 17088522: "mlp17", 1890688: "charlm"}.get(params) or \
         ("mlp4" if abs(params - 4.9e6) < 1e5 else None)
+
+
+def loopback_steps():
+    """(params, method) -> the median over repeats of each method's
+    loopback step in results/ddp_matrix.csv (ms): its compute and host work
+    on this machine, with no link to wait for."""
+    steps = {}
+    for r in csv.DictReader(open(os.path.join(RESULTS, "ddp_matrix.csv"))):
+        if r["link"] == "loopback" and r["P"] == "4":
+            steps.setdefault((int(r["params"]), r["method"]), []).append(float(r["median_ms"]))
+    return {key: statistics.median(v) for key, v in steps.items()}
+
+
+LOOPBACK_STEPS = loopback_steps()
+
+
+def matrix_host_seconds(n, method, path, P):
+    """A DDP matrix row's compute and host work: the same method's loopback
+    step in the matrix (the default hook on its sparse path: the hook with
+    Ok-Topk fixed, which runs that path on loopback too); at P = 8 twice
+    P = 4's, as compute_seconds."""
+    source = "oktopk_oktopk" if (method, path) == ("oktopk", "oktopk") else method
+    return LOOPBACK_STEPS[(n, source)] / 1e3 * max(1.0, P / CORES) / (4 / CORES)
 
 
 def compute_seconds(model, P):
@@ -89,8 +132,8 @@ def predict_call_row(r):
     return s * 1e3
 
 
-def path_step(c, path, n, density, powersgd_values):
-    kw = dict(density=density)
+def path_step(c, path, n, density, powersgd_values, momentum_correction=False):
+    kw = dict(density=density, momentum_correction=momentum_correction)
     if path == "powersgd":
         kw["powersgd_elements_total"] = powersgd_values
     return plan.step(c, path, n, **kw).seconds
@@ -133,10 +176,13 @@ def predict_step_row(r):
     training run's mean step (ms_per_step, warm-up and probes included)."""
     P, n, density = int(r["P"]), int(r["n"]), float(r["density"])
     model = model_key(n)
-    c = emulated(P, r["link"], compute_seconds(model, P))
+    if r["kind"] == "step":
+        c = emulated(P, r["link"], matrix_host_seconds(n, r["method"], r["path"], P), host_measured=True)
+    else:
+        c = emulated(P, r["link"], compute_seconds(model, P))
     path = r["path"]
     pv = float(r["powersgd_values"] or 0)
-    chosen = path_step(c, path, n, density, pv)
+    chosen = path_step(c, path, n, density, pv, r.get("correction") == "1")
     if r["kind"] == "step":
         return chosen * 1e3
     native = path_step(c, "dense", n, 1.0, 0)
@@ -155,7 +201,7 @@ def bench_rows():
             out.append(dict(kind="call", source=os.path.join("results", sub, "bench.csv"), model="synthetic",
                             P=r["P"], n=r["n"], link=link, method=r["algorithm"], path=r["algorithm"],
                             density=r["density"], tau=tau, tau_prime=tau_prime, steps="", warmup="",
-                            default_hook="0", powersgd_values="", measured_ms=float(r["median_ms"])))
+                            default_hook="0", powersgd_values="", correction="0", measured_ms=float(r["median_ms"])))
     return out
 
 
@@ -175,7 +221,7 @@ def ddp_matrix_rows():
             path = "oktopk" if {x["path"] for x in rs} == {"sparse"} else "dense"
         out.append(dict(kind="step", source="results/ddp_matrix.csv", model=model, P=P, n=params, link=link,
                         method=method, path=path, density="0.01", tau=64, tau_prime=32, steps="", warmup="",
-                        default_hook="0", powersgd_values="",
+                        default_hook="0", powersgd_values="", correction="0",
                         measured_ms=statistics.median(float(x["median_ms"]) for x in rs)))
     return out
 
@@ -188,6 +234,9 @@ RUNS = {"tta": "200mbit", "tta_200mbit_p4": "200mbit", "tta_200mbit_p4_rep2": "2
         "sgd_200mbit_p4_scratch_rep2": "200mbit", "text": "200mbit", "text_rep2": "200mbit", "text_adam_bf16": "200mbit",
         "text_adam_quantized": "200mbit", "text_adam_quantized_rerun": "200mbit", "text_adam_rep2": "200mbit",
         "text_demo": "200mbit", "text_demo_rep2": "200mbit"}
+# The runs measured since the hook corrects SGD's momentum (oktopk.momentum):
+# their sparse methods carry it, but for those ending _nomc.
+CORRECTED_RUNS = frozenset(name for name in RUNS if name.startswith("sgd_200mbit"))
 
 
 def run_rows():
@@ -225,12 +274,15 @@ def run_rows():
                             method=m, path=path, density=r["density"] if path not in ("dense", "bf16", "powersgd",
                                                                                       "quantized", "demo") else "0.01",
                             tau=64, tau_prime=32, steps=r["final_step"], warmup=r["warmup_steps"],
-                            default_hook=default_hook, powersgd_values=pv, measured_ms=float(r["ms_per_step"])))
+                            default_hook=default_hook, powersgd_values=pv,
+                            correction="1" if (name in CORRECTED_RUNS and path == "oktopk" and not adam
+                                               and not m.endswith("_nomc")) else "0",
+                            measured_ms=float(r["ms_per_step"])))
     return out
 
 
 FIELDS = ["kind", "source", "model", "P", "n", "link", "method", "path", "density", "tau", "tau_prime", "steps",
-          "warmup", "default_hook", "powersgd_values", "measured_ms", "predicted_ms", "ratio"]
+          "warmup", "default_hook", "powersgd_values", "correction", "measured_ms", "predicted_ms", "ratio"]
 
 
 def predict(r):

@@ -45,6 +45,83 @@ def test_ring_gets_the_whole_network_link_and_the_others_a_share():
     assert plan.call_link(c, "oktopk") == (1e-5, 8 / 3e9)
 
 
+def cluster(compute=0.3, overlap=1.0, gamma=1e-12, host=0.0, shared=False):
+    lk = plan.Link(1e9, 1e-5)
+    return plan.Cluster(16, 1, lk, lk, gamma, compute, overlap, host, shared)
+
+
+def test_a_call_splits_into_the_links_share_and_the_devices():
+    """link + device is the library's prediction with the host's time per
+    byte added to the link's, and the device's share is the passes (the
+    prediction on a link of no latency and no time per byte) plus the
+    host's time per byte sent."""
+    c = cluster(host=2e-10)
+    for alg in ("dense_ring", "oktopk", "topka"):
+        call = plan.call_parts(c, alg, 1 << 22)
+        seconds, sent, _ = _lib.predict_call(1e-5, 1e-9 + 2e-10, 1e-12, alg, 1 << 22, 16)
+        passes, _, _ = _lib.predict_call(0.0, 0.0, 1e-12, alg, 1 << 22, 16)
+        assert call.link + call.device == pytest.approx(seconds, rel=1e-12)
+        assert call.device == pytest.approx(passes + 2e-10 * sent, rel=1e-12)
+        assert call.bytes == sent and call.link > 0
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_without_overlap_the_step_is_compute_and_every_call(shared):
+    c = cluster(overlap=0.0, shared=shared)
+    for m in plan.METHODS:
+        s = plan.step(c, m, 3e7)
+        assert s.seconds == pytest.approx(c.compute_seconds + s.communication, rel=1e-12), m
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_one_bucket_hides_nothing_and_later_buckets_hide_under_backward(shared):
+    """A call starts when backward has handed its bucket over: a model of
+    one bucket exposes its whole call; with several, only what runs past
+    backward's end (here the last bucket's call, as the link keeps up).
+    On shared cores the calls' passes are paid in full and only the
+    link's time hides."""
+    c = cluster(compute=10.0, shared=shared)
+    one = plan.step(c, "dense", 1e6)
+    assert one.seconds == pytest.approx(c.compute_seconds + one.communication, rel=1e-12)
+    n = 4 * (plan.DDP_BUCKET_BYTES // 4)  # four full buckets
+    calls, hides = plan.calls(c, "dense", n)
+    assert hides and len(calls) == 4 and all(x.device > 0 for x in calls)
+    s = plan.step(c, "dense", n)
+    paid = sum(x.device for x in calls) + calls[-1].link if shared else calls[-1].link + calls[-1].device
+    assert s.seconds == pytest.approx(c.compute_seconds + paid, rel=1e-12)
+
+
+def test_exposed_link_is_what_runs_past_the_window():
+    assert plan.exposed_link([1.0], [5], 3.0) == 1.0  # handed over at the end
+    assert plan.exposed_link([1.0, 1.0], [1, 1], 4.0) == 1.0  # the first hides whole
+    assert plan.exposed_link([3.0, 1.0], [1, 1], 4.0) == 2.0  # the second waits for the first: 2 + 3 + 1 - 4
+    assert plan.exposed_link([1.0, 1.0], [1, 1], 0.0) == 2.0
+
+
+def test_demo_exchanges_after_backward():
+    c = cluster(compute=10.0)
+    s = plan.step(c, "demo", 3e7)
+    assert s.seconds == pytest.approx(c.compute_seconds + s.communication, rel=1e-12)
+
+
+def test_momentum_correction_costs_its_passes_on_sparse_steps_only():
+    c = cluster()
+    n = 3e7
+    for m in ("oktopk", "topka", "auto"):
+        extra = plan.step(c, m, n, momentum_correction=True).seconds - plan.step(c, m, n).seconds
+        assert extra == pytest.approx(plan.CORRECTION_PASSES * 4 * n * 1e-12, rel=1e-9), m
+    for m in ("dense", "bf16", "quantized", "powersgd", "demo"):
+        assert plan.step(c, m, n, momentum_correction=True) == plan.step(c, m, n), m
+
+
+def test_the_quantized_path_pays_its_passes_beside_the_rings():
+    n = 3e7
+    quantized = [plan.step(cluster(gamma=g, shared=True), "quantized", n).seconds for g in (1e-12, 0.0)]
+    ring = [plan.step(cluster(gamma=g, shared=True), "dense", n).seconds for g in (1e-12, 0.0)]
+    extra = (plan.QUANTIZED_PASSES + plan.QUANTIZED_CHUNK_PASSES / 16) * 4 * n * 1e-12
+    assert quantized[0] - quantized[1] == pytest.approx(ring[0] - ring[1] + extra, rel=1e-9)
+
+
 @pytest.mark.parametrize("text,rate", [("25gbit", 25e9 / 8), ("600GB/s", 600e9), ("200mbit", 25e6),
                                        ("100Gbit/s", 12.5e9), ("1.5e9", 1.5e9)])
 def test_rates(text, rate):
@@ -66,6 +143,7 @@ GOOD = ["--params", "1.3e9", "--ranks", "256", "--ranks-per-node", "8", "--link"
     (GOOD[:2] + ["--ranks", "2.5"] + GOOD[4:], "positive integer"),
     (GOOD[:6] + ["--link", "fast"] + GOOD[8:], "bad bandwidth"),
     (GOOD + ["--overlap", "2"], "[0, 1]"),
+    (GOOD + ["--momentum", "-0.5"], "[0, 1]"),
     (GOOD + ["--optimizer", "lion"], "--optimizer"),
     (GOOD[:4] + ["--ranks-per-node", "512"] + GOOD[6:], "exceeds --ranks"),
     (GOOD + ["--latency", "soon"], "bad duration"),

@@ -3,14 +3,22 @@ training, and ``python -m oktopk.plan``, which prints it for each method.
 
 One step, P ranks of R per node, n parameters in DDP's buckets:
 
-    step = compute + exposed communication,
-    exposed = max(0, communication - overlap x backward),  backward = 2/3 compute
+    step = compute + device work + the link time backward does not hide
 
-and communication is the sum over the buckets of one collective call each,
-predicted by the library's own cost model: the terms ``algorithm="auto"``
-chooses by (``oktopk_predict_call``: rounds x latency + bytes x time per
-byte + bytes of memory passes x time per byte of a pass, counted from the
-library's implementations). Nothing here re-derives an algorithm's cost:
+with one collective call per DDP bucket, each predicted by the library's
+own cost model: the terms ``algorithm="auto"`` chooses by
+(``oktopk_predict_call``: rounds x latency + bytes x time per byte + bytes
+of memory passes x time per byte of a pass, counted from the library's
+implementations). The calls hide under backward as DDP's buckets allow:
+backward (2/3 of the compute) hands the buckets over evenly, the last
+layers' first, and their calls run one at a time, so a bucket's call
+starts when backward has produced it and the previous call is done; what
+runs past the end of backward is exposed. ``overlap`` scales the window
+(0: nothing hides, as when the reduction runs after backward). A model of
+one bucket hides nothing; nor does DeMo, whose exchange runs in the
+optimizer's step. Where the ranks compute on the cores the calls' passes
+run on (``shared_cores``: CPUs), the passes and the host's per-byte work
+are paid in full and only the link's rounds and bytes hide. Nothing here re-derives an algorithm's cost:
 the dense paths and PowerSGD are the library's ring on their bytes, DeMo is
 Ok-Topk on its coefficients.
 
@@ -77,8 +85,22 @@ POWERSGD_PASSES = 6
 # the result (a 64-point transform each way, read and written), the
 # selection's and the sign update's, about 12 reads or writes of n values.
 DEMO_PASSES = 12
+# The hook's momentum correction (oktopk.momentum), on a sparse path under
+# SGD with momentum, per step in reads or writes of n values: the velocity
+# g + m·b (2 read, 1 written), handing it over as the gradient (1 and 1),
+# and the G handed to the optimizer, S − m·B (2 and 1).
+CORRECTION_PASSES = 8
 DEMO_DENSITY = TOPK / (CHUNK * CHUNK)  # coefficients kept per 64 x 64 block
 QUANTIZED_BYTES_PER_VALUE = (quantized.BITS + 16 / quantized.BLOCK) / 8
+# The 4-bit path's work beside the ring's (oktopk.quantized's allreduce_),
+# in reads or writes of float32 values, a uint8 code a quarter: over the
+# whole bucket, adding the residual (3), rounding (scales 2, levels 6, codes
+# 1.75, values 2), the new residual (3), packing (1), decoding what comes
+# back from each exchange (5 each) and the copy out (2): 30; over the
+# owner's 1/P chunk, the average's division (2), its owner residual (3),
+# rounding (12), the new owner residual (3), packing: 20.
+QUANTIZED_PASSES = 30
+QUANTIZED_CHUNK_PASSES = 20
 METHODS = ("dense", "bf16", "quantized", "oktopk", "topka", "topkdsa", "gtopk", "gaussiank", "auto", "powersgd", "demo")
 SPARSE_ALGORITHMS = {"oktopk": "oktopk", "topka": "topka", "topkdsa": "topkdsa", "gtopk": "gtopk",
                      "gaussiank": "gaussiank", "auto": "auto"}
@@ -93,12 +115,17 @@ class Link(namedtuple("Link", "bytes_per_second latency")):
         return 1.0 / self.bytes_per_second if self.bytes_per_second != math.inf else 0.0
 
 
-class Cluster(namedtuple("Cluster", "ranks ranks_per_node inter intra pass_seconds_per_byte compute_seconds overlap")):
+class Cluster(namedtuple("Cluster", "ranks ranks_per_node inter intra pass_seconds_per_byte compute_seconds overlap "
+                                    "host_seconds_per_byte shared_cores", defaults=(0.0, False))):
     """P ranks, R per node; ``inter``, ``intra``: the two Link levels;
     ``pass_seconds_per_byte``: a pass over memory where selection runs
     (γ); ``compute_seconds``: forward, backward and optimizer of one step;
     ``overlap``: the share of backward communication can hide under (0 to
-    1)."""
+    1); ``host_seconds_per_byte``: the host's work per byte sent (copies, a
+    TCP stack), 0 by default; ``shared_cores``: the calls' passes and host
+    work run on the cores that compute (ranks on CPUs, or sharing cores),
+    so the step pays them in full and only the link's time hides; False
+    (the default, GPUs): they run beside backward as the link's time does."""
 
     @property
     def nodes(self):
@@ -106,6 +133,11 @@ class Cluster(namedtuple("Cluster", "ranks ranks_per_node inter intra pass_secon
 
 
 Step = namedtuple("Step", "method seconds communication bytes ran")
+# One collective call: ``link``, the seconds of its rounds and bytes on the
+# link (they can hide under backward); ``device``, the seconds of its work on
+# the device or cores that compute (passes, the host's per-byte work);
+# ``bytes``, what one rank sends; ``ran``, the algorithm run.
+Call = namedtuple("Call", "link device bytes ran")
 
 
 def call_link(cluster, algorithm):
@@ -124,17 +156,33 @@ def predict_call(cluster, algorithm, n, density=DEFAULTS.density, value_bytes=4.
     run). ``value_bytes`` < 4: a dense allreduce whose values travel in
     fewer bytes (the library's terms count float32; the time per byte is
     scaled instead, so rounds and passes stay the ring's)."""
+    c = call_parts(cluster, algorithm, n, density=density, value_bytes=value_bytes, tau=tau, tau_prime=tau_prime)
+    return c.link + c.device, c.bytes, c.ran
+
+
+def call_parts(cluster, algorithm, n, density=DEFAULTS.density, value_bytes=4.0, tau=DEFAULTS.tau,
+               tau_prime=DEFAULTS.tau_prime):
+    """:func:`predict_call` as a :class:`Call`: its time split into the
+    link's and the device's. The library's terms price the call on the
+    link's time per byte plus the host's (auto chooses by their sum); the
+    device's share is the passes (the terms on a link of no latency and no
+    time per byte) plus the host's time per byte sent."""
     if n <= 0:
-        return 0.0, 0.0, algorithm
-    latency, per_byte = call_link(cluster, algorithm)
+        return Call(0.0, 0.0, 0.0, algorithm)
     width = value_bytes / 4.0
-    seconds, sent, ran = _lib.predict_call(latency, per_byte * width, cluster.pass_seconds_per_byte, algorithm, int(n),
-                                           cluster.ranks, density=density, tau=tau, tau_prime=tau_prime)
+
+    def terms(alg, latency, per_byte):
+        return _lib.predict_call(latency, per_byte * width, cluster.pass_seconds_per_byte, alg, int(n), cluster.ranks,
+                                 density=density, tau=tau, tau_prime=tau_prime)
+
+    latency, per_byte = call_link(cluster, algorithm)
+    seconds, sent, ran = terms(algorithm, latency, per_byte + cluster.host_seconds_per_byte)
     if ran != algorithm:  # auto: the link of what it chose
         latency, per_byte = call_link(cluster, ran)
-        seconds, sent, _ = _lib.predict_call(latency, per_byte * width, cluster.pass_seconds_per_byte, ran, int(n),
-                                             cluster.ranks, density=density, tau=tau, tau_prime=tau_prime)
-    return seconds, sent * width, ran
+        seconds, sent, _ = terms(ran, latency, per_byte + cluster.host_seconds_per_byte)
+    passes, _, _ = terms(ran, 0.0, 0.0)
+    device = passes + cluster.host_seconds_per_byte * width * sent
+    return Call(max(0.0, seconds - device), device, sent * width, ran)
 
 
 def buckets(n, bucket_bytes=DDP_BUCKET_BYTES):
@@ -145,13 +193,9 @@ def buckets(n, bucket_bytes=DDP_BUCKET_BYTES):
 
 
 def bucketed(cluster, algorithm, n, **kw):
-    """Every bucket's call of ``algorithm``: (seconds, bytes, algorithms run)."""
-    total, sent, ran = 0.0, 0.0, set()
-    for size in buckets(n):
-        s, b, r = predict_call(cluster, algorithm, size, **kw)
-        total, sent = total + s, sent + b
-        ran.add(r)
-    return total, sent, "+".join(sorted(ran))
+    """Every bucket's :class:`Call` of ``algorithm``, in the order backward
+    hands the buckets over."""
+    return [call_parts(cluster, algorithm, size, **kw) for size in buckets(n)]
 
 
 def powersgd_elements(n, rank, matrix_side):
@@ -163,47 +207,93 @@ def powersgd_elements(n, rank, matrix_side):
     return half, half
 
 
-def communication(cluster, method, n, density=DEFAULTS.density, powersgd_rank=4, matrix_side=1024,
-                  powersgd_elements_total=None):
-    """(seconds, bytes per rank, what ran) of one step's reduction by
-    ``method`` (one of METHODS) of n parameters."""
+def calls(cluster, method, n, density=DEFAULTS.density, powersgd_rank=4, matrix_side=1024,
+          powersgd_elements_total=None, momentum_correction=False):
+    """One step's reduction by ``method`` (one of METHODS) of n parameters:
+    (the calls of DDP's buckets in the order backward hands them over, then
+    any work of the step's besides them; whether the calls can hide under
+    backward). ``momentum_correction``: a sparse method's step carries the
+    hook's momentum correction (SGD with momentum)."""
     if method == "dense":
-        return bucketed(cluster, "dense_ring", n)
+        return bucketed(cluster, "dense_ring", n), True
     if method == "bf16":
-        return bucketed(cluster, "dense_ring", n, value_bytes=2.0)
+        return bucketed(cluster, "dense_ring", n, value_bytes=2.0), True
     if method == "quantized":
-        return bucketed(cluster, "dense_ring", n, value_bytes=QUANTIZED_BYTES_PER_VALUE)
+        passes = QUANTIZED_PASSES + QUANTIZED_CHUNK_PASSES / cluster.ranks
+        return [c._replace(device=c.device + passes * 4 * size * cluster.pass_seconds_per_byte)
+                for c, size in zip(bucketed(cluster, "dense_ring", n, value_bytes=QUANTIZED_BYTES_PER_VALUE),
+                                   buckets(n))], True
     if method in SPARSE_ALGORITHMS:
-        return bucketed(cluster, SPARSE_ALGORITHMS[method], n, density=density)
+        parts = bucketed(cluster, SPARSE_ALGORITHMS[method], n, density=density)
+        if momentum_correction:
+            parts.append(Call(0.0, CORRECTION_PASSES * 4 * n * cluster.pass_seconds_per_byte, 0.0, parts[0].ran))
+        return parts, True
     if method == "powersgd":
+        # Its allreduces of P and of Q, and its passes over the gradient,
+        # are spread over the buckets by their sizes (torch's hook runs per
+        # bucket).
         if powersgd_elements_total is None:
             p_values, q_values = powersgd_elements(n, powersgd_rank, matrix_side)
         else:
             p_values = q_values = powersgd_elements_total / 2
-        seconds, sent = 0.0, 0.0
-        for values in (p_values, q_values):
-            s, b, _ = bucketed(cluster, "dense_ring", values)
-            seconds, sent = seconds + s, sent + b
-        return seconds + POWERSGD_PASSES * 4 * n * cluster.pass_seconds_per_byte, sent, "dense_ring x 2"
+        parts = bucketed(cluster, "dense_ring", p_values) + bucketed(cluster, "dense_ring", q_values)
+        link = sum(c.link for c in parts)
+        device = sum(c.device for c in parts) + POWERSGD_PASSES * 4 * n * cluster.pass_seconds_per_byte
+        sent = sum(c.bytes for c in parts)
+        return [Call(link * s / n, device * s / n, sent * s / n, "dense_ring x 2") for s in buckets(n)], True
     if method == "demo":
-        s, b, ran = bucketed(cluster, "oktopk", n, density=DEMO_DENSITY)
-        return s + DEMO_PASSES * 4 * n * cluster.pass_seconds_per_byte, b, ran
+        # Ok-Topk on the coefficients, in the optimizer's step: after backward.
+        parts = bucketed(cluster, "oktopk", n, density=DEMO_DENSITY)
+        transforms = DEMO_PASSES * 4 * n * cluster.pass_seconds_per_byte
+        return parts + [Call(0.0, transforms, 0.0, "oktopk")], False
     raise ValueError(f"unknown method {method!r}; one of {', '.join(METHODS)}")
+
+
+def communication(cluster, method, n, **kw):
+    """(seconds, bytes per rank, what ran) of one step's reduction by
+    ``method`` (one of METHODS) of n parameters: its calls in all, hidden
+    or not."""
+    cs, _ = calls(cluster, method, n, **kw)
+    return (sum(c.link + c.device for c in cs), sum(c.bytes for c in cs),
+            "+".join(sorted({c.ran for c in cs})) if cs else "")
+
+
+def exposed_link(link_seconds, sizes, window):
+    """The link time left after backward: bucket i is handed over when
+    ``window`` has produced its values (evenly, in order) and its call
+    starts once the previous one is done."""
+    total, ready, done = sum(sizes), 0.0, 0.0
+    for link, size in zip(link_seconds, sizes):
+        ready += size
+        done = max(done, window * ready / total if total else 0.0) + link
+    return max(0.0, done - window)
 
 
 def step(cluster, method, n, **kw):
     """One training step's :class:`Step` by ``method``."""
-    comm, sent, ran = communication(cluster, method, n, **kw)
-    exposed = max(0.0, comm - cluster.overlap * BACKWARD_SHARE * cluster.compute_seconds)
-    return Step(method, cluster.compute_seconds + exposed, comm, sent, ran)
+    cs, hides = calls(cluster, method, n, **kw)
+    window = cluster.overlap * BACKWARD_SHARE * cluster.compute_seconds if hides else 0.0
+    sizes = buckets(n)
+    hidden = cs[:len(sizes)] if hides else []
+    rest = cs[len(hidden):]  # after backward: DeMo's exchange, the work beside the calls
+
+    def hiding(c):  # the share of a call that can run beside backward
+        return c.link if cluster.shared_cores else c.link + c.device
+
+    paid = sum(c.link + c.device - hiding(c) for c in hidden) + sum(c.link + c.device for c in rest)
+    exposed = exposed_link([hiding(c) for c in hidden], sizes, window)
+    runs = sorted({c.ran for c in cs})
+    return Step(method, cluster.compute_seconds + paid + exposed, sum(c.link + c.device for c in cs),
+                sum(c.bytes for c in cs), "+".join(runs))
 
 
-def hook_default(cluster, n, optimizer, density=DEFAULTS.density, margin=choice.DEFAULT_MARGIN):
+def hook_default(cluster, n, optimizer, density=DEFAULTS.density, margin=choice.DEFAULT_MARGIN, momentum=0.9):
     """What ``oktopk_hook``'s defaults would run, and why: (path, reason).
     Under SGD the hook times native steps against sparse ones (Ok-Topk at
-    ``density``) and keeps sparse only when it saves ``margin`` of the
-    native step (``oktopk.choice``); under an Adam-family optimizer sparse
-    is out, and it measures bf16 against float32 the same way."""
+    ``density``, with its momentum correction when ``momentum`` > 0) and
+    keeps sparse only when it saves ``margin`` of the native step
+    (``oktopk.choice``); under an Adam-family optimizer sparse is out, and
+    it measures bf16 against float32 the same way."""
     native = step(cluster, "dense", n)
     if optimizer.lower() in ADAM_FAMILY:
         bf16 = step(cluster, "bf16", n)
@@ -214,7 +304,7 @@ def hook_default(cluster, n, optimizer, density=DEFAULTS.density, margin=choice.
                f"{'bf16' if path == 'bf16' else 'float32'}. The hook's notice recommends oktopk.optim.DeMo: "
                f"{demo.seconds * 1e3:.4g} ms, {demo.bytes / 1e6:.4g} MB per rank")
         return path, why
-    sparse = step(cluster, "oktopk", n, density=density)
+    sparse = step(cluster, "oktopk", n, density=density, momentum_correction=momentum > 0)
     path = "sparse" if sparse.seconds <= (1 - margin) * native.seconds else "native"
     why = (f"sparse (Ok-Topk at density {density:g}) {sparse.seconds * 1e3:.4g} ms against native "
            f"{native.seconds * 1e3:.4g} ms: {'saves' if path == 'sparse' else 'does not save'} the {margin:.0%} "
@@ -312,6 +402,9 @@ def parser():
     p.add_argument("--overlap", type=_fraction, default=1.0,
                    help="share of backward the communication can hide under, 0 to 1 (default 1: DDP's buckets)")
     p.add_argument("--optimizer", default="sgd", help="sgd, or an Adam-family name (adam, adamw, ...)")
+    p.add_argument("--momentum", type=_fraction, default=0.9,
+                   help="SGD's momentum (default 0.9): above 0 the sparse methods' steps carry the hook's "
+                        "momentum correction")
     p.add_argument("--density", type=_fraction, default=DEFAULTS.density,
                    help=f"density of the sparse methods (default {DEFAULTS.density})")
     p.add_argument("--powersgd-rank", type=_positive(int), default=4, help="PowerSGD's rank (default 4)")
@@ -330,6 +423,11 @@ def cluster_from(args, ranks=None, rate=None):
                    pass_seconds_per_byte=1 / (args.select_gbps * 1e9), compute_seconds=compute, overlap=args.overlap)
 
 
+def corrected(args):
+    """Whether the sparse methods' steps carry the hook's momentum correction."""
+    return args.optimizer.lower() == "sgd" and args.momentum > 0
+
+
 MAP_RANKS = (8, 16, 32, 64, 128, 256, 512, 1024)
 MAP_RATES_GBIT = (1, 2.5, 5, 10, 25, 50, 100, 200, 400)
 
@@ -342,7 +440,8 @@ def speedup_map(args):
         for gbit in MAP_RATES_GBIT:
             c = cluster_from(args, ranks=max(ranks, 1), rate=gbit * 1e9 / 8)
             dense = step(c, "dense", args.params).seconds
-            sparse = step(c, "oktopk", args.params, density=args.density).seconds
+            sparse = step(c, "oktopk", args.params, density=args.density,
+                          momentum_correction=corrected(args)).seconds
             rows.append((ranks, gbit, dense * 1e3, sparse * 1e3, dense / sparse))
     return rows
 
@@ -395,10 +494,10 @@ def report(args, out=sys.stdout):
     kw = dict(density=args.density, powersgd_rank=args.powersgd_rank, matrix_side=args.matrix_side)
     dense = step(c, "dense", n)
     for m in METHODS:
-        s = step(c, m, n, **kw)
+        s = step(c, m, n, **kw, momentum_correction=corrected(args))
         print(f"{m:<10} {s.seconds * 1e3:>10.4g} {s.communication * 1e3:>10.4g} {s.bytes / 1e6:>10.4g} "
               f"{dense.seconds / s.seconds:>8.3g}  {s.ran}", file=out)
-    path, why = hook_default(c, n, args.optimizer, density=args.density)
+    path, why = hook_default(c, n, args.optimizer, density=args.density, momentum=args.momentum)
     print(f"oktopk_hook's defaults: {path} (after {DEFAULT_WARMUP_ITERS} dense warm-up steps). {why}", file=out)
 
 
