@@ -34,7 +34,13 @@ func pieceCount(n int) int { return max(1, (n+densePiece-1)/densePiece) }
 
 // sendPieces sends v to peer as the pieces of step.
 func sendPieces(ctx context.Context, call *Call, peer int, step uint32, v []float32) error {
-	for j := 0; j < pieceCount(len(v)); j++ {
+	return sendPiecesFrom(ctx, call, peer, step, v, 0)
+}
+
+// sendPiecesFrom sends v's pieces from piece first on (sendPieces's, the
+// earlier ones sent before).
+func sendPiecesFrom(ctx context.Context, call *Call, peer int, step uint32, v []float32, first int) error {
+	for j := first; j < pieceCount(len(v)); j++ {
 		lo, hi := j*densePiece, min(len(v), (j+1)*densePiece)
 		if err := call.Send(ctx, peer, pieceStep(step, j), transport.DtypeFloat32, uint64(hi-lo), float32Bytes(v[lo:hi])); err != nil {
 			return err
@@ -49,7 +55,14 @@ func sendPieces(ctx context.Context, call *Call, peer int, step uint32, v []floa
 // write (see receivedFloatsOwned); otherwise they are valid only during use.
 func recvPieces(ctx context.Context, call *Call, peer int, step uint32, want int, owned bool, use func(lo int, vals []float32)) error {
 	var scratch []float32
-	for j := 0; j < pieceCount(want); j++ {
+	return recvPiecesRange(ctx, call, peer, step, want, 0, pieceCount(want), owned, &scratch, use)
+}
+
+// recvPiecesRange is recvPieces for pieces [first, end) of the range, with
+// the caller's scratch (see receivedFloats).
+func recvPiecesRange(ctx context.Context, call *Call, peer int, step uint32, want, first, end int, owned bool,
+	scratch *[]float32, use func(lo int, vals []float32)) error {
+	for j := first; j < end; j++ {
 		lo, hi := j*densePiece, min(want, (j+1)*densePiece)
 		m, err := call.Recv(ctx, peer, pieceStep(step, j))
 		if err != nil {
@@ -59,7 +72,7 @@ func recvPieces(ctx context.Context, call *Call, peer int, step uint32, want int
 		if owned {
 			vals, err = receivedFloatsOwned(m, hi-lo)
 		} else {
-			vals, err = receivedFloats(m, hi-lo, &scratch)
+			vals, err = receivedFloats(m, hi-lo, scratch)
 		}
 		if err != nil {
 			return err

@@ -57,6 +57,12 @@ func denseSizes(p int) []int {
 	if p == 3 || p == 8 {
 		sizes = append(sizes, 1<<20+3)
 	}
+	// At P = 2 Rabenseifner's partners exchange ranges of one piece and of
+	// two (densePiece values and one more): a rank waits for a first piece
+	// its partner has, and sends a second its partner does not wait for.
+	if p == 2 {
+		sizes = append(sizes, 2*densePiece+1)
+	}
 	return sizes
 }
 
