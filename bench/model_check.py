@@ -205,6 +205,21 @@ def bench_rows():
     return out
 
 
+def rabenseifner_rows():
+    """The calls of results/rabenseifner_ab.csv measured with the current
+    code (Rabenseifner after its first-piece wait, the ring and gloo in the
+    same runs; results/bench.md)."""
+    out = []
+    for r in csv.DictReader(open(os.path.join(RESULTS, "rabenseifner_ab.csv"))):
+        if r["code"] != "after":
+            continue
+        out.append(dict(kind="call", source=f"results/rabenseifner_ab.csv#{r['round']}", model="synthetic", P=r["P"],
+                        n=r["n"], link="200mbit", method=r["algorithm"], path=r["algorithm"], density=r["density"],
+                        tau=16, tau_prime=8, steps="", warmup="", default_hook="0", powersgd_values="", correction="0",
+                        measured_ms=float(r["median_ms"])))
+    return out
+
+
 def ddp_matrix_rows():
     groups = {}
     for r in csv.DictReader(open(os.path.join(RESULTS, "ddp_matrix.csv"))):
@@ -290,7 +305,7 @@ def predict(r):
 
 
 def table():
-    rows = bench_rows() + ddp_matrix_rows() + run_rows()
+    rows = bench_rows() + rabenseifner_rows() + ddp_matrix_rows() + run_rows()
     out = []
     for r in rows:
         s = {k: ("" if v is None else str(v)) for k, v in r.items()}
