@@ -248,7 +248,7 @@ RUNS = {"tta": "200mbit", "tta_200mbit_p4": "200mbit", "tta_200mbit_p4_rep2": "2
         "sgd_200mbit_p4_onepass": "200mbit", "sgd_200mbit_p4_onepass_rep2": "200mbit", "sgd_200mbit_p4_scratch": "200mbit",
         "sgd_200mbit_p4_scratch_rep2": "200mbit", "text": "200mbit", "text_rep2": "200mbit", "text_adam_bf16": "200mbit",
         "text_adam_quantized": "200mbit", "text_adam_quantized_rerun": "200mbit", "text_adam_rep2": "200mbit",
-        "text_demo": "200mbit", "text_demo_rep2": "200mbit"}
+        "text_demo": "200mbit", "text_demo_rep2": "200mbit", "text_adam_quantized_same_run": "200mbit"}
 # The runs measured since the hook corrects SGD's momentum (oktopk.momentum):
 # their sparse methods carry it, but for those ending _nomc.
 CORRECTED_RUNS = frozenset(name for name in RUNS if name.startswith("sgd_200mbit"))
