@@ -34,13 +34,12 @@ func pieceCount(n int) int { return max(1, (n+densePiece-1)/densePiece) }
 
 // sendPieces sends v to peer as the pieces of step.
 func sendPieces(ctx context.Context, call *Call, peer int, step uint32, v []float32) error {
-	return sendPiecesFrom(ctx, call, peer, step, v, 0)
+	return sendPiecesRange(ctx, call, peer, step, v, 0, pieceCount(len(v)))
 }
 
-// sendPiecesFrom sends v's pieces from piece first on (sendPieces's, the
-// earlier ones sent before).
-func sendPiecesFrom(ctx context.Context, call *Call, peer int, step uint32, v []float32, first int) error {
-	for j := first; j < pieceCount(len(v)); j++ {
+// sendPiecesRange is sendPieces for pieces [first, end) of v.
+func sendPiecesRange(ctx context.Context, call *Call, peer int, step uint32, v []float32, first, end int) error {
+	for j := first; j < end; j++ {
 		lo, hi := j*densePiece, min(len(v), (j+1)*densePiece)
 		if err := call.Send(ctx, peer, pieceStep(step, j), transport.DtypeFloat32, uint64(hi-lo), float32Bytes(v[lo:hi])); err != nil {
 			return err

@@ -46,8 +46,6 @@ import (
 	"context"
 	"fmt"
 	"math/bits"
-
-	"github.com/oktopk/oktopk/transport"
 )
 
 // RabenseifnerAllreduce sums data over every rank of call, in place.
@@ -62,17 +60,20 @@ func RabenseifnerAllreduce(ctx context.Context, call *Call, data []float32) erro
 	extra := p - pow2
 	foldStep, firstHalving, firstDoubling, unfoldStep := uint32(0), uint32(1), uint32(1+rounds), uint32(1+2*rounds)
 
-	// recvInto receives len(into) values from peer (pieces of at most
-	// densePiece values, dense.go) and adds them into into, or copies them.
-	recvInto := func(peer int, step uint32, into []float32, add bool, what string) error {
-		err := recvPieces(ctx, call, peer, step, len(into), false, func(lo int, vals []float32) {
+	// place adds a received piece's values into into, or copies them.
+	place := func(into []float32, add bool) func(lo int, vals []float32) {
+		return func(lo int, vals []float32) {
 			if add {
 				addInto(into[lo:lo+len(vals)], vals)
 			} else {
 				copy(into[lo:], vals)
 			}
-		})
-		if err != nil {
+		}
+	}
+	// recvInto receives len(into) values from peer (pieces of at most
+	// densePiece values, dense.go) and adds them into into, or copies them.
+	recvInto := func(peer int, step uint32, into []float32, add bool, what string) error {
+		if err := recvPieces(ctx, call, peer, step, len(into), false, place(into, add)); err != nil {
 			return fmt.Errorf("oktopk: rabenseifner %s from rank %d: %w", what, peer, err)
 		}
 		return nil
@@ -81,23 +82,15 @@ func RabenseifnerAllreduce(ctx context.Context, call *Call, data []float32) erro
 	// the first piece each way, then the rest (see the top).
 	exchange := func(peer int, step uint32, send, into []float32, add bool, what string) error {
 		var scratch []float32
-		take := func(lo int, vals []float32) {
-			if add {
-				addInto(into[lo:lo+len(vals)], vals)
-			} else {
-				copy(into[lo:], vals)
-			}
-		}
-		err := call.Send(ctx, peer, pieceStep(step, 0), transport.DtypeFloat32, uint64(min(len(send), densePiece)),
-			float32Bytes(send[:min(len(send), densePiece)]))
+		err := sendPiecesRange(ctx, call, peer, step, send, 0, 1)
 		if err == nil {
-			err = recvPiecesRange(ctx, call, peer, step, len(into), 0, 1, false, &scratch, take)
+			err = recvPiecesRange(ctx, call, peer, step, len(into), 0, 1, false, &scratch, place(into, add))
 		}
 		if err == nil {
-			err = sendPiecesFrom(ctx, call, peer, step, send, 1)
+			err = sendPiecesRange(ctx, call, peer, step, send, 1, pieceCount(len(send)))
 		}
 		if err == nil {
-			err = recvPiecesRange(ctx, call, peer, step, len(into), 1, pieceCount(len(into)), false, &scratch, take)
+			err = recvPiecesRange(ctx, call, peer, step, len(into), 1, pieceCount(len(into)), false, &scratch, place(into, add))
 		}
 		if err != nil {
 			return fmt.Errorf("oktopk: rabenseifner %s with rank %d: %w", what, peer, err)
