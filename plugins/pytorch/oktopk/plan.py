@@ -18,9 +18,9 @@ runs past the end of backward is exposed. ``overlap`` scales the window
 one bucket hides nothing; nor does DeMo, whose exchange runs in the
 optimizer's step. Where the ranks compute on the cores the calls' passes
 run on (``shared_cores``: CPUs), the passes and the host's per-byte work
-are paid in full and only the link's rounds and bytes hide. Nothing here re-derives an algorithm's cost:
-the dense paths and PowerSGD are the library's ring on their bytes, DeMo is
-Ok-Topk on its coefficients.
+are paid in full and only the link's rounds and bytes hide. Nothing here
+re-derives an algorithm's cost: the dense paths and PowerSGD are the
+library's ring on their bytes, DeMo is Ok-Topk on its coefficients.
 
 Two link levels, one communicator. The hook runs one flat communicator over
 all P ranks (so does DDP's native allreduce in gloo; NCCL builds rings over
