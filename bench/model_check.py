@@ -80,8 +80,8 @@ def emulated(P, link, compute=0.0, host_measured=False):
     c = max(1.0, P / CORES)
     rate = RATES[link]
     if host_measured:
-        return plan.Cluster(ranks=P, ranks_per_node=1, inter=plan.Link(rate * WIRE_EFFICIENCY, 0.0),
-                            intra=plan.Link(rate * WIRE_EFFICIENCY, 0.0), pass_seconds_per_byte=0.0,
+        wire = plan.Link(rate * WIRE_EFFICIENCY, 0.0)
+        return plan.Cluster(ranks=P, ranks_per_node=1, inter=wire, intra=wire, pass_seconds_per_byte=0.0,
                             compute_seconds=compute, overlap=1.0, shared_cores=True)
     lk = plan.Link(rate * WIRE_EFFICIENCY, LATENCY * c)
     return plan.Cluster(ranks=P, ranks_per_node=1, inter=lk, intra=lk, pass_seconds_per_byte=PASS_SECONDS_PER_BYTE * c,
@@ -114,13 +114,18 @@ def matrix_host_seconds(n, method, path, P):
     Ok-Topk fixed, which runs that path on loopback too); at P = 8 twice
     P = 4's, as compute_seconds."""
     source = "oktopk_oktopk" if (method, path) == ("oktopk", "oktopk") else method
-    return LOOPBACK_STEPS[(n, source)] / 1e3 * max(1.0, P / CORES) / (4 / CORES)
+    return LOOPBACK_STEPS[(n, source)] / 1e3 * from_p4(P)
+
+
+def from_p4(P):
+    """A P = 4 loopback step's factor at P ranks: the same work per rank on
+    the cores' share, 1 / max(1, P / CORES) of them."""
+    return max(1.0, P / CORES) / max(1.0, 4 / CORES)
 
 
 def compute_seconds(model, P):
-    base = 4 if (model, 4) in LOOPBACK_DDP_MS else None
-    ms, _ = LOOPBACK_DDP_MS[(model, base)]
-    return ms / 1e3 * max(1.0, P / CORES) / max(1.0, base / CORES)
+    ms, _ = LOOPBACK_DDP_MS[(model, 4)]
+    return ms / 1e3 * from_p4(P)
 
 
 def predict_call_row(r):
