@@ -146,3 +146,95 @@ def demo_dead_peer(rank, world, port, out, timeout):
                       "unchanged": all(torch.equal(a, p) for a, p in zip(params, m.parameters())),
                       "momentum_unchanged": torch.equal(momentum, opt.momentum), "steps": opt.steps})
     os._exit(0)  # the process group's peer is gone: no orderly teardown
+
+
+def demo_held_to_its_settings(rank, world, port, out, ckpt):
+    """DeMo over the default group, a frozen parameter among its own: an
+    lr that differs from the start, an lr and a weight decay changed on
+    one rank mid-run, a load refused on one rank (another rank's
+    checkpoint, then a corrupted one). Per event: the error each rank got,
+    how long the call took, and whether the optimizer and the parameters
+    stayed exactly as they were."""
+    import io
+    import time
+
+    setup(rank, world, port)
+    m = model()
+    frozen = nn.Parameter(torch.randn(6, 6), requires_grad=False)
+    params = list(m.parameters()) + [frozen]
+    frozen_before = frozen.detach().clone()
+    opt = oktopk.optim.DeMo(params, lr=0.02 if rank == 1 else 0.01, weight_decay=0.1, topk=8, timeout=10)
+
+    def snapshot():
+        buf = io.BytesIO()
+        torch.save(opt.state_dict(), buf)
+        return buf.getvalue(), [p.detach().clone() for p in params]
+
+    def attempt(action):
+        before, values = snapshot()
+        start = time.monotonic()
+        try:
+            action()
+            error = None
+        except Exception as e:  # noqa: BLE001 - the test checks the type
+            error = f"{type(e).__name__}: {e}"
+        seconds = time.monotonic() - start
+        after, values_after = snapshot()
+        return {"error": error, "seconds": seconds, "state_unchanged": before == after,
+                "params_unchanged": all(torch.equal(a, b) for a, b in zip(values, values_after))}
+
+    def step(s):
+        x, y = batch(rank, s)
+        opt.zero_grad()
+        F.cross_entropy(m(x), y).backward()
+        opt.step()
+
+    events = {"lr_from_the_start": attempt(lambda: step(0))}
+    opt.param_groups[0]["lr"] = 0.01
+    for s in range(4):
+        step(s)
+    torch.save(opt.state_dict(), f"{ckpt}.{rank}")
+    dist.barrier()
+
+    def change(name, on_rank, value):
+        old = opt.param_groups[0][name]
+        if rank == on_rank:
+            opt.param_groups[0][name] = value
+        event = attempt(lambda: step(4))
+        opt.param_groups[0][name] = old
+        return event
+
+    events["lr_changed_mid_run"] = change("lr", 1, 0.05)
+    events["weight_decay_changed_mid_run"] = change("weight_decay", 0, 0.2)
+    own = torch.load(f"{ckpt}.{rank}", weights_only=False)
+    other = torch.load(f"{ckpt}.{(rank + 1) % world}", weights_only=False)
+    events["another_ranks_checkpoint"] = attempt(lambda: opt.load_state_dict(other if rank == 0 else own))
+    corrupt = dict(own, oktopk=dict(own["oktopk"], steps=own["oktopk"]["steps"] + 1))
+    events["corrupt_on_one_rank"] = attempt(lambda: opt.load_state_dict(corrupt if rank == world - 1 else own))
+    events["after"] = attempt(lambda: step(4))
+    write(out, rank, {"events": events, "frozen_unchanged": torch.equal(frozen, frozen_before),
+                      "params": torch.cat([p.detach().reshape(-1) for p in params]), "steps": opt.steps})
+    opt.close()
+
+
+def demo_rank_stopped_before_the_first_step(rank, world, port, out, timeout):
+    """The last rank never reaches its first step: the others' first step
+    must end within the optimizer's timeout with OkTopkError, not wait for
+    the process group's (gloo's default: 30 minutes)."""
+    import time
+
+    setup(rank, world, port)
+    m = model()
+    opt = oktopk.optim.DeMo(m.parameters(), lr=0.01, timeout=timeout)
+    if rank == world - 1:
+        time.sleep(timeout + 4)  # stopped; it ends without stepping
+        return
+    x, y = batch(rank, 0)
+    F.cross_entropy(m(x), y).backward()
+    start = time.monotonic()
+    try:
+        opt.step()
+        error = None
+    except Exception as e:  # noqa: BLE001 - the test checks the type
+        error = f"{type(e).__name__}: {e}"
+    write(out, rank, {"error": error, "seconds": time.monotonic() - start, "steps": opt.steps})

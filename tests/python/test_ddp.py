@@ -142,7 +142,7 @@ BAD_VALUE_OF_EVERY_SETTING = [
     ("stochastic_rounding", 1), ("density_schedule", (0.5,)), ("measure_xi_every", 0), ("adaptive", (0.1, 0.01)),
     ("sparse_margin", 1.0), ("sparse_margin", True), ("recheck_every", 1), ("recheck_every", 8.0), ("device_path", "yes"),
     ("dense_compression", "fp8"), ("dense_compression", "float16"), ("grads_as_bucket_views", 1), ("momentum_correction", "yes"),
-    ("warmup_compression", "fp8"), ("warmup_compression", "float32"),
+    ("warmup_compression", "fp8"), ("warmup_compression", "float32"), ("device_path", 0), ("process_group", "world"),
 ]
 
 
@@ -465,6 +465,9 @@ def test_adaptive_is_refused_with_a_density_schedule_or_bad_bounds():
         OkTopkState(adaptive=(0.001, 0.1), density_schedule=(0.5, 4))
     with pytest.raises(ValueError, match="densities"):
         OkTopkState(adaptive=(0.1, 0.01))
+    # Training starts at density: one outside the bounds was clamped, silently.
+    with pytest.raises(ValueError, match=r"density 0.5 is outside adaptive's bounds \[0.001, 0.1\]"):
+        OkTopkState(density=0.5, adaptive=(0.001, 0.1))
     assert OkTopkState(adaptive=(0.001, 0.1)).measure_xi_every == 50
     assert OkTopkState(adaptive=(0.001, 0.1), measure_xi_every=7).measure_xi_every == 7
 

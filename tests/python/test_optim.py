@@ -1,6 +1,8 @@
 """oktopk.optim: DeMo's exchange carried by Ok-Topk, over real gloo
 process groups and the library's sockets."""
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -103,7 +105,8 @@ def test_demo_resumes_bitwise_from_a_checkpoint(tmp_path):
     for r in range(2):
         assert results[r]["resumed"] == results[r]["whole"], r
         assert results[r]["steps"] == 8
-        assert "topk" in results[r]["refused"]
+        # The tampered topk breaks the checksum (an edit of a field).
+        assert "fails its checksum" in results[r]["refused"], results[r]["refused"]
 
 
 def test_demo_a_setting_that_differs_across_ranks_fails_every_rank_quickly():
@@ -137,3 +140,104 @@ def test_demo_a_checkpoint_with_a_changed_field_or_byte_is_refused_at_load():
         changed["oktopk"][key] = value
         with pytest.raises(ValueError, match="DeMo checkpoint fails its checksum"):
             oktopk.optim.DeMo(params, lr=0.01).load_state_dict(changed)
+
+
+@pytest.fixture(scope="module")
+def held_run(tmp_path_factory):
+    world = 2
+    return world, run(optim_workers.demo_held_to_its_settings, world, str(tmp_path_factory.mktemp("demo") / "ckpt"))
+
+
+@pytest.mark.parametrize("event, named", [
+    ("lr_from_the_start", "lr: rank 0 has [0.01], rank 1 has [0.02]"),
+    ("lr_changed_mid_run", "lr: rank 0 has [0.01], rank 1 has [0.05]"),
+    ("weight_decay_changed_mid_run", "weight_decay: rank 0 has [0.2], rank 1 has [0.1]"),
+])
+def test_demo_a_setting_changed_on_one_rank_at_any_step_is_named_on_every_rank_within_a_second(held_run, event, named):
+    world, results = held_run
+    for r in range(world):
+        e = results[r]["events"][event]
+        assert e["error"] is not None and e["error"].startswith("OkTopkError") and named in e["error"], (r, e)
+        assert e["seconds"] < 1.0, (r, e)
+        assert e["state_unchanged"] and e["params_unchanged"], (r, e)
+
+
+@pytest.mark.parametrize("event, named", [
+    ("another_ranks_checkpoint", "rank 0: oktopk: this DeMo checkpoint belongs to rank 1 of 2, and this process is rank 0 of 2"),
+    ("corrupt_on_one_rank", "rank 1: oktopk: this DeMo checkpoint fails its checksum"),
+])
+def test_demo_a_load_refused_on_one_rank_is_named_on_every_rank_and_changes_nothing(held_run, event, named):
+    world, results = held_run
+    for r in range(world):
+        e = results[r]["events"][event]
+        assert e["error"] is not None and e["error"].startswith("ValueError") and named in e["error"], (r, e)
+        assert "refused on 1 of 2 ranks" in e["error"], (r, e)
+        assert e["seconds"] < 1.0, (r, e)
+        # state_dict() byte for byte, the parameters bitwise.
+        assert e["state_unchanged"] and e["params_unchanged"], (r, e)
+
+
+def test_demo_goes_on_after_refusals_with_ranks_identical_and_a_frozen_parameter_untouched(held_run):
+    world, results = held_run
+    for r in range(world):
+        assert results[r]["events"]["after"]["error"] is None, results[r]["events"]["after"]
+        assert results[r]["steps"] == 5 and results[r]["frozen_unchanged"], r
+        assert torch.equal(results[r]["params"], results[0]["params"]), r
+
+
+def test_demo_first_step_honours_its_timeout_when_a_rank_never_arrives():
+    timeout = 3
+    results = run(optim_workers.demo_rank_stopped_before_the_first_step, 2, timeout)
+    e = results[0]
+    assert e["error"] is not None and e["error"].startswith("OkTopkError"), e
+    assert "not every rank reached step 0's settings' agreement within 3 s" in e["error"], e
+    assert timeout <= e["seconds"] < timeout + 2, e
+    assert e["steps"] == 0
+
+
+def test_demo_refuses_bad_settings_naming_each():
+    import math
+
+    import oktopk.optim
+
+    params = [torch.nn.Parameter(torch.randn(8, 8)), torch.nn.Parameter(torch.randn(8))]
+    for kwargs, named in [
+        (dict(lr=math.inf), "lr must be a finite number"), (dict(lr=-1.0), "lr must be"), (dict(lr=True), "lr must be"),
+        (dict(lr=float("nan")), "lr must be"), (dict(weight_decay=math.inf), "weight_decay must be a finite number"),
+        (dict(weight_decay=False), "weight_decay must be"), (dict(timeout=math.inf), "timeout must be"),
+        (dict(timeout=True), "timeout must be"), (dict(timeout=0), "timeout must be"),
+        (dict(chunk=10**6), "chunk must be an int in [1, 1024]"), (dict(chunk=True), "chunk must be"),
+        (dict(topk=5000), "topk must be an int in [1, chunk * chunk] = [1, 4096]"), (dict(topk=True), "topk must be"),
+        (dict(topk=2.0), "topk must be"), (dict(momentum_decay=1.0), "momentum_decay must be"),
+        (dict(momentum_decay=True), "momentum_decay must be"), (dict(process_group="world"), "process_group must be None"),
+        (dict(communicator="tcp://x"), "communicator must be None or a callable"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(named)):
+            oktopk.optim.DeMo(params, **kwargs)
+    groups = [{"params": params[:1], "lr": math.inf}, {"params": params[1:]}]
+    with pytest.raises(ValueError, match=re.escape("param_groups[0]: lr must be a finite number")):
+        oktopk.optim.DeMo(groups, lr=0.01)
+
+
+def test_demo_warns_when_prime_dimensions_make_it_send_more_than_dense():
+    import oktopk.optim
+
+    with pytest.warns(UserWarning, match=r"the parameters shaped \(97, 89\) split into blocks"):
+        oktopk.optim.DeMo([torch.nn.Parameter(torch.randn(97, 89))], lr=0.01)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        oktopk.optim.DeMo([torch.nn.Parameter(torch.randn(96, 128)), torch.nn.Parameter(torch.randn(7))], lr=0.01)
+
+
+def test_demo_refuses_a_checkpoint_of_other_settings_by_name():
+    import oktopk.optim
+
+    params = [torch.nn.Parameter(torch.randn(64, 64))]
+    saved = oktopk.optim.DeMo(params, lr=0.01, topk=32).state_dict()
+    opt = oktopk.optim.DeMo(params, lr=0.01, topk=8)
+    before = opt.state_dict()
+    with pytest.raises(ValueError, match="the checkpoint's topk is 32, this optimizer's 8"):
+        opt.load_state_dict(saved)
+    assert opt.state_dict() == before

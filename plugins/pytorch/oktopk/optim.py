@@ -59,6 +59,9 @@ whole rows), so a sharded run selects other coefficients than an
 unsharded one; replicas of a shard end bitwise identical.
 """
 
+import math
+import warnings
+
 import torch
 
 try:
@@ -67,13 +70,31 @@ except ImportError:  # torch before 2.4 (Horovod's): no FSDP2 either
     DTensor = None
 
 from .device import HostBuffers, selected_call
-from .settings import check_agreement, check_checksum, process_group_agreement, with_checksum
+from . import _lib
+from .settings import (MAX_INT32, check_agreement, check_checksum, check_process_group, is_int, is_real, process_group_agreement,
+                       settings_digest, with_checksum)
 from .transforms import ChunkedDCT
 
 MOMENTUM_DECAY = 0.999  # DeMo's compression_decay
 TOPK = 64  # coefficients kept per block (DeMo's public code: 32; 64 measured better, results/text.md)
 CHUNK = 64  # a block's side
 TENSOR_ID = 0x44654D6F  # the library's state of the flat coefficient vector ("DeMo")
+# The largest block side: the transform keeps a chunk x chunk matrix per side
+# (4 MiB at 1024; a chunk of 10**6 would ask for terabytes).
+MAX_CHUNK = 1024
+# Where a step would send at least half of plain DDP's bytes (an index and
+# a value for each selected coefficient, 8 bytes against DDP's 4 a value),
+# the constructor warns: dimensions with few divisors up to ``chunk`` make
+# small blocks, and a block no larger than topk is sent whole.
+WARN_DENSITY = 0.25
+
+
+def _check_rate(name, value, where=""):
+    """lr and weight_decay: finite numbers >= 0 (lr=inf would make every
+    step's update non-finite and be skipped, silently; weight_decay=inf
+    would make the parameters so)."""
+    if not (is_real(value) and 0 <= value < math.inf):
+        raise ValueError(f"oktopk: {where}{name} must be a finite number >= 0, got {value!r}")
 
 
 def _local(t):
@@ -151,18 +172,21 @@ class DeMo(torch.optim.Optimizer):
 
     def __init__(self, params, lr=1e-3, weight_decay=0.0, momentum_decay=MOMENTUM_DECAY, topk=TOPK, chunk=CHUNK,
                  process_group=None, timeout=None, communicator=None, agreement=None):
-        if not (isinstance(lr, (int, float)) and lr >= 0):
-            raise ValueError(f"oktopk: lr must be a number >= 0, got {lr!r}")
-        if not (isinstance(weight_decay, (int, float)) and weight_decay >= 0):
-            raise ValueError(f"oktopk: weight_decay must be a number >= 0, got {weight_decay!r}")
-        if not (isinstance(momentum_decay, (int, float)) and 0 <= momentum_decay < 1):
-            raise ValueError(f"oktopk: momentum_decay must be in [0, 1), got {momentum_decay!r}")
-        if not (isinstance(topk, int) and not isinstance(topk, bool) and topk >= 1):
-            raise ValueError(f"oktopk: topk must be an int >= 1, got {topk!r}")
-        if not (isinstance(chunk, int) and not isinstance(chunk, bool) and chunk >= 1):
-            raise ValueError(f"oktopk: chunk must be an int >= 1, got {chunk!r}")
-        if timeout is not None and not (isinstance(timeout, (int, float)) and timeout > 0):
-            raise ValueError(f"oktopk: timeout must be a number of seconds > 0, got {timeout!r}")
+        _check_rate("lr", lr)
+        _check_rate("weight_decay", weight_decay)
+        if not (is_real(momentum_decay) and 0 <= momentum_decay < 1):
+            raise ValueError(f"oktopk: momentum_decay must be a number in [0, 1), got {momentum_decay!r}")
+        if not (is_int(chunk) and 1 <= chunk <= MAX_CHUNK):
+            raise ValueError(f"oktopk: chunk must be an int in [1, {MAX_CHUNK}] (the transform holds a chunk x chunk matrix "
+                             f"per block side), got {chunk!r}")
+        if not (is_int(topk) and 1 <= topk <= chunk * chunk):
+            raise ValueError(f"oktopk: topk must be an int in [1, chunk * chunk] = [1, {chunk * chunk if is_int(chunk) else '?'}] "
+                             f"(the coefficients of the largest block), got {topk!r}")
+        if timeout is not None and not (is_real(timeout) and 0 < timeout <= MAX_INT32 / 1000):
+            raise ValueError(f"oktopk: timeout must be None or a number of seconds in (0, {MAX_INT32 // 1000}], got {timeout!r}")
+        if communicator is not None and not callable(communicator):
+            raise ValueError(f"oktopk: communicator must be None or a callable (density, timeout) -> Communicator, got {communicator!r}")
+        process_group = check_process_group(process_group)
         ddp = params if isinstance(params, torch.nn.parallel.DistributedDataParallel) else None
         if ddp is not None:
             ddp.register_comm_hook(None, _local_gradient_hook)
@@ -170,10 +194,10 @@ class DeMo(torch.optim.Optimizer):
                 process_group = ddp.process_group
             params = [p for p in ddp.parameters() if p.requires_grad]
         super().__init__(params, dict(lr=lr, weight_decay=weight_decay))
+        self._check_groups()
         self.momentum_decay, self.topk, self.chunk = float(momentum_decay), topk, chunk
         self.process_group, self.timeout, self._connect = process_group, timeout, communicator
         self._agreement = agreement
-        self._agreed = False  # the ranks compared their settings (the first step)
         self._params = [p for group in self.param_groups for p in group["params"]]
         _check_shards(self._params, process_group)
         for p in self._params:
@@ -186,6 +210,18 @@ class DeMo(torch.optim.Optimizer):
         device = _local(self._params[0]).device if self._params else torch.device("cpu")
         self.transform.to(device)
         self.selected = sum(blocks * min(topk, length) for _, blocks, length in self.transform.blocks())
+        # Parameters of at most topk values are sent whole by design; the
+        # surprise is a large one whose dimensions split into small blocks.
+        whole = sorted({tuple(_local(p).shape) for p, (_, rows, cols, r, c) in zip(self._params, self.transform.parts)
+                        if r * c <= topk < rows * cols})
+        if whole and self.density >= WARN_DENSITY:
+            warnings.warn(
+                f"oktopk: DeMo selects {self.density:.0%} of the coefficients each step, so each step sends about "
+                f"{2 * self.density:.2g}x plain DDP's bytes (an index and a value per coefficient): the parameters shaped "
+                f"{', '.join(map(str, whole))} split into blocks of at most topk={topk} coefficients "
+                f"(their dimensions have no larger divisor up to chunk={chunk}), which are sent whole. Pad or reshape those "
+                f"dimensions to multiples of a number up to chunk, or leave those parameters to another optimizer.",
+                stacklevel=2)
         self.momentum = torch.zeros(self.n, dtype=torch.float32, device=device)  # d, in DCT coefficients
         self.steps = 0  # exchanges completed
         self.skipped_steps = 0  # steps skipped for a NaN or Inf
@@ -193,6 +229,13 @@ class DeMo(torch.optim.Optimizer):
         self._comm = None
         self._pending_library_state = None  # a checkpoint's, installed once the communicator exists
         self._host = HostBuffers()
+
+    def _check_groups(self):
+        """Every param group's lr and weight_decay (a scheduler or the
+        caller may set them between steps): ValueError naming the group."""
+        for i, group in enumerate(self.param_groups):
+            for name in ("lr", "weight_decay"):
+                _check_rate(name, group[name], where=f"param_groups[{i}]: ")
 
     @property
     def density(self):
@@ -214,19 +257,42 @@ class DeMo(torch.optim.Optimizer):
                 self._pending_library_state = None
         return self._comm
 
+    def _agreement_functions(self, what):
+        """(gather_digests, gather_settings) across the ranks that exchange,
+        or None for a job of one process (no process group, no agreement
+        given). Over a process group the digests' gather waits at most the
+        library's timeout."""
+        if self._agreement is not None:
+            return self._agreement
+        if self._connect is None and torch.distributed.is_available() and torch.distributed.is_initialized():
+            return process_group_agreement(self.process_group, self.momentum.device, timeout=self._timeout_seconds(),
+                                           what=what, who="oktopk: DeMo")
+        return None
+
+    def _timeout_seconds(self):
+        return self.timeout if self.timeout is not None else _lib.library_default_config().timeout_ms / 1000
+
+    def _settings(self):
+        """What every rank must hold alike at a step: the settings that
+        decide the exchange, every group's lr and weight_decay (they decide
+        the update: a rank that steps with another lr drifts from the
+        others), and where the run stands."""
+        return {"topk": self.topk, "chunk": self.chunk, "momentum_decay": self.momentum_decay, "coefficients": self.n,
+                "lr": [group["lr"] for group in self.param_groups],
+                "weight_decay": [group["weight_decay"] for group in self.param_groups],
+                "groups": [len(group["params"]) for group in self.param_groups], "steps": self.steps}
+
     def _agree_on_settings(self):
-        """At the first step, before the communicator: OkTopkError on every
-        rank, naming each setting and every rank's value, unless every rank
-        holds the same (oktopk.settings.check_agreement)."""
-        settings = {"topk": self.topk, "chunk": self.chunk, "momentum_decay": self.momentum_decay,
-                    "weight_decay": [group["weight_decay"] for group in self.param_groups], "coefficients": self.n,
-                    "steps": self.steps}
-        agreement = self._agreement
-        if agreement is None and self._connect is None and torch.distributed.is_initialized():
-            agreement = process_group_agreement(self.process_group, self.momentum.device)
+        """At every step, before the exchange: OkTopkError on every rank,
+        naming each setting and every rank's value, unless every rank holds
+        the same (oktopk.settings.check_agreement: one fixed-size gather of
+        a 16-byte digest). Every step, not only the first: a learning rate
+        or weight decay changed on one rank at any step is a different
+        update on that rank."""
+        agreement = self._agreement_functions(f"step {self.steps}'s settings' agreement")
         if agreement is not None:
-            check_agreement(settings, *agreement)
-        self._agreed = True
+            check_agreement(self._settings(), *agreement, who="oktopk: DeMo")
+        self._check_groups()  # the same values on every rank now: refused on every rank alike
 
     def _flat_gradient(self):
         """Every parameter's lr-scaled gradient, flat, float32 (zeros for a
@@ -260,8 +326,7 @@ class DeMo(torch.optim.Optimizer):
                 loss = closure()
         if self.n == 0:
             return loss
-        if not self._agreed:
-            self._agree_on_settings()
+        self._agree_on_settings()
         comm = self._communicator()
         acc = self._flat_gradient()
         acc = self.transform.apply(acc)
@@ -288,6 +353,9 @@ class DeMo(torch.optim.Optimizer):
             for p in group["params"]:
                 values = _local(p)  # a shard's local tensor shares the shard's storage
                 size = values.numel()
+                if not p.requires_grad:  # frozen: neither decayed nor moved, as torch's AdamW leaves it
+                    at += size
+                    continue
                 if wd:
                     values.mul_(1 - lr * wd)
                 values.add_(update[at : at + size].view_as(values).to(values.dtype), alpha=-lr)
@@ -298,38 +366,94 @@ class DeMo(torch.optim.Optimizer):
         self.bytes_sent += stats.bytes_sent
         return loss
 
+    def _placement(self):
+        """(rank, world size) among the ranks that exchange, where known:
+        the communicator's, else the process group's; None before a
+        Horovod run's first step."""
+        if self._comm is not None:
+            return self._comm.rank, self._comm.size
+        if self._connect is None and torch.distributed.is_available() and torch.distributed.is_initialized():
+            return torch.distributed.get_rank(self.process_group), torch.distributed.get_world_size(self.process_group)
+        return None
+
     def state_dict(self):
         state = super().state_dict()
         if self._comm is not None:
             library = self._comm.save_tensor_state_residual(TENSOR_ID, self.momentum.cpu()) if self.steps else None
         else:
             library = self._pending_library_state
+        rank, size = self._placement() or (None, None)
         state["oktopk"] = with_checksum({"method": "DeMo", "n": self.n, "topk": self.topk, "chunk": self.chunk,
                                          "momentum_decay": self.momentum_decay, "steps": self.steps, "skipped_steps": self.skipped_steps,
-                                         "bytes_sent": self.bytes_sent, "library_state": library})
+                                         "bytes_sent": self.bytes_sent, "library_state": library, "rank": rank, "world_size": size})
         return state
 
+    def _refusal(self, mine, torch_state):
+        """Why this rank cannot load the checkpoint (its oktopk entry
+        ``mine``, the rest ``torch_state``), or None. Everything that could
+        refuse it is checked here, before anything changes."""
+        if not isinstance(mine, dict) or mine.get("method") != "DeMo":
+            return "oktopk: not a DeMo checkpoint (no 'oktopk' entry of method DeMo)"
+        try:
+            check_checksum(mine, "DeMo")
+        except ValueError as e:
+            return str(e)
+        for key, value in (("n", self.n), ("topk", self.topk), ("chunk", self.chunk), ("momentum_decay", self.momentum_decay)):
+            if mine.get(key) != value:
+                return f"oktopk: the checkpoint's {key} is {mine.get(key)!r}, this optimizer's {value!r}"
+        here, saved = self._placement(), (mine.get("rank"), mine.get("world_size"))
+        if here is not None and saved[0] is not None and tuple(saved) != tuple(here):
+            return (f"oktopk: this DeMo checkpoint belongs to rank {saved[0]} of {saved[1]}, and this process is rank {here[0]} "
+                    f"of {here[1]}: each rank keeps its own momentum and must load its own state_dict()")
+        groups, saved_groups = self.param_groups, torch_state.get("param_groups")
+        if not isinstance(saved_groups, (list, tuple)) or len(saved_groups) != len(groups) or any(
+                not isinstance(saved, dict) or len(saved.get("params", ())) != len(group["params"]) for saved, group in zip(saved_groups, groups)):
+            return "oktopk: the checkpoint's param groups differ in number or size from this optimizer's"
+        for i, g in enumerate(saved_groups):
+            for name in ("lr", "weight_decay"):
+                if name in g and not (is_real(g[name]) and 0 <= g[name] < math.inf):
+                    return f"oktopk: the checkpoint's param_groups[{i}]: {name} must be a finite number >= 0, got {g[name]!r}"
+        return None
+
+    def _agree_on_load(self, refusal):
+        """Every rank's outcome of checking its checkpoint, compared: one
+        fixed-size gather when every rank accepts, the reasons gathered
+        when any refused. Raises ValueError on every rank when any rank
+        refused, naming each such rank and why, so that no rank goes on to
+        a step the refusing rank never makes."""
+        agreement = self._agreement_functions("load_state_dict's agreement (every rank loads its checkpoint at once)")
+        if agreement is None:
+            if refusal is not None:
+                raise ValueError(refusal)
+            return
+        gather_digests, gather_outcomes = agreement
+        outcome = {"refused": refusal}
+        digests = gather_digests(settings_digest(outcome))
+        if all(d == digests[0] for d in digests[1:]) and refusal is None:
+            return
+        every = gather_outcomes(outcome)
+        refused = [(r, o["refused"]) for r, o in enumerate(every) if o["refused"] is not None]
+        raise ValueError(f"oktopk: DeMo's checkpoint was refused on {len(refused)} of {len(every)} ranks, so no rank loaded it "
+                         f"(every optimizer is as it was): " + "; ".join(f"rank {r}: {why}" for r, why in refused))
+
     def load_state_dict(self, state_dict):
+        """Load a checkpoint of this rank's ``state_dict()``. Where the
+        ranks exchange over a process group (or Horovod), every rank loads
+        at once and the ranks compare the outcome: a checkpoint refused on
+        any rank (another rank's, another run's settings, a changed field
+        or byte) raises ValueError on every rank, naming it, and leaves
+        every rank's optimizer exactly as it was. An accepted one replaces
+        the momentum and counters; a running communicator is closed, and
+        the next step connects afresh with the checkpoint's library state,
+        as a restarted run would."""
         state_dict = dict(state_dict)
         mine = state_dict.pop("oktopk", None)
-        if mine is None or mine.get("method") != "DeMo":
-            raise ValueError("oktopk: not a DeMo checkpoint (no 'oktopk' entry of method DeMo)")
-        check_checksum(mine, "DeMo")
-        for key, value in (("n", self.n), ("topk", self.topk), ("chunk", self.chunk), ("momentum_decay", self.momentum_decay)):
-            if mine[key] != value:
-                raise ValueError(f"oktopk: the checkpoint's {key} is {mine[key]!r}, this optimizer's {value!r}")
+        self._agree_on_load(self._refusal(mine, state_dict))
         super().load_state_dict(state_dict)
         self.steps, self.skipped_steps, self.bytes_sent = mine["steps"], mine["skipped_steps"], mine["bytes_sent"]
-        blob = mine["library_state"]
         self.momentum.zero_()
-        if blob is None:
-            self._pending_library_state = None
-        elif self._comm is None:
-            self._pending_library_state = blob
-        else:
-            host = torch.empty(self.n, dtype=torch.float32)
-            self._comm.load_tensor_state_residual(TENSOR_ID, blob, host)
-            self.momentum.copy_(host)
+        self.close()
+        self._pending_library_state = mine["library_state"]
 
     def close(self):
         """Release the communicator (also done when the optimizer is

@@ -67,12 +67,29 @@ def check_settings(density=DEFAULTS.density, algorithm=DEFAULTS.algorithm, tau=D
     if measure_xi_every is not None and (not is_int(measure_xi_every) or measure_xi_every < 1):
         raise ValueError(f"measure_xi_every must be None or a positive integer, got {measure_xi_every!r}")
     adaptive = check_adaptive(adaptive, int(tau_prime))
+    if adaptive is not None and not adaptive[0] <= density <= adaptive[1]:
+        raise ValueError(f"density {density!r} is outside adaptive's bounds [{adaptive[0]:g}, {adaptive[1]:g}]: training starts "
+                         f"at density and adapts within the bounds, so it must lie within them")
     if adaptive is not None and density_schedule is not None:
         raise ValueError("adaptive and density_schedule both set the density of each step: pass one of them")
     if adaptive is not None and measure_xi_every is None:
         measure_xi_every = DEFAULT_EVERY
     return Settings(float(density), algorithm, int(tau), int(tau_prime), float(timeout), value_dtype, stochastic_rounding, density_schedule,
                     measure_xi_every, adaptive)
+
+
+def check_process_group(process_group):
+    """``process_group`` itself if it is None (the default group) or a
+    torch.distributed ProcessGroup; ValueError naming it otherwise, at
+    construction rather than as an AttributeError at the first step."""
+    if process_group is None:
+        return None
+    import torch.distributed as dist
+
+    if not isinstance(process_group, dist.ProcessGroup):
+        raise ValueError(f"process_group must be None (the default group) or a torch.distributed ProcessGroup "
+                         f"(dist.new_group(...), mesh.get_group(...)), got {type(process_group).__name__} {process_group!r}")
+    return process_group
 
 
 # DDP reduces its first iteration in a provisional bucket layout and
@@ -164,17 +181,32 @@ def check_agreement(settings, gather_digests, gather_settings, who="oktopk"):
     raise _lib.OkTopkError(_lib.MISMATCH, f"{who}: settings differ across ranks: {differences}")
 
 
-def process_group_agreement(process_group, device):
+def process_group_agreement(process_group, device, timeout=None, what="the settings' agreement", who="oktopk"):
     """(gather_digests, gather_settings) for :func:`check_agreement` over a
     torch.distributed process group; the digests travel as a tensor on
-    ``device`` (NCCL wants the bucket's device)."""
+    ``device`` (NCCL wants the bucket's device). With ``timeout`` (seconds),
+    the digests' gather waits at most that long and then raises OkTopkError
+    (TIMEOUT) naming ``what``: a rank that stopped or died before it would
+    otherwise hold the others for the process group's own timeout (gloo's
+    default: 30 minutes). The settings' gather follows only once every
+    rank's digest has come, so every rank is there for it."""
+    import datetime
+
     import torch
     import torch.distributed as dist
 
     def gather_digests(digest):
         mine = torch.tensor(list(digest), dtype=torch.int64, device=device)
         every = [torch.empty_like(mine) for _ in range(dist.get_world_size(process_group))]
-        dist.all_gather(every, mine, group=process_group)
+        if timeout is None:
+            dist.all_gather(every, mine, group=process_group)
+        else:
+            work = dist.all_gather(every, mine, group=process_group, async_op=True)
+            try:
+                work.wait(timeout=datetime.timedelta(seconds=timeout))
+            except RuntimeError as e:
+                raise _lib.OkTopkError(_lib.TIMEOUT, f"{who}: not every rank reached {what} within {timeout:g} s: a rank "
+                                                     f"stopped, died, or is still in an earlier step ({e})") from e
         return [bytes(t.tolist()) for t in every]
 
     def gather_settings(settings):

@@ -20,7 +20,7 @@ from .momentum import MomentumCorrection
 from .optimizers import OptimizerWatch
 from .path_native import BucketGrads
 from .reducer import Reducer, ReducerStats, StepFolds
-from .settings import DEFAULT_WARMUP_ITERS, DEFAULTS, check_momentum_options, check_settings, check_warmup_iters
+from .settings import DEFAULT_WARMUP_ITERS, DEFAULTS, check_momentum_options, check_process_group, check_settings, check_warmup_iters
 
 
 class OkTopkState(ReducerStats):
@@ -202,8 +202,9 @@ class OkTopkState(ReducerStats):
                  measure_xi_every=DEFAULTS.measure_xi_every, adaptive=DEFAULTS.adaptive, sparse_margin=DEFAULT_MARGIN,
                  recheck_every=DEFAULT_RECHECK_EVERY, device_path=None, dense_compression=BF16, grads_as_bucket_views=True,
                  momentum_correction=True, momentum_masking=False, local_clip_norm=None, warmup_compression=None):
-        if device_path not in (None, True, False):
+        if device_path is not None and not isinstance(device_path, bool):  # 0 == False, yet 0 is no setting
             raise ValueError(f"device_path must be None, True or False, got {device_path!r}")
+        process_group = check_process_group(process_group)
         # Checked whatever the algorithm, though only the measured choice
         # (algorithm None) reads them: a bad value is refused, never ignored.
         sparse_margin, recheck_every = check_choice(sparse_margin, recheck_every)
