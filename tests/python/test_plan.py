@@ -141,28 +141,80 @@ GOOD = ["--params", "1.3e9", "--ranks", "256", "--ranks-per-node", "8", "--link"
     (["--ranks", "8", "--link", "25gbit"], "--params"),
     (GOOD[:2] + ["--ranks", "0"] + GOOD[4:], "positive integer"),
     (GOOD[:2] + ["--ranks", "2.5"] + GOOD[4:], "positive integer"),
+    (GOOD[:2] + ["--ranks", "1e12"] + GOOD[4:], "at most 2.147e+09"),
     (GOOD[:6] + ["--link", "fast"] + GOOD[8:], "bad bandwidth"),
+    (GOOD[:6] + ["--link", "0gbit"] + GOOD[8:], "must be > 0"),
     (GOOD + ["--overlap", "2"], "[0, 1]"),
     (GOOD + ["--momentum", "-0.5"], "[0, 1]"),
     (GOOD + ["--optimizer", "lion"], "--optimizer"),
     (GOOD[:4] + ["--ranks-per-node", "512"] + GOOD[6:], "exceeds --ranks"),
     (GOOD + ["--latency", "soon"], "bad duration"),
+    (GOOD + ["--latency", "1e400"], "must be finite"),
+    (["--params", "0.5"] + GOOD[2:], "a whole number of parameters"),
+    (["--params", "1e30"] + GOOD[2:], "at most 1e+12"),
+    (["--params", "1e18"] + GOOD[2:], "at most 1e+12"),
+    (["--params", "nan"] + GOOD[2:], "a whole number of parameters"),
+    (["--params", "inf"] + GOOD[2:], "a whole number of parameters"),
+    (["--params", "-3"] + GOOD[2:], "a whole number of parameters"),
+    (GOOD + ["--density", "0"], "want a density in (0, 1]"),
+    (GOOD + ["--density", "1.5"], "want a density in (0, 1]"),
+    (GOOD + ["--density", "nan"], "want a density in (0, 1]"),
+    (GOOD + ["--compute-ms", "inf"], "positive number"),
+    (GOOD + ["--tokens-per-rank", "1e300", "--tflops", "1e-300"], "the step's compute comes to inf s"),
+    (GOOD + ["--powersgd-rank", "0"], "positive integer"),
+    (GOOD + ["--map", "no/such/dir/map.png"], "no such directory"),
+    (GOOD + ["--map", "m.png", "--no-map"], "pass one"),
+    (GOOD + ["--frobnicate"], "unrecognized arguments"),
 ])
-def test_bad_arguments_exit_2_with_a_message(args, says, capsys):
+def test_bad_arguments_exit_2_with_a_one_line_message_and_write_nothing(args, says, capsys, tmp_path, monkeypatch):
     # In this process (main() as `python -m oktopk.plan` runs it; the case
     # below runs the command itself): an interpreter start with torch is
     # most of a subprocess case's time.
+    monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as exited:
         plan.main(args)
     err = capsys.readouterr().err
     assert exited.value.code == 2, err
-    assert says in err and "usage: python -m oktopk.plan" in err
+    assert says in err and err.startswith("python -m oktopk.plan: error: "), err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert os.listdir(tmp_path) == []
 
 
-def test_the_command_exits_2_with_a_message_on_a_bad_argument():
-    p = run_plan("--ranks", "8", "--link", "25gbit")
+def test_the_command_exits_2_with_a_one_line_message_on_a_bad_argument():
+    p = run_plan("--params", "1e30", "--ranks", "8", "--link", "25gbit")
     assert p.returncode == 2, p.stdout + p.stderr
-    assert "--params" in p.stderr and "usage: python -m oktopk.plan" in p.stderr
+    assert p.stderr.count("\n") == 1 and "--params" in p.stderr and "at most 1e+12" in p.stderr, p.stderr
+
+
+def test_a_trillion_parameters_plans_in_seconds_and_writes_no_file_unasked(tmp_path, monkeypatch, capsys):
+    # 150,000 DDP buckets: each size priced once, runs of equal calls
+    # placed whole (it took over two minutes when every bucket was priced).
+    import time
+
+    monkeypatch.chdir(tmp_path)
+    start = time.monotonic()
+    assert plan.main(["--params", "1e12", "--ranks", "64", "--link", "100gbit"]) == 0
+    assert time.monotonic() - start < 30
+    assert "oktopk_hook's defaults" in capsys.readouterr().out
+    assert os.listdir(tmp_path) == []
+
+
+def test_runs_of_equal_calls_expose_what_one_call_at_a_time_would():
+    # exposed_link takes a run of equal calls whole: the same as handing
+    # them over one by one, the recurrence it replaces.
+    import random
+
+    rng = random.Random(7)
+    for _ in range(200):
+        sizes = [rng.choice([5, 5, 5, 3])] * rng.randint(1, 6) + [rng.randint(1, 9)] * rng.randint(0, 3)
+        links = [rng.choice([0.1, 0.5, 2.0]) for _ in sizes]
+        links = [links[0] if s == sizes[0] else x for s, x in zip(sizes, links)]
+        window = rng.choice([0.0, 1.0, 7.5])
+        total, ready, done = sum(sizes), 0.0, 0.0
+        for link, size in zip(links, sizes):
+            ready += size
+            done = max(done, window * ready / total) + link
+        assert plan.exposed_link(links, sizes, window) == pytest.approx(max(0.0, done - window), rel=1e-12, abs=1e-12)
 
 
 def test_prints_every_method_and_the_hooks_choice(tmp_path):

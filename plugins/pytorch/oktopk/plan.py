@@ -56,6 +56,7 @@ Bytes are per rank per step, what one rank sends on the critical path.
 """
 
 import argparse
+import itertools
 import math
 import os
 import re
@@ -194,8 +195,11 @@ def buckets(n, bucket_bytes=DDP_BUCKET_BYTES):
 
 def bucketed(cluster, algorithm, n, **kw):
     """Every bucket's :class:`Call` of ``algorithm``, in the order backward
-    hands the buckets over."""
-    return [call_parts(cluster, algorithm, size, **kw) for size in buckets(n)]
+    hands the buckets over (all but the last are of one size: each size is
+    priced once)."""
+    sizes = buckets(n)
+    priced = {size: call_parts(cluster, algorithm, size, **kw) for size in set(sizes)}
+    return [priced[size] for size in sizes]
 
 
 def powersgd_elements(n, rank, matrix_side):
@@ -261,11 +265,20 @@ def communication(cluster, method, n, **kw):
 def exposed_link(link_seconds, sizes, window):
     """The link time left after backward: bucket i is handed over when
     ``window`` has produced its values (evenly, in order) and its call
-    starts once the previous one is done."""
+    starts once the previous one is done.
+
+    A model's buckets are nearly all of one size, so the calls come in runs
+    of equal ones, each taken whole: for c calls of time L handed over
+    evenly at a_1 .. a_c, the last ends at max(done + cL, a_i + (c-i+1)L
+    over i), and since a_i is linear in i the latter is largest at i = 1 or
+    i = c (a trillion parameters are 150,000 buckets)."""
     total, ready, done = sum(sizes), 0.0, 0.0
-    for link, size in zip(link_seconds, sizes):
-        ready += size
-        done = max(done, window * ready / total if total else 0.0) + link
+    for (link, size), run in itertools.groupby(zip(link_seconds, sizes)):
+        count = sum(1 for _ in run)
+        first = window * (ready + size) / total if total else 0.0
+        ready += count * size
+        last = window * ready / total if total else 0.0
+        done = max(done + count * link, first + count * link, last + link)
     return max(0.0, done - window)
 
 
@@ -338,7 +351,10 @@ def parse_seconds(text):
     m = re.fullmatch(r"([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(ns|us|µs|ms|s)?", str(text).strip())
     if not m:
         raise ValueError(f"bad duration {text!r}: want e.g. 5us, 2ms, 0.3s")
-    return float(m.group(1)) * {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, None: 1.0}[m.group(2)]
+    seconds = float(m.group(1)) * {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, None: 1.0}[m.group(2)]
+    if not seconds < math.inf:
+        raise ValueError(f"bad duration {text!r}: must be finite")
+    return seconds
 
 
 def _arg(parse):
@@ -351,16 +367,32 @@ def _arg(parse):
     return convert
 
 
-def _positive(kind):
+def _positive(kind, most=None, what=None):
+    """A positive number (kind int: a whole one), at most ``most``."""
+    what = what or f"a positive {'integer' if kind is int else 'number'}"
+
     def convert(text):
         try:
             v = float(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
         if not 0 < v < math.inf or (kind is int and v != int(v)):
-            raise argparse.ArgumentTypeError(f"{text!r}: want a positive {'integer' if kind is int else 'number'}")
+            raise argparse.ArgumentTypeError(f"{text!r}: want {what}")
+        if most is not None and v > most:
+            raise argparse.ArgumentTypeError(f"{text!r}: want {what} of at most {most:.4g}")
         return kind(v)
     return convert
+
+
+def _density(text):
+    """A density as the hook takes it: in (0, 1]."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < v <= 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: want a density in (0, 1], as OkTopkState takes it")
+    return v
 
 
 def _fraction(text):
@@ -373,16 +405,30 @@ def _fraction(text):
     return v
 
 
+# The planner's bounds. Parameters: a trillion, DDP's 25 MiB buckets of it
+# are 150,000 calls to place (about 5 s here); ranks: the library's int.
+MAX_PARAMS = 10**12
+MAX_RANKS = 2**31 - 1
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line and exit 2."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (--help lists the arguments)\n")
+
+
 def parser():
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="python -m oktopk.plan",
         description="Predict a data-parallel training step with each method (dense float32, bf16, 4-bit, "
                     "Ok-Topk and its baselines, PowerSGD, DeMo), from the library's own cost model, say what "
                     "oktopk_hook's defaults would choose, and save a map of Ok-Topk's speedup over dense against "
                     "bandwidth and ranks.")
-    p.add_argument("--params", type=_positive(float), required=True, help="parameters (gradient values), e.g. 1.3e9")
-    p.add_argument("--ranks", type=_positive(int), required=True, help="data-parallel ranks P")
-    p.add_argument("--ranks-per-node", type=_positive(int), default=8, help="ranks per node R (default 8)")
+    p.add_argument("--params", type=_positive(int, MAX_PARAMS, "a whole number of parameters >= 1"), required=True,
+                   help=f"parameters (gradient values), e.g. 1.3e9 (at most {MAX_PARAMS:.0e})")
+    p.add_argument("--ranks", type=_positive(int, MAX_RANKS), required=True, help="data-parallel ranks P")
+    p.add_argument("--ranks-per-node", type=_positive(int, MAX_RANKS), default=8, help="ranks per node R (default 8)")
     p.add_argument("--link", type=_arg(parse_rate), required=True,
                    help="bandwidth between nodes, per node: 25gbit, 100Gbit/s, 12.5GB/s")
     p.add_argument("--latency", type=_arg(parse_seconds), default=10e-6,
@@ -405,14 +451,15 @@ def parser():
     p.add_argument("--momentum", type=_fraction, default=0.9,
                    help="SGD's momentum (default 0.9): above 0 the sparse methods' steps carry the hook's "
                         "momentum correction")
-    p.add_argument("--density", type=_fraction, default=DEFAULTS.density,
+    p.add_argument("--density", type=_density, default=DEFAULTS.density,
                    help=f"density of the sparse methods (default {DEFAULTS.density})")
     p.add_argument("--powersgd-rank", type=_positive(int), default=4, help="PowerSGD's rank (default 4)")
     p.add_argument("--matrix-side", type=_positive(int), default=1024,
                    help="side of the square matrices PowerSGD assumes the parameters are in (default 1024)")
-    p.add_argument("--map", default="plan_map.png",
-                   help="where to save the map (PNG with matplotlib, else CSV beside it; default plan_map.png)")
-    p.add_argument("--no-map", action="store_true", help="print only, save no map")
+    p.add_argument("--map", default=None, metavar="PATH",
+                   help="also save a map of Ok-Topk's speedup over dense against bandwidth and ranks: PATH as a PNG "
+                        "(with matplotlib) and always a CSV beside it (default: no files written)")
+    p.add_argument("--no-map", action="store_true", help="save no map (the default; kept for older scripts)")
     return p
 
 
@@ -446,7 +493,7 @@ def speedup_map(args):
     return rows
 
 
-def save_map(args, rows, out=sys.stdout):
+def save_map(args, rows):
     """The map as a PNG (matplotlib) and always as CSV beside it; returns
     the paths written."""
     base, ext = os.path.splitext(args.map)
@@ -482,7 +529,8 @@ def save_map(args, rows, out=sys.stdout):
     return [png] + written
 
 
-def report(args, out=sys.stdout):
+def report(args, out=None):
+    out = sys.stdout if out is None else out  # read at the call: a caller may have replaced it
     c = cluster_from(args)
     n = args.params
     rate_gbit = args.link * 8 / 1e9
@@ -502,15 +550,26 @@ def report(args, out=sys.stdout):
 
 
 def main(argv=None):
-    args = parser().parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
     if args.ranks_per_node > args.ranks:
-        parser().error(f"--ranks-per-node {args.ranks_per_node} exceeds --ranks {args.ranks}")
+        p.error(f"--ranks-per-node {args.ranks_per_node} exceeds --ranks {args.ranks}")
     if args.optimizer.lower() not in ADAM_FAMILY + ("sgd",):
-        parser().error(f"--optimizer {args.optimizer!r}: want sgd or one of {', '.join(ADAM_FAMILY)}")
-    report(args)
-    if not args.no_map:
-        for path in save_map(args, speedup_map(args)):
-            print(f"map: {path}")
+        p.error(f"--optimizer {args.optimizer!r}: want sgd or one of {', '.join(ADAM_FAMILY)}")
+    if args.map is not None and args.no_map:
+        p.error("--map and --no-map: pass one")
+    if args.map is not None and not os.path.isdir(os.path.dirname(os.path.abspath(args.map))):
+        p.error(f"--map {args.map!r}: no such directory")
+    compute = cluster_from(args).compute_seconds
+    if not 0 < compute < math.inf:
+        p.error(f"the step's compute comes to {compute:g} s: lower --tokens-per-rank or --params, or raise --tflops")
+    try:
+        report(args)
+        if args.map is not None:
+            for path in save_map(args, speedup_map(args)):
+                print(f"map: {path}")
+    except (ValueError, OverflowError, OSError) as e:  # the library's refusal of a point, an unwritable map
+        p.exit(1, f"{p.prog}: error: {e}\n")
     return 0
 
 
