@@ -88,16 +88,20 @@ KIND_TEXT = {
     "sigkill": "SIGKILL of one rank 0-20 ms after it starts a chosen step (it waits there for the campaign's go, so the signal "
                "lands inside the run; a step takes a few ms, so it may land a few steps on); the others must raise a named error "
                "(OkTopkError, or gloo's RuntimeError on a dense step) within the timeouts.",
-    "sigstop": "SIGSTOP of one rank likewise (killed when the job ends); the others must raise a named timeout.",
+    "sigstop": "SIGSTOP of one rank likewise (killed when the job ends); the others must raise a named timeout (DeMo stopped "
+               "before its first step: OkTopkError within its own timeout, not the process group's error).",
     "nan": "NaN in one rank's gradient at a chosen step (a hook on the hidden activation's gradient; DeMo: in .grad); "
            "every rank must see a non-finite step, skip it, and keep its residuals, thresholds, quantized residuals and velocities bitwise.",
     "inf": "+Inf or -Inf likewise.",
     "mismatch-setting": "one rank's OkTopkState (DDP hook or FSDP2) holds another value of a setting the ranks compare "
                         "(agreement_settings), or another optimizer family; every rank must raise OkTopkError naming it.",
-    "mismatch-demo": "one rank's DeMo holds another topk, chunk, momentum_decay or weight_decay.",
+    "mismatch-demo": "one rank's DeMo holds another topk, chunk, momentum_decay, weight_decay or lr from the start, or one rank "
+                     "changes its lr or weight decay (param_groups) at a later step; every rank must raise OkTopkError naming it "
+                     "at that step.",
     "mismatch-resume": "one rank resumes from a checkpoint of another step than the others', or starts fresh while they resume.",
     "corrupt-byte": "one bit of a tensor or blob of the plugin's checkpoint flipped in memory; loading it into a fresh state and "
-                    "into the live one must raise ValueError naming the checksum and change neither.",
+                    "into the live one must raise ValueError naming the checksum and change neither (DeMo: at times on one rank "
+                    "only, while the others load their intact checkpoints, which every rank must then refuse alike).",
     "corrupt-field": "one field of the plugin's checkpoint edited (iter, rank, density, the choice's decision, a group, the checksum "
                      "itself, or the checksum dropped), likewise.",
     "corrupt-file": "one byte of a tensor or blob flipped in the file torch.save wrote, then torch.load; likewise.",
@@ -138,7 +142,12 @@ SETTINGS = [
     ("momentum_masking", [False, "waited"], {}),
     ("optimizer_family", ["sgdm", "adamw"], {}),
 ]
-DEMO_SETTINGS = [("topk", [32, 8]), ("chunk", [64, 16]), ("momentum_decay", [0.999, 0.99]), ("weight_decay", [0.0, 0.1])]
+DEMO_SETTINGS = [("topk", [32, 8]), ("chunk", [64, 16]), ("momentum_decay", [0.999, 0.99]), ("weight_decay", [0.0, 0.1]),
+                 ("lr", [0.01, 0.02])]
+# The DeMo settings a param group holds, which a rank can change between
+# steps (a scheduler, a hand edit): drawn as changed after the first step
+# too.
+DEMO_GROUP_SETTINGS = ("lr", "weight_decay")
 # The named algorithms the runs use; the dense ones only where a checkpoint
 # is the subject (resume): their states hold no library tensor state, and
 # state_dict() then raises (results/chaos_torch.md, findings).
@@ -245,6 +254,8 @@ def make_job(kind, rng, world, cycles=None):
         # (DDP rebuilds its buckets there) to three before the end; the
         # first sparse step (the communicator's setup) often.
         at = rng.choice([warm, warm, rng.randrange(0, steps - 3), rng.randrange(warm, steps - 3)])
+        if cfg["front"] == "demo" and kind == "sigstop" and rng.random() < 0.5:
+            at = 0  # stopped before DeMo's first step: its agreement must honour DeMo's timeout
         # Steps enough after the fault's that the run cannot end before
         # the signal lands (a step takes a few ms); the survivors stop at
         # their first failing step anyway.
@@ -287,6 +298,9 @@ def make_job(kind, rng, world, cycles=None):
         victim = rng.randrange(world)
         job.update(type="mismatch", cfg=cfg, setting=name, values=[values[1] if r == victim else values[0] for r in range(world)], steps=3,
                    pg_timeout=MISMATCH_PG_TIMEOUT, faults=[kind])
+        if name in DEMO_GROUP_SETTINGS and rng.random() < 0.5:
+            job.update(change_at=rng.randrange(1, 4))
+            job["steps"] = job["change_at"] + 2
     elif kind == "mismatch-resume":
         cfg = any_cfg(rng, schedule="none")
         if cfg["front"] == "demo":
@@ -312,6 +326,8 @@ def make_job(kind, rng, world, cycles=None):
         for c in corruptions:
             if c["how"] == "field" and rng.random() < 0.15:
                 c["field"] = "checksum-dropped"
+            if cfg["front"] == "demo" and rng.random() < 0.5:
+                c["victim"] = rng.randrange(world)  # DeMo's loads are agreed: one rank's corrupt checkpoint fails every rank
         job.update(type="corrupt", cfg=cfg, steps=rng.randrange(7, 14), corruptions=corruptions, seed=rng.randrange(10**6),
                    faults=["corrupt-" + h for h in hows])
     elif kind == "resume":
@@ -418,7 +434,9 @@ def smoke_plan(seed):
          "seed": rng.randrange(10**6), "faults": ["corrupt-byte", "corrupt-field", "corrupt-file", "corrupt-field"],
          "corruptions": [{"how": "byte"}, {"how": "field"}, {"how": "file"}, {"how": "field", "field": "checksum-dropped"}]},
         {"kind": "corrupt", "type": "corrupt", "cfg": demo, "steps": 5, "seed": rng.randrange(10**6),
-         "corruptions": [{"how": "file"}, {"how": "byte"}], "faults": ["corrupt-file", "corrupt-byte"]},
+         "corruptions": [{"how": "file"}, {"how": "byte", "victim": rng.randrange(2)}], "faults": ["corrupt-file", "corrupt-byte"]},
+        dict(mismatch("mismatch-demo", demo, "lr", [0.01, 0.02]), change_at=2, steps=4),
+        fault("sigstop", demo, 0),  # before DeMo's first step
         # Warm-up (no clear win to lose), the native probe, the switch to
         # the candidate's probe (a new communicator).
         {"kind": "resume", "type": "resume", "cfg": choice, "steps": 24, "cuts": [1, 7, 18], "faults": ["resume"] * 3},
@@ -724,6 +742,10 @@ def judge(job, run):
             if not named_type(err) or not words.search(err["msg"]):
                 o["unnamed"] = 1
                 o["notes"].append(f"rank {r}: {err['msg'][:300]}")
+            elif job["cfg"]["front"] == "demo" and err["step"] == 0 and "OkTopkError" not in err["mro"]:
+                # DeMo's first step makes no collective of DDP's: its own agreement must name the lost rank.
+                o["unnamed"] = 1
+                o["notes"].append(f"rank {r}: DeMo's first step ended by the process group, not by DeMo's timeout: {err['msg'][:300]}")
             seconds = err["t"] - run["fault_time"]
             if seconds < -0.05:
                 o["unnamed"] = 1
@@ -807,12 +829,16 @@ def judge(job, run):
             if not named or "settings differ across ranks" not in err["msg"] or want not in err["msg"]:
                 o["unnamed"] = 1
                 o["notes"].append(f"rank {r}: {err['msg'][:400]}")
+            if job.get("change_at") is not None and err.get("step") != job["change_at"]:
+                o["unnamed"] = 1
+                o["notes"].append(f"rank {r}: the change at step {job['change_at']} was named at step {err.get('step')}")
             worst = max(worst, err["seconds"])
         if worst > MISMATCH_BOUND:
             o["notes"].append(f"detected after {worst:.1f} s, over the {MISMATCH_BOUND} s bound")
             o["hang"] = 1
         o["detection"] = worst
-        extra.append(("setting", f"{'FSDP2' if job['cfg']['front'] == 'fsdp' else 'DeMo' if job['cfg']['front'] == 'demo' else 'DDP'}: {name}"))
+        later = f" changed at step {job['change_at']}" if job.get("change_at") is not None else ""
+        extra.append(("setting", f"{'FSDP2' if job['cfg']['front'] == 'fsdp' else 'DeMo' if job['cfg']['front'] == 'demo' else 'DDP'}: {name}{later}"))
         return [o], extra
     if job["type"] == "corrupt":
         outs = []

@@ -424,12 +424,17 @@ def job_mismatch(ctx, job):
     mine = job["values"][ctx.rank]
     if job["setting"] in ("resume-step", "resume-fresh"):
         return mismatch_resume(ctx, job)
+    change_at = job.get("change_at")
     if job["setting"] == "optimizer_family":
         cfg = dict(cfg, optimizer=mine)
         run = Run(ctx, cfg)
+    elif change_at is not None:
+        run = Run(ctx, cfg)  # every rank alike until change_at
     else:
         run = Run(ctx, cfg, {job["setting"]: mine})
     for g in range(job["steps"]):
+        if g == change_at:
+            run.opt.param_groups[0][job["setting"]] = mine  # DeMo: a scheduler's or a hand's change, on one rank
         started = time.monotonic()
         try:
             run.step(g)
@@ -665,6 +670,8 @@ def job_corrupt(ctx, job):
         result["intact_loads"] = f"{type(e).__name__}: {e}"[:500]
     for spec in job["corruptions"]:
         bad, what = corrupt(part, spec, rng, ctx.workdir, ctx.rank)
+        if spec.get("victim") is not None and spec["victim"] != ctx.rank:
+            bad, what = copy.deepcopy(part), f"intact here, rank {spec['victim']}'s corrupt ({what})"
         entry = {"how": spec["how"], "what": what}
         for target in ("fresh", "live"):
             r = fresh if target == "fresh" else run
