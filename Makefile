@@ -23,9 +23,14 @@ HVD_PY := $(HVD_VENV)/bin/python
 WHEEL_REQ := plugins/wheel-requirements.txt
 WHEEL_VENV := $(OKTOPK_CACHE)/venv-wheel-$(shell sha256sum $(WHEEL_REQ) | cut -c1-12)
 WHEEL_PY := $(WHEEL_VENV)/bin/python
+# The frameworks' environment (Transformers, Lightning, Accelerate,
+# torchvision beside the plugin's torch), keyed the same way.
+FW_REQ := plugins/frameworks-requirements.txt
+FW_VENV := $(OKTOPK_CACHE)/venv-frameworks-$(shell sha256sum $(FW_REQ) | cut -c1-12)
+FW_PY := $(FW_VENV)/bin/python
 GO_SOURCES := $(shell find core transport capi -name '*.go' -not -name '*_test.go') $(wildcard capi/*.c capi/*.h) go.mod go.sum
 
-.PHONY: venv-wait-torch venv-wait-horovod gpu-check all deps deps-launch deps-text deps-images bench-text bench-images bench-ddp bench-ddp-smoke venv-wheel build test test-go test-c test-launch test-python test-wheel test-venvs test-horovod wheel demo demo-runs bench bench-quick bench-smoke bench-e2e bench-e2e-smoke bench-go bench-scale examples header-check clean venv venv-horovod print-py chaos chaos-smoke chaos-torch chaos-torch-smoke fuzz
+.PHONY: venv-wait-torch venv-wait-horovod gpu-check all deps deps-launch deps-text deps-images bench-text bench-images bench-ddp bench-ddp-smoke venv-wheel build test test-go test-c test-launch test-python test-wheel test-venvs test-horovod test-frameworks venv-frameworks venv-wait-frameworks wheel demo demo-runs bench bench-quick bench-smoke bench-e2e bench-e2e-smoke bench-go bench-scale examples header-check clean venv venv-horovod print-py chaos chaos-smoke chaos-torch chaos-torch-smoke fuzz
 
 all: build
 
@@ -117,6 +122,18 @@ venv-horovod:
 		touch $(HVD_VENV)/.ok; \
 	fi
 
+# The frameworks' virtualenv, made as `venv` makes torch's: built in place,
+# --no-compile then compileall on every core, the .ok marker last.
+venv-frameworks:
+	@if [ ! -f $(FW_VENV)/.ok ]; then \
+		set -e; mkdir -p $(OKTOPK_CACHE); rm -rf $(FW_VENV); \
+		echo "creating $(FW_VENV) from $(FW_REQ)"; \
+		python3 -m venv $(FW_VENV); \
+		$(FW_PY) -m pip install -q --no-compile -r $(FW_REQ); \
+		$(FW_PY) -m compileall -q -j 0 $$($(FW_PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') > /dev/null || true; \
+		touch $(FW_VENV)/.ok; \
+	fi
+
 # Every test: each step in a make of its own, in this order, under
 # tests/timed.sh, which writes the step's wall time to TEST_TIMES; `make
 # test` ends with the table of them (on a failure, the table so far and the
@@ -137,6 +154,9 @@ venv-wait-torch:
 venv-wait-horovod:
 	@tests/background.sh $(BACKGROUND) wait horovod-venv
 	@$(MAKE) --no-print-directory venv-horovod
+venv-wait-frameworks:
+	@tests/background.sh $(BACKGROUND) wait frameworks-venv
+	@$(MAKE) --no-print-directory venv-frameworks
 # $(call timed,NAME,TARGET): make TARGET, its wall time recorded as NAME.
 # The + runs it under `make -n` too, so that the sub-make shows its recipe.
 timed = +@tests/timed.sh $(TEST_TIMES) run "$(1)" $(MAKE) --no-print-directory $(2)
@@ -145,6 +165,7 @@ test:
 	$(call timed,setup: libzmq and Go modules,deps)
 	@tests/background.sh $(BACKGROUND) start torch-venv $(MAKE_COMMAND) --no-print-directory venv
 	@tests/background.sh $(BACKGROUND) start horovod-venv $(MAKE_COMMAND) --no-print-directory venv-horovod
+	@tests/background.sh $(BACKGROUND) start frameworks-venv $(MAKE_COMMAND) --no-print-directory venv-frameworks
 	$(call timed,test-go,test-go)
 	$(call timed,setup: liboktopk.so,build)
 	$(call timed,test-c,test-c)
@@ -152,6 +173,9 @@ test:
 	$(call timed,setup: torch venv (the wait for its background build),venv-wait-torch)
 	$(call timed,test-launch,test-launch)
 	$(call timed,test-python,test-python)
+	$(call timed,setup: frameworks venv (the wait for its background build),venv-wait-frameworks)
+	$(call timed,setup: Fashion-MNIST and fortunes,deps-images deps-text)
+	$(call timed,test-frameworks,test-frameworks)
 	$(call timed,setup: wheel venv,venv-wheel)
 	$(call timed,setup: horovod venv (the wait for its background build),venv-wait-horovod)
 	$(call timed,test-wheel,test-wheel)
@@ -320,6 +344,13 @@ test-launch: $(BUILD)/.deps-launch examples venv
 PYENV := PYTHONPATH=$(CURDIR)/plugins/pytorch OMP_NUM_THREADS=1
 test-python: $(LIB) venv
 	$(PYENV) $(PY) -m pytest -q -rs tests/python
+
+# The hook under the frameworks, each as its package ships it (2 ranks, a
+# few steps; examples/frameworks, docs/frameworks.md): Transformers' Trainer
+# (the launcher, and a callback), Lightning's DDPStrategy, Accelerate's
+# prepared module, torchvision's VGG-16 on Fashion-MNIST.
+test-frameworks: $(LIB) venv-frameworks deps-images deps-text
+	$(PYENV) $(FW_PY) -m pytest -q -rs tests/frameworks
 
 # The wheels in fresh virtualenvs, with the system libzmq hidden: a 2-rank
 # DDP step through the PyTorch plugin's, an import of the Horovod plugin's

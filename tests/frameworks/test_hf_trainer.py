@@ -1,0 +1,63 @@
+"""Hugging Face Transformers' Trainer pre-training BertForMaskedLM (BERT's
+architecture at a reduced size, no weights downloaded) on the fortunes
+text, 2 CPU ranks (examples/frameworks/hf_trainer.py): the hook put on by
+the launcher with no line in the script, and by OkTopkCallback with one;
+Trainer's gradient accumulation, bf16 autocast, clipping at
+max_grad_norm=1.0, and its checkpoint and resume."""
+
+import shutil
+
+import torch
+from fwutil import launch, tail
+from safetensors.torch import load_file
+
+HOOK = "oktopk.hook.oktopk_hook"
+
+
+def test_the_launcher_puts_the_hook_on_trainers_ddp_and_it_sends_sparse(tmp_path):
+    # SGD with momentum (Trainer's optim="sgd"): after the 2-step dense
+    # warm-up the hook probes the sparse path, through the library, whose
+    # bytes the state counts. Trainer clips at max_grad_norm=1.0 by
+    # default, after backward: the momentum correction sees its gradient
+    # changed and stops, saying so, and the run goes on.
+    p, ranks = launch("hf_trainer.py", ["--out", tmp_path / "run", "--optim", "sgd", "--optim-args", "momentum=0.9",
+                                        "--lr", "0.05", "--steps", "8", "--save-steps", "100"],
+                      tmp_path / "stats", launcher="oktopk")
+    assert p.returncode == 0, tail(p)
+    assert sorted(ranks) == [0, 1], tail(p)
+    for rank in ranks.values():
+        assert rank["ddp_hooks"] == [[HOOK]], rank
+        (state,) = rank["states"]
+        assert state["bytes_sent"] > 0, state  # sparse steps went through the library
+        assert state["choice"]["steps"]["sparse"] > 0, state
+    assert "oktopk: oktopk_hook is on for DistributedDataParallel(BertForMaskedLM)" in p.stderr, tail(p)
+    assert "momentum correction stopped: the gradient it handed the optimizer was changed before the step" in p.stderr, tail(p)
+
+
+def test_the_callback_registers_the_hook_and_a_resumed_trainer_continues_bitwise(tmp_path):
+    # Trainer's defaults (AdamW, clipping at 1.0) with bf16 autocast and 2
+    # micro-batches a step; a checkpoint at step 4 of 8. The hook keeps
+    # AdamW's gradients dense (the 2 warm-up steps native, then bfloat16,
+    # no decision by measured time within 8 steps), so the resumed run
+    # matches only if the callback gave each rank its saved state back (a
+    # fresh state would run the warm-up's float32 steps again).
+    common = ["--oktopk", "--bf16", "--grad-accum", "2", "--steps", "8", "--save-steps", "4"]
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    p, ranks = launch("hf_trainer.py", ["--out", whole, *common], tmp_path / "whole-stats")
+    assert p.returncode == 0, tail(p)
+    for rank in ranks.values():
+        assert rank["ddp_hooks"] == [[HOOK]], rank
+        (state,) = rank["states"]
+        assert state["choice"]["kept_dense_for"] == "AdamW", state
+        assert state["choice"]["steps"]["bf16"] > 0, state
+    assert "AdamW steps these parameters: the hook keeps the process group's dense allreduce" in p.stderr, tail(p)
+    assert (whole / "checkpoint-4" / "oktopk_state_1.pt").exists()
+
+    shutil.copytree(whole / "checkpoint-4", resumed / "checkpoint-4")  # the run stopped after step 4
+    p, ranks = launch("hf_trainer.py", ["--out", resumed, "--resume", *common], tmp_path / "resumed-stats")
+    assert p.returncode == 0, tail(p)
+    assert "is missing: the hook's residuals start afresh" not in p.stderr, tail(p)
+    a, b = load_file(whole / "final" / "model.safetensors"), load_file(resumed / "final" / "model.safetensors")
+    assert sorted(a) == sorted(b)
+    differ = [k for k in a if not torch.equal(a[k], b[k])]
+    assert not differ, differ
