@@ -9,9 +9,11 @@ themselves (docs/frameworks.md).
 
       trainer.add_callback(OkTopkCallback(trainer))
 
-- ``OkTopkCheckpoint(state)``: a PyTorch Lightning callback that puts every
-  rank's state in Lightning's checkpoint and gives each rank its own back
-  on resume, for ``DDPStrategy(ddp_comm_state=state, ddp_comm_hook=oktopk_hook)``.
+- ``OkTopkLightningCallback(state)``: beside PyTorch Lightning's
+  ``DDPStrategy(ddp_comm_state=state, ddp_comm_hook=oktopk_hook)``, puts
+  every rank's state in Lightning's checkpoint and gives each rank its own
+  back on resume; and registers the hook on CPU, where DDPStrategy drops
+  its ``ddp_comm_hook`` (it registers one on CUDA only).
 - ``EveryRank(state)``: the same for any framework that saves one file
   from rank 0 but asks every rank for its ``state_dict()``; Accelerate's
   ``accelerator.register_for_checkpointing(EveryRank(state))``.
@@ -30,7 +32,7 @@ import torch.distributed as dist
 
 from .ddp import OkTopkState, oktopk_hook
 
-__all__ = ["EveryRank", "OkTopkCallback", "OkTopkCheckpoint"]
+__all__ = ["EveryRank", "OkTopkCallback", "OkTopkLightningCallback"]
 
 
 def _rank_and_size(group):
@@ -118,19 +120,44 @@ def _trainer_callback_class():
     return OkTopkCallback
 
 
-def _lightning_checkpoint_class():
+def _lightning_callback_class():
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
     try:
         from lightning.pytorch import Callback
     except ImportError:
         from pytorch_lightning import Callback
 
-    class OkTopkCheckpoint(Callback):
-        """Every rank's ``OkTopkState`` in Lightning's checkpoint (under
-        ``callbacks``), each rank's loaded back on ``fit(ckpt_path=...)``;
-        pass the state given to ``DDPStrategy(ddp_comm_state=...)``."""
+    class OkTopkLightningCallback(Callback):
+        """For ``DDPStrategy(ddp_comm_state=state, ddp_comm_hook=oktopk_hook)``
+        (pass it the same state): every rank's state in Lightning's
+        checkpoint (under ``callbacks``), each rank's own loaded back on
+        ``fit(ckpt_path=...)``; and the hook registered at ``on_fit_start``
+        where the strategy registered none. DDPStrategy registers its
+        ``ddp_comm_hook`` only when the root device is CUDA (Lightning 2.6's
+        ``_register_ddp_hooks``) and drops it on CPU without a word; with
+        this callback the hook is on either way (``state.registered_by``
+        says which: "DDPStrategy" or "OkTopkLightningCallback")."""
 
         def __init__(self, state):
+            self.state = state
             self.every_rank = EveryRank(state)
+            self.registered_by = None
+
+        def on_fit_start(self, trainer, pl_module):
+            module = trainer.strategy.model
+            if not isinstance(module, DDP):
+                warnings.warn(f"oktopk: Lightning trains {type(module).__name__}, not a DistributedDataParallel "
+                              "(DDPStrategy): the hook is not registered")
+                return
+            hooks = [h for h, _ in getattr(module, "_comm_hooks", [])]
+            if any(h is oktopk_hook for h in hooks):
+                self.registered_by = "DDPStrategy"
+            elif hooks:
+                warnings.warn(f"oktopk: Lightning's DDP module has another comm hook ({hooks[0]!r}): left as it is")
+            else:
+                module.register_comm_hook(self.state, oktopk_hook)
+                self.registered_by = "OkTopkLightningCallback"
 
         def state_dict(self):
             return self.every_rank.state_dict()
@@ -138,10 +165,10 @@ def _lightning_checkpoint_class():
         def load_state_dict(self, state_dict):
             self.every_rank.load_state_dict(state_dict)
 
-    return OkTopkCheckpoint
+    return OkTopkLightningCallback
 
 
-_makers = {"OkTopkCallback": _trainer_callback_class, "OkTopkCheckpoint": _lightning_checkpoint_class}
+_makers = {"OkTopkCallback": _trainer_callback_class, "OkTopkLightningCallback": _lightning_callback_class}
 
 
 def __getattr__(name):
