@@ -15,6 +15,39 @@ def _sgd(model, nesterov, dampening, weight_decay):
     return torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, nesterov=nesterov, dampening=dampening, weight_decay=weight_decay)
 
 
+def native_steps_are_plain_ddp(rank, world, port, out, nesterov, weight_decay, steps):
+    """The corrected hook through a dense warm-up of ``steps`` native steps
+    (nothing held in any residual) beside plain DDP under the same SGD with
+    momentum: whether the parameters and momentum buffers are the same bits
+    after every step, and how many buckets the correction worked on."""
+    setup(rank, world, port)
+    a, b = DDP(deeper_model()), DDP(deeper_model())
+    state = OkTopkState(algorithm="oktopk", density=0.05, warmup_iters=steps)
+    a.register_comm_hook(state, oktopk_hook)
+    b.register_comm_hook(None, allreduce_hook)
+    oa, ob = _sgd(a, nesterov, 0.0, weight_decay), _sgd(b, nesterov, 0.0, weight_decay)
+    corr, worked = state._momentum, []
+    before = corr.before
+
+    def counting(params, members, tensor):
+        worked.append(state.iter)
+        return before(params, members, tensor)
+
+    corr.before = counting
+    same = []
+    for step in range(steps):
+        x, y = batch(rank, step)
+        for m, o in ((a, oa), (b, ob)):
+            o.zero_grad()
+            F.cross_entropy(m(x), y).backward()
+            o.step()
+        same.append(all(torch.equal(pa, pb) and torch.equal(oa.state[pa]["momentum_buffer"], ob.state[pb]["momentum_buffer"])
+                        for pa, pb in zip(a.parameters(), b.parameters())))
+    write(out, rank, {"same": same, "worked_at": sorted(set(worked)), "active": corr.active})
+    state.close()
+    dist.destroy_process_group()
+
+
 def density_one(rank, world, port, out, nesterov, dampening, weight_decay, steps):
     """The corrected hook at density 1 beside plain DDP, the same SGD: the
     parameters and the optimizers' momentum buffers after every step."""

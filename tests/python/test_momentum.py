@@ -27,6 +27,20 @@ def test_density_one_equals_dense_sgd_with_momentum(nesterov, dampening, weight_
         assert res["b_views"] == (0 if weight_decay else res["params"]), f"rank {r}: {res}"
 
 
+@pytest.mark.parametrize("nesterov,weight_decay", [(False, 0.0), (True, 0.01)])
+def test_a_native_step_with_nothing_held_is_plain_ddp_bitwise_and_corrects_nothing(nesterov, weight_decay):
+    # A native step whose average holds no residual is the gradients' own
+    # average: the correction hands it through (no pass over it), and the
+    # run is plain DDP's with torch's allreduce_hook, bit for bit, momentum
+    # buffers included. Steps 1-5 of the warm-up are such steps once the
+    # optimizer has stepped (the correction starts after its first step).
+    results = run(momentum_workers.native_steps_are_plain_ddp, 2, nesterov, weight_decay, 6)
+    for r, res in results.items():
+        assert res["active"], res
+        assert res["same"] == [True] * 6, f"rank {r}: {res}"
+        assert res["worked_at"] == [], f"rank {r}: the correction worked on native steps {res['worked_at']}"
+
+
 @pytest.mark.parametrize("nesterov", [False, True])
 def test_velocity_mass_is_kept_and_ranks_agree(nesterov):
     world = 3

@@ -45,13 +45,14 @@ def oktopk_hook(state: OkTopkState, bucket: dist.GradBucket) -> torch.futures.Fu
             correction.record_step(state._folds)
         if state._agreement_steps:
             agree_on_settings(state, tensor.device)
-    if correction is None or not correction.active:
+        _begin(state, tensor)
+        if correction is not None and correction.active:
+            correction.begin_step(idle=_native_with_nothing_held(state))
+    if correction is None or not correction.active or correction.idle:
         return _reduce(state, bucket, tensor)
     # Momentum correction (oktopk.momentum): every path below reduces the
     # velocity's step in place of the gradient, and the optimizer gets the
     # G on which its own momentum lands on the average.
-    if bucket.index() == 0:
-        correction.begin_step()
     work = correction.before(bucket.parameters(), state._layout.members(bucket), tensor)
     fut = _reduce(state, bucket, tensor)
     if work is None:
@@ -70,6 +71,39 @@ def oktopk_hook(state: OkTopkState, bucket: dist.GradBucket) -> torch.futures.Fu
     return fut.then(finish)
 
 
+def _begin(state, tensor):
+    """At a step's first bucket, before anything of the step is reduced:
+    the measured choice's path of the step (timing the one before)."""
+    if state._choice is None:
+        return
+    s = state.iter  # the step's: the last bucket advances it
+    if s >= state.warmup_iters:
+        # The step before was settled at this bucket's start (oktopk_hook).
+        begin_step(state, s - state.warmup_iters, tensor.device, untimed=state._hook_iters == 0)
+        state._folds.watching = state._path == NATIVE and bool(state._residual_groups or state._quantized or state._quantized_spill)
+    elif s == timed_warmup_step(state):
+        # A native step the choice can compare the sparse probe with.
+        # A process resumed from a checkpoint saved before it runs it
+        # first, in DDP's provisional layout (dense all the same): timed
+        # too, or the resumed run would decide without it where the
+        # whole run did not.
+        state._choice.time_warmup_step()
+    elif s == timed_warmup_step(state) + 1:
+        state._choice.end_warmup_step()  # a compressed warm-up's step follows it
+
+
+def _native_with_nothing_held(state):
+    """Whether every bucket of the step about to begin goes native with no
+    residual held anywhere: a dense step whose average is the gradients'
+    average and nothing else. The momentum correction then has nothing to
+    move (at density 1 it is the optimizer's own momentum) and hands the
+    gradient through, so a native step costs what torch's allreduce_hook
+    does (oktopk.momentum, MomentumCorrection.begin_step)."""
+    s = state.iter
+    path = warmup_path(state, s) if s < state.warmup_iters else state._path
+    return path == NATIVE and not (state._residual_groups or state._quantized or state._quantized_spill)
+
+
 def _reduce(state, bucket, tensor):
     """oktopk_hook's future of the bucket's average, by the step's path."""
     is_last = bucket.is_last()
@@ -84,20 +118,6 @@ def _reduce(state, bucket, tensor):
         state._hook_iters += 1
     layout = state._layout
     sparse = phase_iter >= state.warmup_iters
-    if state._choice is not None and bucket.index() == 0:
-        if sparse:
-            # The step before was settled at this bucket's start (oktopk_hook).
-            begin_step(state, phase_iter - state.warmup_iters, tensor.device, untimed=not rebuilt)
-            state._folds.watching = state._path == NATIVE and bool(state._residual_groups or state._quantized or state._quantized_spill)
-        elif phase_iter == timed_warmup_step(state):
-            # A native step the choice can compare the sparse probe with.
-            # A process resumed from a checkpoint saved before it runs it
-            # first, in DDP's provisional layout (dense all the same): timed
-            # too, or the resumed run would decide without it where the
-            # whole run did not.
-            state._choice.time_warmup_step()
-        elif phase_iter == timed_warmup_step(state) + 1:
-            state._choice.end_warmup_step()  # a compressed warm-up's step follows it
     if not sparse:
         path = warmup_path(state, phase_iter)
         if path == NATIVE or phase_iter < NATIVE_WARMUP_ITERS:

@@ -159,6 +159,13 @@ class MomentumCorrection:
         # out void to give back (record_step); None: not recording.
         self._record = None
         self._folds = None  # the hook's StepFolds, told when a bucket comes back non-finite
+        # This step hands the gradient through (begin_step's idle): a native
+        # step with no residual held.
+        self.idle = False
+        # index -> the optimizer's momentum_buffer (a flat view) that the
+        # velocity and B were set to by an idle step: never written here,
+        # and never kept as a spare for a new velocity to be computed into.
+        self._following = {}
 
     # -- the optimizer -----------------------------------------------------
 
@@ -190,6 +197,9 @@ class MomentumCorrection:
                                f"{grad[sample[1]].item()!r}: GradScaler's unscale_ or clipping .grad)")
                     return
                 self.settings[i] = settings
+                if self.idle:
+                    self._follow(optimizer, group, p, i)
+                    continue
                 if i in handed and grad is not None:
                     if self._borrow(optimizer, group, p, i):
                         continue
@@ -211,6 +221,22 @@ class MomentumCorrection:
                         self.velocity[i] = _local(buf).detach().reshape(-1).clone()
                         if not self._borrow(optimizer, group, p, i):
                             self.applied[i] = self.velocity[i].clone()
+
+    def _follow(self, optimizer, group, p, i):
+        """After the optimizer stepped on an idle step (the plain average,
+        its own momentum): its momentum_buffer is the average of what the
+        ranks' velocities would be, as at the correction's start, so the
+        velocity and B follow it (views, no copy: an idle step costs no
+        pass). The next corrected step computes a velocity of this rank's
+        own from it into a buffer of the correction's; with weight decay it
+        copies B then too (``before``), ahead of the optimizer's step that
+        moves the buffer."""
+        buf = optimizer.state.get(p, {}).get("momentum_buffer")
+        if buf is None:
+            return
+        view = self.velocity[i] = self._following[i] = _local(buf).detach().reshape(-1)
+        if not self._borrow(optimizer, group, p, i):
+            self.applied[i] = view
 
     def _borrow(self, optimizer, group, p, i):
         """Without weight decay B is the optimizer's own momentum_buffer (the
@@ -249,7 +275,7 @@ class MomentumCorrection:
         the optimizer's momentum_buffer is already its true velocity."""
         self.stopped = why
         self.settings, self.velocity, self.applied, self._spare, self._handed = {}, {}, {}, {}, {}
-        self._borrowed = set()
+        self._borrowed, self._following = set(), {}
         warnings.warn(f"oktopk: momentum correction stopped: {why}. It needs the optimizer to receive the hook's gradient "
                       "unchanged; the optimizer's own momentum acts on the sparse average from now on. Clip or unscale "
                       "nothing after backward, or pass momentum_correction=False (docs/pytorch.md).", stacklevel=4)
@@ -302,12 +328,25 @@ class MomentumCorrection:
 
     # -- one bucket ----------------------------------------------------------
 
-    def begin_step(self):
+    def begin_step(self, idle=False):
         """At the step's first bucket: a G handed over for a step whose
-        optimizer step never came (the script skipped it) does not count."""
+        optimizer step never came (the script skipped it) does not count.
+
+        ``idle``: every bucket of the step goes native with no residual held
+        (oktopk.hook). The average is then the gradients' own, the
+        correction's arithmetic would land the optimizer's momentum exactly
+        where its own lands, and the step hands the gradient through: no
+        pass, no velocity, no masking (nothing is sent sparsely, nothing
+        waits). The optimizer's momentum_buffer, stepped on it, is where the
+        velocities restart at the next corrected step (``_follow``)."""
         self._handed = {}
         self._sample = None
         self._left = {}
+        # DGC's masking (True) zeroes every velocity on a dense step: a rule
+        # that acts on a native step too, which then stays corrected. Local
+        # clipping bounds what enters a residual: with none held, an idle
+        # step clips nothing, as plain DDP does not.
+        self.idle = idle and self.masking is not True
 
     def before(self, params, members, tensor):
         """Replace each corrected parameter's gradient in ``tensor`` (the
@@ -334,6 +373,12 @@ class MomentumCorrection:
             if new is None or new.shape != g.shape or new.dtype != g.dtype or new.device != g.device:
                 new = self._spare[i] = torch.empty_like(g)
             velocity = self.velocity.get(i)
+            if velocity is not None and self.applied.get(i) is velocity and i not in self._borrowed:
+                # Restarting from the buffer an idle step left (_follow), with
+                # weight decay: B is the correction's own from here, taken
+                # before the optimizer's step moves the buffer.
+                self._note("applied", i, self.applied)
+                self.applied[i] = velocity.clone()
             if velocity is None or self.applied.get(i) is None:
                 new.copy_(g)  # torch's first step: buf = grad, no dampening
                 self._note("applied", i, self.applied)
@@ -365,8 +410,8 @@ class MomentumCorrection:
         for i, a, b, m, d, nesterov in work:
             self._note("velocity", i, self.velocity)
             self.velocity[i], self._spare[i] = self._spare[i], self.velocity.get(i)
-            if self._spare[i] is None:
-                del self._spare[i]
+            if self._spare[i] is None or self._spare[i] is self._following.get(i):
+                del self._spare[i]  # the optimizer's buffer is never a spare
             if self.masking:
                 # What left this rank (with "waited": after waiting) stops its
                 # momentum. A dense step sends everything: True masks all,
@@ -492,7 +537,7 @@ class MomentumCorrection:
         self.applied = {int(i): e["applied"] for i, e in saved.items()}
         self._loaded = {int(i): e["waiting"] for i, e in saved.items() if e.get("waiting") is not None}
         self._zero, self._member_of = {}, {}
-        self._spare, self._handed, self._sample, self._borrowed = {}, {}, None, set()
+        self._spare, self._handed, self._sample, self._borrowed, self._following = {}, {}, None, set(), {}
         self._optimizer, self._group_of = None, {}
         self._record = None  # a loaded state is no step's to give back
 
