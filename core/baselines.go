@@ -284,7 +284,10 @@ func regionBlock(s Sparse, lo, hi uint32, dense bool) Block {
 // denseIsNoLarger is SparCML's switch for a stream of nnz pairs over a
 // region of length indices: with 32-bit indices and values, pairs cost 2·nnz
 // words and the dense form length words; at equal size dense wins (it needs
-// no index decoding).
+// no index decoding). Coded indices (indexcode.go) make pairs smaller than
+// that, but the switch stays the paper's: which form a region takes
+// changes the result's index set, and the results must not depend on the
+// gaps.
 func denseIsNoLarger(nnz, length int) bool { return 2*nnz >= length }
 
 // decodeRegionBlock reads a block made by regionBlock for region [lo, hi).

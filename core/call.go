@@ -361,8 +361,8 @@ type Stats struct {
 // Time is the time phase p took in the call.
 func (s *Stats) Time(p Phase) time.Duration { return s.Phases[p].Time }
 
-// WordsSent is the volume the cost model counts: 4-byte words (an index and
-// a value are one word each).
+// WordsSent is BytesSent in the cost model's 4-byte words (an index and a
+// value one word each; indices coded as gaps, indexcode.go, take less).
 func (s *Stats) WordsSent() uint64 { return s.BytesSent / 4 }
 
 // WordsReceived is BytesReceived in the same 4-byte words.

@@ -7,5 +7,7 @@
 // Each algorithm lives in its own file that opens with the algorithm in plain
 // words and its cost in the α-β model: P ranks, n elements, k selected, α
 // latency per message, β time per word (an index and a value are one word
-// each). Algorithms talk to peers only through transport.Transport.
+// each, as in the papers; on the wire indices are coded as gaps,
+// indexcode.go, and take less). Algorithms talk to peers only through
+// transport.Transport.
 package core

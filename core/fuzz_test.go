@@ -308,23 +308,30 @@ func savedState(c *Communicator) []byte {
 	return b
 }
 
-func dtypeWidth(d transport.Dtype) int {
-	switch d {
-	case transport.DtypeBytes:
-		return 1
-	case transport.DtypeFloat16, transport.DtypeBFloat16:
-		return 2
-	case transport.DtypeFloat32:
-		return 4
-	case transport.DtypeSparseF32, transport.DtypeUint64:
-		return 8
+// fuzzCount is the count a message of dtype carrying payload claims in
+// FuzzPeerPayload: the recorded message's (orig), when it has that dtype
+// (a sparse payload's count can be told from its length only roughly), else
+// the payload's length over the dtype's width, as many as fit.
+func fuzzCount(dtype transport.Dtype, payload []byte, orig transport.Message) uint64 {
+	if dtype == orig.Dtype {
+		return orig.Count
 	}
-	return 0
+	switch dtype {
+	case transport.DtypeFloat16, transport.DtypeBFloat16:
+		return uint64(len(payload) / 2)
+	case transport.DtypeFloat32:
+		return uint64(len(payload) / 4)
+	case transport.DtypeUint64:
+		return uint64(len(payload) / 8)
+	case transport.DtypeSparseF32:
+		return uint64(len(payload) / 5) // 4 bytes of value, and a coded index of about 8 bits
+	}
+	return uint64(len(payload))
 }
 
 // FuzzPeerPayload: one message a peer sends, replaced by arbitrary bytes
-// (of any dtype; the count is what the frame check lets through: the
-// payload's length over the dtype's width), in any call of any algorithm.
+// (of any dtype, with the count fuzzCount gives it, where the frame check
+// lets it through), in any call of any algorithm.
 // Every decoder of peers' payloads inside the algorithms (dense chunks,
 // sparse regions, Ok-Topk's histograms and boundaries, the agreement words,
 // gTopk's and Gaussiank's exchanges) must refuse it or use it, never panic
@@ -353,8 +360,9 @@ func FuzzPeerPayload(f *testing.F) {
 		}
 		key := rcs[target].keys[int(msgNum)%len(rcs[target].keys)]
 		dtype := transport.Dtype(dtypeByte % 6)
-		w := dtypeWidth(dtype)
-		if len(payload)%w != 0 {
+		orig := rcs[target].msgs[key][0]
+		count := fuzzCount(dtype, payload, orig)
+		if transport.CheckPayloadSize(dtype, count, uint64(len(payload))) != nil {
 			return // the frame check drops it before any algorithm sees it
 		}
 		cfg := fuzzConfig
@@ -373,10 +381,9 @@ func FuzzPeerPayload(f *testing.F) {
 			}
 			changed := false
 			if call == target {
-				orig := rep.msgs[key][0]
 				m := orig
-				m.Dtype, m.Count, m.Payload = dtype, uint64(len(payload)/w), append([]byte(nil), payload...)
-				changed = m.Dtype != orig.Dtype || !bytes.Equal(m.Payload, orig.Payload)
+				m.Dtype, m.Count, m.Payload = dtype, count, append([]byte(nil), payload...)
+				changed = m.Dtype != orig.Dtype || m.Count != orig.Count || !bytes.Equal(m.Payload, orig.Payload)
 				rep.msgs[key] = append([]transport.Message{m}, rep.msgs[key][1:]...)
 			}
 			grad := append([]float32(nil), rc.grad...)

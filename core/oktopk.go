@@ -25,7 +25,7 @@ package core
 //     in the order the schedule delivers them (its own, then ranks r−1,
 //     r−2, …) while later ones are still on the wire. Only the owner sums
 //     its region, so every rank gets the same bits. Indices travel
-//     region-relative as integers. The dense-gradient call sums into an
+//     region-relative, coded as gaps (indexcode.go). The dense-gradient call sums into an
 //     array over its region; the sparse-input call merges the sorted index
 //     lists instead, so its cost follows the pairs, not n (same bits).
 //  4. Global selection. The owners' histograms of their reduced
@@ -71,8 +71,8 @@ package core
 // values.go): each rank rounds its selection before step 3, each owner its
 // kept sums before step 5, and every rank uses the owner's rounded sums. In
 // step 6 a rank's residual keeps acc − what it sent, and an owner's also
-// takes its sums' rounding errors, so nothing is lost; a pair is then 1.5
-// words instead of 2. Entries the caller holds back
+// takes its sums' rounding errors, so nothing is lost; a value is then half
+// a word instead of one. Entries the caller holds back
 // (SparseAllreduceHolding) are left out of step 1's selection and stay in
 // the residual.
 //

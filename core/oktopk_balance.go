@@ -32,8 +32,8 @@ func balance(ctx context.Context, call *Call, kept Sparse, counts []int, sc *okT
 	g, gctx := errgroup.WithContext(ctx)
 	// Send my entries that belong to other ranks' shares, each part encoded
 	// into its own place in one buffer (the parts never overlap).
-	if cap(sc.sends) < 8*kept.Len() {
-		sc.sends = make([]byte, 8*kept.Len())
+	if need := sparseSlotsBytes(call.Values, kept.Len(), p); cap(sc.sends) < need {
+		sc.sends = make([]byte, need)
 	}
 	for j := 0; j < p; j++ {
 		lo, hi := overlap(starts[r], starts[r+1], share(j), share(j+1))
@@ -42,7 +42,7 @@ func balance(ctx context.Context, call *Call, kept Sparse, counts []int, sc *okT
 		}
 		a, b := lo-starts[r], hi-starts[r]
 		part := Sparse{Idx: kept.Idx[a:b], Val: kept.Val[a:b]}
-		payload := encodeSparseAs(sc.sends[8*a:8*b:8*b], part, 0, call.Values)
+		payload := encodeSparseAs(sparseSlot(sc.sends, call.Values, a, b, j), part, 0, call.Values)
 		goSafe(g, func() error {
 			return call.Send(gctx, j, stepBalance, call.Values.sparseDtype(), uint64(part.Len()), payload)
 		})

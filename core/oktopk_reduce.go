@@ -146,8 +146,8 @@ func splitAndReduce(ctx context.Context, call *Call, bounds []uint32, local Spar
 		at[j] = at[j-1] + sort.Search(local.Len()-at[j-1], func(i int) bool { return local.Idx[at[j-1]+i] >= bounds[j] })
 	}
 	at[p] = local.Len()
-	if cap(sc.encoded) < 8*local.Len() {
-		sc.encoded = make([]byte, 8*local.Len())
+	if need := sparseSlotsBytes(call.Values, local.Len(), p); cap(sc.encoded) < need {
+		sc.encoded = make([]byte, need)
 	}
 	for len(sc.decoded) < p {
 		sc.decoded = append(sc.decoded, Sparse{})
@@ -175,7 +175,7 @@ func splitAndReduce(ctx context.Context, call *Call, bounds []uint32, local Spar
 			goSafe(g, func() error {
 				defer func() { <-slots }()
 				out := region(to)
-				payload := encodeSparseAs(sc.encoded[8*at[to]:8*at[to+1]:8*at[to+1]], out, bounds[to], call.Values)
+				payload := encodeSparseAs(sparseSlot(sc.encoded, call.Values, at[to], at[to+1], to), out, bounds[to], call.Values)
 				m, err := call.SendRecv(gctx, to, stepSplit, call.Values.sparseDtype(), uint64(out.Len()), payload, from)
 				if err != nil {
 					return err

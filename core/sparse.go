@@ -2,7 +2,8 @@ package core
 
 // Sparse, the index-value vector the sparse algorithms exchange, its wire
 // codec (EncodeSparse, and DecodeSparse, which validates before it
-// allocates), and the dense float32 payload codecs.
+// allocates; the indices are coded as in indexcode.go), and the dense
+// float32 payload codecs.
 
 import (
 	"encoding/binary"
@@ -33,57 +34,101 @@ func (s *Sparse) Append(i uint32, v float32) {
 	s.Val = append(s.Val, v)
 }
 
-// EncodeSparse lays s out as raw little-endian bytes: len(s) uint32 indices,
-// then len(s) float32 values, each index shifted down by base (region-relative).
+// A sparse frame of count entries with values of type v is the count
+// indices coded as gaps (indexcode.go), then the count values, v.width()
+// bytes each (little-endian float32, or the 16-bit formats' bits).
+
+// EncodeSparse lays s out as a sparse frame with float32 values, its
+// indices coded relative to base (region-relative).
 func EncodeSparse(dst []byte, s Sparse, base uint32) []byte {
-	n := s.Len()
-	need := 8 * n
+	return encodeSparseAs(dst, s, base, ValuesFloat32)
+}
+
+// DecodeSparse parses a frame made by EncodeSparse with count entries,
+// adding base back to every index. It validates before it allocates: the
+// frame must say it holds count entries and have room for their values;
+// its coded indices must then be exactly count, each below limit, and the
+// values fill the rest (indexcode.go names every refusal). dst's storage is
+// reused.
+func DecodeSparse(dst Sparse, payload []byte, count uint64, base, limit uint32) (Sparse, error) {
+	return decodeSparseAs(dst, payload, count, base, limit, ValuesFloat32)
+}
+
+// sparseSlot is where the frame of entries [from, to) of a vector goes in
+// a buffer shared by the frames of its consecutive parts, part being the
+// frame's number among them: [e·from + 4·part, e·to + 4·(part+1)) with e
+// the most an entry takes (its value and 5 bytes of coded index), the 4
+// the frame's own. The slots of parts in order never overlap, so the parts
+// are encoded at once; a buffer of sparseSlotsBytes holds them all.
+func sparseSlot(buf []byte, v ValueType, from, to, part int) []byte {
+	e := v.width() + 5
+	return buf[e*from+4*part : e*to+4*(part+1) : e*to+4*(part+1)]
+}
+
+// sparseSlotsBytes is the buffer that sparseSlot's slots of entries entries
+// in parts parts take.
+func sparseSlotsBytes(v ValueType, entries, parts int) int { return (v.width()+5)*entries + 4*parts }
+
+// encodeSparseAs is EncodeSparse with values of type v, which s's values
+// must already hold exactly (they are converted, not rounded again). dst's
+// storage is used when it has room for the frame's bound.
+func encodeSparseAs(dst []byte, s Sparse, base uint32, v ValueType) []byte {
+	n, w := s.Len(), v.width()
+	need := maxIndexBytes(n) + w*n
 	if cap(dst) < need {
 		dst = make([]byte, need)
 	}
 	dst = dst[:need]
-	for i, ix := range s.Idx {
-		binary.LittleEndian.PutUint32(dst[4*i:], ix-base)
+	at := putIndices(dst, s.Idx, base)
+	if v == ValuesFloat32 {
+		copy(dst[at:], float32Bytes(s.Val))
+	} else {
+		narrow := halves[v].narrow
+		for i, x := range s.Val {
+			binary.LittleEndian.PutUint16(dst[at+2*i:], narrow(x))
+		}
 	}
-	copy(dst[4*n:], float32Bytes(s.Val))
-	return dst
+	return dst[:at+w*n]
 }
 
-// DecodeSparse parses a payload made by EncodeSparse with count entries,
-// adding base back to every index. It validates before it allocates: the
-// payload length must match count, every index must be below limit and
-// indices must strictly increase. dst's storage is reused.
-func DecodeSparse(dst Sparse, payload []byte, count uint64, base, limit uint32) (Sparse, error) {
-	if count > uint64(len(payload))/8 || uint64(len(payload)) != 8*count {
-		return dst, fmt.Errorf("%w: sparse payload of %d bytes for %d entries", transport.ErrBadFrame, len(payload), count)
-	}
-	n := int(count)
-	dst, err := decodeIndices(dst, payload, n, base, limit)
-	if err != nil {
+// decodeSparseAs is DecodeSparse for a frame made by encodeSparseAs with
+// values of type v; the values come back widened to float32, exactly. On
+// an error dst comes back empty, its storage kept.
+func decodeSparseAs(dst Sparse, payload []byte, count uint64, base, limit uint32, v ValueType) (Sparse, error) {
+	dst.Reset()
+	w := v.width()
+	if err := checkCodedCount(payload, count); err != nil {
 		return dst, err
 	}
-	dst.Val = append(dst.Val, bytesFloat32(payload[4*n:])...)
-	return dst, nil
-}
-
-// decodeIndices resets dst (keeping its storage, with room for n values)
-// and reads the n region-relative uint32 indices that open payload, adding
-// base; every index must be below limit and above the one before.
-func decodeIndices(dst Sparse, payload []byte, n int, base, limit uint32) (Sparse, error) {
-	dst.Reset()
+	if count > uint64(len(payload)/w) {
+		return dst, fmt.Errorf("%w: %d bytes cannot hold %d %v values", ErrSparseTruncated, len(payload), count, v)
+	}
+	n := int(count)
 	if cap(dst.Idx) < n {
 		dst.Idx = make([]uint32, 0, n)
+	}
+	if cap(dst.Val) < n {
 		dst.Val = make([]float32, 0, n)
 	}
-	prev := int64(-1)
-	for i := 0; i < n; i++ {
-		rel := binary.LittleEndian.Uint32(payload[4*i:])
-		ix := uint64(rel) + uint64(base)
-		if ix >= uint64(limit) || int64(ix) <= prev {
-			return dst, fmt.Errorf("%w: sparse index %d (entry %d) out of order or not below %d", transport.ErrBadFrame, ix, i, limit)
+	idx, at, err := readIndices(dst.Idx, payload, n, base, limit)
+	if err != nil {
+		dst.Idx = idx[:0]
+		return dst, err
+	}
+	switch values := payload[at:]; {
+	case len(values) < w*n:
+		return dst, fmt.Errorf("%w: %d bytes for %d %v values", ErrSparseTruncated, len(values), n, v)
+	case len(values) > w*n:
+		return dst, fmt.Errorf("%w: %d bytes left after %d %v values", ErrSparseCountMismatch, len(values)-w*n, n, v)
+	}
+	dst.Idx, dst.Val = idx, dst.Val[:n]
+	if v == ValuesFloat32 {
+		copy(float32Bytes(dst.Val), payload[at:])
+	} else {
+		widen := halves[v].widen
+		for i := range dst.Val {
+			dst.Val[i] = widen(binary.LittleEndian.Uint16(payload[at+2*i:]))
 		}
-		prev = int64(ix)
-		dst.Idx = append(dst.Idx, uint32(ix))
 	}
 	return dst, nil
 }

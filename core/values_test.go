@@ -99,7 +99,7 @@ func TestSparseCodecReducedValuesRoundTrip(t *testing.T) {
 		in := Sparse{Idx: s.Idx, Val: append([]float32(nil), s.Val...)}
 		valueRounding{values: v}.apply(in)
 		b := encodeSparseAs(nil, in, 100, v)
-		if len(b) != (4+v.width())*in.Len() {
+		if len(b) != codedIndexBytes(in.Idx)+v.width()*in.Len() {
 			t.Fatalf("%v: %d bytes for %d pairs", v, len(b), in.Len())
 		}
 		out, err := decodeSparseAs(Sparse{}, b, uint64(in.Len()), 100, 5000, v)

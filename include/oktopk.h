@@ -119,11 +119,12 @@ typedef enum {
 } oktopk_dtype_t;
 
 /* oktopk_config_t.value_dtype: the precision selected values travel in.
- * OKTOPK_FLOAT16 or OKTOPK_BFLOAT16 make an (index, value) pair 6 bytes
- * instead of 8. Each rank rounds the values it sends once, each Ok-Topk
- * region owner its sums once (every rank uses the owner's rounded sums, so
- * results stay bitwise identical), and the rounding errors go into the
- * residuals (a sum's into its owner's): over any number of calls the
+ * OKTOPK_FLOAT16 or OKTOPK_BFLOAT16 make a value 2 bytes instead of 4
+ * (indices travel coded as gaps whatever the values, about 1.2 bytes an
+ * index at density 1%). Each rank rounds the values it sends once, each
+ * Ok-Topk region owner its sums once (every rank uses the owner's rounded
+ * sums, so results stay bitwise identical), and the rounding errors go into
+ * the residuals (a sum's into its owner's): over any number of calls the
  * gradients' sum equals P x the results plus the residuals' change, up to
  * float32 rounding. Values beyond the format's range saturate and the rest
  * waits in the residual. Or-ing in OKTOPK_STOCHASTIC_ROUNDING rounds

@@ -30,13 +30,26 @@ func TestFrameHeaderRoundTripAndRejections(t *testing.T) {
 	if err != nil || h.Tag != (Tag{OpOkTopk, 42, 7}) || h.Call != testCall || h.Count != 3 || h.PayloadLen != 24 || h.Sender != 1 {
 		t.Fatalf("round trip: %+v, %v", h, err)
 	}
-	// Sparse pairs with 16-bit values are 6 bytes each.
-	for _, dt := range []Dtype{DtypeSparseF16, DtypeSparseBF16} {
-		if h, err := DecodeFrameHeader(validHeader(FrameData, dt, 3, 18), DigestToken("tok"), 3, 4); err != nil || h.Dtype != dt {
-			t.Fatalf("%v round trip: %+v, %v", dt, h, err)
+	// A sparse payload is its indices coded as gaps, then its values:
+	// between count·w + 8 and count·(w + 5) + 4 bytes for values of w bytes.
+	for _, c := range []struct {
+		dt    Dtype
+		count uint64
+		least uint64 // the shortest payload accepted
+		most  uint64 // the longest
+	}{{DtypeSparseF32, 3, 20, 31}, {DtypeSparseF16, 3, 14, 25}, {DtypeSparseBF16, 3, 14, 25}} {
+		for _, length := range []uint64{c.least, c.most} {
+			if h, err := DecodeFrameHeader(validHeader(FrameData, c.dt, c.count, length), DigestToken("tok"), 3, 4); err != nil || h.Dtype != c.dt {
+				t.Fatalf("%v: %d entries in %d bytes refused: %v", c.dt, c.count, length, err)
+			}
 		}
-		if _, err := DecodeFrameHeader(validHeader(FrameData, dt, 3, 24), DigestToken("tok"), 3, 4); !errors.Is(err, ErrBadFrame) {
-			t.Fatalf("%v with 8-byte pairs accepted: %v", dt, err)
+		for _, length := range []uint64{c.least - 1, c.most + 1} {
+			if _, err := DecodeFrameHeader(validHeader(FrameData, c.dt, c.count, length), DigestToken("tok"), 3, 4); !errors.Is(err, ErrBadFrame) {
+				t.Fatalf("%v: %d entries in %d bytes accepted: %v", c.dt, c.count, length, err)
+			}
+		}
+		if _, err := DecodeFrameHeader(validHeader(FrameData, c.dt, 0, 1), DigestToken("tok"), 3, 4); !errors.Is(err, ErrBadFrame) {
+			t.Fatalf("%v: no entries in a byte accepted: %v", c.dt, err)
 		}
 	}
 	abort := FrameHeader{Kind: FrameAbort, Token: DigestToken("tok"), Generation: 3, Reason: AbortMismatch, Dtype: DtypeBytes, Count: 5, PayloadLen: 5}
@@ -73,7 +86,7 @@ func TestFrameHeaderRoundTripAndRejections(t *testing.T) {
 		"other generation":    {b, "tok", 4, 4, ErrBadFrame},
 		"sender out of range": {b, "tok", 3, 1, ErrBadFrame},
 		"short header":        {b[:60], "tok", 3, 4, ErrBadFrame},
-		"count vs length":     {validHeader(FrameData, DtypeSparseF32, 4, 24), "tok", 3, 4, ErrBadFrame},
+		"count vs length":     {validHeader(FrameData, DtypeSparseF32, 4, 23), "tok", 3, 4, ErrBadFrame},
 		"overflowing count":   {validHeader(FrameData, DtypeSparseF32, 1<<62, 0), "tok", 3, 4, ErrBadFrame},
 		"unknown dtype":       {validHeader(FrameData, Dtype(99), 0, 0), "tok", 3, 4, ErrBadFrame},
 		"unknown call dtype":  {withByte(b, 88, 99), "tok", 3, 4, ErrBadFrame},
@@ -98,7 +111,8 @@ func TestFrameHeaderRoundTripAndRejections(t *testing.T) {
 func FuzzDecodeFrame(f *testing.F) {
 	f.Add(validHeader(FrameData, DtypeFloat32, 4, 16))
 	f.Add(validHeader(FrameHello, DtypeBytes, 0, 0))
-	f.Add(validHeader(FrameData, DtypeSparseF32, 1, 8))
+	f.Add(validHeader(FrameData, DtypeSparseF32, 1, 12))
+	f.Add(validHeader(FrameData, DtypeSparseF16, 200, 620))
 	f.Add([]byte("GET / HTTP/1.1\r\n"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		h, err := DecodeFrameHeader(b, DigestToken("tok"), 3, 4)

@@ -53,7 +53,8 @@ func (o Op) String() string {
 }
 
 // Dtype is the element type a payload carries. Bulk payloads are raw
-// little-endian bytes of this type (or uint32 indices for sparse streams).
+// little-endian bytes of this type; sparse ones the values so, then the
+// indices coded as gaps.
 type Dtype uint8
 
 const (
@@ -61,10 +62,10 @@ const (
 	DtypeFloat32
 	DtypeFloat16
 	DtypeBFloat16
-	DtypeSparseF32 // count uint32 indices followed by count float32 values
+	DtypeSparseF32 // count float32 values, then count indices coded as gaps (core/indexcode.go)
 	DtypeUint64
-	DtypeSparseF16  // count uint32 indices followed by count float16 values
-	DtypeSparseBF16 // count uint32 indices followed by count bfloat16 values
+	DtypeSparseF16  // count float16 values, then the coded indices
+	DtypeSparseBF16 // count bfloat16 values, then the coded indices
 )
 
 var dtypeNames = [...]string{"bytes", "float32", "float16", "bfloat16", "sparse_f32", "uint64", "sparse_f16", "sparse_bf16"}
