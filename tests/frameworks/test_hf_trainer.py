@@ -27,8 +27,10 @@ def test_the_launcher_puts_the_hook_on_trainers_ddp_and_it_sends_sparse(tmp_path
     assert sorted(ranks) == [0, 1], tail(p)
     for rank in ranks.values():
         assert rank["ddp_hooks"] == [[HOOK]], rank
-        (state,) = rank["states"]
-        assert state["bytes_sent"] > 0, state  # sparse steps went through the library
+        (registered,) = rank["autohook_registered"]  # the launcher's (module, state)
+        assert registered["module"] == "BertForMaskedLM", registered
+        assert registered["bytes_sent"] > 0, registered  # sparse steps went through the library
+        (state,) = rank["states"]  # the only state in the process: the launcher's
         assert state["choice"]["steps"]["sparse"] > 0, state
     assert "oktopk: oktopk_hook is on for DistributedDataParallel(BertForMaskedLM)" in p.stderr, tail(p)
     assert "momentum correction stopped: the gradient it handed the optimizer was changed before the step" in p.stderr, tail(p)

@@ -2,7 +2,8 @@
 ``python SCRIPT ARGS...`` would, then write this rank's view of oktopk to
 $FW_STATS/rank{RANK}.json for the tests: each DistributedDataParallel
 module's comm hooks, and each OkTopkState's statistics (bytes the library
-sent, the 4-bit path's, the measured choice). The objects are found by the
+sent, the 4-bit path's, the measured choice), and under the launcher
+what ``oktopk.autohook.registered`` holds. The objects are found by the
 garbage collector's list, so the example needs no line for the test, under
 the launcher or with its own registration alike."""
 
@@ -29,9 +30,16 @@ def write():
         elif isinstance(o, OkTopkState):
             states.append({"bytes_sent": o.bytes_sent, "quantized_bytes_sent": o.quantized_bytes_sent,
                            "choice": o.choice, "repr": repr(o)})
+    # Under the launcher: what oktopk.autohook registered, (module, state)
+    # pairs. Each rank runs `python -m oktopk.autohook`, so the module is
+    # __main__ there (and oktopk.autohook only if something imported it).
+    found = {id(m): m for m in (sys.modules.get("oktopk.autohook"), sys.modules.get("__main__"))
+             if m is not None and hasattr(m, "registered") and hasattr(m, "install")}
+    registered = [{"module": type(m.module).__name__, "bytes_sent": s.bytes_sent}
+                  for autohook in found.values() for m, s in autohook.registered]
     rank = os.environ.get("RANK", "0")
     with open(os.path.join(os.environ["FW_STATS"], f"rank{rank}.json"), "w") as f:
-        json.dump({"ddp_hooks": modules, "states": states}, f, default=str)
+        json.dump({"ddp_hooks": modules, "states": states, "autohook_registered": registered}, f, default=str)
 
 
 script = os.path.abspath(sys.argv[1])
