@@ -9,12 +9,14 @@ from safetensors.torch import load_file
 
 
 def test_accelerate_sends_through_the_hook_and_load_state_continues_bitwise(tmp_path):
-    # 8 steps, save_state at step 4, in the middle of the hook's sparse probe
-    # (steps 2-5): the resumed run matches the whole one only if load_state
-    # gave every rank its own residuals back (EveryRank), beside
-    # Accelerate's model, optimizer and per-rank RNG states.
+    # 6 steps, save_state at step 4, in the middle of the hook's sparse probe
+    # (steps 2-5; every step's path is fixed by its number until the probe
+    # ends, so a choice by measured time never splits the two runs): the
+    # resumed run matches the whole one only if load_state gave every rank
+    # its own residuals back (EveryRank), beside Accelerate's model,
+    # optimizer and per-rank RNG states.
     whole, resumed = tmp_path / "whole", tmp_path / "resumed"
-    p, ranks = launch("accelerate_train.py", ["--out", whole, "--oktopk"], tmp_path / "whole-stats")
+    p, ranks = launch("accelerate_train.py", ["--out", whole, "--oktopk", "--steps", "6"], tmp_path / "whole-stats")
     assert p.returncode == 0, tail(p)
     assert sorted(ranks) == [0, 1], tail(p)
     for rank in ranks.values():
@@ -24,7 +26,7 @@ def test_accelerate_sends_through_the_hook_and_load_state_continues_bitwise(tmp_
     saved = torch.load(whole / "step_4" / "custom_checkpoint_0.pkl", weights_only=False)
     assert [s["rank"] for s in saved["oktopk_every_rank"]] == [0, 1]  # written by rank 0, both ranks' states
 
-    p, ranks = launch("accelerate_train.py", ["--out", resumed, "--oktopk", "--resume", whole / "step_4"],
+    p, ranks = launch("accelerate_train.py", ["--out", resumed, "--oktopk", "--steps", "6", "--resume", whole / "step_4"],
                       tmp_path / "resumed-stats")
     assert p.returncode == 0, tail(p)
     assert "step 5 loss" in p.stdout and "step 4 loss" not in p.stdout, tail(p)
