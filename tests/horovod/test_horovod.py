@@ -310,6 +310,7 @@ def test_demo_under_horovodrun_keeps_ranks_bitwise_identical_without_horovods_al
         assert res["digests"] == results[0]["digests"], f"rank {r} diverged"
         assert res["moved"] and res["steps"] == 5 and res["bytes_sent"] > 0
         assert res["horovod_reductions"] == 0, f"rank {r}: {res['horovod_reductions']} reductions went through Horovod"
+        assert res["agreement_gathers"] == 4, f"rank {r}: the settings' agreement is one gather a step: {res}"
 
 
 @pytest.mark.parametrize("nesterov", ["0", "1"])

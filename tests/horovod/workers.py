@@ -107,11 +107,13 @@ def auto_counts(out, steps="6"):
 @contextlib.contextmanager
 def counting_horovod_reductions():
     """Counts every call into Horovod's own reductions (the entry points
-    hvd.DistributedOptimizer uses) while the block runs."""
+    hvd.DistributedOptimizer uses) while the block runs: ``count[0]`` all of
+    them, ``count["allgather"]`` the gathers called as hvd.allgather (each
+    also counts its inner allgather_async)."""
     import horovod.torch.mpi_ops as mpi_ops
     import horovod.torch.optimizer as hvd_optimizer
 
-    count = [0]
+    count = {0: 0, "allgather": 0}
     names = ["allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_", "allgather", "allgather_async", "sparse_allreduce_async"]
     saved = []
     for module in (hvd, mpi_ops, hvd_optimizer):
@@ -119,8 +121,10 @@ def counting_horovod_reductions():
             if hasattr(module, name):
                 original = getattr(module, name)
 
-                def counted(*a, _original=original, **k):
+                def counted(*a, _original=original, _name=name, _module=module, **k):
                     count[0] += 1
+                    if _name == "allgather" and _module is hvd:
+                        count["allgather"] += 1
                     return _original(*a, **k)
 
                 saved.append((module, name, original))
@@ -467,14 +471,15 @@ def demo(out, steps="5"):
     seeds (hvd.broadcast_parameters unifies them): the parameters' digest
     after every step, the bytes it sent, and how many reductions went
     through Horovod itself after the first step (which connects the ranks
-    through Horovod's collectives): none, there is no gradient allreduce."""
+    through Horovod's collectives): none, there is no gradient allreduce,
+    only the settings' agreement, one 16-byte gather a step."""
     hvd.init()
     torch.set_num_threads(1)
     torch.manual_seed(hvd.rank())
     model = small_model()
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     opt = oktopk_horovod.DeMo(model.parameters(), lr=0.01, weight_decay=0.1)
-    digests, before, reductions = [], digest(model), 0
+    digests, before, reductions, gathers = [], digest(model), 0, 0
     for step in range(int(steps)):
         g = torch.Generator().manual_seed(1000 * step + hvd.rank())
         x, y = torch.randn(8, 20, generator=g), torch.randint(0, 5, (8,), generator=g)
@@ -482,10 +487,12 @@ def demo(out, steps="5"):
         with counting_horovod_reductions() as count:
             F.cross_entropy(model(x), y).backward()
             opt.step()
-        reductions += count[0] if step else 0
+        if step:
+            gathers += count["allgather"]
+            reductions += count[0] - 2 * count["allgather"]  # a gather counts its inner allgather_async too
         digests.append(digest(model))
     result = {"digests": digests, "moved": digests[-1] != before, "bytes_sent": opt.bytes_sent, "steps": opt.steps,
-              "horovod_reductions": reductions}
+              "horovod_reductions": reductions, "agreement_gathers": gathers}
     opt.close()
     return result
 

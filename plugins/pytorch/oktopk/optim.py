@@ -180,7 +180,7 @@ class DeMo(torch.optim.Optimizer):
             raise ValueError(f"oktopk: chunk must be an int in [1, {MAX_CHUNK}] (the transform holds a chunk x chunk matrix "
                              f"per block side), got {chunk!r}")
         if not (is_int(topk) and 1 <= topk <= chunk * chunk):
-            raise ValueError(f"oktopk: topk must be an int in [1, chunk * chunk] = [1, {chunk * chunk if is_int(chunk) else '?'}] "
+            raise ValueError(f"oktopk: topk must be an int in [1, chunk * chunk] = [1, {chunk * chunk}] "
                              f"(the coefficients of the largest block), got {topk!r}")
         if timeout is not None and not (is_real(timeout) and 0 < timeout <= MAX_INT32 / 1000):
             raise ValueError(f"oktopk: timeout must be None or a number of seconds in (0, {MAX_INT32 // 1000}], got {timeout!r}")
@@ -198,6 +198,7 @@ class DeMo(torch.optim.Optimizer):
         self.momentum_decay, self.topk, self.chunk = float(momentum_decay), topk, chunk
         self.process_group, self.timeout, self._connect = process_group, timeout, communicator
         self._agreement = agreement
+        self._default_timeout = None  # the library's, read at the first wait that needs it
         self._params = [p for group in self.param_groups for p in group["params"]]
         _check_shards(self._params, process_group)
         for p in self._params:
@@ -270,7 +271,13 @@ class DeMo(torch.optim.Optimizer):
         return None
 
     def _timeout_seconds(self):
-        return self.timeout if self.timeout is not None else _lib.library_default_config().timeout_ms / 1000
+        """The seconds a wait of DeMo's may take: its timeout, else the
+        library's default (read once)."""
+        if self.timeout is not None:
+            return self.timeout
+        if self._default_timeout is None:
+            self._default_timeout = _lib.library_default_config().timeout_ms / 1000
+        return self._default_timeout
 
     def _settings(self):
         """What every rank must hold alike at a step: the settings that
