@@ -44,7 +44,11 @@ class EveryRank:
     collective: each rank calls it (Accelerate's ``save_state`` and
     Lightning's checkpointing do, then write rank 0's result alone), and rank
     0's holds the list of every rank's state. ``load_state_dict`` takes that
-    list on every rank and loads the rank's own entry."""
+    list on every rank and loads the rank's own entry. Gathered to rank 0
+    alone, so that no other rank holds every residual: a file written by
+    another rank (Accelerate's ``save_on_each_node``, on the other nodes)
+    holds that rank's state alone, and a load of it is refused, naming the
+    numbers of ranks."""
 
     def __init__(self, state):
         self.state = state
