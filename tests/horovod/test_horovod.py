@@ -48,6 +48,7 @@ def test_density_one_matches_horovod_average(np, bucket_bytes):
 # 2 ranks: at 4 the same training is tests/python's DDP test of the digits
 # CNN (the same model, data, epochs and bound), and Horovod's 4-rank path is
 # checked exactly by test_density_one_matches_horovod_average.
+@pytest.mark.accuracy
 @pytest.mark.parametrize("np", [2])
 def test_sparse_cnn_within_one_point_of_dense_and_ranks_agree(np):
     epochs = 30

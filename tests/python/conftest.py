@@ -9,6 +9,10 @@ sys.path.insert(0, os.path.join(ROOT, "examples", "pytorch"))
 sys.path.insert(0, os.path.dirname(__file__))
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "accuracy: trains to an accuracy; run by make test-accuracy, left out of make test")
+
+
 def free_port():
     """A port free a moment ago, with the one above it (oktopk's rendezvous
     takes MASTER_PORT+1), both below the kernel's ephemeral range: a port

@@ -66,6 +66,7 @@ def test_density_one_equals_allreduce_hook(world):
         assert res["worst_relative_diff"] <= 1e-5, f"rank {r}: {res}"
 
 
+@pytest.mark.accuracy
 def test_sparse_cnn_reaches_dense_accuracy_and_ranks_agree():
     world, epochs = 4, 30
     dense = run(workers.train_cnn, world, ["--epochs", str(epochs)])
