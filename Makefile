@@ -30,7 +30,7 @@ FW_VENV := $(OKTOPK_CACHE)/venv-frameworks-$(shell sha256sum $(FW_REQ) | cut -c1
 FW_PY := $(FW_VENV)/bin/python
 GO_SOURCES := $(shell find core transport capi -name '*.go' -not -name '*_test.go') $(wildcard capi/*.c capi/*.h) go.mod go.sum
 
-.PHONY: test-accuracy venv-wait-torch venv-wait-horovod gpu-check all deps deps-launch deps-text deps-images bench-text bench-images bench-ddp bench-ddp-smoke venv-wheel build test test-go test-c test-launch test-python test-wheel test-venvs test-horovod test-frameworks venv-frameworks venv-wait-frameworks wheel demo demo-runs bench bench-quick bench-smoke bench-e2e bench-e2e-smoke bench-go bench-scale examples header-check clean venv venv-horovod print-py chaos chaos-smoke chaos-torch chaos-torch-smoke fuzz
+.PHONY: bits test-accuracy venv-wait-torch venv-wait-horovod gpu-check all deps deps-launch deps-text deps-images bench-text bench-images bench-ddp bench-ddp-smoke venv-wheel build test test-go test-c test-launch test-python test-wheel test-venvs test-horovod test-frameworks venv-frameworks venv-wait-frameworks wheel demo demo-runs bench bench-quick bench-smoke bench-e2e bench-e2e-smoke bench-go bench-scale examples header-check clean venv venv-horovod print-py chaos chaos-smoke chaos-torch chaos-torch-smoke fuzz
 
 all: build
 
@@ -274,6 +274,14 @@ CHAOS_TORCH_OUT ?= $(BUILD)/chaos_torch.md
 CHAOS_TORCH_FLAGS ?=
 chaos-torch: $(LIB) venv
 	$(PYENV) $(PY) tests/chaos_torch/campaign.py --seed $(CHAOS_TORCH_SEED) --faults $(CHAOS_TORCH_FAULTS) --out $(CHAOS_TORCH_OUT) --logs $(BUILD)/chaos-torch-logs $(CHAOS_TORCH_FLAGS)
+
+# Every rank's gradients, parameters and residuals after every step of a
+# fixed set of runs, for comparing two versions of the plugin bit for bit
+# (docs/architecture.md): make bits BITS_OUT=before.json, then after.json,
+# then tests/chaos_torch/bits.py compare before.json after.json.
+BITS_OUT ?= $(BUILD)/bits.json
+bits: $(LIB) venv
+	$(PYENV) $(PY) tests/chaos_torch/bits.py record $(BITS_OUT)
 
 # A seeded slice for `make test`: one job of every kind (about 20 faults),
 # in well under two minutes.

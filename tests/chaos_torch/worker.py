@@ -743,7 +743,24 @@ def job_resume(ctx, job):
     return result
 
 
-JOBS = {"fault_run": job_fault_run, "mismatch": job_mismatch, "corrupt": job_corrupt, "resume": job_resume}
+def job_record(ctx, job):
+    """One run, recorded after every step for a comparison of two versions
+    of the code (tests/chaos_torch/bits.py): the path, whether the step was
+    finite, and the digests of the gradients the optimizer stepped on, the
+    parameters and what holds gradient mass (residuals, thresholds,
+    quantized residuals, velocities; DeMo: its momentum and library
+    state)."""
+    run = Run(ctx, job["cfg"])
+    steps = []
+    for g in range(job["steps"]):
+        finite, path = run.step(g)
+        steps.append({"path": path, "finite": finite, "grads": digest([p.grad for p in run.model.parameters()]),
+                      "params": run.params_digest(), "mass": digest(run.mass())})
+    run.close()
+    return {"steps": steps}
+
+
+JOBS = {"fault_run": job_fault_run, "mismatch": job_mismatch, "corrupt": job_corrupt, "resume": job_resume, "record": job_record}
 
 
 class Context:
