@@ -84,9 +84,11 @@ func readConfig(cfg *C.oktopk_config_t) (settings, error) {
 			s.sparse.Values = core.ValuesFloat16
 		case C.OKTOPK_BFLOAT16:
 			s.sparse.Values = core.ValuesBFloat16
+		case C.OKTOPK_INT8:
+			s.sparse.Values = core.ValuesInt8
 		default:
-			return s, invalidArgument("config.value_dtype %#x: want OKTOPK_FLOAT32, OKTOPK_FLOAT16 or OKTOPK_BFLOAT16, "+
-				"optionally | OKTOPK_STOCHASTIC_ROUNDING", int32(v))
+			return s, invalidArgument("config.value_dtype %#x: want OKTOPK_FLOAT32, OKTOPK_FLOAT16, OKTOPK_BFLOAT16 "+
+				"(optionally | OKTOPK_STOCHASTIC_ROUNDING) or OKTOPK_INT8", int32(v))
 		}
 	}
 	if has(unsafe.Offsetof(cfg.curve), 4) {

@@ -159,10 +159,11 @@ type Config struct {
 	TauPrime  int     // exact thresholds every TauPrime calls, reused in between
 
 	// Values is the precision selected values travel in (values.go):
-	// float16 and bfloat16 halve a value's bytes, the rounding error going
-	// back into the residuals. OkTopk, TopkA and Gaussiank only.
+	// float16 and bfloat16 halve a value's bytes, int8 quarters it (with a
+	// scale per 32 values, int8values.go), the rounding error going back
+	// into the residuals. OkTopk, TopkA and Gaussiank only.
 	Values     ValueType
-	Stochastic bool // round Values stochastically (unbiased) instead of to nearest
+	Stochastic bool // round 16-bit Values stochastically (unbiased) instead of to nearest
 }
 
 // DefaultConfig is the reference implementation's setting for CNNs.
@@ -182,10 +183,10 @@ func (c Config) Validate() error {
 	case c.TauPrime < 1:
 		return fmt.Errorf("%w: tau_prime %d < 1", ErrInvalidArgument, c.TauPrime)
 	case !c.Values.Valid():
-		return fmt.Errorf("%w: %v (float32, float16 or bfloat16)", ErrInvalidArgument, c.Values)
+		return fmt.Errorf("%w: %v (float32, float16, bfloat16 or int8)", ErrInvalidArgument, c.Values)
 	case c.Values != ValuesFloat32 && !c.Algorithm.takesReducedValues():
 		return fmt.Errorf("%w: %v values need algorithm oktopk, topka, gaussiank or auto: %s", ErrInvalidArgument, c.Values, c.Algorithm.whyNoReducedValues())
-	case c.Stochastic && c.Values == ValuesFloat32:
+	case c.Stochastic && !c.Values.half():
 		return fmt.Errorf("%w: stochastic rounding needs float16 or bfloat16 values", ErrInvalidArgument)
 	}
 	return nil

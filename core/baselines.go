@@ -318,8 +318,12 @@ func decodeRegionBlock(dtype transport.Dtype, count uint64, payload []byte, lo, 
 // The vectors are of about one size (k, or Gaussiank's estimate of it), so
 // Bruck's allgather moves the ring's words in ⌈log₂ P⌉ rounds instead of
 // P−1: the log P α of these algorithms' papers. The entries travel in the
-// call's value type (local's values must already be of that type).
+// call's value type (local's values must already be of that type, but for
+// 8-bit ones, which are rounded here, in place: int8values.go).
 func allgatherSparseSum(ctx context.Context, call *Call, firstStep uint32, n int, local Sparse) (Sparse, error) {
+	if call.Values == ValuesInt8 {
+		quantizeInt8(local, nil) // in place: the residual keeps what the rounding took off
+	}
 	own := Block{Dtype: call.Values.sparseDtype(), Count: uint64(local.Len()), Payload: encodeSparseAs(nil, local, 0, call.Values)}
 	call.Phase(PhaseAllgather)
 	blocks, err := AllgathervBruck(ctx, call, firstStep, own)

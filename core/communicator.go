@@ -360,7 +360,7 @@ func (c *Communicator) sparseCall(ctx context.Context, seq, id uint64, st *Tenso
 	stats.Algorithm = alg
 	stats.K = st.Config.K(len(grad))
 	desc := DescribeCall(opts.Dtype, id, len(grad), stats.K)
-	desc.Completed = uint32(st.Iter)
+	desc.Completed, desc.Values = uint32(st.Iter), transport.ValueFormat(st.Config.Values)
 	if exact := algorithms[alg].exactCall; exact != nil {
 		desc.Exact = exact(st, stats.K, len(grad))
 	}

@@ -223,18 +223,43 @@ func fuzzGrad(rank, call int) []float32 {
 	return g
 }
 
+// fuzzCase is one recorded job of FuzzPeerPayload: an algorithm and the
+// values it sends.
+type fuzzCase struct {
+	alg    Algorithm
+	values ValueType
+}
+
+func (c fuzzCase) String() string { return fmt.Sprintf("%v (%v values)", c.alg, c.values) }
+
+// fuzzCases is every algorithm with float32 values (case i is algorithm
+// i), then with 8-bit values those that take them.
+func fuzzCases() []fuzzCase {
+	var cases []fuzzCase
+	for _, alg := range Algorithms() {
+		cases = append(cases, fuzzCase{alg, ValuesFloat32})
+	}
+	for _, alg := range Algorithms() {
+		if alg.takesReducedValues() && alg != Auto {
+			cases = append(cases, fuzzCase{alg, ValuesInt8})
+		}
+	}
+	return cases
+}
+
 var (
 	recordOnce sync.Once
-	recordings map[Algorithm][]recordedCall
+	recordings map[fuzzCase][]recordedCall
 	recordErr  error
 )
 
-// record runs every algorithm fault-free in process, noting what rank 0
+// record runs every case fault-free in process, noting what rank 0
 // receives and returns in each call.
-func record() (map[Algorithm][]recordedCall, error) {
+func record() (map[fuzzCase][]recordedCall, error) {
 	recordOnce.Do(func() {
-		recordings = map[Algorithm][]recordedCall{}
-		for _, alg := range Algorithms() {
+		recordings = map[fuzzCase][]recordedCall{}
+		for _, fc := range fuzzCases() {
+			alg := fc.alg
 			ts := transport.NewInProcDiagnostics(fuzzP, transport.Diagnostics{StallWarn: -1})
 			rec := &recorder{Transport: ts[0]}
 			comms := []*Communicator{NewCommunicator(rec)}
@@ -248,7 +273,7 @@ func record() (map[Algorithm][]recordedCall, error) {
 				}
 			}
 			cfg := fuzzConfig
-			cfg.Algorithm = alg
+			cfg.Algorithm, cfg.Values = alg, fc.values
 			for call := 0; call < fuzzCalls; call++ {
 				rec.msgs = map[msgKey][]transport.Message{}
 				outs := make([][]float32, fuzzP)
@@ -266,7 +291,7 @@ func record() (map[Algorithm][]recordedCall, error) {
 				}
 				wg.Wait()
 				if err := errors.Join(errs...); err != nil {
-					recordErr = fmt.Errorf("%v call %d: %w", alg, call, err)
+					recordErr = fmt.Errorf("%v call %d: %w", fc, call, err)
 					return
 				}
 				rc := recordedCall{grad: fuzzGrad(0, call), msgs: rec.msgs, out: outs[0], state: savedState(comms[0])}
@@ -283,7 +308,7 @@ func record() (map[Algorithm][]recordedCall, error) {
 					}
 					return x.peer < y.peer
 				})
-				recordings[alg] = append(recordings[alg], rc)
+				recordings[fc] = append(recordings[fc], rc)
 			}
 		}
 	})
@@ -325,13 +350,16 @@ func fuzzCount(dtype transport.Dtype, payload []byte, orig transport.Message) ui
 		return uint64(len(payload) / 8)
 	case transport.DtypeSparseF32:
 		return uint64(len(payload) / 5) // 4 bytes of value, and a coded index of about 8 bits
+	case transport.DtypeSparseF16, transport.DtypeSparseBF16, transport.DtypeSparseI8:
+		return uint64(len(payload) / 3)
 	}
 	return uint64(len(payload))
 }
 
 // FuzzPeerPayload: one message a peer sends, replaced by arbitrary bytes
 // (of any dtype, with the count fuzzCount gives it, where the frame check
-// lets it through), in any call of any algorithm.
+// lets it through), in any call of any algorithm, with float32 values or,
+// where it takes them, 8-bit ones.
 // Every decoder of peers' payloads inside the algorithms (dense chunks,
 // sparse regions, Ok-Topk's histograms and boundaries, the agreement words,
 // gTopk's and Gaussiank's exchanges) must refuse it or use it, never panic
@@ -343,31 +371,33 @@ func FuzzPeerPayload(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	for _, alg := range Algorithms() {
-		for call, rc := range recs[alg] {
+	cases := fuzzCases()
+	for ci, fc := range cases {
+		for call, rc := range recs[fc] {
 			for i, k := range rc.keys {
 				m := rc.msgs[k][0]
-				f.Add(uint8(alg), uint8(call), uint16(i), uint8(m.Dtype), m.Payload)
+				f.Add(uint8(ci), uint8(call), uint16(i), uint8(m.Dtype), m.Payload)
 			}
 		}
 	}
-	f.Fuzz(func(t *testing.T, algByte, callByte uint8, msgNum uint16, dtypeByte uint8, payload []byte) {
-		alg := Algorithm(int(algByte) % int(numAlgorithms))
-		rcs := recs[alg]
+	f.Fuzz(func(t *testing.T, caseByte, callByte uint8, msgNum uint16, dtypeByte uint8, payload []byte) {
+		fc := cases[int(caseByte)%len(cases)]
+		alg := fc.alg
+		rcs := recs[fc]
 		target := int(callByte) % len(rcs)
 		if len(rcs[target].keys) == 0 {
 			return
 		}
 		key := rcs[target].keys[int(msgNum)%len(rcs[target].keys)]
-		dtype := transport.Dtype(dtypeByte % 6)
+		dtype := transport.Dtype(dtypeByte % 9)
 		orig := rcs[target].msgs[key][0]
 		count := fuzzCount(dtype, payload, orig)
 		if transport.CheckPayloadSize(dtype, count, uint64(len(payload))) != nil {
 			return // the frame check drops it before any algorithm sees it
 		}
 		cfg := fuzzConfig
-		cfg.Algorithm = alg
-		defer watchdog(func() string { return fmt.Sprintf("%v call %d with message %+v changed", alg, target, key) }).Stop()
+		cfg.Algorithm, cfg.Values = alg, fc.values
+		defer watchdog(func() string { return fmt.Sprintf("%v call %d with message %+v changed", fc, target, key) }).Stop()
 		rep := &replay{size: fuzzP}
 		c := NewCommunicator(rep)
 		if err := c.SetLinkModel(fuzzLink); err != nil {
@@ -393,19 +423,19 @@ func FuzzPeerPayload(f *testing.F) {
 			cancel()
 			switch {
 			case errors.Is(err, ErrInternal):
-				t.Fatalf("%v call %d, message %+v changed: %v", alg, call, key, err)
+				t.Fatalf("%v call %d, message %+v changed: %v", fc, call, key, err)
 			case err != nil && !changed:
-				t.Fatalf("%v call %d failed with its recorded messages: %v", alg, call, err)
+				t.Fatalf("%v call %d failed with its recorded messages: %v", fc, call, err)
 			case err != nil:
 				if !equalBits(grad, rc.grad) {
-					t.Fatalf("%v call %d failed (%v) but changed the caller's buffer", alg, call, err)
+					t.Fatalf("%v call %d failed (%v) but changed the caller's buffer", fc, call, err)
 				}
 				if after := savedState(c); !bytes.Equal(after, stateBefore) {
-					t.Fatalf("%v call %d failed (%v) but changed the tensor's state", alg, call, err)
+					t.Fatalf("%v call %d failed (%v) but changed the tensor's state", fc, call, err)
 				}
 				return
 			case !changed && (!equalBits(grad, rc.out) || !bytes.Equal(savedState(c), rc.state)):
-				t.Fatalf("%v call %d: replaying the recorded messages gave another result", alg, call)
+				t.Fatalf("%v call %d: replaying the recorded messages gave another result", fc, call)
 			}
 		}
 	})

@@ -160,7 +160,9 @@ type okTopkScratch struct {
 	dense     denseRegionSum // step 3: the region's sum over regionSum and touched
 	reduced   Sparse         // step 3: the region's reduced entries
 	kept      Sparse         // step 4: the reduced entries above the global cut
-	ownerErr  Sparse         // step 4: rounding errors of this owner's sums, for its residual
+	ownerErr  Sparse         // steps 4 and 5: rounding errors of this owner's sums and this rank's share, for its residual
+	shareErr  Sparse         // step 5: 8-bit rounding errors of this rank's share, merged into ownerErr
+	errSpare  Sparse         // step 5: ownerErr's storage before the merge, for the next one
 	sends     []byte         // step 5: the kept entries other ranks' shares take, encoded
 	parts     []Sparse       // step 5: the parts of this rank's share received, per owner
 	balanced  Sparse         // step 5: this rank's share

@@ -58,7 +58,7 @@ func globalSelection(ctx context.Context, call *Call, st *TensorState, reduced S
 	// this one too, uses the rounded sums, and this owner's residual takes
 	// the rounding errors (values.go).
 	sc.ownerErr.Reset()
-	if call.Values != ValuesFloat32 {
+	if call.Values.half() { // 8-bit sums are rounded as they are moved (balance, int8values.go)
 		sc.ownerErr = roundingOf(call, st.Config, st.Iter, roundOwnerSum).applyKeepingErrors(sc.kept, sc.ownerErr)
 	}
 	call.Phase(PhaseBalance)

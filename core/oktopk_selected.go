@@ -38,6 +38,8 @@ import (
 	"fmt"
 	"math"
 	"time"
+
+	"github.com/oktopk/oktopk/transport"
 )
 
 // SelectionPlan is what a caller needs to select a tensor's entries for
@@ -52,7 +54,7 @@ type SelectionPlan struct {
 type SelectedOutput struct {
 	Result   Sparse // the global result, averaged over the ranks, ascending
 	Consumed Sparse // this rank's selected entries in the result, with the values sent (rounded), ascending
-	OwnerErr Sparse // this rank's rounding errors of its sums as owner, ascending (16-bit values only)
+	OwnerErr Sparse // this rank's rounding errors of its sums as owner (and of its share, 8-bit values), ascending; none for float32
 }
 
 // maxSelected is the most entries the selection rules pass for k: a reuse
@@ -128,7 +130,7 @@ func (c *Communicator) SparseAllreduceSelected(ctx context.Context, id uint64, n
 	stats.K = cfg.K(n)
 	exact := st.okTopkExact(stats.K, n)
 	desc := DescribeCall(opts.Dtype, id, n, stats.K)
-	desc.Completed, desc.Exact = uint32(st.Iter), exact
+	desc.Completed, desc.Exact, desc.Values = uint32(st.Iter), exact, transport.ValueFormat(st.Config.Values)
 	call := NewCall(c.T, OkTopk.Op(), seq, &stats, WithDesc(desc), withScratch(&c.scratch))
 	call.Values = st.Config.Values
 	out, err := okTopkSelected(ctx, call, st, sel, threshold, nonFinite, exact)

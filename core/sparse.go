@@ -36,7 +36,8 @@ func (s *Sparse) Append(i uint32, v float32) {
 
 // A sparse frame of count entries with values of type v is the count
 // indices coded as gaps (indexcode.go), then the count values, v.width()
-// bytes each (little-endian float32, or the 16-bit formats' bits).
+// bytes each (little-endian float32, or the 16-bit formats' bits), or
+// 8-bit values in blocks with their scales (int8values.go).
 
 // EncodeSparse lays s out as a sparse frame with float32 values, its
 // indices coded relative to base (region-relative).
@@ -56,39 +57,51 @@ func DecodeSparse(dst Sparse, payload []byte, count uint64, base, limit uint32) 
 
 // sparseSlot is where the frame of entries [from, to) of a vector goes in
 // a buffer shared by the frames of its consecutive parts, part being the
-// frame's number among them: [e·from + 4·part, e·to + 4·(part+1)) with e
-// the most an entry takes (its value and 5 bytes of coded index), the 4
-// the frame's own. The slots of parts in order never overlap, so the parts
-// are encoded at once; a buffer of sparseSlotsBytes holds them all.
+// frame's number among them: [e·from + 8·part, e·to + 8·(part+1)) with e
+// the most an entry takes (its value, 5 bytes of coded index, and for
+// 8-bit values a byte for its share of a scale), the 8 the frame's own.
+// The slots of parts in order never overlap, so the parts are encoded at
+// once; a buffer of sparseSlotsBytes holds them all.
 func sparseSlot(buf []byte, v ValueType, from, to, part int) []byte {
-	e := v.width() + 5
-	return buf[e*from+4*part : e*to+4*(part+1) : e*to+4*(part+1)]
+	e := maxEntryBytes(v)
+	return buf[e*from+8*part : e*to+8*(part+1) : e*to+8*(part+1)]
 }
 
 // sparseSlotsBytes is the buffer that sparseSlot's slots of entries entries
 // in parts parts take.
-func sparseSlotsBytes(v ValueType, entries, parts int) int { return (v.width()+5)*entries + 4*parts }
+func sparseSlotsBytes(v ValueType, entries, parts int) int { return maxEntryBytes(v)*entries + 8*parts }
+
+func maxEntryBytes(v ValueType) int {
+	if v == ValuesInt8 {
+		return v.width() + 6
+	}
+	return v.width() + 5
+}
 
 // encodeSparseAs is EncodeSparse with values of type v, which s's values
-// must already hold exactly (they are converted, not rounded again). dst's
-// storage is used when it has room for the frame's bound.
+// must already hold exactly (they are converted, not rounded again; 8-bit
+// values as quantizeInt8 left them). dst's storage is used when it has room
+// for the frame's bound.
 func encodeSparseAs(dst []byte, s Sparse, base uint32, v ValueType) []byte {
-	n, w := s.Len(), v.width()
-	need := maxIndexBytes(n) + w*n
+	n := s.Len()
+	need := maxIndexBytes(n) + v.valueBytes(n)
 	if cap(dst) < need {
 		dst = make([]byte, need)
 	}
 	dst = dst[:need]
 	at := putIndices(dst, s.Idx, base)
-	if v == ValuesFloat32 {
+	switch v {
+	case ValuesFloat32:
 		copy(dst[at:], float32Bytes(s.Val))
-	} else {
+	case ValuesInt8:
+		putInt8Values(dst[at:], s.Val)
+	default:
 		narrow := halves[v].narrow
 		for i, x := range s.Val {
 			binary.LittleEndian.PutUint16(dst[at+2*i:], narrow(x))
 		}
 	}
-	return dst[:at+w*n]
+	return dst[:at+v.valueBytes(n)]
 }
 
 // decodeSparseAs is DecodeSparse for a frame made by encodeSparseAs with
@@ -116,15 +129,21 @@ func decodeSparseAs(dst Sparse, payload []byte, count uint64, base, limit uint32
 		return dst, err
 	}
 	switch values := payload[at:]; {
-	case len(values) < w*n:
+	case len(values) < v.valueBytes(n):
 		return dst, fmt.Errorf("%w: %d bytes for %d %v values", ErrSparseTruncated, len(values), n, v)
-	case len(values) > w*n:
-		return dst, fmt.Errorf("%w: %d bytes left after %d %v values", ErrSparseCountMismatch, len(values)-w*n, n, v)
+	case len(values) > v.valueBytes(n):
+		return dst, fmt.Errorf("%w: %d bytes left after %d %v values", ErrSparseCountMismatch, len(values)-v.valueBytes(n), n, v)
 	}
 	dst.Idx, dst.Val = idx, dst.Val[:n]
-	if v == ValuesFloat32 {
+	switch v {
+	case ValuesFloat32:
 		copy(float32Bytes(dst.Val), payload[at:])
-	} else {
+	case ValuesInt8:
+		if err := readInt8Values(dst.Val, payload[at:]); err != nil {
+			dst.Idx, dst.Val = idx[:0], dst.Val[:0]
+			return dst, err
+		}
+	default:
 		widen := halves[v].widen
 		for i := range dst.Val {
 			dst.Val[i] = widen(binary.LittleEndian.Uint16(payload[at+2*i:]))
@@ -173,6 +192,27 @@ func init() {
 // IsFinite reports whether v is neither NaN nor ±Inf.
 func IsFinite(v float32) bool {
 	return !math.IsNaN(float64(v)) && !math.IsInf(float64(v), 0)
+}
+
+// mergeSparse returns a and b (each ascending, no index in both) merged in
+// index order, in dst's storage (reset first, grown when too small; it must
+// not be a's or b's).
+func mergeSparse(dst, a, b Sparse) Sparse {
+	dst = reserveSparse(Sparse{Idx: dst.Idx[:0], Val: dst.Val[:0]}, a.Len()+b.Len())
+	dst.Reset()
+	i, j := 0, 0
+	for i < a.Len() && j < b.Len() {
+		if a.Idx[i] < b.Idx[j] {
+			dst.Append(a.Idx[i], a.Val[i])
+			i++
+		} else {
+			dst.Append(b.Idx[j], b.Val[j])
+			j++
+		}
+	}
+	dst.Idx, dst.Val = append(dst.Idx, a.Idx[i:]...), append(dst.Val, a.Val[i:]...)
+	dst.Idx, dst.Val = append(dst.Idx, b.Idx[j:]...), append(dst.Val, b.Val[j:]...)
+	return dst
 }
 
 // regionOf returns the slice of s (ascending) inside [lo, hi), sharing its

@@ -4,7 +4,10 @@ package core
 //
 // Sparse values may travel as float16 or bfloat16 instead of float32
 // (Config.Values): a value is then 2 bytes instead of 4, beside its index
-// coded as a gap (about 1.2 bytes at density 1%, indexcode.go).
+// coded as a gap (about 1.2 bytes at density 1%, indexcode.go). What
+// follows is about these 16-bit formats, rounded value by value; 8-bit
+// values (int8values.go) share a scale per block of a frame, so they are
+// rounded where each frame is made, by the same rules of ownership.
 // Nothing is lost to the rounding, because it happens where error feedback
 // can take the difference back:
 //
@@ -56,17 +59,18 @@ import (
 )
 
 // ValueType is the precision sparse values travel in. The values are the C
-// ABI's oktopk_dtype_t and must not change.
+// ABI's (oktopk_dtype_t's, then OKTOPK_VALUES_INT8) and must not change.
 type ValueType int
 
 const (
 	ValuesFloat32 ValueType = iota
 	ValuesFloat16
 	ValuesBFloat16
+	ValuesInt8 // 8 bits with a scale per block of values (int8values.go)
 	numValueTypes
 )
 
-var valueTypeNames = [...]string{"float32", "float16", "bfloat16"}
+var valueTypeNames = [...]string{"float32", "float16", "bfloat16", "int8"}
 
 func (v ValueType) String() string {
 	if v.Valid() {
@@ -94,17 +98,36 @@ func (v ValueType) sparseDtype() transport.Dtype {
 		return transport.DtypeSparseF16
 	case ValuesBFloat16:
 		return transport.DtypeSparseBF16
+	case ValuesInt8:
+		return transport.DtypeSparseI8
 	}
 	return transport.DtypeSparseF32
 }
 
-// width is the bytes of one value on the wire.
+// width is the bytes of one value on the wire (8-bit values' scales aside:
+// valueBytes).
 func (v ValueType) width() int {
-	if v == ValuesFloat32 {
+	switch v {
+	case ValuesFloat32:
 		return 4
+	case ValuesInt8:
+		return 1
 	}
 	return 2
 }
+
+// valueBytes is the bytes of count values of this type on the wire.
+func (v ValueType) valueBytes(count int) int {
+	if v == ValuesInt8 {
+		return int8ValueBytes(count)
+	}
+	return v.width() * count
+}
+
+// half says whether values of this type are a 16-bit format, rounded value
+// by value (Nearest, Stochastic); 8-bit values are rounded by the block, as
+// their frame is made (int8values.go).
+func (v ValueType) half() bool { return v == ValuesFloat16 || v == ValuesBFloat16 }
 
 // takesReducedValues says whether a can send 16-bit values: the algorithms
 // whose every rounding has an owner (see the top of this file). Auto can, as
@@ -140,9 +163,10 @@ func bfloat16ToFloat32(h uint16) float32 { return math.Float32frombits(uint32(h)
 
 // Nearest rounds a finite x to the nearest value of v (ties to even),
 // saturating at ±the largest finite value; the result is a float32 that
-// converts to v exactly.
+// converts to v exactly. Float32 and 8-bit values (rounded by the block,
+// int8values.go) come back as they are.
 func (v ValueType) Nearest(x float32) float32 {
-	if v == ValuesFloat32 {
+	if !v.half() {
 		return x
 	}
 	f := halves[v]
@@ -155,9 +179,10 @@ func (v ValueType) Nearest(x float32) float32 {
 
 // Stochastic rounds a finite x to one of the two values of v around it,
 // the one farther from zero with probability (|x| − |lo|)/(|hi| − |lo|) for
-// a uniform u, so that the rounding is unbiased; it saturates like Nearest.
+// a uniform u, so that the rounding is unbiased; it saturates like Nearest,
+// and leaves float32 and 8-bit values as they are.
 func (v ValueType) Stochastic(x float32, u uint32) float32 {
-	if v == ValuesFloat32 {
+	if !v.half() {
 		return x
 	}
 	f := halves[v]
@@ -206,9 +231,10 @@ func (r valueRounding) round(ix uint32, x float32) float32 {
 	return r.values.Nearest(x)
 }
 
-// apply rounds s's values in place.
+// apply rounds s's values in place (16-bit values only: 8-bit ones are
+// rounded as their frames are made, int8values.go).
 func (r valueRounding) apply(s Sparse) {
-	if r.values == ValuesFloat32 {
+	if !r.values.half() {
 		return
 	}
 	for j, x := range s.Val {
@@ -307,7 +333,7 @@ func dropHeld(s Sparse, hold []Span) Sparse {
 // float32.
 func (r valueRounding) applyKeepingErrors(s Sparse, errs Sparse) Sparse {
 	errs.Reset()
-	if r.values == ValuesFloat32 {
+	if !r.values.half() {
 		return errs
 	}
 	for j, x := range s.Val {

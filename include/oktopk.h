@@ -93,7 +93,7 @@ extern "C" {
 
 /* ABI version: major changes break callers, minor ones only add. */
 #define OKTOPK_VERSION_MAJOR 0
-#define OKTOPK_VERSION_MINOR 15
+#define OKTOPK_VERSION_MINOR 16
 #define OKTOPK_VERSION_PATCH 0
 #define OKTOPK_VERSION_CODE \
   (OKTOPK_VERSION_MAJOR * 10000 + OKTOPK_VERSION_MINOR * 100 + OKTOPK_VERSION_PATCH)
@@ -115,7 +115,8 @@ typedef enum {
 typedef enum {
   OKTOPK_FLOAT32 = 0,
   OKTOPK_FLOAT16 = 1,
-  OKTOPK_BFLOAT16 = 2
+  OKTOPK_BFLOAT16 = 2,
+  OKTOPK_INT8 = 3 /* added in 0.16, for config.value_dtype only: no call takes int8 buffers */
 } oktopk_dtype_t;
 
 /* oktopk_config_t.value_dtype: the precision selected values travel in.
@@ -137,8 +138,18 @@ typedef enum {
  * allreduces (these send float32): config init refuses other algorithms
  * with them, and oktopk_sparse_allreduce_sparse (no
  * residual) refuses them. At density 1 Ok-Topk is a dense ring allreduce
- * in float32. Every rank must use the same value_dtype (else
- * oktopkMismatch). */
+ * in float32. Every rank must use the same value_dtype (else every rank's
+ * first call fails with oktopkMismatch).
+ *
+ * OKTOPK_INT8 (since 0.16) makes a value a byte: each block of 32 values of
+ * a message shares a power-of-two scale (4 bytes), so a pair with its coded
+ * index is about 2.3 bytes at density 1%, against 8 for 32-bit indices and
+ * values. The values are rounded to nearest as each message is made, and
+ * every error is kept exactly: a rank's own selected values in its residual,
+ * an Ok-Topk owner's sums in the owner's, and each rank's balanced share,
+ * which it rounds once more as it allgathers it, in that rank's. The same
+ * algorithms take it as the 16-bit values; OKTOPK_STOCHASTIC_ROUNDING does
+ * not combine with it. */
 #define OKTOPK_STOCHASTIC_ROUNDING 0x100
 
 typedef enum {

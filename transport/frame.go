@@ -34,9 +34,9 @@ import (
 //	 89    1 abort reason (abort frames): 0 failure, 1 mismatch
 //	 90    4 call: calls completed on the tensor before this one (mod 2^32)
 //	 94    1 call: 1 when it selects exactly (refreshes reused thresholds), else 0
-//	 95    1 reserved, zero
+//	 95    1 call: the format of its sparse values (0 float32, 1 float16, 2 bfloat16, 3 int8)
 //
-// Bytes 64–94 are the sender's CallDesc (zero outside a started call); the
+// Bytes 64–95 are the sender's CallDesc (zero outside a started call); the
 // receiver compares it with its own, so that ranks which issued different
 // calls under one sequence number fail with ErrMismatch.
 //
@@ -54,7 +54,7 @@ import (
 // Version 1 had a 64-byte header without the call descriptor; version 2 had
 // neither refuse frames nor the completed-call count; version 3 sent a
 // sparse payload's indices as plain uint32, where version 4 codes them as
-// gaps (core/indexcode.go).
+// gaps (core/indexcode.go), and had byte 95 reserved.
 
 const (
 	frameMagic      = 0x4b544b4f // "OKTK" little-endian
@@ -136,7 +136,7 @@ func (h *FrameHeader) Encode(b []byte) {
 	b[88] = byte(h.Call.Dtype)
 	b[89] = byte(h.Reason)
 	binary.LittleEndian.PutUint32(b[90:], h.Call.Completed)
-	b[94], b[95] = 0, 0
+	b[94], b[95] = 0, byte(h.Call.Values)
 	if h.Call.Exact {
 		b[94] = 1
 	}
@@ -156,7 +156,7 @@ func DecodeFrameHeader(b []byte, token TokenDigest, generation uint32, size int)
 		return h, fmt.Errorf("%w: protocol version %d, want %d", ErrBadFrame, v, protocolVersion)
 	}
 	h.Kind = FrameKind(b[6])
-	if h.Kind < FrameData || h.Kind > FrameRefuse || b[7] != 0 || b[46] != 0 || b[47] != 0 || b[94] > 1 || b[95] != 0 {
+	if h.Kind < FrameData || h.Kind > FrameRefuse || b[7] != 0 || b[46] != 0 || b[47] != 0 || b[94] > 1 || int(b[95]) >= len(valueFormatNames) {
 		return h, fmt.Errorf("%w: bad kind or reserved bytes", ErrBadFrame)
 	}
 	copy(h.Token[:], b[8:24])
@@ -184,6 +184,7 @@ func DecodeFrameHeader(b []byte, token TokenDigest, generation uint32, size int)
 		Dtype:     Dtype(b[88]),
 		Completed: binary.LittleEndian.Uint32(b[90:]),
 		Exact:     b[94] == 1,
+		Values:    ValueFormat(b[95]),
 	}
 	h.Reason = AbortReason(b[89])
 	if h.Call.Dtype > DtypeUint64 || h.Reason > AbortMismatch {
@@ -203,10 +204,12 @@ func DecodeFrameHeader(b []byte, token TokenDigest, generation uint32, size int)
 // dtypes; for sparse ones, count indices coded as gaps and count values of
 // width w (core/indexcode.go: 4 bytes for the count and 4 for the first
 // index, then at most 4 bytes a gap and a width byte a block), between
-// count·w + 8 and count·(w + 5) + 4 bytes, and none for no entries. Core's
-// decoder checks the coded indices themselves.
+// count·w + 8 and count·(w + 5) + 4 bytes, and none for no entries; 8-bit
+// values add a 4-byte scale per 32 (core/int8values.go), at least one and
+// at most a byte a value and 4 more. Core's decoder checks the coded
+// indices and the scales themselves.
 func checkPayloadSize(dtype Dtype, count, payloadLen uint64) error {
-	var width uint64
+	var width, scales uint64 // scales: the most bytes of 8-bit values' scales
 	sparse := false
 	switch dtype {
 	case DtypeBytes:
@@ -221,6 +224,8 @@ func checkPayloadSize(dtype Dtype, count, payloadLen uint64) error {
 		width, sparse = 4, true
 	case DtypeSparseF16, DtypeSparseBF16:
 		width, sparse = 2, true
+	case DtypeSparseI8:
+		width, sparse, scales = 1, true, count+4
 	default:
 		return fmt.Errorf("%w: unknown dtype %d", ErrBadFrame, dtype)
 	}
@@ -232,7 +237,11 @@ func checkPayloadSize(dtype Dtype, count, payloadLen uint64) error {
 	case count == 0:
 		bad = payloadLen != 0
 	default:
-		bad = payloadLen < count*width+8 || payloadLen > count*(width+5)+4
+		least := count*width + 8
+		if scales > 0 {
+			least += 4
+		}
+		bad = payloadLen < least || payloadLen > count*(width+5)+4+scales
 	}
 	if bad {
 		return fmt.Errorf("%w: %d elements of %s in %d bytes", ErrBadFrame, count, dtype, payloadLen)

@@ -8,7 +8,7 @@ import (
 	"testing"
 )
 
-var testCall = CallDesc{Tensor: 9, N: 1000, K: 10, Dtype: DtypeBFloat16, Completed: 1<<32 - 3, Exact: true}
+var testCall = CallDesc{Tensor: 9, N: 1000, K: 10, Dtype: DtypeBFloat16, Completed: 1<<32 - 3, Exact: true, Values: 3}
 
 func validHeader(kind FrameKind, dtype Dtype, count, length uint64) []byte {
 	h := FrameHeader{Kind: kind, Token: DigestToken("tok"), Generation: 3, Sender: 1,
@@ -31,13 +31,15 @@ func TestFrameHeaderRoundTripAndRejections(t *testing.T) {
 		t.Fatalf("round trip: %+v, %v", h, err)
 	}
 	// A sparse payload is its indices coded as gaps, then its values:
-	// between count·w + 8 and count·(w + 5) + 4 bytes for values of w bytes.
+	// between count·w + 8 and count·(w + 5) + 4 bytes for values of w bytes,
+	// 8-bit values with at least one 4-byte scale and at most count + 4
+	// bytes of them.
 	for _, c := range []struct {
 		dt    Dtype
 		count uint64
 		least uint64 // the shortest payload accepted
 		most  uint64 // the longest
-	}{{DtypeSparseF32, 3, 20, 31}, {DtypeSparseF16, 3, 14, 25}, {DtypeSparseBF16, 3, 14, 25}} {
+	}{{DtypeSparseF32, 3, 20, 31}, {DtypeSparseF16, 3, 14, 25}, {DtypeSparseBF16, 3, 14, 25}, {DtypeSparseI8, 3, 15, 29}} {
 		for _, length := range []uint64{c.least, c.most} {
 			if h, err := DecodeFrameHeader(validHeader(FrameData, c.dt, c.count, length), DigestToken("tok"), 3, 4); err != nil || h.Dtype != c.dt {
 				t.Fatalf("%v: %d entries in %d bytes refused: %v", c.dt, c.count, length, err)
@@ -91,7 +93,8 @@ func TestFrameHeaderRoundTripAndRejections(t *testing.T) {
 		"unknown dtype":       {validHeader(FrameData, Dtype(99), 0, 0), "tok", 3, 4, ErrBadFrame},
 		"unknown call dtype":  {withByte(b, 88, 99), "tok", 3, 4, ErrBadFrame},
 		"unknown abort code":  {withByte(b, 89, 7), "tok", 3, 4, ErrBadFrame},
-		"reserved byte set":   {withByte(b, 95, 1), "tok", 3, 4, ErrBadFrame},
+		"reserved byte set":   {withByte(b, 47, 1), "tok", 3, 4, ErrBadFrame},
+		"unknown values":      {withByte(b, 95, 4), "tok", 3, 4, ErrBadFrame},
 		"exact flag of 2":     {withByte(b, 94, 2), "tok", 3, 4, ErrBadFrame},
 		"long abort text":     {longB, "tok", 3, 4, ErrBadFrame},
 		"long refusal text":   {longRefuseB, "tok", 3, 4, ErrBadFrame},

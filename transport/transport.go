@@ -53,8 +53,8 @@ func (o Op) String() string {
 }
 
 // Dtype is the element type a payload carries. Bulk payloads are raw
-// little-endian bytes of this type; sparse ones the values so, then the
-// indices coded as gaps.
+// little-endian bytes of this type; sparse ones their indices coded as gaps
+// (core/indexcode.go), then their values so.
 type Dtype uint8
 
 const (
@@ -62,13 +62,14 @@ const (
 	DtypeFloat32
 	DtypeFloat16
 	DtypeBFloat16
-	DtypeSparseF32 // count float32 values, then count indices coded as gaps (core/indexcode.go)
+	DtypeSparseF32 // count indices coded as gaps, then count float32 values
 	DtypeUint64
-	DtypeSparseF16  // count float16 values, then the coded indices
-	DtypeSparseBF16 // count bfloat16 values, then the coded indices
+	DtypeSparseF16  // count coded indices, then count float16 values
+	DtypeSparseBF16 // count coded indices, then count bfloat16 values
+	DtypeSparseI8   // count coded indices, then count 8-bit values with a scale per 32 (core/int8values.go)
 )
 
-var dtypeNames = [...]string{"bytes", "float32", "float16", "bfloat16", "sparse_f32", "uint64", "sparse_f16", "sparse_bf16"}
+var dtypeNames = [...]string{"bytes", "float32", "float16", "bfloat16", "sparse_f32", "uint64", "sparse_f16", "sparse_bf16", "sparse_i8"}
 
 func (d Dtype) String() string {
 	if int(d) < len(dtypeNames) {
@@ -107,6 +108,23 @@ type CallDesc struct {
 	// otherwise reuses (Ok-Topk's every-τ′ calls): ranks that disagree would
 	// cut the global selection differently.
 	Exact bool
+	// Values is the format the call's sparse values travel in (core's
+	// ValueType: float32, float16, bfloat16, int8; 0 for calls without
+	// sparse values): ranks that disagree would read each other's values
+	// in the wrong format.
+	Values ValueFormat
+}
+
+// ValueFormat is CallDesc.Values, numbered as core's ValueType.
+type ValueFormat uint8
+
+var valueFormatNames = [...]string{"float32", "float16", "bfloat16", "int8"}
+
+func (v ValueFormat) String() string {
+	if int(v) < len(valueFormatNames) {
+		return valueFormatNames[v]
+	}
+	return fmt.Sprintf("value format(%d)", uint8(v))
 }
 
 // checkSameCall compares the call rank self issued (op, mine) with what
@@ -129,6 +147,8 @@ func checkSameCall(self, peer int, seq uint64, op Op, mine CallDesc, theirOp Op,
 		field, a, b = "completed calls", fmt.Sprint(mine.Completed), fmt.Sprint(theirs.Completed)
 	case mine.Exact != theirs.Exact:
 		field, a, b = "exact selection", fmt.Sprint(mine.Exact), fmt.Sprint(theirs.Exact)
+	case mine.Values != theirs.Values:
+		field, a, b = "values", mine.Values.String(), theirs.Values.String()
 	default:
 		return nil
 	}
@@ -138,7 +158,7 @@ func checkSameCall(self, peer int, seq uint64, op Op, mine CallDesc, theirOp Op,
 // MismatchError says which field of a call differed between two ranks.
 // errors.Is(err, ErrMismatch) holds for it.
 type MismatchError struct {
-	Field  string    // algorithm, tensor, n, dtype, k, completed calls or exact selection
+	Field  string    // algorithm, tensor, n, dtype, k, completed calls, exact selection or values
 	Seq    uint64    // the call's sequence number
 	Ranks  [2]int    // the two ranks compared
 	Values [2]string // the field's value on each

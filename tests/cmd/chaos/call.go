@@ -31,6 +31,7 @@ type CallSpec struct {
 	Index     int     `json:"i"`         // position in the job, the same on every rank
 	Alg       string  `json:"alg"`       // core.ParseAlgorithm name
 	Dtype     string  `json:"dtype"`     // float32, float16 or bfloat16: the caller's buffer
+	Values    string  `json:"values"`    // float32, float16, bfloat16 or int8: the format sparse values travel in
 	Tensor    uint64  `json:"tensor"`    // tensor id (sparse algorithms keep state under it)
 	N         int     `json:"n"`         // elements
 	Density   float64 `json:"density"`   // k = ceil(density·n)
@@ -78,6 +79,15 @@ func parseDtype(s string) (transport.Dtype, error) {
 		return transport.DtypeBFloat16, nil
 	}
 	return 0, fmt.Errorf("unknown dtype %q", s)
+}
+
+// valuesOf is the value format s's sparse values travel in (float32 when
+// the spec names none).
+func valuesOf(s CallSpec) (core.ValueType, error) {
+	if s.Values == "" {
+		return core.ValuesFloat32, nil
+	}
+	return core.ParseValueType(s.Values)
 }
 
 // makeInput is rank's input for s: values of varied magnitude (so that top-k
@@ -192,7 +202,11 @@ func runCall(comm *core.Communicator, rank int, s CallSpec) Outcome {
 	if err != nil {
 		return fail("harness", err)
 	}
-	cfg := core.Config{Algorithm: alg, Density: s.Density, Tau: s.Tau, TauPrime: s.TauPrime}
+	values, err := valuesOf(s)
+	if err != nil {
+		return fail("harness", err)
+	}
+	cfg := core.Config{Algorithm: alg, Density: s.Density, Tau: s.Tau, TauPrime: s.TauPrime, Values: values}
 	gradBefore := hashBytes(buf.bytes())
 	stateBefore := stateHash(comm, s.Tensor, s.N)
 
@@ -247,11 +261,12 @@ func callerResidual(comm *core.Communicator, tensor uint64, n int) []float32 {
 func runSelected(comm *core.Communicator, rank int, s CallSpec) Outcome {
 	o := Outcome{Index: s.Index}
 	buf, err := makeInput(s, rank)
-	if err != nil {
+	values, verr := valuesOf(s)
+	if err = errors.Join(err, verr); err != nil {
 		o.Class, o.Err = "harness", err.Error()
 		return o
 	}
-	cfg := core.Config{Algorithm: core.OkTopk, Density: s.Density, Tau: s.Tau, TauPrime: s.TauPrime}
+	cfg := core.Config{Algorithm: core.OkTopk, Density: s.Density, Tau: s.Tau, TauPrime: s.TauPrime, Values: values}
 	gradBefore := hashBytes(buf.bytes())
 	stateBefore := stateHash(comm, s.Tensor, s.N)
 	residual := callerResidual(comm, s.Tensor, s.N)

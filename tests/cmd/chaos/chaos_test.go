@@ -31,6 +31,7 @@ func TestPlanInjectsEveryKindOverEveryAlgorithmAndDtype(t *testing.T) {
 			plan := makePlan(1, total, netns, true, 4, 2*time.Second)
 			counts := map[string]int{}
 			combos := map[string]bool{}
+			values := map[string]bool{}
 			n := 0
 			for _, jp := range plan {
 				enders := 0
@@ -50,6 +51,9 @@ func TestPlanInjectsEveryKindOverEveryAlgorithmAndDtype(t *testing.T) {
 					if k.sparseOnly && isDense(jp.alg) {
 						t.Fatalf("job %d: %s on dense %s", jp.id, f, jp.alg)
 					}
+					if k.valuesOnly && !takesValueFormats(jp.alg) {
+						t.Fatalf("job %d: %s on %s, which sends float32 only", jp.id, f, jp.alg)
+					}
 					if k.netns && !netns {
 						t.Fatalf("job %d: %s without namespaces", jp.id, f)
 					}
@@ -62,6 +66,10 @@ func TestPlanInjectsEveryKindOverEveryAlgorithmAndDtype(t *testing.T) {
 					half = "half"
 				}
 				combos[jp.alg+"/"+half] = true
+				if jp.values != "float32" && !takesValueFormats(jp.alg) {
+					t.Fatalf("job %d: %s values on %s", jp.id, jp.values, jp.alg)
+				}
+				values[jp.values] = true
 			}
 			if n != total {
 				t.Fatalf("netns=%v: %d faults planned, want %d", netns, n, total)
@@ -73,6 +81,9 @@ func TestPlanInjectsEveryKindOverEveryAlgorithmAndDtype(t *testing.T) {
 			}
 			if total == 500 && len(combos) != 2*len(campaignAlgs) {
 				t.Errorf("netns=%v: algorithm × dtype combinations covered: %v", netns, combos)
+			}
+			if total == 500 && len(values) != len(valueFormats) {
+				t.Errorf("netns=%v: value formats drawn: %v", netns, values)
 			}
 		}
 	}
@@ -134,12 +145,12 @@ func TestClassifyFollowsTheCABI(t *testing.T) {
 // timing; NaN in a sparse call fails every rank with the buffer and state
 // untouched, and the ranks go on.
 func TestReferenceIsDeterministic(t *testing.T) {
-	run := func(alg, dtype string) [][]Outcome {
+	run := func(alg, dtype, values string) [][]Outcome {
 		ref := newReference(3)
 		defer ref.close()
 		var out [][]Outcome
 		for i := 0; i < 4; i++ {
-			s := CallSpec{Index: i, Alg: alg, Dtype: dtype, Tensor: 1, N: 2003, Density: 0.05, Tau: 3, TauPrime: 2,
+			s := CallSpec{Index: i, Alg: alg, Dtype: dtype, Values: values, Tensor: 1, N: 2003, Density: 0.05, Tau: 3, TauPrime: 2,
 				TimeoutMs: 10000, Seed: uint64(100 + i)}
 			specs := []CallSpec{s, s, s}
 			if i == 2 {
@@ -150,8 +161,14 @@ func TestReferenceIsDeterministic(t *testing.T) {
 		return out
 	}
 	for _, alg := range campaignAlgs {
-		for _, dtype := range []string{"float32", "float16", "bfloat16"} {
-			a, b := run(alg, dtype), run(alg, dtype)
+		for _, c := range []struct{ dtype, values string }{
+			{"float32", "float32"}, {"float16", "float32"}, {"bfloat16", "float32"}, {"float32", "int8"}, {"float16", "bfloat16"},
+		} {
+			if c.values != "float32" && !takesValueFormats(alg) {
+				continue
+			}
+			dtype := c.dtype + " buffer, " + c.values + " values"
+			a, b := run(alg, c.dtype, c.values), run(alg, c.dtype, c.values)
 			for i := range a {
 				for r := range a[i] {
 					x, y := a[i][r], b[i][r]

@@ -95,7 +95,7 @@ func without(ranks []int, v int) []int {
 
 // spec is the job's next call as every rank issues it when nothing is wrong.
 func (st *jobState) spec() CallSpec {
-	s := CallSpec{Index: st.next, Alg: st.plan.alg, Dtype: st.plan.dtype, Tensor: 1, N: st.plan.n,
+	s := CallSpec{Index: st.next, Alg: st.plan.alg, Dtype: st.plan.dtype, Values: st.plan.values, Tensor: 1, N: st.plan.n,
 		Density: st.plan.density, Tau: st.plan.tau, TauPrime: st.plan.tauPrime,
 		TimeoutMs: int(st.plan.timeout / time.Millisecond), Seed: st.rng.Uint64()}
 	st.next++
@@ -347,7 +347,7 @@ func (st *jobState) inject(kind string, res *faultResult) bool {
 		return st.linkSlow(res)
 	case "never-arrives-call":
 		return st.neverArrives(res)
-	case "mismatch-tensor", "mismatch-n", "mismatch-k", "mismatch-dtype", "mismatch-algorithm":
+	case "mismatch-tensor", "mismatch-n", "mismatch-k", "mismatch-dtype", "mismatch-algorithm", "mismatch-values":
 		return st.mismatch(res, strings.TrimPrefix(kind, "mismatch-"))
 	case "refused-locally":
 		return st.refused(res)

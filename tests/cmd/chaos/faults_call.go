@@ -57,6 +57,13 @@ func (st *jobState) mismatch(res *faultResult, field string) bool {
 		}
 	case "algorithm":
 		specs[v].Alg = otherAlgorithm(s.Alg, st.rng.IntN)
+		if !takesValueFormats(specs[v].Alg) {
+			specs[v].Values = "float32" // else the victim refuses its own settings
+		}
+	case "values":
+		mine, _ := valuesOf(s)
+		others := slices.DeleteFunc(slices.Clone(valueFormats), func(f string) bool { return f == mine.String() })
+		specs[v].Values = others[st.rng.IntN(len(others))]
 	}
 	st.record(specs, false)
 	st.runFaultyCall(res, specs, st.all(), func(r int, b *batchResult) {

@@ -4,8 +4,10 @@ package main
 // processes (in network namespaces when it can make them) into which it
 // injects hundreds of faults — killed, stopped and missing ranks, links
 // taken down and slowed, mismatched and locally refused calls, NaN and Inf,
-// strangers' floods and wrong job tokens — over every algorithm and both a
-// float32 and a half-precision dtype, and checks each: no hang past the
+// strangers' floods and wrong job tokens — over every algorithm, both a
+// float32 and a half-precision dtype, and, for the algorithms that take
+// them, every format values travel in (float32, float16, bfloat16, int8),
+// and checks each: no hang past the
 // timeout + 10%, no crash, every successful call bitwise equal to a
 // fault-free reference, every error naming its cause and the faulty rank,
 // failed calls leaving the caller's buffer and the tensor's state as they

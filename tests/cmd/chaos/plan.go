@@ -1,8 +1,8 @@
 package main
 
 // The campaign's plan, drawn from the seed alone: how many faults of each
-// kind, grouped into jobs, each job with its algorithm, dtype, size and
-// world size. Faults that end a job (a dead or stopped rank, a mismatch, …)
+// kind, grouped into jobs, each job with its algorithm, dtype, value format,
+// size and world size. Faults that end a job (a dead or stopped rank, a mismatch, …)
 // close one job each; the others (NaN, floods, a slowed link, …) ride along
 // in those jobs, several in sequence on the same processes, so that many
 // faults cost few process starts.
@@ -21,6 +21,7 @@ type kind struct {
 	init       bool // injected while the ranks join: a job of its own
 	netns      bool // needs network namespaces
 	sparseOnly bool // meaningless for dense allreduce (no tensor id, no k)
+	valuesOnly bool // needs an algorithm that takes 16- and 8-bit values
 	flood      bool // a stranger's traffic: RSS is held to the bound
 	weight     int
 	what       string
@@ -39,6 +40,7 @@ var kinds = []kind{
 	{name: "mismatch-k", fatal: true, sparseOnly: true, weight: 1, what: "one rank calls with another density (another k)"},
 	{name: "mismatch-dtype", fatal: true, weight: 1, what: "one rank calls with float32 where the others pass a half dtype, or the reverse"},
 	{name: "mismatch-algorithm", fatal: true, weight: 1, what: "one rank calls with another algorithm"},
+	{name: "mismatch-values", fatal: true, sparseOnly: true, valuesOnly: true, weight: 1, what: "one rank sends its values in another format (float32, float16, bfloat16, int8)"},
 	{name: "refused-locally", fatal: true, weight: 2, what: "one rank refuses the call itself (its tensor resized, or an invalid density)"},
 	{name: "nan", weight: 2, what: "NaN in one rank's gradient"},
 	{name: "inf", weight: 2, what: "±Inf in one rank's gradient"},
@@ -64,15 +66,25 @@ func kindByName(name string) kind {
 var (
 	campaignAlgs = []string{"dense_ring", "dense_rabenseifner", "oktopk", selectedAlg, "topka", "topkdsa", "gtopk", "gaussiank"}
 	halfDtypes   = []string{"float16", "bfloat16"}
+	// valueFormats are the formats sparse values travel in (core.ValueType's
+	// names), drawn for the jobs whose algorithm takes them.
+	valueFormats = []string{"float32", "float16", "bfloat16", "int8"}
 )
 
 func isDense(alg string) bool { return alg == "dense_ring" || alg == "dense_rabenseifner" }
+
+// takesValueFormats says whether alg sends its values in any of
+// valueFormats (the others send float32 only).
+func takesValueFormats(alg string) bool {
+	return alg == "oktopk" || alg == selectedAlg || alg == "topka" || alg == "gaussiank"
+}
 
 type jobPlan struct {
 	id       int
 	p        int
 	alg      string
 	dtype    string
+	values   string // the format sparse values travel in
 	n        int
 	density  float64
 	tau      int
@@ -84,6 +96,9 @@ type jobPlan struct {
 
 func (jp *jobPlan) String() string {
 	s := fmt.Sprintf("%s %s P=%d n=%d density=%g tau=%d tau'=%d", jp.alg, jp.dtype, jp.p, jp.n, jp.density, jp.tau, jp.tauPrime)
+	if jp.values != "float32" {
+		s += " values=" + jp.values
+	}
 	if jp.curve {
 		s += " CURVE"
 	}
@@ -181,7 +196,7 @@ func makePlan(seed uint64, total int, netns, curve bool, maxP int, timeout time.
 	// Algorithm and dtype: every combination in turn, dense ones skipped for
 	// jobs with a fault that needs a sparse algorithm.
 	type combo struct{ alg, dtype string }
-	var all, sparse []combo
+	var all, sparse, valued []combo
 	for _, a := range campaignAlgs {
 		for _, half := range []bool{false, true} {
 			dt := "float32"
@@ -192,26 +207,38 @@ func makePlan(seed uint64, total int, netns, curve bool, maxP int, timeout time.
 			if !isDense(a) {
 				sparse = append(sparse, combo{a, dt})
 			}
+			if takesValueFormats(a) {
+				valued = append(valued, combo{a, dt})
+			}
 		}
 	}
 	rng.Shuffle(len(all), func(a, b int) { all[a], all[b] = all[b], all[a] })
 	rng.Shuffle(len(sparse), func(a, b int) { sparse[a], sparse[b] = sparse[b], sparse[a] })
-	ai, si := 0, 0
+	rng.Shuffle(len(valued), func(a, b int) { valued[a], valued[b] = valued[b], valued[a] })
+	ai, si, vi := 0, 0, 0
 	for id, jp := range jobs {
 		jp.id = id
-		needSparse := false
+		needSparse, needValues := false, false
 		for _, f := range jp.faults {
 			needSparse = needSparse || kindByName(f).sparseOnly
+			needValues = needValues || kindByName(f).valuesOnly
 		}
 		var c combo
-		if needSparse {
+		switch {
+		case needValues:
+			c = valued[vi%len(valued)]
+			vi++
+		case needSparse:
 			c = sparse[si%len(sparse)]
 			si++
-		} else {
+		default:
 			c = all[ai%len(all)]
 			ai++
 		}
-		jp.alg, jp.dtype = c.alg, c.dtype
+		jp.alg, jp.dtype, jp.values = c.alg, c.dtype, "float32"
+		if takesValueFormats(jp.alg) {
+			jp.values = valueFormats[rng.IntN(len(valueFormats))]
+		}
 		jp.p = 3 + rng.IntN(maxP-2)
 		if isDense(jp.alg) {
 			jp.n = 3000 + rng.IntN(60000)

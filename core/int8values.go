@@ -1,0 +1,186 @@
+package core
+
+// 8-bit values (Config.Values = ValuesInt8): a value is a byte, and each
+// block of int8Block consecutive values of a frame shares a scale.
+//
+// Values that went through top-k and error feedback tolerate 8 bits: what
+// the quantization takes off goes into a residual, exactly, so no gradient
+// mass is lost — the 16-bit formats' argument (values.go), with a rounding
+// that depends on a value's neighbours instead of the value alone:
+//
+//  1. A frame's values come in blocks of int8Block (the last one shorter).
+//     A block's scale is the power of two 2^e with e the least in
+//     [−149, 120] for which the block's largest magnitude m ≤ 127·2^e; each
+//     value x travels as the code q = round(x / 2^e) in [−127, 127] and
+//     arrives as q·2^e. On the wire a block is its scale as a little-endian
+//     float32, then its codes.
+//  2. Power-of-two scales make every step exact: x / 2^e and q·2^e only
+//     move the exponent, and x − q·2^e (at most half a step, and a multiple
+//     of x's last bit, since 2^e ≥ m/127 is above it) is a float32. So the
+//     error kept for the residual is exactly what the rounding took off, and
+//     a block quantized once encodes again into the same codes: its largest
+//     code is 64 to 127 (or e is at a bound), so its scale comes out the
+//     same. The price is half a bit against a scale of m/127.
+//  3. The rounding happens where a frame is made, with that frame's blocks
+//     (quantizeInt8), and the entries keep the values that left:
+//       - a rank's own selected entries, as it sends them to their owners
+//         (Ok-Topk's split) or to everyone (TopkA's and Gaussiank's
+//         allgather): its residual keeps acc − what it sent, as for the
+//         16-bit formats; an owner's entries of its own region never leave
+//         it and stay float32;
+//       - an Ok-Topk owner's kept sums, as it moves them to the rank whose
+//         share holds them (balance), the error going into the owner's
+//         residual; and each rank's balanced share as it allgathers it, the
+//         error going into that rank's residual. Every rank, this one too,
+//         uses the share as it decodes it, so the results stay bitwise
+//         identical on every rank.
+//
+// A frame of count 8-bit values takes count + 4·⌈count/int8Block⌉ bytes:
+// 1.125 bytes a value, and with its coded index (indexcode.go) 2.3 bytes a
+// pair at density 1%, against 8 for plain 32-bit pairs. The decoder refuses
+// a scale that is not a power of two in range (NaN, infinite, negative, or
+// above 2^120, where 127 codes would overflow) as ErrSparseScale, and codes
+// the encoder would not have made as ErrSparseNotCanonical.
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+
+	"github.com/oktopk/oktopk/transport"
+)
+
+// int8Block is how many values share one scale.
+const int8Block = 32
+
+// The least and the largest scale exponents: 2^−149 is float32's smallest
+// subnormal, and 127·2^120 < 2^127 keeps every value a code can stand for
+// finite.
+const (
+	int8MinExp = -149
+	int8MaxExp = 120
+)
+
+// ErrSparseScale is a frame's 8-bit values refused for their scale.
+var ErrSparseScale = fmt.Errorf("%w: sparse 8-bit values with a scale that is not 0 or a power of two from 2^-149 to 2^120", transport.ErrBadFrame)
+
+// int8ValueBytes is the bytes of count 8-bit values: a scale per block and a
+// byte each.
+func int8ValueBytes(count int) int { return count + 4*((count+int8Block-1)/int8Block) }
+
+// int8Exponent is the scale exponent of a block whose largest magnitude is
+// m: the least e in [int8MinExp, int8MaxExp] with m ≤ 127·2^e, or the
+// largest when none is (m above 127·2^120, or infinite: the codes saturate
+// at ±127).
+func int8Exponent(m float32) int {
+	if m == 0 || math.IsInf(float64(m), 0) || m > 127*0x1p120 {
+		if m == 0 {
+			return int8MinExp
+		}
+		return int8MaxExp
+	}
+	_, e := math.Frexp(float64(m)) // m = f·2^e, f in [0.5, 1): m/2^(e−7) in [64, 128)
+	e -= 7
+	if math.Ldexp(float64(m), -e) > 127 {
+		e++
+	}
+	return max(e, int8MinExp)
+}
+
+// int8Code is x's code at scale 2^e: x / 2^e rounded half away from zero,
+// saturated at ±127.
+func int8Code(x float32, e int) int8 {
+	q := math.Round(math.Ldexp(float64(x), -e))
+	return int8(max(-127, min(127, q)))
+}
+
+// quantizeInt8 rounds s's values in place to 8 bits, in the blocks of a
+// frame made of s (a block is int8Block consecutive entries from s's first),
+// and, unless errs is nil, appends to it x − the rounded value for each
+// entry the rounding changed, ascending with s.
+func quantizeInt8(s Sparse, errs *Sparse) {
+	for start := 0; start < s.Len(); start += int8Block {
+		block := s.Val[start:min(start+int8Block, s.Len())]
+		var m float32
+		for _, x := range block {
+			m = max(m, abs32(x))
+		}
+		e := int8Exponent(m)
+		for j, x := range block {
+			q := float32(math.Ldexp(float64(int8Code(x, e)), e))
+			block[j] = q
+			if d := x - q; d != 0 && errs != nil {
+				errs.Append(s.Idx[start+j], d)
+			}
+		}
+	}
+}
+
+// putInt8Values writes vals, which quantizeInt8 rounded in the same blocks,
+// as 8-bit values into out (int8ValueBytes(len(vals)) bytes).
+func putInt8Values(out []byte, vals []float32) {
+	at := 0
+	for start := 0; start < len(vals); start += int8Block {
+		block := vals[start:min(start+int8Block, len(vals))]
+		var m float32
+		for _, x := range block {
+			m = max(m, abs32(x))
+		}
+		e := int8Exponent(m)
+		scale := float32(math.Ldexp(1, e))
+		if m == 0 {
+			scale = 0
+		}
+		binary.LittleEndian.PutUint32(out[at:], math.Float32bits(scale))
+		at += 4
+		for j, x := range block {
+			out[at+j] = byte(int8Code(x, e))
+		}
+		at += len(block)
+	}
+}
+
+// readInt8Values decodes the len(dst) 8-bit values that make up all of b
+// into dst. A block is refused for a scale that is not +0 or a power of two
+// from 2^−149 to 2^120 (ErrSparseScale), and for codes the encoder would not
+// have made of the values they stand for (ErrSparseNotCanonical): −128,
+// anything but zeros at scale 0, or a largest code that another scale
+// would have been chosen for. What decodes is finite and encodes again
+// into the same bytes.
+func readInt8Values(dst []float32, b []byte) error {
+	switch need := int8ValueBytes(len(dst)); {
+	case len(b) < need:
+		return fmt.Errorf("%w: %d bytes for %d 8-bit values, which take %d", ErrSparseTruncated, len(b), len(dst), need)
+	case len(b) > need:
+		return fmt.Errorf("%w: %d bytes left after %d 8-bit values", ErrSparseCountMismatch, len(b)-need, len(dst))
+	}
+	at := 0
+	for start := 0; start < len(dst); start += int8Block {
+		block := dst[start:min(start+int8Block, len(dst))]
+		bits := binary.LittleEndian.Uint32(b[at:])
+		scale := math.Float32frombits(bits)
+		codes := b[at+4 : at+4+len(block)]
+		at += 4 + len(block)
+		e := int8MinExp
+		if bits != 0 {
+			f, exp := math.Frexp(float64(scale)) // NaN and ±Inf come back as they are
+			e = exp - 1
+			if f != 0.5 || e < int8MinExp || e > int8MaxExp {
+				return fmt.Errorf("%w: block of values %d… has scale %v", ErrSparseScale, start, scale)
+			}
+		}
+		largest := 0
+		for j, c := range codes {
+			q := int(int8(c))
+			if q == -128 {
+				return fmt.Errorf("%w: block of values %d… holds the code −128", ErrSparseNotCanonical, start)
+			}
+			largest = max(largest, q, -q)
+			block[j] = float32(q) * scale
+		}
+		if (bits == 0) != (largest == 0) || (largest > 0 && int8Exponent(float32(largest)*scale) != e) {
+			return fmt.Errorf("%w: block of values %d… has scale %v for a largest code of %d", ErrSparseNotCanonical, start, scale, largest)
+		}
+	}
+	return nil
+}
