@@ -225,38 +225,49 @@ func TestCodedIndicesSizeAtOnePercent(t *testing.T) {
 
 // BenchmarkSparseCodec: encoding and decoding a region's entries at the
 // densities of the benchmarks (n = 2^22, P = 4: a region of 2^20), in ns
-// an entry and bytes an index.
+// an entry and bytes an entry, with float32 values and with 8-bit ones (their
+// encoding includes the rounding, quantizeInt8, as a call makes it).
 func BenchmarkSparseCodec(b *testing.B) {
-	for _, density := range []float64{0.01, 0.001} {
-		rng := rand.New(rand.NewPCG(62, 4))
-		const n = 1 << 20
-		idx := uniformIndices(rng, n, density)
-		s := Sparse{Idx: idx, Val: make([]float32, len(idx))}
-		for i := range s.Val {
-			s.Val[i] = float32(rng.NormFloat64())
-		}
-		frame := EncodeSparse(nil, s, 0)
-		indexBytes := float64(len(frame)-4*len(idx)) / float64(len(idx))
-		b.Run(fmt.Sprintf("encode/density=%g", density), func(b *testing.B) {
-			buf := make([]byte, 0, sparseSlotsBytes(ValuesFloat32, len(idx), 1))
-			b.SetBytes(int64(len(frame)))
-			for b.Loop() {
-				buf = EncodeSparse(buf, s, 0)
+	for _, v := range []ValueType{ValuesFloat32, ValuesInt8} {
+		for _, density := range []float64{0.01, 0.001} {
+			rng := rand.New(rand.NewPCG(62, 4))
+			const n = 1 << 20
+			idx := uniformIndices(rng, n, density)
+			s := Sparse{Idx: idx, Val: make([]float32, len(idx))}
+			for i := range s.Val {
+				s.Val[i] = float32(rng.NormFloat64())
 			}
-			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(len(idx)), "ns/entry")
-			b.ReportMetric(indexBytes, "B/index")
-		})
-		b.Run(fmt.Sprintf("decode/density=%g", density), func(b *testing.B) {
-			dst := Sparse{}
-			b.SetBytes(int64(len(frame)))
-			for b.Loop() {
-				var err error
-				if dst, err = DecodeSparse(dst, frame, uint64(len(idx)), 0, n); err != nil {
-					b.Fatal(err)
+			exact := append([]float32(nil), s.Val...)
+			if v == ValuesInt8 {
+				quantizeInt8(s, nil)
+			}
+			frame := encodeSparseAs(nil, s, 0, v)
+			entryBytes := float64(len(frame)) / float64(len(idx))
+			b.Run(fmt.Sprintf("encode/%v/density=%g", v, density), func(b *testing.B) {
+				buf := make([]byte, 0, sparseSlotsBytes(v, len(idx), 1))
+				b.SetBytes(int64(len(frame)))
+				for b.Loop() {
+					if v == ValuesInt8 {
+						copy(s.Val, exact)
+						quantizeInt8(s, nil)
+					}
+					buf = encodeSparseAs(buf, s, 0, v)
 				}
-			}
-			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(len(idx)), "ns/entry")
-			b.ReportMetric(indexBytes, "B/index")
-		})
+				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(len(idx)), "ns/entry")
+				b.ReportMetric(entryBytes, "B/entry")
+			})
+			b.Run(fmt.Sprintf("decode/%v/density=%g", v, density), func(b *testing.B) {
+				dst := Sparse{}
+				b.SetBytes(int64(len(frame)))
+				for b.Loop() {
+					var err error
+					if dst, err = decodeSparseAs(dst, frame, uint64(len(idx)), 0, n, v); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(len(idx)), "ns/entry")
+				b.ReportMetric(entryBytes, "B/entry")
+			})
+		}
 	}
 }

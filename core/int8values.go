@@ -81,17 +81,37 @@ func int8Exponent(m float32) int {
 	}
 	_, e := math.Frexp(float64(m)) // m = f·2^e, f in [0.5, 1): m/2^(e−7) in [64, 128)
 	e -= 7
-	if math.Ldexp(float64(m), -e) > 127 {
+	if float64(m)*pow2(-e) > 127 {
 		e++
 	}
 	return max(e, int8MinExp)
 }
 
-// int8Code is x's code at scale 2^e: x / 2^e rounded half away from zero,
-// saturated at ±127.
-func int8Code(x float32, e int) int8 {
-	q := math.Round(math.Ldexp(float64(x), -e))
-	return int8(max(-127, min(127, q)))
+// pow2 is 2^e as a float64, exactly, for e in [−1022, 1023].
+func pow2(e int) float64 { return math.Float64frombits(uint64(1023+e) << 52) }
+
+// int8Code is x's code at the scale whose inverse is inv (2^−e): x·2^−e
+// rounded half away from zero, saturated at ±127 where the block's scale
+// saturates (e = int8MaxExp; elsewhere |x·2^−e| ≤ 127 by the choice of e).
+// x·2^−e is exact in float64, and so is adding a half to it (it has at
+// most 24 significant bits and is at most 2^7). No branch on the value:
+// signs come in no order.
+func int8Code(x float32, inv float64, saturates bool) int8 {
+	t := float64(x) * inv
+	if saturates {
+		t = max(-127, min(127, t))
+	}
+	return int8(t + math.Copysign(0.5, t))
+}
+
+// largestMagnitude is the largest |x| of block: for magnitudes, the order
+// of their bits is the order of their values.
+func largestMagnitude(block []float32) float32 {
+	var m uint32
+	for _, x := range block {
+		m = max(m, math.Float32bits(x)&^(1<<31))
+	}
+	return math.Float32frombits(m)
 }
 
 // quantizeInt8 rounds s's values in place to 8 bits, in the blocks of a
@@ -101,13 +121,10 @@ func int8Code(x float32, e int) int8 {
 func quantizeInt8(s Sparse, errs *Sparse) {
 	for start := 0; start < s.Len(); start += int8Block {
 		block := s.Val[start:min(start+int8Block, s.Len())]
-		var m float32
-		for _, x := range block {
-			m = max(m, abs32(x))
-		}
-		e := int8Exponent(m)
+		e := int8Exponent(largestMagnitude(block))
+		inv, scale, saturates := pow2(-e), pow2(e), e == int8MaxExp
 		for j, x := range block {
-			q := float32(math.Ldexp(float64(int8Code(x, e)), e))
+			q := float32(float64(int8Code(x, inv, saturates)) * scale)
 			block[j] = q
 			if d := x - q; d != 0 && errs != nil {
 				errs.Append(s.Idx[start+j], d)
@@ -122,19 +139,18 @@ func putInt8Values(out []byte, vals []float32) {
 	at := 0
 	for start := 0; start < len(vals); start += int8Block {
 		block := vals[start:min(start+int8Block, len(vals))]
-		var m float32
-		for _, x := range block {
-			m = max(m, abs32(x))
-		}
+		m := largestMagnitude(block)
 		e := int8Exponent(m)
-		scale := float32(math.Ldexp(1, e))
+		scale := float32(pow2(e))
 		if m == 0 {
 			scale = 0
 		}
 		binary.LittleEndian.PutUint32(out[at:], math.Float32bits(scale))
 		at += 4
+		codes := out[at : at+len(block)]
+		inv, saturates := pow2(-e), e == int8MaxExp
 		for j, x := range block {
-			out[at+j] = byte(int8Code(x, e))
+			codes[j] = byte(int8Code(x, inv, saturates))
 		}
 		at += len(block)
 	}
