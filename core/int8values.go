@@ -41,6 +41,12 @@ package core
 // a scale that is not a power of two in range (NaN, infinite, negative, or
 // above 2^120, where 127 codes would overflow) as ErrSparseScale, and codes
 // the encoder would not have made as ErrSparseNotCanonical.
+//
+// Cost: a pass over a frame's values to round them and one to write their
+// codes, each block's largest magnitude found in both; with the indices,
+// about 11–16 ns an entry to round and encode and 6–9 to decode, against
+// 2–5 and 5–6 for float32 values (BenchmarkSparseCodec, alternating runs on
+// a loaded 2-core machine), for 2.3 bytes an entry instead of 5.2.
 
 import (
 	"encoding/binary"
