@@ -42,7 +42,12 @@ func TestAfterTimeoutEveryLaterCallFailsFastWithAborted(t *testing.T) {
 					if !errors.Is(err, transport.ErrAborted) {
 						return fmt.Errorf("later call %d: want ErrAborted, got %v", i, err)
 					}
-					if d := time.Since(start); d > 50*time.Millisecond {
+					// Fails at once rather than waiting: this call has no
+					// deadline, and rank 2 never calls, so anything but the
+					// abort would wait for ever. The bound is far over a loaded
+					// 2-core machine's scheduling delays under the race
+					// detector (78 ms seen against an earlier 50 ms bound).
+					if d := time.Since(start); d > time.Second {
 						return fmt.Errorf("later call %d took %v", i, d)
 					}
 				}
