@@ -15,6 +15,15 @@ def _sgd(model, nesterov, dampening, weight_decay):
     return torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, nesterov=nesterov, dampening=dampening, weight_decay=weight_decay)
 
 
+def _step_both(rank, step, *runs):
+    """One training step of each (model, optimizer) on the same batch."""
+    x, y = batch(rank, step)
+    for m, o in runs:
+        o.zero_grad()
+        F.cross_entropy(m(x), y).backward()
+        o.step()
+
+
 def native_steps_are_plain_ddp(rank, world, port, out, nesterov, weight_decay, steps):
     """The corrected hook through a dense warm-up of ``steps`` native steps
     (nothing held in any residual) beside plain DDP under the same SGD with
@@ -36,11 +45,7 @@ def native_steps_are_plain_ddp(rank, world, port, out, nesterov, weight_decay, s
     corr.before = counting
     same = []
     for step in range(steps):
-        x, y = batch(rank, step)
-        for m, o in ((a, oa), (b, ob)):
-            o.zero_grad()
-            F.cross_entropy(m(x), y).backward()
-            o.step()
+        _step_both(rank, step, (a, oa), (b, ob))
         same.append(all(torch.equal(pa, pb) and torch.equal(oa.state[pa]["momentum_buffer"], ob.state[pb]["momentum_buffer"])
                         for pa, pb in zip(a.parameters(), b.parameters())))
     write(out, rank, {"same": same, "worked_at": sorted(set(worked)), "active": corr.active})
@@ -59,11 +64,7 @@ def density_one(rank, world, port, out, nesterov, dampening, weight_decay, steps
     oa, ob = _sgd(a, nesterov, dampening, weight_decay), _sgd(b, nesterov, dampening, weight_decay)
     worst_param = worst_buffer = 0.0
     for step in range(steps):
-        x, y = batch(rank, step)
-        for m, o in ((a, oa), (b, ob)):
-            o.zero_grad()
-            F.cross_entropy(m(x), y).backward()
-            o.step()
+        _step_both(rank, step, (a, oa), (b, ob))
         for pa, pb in zip(a.parameters(), b.parameters()):
             scale = pb.detach().abs().max().item() + 1e-30
             worst_param = max(worst_param, (pa.detach() - pb.detach()).abs().max().item() / scale)
