@@ -86,9 +86,11 @@ func readConfig(cfg *C.oktopk_config_t) (settings, error) {
 			s.sparse.Values = core.ValuesBFloat16
 		case C.OKTOPK_INT8:
 			s.sparse.Values = core.ValuesInt8
+		case C.OKTOPK_INT4:
+			s.sparse.Values = core.ValuesInt4
 		default:
 			return s, invalidArgument("config.value_dtype %#x: want OKTOPK_FLOAT32, OKTOPK_FLOAT16, OKTOPK_BFLOAT16 "+
-				"(optionally | OKTOPK_STOCHASTIC_ROUNDING) or OKTOPK_INT8", int32(v))
+				"(optionally | OKTOPK_STOCHASTIC_ROUNDING), OKTOPK_INT8 or OKTOPK_INT4", int32(v))
 		}
 	}
 	if has(unsafe.Offsetof(cfg.curve), 4) {

@@ -321,8 +321,8 @@ func decodeRegionBlock(dtype transport.Dtype, count uint64, payload []byte, lo, 
 // call's value type (local's values must already be of that type, but for
 // 8-bit ones, which are rounded here, in place: int8values.go).
 func allgatherSparseSum(ctx context.Context, call *Call, firstStep uint32, n int, local Sparse) (Sparse, error) {
-	if call.Values == ValuesInt8 {
-		quantizeInt8(local, nil) // in place: the residual keeps what the rounding took off
+	if call.Values.scaled() {
+		call.Values.quantize(local, nil) // in place: the residual keeps what the rounding took off
 	}
 	own := Block{Dtype: call.Values.sparseDtype(), Count: uint64(local.Len()), Payload: encodeSparseAs(nil, local, 0, call.Values)}
 	call.Phase(PhaseAllgather)

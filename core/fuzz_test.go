@@ -233,15 +233,17 @@ type fuzzCase struct {
 func (c fuzzCase) String() string { return fmt.Sprintf("%v (%v values)", c.alg, c.values) }
 
 // fuzzCases is every algorithm with float32 values (case i is algorithm
-// i), then with 8-bit values those that take them.
+// i), then with 8-bit values those that take them, then with 4-bit values.
 func fuzzCases() []fuzzCase {
 	var cases []fuzzCase
 	for _, alg := range Algorithms() {
 		cases = append(cases, fuzzCase{alg, ValuesFloat32})
 	}
-	for _, alg := range Algorithms() {
-		if alg.takesReducedValues() && alg != Auto {
-			cases = append(cases, fuzzCase{alg, ValuesInt8})
+	for _, v := range []ValueType{ValuesInt8, ValuesInt4} {
+		for _, alg := range Algorithms() {
+			if alg.takesReducedValues() && alg != Auto {
+				cases = append(cases, fuzzCase{alg, v})
+			}
 		}
 	}
 	return cases
@@ -352,6 +354,8 @@ func fuzzCount(dtype transport.Dtype, payload []byte, orig transport.Message) ui
 		return uint64(len(payload) / 5) // 4 bytes of value, and a coded index of about 8 bits
 	case transport.DtypeSparseF16, transport.DtypeSparseBF16, transport.DtypeSparseI8:
 		return uint64(len(payload) / 3)
+	case transport.DtypeSparseI4:
+		return uint64(len(payload) / 2)
 	}
 	return uint64(len(payload))
 }

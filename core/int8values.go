@@ -52,6 +52,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	mathbits "math/bits"
 
 	"github.com/oktopk/oktopk/transport"
 )
@@ -67,27 +68,37 @@ const (
 	int8MaxExp = 120
 )
 
-// ErrSparseScale is a frame's 8-bit values refused for their scale.
-var ErrSparseScale = fmt.Errorf("%w: sparse 8-bit values with a scale that is not 0 or a power of two from 2^-149 to 2^120", transport.ErrBadFrame)
+// ErrSparseScale is a frame's 8-bit or 4-bit values refused for their
+// scale.
+var ErrSparseScale = fmt.Errorf("%w: sparse 8-bit or 4-bit values with a scale that is not 0 or a power of two from 2^-149 to 2^120", transport.ErrBadFrame)
 
 // int8ValueBytes is the bytes of count 8-bit values: a scale per block and a
 // byte each.
 func int8ValueBytes(count int) int { return count + 4*((count+int8Block-1)/int8Block) }
 
-// int8Exponent is the scale exponent of a block whose largest magnitude is
-// m: the least e in [int8MinExp, int8MaxExp] with m ≤ 127·2^e, or the
-// largest when none is (m above 127·2^120, or infinite: the codes saturate
-// at ±127).
-func int8Exponent(m float32) int {
-	if m == 0 || math.IsInf(float64(m), 0) || m > 127*0x1p120 {
+// int8Top is the largest 8-bit code: codes are −127…127, a block's scale
+// is chosen so that its largest magnitude is at most 127 of them.
+const int8Top = 127
+
+// int8Exponent is the scale exponent of a block of 8-bit values whose
+// largest magnitude is m (blockExponent).
+func int8Exponent(m float32) int { return blockExponent(m, int8Top) }
+
+// blockExponent is the scale exponent of a block whose largest magnitude
+// is m, for codes up to top (2^b − 1: 127 for 8-bit values, 7 for 4-bit
+// ones, int4values.go): the least e in [int8MinExp, int8MaxExp] with
+// m ≤ top·2^e, or the largest when none is (m above top·2^120, or
+// infinite: the codes saturate at ±top).
+func blockExponent(m float32, top int) int {
+	if m == 0 || math.IsInf(float64(m), 0) || float64(m) > float64(top)*0x1p120 {
 		if m == 0 {
 			return int8MinExp
 		}
 		return int8MaxExp
 	}
-	_, e := math.Frexp(float64(m)) // m = f·2^e, f in [0.5, 1): m/2^(e−7) in [64, 128)
-	e -= 7
-	if float64(m)*pow2(-e) > 127 {
+	_, e := math.Frexp(float64(m)) // m = f·2^e, f in [0.5, 1): m/2^(e−b) in [2^(b−1), 2^b)
+	e -= mathbits.Len(uint(top))
+	if float64(m)*pow2(-e) > float64(top) {
 		e++
 	}
 	return max(e, int8MinExp)
@@ -96,16 +107,16 @@ func int8Exponent(m float32) int {
 // pow2 is 2^e as a float64, exactly, for e in [−1022, 1023].
 func pow2(e int) float64 { return math.Float64frombits(uint64(1023+e) << 52) }
 
-// int8Code is x's code at the scale whose inverse is inv (2^−e): x·2^−e
-// rounded half away from zero, saturated at ±127 where the block's scale
-// saturates (e = int8MaxExp; elsewhere |x·2^−e| ≤ 127 by the choice of e).
-// x·2^−e is exact in float64, and so is adding a half to it (it has at
-// most 24 significant bits and is at most 2^7). No branch on the value:
-// signs come in no order.
-func int8Code(x float32, inv float64, saturates bool) int8 {
+// blockCode is x's code at the scale whose inverse is inv (2^−e): x·2^−e
+// rounded half away from zero, saturated at ±top where the block's scale
+// saturates (e = int8MaxExp; elsewhere |x·2^−e| ≤ top by the choice of
+// e). x·2^−e is exact in float64, and so is adding a half to it (it has
+// at most 24 significant bits and is at most 2^7). No branch on the
+// value: signs come in no order.
+func blockCode(x float32, inv float64, saturates bool, top float64) int8 {
 	t := float64(x) * inv
 	if saturates {
-		t = max(-127, min(127, t))
+		t = max(-top, min(top, t))
 	}
 	return int8(t + math.Copysign(0.5, t))
 }
@@ -124,19 +135,60 @@ func largestMagnitude(block []float32) float32 {
 // frame made of s (a block is int8Block consecutive entries from s's first),
 // and, unless errs is nil, appends to it x − the rounded value for each
 // entry the rounding changed, ascending with s.
-func quantizeInt8(s Sparse, errs *Sparse) {
+func quantizeInt8(s Sparse, errs *Sparse) { quantizeBlocks(s, errs, int8Top) }
+
+// quantizeBlocks is quantizeInt8 for codes up to top (4-bit values too:
+// their blocks are as long).
+func quantizeBlocks(s Sparse, errs *Sparse, top int) {
 	for start := 0; start < s.Len(); start += int8Block {
 		block := s.Val[start:min(start+int8Block, s.Len())]
-		e := int8Exponent(largestMagnitude(block))
+		e := blockExponent(largestMagnitude(block), top)
 		inv, scale, saturates := pow2(-e), pow2(e), e == int8MaxExp
 		for j, x := range block {
-			q := float32(float64(int8Code(x, inv, saturates)) * scale)
+			q := float32(float64(blockCode(x, inv, saturates, float64(top))) * scale)
 			block[j] = q
 			if d := x - q; d != 0 && errs != nil {
 				errs.Append(s.Idx[start+j], d)
 			}
 		}
 	}
+}
+
+// blockScale is the scale of a block as it goes on the wire, for its
+// largest magnitude m and exponent e: 2^e, or +0 for a block of zeros.
+func blockScale(m float32, e int) float32 {
+	if m == 0 {
+		return 0
+	}
+	return float32(pow2(e))
+}
+
+// readBlockScale checks a block's scale bits as they came off the wire:
+// +0, or a power of two 2^e with e in [int8MinExp, int8MaxExp] (NaN,
+// infinite, negative, subnormal-looking or off-power scales are refused,
+// ErrSparseScale). It returns the scale and e (int8MinExp for +0).
+func readBlockScale(bits uint32, start int) (float32, int, error) {
+	scale := math.Float32frombits(bits)
+	if bits == 0 {
+		return 0, int8MinExp, nil
+	}
+	f, exp := math.Frexp(float64(scale)) // NaN and ±Inf come back as they are
+	e := exp - 1
+	if f != 0.5 || e < int8MinExp || e > int8MaxExp {
+		return 0, 0, fmt.Errorf("%w: block of values %d… has scale %v", ErrSparseScale, start, scale)
+	}
+	return scale, e, nil
+}
+
+// checkBlockCanonical refuses a block whose scale the encoder would not
+// have chosen for the codes it holds, their largest magnitude being
+// largest: a zero scale with codes, codes with a zero scale, or a largest
+// code that another scale would have been chosen for.
+func checkBlockCanonical(scale float32, e, largest, top, start int) error {
+	if (scale == 0) != (largest == 0) || (largest > 0 && blockExponent(float32(largest)*scale, top) != e) {
+		return fmt.Errorf("%w: block of values %d… has scale %v for a largest code of %d", ErrSparseNotCanonical, start, scale, largest)
+	}
+	return nil
 }
 
 // putInt8Values writes vals, which quantizeInt8 rounded in the same blocks,
@@ -147,16 +199,12 @@ func putInt8Values(out []byte, vals []float32) {
 		block := vals[start:min(start+int8Block, len(vals))]
 		m := largestMagnitude(block)
 		e := int8Exponent(m)
-		scale := float32(pow2(e))
-		if m == 0 {
-			scale = 0
-		}
-		binary.LittleEndian.PutUint32(out[at:], math.Float32bits(scale))
+		binary.LittleEndian.PutUint32(out[at:], math.Float32bits(blockScale(m, e)))
 		at += 4
 		codes := out[at : at+len(block)]
 		inv, saturates := pow2(-e), e == int8MaxExp
 		for j, x := range block {
-			codes[j] = byte(int8Code(x, inv, saturates))
+			codes[j] = byte(blockCode(x, inv, saturates, int8Top))
 		}
 		at += len(block)
 	}
@@ -179,18 +227,12 @@ func readInt8Values(dst []float32, b []byte) error {
 	at := 0
 	for start := 0; start < len(dst); start += int8Block {
 		block := dst[start:min(start+int8Block, len(dst))]
-		bits := binary.LittleEndian.Uint32(b[at:])
-		scale := math.Float32frombits(bits)
+		scale, e, err := readBlockScale(binary.LittleEndian.Uint32(b[at:]), start)
+		if err != nil {
+			return err
+		}
 		codes := b[at+4 : at+4+len(block)]
 		at += 4 + len(block)
-		e := int8MinExp
-		if bits != 0 {
-			f, exp := math.Frexp(float64(scale)) // NaN and ±Inf come back as they are
-			e = exp - 1
-			if f != 0.5 || e < int8MinExp || e > int8MaxExp {
-				return fmt.Errorf("%w: block of values %d… has scale %v", ErrSparseScale, start, scale)
-			}
-		}
 		largest := 0
 		for j, c := range codes {
 			q := int(int8(c))
@@ -200,8 +242,8 @@ func readInt8Values(dst []float32, b []byte) error {
 			largest = max(largest, q, -q)
 			block[j] = float32(q) * scale
 		}
-		if (bits == 0) != (largest == 0) || (largest > 0 && int8Exponent(float32(largest)*scale) != e) {
-			return fmt.Errorf("%w: block of values %d… has scale %v for a largest code of %d", ErrSparseNotCanonical, start, scale, largest)
+		if err := checkBlockCanonical(scale, e, largest, int8Top, start); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -42,8 +42,8 @@ func balance(ctx context.Context, call *Call, kept Sparse, counts []int, sc *okT
 		}
 		a, b := lo-starts[r], hi-starts[r]
 		part := Sparse{Idx: kept.Idx[a:b], Val: kept.Val[a:b]}
-		if call.Values == ValuesInt8 {
-			quantizeInt8(part, &sc.ownerErr) // this owner's residual takes the errors, ascending with the parts
+		if call.Values.scaled() {
+			call.Values.quantize(part, &sc.ownerErr) // this owner's residual takes the errors, ascending with the parts
 		}
 		payload := encodeSparseAs(sparseSlot(sc.sends, call.Values, a, b, j), part, 0, call.Values)
 		goSafe(g, func() error {
@@ -106,11 +106,11 @@ func concatSparse(dst Sparse, parts []Sparse) Sparse {
 // DecodeSparse and the order check enforce.
 func gatherSparse(ctx context.Context, call *Call, step uint32, mine Sparse, n uint32, sc *okTopkScratch) (Sparse, error) {
 	dtype := call.Values.sparseDtype()
-	if call.Values == ValuesInt8 {
+	if call.Values.scaled() {
 		// This rank's residual takes its share's errors beside those of
 		// the sums it moved away in balance: other indices, both ascending.
 		sc.shareErr.Reset()
-		quantizeInt8(mine, &sc.shareErr)
+		call.Values.quantize(mine, &sc.shareErr)
 		sc.ownerErr, sc.errSpare = mergeSparse(sc.errSpare, sc.ownerErr, sc.shareErr), sc.ownerErr
 	}
 	sc.share = encodeSparseAs(sc.share, mine, 0, call.Values)

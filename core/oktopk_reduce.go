@@ -175,10 +175,10 @@ func splitAndReduce(ctx context.Context, call *Call, bounds []uint32, local Spar
 			goSafe(g, func() error {
 				defer func() { <-slots }()
 				out := region(to)
-				if call.Values == ValuesInt8 {
+				if call.Values.scaled() {
 					// Rounded in place as the frame is made: local keeps
 					// what left, for this rank's residual (int8values.go).
-					quantizeInt8(out, nil)
+					call.Values.quantize(out, nil)
 				}
 				payload := encodeSparseAs(sparseSlot(sc.encoded, call.Values, at[to], at[to+1], to), out, bounds[to], call.Values)
 				m, err := call.SendRecv(gctx, to, stepSplit, call.Values.sparseDtype(), uint64(out.Len()), payload, from)

@@ -37,7 +37,8 @@ func (s *Sparse) Append(i uint32, v float32) {
 // A sparse frame of count entries with values of type v is the count
 // indices coded as gaps (indexcode.go), then the count values, v.width()
 // bytes each (little-endian float32, or the 16-bit formats' bits), or
-// 8-bit values in blocks with their scales (int8values.go).
+// 8-bit or 4-bit values in blocks with their scales (int8values.go,
+// int4values.go).
 
 // EncodeSparse lays s out as a sparse frame with float32 values, its
 // indices coded relative to base (region-relative).
@@ -59,7 +60,8 @@ func DecodeSparse(dst Sparse, payload []byte, count uint64, base, limit uint32) 
 // a buffer shared by the frames of its consecutive parts, part being the
 // frame's number among them: [e·from + 8·part, e·to + 8·(part+1)) with e
 // the most an entry takes (its value, 5 bytes of coded index, and for
-// 8-bit values a byte for its share of a scale), the 8 the frame's own.
+// 8-bit and 4-bit values a byte for its share of a scale; a 4-bit value
+// counts a whole byte), the 8 the frame's own.
 // The slots of parts in order never overlap, so the parts are encoded at
 // once; a buffer of sparseSlotsBytes holds them all.
 func sparseSlot(buf []byte, v ValueType, from, to, part int) []byte {
@@ -72,7 +74,7 @@ func sparseSlot(buf []byte, v ValueType, from, to, part int) []byte {
 func sparseSlotsBytes(v ValueType, entries, parts int) int { return maxEntryBytes(v)*entries + 8*parts }
 
 func maxEntryBytes(v ValueType) int {
-	if v == ValuesInt8 {
+	if v.scaled() {
 		return v.width() + 6
 	}
 	return v.width() + 5
@@ -80,7 +82,7 @@ func maxEntryBytes(v ValueType) int {
 
 // encodeSparseAs is EncodeSparse with values of type v, which s's values
 // must already hold exactly (they are converted, not rounded again; 8-bit
-// values as quantizeInt8 left them). dst's storage is used when it has room
+// scaled values as quantize left them). dst's storage is used when it has room
 // for the frame's bound.
 func encodeSparseAs(dst []byte, s Sparse, base uint32, v ValueType) []byte {
 	n := s.Len()
@@ -95,6 +97,8 @@ func encodeSparseAs(dst []byte, s Sparse, base uint32, v ValueType) []byte {
 		copy(dst[at:], float32Bytes(s.Val))
 	case ValuesInt8:
 		putInt8Values(dst[at:], s.Val)
+	case ValuesInt4:
+		putInt4Values(dst[at:], s.Val)
 	default:
 		narrow := halves[v].narrow
 		for i, x := range s.Val {
@@ -109,11 +113,14 @@ func encodeSparseAs(dst []byte, s Sparse, base uint32, v ValueType) []byte {
 // an error dst comes back empty, its storage kept.
 func decodeSparseAs(dst Sparse, payload []byte, count uint64, base, limit uint32, v ValueType) (Sparse, error) {
 	dst.Reset()
-	w := v.width()
 	if err := checkCodedCount(payload, count); err != nil {
 		return dst, err
 	}
-	if count > uint64(len(payload)/w) {
+	most := uint64(len(payload) / v.width()) // the values the payload could hold, a 4-bit one in half a byte
+	if v == ValuesInt4 {
+		most = 2 * uint64(len(payload))
+	}
+	if count > most {
 		return dst, fmt.Errorf("%w: %d bytes cannot hold %d %v values", ErrSparseTruncated, len(payload), count, v)
 	}
 	n := int(count)
@@ -138,8 +145,12 @@ func decodeSparseAs(dst Sparse, payload []byte, count uint64, base, limit uint32
 	switch v {
 	case ValuesFloat32:
 		copy(float32Bytes(dst.Val), payload[at:])
-	case ValuesInt8:
-		if err := readInt8Values(dst.Val, payload[at:]); err != nil {
+	case ValuesInt8, ValuesInt4:
+		read := readInt8Values
+		if v == ValuesInt4 {
+			read = readInt4Values
+		}
+		if err := read(dst.Val, payload[at:]); err != nil {
 			dst.Idx, dst.Val = idx[:0], dst.Val[:0]
 			return dst, err
 		}

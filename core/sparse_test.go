@@ -36,7 +36,7 @@ func TestSparseCodecRoundTripAndValidation(t *testing.T) {
 }
 
 // FuzzDecodeSparse: a payload from the wire, read as a frame of float32,
-// 16-bit or 8-bit values, either decodes into strictly increasing indices
+// 16-bit, 8-bit or 4-bit values, either decodes into strictly increasing indices
 // at or above the base and below the limit, or is refused with one of the
 // codec's errors; never a panic, and never an allocation larger than the
 // payload describes. What decodes is the one encoding of what it decodes
@@ -52,10 +52,10 @@ func FuzzDecodeSparse(f *testing.F) {
 	f.Add(frame, uint64(len(idx)), base, base+20000, uint8(ValuesFloat32))
 	wide := Sparse{Idx: []uint32{0, 1, 2, 1 << 31, math.MaxUint32 - 1}, Val: []float32{1, 2, 3, 4, 5}}
 	f.Add(EncodeSparse(nil, wide, 0), uint64(5), uint32(0), uint32(math.MaxUint32), uint8(ValuesFloat32))
-	for _, v := range []ValueType{ValuesFloat16, ValuesBFloat16, ValuesInt8} {
+	for _, v := range []ValueType{ValuesFloat16, ValuesBFloat16, ValuesInt8, ValuesInt4} {
 		s := int8TestValues(100)
-		if v == ValuesInt8 {
-			quantizeInt8(s, nil)
+		if v.scaled() {
+			v.quantize(s, nil)
 		} else {
 			valueRounding{values: v}.apply(s)
 		}

@@ -6,8 +6,9 @@ package core
 // (Config.Values): a value is then 2 bytes instead of 4, beside its index
 // coded as a gap (about 1.2 bytes at density 1%, indexcode.go). What
 // follows is about these 16-bit formats, rounded value by value; 8-bit
-// values (int8values.go) share a scale per block of a frame, so they are
-// rounded where each frame is made, by the same rules of ownership.
+// and 4-bit values (int8values.go, int4values.go) share a scale per block
+// of a frame, so they are rounded where each frame is made, by the same
+// rules of ownership.
 // Nothing is lost to the rounding, because it happens where error feedback
 // can take the difference back:
 //
@@ -59,7 +60,8 @@ import (
 )
 
 // ValueType is the precision sparse values travel in. The values are the C
-// ABI's (oktopk_dtype_t's, then OKTOPK_VALUES_INT8) and must not change.
+// ABI's (oktopk_dtype_t's, then OKTOPK_INT8 and OKTOPK_INT4) and must not
+// change.
 type ValueType int
 
 const (
@@ -67,10 +69,11 @@ const (
 	ValuesFloat16
 	ValuesBFloat16
 	ValuesInt8 // 8 bits with a scale per block of values (int8values.go)
+	ValuesInt4 // 4 bits with a scale per block of values (int4values.go)
 	numValueTypes
 )
 
-var valueTypeNames = [...]string{"float32", "float16", "bfloat16", "int8"}
+var valueTypeNames = [...]string{"float32", "float16", "bfloat16", "int8", "int4"}
 
 func (v ValueType) String() string {
 	if v.Valid() {
@@ -100,17 +103,19 @@ func (v ValueType) sparseDtype() transport.Dtype {
 		return transport.DtypeSparseBF16
 	case ValuesInt8:
 		return transport.DtypeSparseI8
+	case ValuesInt4:
+		return transport.DtypeSparseI4
 	}
 	return transport.DtypeSparseF32
 }
 
-// width is the bytes of one value on the wire (8-bit values' scales aside:
-// valueBytes).
+// width is the whole bytes one value takes on the wire at most (scales
+// aside: valueBytes; a 4-bit value takes half of its byte).
 func (v ValueType) width() int {
 	switch v {
 	case ValuesFloat32:
 		return 4
-	case ValuesInt8:
+	case ValuesInt8, ValuesInt4:
 		return 1
 	}
 	return 2
@@ -118,15 +123,48 @@ func (v ValueType) width() int {
 
 // valueBytes is the bytes of count values of this type on the wire.
 func (v ValueType) valueBytes(count int) int {
-	if v == ValuesInt8 {
+	switch v {
+	case ValuesInt8:
 		return int8ValueBytes(count)
+	case ValuesInt4:
+		return int4ValueBytes(count)
 	}
 	return v.width() * count
 }
 
+// bytesPerValue is the bytes a value takes on the wire in a long frame,
+// its share of its block's scale included: what the cost model prices
+// (predict.go's pairBytes).
+func (v ValueType) bytesPerValue() float64 {
+	switch v {
+	case ValuesInt8:
+		return 1 + 4.0/int8Block
+	case ValuesInt4:
+		return 0.5 + 4.0/int8Block
+	}
+	return float64(v.width())
+}
+
+// scaled says whether values of this type share a scale per block of a
+// frame (8-bit and 4-bit values), and so are rounded as each frame is made
+// (int8values.go), not value by value.
+func (v ValueType) scaled() bool { return v == ValuesInt8 || v == ValuesInt4 }
+
+// quantize rounds s's values in place in the blocks of a frame of values
+// of this type (8-bit or 4-bit; other types are left as they are) and,
+// unless errs is nil, appends what the rounding took off to errs.
+func (v ValueType) quantize(s Sparse, errs *Sparse) {
+	switch v {
+	case ValuesInt8:
+		quantizeInt8(s, errs)
+	case ValuesInt4:
+		quantizeInt4(s, errs)
+	}
+}
+
 // half says whether values of this type are a 16-bit format, rounded value
-// by value (Nearest, Stochastic); 8-bit values are rounded by the block, as
-// their frame is made (int8values.go).
+// by value (Nearest, Stochastic); 8-bit and 4-bit values are rounded by
+// the block, as their frame is made (int8values.go).
 func (v ValueType) half() bool { return v == ValuesFloat16 || v == ValuesBFloat16 }
 
 // takesReducedValues says whether a can send 16-bit values: the algorithms
@@ -163,8 +201,8 @@ func bfloat16ToFloat32(h uint16) float32 { return math.Float32frombits(uint32(h)
 
 // Nearest rounds a finite x to the nearest value of v (ties to even),
 // saturating at ±the largest finite value; the result is a float32 that
-// converts to v exactly. Float32 and 8-bit values (rounded by the block,
-// int8values.go) come back as they are.
+// converts to v exactly. Float32, 8-bit and 4-bit values (rounded by the
+// block, int8values.go) come back as they are.
 func (v ValueType) Nearest(x float32) float32 {
 	if !v.half() {
 		return x
@@ -180,7 +218,7 @@ func (v ValueType) Nearest(x float32) float32 {
 // Stochastic rounds a finite x to one of the two values of v around it,
 // the one farther from zero with probability (|x| − |lo|)/(|hi| − |lo|) for
 // a uniform u, so that the rounding is unbiased; it saturates like Nearest,
-// and leaves float32 and 8-bit values as they are.
+// and leaves float32, 8-bit and 4-bit values as they are.
 func (v ValueType) Stochastic(x float32, u uint32) float32 {
 	if !v.half() {
 		return x
@@ -231,8 +269,8 @@ func (r valueRounding) round(ix uint32, x float32) float32 {
 	return r.values.Nearest(x)
 }
 
-// apply rounds s's values in place (16-bit values only: 8-bit ones are
-// rounded as their frames are made, int8values.go).
+// apply rounds s's values in place (16-bit values only: 8-bit and 4-bit
+// ones are rounded as their frames are made, int8values.go).
 func (r valueRounding) apply(s Sparse) {
 	if !r.values.half() {
 		return

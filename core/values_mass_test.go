@@ -94,10 +94,10 @@ func TestReducedPrecisionMassIsExact(t *testing.T) {
 	n, iters := 3000, 50
 	for _, p := range []int{3, 4} {
 		for _, alg := range []Algorithm{OkTopk, TopkA, Gaussiank} {
-			for _, v := range []ValueType{ValuesFloat16, ValuesBFloat16, ValuesInt8} {
+			for _, v := range []ValueType{ValuesFloat16, ValuesBFloat16, ValuesInt8, ValuesInt4} {
 				for _, stochastic := range []bool{false, true} {
 					if stochastic && !v.half() {
-						continue // 8-bit values are rounded to nearest only
+						continue // 8-bit and 4-bit values are rounded to nearest only
 					}
 					t.Run(fmt.Sprintf("P=%d/%v/%v/stochastic=%v", p, alg, v, stochastic), func(t *testing.T) {
 						cfg := Config{Algorithm: alg, Density: 0.02, Tau: 16, TauPrime: 8, Values: v, Stochastic: stochastic}

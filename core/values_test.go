@@ -1,7 +1,7 @@
 package core
 
-// Tests of reduced-precision values (float16, bfloat16, and 8-bit where
-// they share a property) on the wire: rounding and saturation, the codec,
+// Tests of reduced-precision values (float16, bfloat16, and 8-bit and
+// 4-bit where they share a property) on the wire: rounding and saturation, the codec,
 // reproducible stochastic rounding, fewer bytes, refusals and mismatches,
 // and the residual keeping rounding errors; and of held entries staying in
 // the residual.
@@ -156,7 +156,8 @@ func TestReducedPrecisionStochasticRoundingIsReproducible(t *testing.T) {
 
 // float16 values halve the 4-byte value of each pair (about 5.2 bytes with
 // its coded index), 8-bit ones quarter it and add a scale per 32 (about
-// 2.3 bytes a pair). Measured on every rank over 40 calls of Ok-Topk (exact
+// 2.3 bytes a pair), 4-bit ones take half a byte and the scale (about
+// 1.8). Measured on every rank over 40 calls of Ok-Topk (exact
 // and reuse calls, histogram exchanges included); the ratios are logged for
 // the record.
 func TestReducedPrecisionOkTopkSendsFewerBytes(t *testing.T) {
@@ -170,7 +171,7 @@ func TestReducedPrecisionOkTopkSendsFewerBytes(t *testing.T) {
 	for _, c := range []struct {
 		v    ValueType
 		most float64
-	}{{ValuesFloat16, 0.7}, {ValuesInt8, 0.6}} {
+	}{{ValuesFloat16, 0.7}, {ValuesInt8, 0.6}, {ValuesInt4, 0.5}} {
 		cfg := base
 		cfg.Values = c.v
 		_, _, _, s := massRun(t, p, n, iters, cfg, nil)
@@ -189,7 +190,7 @@ func TestReducedPrecisionOkTopkSendsFewerBytes(t *testing.T) {
 
 func TestReducedPrecisionRefusedWhereRoundingHasNoOwner(t *testing.T) {
 	for _, alg := range []Algorithm{DenseRing, DenseRabenseifner, TopkDSA, SSARRecursiveDouble, SSARSplitAllgather, DSARSplitAllgather, GTopk} {
-		for _, v := range []ValueType{ValuesFloat16, ValuesInt8} {
+		for _, v := range []ValueType{ValuesFloat16, ValuesInt8, ValuesInt4} {
 			cfg := Config{Algorithm: alg, Density: 0.01, Tau: 1, TauPrime: 1, Values: v}
 			if err := cfg.Validate(); !errors.Is(err, ErrInvalidArgument) {
 				t.Errorf("%v with %v values: %v, want ErrInvalidArgument", alg, v, err)
@@ -200,12 +201,13 @@ func TestReducedPrecisionRefusedWhereRoundingHasNoOwner(t *testing.T) {
 		{Algorithm: OkTopk, Density: 0.01, Tau: 1, TauPrime: 1, Values: numValueTypes},
 		{Algorithm: OkTopk, Density: 0.01, Tau: 1, TauPrime: 1, Stochastic: true},
 		{Algorithm: OkTopk, Density: 0.01, Tau: 1, TauPrime: 1, Values: ValuesInt8, Stochastic: true},
+		{Algorithm: OkTopk, Density: 0.01, Tau: 1, TauPrime: 1, Values: ValuesInt4, Stochastic: true},
 	} {
 		if err := cfg.Validate(); !errors.Is(err, ErrInvalidArgument) {
 			t.Errorf("%+v: %v, want ErrInvalidArgument", cfg, err)
 		}
 	}
-	for _, v := range []ValueType{ValuesFloat16, ValuesInt8} {
+	for _, v := range []ValueType{ValuesFloat16, ValuesInt8, ValuesInt4} {
 		errs := runInProcErrors(t, 2, inProcTimeout, func(ctx context.Context, rank int, c *Communicator) error {
 			cfg := Config{Algorithm: OkTopk, Density: 0.5, Tau: 1, TauPrime: 1, Values: v}
 			_, _, err := c.SparseAllreduceSparse(ctx, 10, Sparse{Idx: []uint32{1}, Val: []float32{1}}, cfg)
@@ -236,7 +238,7 @@ func TestFramesNameValueTypesAsCoreNumbersThem(t *testing.T) {
 // instead of reading each other's values in the wrong format.
 func TestReducedPrecisionMixedValueTypesAreAMismatch(t *testing.T) {
 	for _, alg := range []Algorithm{OkTopk, TopkA, Gaussiank} {
-		for _, pair := range [][2]ValueType{{ValuesFloat32, ValuesFloat16}, {ValuesFloat32, ValuesInt8}, {ValuesBFloat16, ValuesInt8}} {
+		for _, pair := range [][2]ValueType{{ValuesFloat32, ValuesFloat16}, {ValuesFloat32, ValuesInt8}, {ValuesBFloat16, ValuesInt8}, {ValuesInt8, ValuesInt4}} {
 			errs := runInProcErrors(t, 2, inProcTimeout, func(ctx context.Context, rank int, c *Communicator) error {
 				cfg := Config{Algorithm: alg, Density: 0.1, Tau: 1, TauPrime: 1, Values: pair[rank]}
 				g := make([]float32, 100)

@@ -287,7 +287,7 @@ func TestSparseAlgorithmsOverZMQRanksBitwiseIdentical(t *testing.T) {
 	}
 }
 
-// 16-bit and 8-bit values over ZeroMQ (each frame through the header's size
+// 16-bit, 8-bit and 4-bit values over ZeroMQ (each frame through the header's size
 // check) for the algorithms that take them, with error feedback over calls
 // that refresh and reuse thresholds and repartition: every rank holds the
 // same bits after every call, and no gradient mass is lost: the gradients
@@ -297,7 +297,7 @@ func TestReducedValuesOverZMQRanksBitwiseIdenticalAndMassKept(t *testing.T) {
 	for _, p := range []int{2, 5} {
 		comms := zmqComms(t, p)
 		for _, alg := range []core.Algorithm{core.OkTopk, core.TopkA, core.Gaussiank} {
-			for _, v := range []core.ValueType{core.ValuesFloat16, core.ValuesBFloat16, core.ValuesInt8} {
+			for _, v := range []core.ValueType{core.ValuesFloat16, core.ValuesBFloat16, core.ValuesInt8, core.ValuesInt4} {
 				t.Run(fmt.Sprintf("P=%d/%v/%v", p, alg, v), func(t *testing.T) {
 					cfg := core.Config{Algorithm: alg, Density: 0.01, Tau: 8, TauPrime: 4, Values: v}
 					id := uint64(1000 + 10*int(alg) + int(v))

@@ -34,7 +34,7 @@ import (
 //	 89    1 abort reason (abort frames): 0 failure, 1 mismatch
 //	 90    4 call: calls completed on the tensor before this one (mod 2^32)
 //	 94    1 call: 1 when it selects exactly (refreshes reused thresholds), else 0
-//	 95    1 call: the format of its sparse values (0 float32, 1 float16, 2 bfloat16, 3 int8)
+//	 95    1 call: the format of its sparse values (0 float32, 1 float16, 2 bfloat16, 3 int8, 4 int4)
 //
 // Bytes 64–95 are the sender's CallDesc (zero outside a started call); the
 // receiver compares it with its own, so that ranks which issued different
@@ -206,8 +206,9 @@ func DecodeFrameHeader(b []byte, token TokenDigest, generation uint32, size int)
 // index, then at most 4 bytes a gap and a width byte a block), between
 // count·w + 8 and count·(w + 5) + 4 bytes, and none for no entries; 8-bit
 // values add a 4-byte scale per 32 (core/int8values.go), at least one and
-// at most a byte a value and 4 more. Core's decoder checks the coded
-// indices and the scales themselves.
+// at most a byte a value and 4 more; 4-bit values (core/int4values.go)
+// take exactly ⌈count/2⌉ + 4·⌈count/32⌉ bytes after the indices. Core's
+// decoder checks the coded indices and the scales themselves.
 func checkPayloadSize(dtype Dtype, count, payloadLen uint64) error {
 	var width, scales uint64 // scales: the most bytes of 8-bit values' scales
 	sparse := false
@@ -226,10 +227,14 @@ func checkPayloadSize(dtype Dtype, count, payloadLen uint64) error {
 		width, sparse = 2, true
 	case DtypeSparseI8:
 		width, sparse, scales = 1, true, count+4
+	case DtypeSparseI4:
+		sparse = true
 	default:
 		return fmt.Errorf("%w: unknown dtype %d", ErrBadFrame, dtype)
 	}
-	bad := payloadLen > maxPayloadBytes || count > payloadLen
+	// A value takes at least a byte, a 4-bit one half of one: a count
+	// above that is refused before it is multiplied.
+	bad := payloadLen > maxPayloadBytes || count > payloadLen && (dtype != DtypeSparseI4 || count > 2*payloadLen)
 	switch {
 	case bad:
 	case !sparse:
@@ -237,11 +242,15 @@ func checkPayloadSize(dtype Dtype, count, payloadLen uint64) error {
 	case count == 0:
 		bad = payloadLen != 0
 	default:
-		least := count*width + 8
-		if scales > 0 {
+		least, most := count*width+8, count*(width+5)+4+scales
+		switch {
+		case dtype == DtypeSparseI4:
+			values := (count+1)/2 + 4*((count+31)/32)
+			least, most = values+8, values+count*5+4
+		case scales > 0:
 			least += 4
 		}
-		bad = payloadLen < least || payloadLen > count*(width+5)+4+scales
+		bad = payloadLen < least || payloadLen > most
 	}
 	if bad {
 		return fmt.Errorf("%w: %d elements of %s in %d bytes", ErrBadFrame, count, dtype, payloadLen)

@@ -33,13 +33,13 @@ func TestFrameHeaderRoundTripAndRejections(t *testing.T) {
 	// A sparse payload is its indices coded as gaps, then its values:
 	// between count·w + 8 and count·(w + 5) + 4 bytes for values of w bytes,
 	// 8-bit values with at least one 4-byte scale and at most count + 4
-	// bytes of them.
+	// bytes of them; 4-bit values take ⌈count/2⌉ + 4·⌈count/32⌉ bytes.
 	for _, c := range []struct {
 		dt    Dtype
 		count uint64
 		least uint64 // the shortest payload accepted
 		most  uint64 // the longest
-	}{{DtypeSparseF32, 3, 20, 31}, {DtypeSparseF16, 3, 14, 25}, {DtypeSparseBF16, 3, 14, 25}, {DtypeSparseI8, 3, 15, 29}} {
+	}{{DtypeSparseF32, 3, 20, 31}, {DtypeSparseF16, 3, 14, 25}, {DtypeSparseBF16, 3, 14, 25}, {DtypeSparseI8, 3, 15, 29}, {DtypeSparseI4, 3, 14, 25}} {
 		for _, length := range []uint64{c.least, c.most} {
 			if h, err := DecodeFrameHeader(validHeader(FrameData, c.dt, c.count, length), DigestToken("tok"), 3, 4); err != nil || h.Dtype != c.dt {
 				t.Fatalf("%v: %d entries in %d bytes refused: %v", c.dt, c.count, length, err)
@@ -94,7 +94,7 @@ func TestFrameHeaderRoundTripAndRejections(t *testing.T) {
 		"unknown call dtype":  {withByte(b, 88, 99), "tok", 3, 4, ErrBadFrame},
 		"unknown abort code":  {withByte(b, 89, 7), "tok", 3, 4, ErrBadFrame},
 		"reserved byte set":   {withByte(b, 47, 1), "tok", 3, 4, ErrBadFrame},
-		"unknown values":      {withByte(b, 95, 4), "tok", 3, 4, ErrBadFrame},
+		"unknown values":      {withByte(b, 95, 5), "tok", 3, 4, ErrBadFrame},
 		"exact flag of 2":     {withByte(b, 94, 2), "tok", 3, 4, ErrBadFrame},
 		"long abort text":     {longB, "tok", 3, 4, ErrBadFrame},
 		"long refusal text":   {longRefuseB, "tok", 3, 4, ErrBadFrame},

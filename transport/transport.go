@@ -67,9 +67,10 @@ const (
 	DtypeSparseF16  // count coded indices, then count float16 values
 	DtypeSparseBF16 // count coded indices, then count bfloat16 values
 	DtypeSparseI8   // count coded indices, then count 8-bit values with a scale per 32 (core/int8values.go)
+	DtypeSparseI4   // count coded indices, then count 4-bit values with a scale per 32 (core/int4values.go)
 )
 
-var dtypeNames = [...]string{"bytes", "float32", "float16", "bfloat16", "sparse_f32", "uint64", "sparse_f16", "sparse_bf16", "sparse_i8"}
+var dtypeNames = [...]string{"bytes", "float32", "float16", "bfloat16", "sparse_f32", "uint64", "sparse_f16", "sparse_bf16", "sparse_i8", "sparse_i4"}
 
 func (d Dtype) String() string {
 	if int(d) < len(dtypeNames) {
@@ -109,7 +110,7 @@ type CallDesc struct {
 	// cut the global selection differently.
 	Exact bool
 	// Values is the format the call's sparse values travel in (core's
-	// ValueType: float32, float16, bfloat16, int8; 0 for calls without
+	// ValueType: float32, float16, bfloat16, int8, int4; 0 for calls without
 	// sparse values): ranks that disagree would read each other's values
 	// in the wrong format.
 	Values ValueFormat
@@ -118,7 +119,7 @@ type CallDesc struct {
 // ValueFormat is CallDesc.Values, numbered as core's ValueType.
 type ValueFormat uint8
 
-var valueFormatNames = [...]string{"float32", "float16", "bfloat16", "int8"}
+var valueFormatNames = [...]string{"float32", "float16", "bfloat16", "int8", "int4"}
 
 func (v ValueFormat) String() string {
 	if int(v) < len(valueFormatNames) {

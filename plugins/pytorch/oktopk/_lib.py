@@ -11,7 +11,7 @@ import ctypes
 import os
 import threading
 
-FLOAT32, FLOAT16, BFLOAT16, INT8 = 0, 1, 2, 3  # INT8: config.value_dtype only (8-bit values, scaled per 32)
+FLOAT32, FLOAT16, BFLOAT16, INT8, INT4 = 0, 1, 2, 3, 4  # INT8, INT4: config.value_dtype only (8-/4-bit values, scaled per 32)
 STOCHASTIC_ROUNDING = 0x100  # or-ed into config.value_dtype
 VALUE_DTYPES = {"float32": FLOAT32, "float16": FLOAT16, "bfloat16": BFLOAT16}
 

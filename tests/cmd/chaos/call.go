@@ -31,7 +31,7 @@ type CallSpec struct {
 	Index     int     `json:"i"`         // position in the job, the same on every rank
 	Alg       string  `json:"alg"`       // core.ParseAlgorithm name
 	Dtype     string  `json:"dtype"`     // float32, float16 or bfloat16: the caller's buffer
-	Values    string  `json:"values"`    // float32, float16, bfloat16 or int8: the format sparse values travel in
+	Values    string  `json:"values"`    // float32, float16, bfloat16, int8 or int4: the format sparse values travel in
 	Tensor    uint64  `json:"tensor"`    // tensor id (sparse algorithms keep state under it)
 	N         int     `json:"n"`         // elements
 	Density   float64 `json:"density"`   // k = ceil(density·n)

@@ -162,7 +162,7 @@ func TestReferenceIsDeterministic(t *testing.T) {
 	}
 	for _, alg := range campaignAlgs {
 		for _, c := range []struct{ dtype, values string }{
-			{"float32", "float32"}, {"float16", "float32"}, {"bfloat16", "float32"}, {"float32", "int8"}, {"float16", "bfloat16"},
+			{"float32", "float32"}, {"float16", "float32"}, {"bfloat16", "float32"}, {"float32", "int8"}, {"float32", "int4"}, {"float16", "bfloat16"},
 		} {
 			if c.values != "float32" && !takesValueFormats(alg) {
 				continue

@@ -6,7 +6,7 @@ package main
 // taken down and slowed, mismatched and locally refused calls, NaN and Inf,
 // strangers' floods and wrong job tokens — over every algorithm, both a
 // float32 and a half-precision dtype, and, for the algorithms that take
-// them, every format values travel in (float32, float16, bfloat16, int8),
+// them, every format values travel in (float32, float16, bfloat16, int8, int4),
 // and checks each: no hang past the
 // timeout + 10%, no crash, every successful call bitwise equal to a
 // fault-free reference, every error naming its cause and the faulty rank,

@@ -40,7 +40,7 @@ var kinds = []kind{
 	{name: "mismatch-k", fatal: true, sparseOnly: true, weight: 1, what: "one rank calls with another density (another k)"},
 	{name: "mismatch-dtype", fatal: true, weight: 1, what: "one rank calls with float32 where the others pass a half dtype, or the reverse"},
 	{name: "mismatch-algorithm", fatal: true, weight: 1, what: "one rank calls with another algorithm"},
-	{name: "mismatch-values", fatal: true, sparseOnly: true, valuesOnly: true, weight: 1, what: "one rank sends its values in another format (float32, float16, bfloat16, int8)"},
+	{name: "mismatch-values", fatal: true, sparseOnly: true, valuesOnly: true, weight: 1, what: "one rank sends its values in another format (float32, float16, bfloat16, int8, int4)"},
 	{name: "refused-locally", fatal: true, weight: 2, what: "one rank refuses the call itself (its tensor resized, or an invalid density)"},
 	{name: "nan", weight: 2, what: "NaN in one rank's gradient"},
 	{name: "inf", weight: 2, what: "±Inf in one rank's gradient"},
@@ -68,7 +68,7 @@ var (
 	halfDtypes   = []string{"float16", "bfloat16"}
 	// valueFormats are the formats sparse values travel in (core.ValueType's
 	// names), drawn for the jobs whose algorithm takes them.
-	valueFormats = []string{"float32", "float16", "bfloat16", "int8"}
+	valueFormats = []string{"float32", "float16", "bfloat16", "int8", "int4"}
 )
 
 func isDense(alg string) bool { return alg == "dense_ring" || alg == "dense_rabenseifner" }
