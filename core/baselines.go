@@ -282,13 +282,19 @@ func regionBlock(s Sparse, lo, hi uint32, dense bool) Block {
 }
 
 // denseIsNoLarger is SparCML's switch for a stream of nnz pairs over a
-// region of length indices: with 32-bit indices and values, pairs cost 2·nnz
-// words and the dense form length words; at equal size dense wins (it needs
-// no index decoding). Coded indices (indexcode.go) make pairs smaller than
-// that, but the switch stays the paper's: which form a region takes
-// changes the result's index set, and the results must not depend on the
-// gaps.
-func denseIsNoLarger(nnz, length int) bool { return 2*nnz >= length }
+// region of length indices: dense once the pairs would take no fewer bytes
+// than the region's float32 values; at equal size dense wins (it needs no
+// index decoding). With 32-bit indices and values that was 2·nnz ≥ length.
+// Pairs are priced as the cost model prices them, at the stream's density
+// (pairBytes: about 4.4 bytes at a half, 4.1 at 97%, where the switch now
+// falls), not by the stream's own gaps: which form a region takes changes
+// the result's index set, and the results must depend on the counts alone.
+func denseIsNoLarger(nnz, length int) bool {
+	if length == 0 {
+		return true
+	}
+	return mul(float64(nnz), pairBytes(float64(nnz)/float64(length), ValuesFloat32)) >= 4*float64(length)
+}
 
 // decodeRegionBlock reads a block made by regionBlock for region [lo, hi).
 // A dense block stands for every index of the region (a value of zero

@@ -180,5 +180,5 @@ func gTopkTree(ctx context.Context, call *Call, n int, in Sparse, k int, dropped
 // then a binomial tree up and down; the root receives and sends k pairs in
 // each of ⌈log₂ P⌉ rounds.
 func gTopkCost(s callShape, _ Config, _ bool) costTerms {
-	return costTerms{rounds: 3 * s.L, bytes: mul(16*s.K, s.L), passes: exactSelectPasses, entries: mul(4*s.K, s.L)}
+	return costTerms{rounds: 3 * s.L, bytes: mul(mul(2*s.K, pairBytes(s.K/s.N, ValuesFloat32)), s.L), passes: exactSelectPasses, entries: mul(4*s.K, s.L)}
 }

@@ -85,6 +85,32 @@ func maxIndexBytes(count int) int {
 	return 8 + 4*gaps + (gaps+gapBlock-1)/gapBlock
 }
 
+// codedIndexBits is the cost model's bits per coded index (auto.go, and
+// SparCML's and TopkDSA's dense switches) for indices spread at random
+// over a range at density d: the expected width of a block of gapBlock
+// gaps, plus its width byte's share. A gap less one is geometric,
+// P(g ≥ t) = (1−d)^t, so a block is at most b bits wide with probability
+// (1 − (1−d)^(2^b))^gapBlock, and its expected width is the sum over b of
+// the probabilities that it is wider. At 1% that is 9.35 bits, where frames
+// of the scale inputs measure 9.3 to 9.6 (results/wire.md); at density 1,
+// a quarter of a bit. Only products, each rounded on its own, so every
+// rank computes the same bits (auto.go's mul); the frame's own 8 bytes are
+// left out.
+func codedIndexBits(d float64) float64 {
+	d = min(1, max(0, d))
+	q := 1 - d // (1−d)^(2^b), for b = 0, 1, …
+	var width float64
+	for b := 0; b < 32; b++ {
+		narrower := 1 - q // P(one gap < 2^b)
+		for range 5 {     // ^32 = ^gapBlock
+			narrower = mul(narrower, narrower)
+		}
+		width += 1 - narrower
+		q = mul(q, q)
+	}
+	return width + 8.0/gapBlock
+}
+
 // putIndices codes idx (strictly increasing, every index ≥ base) relative
 // to base into out, which holds at least maxIndexBytes(len(idx)) bytes, and
 // returns how many bytes it wrote.

@@ -499,7 +499,7 @@ func okTopkCost(s callShape, cfg Config, sparseInput bool) costTerms {
 	if s.p <= okTopkDirectMaxP {
 		g = 1
 	}
-	payload := mul(okTopkReuseVolume*8*s.K, s.f)
+	payload := mul(mul(okTopkReuseVolume*s.K, pairBytes(s.K/s.N, cfg.Values)), s.f)
 	if okTopkSumsControl(s.p) {
 		// Allreduces of 81 and 64 counts and of P+1 boundaries, then the
 		// counts' allgather of a word per owner.

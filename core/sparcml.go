@@ -35,9 +35,10 @@ package core
 //
 // DSAR_Split_allgather is SSAR_Split_allgather with SparCML's dense switch
 // on every stream: a region whose values would be no larger than its pairs
-// (nnz ≥ length/2 for 32-bit indices and values) travels dense, so the
-// gather costs min(2K, n)(P−1)/P words and a dense stream stands for every
-// index of its region.
+// travels dense (nnz ≥ length/2 for 32-bit indices and values; with coded
+// indices, nnz·(4 + an index's bytes) ≥ 4·length, about 97% of the region
+// set: denseIsNoLarger), so the gather costs at most min(2K, n)(P−1)/P
+// words and a dense stream stands for every index of its region.
 //
 // As a reduction of dense gradients: exact local top-k first, then one of the
 // three; there is no global re-selection, so the result is the exact sum of
@@ -200,20 +201,26 @@ func splitReduceAllgather(ctx context.Context, call *Call, n int, in Sparse, den
 // (auto.go): the agreement, then round i sends the partial sum of 2^i
 // ranks.
 func ssarRecursiveDoubleCost(s callShape, _ Config, _ bool) costTerms {
-	return costTerms{rounds: s.L + s.Lp + 2*s.fold, bytes: mul(8*s.K, s.Pp-1) + mul(s.fold, 8*s.K+8*s.U), passes: exactSelectPasses,
+	var rounds float64 // round i sends 2^i·k entries, at their density
+	for m := s.K; m < mul(s.K, s.Pp); m *= 2 {
+		rounds += mul(min(m, s.N), pairBytes(m/s.N, ValuesFloat32))
+	}
+	fold := mul(s.K, pairBytes(s.K/s.N, ValuesFloat32)) + mul(s.U, pairBytes(s.U/s.N, ValuesFloat32))
+	return costTerms{rounds: s.L + s.Lp + 2*s.fold, bytes: rounds + mul(s.fold, fold), passes: exactSelectPasses,
 		entries: mul(2*s.K, s.Pp)}
 }
 
 // splitAllgatherCost is the split-and-allgather schedules' cost under
 // Auto's model (auto.go; TopkDSA's too): the agreement, the split (P−1
 // exchanges of k/P pairs), then a ring allgather of the reduced regions, as
-// pairs, or as dense values where denseGather says the algorithm switches.
-func splitAllgatherCost(denseGather func(s callShape) bool) costFunc {
+// pairs, or as dense values where the algorithm's switch (denseGather, on
+// the sum's U entries over n) sends them so.
+func splitAllgatherCost(denseGather func(nnz, length int) bool) costFunc {
 	return func(s callShape, _ Config, _ bool) costTerms {
-		gather := mul(8*s.U, s.f)
-		if denseGather(s) {
+		gather := mul(mul(s.U, pairBytes(s.U/s.N, ValuesFloat32)), s.f)
+		if denseGather(int(s.U), s.n) {
 			gather = mul(4*s.N, s.f)
 		}
-		return costTerms{rounds: s.L + 2*(s.P-1), bytes: mul(8*s.K, s.f) + gather, passes: exactSelectPasses, entries: mul(s.K, s.P) + s.U}
+		return costTerms{rounds: s.L + 2*(s.P-1), bytes: mul(mul(s.K, pairBytes(s.K/s.N, ValuesFloat32)), s.f) + gather, passes: exactSelectPasses, entries: mul(s.K, s.P) + s.U}
 	}
 }

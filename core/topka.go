@@ -35,6 +35,6 @@ func topkAReduce(ctx context.Context, call *Call, n int, in Sparse, k int) (Spar
 // topkACost is TopkA's cost under Auto's model (auto.go): the NaN
 // agreement (⌈log₂ P⌉ rounds), then a ring allgather of k pairs per rank,
 // summed in rank order: the running sum grows by k pairs per part.
-func topkACost(s callShape, _ Config, _ bool) costTerms {
-	return costTerms{rounds: s.L + s.P - 1, bytes: mul(8*s.K, s.P-1), passes: exactSelectPasses, entries: mul(s.K, (mul(s.P, s.P)+s.P-2)/2)}
+func topkACost(s callShape, cfg Config, _ bool) costTerms {
+	return costTerms{rounds: s.L + s.P - 1, bytes: mul(mul(s.K, pairBytes(s.K/s.N, cfg.Values)), s.P-1), passes: exactSelectPasses, entries: mul(s.K, (mul(s.P, s.P)+s.P-2)/2)}
 }

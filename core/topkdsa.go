@@ -13,10 +13,12 @@ package core
 //     to a different peer in each step. The owner sums the P parts of its
 //     region in rank order.
 //  3. Allgatherv: the reduced regions are gathered on every rank (Bruck's
-//     algorithm, ⌈log₂ P⌉ rounds). A region
-//     with more than a third of its indices set travels dense, otherwise as
-//     region-relative pairs (the reference switches at n/3, before the n/2
-//     where pairs and values cost the same words). Unlike Ok-Topk the split
+//     algorithm, ⌈log₂ P⌉ rounds). A region whose pairs would take more
+//     than two thirds of its dense bytes travels dense, otherwise as
+//     region-relative pairs: the reference switches at n/3 (its 32-bit
+//     pairs then take 2n/3 words), before the n/2 where pairs and values
+//     cost the same. With coded indices that margin is kept: the switch
+//     falls at about 60% of the region set (reducedRegionGoesDense). Unlike Ok-Topk the split
 //     is fixed, so when the selections cluster one owner gets most of them.
 //  4. Residual: the result is the exact sum of the selections (no global
 //     re-selection), so the residual is acc with the local selection zeroed.
@@ -39,6 +41,11 @@ func topkDSAReduce(ctx context.Context, call *Call, n int, in Sparse, k int) (Sp
 	return splitReduceAllgather(ctx, call, n, local, neverDense, reducedRegionGoesDense)
 }
 
-// reducedRegionGoesDense is the reference's switch: dense once more than a
-// third of the region is set.
-func reducedRegionGoesDense(nnz, length int) bool { return 3*nnz > length }
+// reducedRegionGoesDense is the reference's switch: dense once the pairs
+// would take more than two thirds of the region's float32 values, which
+// with 32-bit indices and values is more than a third of the region set
+// (3·nnz > length). Pairs are priced at the region's density, as
+// denseIsNoLarger prices them.
+func reducedRegionGoesDense(nnz, length int) bool {
+	return mul(3*float64(nnz), pairBytes(float64(nnz)/float64(max(length, 1)), ValuesFloat32)) > 8*float64(length)
+}
