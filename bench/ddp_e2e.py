@@ -335,7 +335,6 @@ def train(method, args, width, data):
     elif method.startswith("oktopk"):
         from oktopk import OkTopkState, oktopk_hook
         from oktopk.choice import BF16, NATIVE
-        from oktopk.paths import warmup_path
 
         kwargs = {"algorithm": "auto"} if method == "oktopk_auto" else {}
         if method in ("oktopk_quantized", "oktopk_float32"):  # under AdamW: the dense path measured against float32
@@ -451,7 +450,7 @@ def train(method, args, width, data):
     dist.all_reduce(warmup_sent)
     bf16_warmup = 0
     if warmup_sent.item():  # a compressed warm-up: DDP's first step in bfloat16, its second native
-        paths = [warmup_path(state, s) for s in range(min(step, state.warmup_iters))]
+        paths = [state.warmup_path(s) for s in range(min(step, state.warmup_iters))]
         native_warmup, bf16_warmup = paths.count(NATIVE), paths.count(BF16)
     else:
         native_warmup = min(step, warmup)

@@ -170,10 +170,10 @@ WARMUP_PATHS = {choice.NATIVE: "dense", choice.BF16: "bf16", choice.QUANTIZED: "
 def warmup_seconds(c, method, warmup, n):
     """The warm-up's ``warmup`` steps in all: native ones, or for a method
     ending ``_q`` (``warmup_compression="quantized"``) the paths
-    ``oktopk.paths.warmup_path`` gives each step (DDP's first in bfloat16,
+    ``OkTopkState.warmup_path`` gives each step (DDP's first in bfloat16,
     its second native, the rest in 4 bits)."""
     state = type("WarmUp", (), {"warmup_compression": choice.QUANTIZED if method.endswith("_q") else None})()
-    return sum(path_step(c, WARMUP_PATHS[paths.warmup_path(state, i)], n, 1.0, 0) for i in range(warmup))
+    return sum(path_step(c, WARMUP_PATHS[state.warmup_path(i)], n, 1.0, 0) for i in range(warmup))
 
 
 def predict_step_row(r):

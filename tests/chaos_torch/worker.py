@@ -225,9 +225,8 @@ class Run:
         # schedules): the last one, or DDP's second with a compressed warm-up.
         self.timed_warmup = -1
         if self.state is not None:
-            from oktopk.paths import timed_warmup_step
 
-            self.timed_warmup = timed_warmup_step(self.state)
+            self.timed_warmup = self.state.timed_warmup_step()
         self.paths = {}
         self.algorithms, self._counts = {}, {}
         self.inject = None  # (step, value) on this rank: a non-finite value into the hidden activation's gradient

@@ -8,8 +8,10 @@ from . import _lib
 from ._lib import OkTopkError, library_path, library_version
 from .comm import Communicator
 from .ddp import OkTopkState, oktopk_hook
+from .settings import Adaptation, Choice, Momentum, Settings, Warmup, Wire
 
-__all__ = ["ALGORITHMS", "Communicator", "OkTopkError", "OkTopkState", "library_path", "library_version", "oktopk_hook"]
+__all__ = ["ALGORITHMS", "Adaptation", "Choice", "Communicator", "Momentum", "OkTopkError", "OkTopkState", "Settings", "Warmup", "Wire",
+           "library_path", "library_version", "oktopk_hook"]
 
 
 def __getattr__(name):

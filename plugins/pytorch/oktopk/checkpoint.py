@@ -153,11 +153,12 @@ def load_state_dict(state, saved):
         state._owner = previous
         raise
     state.iter = int(saved["iter"])
-    state.density_schedule = schedule
+    measure_xi_every, adaptive = state.measure_xi_every, state.adaptive
     # The adaptation goes on under the saved bounds, not this state's.
     if saved["adaptive"] is not None:
-        state.measure_xi_every = state._reducer.load_adaptive(saved["adaptive"], state.density, state.tau_prime)
-        state.adaptive = state._reducer.adaptive.bounds
+        measure_xi_every = state._reducer.load_adaptive(saved["adaptive"], state.density, state.tau_prime)
+        adaptive = state._reducer.adaptive.bounds
+    state._settings = state._settings.resumed(schedule, adaptive, measure_xi_every)
     if state._choice is not None and saved["choice"] is not None:
         state._choice.load_state_dict(saved["choice"])
     if state._choice is not None and saved["optimizer_seen"] is not None and state._optimizers.seen is None:
@@ -216,19 +217,20 @@ def pickled(state):
 
 
 def constructor_arguments(saved):
-    """(args, kwargs) for ``OkTopkState.__init__`` that make the state a
+    """The keyword arguments of ``OkTopkState.__init__`` that make the state a
     pickle ``saved`` was made from, once its checksum holds (checked first:
     no field of a changed pickle makes the state)."""
     check_checksum(saved, NAME)
     check_version(saved)
     saved_choice = saved["choice"]
-    args = (None, saved["density"], saved["algorithm"], saved["warmup_iters"], saved["tau"], saved["tau_prime"], saved["timeout"],
-            saved["value_dtype"], saved["stochastic_rounding"], saved["density_schedule"], saved["measure_xi_every"],
-            None if saved["adaptive"] is None else saved["adaptive"]["bounds"],
-            *((saved_choice["margin"], saved_choice["recheck_every"]) if saved_choice else ()))
-    kwargs = {name: saved[name] for name in ("device_path", "dense_compression", "grads_as_bucket_views", "momentum_correction",
-                                             "momentum_masking", "local_clip_norm", "warmup_compression") if name in saved}
-    return args, kwargs
+    kwargs = {name: saved[name] for name in ("density", "algorithm", "warmup_iters", "tau", "tau_prime", "timeout", "value_dtype",
+                                             "stochastic_rounding", "density_schedule", "measure_xi_every")}
+    kwargs["adaptive"] = None if saved["adaptive"] is None else saved["adaptive"]["bounds"]
+    if saved_choice:
+        kwargs["sparse_margin"], kwargs["recheck_every"] = saved_choice["margin"], saved_choice["recheck_every"]
+    kwargs.update({name: saved[name] for name in ("device_path", "dense_compression", "grads_as_bucket_views", "momentum_correction",
+                                                  "momentum_masking", "local_clip_norm", "warmup_compression") if name in saved})
+    return kwargs
 
 
 def check_version(saved, version=VERSION, what=NAME):

@@ -58,13 +58,16 @@ import os
 import statistics
 import time
 
-# The two paths.
-NATIVE = "native"  # the process group's allreduce (gloo, NCCL, MPI), residual folded in first
-SPARSE = "sparse"  # the library's sparse allreduce
-# Sparse's place under an Adam-family optimizer (a front end's dense_compression):
-BF16 = "bf16"  # the process group's allreduce of bfloat16 values
-QUANTIZED = "quantized"  # oktopk.quantized: a few bits per value, error feedback
-PATHS = (NATIVE, SPARSE, BF16, QUANTIZED)
+from .paths import DENSE_COMPRESSIONS, NATIVE, SPARSE
+from .paths import PATHS as _WAYS
+
+# The ways to reduce, by name (oktopk.paths): the two sides of the choice,
+# native (the process group's allreduce, residual folded in first) and
+# sparse (the library's sparse allreduce), and the dense ways that take
+# sparse's place under an Adam-family optimizer (dense_compression).
+PATHS = tuple(_WAYS)
+BF16 = _WAYS["bf16"].name  # the process group's allreduce of bfloat16 values, the default there
+QUANTIZED = _WAYS["quantized"].name  # oktopk.quantized: a few bits per value, error feedback
 
 PROBE_STEPS = 4  # steps of a probe of the path not chosen
 CLEAR_WIN = 0.5  # the sparse probe's share of the timed warm-up step that chooses sparse without a native probe
@@ -86,8 +89,9 @@ def check_dense_compression(dense_compression, name="dense_compression"):
     """A front end's compressed dense path (in sparse's place under an
     Adam-family optimizer, or the warm-up's), checked; ValueError naming
     the choices."""
-    if dense_compression not in (QUANTIZED, BF16, None):
-        raise ValueError(f"{name} must be {QUANTIZED!r}, {BF16!r} or None, got {dense_compression!r}")
+    if dense_compression is not None and dense_compression not in DENSE_COMPRESSIONS:
+        choices = ", ".join(repr(n) for n in DENSE_COMPRESSIONS)
+        raise ValueError(f"{name} must be one of {choices} or None, got {dense_compression!r}")
     return dense_compression
 
 

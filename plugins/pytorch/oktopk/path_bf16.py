@@ -1,4 +1,4 @@
-"""The BF16 path (an Adam-family optimizer's choice, ``oktopk.choice``): the
+"""The bf16 path (an Adam-family optimizer's choice, ``oktopk.choice``): the
 process group's allreduce in bfloat16, averaged, as ``bf16_compress_hook``
 runs it: half the bytes, no residual. It only runs while no residual is
 held (no sparse step ran), so nothing is folded before it. A bucket or
@@ -9,32 +9,37 @@ import torch
 import torch.distributed as dist
 
 from . import path_native
+from .paths import Path
 
 
-def reduce(state, bucket, tensor, step):
-    """The process group's allreduce of the bucket in bfloat16, averaged, as
-    ``bf16_compress_hook`` runs it: the BF16 path (an Adam-family
-    optimizer's choice, oktopk.choice), which only runs while no residual is
-    held. A bucket already in 16 bits goes as it is."""
-    if tensor.dtype != torch.float32:
-        return path_native.reduce(state, bucket, tensor, step)
-    group = state.process_group
-    compressed = tensor.to(torch.bfloat16).div_(dist.get_world_size(group))
-    fut = dist.all_reduce(compressed, group=group, async_op=True).get_future()
+class BF16(Path):
+    """The process group's allreduce in bfloat16, averaged, as
+    ``bf16_compress_hook`` runs it. A bucket or shard already in 16 bits
+    goes native, as it is."""
 
-    def decompress(f):
-        return tensor.copy_(f.value()[0])
+    name = "bf16"
+    compresses_dense = True
+    dtype = torch.bfloat16
 
-    return fut.then(decompress)
+    def reduce(self, engine, bucket, tensor, step):
+        if tensor.dtype != torch.float32:
+            return path_native.PATH.reduce(engine, bucket, tensor, step)
+        group = engine.process_group
+        compressed = tensor.to(self.dtype).div_(dist.get_world_size(group))
+        fut = dist.all_reduce(compressed, group=group, async_op=True).get_future()
+
+        def decompress(f):
+            return tensor.copy_(f.value()[0])
+
+        return fut.then(decompress)
+
+    def reduce_shard(self, engine, group_id, shard, step):
+        if shard.dtype != torch.float32:
+            path_native.PATH.reduce_shard(engine, group_id, shard, step)
+            return
+        compressed = shard.to(self.dtype).div_(dist.get_world_size(engine.process_group))
+        dist.all_reduce(compressed, group=engine.process_group)
+        shard.copy_(compressed)
 
 
-def reduce_(state, group_id, shard, step):
-    """The BF16 path (an Adam-family optimizer's choice, oktopk.choice): the
-    replicate group's allreduce in bfloat16, averaged, in place, as
-    ``bf16_compress_hook`` sends a bucket. A 16-bit shard goes as it is."""
-    if shard.dtype != torch.float32:
-        path_native.reduce_(state, group_id, shard, step)
-        return
-    compressed = shard.to(torch.bfloat16).div_(dist.get_world_size(state.process_group))
-    dist.all_reduce(compressed, group=state.process_group)
-    shard.copy_(compressed)
+PATH = BF16()

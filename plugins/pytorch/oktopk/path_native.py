@@ -1,12 +1,8 @@
-"""The NATIVE path: the process group's own allreduce (gloo, NCCL, MPI), as
+"""The native path: the process group's own allreduce (gloo, NCCL, MPI), as
 ``allreduce_hook`` runs it. The dense warm-up takes it, and so does every
 step the measured choice (``oktopk.choice``) gives to native; what the other
-paths' residuals hold is folded in before it, by the front end
-(``path_sparse.fold``, ``path_quantized.fold``), so the switch loses nothing.
-
-The interface every path module has (``oktopk.paths``):
-``reduce(state, bucket, tensor, step)``, a DDP bucket's future, and
-``reduce_(state, group_id, shard, step)``, an FSDP2 shard in place.
+paths' residuals hold is folded in before it, by the engine (each path's
+``fold``), so the switch loses nothing.
 """
 
 import weakref
@@ -14,27 +10,34 @@ import weakref
 import torch
 import torch.distributed as dist
 
-
-def reduce(state, bucket, tensor, step):
-    """The process group's own allreduce of the bucket, averaged, as
-    ``allreduce_hook`` runs it (the dense warm-up, and the native path)."""
-    group = state.process_group
-    world = dist.get_world_size(group)
-    fut = dist.all_reduce(tensor, group=group, async_op=True).get_future()
-
-    def average(f):
-        reduced = f.value()[0].div_(world)
-        state._folds.see(reduced)
-        return reduced
-
-    return fut.then(average)
+from .paths import Path
 
 
-def reduce_(state, group_id, shard, step):
-    """The replicate group's own allreduce, averaged, in place."""
-    dist.all_reduce(shard, group=state.process_group)
-    shard.div_(dist.get_world_size(state.process_group))
-    state._folds.see(shard)
+class Native(Path):
+    name = "native"
+
+    def reduce(self, engine, bucket, tensor, step):
+        """The process group's own allreduce of the bucket, averaged, as
+        ``allreduce_hook`` runs it (the dense warm-up, and the native path)."""
+        group = engine.process_group
+        world = dist.get_world_size(group)
+        fut = dist.all_reduce(tensor, group=group, async_op=True).get_future()
+
+        def average(f):
+            reduced = f.value()[0].div_(world)
+            engine._folds.see(reduced)
+            return reduced
+
+        return fut.then(average)
+
+    def reduce_shard(self, engine, group_id, shard, step):
+        """The replicate group's own allreduce, averaged, in place."""
+        dist.all_reduce(shard, group=engine.process_group)
+        shard.div_(dist.get_world_size(engine.process_group))
+        engine._folds.see(shard)
+
+
+PATH = Native()
 
 
 class BucketGrads:

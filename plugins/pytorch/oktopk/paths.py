@@ -1,68 +1,96 @@
-"""The ways to reduce a bucket, by the name the measured choice gives each
-(``oktopk.choice``): one module per way, one line per module in
-:data:`PATHS`. The DDP hook (``oktopk.hook``) and the FSDP2 registration
-(``oktopk.fsdp``) look the step's path up here rather than each carrying
-its own copy.
+"""The ways to reduce: one module per way (``path_<name>.py``), one line per
+way in :data:`_MODULES`. The engine (``oktopk.engine``) looks each step's
+path up in :data:`PATHS` by the name the measured choice (``oktopk.choice``)
+or the settings give it; no front end names a path.
 
-Every path module has the same two entry points:
+Every way is a :class:`Path`, with the same methods: a reduce (of a DDP
+bucket, and of an FSDP2 shard), and a fold that does nothing by default.
+A way that keeps residuals (error feedback) overrides ``holds`` and the
+folds, which move what it holds into the values before a step of another
+way, so a switch of path loses nothing.
 
-``reduce(state, bucket, tensor, step) -> torch.futures.Future``
-    DDP: the average over the ranks of ``tensor`` (``bucket.buffer()``,
-    this rank's undivided gradients), written into it; the future DDP
-    waits on. ``step`` is ``state.iter`` when the step's buckets fired.
-
-``reduce_(state, group_id, shard, step)``
-    FSDP2: the module's gradient shard (its residuals kept under
-    ``group_id``) replaced, in place, by its average over the replicas.
-
-Where a path keeps residuals, its module also has the fold that moves them
-into the values before a native step (``fold`` for a DDP bucket,
-``fold_shard_`` for a shard); the front ends call those before NATIVE's
-``reduce``. The Horovod optimizer reduces with Horovod's own collectives
-and shares the sparse path's device-path bookkeeping (``path_sparse``).
+Adding a way: write ``path_<name>.py`` with a ``Path`` subclass bound to
+``PATH``, and add ``"<name>"`` to :data:`_MODULES`. A dense way whose
+``compresses_dense`` is True can then be named as ``dense_compression``
+and ``warmup_compression`` (``path_fp16.py`` was added so).
 """
 
-import torch
+import importlib
 
-from . import path_bf16, path_native, path_quantized, path_sparse
-from .choice import BF16, NATIVE, QUANTIZED, SPARSE
-from .choice import PATHS as NAMES
-from .settings import NATIVE_WARMUP_ITERS
+import torch
 
 # The bucket dtypes liboktopk reduces; the dense warm-up would take others,
 # so they are refused on the first hook call rather than at the first sparse
 # step.
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
-PATHS = {
-    NATIVE: path_native,
-    BF16: path_bf16,
-    QUANTIZED: path_quantized,
-    SPARSE: path_sparse,
-}
 
-# Every path the measured choice can take has its module.
-assert set(PATHS) == set(NAMES), (sorted(PATHS), sorted(NAMES))
+class Path:
+    """A way of reducing one DDP bucket or one FSDP2 shard to its average
+    over the process group's ranks. ``engine`` is the ``oktopk.engine.Engine``
+    whose step it is; ``step`` is the engine's ``iter`` when the step began."""
+
+    name = None
+    # May stand in for sparse under an Adam-family optimizer, and compress
+    # the warm-up (dense_compression, warmup_compression): a dense way that
+    # sends every value every step.
+    compresses_dense = False
+    # Keeps residuals between steps (error feedback): the engine never
+    # points .grad at the bucket for it (the bucket is not the average alone).
+    keeps_residual = False
+
+    def reduce(self, engine, bucket, tensor, step):
+        """DDP: the future of the average over the ranks of ``tensor``
+        (``bucket.buffer()``, this rank's undivided gradients), written into
+        it; the future DDP waits on."""
+        raise NotImplementedError
+
+    def reduce_shard(self, engine, group_id, shard, step):
+        """FSDP2: the module's gradient shard (its residuals kept under
+        ``group_id``) replaced, in place, by its average over the replicas."""
+        raise NotImplementedError
+
+    def holds(self, engine):
+        """Whether this way holds anything a step of another way must fold
+        in first."""
+        return False
+
+    def watches(self, engine):
+        """Whether this way's fold must see each bucket of another way's
+        step (it holds something, or tracks what the bucket carries)."""
+        return self.holds(engine)
+
+    def fold(self, engine, bucket, tensor, step):
+        """Before a step of another way: what this way holds for the bucket's
+        parameters joins ``tensor``. Returns None, or the bucket's future
+        when the fold had to reduce the bucket itself (the bucket does not
+        match the groups its residuals are kept in)."""
+        return None
+
+    def fold_shard(self, engine, group_id, shard):
+        """:meth:`fold` for an FSDP2 shard, in place."""
+
+    def __repr__(self):
+        return f"<path {self.name}>"
 
 
-def warmup_path(state, step):
-    """The path of warm-up step ``step`` (``step < state.warmup_iters``):
-    native, or, with ``state.warmup_compression`` set, compressed on every
-    step but DDP's second. DDP's first runs in its provisional bucket layout,
-    where no residual can be kept: it goes in bfloat16, which keeps none
-    (``bf16_compress_hook``'s rounding, half the bytes). Its second learns
-    the rebuilt layout the residuals are kept in and is the native step the
-    measured choice times (``timed_warmup_step``), so it stays native. From
-    the third on, the warm-up takes ``state.warmup_compression``."""
-    if state.warmup_compression is None or step == NATIVE_WARMUP_ITERS - 1:
-        return NATIVE
-    if step < NATIVE_WARMUP_ITERS:
-        return BF16
-    return state.warmup_compression
+# The ways, in the order their folds run before another way's step.
+_MODULES = (
+    "native",
+    "bf16",
+    "fp16",
+    "quantized",
+    "sparse",
+)
 
+PATHS = {}
+for _module in _MODULES:
+    _path = importlib.import_module(f"{__package__}.path_{_module}").PATH
+    assert isinstance(_path, Path) and _path.name == _module, (_module, _path)
+    PATHS[_path.name] = _path
 
-def timed_warmup_step(state):
-    """The warm-up step the measured choice times as native, to compare the
-    sparse probe with: the last one that is native."""
-    return (state.warmup_iters if state.warmup_compression is None else NATIVE_WARMUP_ITERS) - 1
+# The names the engine itself reads: the measured choice's two sides.
+NATIVE = PATHS["native"].name
+SPARSE = PATHS["sparse"].name
+DENSE_COMPRESSIONS = tuple(name for name, path in PATHS.items() if path.compresses_dense)
 

@@ -5,30 +5,23 @@ the DDP hook's own warm-up length, beside them); and the ranks' agreement
 on the settings that decide which collectives a rank issues, which every
 front end runs before its first step."""
 
+import dataclasses
 import hashlib
 import numbers
 from collections import namedtuple
 
 from . import _lib
 from .adaptive import DEFAULT_EVERY, check_adaptive
+from .choice import BF16, DEFAULT_MARGIN, DEFAULT_RECHECK_EVERY, check_choice, check_dense_compression
 from .comm import value_dtype_name
 from .schedule import check_schedule
 
 MAX_INT32 = 2**31 - 1
 
-Settings = namedtuple(
-    "Settings",
+Checked = namedtuple(
+    "Checked",
     "density algorithm tau tau_prime timeout value_dtype stochastic_rounding density_schedule measure_xi_every adaptive",
 )
-
-
-# Every setting's default, the one copy: the DDP state's and the Horovod
-# compressor's signatures take theirs from here (algorithm None: the
-# measured choice between the framework's allreduce and sparse "auto", see
-# oktopk.choice, whose settings are there; measure_xi_every None: never, or
-# DEFAULT_EVERY with adaptive).
-DEFAULTS = Settings(density=0.01, algorithm=None, tau=64, tau_prime=32, timeout=60.0, value_dtype="float32", stochastic_rounding=False,
-                    density_schedule=None, measure_xi_every=None, adaptive=None)
 
 
 def is_real(x):
@@ -39,9 +32,8 @@ def is_int(x):
     return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
-def check_settings(density=DEFAULTS.density, algorithm=DEFAULTS.algorithm, tau=DEFAULTS.tau, tau_prime=DEFAULTS.tau_prime,
-                   timeout=DEFAULTS.timeout, value_dtype=DEFAULTS.value_dtype, stochastic_rounding=DEFAULTS.stochastic_rounding,
-                   density_schedule=DEFAULTS.density_schedule, measure_xi_every=DEFAULTS.measure_xi_every, adaptive=DEFAULTS.adaptive):
+def check_settings(density, algorithm, tau, tau_prime, timeout, value_dtype, stochastic_rounding, density_schedule, measure_xi_every,
+                   adaptive):
     """The settings, checked and normalized (algorithm None: the library's
     default; measure_xi_every None with adaptive: its default); ValueError
     naming the first bad one."""
@@ -74,7 +66,7 @@ def check_settings(density=DEFAULTS.density, algorithm=DEFAULTS.algorithm, tau=D
         raise ValueError("adaptive and density_schedule both set the density of each step: pass one of them")
     if adaptive is not None and measure_xi_every is None:
         measure_xi_every = DEFAULT_EVERY
-    return Settings(float(density), algorithm, int(tau), int(tau_prime), float(timeout), value_dtype, stochastic_rounding, density_schedule,
+    return Checked(float(density), algorithm, int(tau), int(tau_prime), float(timeout), value_dtype, stochastic_rounding, density_schedule,
                     measure_xi_every, adaptive)
 
 
@@ -127,6 +119,225 @@ def check_momentum_options(momentum_correction, momentum_masking, local_clip_nor
         raise ValueError(f"momentum_masking needs value_dtype float32 (a sent {value_dtype} value leaves its rounding in the "
                          f"residual, so which entries left cannot be read there), got {value_dtype!r}")
     return momentum_masking, None if local_clip_norm is None else float(local_clip_norm)
+
+
+# -- the settings object --------------------------------------------------------
+#
+# What a user sets, in one immutable value that the DDP hook, the FSDP2
+# registration and Horovod's optimizer share: three settings at the top (the
+# ones a user changes: the density, the algorithm, the timeout) and the
+# rest in named groups, each with its defaults. Settings() checks every
+# value when it is made, here and nowhere else.
+
+
+@dataclasses.dataclass(frozen=True)
+class Warmup:
+    """The steps reduced densely first (OkTopkState's ``warmup_iters`` and
+    ``warmup_compression``)."""
+
+    iters: int = NATIVE_WARMUP_ITERS
+    compression: object = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """The measured choice between the process group's allreduce and a
+    compressed path (``algorithm=None``; OkTopkState's ``sparse_margin``,
+    ``recheck_every``, ``dense_compression``)."""
+
+    sparse_margin: float = DEFAULT_MARGIN
+    recheck_every: int = DEFAULT_RECHECK_EVERY
+    dense_compression: object = BF16
+
+
+@dataclasses.dataclass(frozen=True)
+class Momentum:
+    """The momentum correction under SGD with momentum (OkTopkState's
+    ``momentum_correction``, ``momentum_masking``, ``local_clip_norm``)."""
+
+    correction: bool = True
+    masking: object = False
+    local_clip_norm: object = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Wire:
+    """How the sparse calls travel and where they run (OkTopkState's
+    ``value_dtype``, ``stochastic_rounding``, ``tau``, ``tau_prime``,
+    ``device_path``, ``grads_as_bucket_views``)."""
+
+    value_dtype: object = "float32"
+    stochastic_rounding: bool = False
+    tau: int = 64
+    tau_prime: int = 32
+    device_path: object = None
+    grads_as_bucket_views: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class Adaptation:
+    """How the density moves during the run (OkTopkState's
+    ``density_schedule``, ``adaptive``, ``measure_xi_every``)."""
+
+    density_schedule: object = None
+    adaptive: object = None
+    measure_xi_every: object = None
+
+
+GROUPS = {"warmup": Warmup, "choice": Choice, "momentum": Momentum, "wire": Wire, "adaptation": Adaptation}
+
+# Every setting by the one name OkTopkState's keywords, its attributes,
+# checkpoints and error messages know it by: (its group, or None at the
+# top, and its field there).
+FLAT = {
+    "density": (None, "density"),
+    "algorithm": (None, "algorithm"),
+    "timeout": (None, "timeout"),
+    "warmup_iters": ("warmup", "iters"),
+    "warmup_compression": ("warmup", "compression"),
+    "sparse_margin": ("choice", "sparse_margin"),
+    "recheck_every": ("choice", "recheck_every"),
+    "dense_compression": ("choice", "dense_compression"),
+    "momentum_correction": ("momentum", "correction"),
+    "momentum_masking": ("momentum", "masking"),
+    "local_clip_norm": ("momentum", "local_clip_norm"),
+    "value_dtype": ("wire", "value_dtype"),
+    "stochastic_rounding": ("wire", "stochastic_rounding"),
+    "tau": ("wire", "tau"),
+    "tau_prime": ("wire", "tau_prime"),
+    "device_path": ("wire", "device_path"),
+    "grads_as_bucket_views": ("wire", "grads_as_bucket_views"),
+    "density_schedule": ("adaptation", "density_schedule"),
+    "adaptive": ("adaptation", "adaptive"),
+    "measure_xi_every": ("adaptation", "measure_xi_every"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Everything a user sets, checked when made (ValueError naming the bad
+    setting) and immutable after: ``dataclasses.replace`` or
+    :meth:`with_flat` make a changed copy. ``algorithm=None`` is the
+    measured choice (``oktopk.choice``)."""
+
+    density: float = 0.01
+    algorithm: object = None
+    timeout: float = 60.0
+    warmup: Warmup = Warmup()
+    choice: Choice = Choice()
+    momentum: Momentum = Momentum()
+    wire: Wire = Wire()
+    adaptation: Adaptation = Adaptation()
+
+    def __post_init__(self):
+        for name, kind in GROUPS.items():
+            if not isinstance(getattr(self, name), kind):
+                raise ValueError(f"{name} must be an oktopk.{kind.__name__}, got {type(getattr(self, name)).__name__}")
+        w, a, m, c = self.wire, self.adaptation, self.momentum, self.choice
+        if w.device_path is not None and not isinstance(w.device_path, bool):  # 0 == False, yet 0 is no setting
+            raise ValueError(f"device_path must be None, True or False, got {w.device_path!r}")
+        # Checked whatever the algorithm, though only the measured choice
+        # (algorithm None) reads them: a bad value is refused, never ignored.
+        margin, recheck_every = check_choice(c.sparse_margin, c.recheck_every)
+        dense_compression = check_dense_compression(c.dense_compression)
+        checked = check_settings(self.density, "auto" if self.algorithm is None else self.algorithm, w.tau, w.tau_prime, self.timeout,
+                                 w.value_dtype, w.stochastic_rounding, a.density_schedule, a.measure_xi_every, a.adaptive)
+        iters = check_warmup_iters(self.warmup.iters)
+        warmup_compression = check_dense_compression(self.warmup.compression, "warmup_compression")
+        if not isinstance(w.grads_as_bucket_views, bool):
+            raise ValueError(f"grads_as_bucket_views must be True or False, got {w.grads_as_bucket_views!r}")
+        if not isinstance(m.correction, bool):
+            raise ValueError(f"momentum_correction must be True or False, got {m.correction!r}")
+        masking, clip = check_momentum_options(m.correction, m.masking, m.local_clip_norm, checked.value_dtype)
+        normalized = {
+            "density": checked.density,
+            "algorithm": None if self.algorithm is None else checked.algorithm,
+            "timeout": checked.timeout,
+            "warmup": Warmup(iters, warmup_compression),
+            "choice": Choice(margin, recheck_every, dense_compression),
+            "momentum": Momentum(m.correction, masking, clip),
+            "wire": Wire(checked.value_dtype, checked.stochastic_rounding, checked.tau, checked.tau_prime, w.device_path,
+                         w.grads_as_bucket_views),
+            "adaptation": Adaptation(checked.density_schedule, checked.adaptive, checked.measure_xi_every),
+        }
+        for name, value in normalized.items():
+            object.__setattr__(self, name, value)
+
+    @classmethod
+    def from_flat(cls, **flat):
+        """Settings from the flat names of :data:`FLAT` (OkTopkState's
+        keywords); TypeError naming an unknown one."""
+        unknown = sorted(set(flat) - set(FLAT))
+        if unknown:
+            raise TypeError(f"unknown oktopk setting{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; the settings are "
+                            f"{', '.join(FLAT)}")
+        return cls().with_flat(**flat)
+
+    def with_flat(self, **flat):
+        """A copy with the flat-named settings changed (checked again)."""
+        top, groups = {}, {}
+        for name, value in flat.items():
+            group, field = FLAT[name]
+            if group is None:
+                top[field] = value
+            else:
+                groups.setdefault(group, {})[field] = value
+        for group, fields in groups.items():
+            top[group] = dataclasses.replace(getattr(self, group), **fields)
+        return dataclasses.replace(self, **top)
+
+    def resumed(self, density_schedule, adaptive, measure_xi_every):
+        """A copy with the density's adaptation where a loaded checkpoint's
+        run had it (its schedule, its bounds and ξ period: part of the run,
+        checked when that run made its settings), not checked again."""
+        copy = dataclasses.replace(self)
+        object.__setattr__(copy, "adaptation", Adaptation(density_schedule, adaptive, measure_xi_every))
+        return copy
+
+    def flat(self):
+        """Every setting by its flat name (:data:`FLAT`), in that order."""
+        return {name: getattr(self if group is None else getattr(self, group), field) for name, (group, field) in FLAT.items()}
+
+    def changed(self):
+        """The keyword arguments that make these settings from the
+        defaults: the top's that differ, and each group that differs with
+        only its differing fields (what ``repr`` of a state shows)."""
+        default = Settings()
+        out = {}
+        for f in dataclasses.fields(self):
+            value, base = getattr(self, f.name), getattr(default, f.name)
+            if value == base:
+                continue
+            if f.name in GROUPS:
+                fields = {g.name: getattr(value, g.name) for g in dataclasses.fields(value) if getattr(value, g.name) != getattr(base, g.name)}
+                value = _GroupRepr(type(value).__name__, fields)
+            out[f.name] = value
+        return out
+
+
+def default_of(name):
+    """The default of the setting named ``name`` (:data:`FLAT`), read from
+    the classes above without checking anything (no library loaded)."""
+    group, field = FLAT[name]
+    holder = Settings if group is None else Settings.__dataclass_fields__[group].default
+    return getattr(holder, field) if group is not None else holder.__dataclass_fields__[field].default
+
+
+# The sparse settings' defaults (algorithm None: the measured choice
+# between the framework's allreduce and sparse "auto", see oktopk.choice;
+# measure_xi_every None: never, or DEFAULT_EVERY with adaptive), as
+# check_settings returns them: read from Settings, the one copy.
+DEFAULTS = Checked(*(default_of(name) for name in Checked._fields))
+
+
+class _GroupRepr:
+    """A group in a repr: its name and only its non-default fields."""
+
+    def __init__(self, name, fields):
+        self.text = f"{name}(" + ", ".join(f"{k}={v!r}" for k, v in fields.items()) + ")"
+
+    def __repr__(self):
+        return self.text
 
 
 # -- agreement across ranks ---------------------------------------------------

@@ -1,0 +1,466 @@
+"""The engine: the one object that owns a step of the DDP hook
+(``oktopk.hook``) and of the FSDP2 registration (``oktopk.fsdp``), which are
+adapters: each turns what its framework hands it (a DDP bucket, an FSDP2
+shard) into the engine's terms and calls it.
+
+A step, in the order the engine runs it:
+
+1. **Settle the step before.** A step that came back non-finite on any
+   rank (the script skipped the optimizer step) gives back what its groups'
+   calls, folds and velocity steps took (``oktopk.reducer.StepFolds``).
+2. **Begin.** The ranks agree on the settings (the first steps, and after a
+   load; ``oktopk.step``); the measured choice (``oktopk.choice``) times the
+   step before and names this step's path; the momentum correction
+   (``oktopk.momentum``) begins its step.
+3. **Reduce each bucket or shard through the step's path** (``oktopk.paths``:
+   native, bf16, fp16, quantized, sparse). Before a path's step, every
+   other path folds in what it holds (its residuals), so a switch of path
+   loses nothing; under momentum correction the velocity's step is reduced
+   in place of the gradient.
+4. **Checkpoint** at any step boundary (``oktopk.checkpoint``).
+
+Everything the step involves lives here (the residuals' groups, the
+layout of the parameters, the choice, the correction, the worker thread);
+only the engine's own modules (``ENGINE_MODULES``) read its private
+attributes.
+"""
+
+import torch
+import torch.distributed as dist
+
+from . import checkpoint
+from . import device as device_path_
+from .adaptive import AdaptiveControl
+from .choice import StepChoice
+from .layout import BucketLayout
+from .momentum import MomentumCorrection
+from .optimizers import OptimizerWatch
+from .path_native import BucketGrads
+from .paths import NATIVE, PATHS, SPARSE, SUPPORTED_DTYPES
+from .reducer import Reducer, ReducerStats, StepFolds
+from .settings import FLAT, NATIVE_WARMUP_ITERS, Settings
+from .step import agree_on_settings, begin_step
+
+# The modules that make up the engine: they alone read its private
+# attributes (tests/python/test_engine_boundary.py counts the others').
+ENGINE_MODULES = ("engine", "state", "step", "checkpoint", "paths", *(f"path_{name}" for name in PATHS), "momentum", "reducer")
+
+
+def _setting(name):
+    group, field = FLAT[name]
+    if group is None:
+        return property(lambda self: getattr(self._settings, field), doc=f"The ``{name}`` setting (read-only).")
+    return property(lambda self: getattr(getattr(self._settings, group), field), doc=f"The ``{name}`` setting (read-only).")
+
+
+class Engine(ReducerStats):
+    """The step's owner (see the module's docstring). Made by
+    :class:`oktopk.OkTopkState`, which is one."""
+
+    __slots__ = [
+        "_settings", "process_group", "iter", "last_density", "last_tau_prime", "_reducer", "_layout", "_pending_state", "_hook_iters",
+        "_owner", "_adapt_error", "_choice", "_path", "_residual_groups", "_pooled_iter", "_optimizers", "_device_groups",
+        "_library_groups", "_host_buffers", "_quantized", "_quantized_bytes", "_quantized_spill", "_bucket_grads", "_momentum",
+        "_agreement_steps", "_folds", "_communicator_at_load", "_link", "_measured_step", "_shard_step", "_new_shard_step",
+        "_shard_steps_run", "_shard_slices", "_shard_device",
+    ]
+
+    def __init__(self, settings, process_group):
+        self._settings = settings
+        self.process_group = process_group
+        self._bucket_grads = BucketGrads()
+        # The device path's groups (oktopk.device.DeviceGroup: residual on
+        # the device), the groups whose state the library holds with the
+        # residual in it (loaded from a checkpoint), and the host memory of
+        # the device path's pairs.
+        self._device_groups = {}
+        self._library_groups = set()
+        self._host_buffers = device_path_.HostBuffers()
+        # The parameters' canonical numbering, which the momentum
+        # correction (oktopk.momentum) keys its velocities by.
+        self._layout = BucketLayout()
+        self._momentum = None
+        m = settings.momentum
+        if m.correction:
+            index = self._layout.param_index
+            self._momentum = MomentumCorrection(lambda p: index.get(id(p)), m.masking, m.local_clip_norm, process_group)
+        # algorithm None: the measured choice, whose sparse path is "auto",
+        # and a compressed dense path for an Adam-family optimizer's
+        # parameters (oktopk.optimizers); a named algorithm warns about one.
+        # Every SGD step reaches the correction.
+        self._optimizers = OptimizerWatch(warn=settings.algorithm is not None,
+                                          on_momentum=None if self._momentum is None else self._momentum.stepped)
+        c = settings.choice
+        self._choice = None
+        if settings.algorithm is None:
+            self._choice = StepChoice(c.sparse_margin, c.recheck_every, adam_candidate=c.dense_compression)
+            watch = self._optimizers
+            self._choice.adam_seen = lambda: watch.seen
+        # The quantized path's residuals per group of parameters (library
+        # tensor id), and a native step's fold of them: each parameter's
+        # share of what its group held, until its bucket comes.
+        self._quantized = {}
+        self._quantized_bytes = 0
+        self._quantized_spill = {}
+        self.iter = 0
+        # The density and τ′ of the latest sparse step (τ′ with adaptive only).
+        self.last_density = None
+        self.last_tau_prime = None
+        # The communicator (made at the first sparse step), its worker
+        # thread, and the statistics of its calls (ReducerStats).
+        a = settings.adaptation
+        self._reducer = Reducer(None if a.adaptive is None else AdaptiveControl(a.adaptive, settings.density, settings.wire.tau_prime))
+        # Residuals and thresholds loaded before the communicator existed.
+        self._pending_state = {}
+        # The link model "auto" chose by (a dict, or None before one was
+        # measured): a communicator made again, or a resumed run, gets this
+        # one rather than a new measurement that may choose otherwise.
+        self._link = None
+        # Iterations this process has run through the hook: DDP's first one
+        # (0 here) uses its provisional bucket layout, every later one the
+        # rebuilt layout, whatever iter a checkpoint resumed from.
+        self._hook_iters = 0
+        # (rank, world size) a loaded checkpoint belongs to, until checked
+        # against this process's (at load, or at communicator setup when the
+        # process group did not exist yet at load).
+        self._owner = None
+        # An adaptation's failure (worker thread), raised by the next bucket.
+        self._adapt_error = None
+        # The path of the step under way (algorithm None), and the groups
+        # whose residual a sparse step may have left non-zero: a step of
+        # another path folds those in first.
+        self._path = SPARSE
+        self._residual_groups = set()
+        # The latest iteration that sent a bucket to the regrouping pool.
+        self._pooled_iter = None
+        # Steps still to begin with the ranks' agreement on the settings
+        # (agree_on_settings): the first, where nothing yet depends on them,
+        # and the next, once the optimizer has stepped (the family seen).
+        self._agreement_steps = 2
+        # What this step's folds took from the residuals, given back if its
+        # dense sum turns out non-finite (the step is then skipped).
+        self._folds = StepFolds()
+        # Where a loaded checkpoint's run had its communicator (made at a
+        # sparse step, not released since): the path of the step it was
+        # saved after, until this run's first step after the warm-up; else
+        # None. A native step there makes the communicator again and folds
+        # the residuals through it, as that run did.
+        self._communicator_at_load = None
+        # FSDP2's step: the step under way (iter when it began), whether the
+        # next shard begins a new one (a forward of the root module), the
+        # steps run in this process, a step whose ξ was measured with the
+        # adaptive control (adapted when the next one begins), and each
+        # module's parameters and their slices of its flat shard for the
+        # momentum correction.
+        self._shard_step = None
+        self._new_shard_step = True
+        self._shard_steps_run = 0
+        self._measured_step = None
+        self._shard_slices = None
+        self._shard_device = None
+
+    @property
+    def settings(self):
+        """The :class:`oktopk.Settings` this engine runs by (immutable)."""
+        return self._settings
+
+    # ---------------------------------------------------------------- DDP
+
+    def reduce_bucket(self, bucket):
+        """A DDP bucket's future: the average of the bucket's gradients over
+        the ranks, by the step's path (the DDP hook's whole work)."""
+        tensor = bucket.buffer()
+        check_tensor(tensor, "oktopk_hook: unsupported bucket")
+        correction = self._momentum
+        if bucket.index() == 0:
+            self._begin_bucket_step(tensor)
+        if correction is None or not correction.active or correction.idle:
+            return self._reduce_bucket(bucket, tensor)
+        # Momentum correction (oktopk.momentum): every path below reduces the
+        # velocity's step in place of the gradient, and the optimizer gets the
+        # G on which its own momentum lands on the average.
+        work = correction.before(bucket.parameters(), self._layout.members(bucket), tensor)
+        fut = self._reduce_bucket(bucket, tensor)
+        if work is None:
+            return fut
+
+        def finish(f):
+            try:
+                reduced = f.value()
+            except BaseException:
+                # A failed step (a dead or silent peer) raises; the buckets of it
+                # that completed before must not have moved a velocity either.
+                correction.give_back_step()
+                raise
+            return correction.after(work, reduced)
+
+        return fut.then(finish)
+
+    def _begin_bucket_step(self, tensor):
+        """At a step's first bucket, before anything of the step reads a
+        residual or a velocity."""
+        # A step before that came back non-finite anywhere (a NaN in one
+        # group skipped it on every rank, and the script skipped the
+        # optimizer step) gives back what its other groups' calls, folds
+        # and velocity steps took, on every rank alike (StepFolds).
+        self._folds.settle()
+        correction = self._momentum
+        if correction is not None:
+            correction.record_step(self._folds)
+        if self._agreement_steps:
+            agree_on_settings(self, tensor.device)
+        self._begin_choice(self.iter, tensor.device, untimed=self._hook_iters == 0)
+        if correction is not None and correction.active:
+            correction.begin_step(idle=self._native_with_nothing_held())
+
+    def _begin_choice(self, step, device, untimed):
+        """The measured choice's path of step ``step`` (timing the one
+        before), before anything of the step is reduced."""
+        choice = self._choice
+        if choice is None:
+            return
+        if step >= self.warmup_iters:
+            # The step before was settled at this step's start.
+            begin_step(self, step - self.warmup_iters, device, untimed=untimed)
+            self._folds.watching = self._path == NATIVE and any(path.holds(self) for path in PATHS.values())
+        elif step == self.timed_warmup_step():
+            # A native step the choice can compare the sparse probe with.
+            # A process resumed from a checkpoint saved before it runs it
+            # first, in DDP's provisional layout (dense all the same): timed
+            # too, or the resumed run would decide without it where the
+            # whole run did not.
+            choice.time_warmup_step()
+        elif step == self.timed_warmup_step() + 1:
+            choice.end_warmup_step()  # a compressed warm-up's step follows it
+
+    def _native_with_nothing_held(self):
+        """Whether every bucket of the step about to begin goes native with no
+        residual held anywhere: a dense step whose average is the gradients'
+        average and nothing else. The momentum correction then has nothing to
+        move (at density 1 it is the optimizer's own momentum) and hands the
+        gradient through, so a native step costs what torch's allreduce_hook
+        does (oktopk.momentum, MomentumCorrection.begin_step)."""
+        s = self.iter
+        path = self.warmup_path(s) if s < self.warmup_iters else self._path
+        return path == NATIVE and not any(p.holds(self) for p in PATHS.values())
+
+    def _reduce_bucket(self, bucket, tensor):
+        """The bucket's future, by the step's path."""
+        is_last = bucket.is_last()
+        # Every bucket of one iteration is in the same phase: they were all
+        # fired with the same iter, which the last one advances.
+        step = self.iter
+        rebuilt = self._hook_iters > 0  # not DDP's first, provisional, layout
+        if self._hook_iters < 2:  # the provisional layout and the rebuilt one: every parameter
+            self._optimizers.watch(bucket.parameters())
+        if is_last:
+            self.iter += 1
+            self._hook_iters += 1
+        if step < self.warmup_iters:
+            path = self.warmup_path(step)
+            if path == NATIVE or step < NATIVE_WARMUP_ITERS:
+                # DDP's two layouts (or a native warm-up); the rebuilt layout's
+                # buckets become the groups the residuals are kept in.
+                layout = self._layout
+                members = layout.members(bucket)  # numbers the parameters in the first layout
+                layout.take_unused(members, None)  # resets the marks of parameters DDP found unused
+                if rebuilt:
+                    layout.learn_group([i for i, _, _ in members])
+            return PATHS[path].reduce(self, bucket, tensor, step)
+        path = PATHS[self._path]
+        folding = [other for other in PATHS.values() if other is not path and other.watches(self)]
+        if self.grads_as_bucket_views and not folding and not path.keeps_residual:
+            # The bucket becomes the average and nothing else: .grad can
+            # point at it, and DDP need not copy it back.
+            self._bucket_grads.point(bucket)
+        # What the other paths hold joins the values first, so nothing waits
+        # there (a fold may reduce the bucket itself: its future then).
+        for other in folding:
+            fut = other.fold(self, bucket, tensor, step)
+            if fut is not None:
+                return fut
+        return path.reduce(self, bucket, tensor, step)
+
+    # -------------------------------------------------------------- FSDP2
+
+    def attach_shards(self, slices, agree_over_world):
+        """FSDP2: ``slices``, each sharded module's (parameters, members,
+        padded size) for the momentum correction, in the modules' order
+        (None without the correction); ``agree_over_world``: several
+        replicate groups, so a step's NaN reaches only its own and whether
+        a step was non-finite is agreed over the world (the script skips
+        the step everywhere: AMP's scaler agrees over the world)."""
+        self._shard_slices = slices
+        self._folds.agree = self._agree_over_world if agree_over_world else None
+
+    def parameter_index(self):
+        """The parameters' canonical numbering (id -> number), which the
+        momentum correction keys its velocities by; a front end numbers new
+        ones into it in an order every rank shares."""
+        return self._layout.param_index
+
+    def add_group(self, group_id, members):
+        """A group of parameters whose residuals are kept together under the
+        library tensor id ``group_id`` (checkpointed with the state)."""
+        self._layout.add_group(group_id, members)
+
+    def detach_shards(self):
+        """FSDP2: the registration removed."""
+        self._folds.agree = None
+        self._shard_slices = None
+
+    def _agree_over_world(self, non_finite):
+        flag = torch.tensor([1.0 if non_finite else 0.0], device=self._shard_device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+    def next_shard_step(self):
+        """FSDP2: the root module's forward: the next shard begins a step."""
+        self._new_shard_step = True
+
+    def reduce_shard(self, number, group_id, shard):
+        """FSDP2: the ``number``-th sharded module's gradient shard (its
+        residuals kept under ``group_id``) replaced, in place, by its
+        average over the replicas, by the step's path."""
+        check_tensor(shard, "oktopk.fsdp: unsupported gradient shard")
+        if self._new_shard_step:
+            self._begin_shard_step(shard)
+        # Momentum correction (oktopk.momentum): the shard's gradients
+        # become the velocities' steps before any path (or fold) reads
+        # them, and the optimizer's G after.
+        work = self._correct_shard_before(number, shard)
+        try:
+            self._reduce_shard(group_id, shard)
+        except BaseException:
+            if self._momentum is not None:  # a failed step moves no velocity, this module's or an earlier one's
+                self._momentum.give_back_step()
+            raise
+        if work is not None:
+            self._momentum.after(work, shard.view(-1))
+
+    def _begin_shard_step(self, shard):
+        # Before anything reads a residual: a step before that came back
+        # non-finite anywhere gives back what its other modules' calls and
+        # folds took, on every rank alike (StepFolds).
+        self._shard_device = shard.device  # the agreement's flag lives there (NCCL reduces CUDA tensors)
+        self._folds.settle()
+        self._folds.began = True
+        correction = self._momentum
+        if correction is not None:
+            correction.record_step(self._folds)
+            if correction.active:
+                correction.begin_step()
+        if self._agreement_steps:
+            agree_on_settings(self, shard.device)  # before anything the settings decide
+        if self._measured_step is not None:  # every call of that step is done, on every rank
+            self._reducer.adapt(self._measured_step)
+            self._measured_step = None
+        self._shard_step = self.iter
+        self.iter += 1
+        self._new_shard_step = False
+        self._begin_choice(self._shard_step, shard.device, untimed=self._shard_steps_run == 0)
+        self._shard_steps_run += 1
+
+    def _correct_shard_before(self, number, shard):
+        """The correction's ``before`` on module ``number``'s shard, or None
+        where it does not apply: off, not yet active (before the
+        optimizer's first step), or a float16 shard (FSDP2 divides such a
+        sum after the hook: the G would be scaled)."""
+        correction = self._momentum
+        if correction is None or not correction.active or shard.dtype == torch.float16:
+            return None
+        params, members, padded = self._shard_slices[number]
+        if padded != shard.numel() or not shard.is_contiguous():
+            correction._stop(f"FSDP2's gradient shard of module {number} is not laid out as expected ({shard.numel()} "
+                             f"values, {padded} expected)")
+            return None
+        return correction.before(params, members, shard.view(-1))
+
+    def _reduce_shard(self, group_id, shard):
+        """The shard's average over the replicas, in place, by the step's path."""
+        step = self._shard_step
+        if step < self.warmup_iters:
+            path = PATHS[self.warmup_path(step)]  # native, or the warm-up's compression
+        else:
+            path = PATHS[self._path if self._choice is not None else SPARSE]
+            # What the other paths hold joins the shard first, so the switch
+            # loses nothing.
+            for other in PATHS.values():
+                if other is not path:
+                    other.fold_shard(self, group_id, shard)
+        path.reduce_shard(self, group_id, shard, step)
+
+    # ---------------------------------------------------------- the warm-up
+
+    def warmup_path(self, step):
+        """The path of warm-up step ``step`` (``step < warmup_iters``):
+        native, or, with ``warmup_compression`` set, compressed on every
+        step but DDP's second. DDP's first runs in its provisional bucket
+        layout, where no residual can be kept: it goes in bfloat16, which
+        keeps none (``bf16_compress_hook``'s rounding, half the bytes). Its
+        second learns the rebuilt layout the residuals are kept in and is the
+        native step the measured choice times (``timed_warmup_step``), so it
+        stays native. From the third on, the warm-up takes
+        ``warmup_compression``."""
+        if self.warmup_compression is None or step == NATIVE_WARMUP_ITERS - 1:
+            return NATIVE
+        if step < NATIVE_WARMUP_ITERS:
+            return PATHS["bf16"].name
+        return self.warmup_compression
+
+    def timed_warmup_step(self):
+        """The warm-up step the measured choice times as native, to compare the
+        sparse probe with: the last one that is native."""
+        return (self.warmup_iters if self.warmup_compression is None else NATIVE_WARMUP_ITERS) - 1
+
+    # ---------------------------------------------------- what the run holds
+
+    def state_dict(self):
+        """Iteration counter, the parameter groups residuals are kept in,
+        every group's residual and thresholds, and the rank and world size
+        they belong to, so a resumed run continues where this one stopped
+        (also into DDP's initial bucket layout), and a checksum of it all.
+        Every rank saves its own."""
+        return checkpoint.state_dict(self)
+
+    def load_state_dict(self, state):
+        """Restore a state_dict() saved by this same rank of a run of the same
+        world size; another rank's or another size's raises ValueError (here,
+        or at the first sparse step when the process group does not exist
+        yet), saying what to do; so does one whose checksum fails (a
+        field or byte changed since it was saved)."""
+        checkpoint.load_state_dict(self, state)
+
+    def watch_optimizers(self, params):
+        """Watch the optimizers that step ``params``: an Adam-family one
+        keeps them dense (oktopk.optimizers), SGD with momentum reaches the
+        correction."""
+        self._optimizers.watch(params)
+
+    def close(self):
+        """Release the worker thread and the communicator. Call it when
+        training ends; a state never closed releases them only when it is
+        garbage-collected (nothing is registered to run at interpreter
+        exit)."""
+        self._reducer.close()
+        self._layout.remove_hooks()
+        self._bucket_grads.remove_hooks()
+        self._optimizers.close()
+
+
+# The settings, read-only, by their flat names (oktopk.settings.FLAT). A
+# loaded checkpoint carries where the density's adaptation stands (its
+# schedule, bounds and ξ period are part of the run), so the load replaces
+# the settings object with one that says so.
+for _name in FLAT:
+    setattr(Engine, _name, _setting(_name))
+del _name
+
+
+def check_tensor(tensor, what):
+    """ValueError unless liboktopk can reduce ``tensor``'s dtype on its
+    device."""
+    if tensor.dtype not in SUPPORTED_DTYPES or tensor.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"{what} of {tensor.dtype} on {tensor.device.type}; "
+                         "liboktopk reduces float32, float16 and bfloat16 gradients on CPU or CUDA")
+
