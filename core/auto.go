@@ -18,10 +18,11 @@ package core
 //     volume as measured, 2.2× the lower bound in calls that reuse its
 //     thresholds). A selected entry costs what its frame carries: its
 //     index coded as a gap at the frame's density and its value in the
-//     configured format (pairBytes), not 8 bytes. Every rank computes the same numbers in the same order,
-//     each product rounded on its own (no fused multiply-add), so every
-//     rank chooses the same algorithm; a rank that chose otherwise would
-//     fail the call with ErrMismatch on "algorithm", never mix data.
+//     configured format (pairBytes), not 8 bytes. Every rank computes
+//     the same numbers in the same order, each product rounded on its own
+//     (no fused multiply-add), so every rank chooses the same algorithm;
+//     a rank that chose otherwise would fail the call with ErrMismatch on
+//     "algorithm", never mix data.
 //  3. Choose. The cheapest sparse algorithm, unless a dense allreduce is
 //     predicted within denseMargin of it: dense is exact (nothing waits in
 //     a residual), so a sparse algorithm must save time to be worth its

@@ -225,10 +225,11 @@ func TestCodedIndicesSizeAtOnePercent(t *testing.T) {
 
 // BenchmarkSparseCodec: encoding and decoding a region's entries at the
 // densities of the benchmarks (n = 2^22, P = 4: a region of 2^20), in ns
-// an entry and bytes an entry, with float32 values and with 8-bit ones (their
-// encoding includes the rounding, quantizeInt8, as a call makes it).
+// an entry and bytes an entry, with float32 values and with 8-bit and
+// 4-bit ones (their encoding includes the rounding, quantize, as a call
+// makes it).
 func BenchmarkSparseCodec(b *testing.B) {
-	for _, v := range []ValueType{ValuesFloat32, ValuesInt8} {
+	for _, v := range []ValueType{ValuesFloat32, ValuesInt8, ValuesInt4} {
 		for _, density := range []float64{0.01, 0.001} {
 			rng := rand.New(rand.NewPCG(62, 4))
 			const n = 1 << 20
@@ -238,18 +239,16 @@ func BenchmarkSparseCodec(b *testing.B) {
 				s.Val[i] = float32(rng.NormFloat64())
 			}
 			exact := append([]float32(nil), s.Val...)
-			if v == ValuesInt8 {
-				quantizeInt8(s, nil)
-			}
+			v.quantize(s, nil)
 			frame := encodeSparseAs(nil, s, 0, v)
 			entryBytes := float64(len(frame)) / float64(len(idx))
 			b.Run(fmt.Sprintf("encode/%v/density=%g", v, density), func(b *testing.B) {
 				buf := make([]byte, 0, sparseSlotsBytes(v, len(idx), 1))
 				b.SetBytes(int64(len(frame)))
 				for b.Loop() {
-					if v == ValuesInt8 {
+					if v.scaled() {
 						copy(s.Val, exact)
-						quantizeInt8(s, nil)
+						v.quantize(s, nil)
 					}
 					buf = encodeSparseAs(buf, s, 0, v)
 				}

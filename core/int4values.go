@@ -117,11 +117,15 @@ func readInt4Values(dst []float32, b []byte) error {
 			return fmt.Errorf("%w: block of values %d… pads its last byte with a nibble of %d", ErrSparseNotCanonical, start, codes[len(codes)-1]>>4)
 		}
 		largest, minus8 := 0, false
-		for j := range block {
-			q := int(int8(codes[j/2]>>(4*(j%2))<<4) >> 4) // the nibble, sign-extended
-			minus8 = minus8 || q == -8
-			largest = max(largest, q, -q)
-			block[j] = float32(q) * scale
+		for j := 0; j < len(block); j += 2 {
+			c := codes[j/2]
+			lo, hi := int(int8(c<<4)>>4), int(int8(c)>>4) // the nibbles, sign-extended
+			minus8 = minus8 || lo == -8 || hi == -8
+			largest = max(largest, lo, -lo, hi, -hi)
+			block[j] = float32(lo) * scale
+			if j+1 < len(block) {
+				block[j+1] = float32(hi) * scale
+			}
 		}
 		if minus8 {
 			return fmt.Errorf("%w: block of values %d… holds the code −8", ErrSparseNotCanonical, start)

@@ -46,7 +46,11 @@ the host's. Methods:
 - ``quantized``: ``oktopk.quantized``, 4-bit values with a scale per block,
   its all-to-all and allgather the ring's bytes at that width;
 - ``oktopk``, ``topka``, ``topkdsa``, ``gtopk``, ``gaussiank``, and
-  ``auto`` (whatever the model chooses per bucket);
+  ``auto`` (whatever the model chooses per bucket), each selected entry
+  priced as its frame carries it: its index coded as a gap, its value in
+  ``--values`` (float32 by default; float16, bfloat16, int8 or int4 for
+  the algorithms that take them, the library's
+  ``oktopk_algorithm_takes_reduced_values``; the others send float32);
 - ``powersgd``: rank r, two allreduces of (rows + cols) x r per matrix, and
   passes over the gradient for its products;
 - ``demo``: ``oktopk.optim.DeMo``, Ok-Topk on the DCT coefficients of the
@@ -56,6 +60,7 @@ Bytes are per rank per step, what one rank sends on the critical path.
 """
 
 import argparse
+import ctypes
 import itertools
 import math
 import os
@@ -102,6 +107,10 @@ QUANTIZED_BYTES_PER_VALUE = (quantized.BITS + 16 / quantized.BLOCK) / 8
 # rounding (12), the new owner residual (3), packing: 20.
 QUANTIZED_PASSES = 30
 QUANTIZED_CHUNK_PASSES = 20
+# config.value_dtype of each format sparse values may travel in
+# (include/oktopk.h): what ``--values`` prices.
+VALUE_FORMATS = {"float32": _lib.FLOAT32, "float16": _lib.FLOAT16, "bfloat16": _lib.BFLOAT16, "int8": _lib.INT8,
+                 "int4": _lib.INT4}
 METHODS = ("dense", "bf16", "quantized", "oktopk", "topka", "topkdsa", "gtopk", "gaussiank", "auto", "powersgd", "demo")
 SPARSE_ALGORITHMS = {"oktopk": "oktopk", "topka": "topka", "topkdsa": "topkdsa", "gtopk": "gtopk",
                      "gaussiank": "gaussiank", "auto": "auto"}
@@ -151,18 +160,46 @@ def call_link(cluster, algorithm):
 
 
 def predict_call(cluster, algorithm, n, density=DEFAULTS.density, value_bytes=4.0, tau=DEFAULTS.tau,
-                 tau_prime=DEFAULTS.tau_prime):
+                 tau_prime=DEFAULTS.tau_prime, values="float32"):
     """One call of ``algorithm`` on n values over the cluster's ranks, from
     the library's model: (seconds, bytes one rank sends, the algorithm
     run). ``value_bytes`` < 4: a dense allreduce whose values travel in
     fewer bytes (the library's terms count float32; the time per byte is
-    scaled instead, so rounds and passes stay the ring's)."""
-    c = call_parts(cluster, algorithm, n, density=density, value_bytes=value_bytes, tau=tau, tau_prime=tau_prime)
+    scaled instead, so rounds and passes stay the ring's). ``values``: the
+    format a sparse call's selected values travel in (VALUE_FORMATS), for
+    the algorithms that take one (the library prices it)."""
+    c = call_parts(cluster, algorithm, n, density=density, value_bytes=value_bytes, tau=tau, tau_prime=tau_prime,
+                   values=values)
     return c.link + c.device, c.bytes, c.ran
 
 
+def library_predict(latency, seconds_per_byte, pass_seconds_per_byte, algorithm, n, nranks, density=None, tau=None,
+                    tau_prime=None, values="float32"):
+    """``_lib.predict_call`` with the sparse values in ``values`` (a name in
+    VALUE_FORMATS): the library's model prices a selected entry as its
+    value format and coded index take on the wire. Float32 values, and an
+    algorithm that sends float32 only, are ``_lib.predict_call`` itself."""
+    if values not in VALUE_FORMATS:
+        raise ValueError(f"unknown values {values!r}; one of {', '.join(VALUE_FORMATS)}")
+    if values == "float32" or algorithm not in _lib.reduced_value_algorithms():
+        return _lib.predict_call(latency, seconds_per_byte, pass_seconds_per_byte, algorithm, n, nranks,
+                                 density=density, tau=tau, tau_prime=tau_prime)
+    link = _lib.new_link_model()
+    link.latency_seconds, link.seconds_per_byte, link.pass_seconds_per_byte = latency, seconds_per_byte, pass_seconds_per_byte
+    cfg = _lib.default_config(density=density, tau=tau, tau_prime=tau_prime)
+    cfg.value_dtype = VALUE_FORMATS[values]
+    ran, seconds, sent = ctypes.c_int(-1), ctypes.c_double(), ctypes.c_double()
+    code = _lib.lib().oktopk_predict_call(ctypes.byref(link), _lib.algorithm_code(algorithm), n, nranks,
+                                          ctypes.byref(cfg), ctypes.byref(ran), ctypes.byref(seconds),
+                                          ctypes.byref(sent))
+    if code == _lib.INVALID_ARGUMENT:
+        raise ValueError(_lib.last_error())
+    _lib.check(code)
+    return seconds.value, sent.value, _lib.algorithm_name(ran.value)
+
+
 def call_parts(cluster, algorithm, n, density=DEFAULTS.density, value_bytes=4.0, tau=DEFAULTS.tau,
-               tau_prime=DEFAULTS.tau_prime):
+               tau_prime=DEFAULTS.tau_prime, values="float32"):
     """:func:`predict_call` as a :class:`Call`: its time split into the
     link's and the device's. The library's terms price the call on the
     link's time per byte plus the host's (auto chooses by their sum); the
@@ -173,8 +210,8 @@ def call_parts(cluster, algorithm, n, density=DEFAULTS.density, value_bytes=4.0,
     width = value_bytes / 4.0
 
     def terms(alg, latency, per_byte):
-        return _lib.predict_call(latency, per_byte * width, cluster.pass_seconds_per_byte, alg, int(n), cluster.ranks,
-                                 density=density, tau=tau, tau_prime=tau_prime)
+        return library_predict(latency, per_byte * width, cluster.pass_seconds_per_byte, alg, int(n), cluster.ranks,
+                               density=density, tau=tau, tau_prime=tau_prime, values=values)
 
     latency, per_byte = call_link(cluster, algorithm)
     seconds, sent, ran = terms(algorithm, latency, per_byte + cluster.host_seconds_per_byte)
@@ -212,12 +249,13 @@ def powersgd_elements(n, rank, matrix_side):
 
 
 def calls(cluster, method, n, density=DEFAULTS.density, powersgd_rank=4, matrix_side=1024,
-          powersgd_elements_total=None, momentum_correction=False):
+          powersgd_elements_total=None, momentum_correction=False, values="float32"):
     """One step's reduction by ``method`` (one of METHODS) of n parameters:
     (the calls of DDP's buckets in the order backward hands them over, then
     any work of the step's besides them; whether the calls can hide under
     backward). ``momentum_correction``: a sparse method's step carries the
-    hook's momentum correction (SGD with momentum)."""
+    hook's momentum correction (SGD with momentum). ``values``: the format
+    the sparse methods' selected values travel in (VALUE_FORMATS)."""
     if method == "dense":
         return bucketed(cluster, "dense_ring", n), True
     if method == "bf16":
@@ -228,7 +266,7 @@ def calls(cluster, method, n, density=DEFAULTS.density, powersgd_rank=4, matrix_
                 for c, size in zip(bucketed(cluster, "dense_ring", n, value_bytes=QUANTIZED_BYTES_PER_VALUE),
                                    buckets(n))], True
     if method in SPARSE_ALGORITHMS:
-        parts = bucketed(cluster, SPARSE_ALGORITHMS[method], n, density=density)
+        parts = bucketed(cluster, SPARSE_ALGORITHMS[method], n, density=density, values=values)
         if momentum_correction:
             parts.append(Call(0.0, CORRECTION_PASSES * 4 * n * cluster.pass_seconds_per_byte, 0.0, parts[0].ran))
         return parts, True
@@ -453,6 +491,9 @@ def parser():
                         "momentum correction")
     p.add_argument("--density", type=_density, default=DEFAULTS.density,
                    help=f"density of the sparse methods (default {DEFAULTS.density})")
+    p.add_argument("--values", choices=tuple(VALUE_FORMATS), default="float32",
+                   help="the format the sparse methods' selected values travel in (default float32; DeMo's stay "
+                        "float32); indices always travel coded")
     p.add_argument("--powersgd-rank", type=_positive(int), default=4, help="PowerSGD's rank (default 4)")
     p.add_argument("--matrix-side", type=_positive(int), default=1024,
                    help="side of the square matrices PowerSGD assumes the parameters are in (default 1024)")
@@ -540,9 +581,11 @@ def report(args, out=None):
           f"overlap {args.overlap:g}, selection at {args.select_gbps:g} GB/s", file=out)
     print(f"{'method':<10} {'step ms':>10} {'comm ms':>10} {'MB/rank':>10} {'x dense':>8}  runs", file=out)
     kw = dict(density=args.density, powersgd_rank=args.powersgd_rank, matrix_side=args.matrix_side)
+    if args.values != "float32":
+        print(f"sparse methods' values: {args.values}", file=out)
     dense = step(c, "dense", n)
     for m in METHODS:
-        s = step(c, m, n, **kw, momentum_correction=corrected(args))
+        s = step(c, m, n, **kw, momentum_correction=corrected(args), values=args.values if m != "demo" else "float32")
         print(f"{m:<10} {s.seconds * 1e3:>10.4g} {s.communication * 1e3:>10.4g} {s.bytes / 1e6:>10.4g} "
               f"{dense.seconds / s.seconds:>8.3g}  {s.ran}", file=out)
     path, why = hook_default(c, n, args.optimizer, density=args.density, momentum=args.momentum)
