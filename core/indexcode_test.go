@@ -270,3 +270,40 @@ func BenchmarkSparseCodec(b *testing.B) {
 		}
 	}
 }
+
+// The cost model's bits per coded index (codedIndexBits) are what frames of
+// indices spread at random take, within 2% (the model leaves out the
+// frame's own 8 bytes and each block's padding to a byte, which a frame of
+// 2^20 positions makes small), from density 0.1% to 99%.
+func TestCodedIndexBitsAreWhatFramesTake(t *testing.T) {
+	rng := rand.New(rand.NewPCG(62, 9))
+	for _, d := range []float64{0.001, 0.01, 0.1, 0.5, 0.9, 0.99} {
+		idx := uniformIndices(rng, 1<<20, d)
+		measured := float64(8*(codedIndexBytes(idx)-8)) / float64(len(idx)-1)
+		if model := codedIndexBits(d); math.Abs(model-measured) > 0.02*measured+0.1 {
+			t.Errorf("density %g: the model prices %.3f bits an index, frames take %.3f", d, model, measured)
+		}
+	}
+}
+
+// SparCML's switch prices pairs as the model does: at 32-bit pairs it was
+// dense from half a region set; coded, pairs stay smaller than the region's
+// values up to about 97%. TopkDSA's keeps the reference's margin (pairs
+// above two thirds of the dense bytes), about 60% coded.
+func TestDenseSwitchesPriceCodedPairs(t *testing.T) {
+	const length = 100000
+	for _, c := range []struct {
+		nnz         int
+		sparcml, ds bool
+	}{{1000, false, false}, {50000, false, false}, {58000, false, false}, {63000, false, true}, {90000, false, true}, {99000, true, true}, {length, true, true}} {
+		if got := denseIsNoLarger(c.nnz, length); got != c.sparcml {
+			t.Errorf("SparCML, %d of %d set: dense %v", c.nnz, length, got)
+		}
+		if got := reducedRegionGoesDense(c.nnz, length); got != c.ds {
+			t.Errorf("TopkDSA, %d of %d set: dense %v", c.nnz, length, got)
+		}
+	}
+	if !denseIsNoLarger(0, 0) || reducedRegionGoesDense(0, 0) {
+		t.Error("an empty region: SparCML's switch sends it dense, TopkDSA's as pairs, as before")
+	}
+}
