@@ -30,7 +30,7 @@ FW_VENV := $(OKTOPK_CACHE)/venv-frameworks-$(shell sha256sum $(FW_REQ) | cut -c1
 FW_PY := $(FW_VENV)/bin/python
 GO_SOURCES := $(shell find core transport capi -name '*.go' -not -name '*_test.go') $(wildcard capi/*.c capi/*.h) go.mod go.sum
 
-.PHONY: bits test-accuracy venv-wait-torch venv-wait-horovod gpu-check all deps deps-launch deps-text deps-images bench-text bench-images bench-ddp bench-ddp-smoke venv-wheel build test test-go test-c test-launch test-python test-wheel test-venvs test-horovod test-frameworks venv-frameworks venv-wait-frameworks wheel demo demo-runs bench bench-quick bench-smoke bench-e2e bench-e2e-smoke bench-go bench-scale examples header-check clean venv venv-horovod print-py chaos chaos-smoke chaos-torch chaos-torch-smoke fuzz
+.PHONY: bits test-accuracy venv-wait-torch venv-wait-horovod gpu-check all deps deps-launch deps-text deps-images bench-text bench-images bench-ddp bench-ddp-smoke venv-wheel build test test-go test-c test-launch test-python test-wheel test-venvs test-horovod test-frameworks venv-frameworks venv-wait-frameworks wheel demo demo-runs bench bench-quick bench-smoke bench-e2e bench-e2e-smoke bench-go bench-scale bench-wire examples header-check clean venv venv-horovod print-py chaos chaos-smoke chaos-torch chaos-torch-smoke fuzz
 
 all: build
 
@@ -539,6 +539,15 @@ $(BUILD)/scale/grads/.ok: bench/scale_record.py | venv deps-text
 
 bench-scale: $(BUILD)/scale/scale $(BUILD)/scale/grads/.ok
 	$(BUILD)/scale/scale -grads $(BUILD)/scale/grads -p $(SCALE_P) -csv results/scale_traffic.csv -md $(BUILD)/scale/tables.md $(SCALE_FLAGS)
+
+# Bytes per selected entry on the wire (bench/cmd/wire: Ok-Topk on the same
+# recorded gradients with float32, 8-bit and 4-bit values, every sparse
+# frame parsed, beside the entropy bound), then the codec's time per entry;
+# results/wire.md. WIRE_P: the rank counts.
+WIRE_P ?= 8,64
+bench-wire: $(BUILD)/scale/grads/.ok
+	$(GO) run ./bench/cmd/wire -grads $(BUILD)/scale/grads -p $(WIRE_P) -md $(BUILD)/scale/wire_bytes.md
+	$(GO) test -run '^$$' -bench BenchmarkSparseCodec -benchtime 100x -count 6 ./core
 
 # The CUDA checks, on a machine with a GPU and no Go or registries: from the
 # wheel `make wheel` built beforehand (tests/gpu_check.sh says how).
