@@ -76,6 +76,7 @@ type options struct {
 	iters, warmup  int
 	tau, tauPrime  int
 	rateBitsPerSec float64
+	values         core.ValueType // the format selected values travel in (algorithms that take one)
 	rep, position  int
 	algs           []core.Algorithm
 	header         bool
@@ -93,10 +94,17 @@ func main() {
 	flag.IntVar(&o.rep, "rep", 1, "repetition number, printed in the row")
 	flag.IntVar(&o.position, "position", 0, "place of this job in its repetition's order, printed in the row")
 	algList := flag.String("algs", "", "comma-separated algorithm names (default: all)")
+	valuesName := flag.String("values", "float32", "the format selected values travel in: float32, float16, bfloat16, int8 or int4 "+
+		"(for the algorithms that take one; the others send float32)")
 	flag.BoolVar(&o.header, "header", false, "print the CSV header first")
 	list := flag.Bool("list", false, "print the algorithm names, one a line, and exit")
 	printHeader := flag.Bool("print-header", false, "print the CSV header and exit")
 	flag.Parse()
+	var err error
+	if o.values, err = core.ParseValueType(*valuesName); err != nil {
+		fmt.Fprintln(os.Stderr, "benchrank:", err)
+		os.Exit(2)
+	}
 	if *printHeader {
 		fmt.Println(Header)
 		return
@@ -161,6 +169,9 @@ func runAlgorithm(ctx context.Context, comm *core.Communicator, alg core.Algorit
 	grad := make([]float32, n)
 	baseRSS := rssMiB("VmRSS")
 	cfg := core.Config{Algorithm: alg, Density: o.density, Tau: o.tau, TauPrime: o.tauPrime}
+	if alg.TakesReducedValues() {
+		cfg.Values = o.values
+	}
 	k := cfg.K(n)
 	id := uint64(alg)
 	barrier := make([]float32, 1)
