@@ -49,7 +49,7 @@ func callerStep(ctx context.Context, c *Communicator, id uint64, grad, residual 
 }
 
 func TestSelectedEqualsDenseInput(t *testing.T) {
-	for _, values := range []ValueType{ValuesFloat32, ValuesFloat16, ValuesBFloat16} {
+	for _, values := range []ValueType{ValuesFloat32, ValuesFloat16, ValuesBFloat16, ValuesInt8, ValuesInt4} {
 		for _, p := range []int{1, 3} {
 			t.Run(fmt.Sprintf("%v/P=%d", values, p), func(t *testing.T) {
 				const n, steps = 5000, 14
