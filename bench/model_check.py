@@ -49,7 +49,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "plugins", "pytorch"))
 
-from oktopk import choice, paths, plan  # noqa: E402
+from oktopk import Warmup, choice, paths, plan  # noqa: E402
+from oktopk.engine import warmup_path  # noqa: E402
 
 CORES = 2
 WIRE_EFFICIENCY = 0.91
@@ -170,10 +171,10 @@ WARMUP_PATHS = {choice.NATIVE: "dense", choice.BF16: "bf16", choice.QUANTIZED: "
 def warmup_seconds(c, method, warmup, n):
     """The warm-up's ``warmup`` steps in all: native ones, or for a method
     ending ``_q`` (``warmup_compression="quantized"``) the paths
-    ``OkTopkState.warmup_path`` gives each step (DDP's first in bfloat16,
+    ``oktopk.engine.warmup_path`` gives each step (DDP's first in bfloat16,
     its second native, the rest in 4 bits)."""
-    state = type("WarmUp", (), {"warmup_compression": choice.QUANTIZED if method.endswith("_q") else None})()
-    return sum(path_step(c, WARMUP_PATHS[state.warmup_path(i)], n, 1.0, 0) for i in range(warmup))
+    settings = Warmup(iters=warmup, compression=choice.QUANTIZED if method.endswith("_q") else None)
+    return sum(path_step(c, WARMUP_PATHS[warmup_path(settings, i)], n, 1.0, 0) for i in range(warmup))
 
 
 def predict_step_row(r):

@@ -5,7 +5,7 @@ tests/cmd/chaos (`make chaos`) injects faults into the library's calls;
 this one injects them into the plugin's own paths, with real
 torch.distributed gloo process groups over real rank processes (CPU, 2-3
 ranks, tiny models): the DDP hook's measured choice (native, sparse, and
-under AdamW bf16 or quantized), its named algorithms, FSDP2
+under AdamW bf16, fp16 or quantized), its named algorithms, FSDP2
 (oktopk.fsdp) and oktopk.optim.DeMo. The faults:
 
 - sigkill / sigstop: one rank killed or stopped at a random point of a
@@ -129,6 +129,7 @@ SETTINGS = [
     ("tau_prime", [32, 4], {"algorithm": "oktopk"}),
     ("dense_compression", ["bf16", "quantized"], {}),
     ("dense_compression", ["quantized", None], {}),
+    ("dense_compression", ["bf16", "fp16"], {}),
     ("value_dtype", ["float32", "bfloat16"], {}),
     ("value_dtype", ["float16", "float32"], {"algorithm": "oktopk"}),
     ("stochastic_rounding", [False, True], {"value_dtype": "float16"}),
@@ -170,7 +171,7 @@ def ddp_cfg(rng, front="ddp", schedule=None, optimizer=None, choice=None, named=
         optimizer = optimizer or rng.choice(["sgdm", "sgdm", "sgd", "adamw", "adamw"])
         state["recheck_every"] = 8
         if optimizer == "adamw":
-            state["dense_compression"] = rng.choice(["quantized", "bf16"])
+            state["dense_compression"] = rng.choice(["quantized", "bf16", "fp16"])
         if schedule is None:
             schedule = rng.choice(["sparse-then-native", "native-then-candidate", "none"])
         if optimizer != "adamw" and rng.random() < 0.25:
@@ -317,8 +318,8 @@ def make_job(kind, rng, world, cycles=None):
         # residuals, velocities): the candidate path chosen (steps 4-11
         # after the warm-up of sparse-then-native), or a sparse algorithm.
         cfg = any_cfg(rng, schedule="sparse-then-native")
-        if cfg.get("state", {}).get("dense_compression") == "bf16":
-            cfg["state"]["dense_compression"] = "quantized"  # bf16 keeps no residual: nothing to flip
+        if cfg.get("state", {}).get("dense_compression") in ("bf16", "fp16"):
+            cfg["state"]["dense_compression"] = "quantized"  # 16 bits keep no residual: nothing to flip
         if cfg.get("state", {}).get("algorithm") in ("dense_ring", "dense_rabenseifner"):
             cfg["state"]["algorithm"] = "oktopk"
         hows = [rng.choice(["byte", "byte", "field", "field", "file"]) for _ in range(rng.randrange(3, 6))]

@@ -132,7 +132,7 @@ def mass(rank, world, port, out, algorithm, steps, device_path=None):
         def recording(shard, hook=hook, number=number):
             before = shard.detach().clone()
             hook(shard)
-            if registration.step >= state.warmup_iters:
+            if state.iter - 1 >= state.warmup_iters:  # the step under way (its first shard advanced iter)
                 given.setdefault(number, []).append(before)
                 returned.setdefault(number, []).append(shard.detach().clone())
 
@@ -356,14 +356,14 @@ def adam_default(rank, world, port, out, steps, dense_compression):
     mesh = mesh_2x2()
     result = {"reduced": []}
     for path in ("native", "bf16", "quantized"):
-        module = oktopk.paths.PATHS[path]  # the registration's shard reductions (reduce_), by path
+        way = oktopk.paths.PATHS[path]  # the engine's shard reductions (reduce_shard), by path
 
-        def recorded(state, group_id, shard, step, reduce=module.reduce_, path=path):
+        def recorded(engine, group_id, shard, step, reduce=way.reduce_shard, path=path):
             before = shard.clone()
-            reduce(state, group_id, shard, step)
+            reduce(engine, group_id, shard, step)
             result["reduced"].append((path, before.numpy(), shard.clone().numpy()))
 
-        module.reduce_ = recorded
+        way.reduce_shard = recorded
     for mode in ("native", "sparse"):
         model = sharded_stack(mesh, mode == "sparse")
         state = None

@@ -9,6 +9,8 @@ from oktopk import OkTopkState
 import random
 
 from oktopk.choice import BF16, MEASURE_STEPS, NATIVE, PROBE_STEPS, QUANTIZED, SPARSE, StepChoice
+
+FP16 = "fp16"  # the path added as one file (oktopk.paths)
 from test_ddp import run
 
 
@@ -35,12 +37,12 @@ def test_schedule_probes_both_then_follows_the_faster_and_explores_at_most_5_per
     choice = StepChoice(recheck_every=200)
     paths = simulate(choice, 500, lambda path, s: 10.0 if path == SPARSE else 30.0)
     assert paths[:PROBE_STEPS] == [SPARSE] * PROBE_STEPS and paths[PROBE_STEPS : 2 * PROBE_STEPS] == [NATIVE] * PROBE_STEPS
-    assert choice.chosen == SPARSE and choice.ms == {NATIVE: pytest.approx(30.0), SPARSE: pytest.approx(10.0), BF16: None, QUANTIZED: None}
+    assert choice.chosen == SPARSE and choice.ms == {NATIVE: pytest.approx(30.0), SPARSE: pytest.approx(10.0), BF16: None, QUANTIZED: None, FP16: None}
     assert choice.decisions == 3 and choice.reverted == 0  # the first (confirmed) and two rechecks
     # The first probe and two rechecks' native probes.
     assert paths.count(NATIVE) == choice.explored == 3 * PROBE_STEPS
     assert choice.explored <= 0.05 * 500
-    assert choice.steps == {NATIVE: paths.count(NATIVE), SPARSE: paths.count(SPARSE), BF16: 0, QUANTIZED: 0}
+    assert choice.steps == {NATIVE: paths.count(NATIVE), SPARSE: paths.count(SPARSE), BF16: 0, QUANTIZED: 0, FP16: 0}
 
 
 @pytest.mark.parametrize("warmup_ms", [30.0, 25.0])
@@ -52,7 +54,7 @@ def test_a_clear_win_over_the_timed_warm_up_step_spares_the_native_probe(warmup_
     choice = StepChoice(recheck_every=200)
     paths = simulate(choice, 500, lambda path, s: 10.0 if path == SPARSE else 30.0, warmup_ms=warmup_ms)
     assert paths[:204] == [SPARSE] * 204 and paths[204:208] == [NATIVE] * PROBE_STEPS
-    assert choice.ms == {NATIVE: pytest.approx(30.0), SPARSE: pytest.approx(10.0), BF16: None, QUANTIZED: None} and choice.reverted == 0
+    assert choice.ms == {NATIVE: pytest.approx(30.0), SPARSE: pytest.approx(10.0), BF16: None, QUANTIZED: None, FP16: None} and choice.reverted == 0
     assert paths.count(NATIVE) == choice.explored == 2 * PROBE_STEPS
 
 
@@ -284,7 +286,7 @@ def test_an_adam_family_optimizer_seen_before_the_sparse_probe_keeps_every_step_
     assert resumed.kept_dense_for == "AdamW" and all(resumed.begin_step(s) == NATIVE for s in range(40, 60))
 
 
-@pytest.mark.parametrize("compressed", [QUANTIZED, BF16])
+@pytest.mark.parametrize("compressed", [QUANTIZED, BF16, FP16])
 @pytest.mark.parametrize("compressed_ms", [10.0, 40.0])
 def test_under_an_adam_family_optimizer_the_compressed_dense_path_takes_sparses_place_in_the_schedule(compressed, compressed_ms):
     # Seen at step 0 by a front end offering a compressed dense path (DDP,
@@ -303,7 +305,7 @@ def test_under_an_adam_family_optimizer_the_compressed_dense_path_takes_sparses_
         assert paths[:8] == [compressed] * 4 + [NATIVE] * 4 and paths[8:208] == [NATIVE] * 200
         assert paths[208:212] == [compressed] * PROBE_STEPS and choice.chosen == NATIVE
     assert choice.ms[NATIVE] == pytest.approx(30.0) and choice.ms[compressed] == pytest.approx(compressed_ms)
-    assert choice.steps == {NATIVE: paths.count(NATIVE), SPARSE: 0, BF16: paths.count(BF16), QUANTIZED: paths.count(QUANTIZED)}
+    assert choice.steps == {NATIVE: paths.count(NATIVE), SPARSE: 0, BF16: paths.count(BF16), QUANTIZED: paths.count(QUANTIZED), FP16: paths.count(FP16)}
     # A resumed run continues with the same candidate and decision; a front
     # end offering another path refuses the checkpoint.
     resumed = StepChoice(recheck_every=200, adam_candidate=compressed)

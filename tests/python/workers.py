@@ -21,7 +21,7 @@ for p in (os.path.join(ROOT, "plugins", "pytorch"), os.path.join(ROOT, "examples
 
 from oktopk import OkTopkError, OkTopkState, oktopk_hook  # noqa: E402
 from oktopk.settings import with_checksum  # noqa: E402
-from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook, bf16_compress_hook  # noqa: E402
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook, bf16_compress_hook, fp16_compress_hook  # noqa: E402
 
 
 def setup(rank, world, port):
@@ -1372,29 +1372,32 @@ def nan_at_switch(rank, world, port, out, optimizer, dense_compression, device_p
 
 def compressed_warmup(rank, world, port, out, warmup_compression, steps=7):
     """The hook with ``warmup_iters=5`` and ``warmup_compression``, then
-    Ok-Topk at density 1, beside allreduce_hook and bf16_compress_hook on
-    the same model; SGD at learning rate 0, so all see the same gradients
-    every step. Per step: the hook's gradients, allreduce_hook's (the exact
-    average) and bf16_compress_hook's, the quantized bytes sent so far and
-    the groups holding a quantized residual."""
+    Ok-Topk at density 1, beside allreduce_hook, bf16_compress_hook and
+    fp16_compress_hook on the same model; SGD at learning rate 0, so all see
+    the same gradients every step. Per step: the hook's gradients,
+    allreduce_hook's (the exact average), bf16_compress_hook's and
+    fp16_compress_hook's, the quantized bytes sent so far and the groups
+    holding a quantized residual."""
     setup(rank, world, port)
-    a, b, c = DDP(small_model()), DDP(small_model()), DDP(small_model())
+    a, b, c, d = DDP(small_model()), DDP(small_model()), DDP(small_model()), DDP(small_model())
     state = OkTopkState(algorithm="oktopk", density=1.0, warmup_iters=5, warmup_compression=warmup_compression,
                         momentum_correction=False)
     a.register_comm_hook(state, oktopk_hook)
     b.register_comm_hook(None, allreduce_hook)
     c.register_comm_hook(None, bf16_compress_hook)
-    opts = [torch.optim.SGD(m.parameters(), lr=0.0) for m in (a, b, c)]
+    d.register_comm_hook(None, fp16_compress_hook)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.0) for m in (a, b, c, d)]
     record = []
     for step in range(steps):
         x, y = batch(rank, step)
-        for m, o in zip((a, b, c), opts):
+        for m, o in zip((a, b, c, d), opts):
             o.zero_grad()
             F.cross_entropy(m(x), y).backward()
         record.append({
             "hook": torch.cat([p.grad.reshape(-1) for p in a.parameters()]).clone(),
             "exact": torch.cat([p.grad.reshape(-1) for p in b.parameters()]).clone(),
             "bf16": torch.cat([p.grad.reshape(-1) for p in c.parameters()]).clone(),
+            "fp16": torch.cat([p.grad.reshape(-1) for p in d.parameters()]).clone(),
             "quantized_bytes": state.quantized_bytes_sent,
             "quantized_groups": len(state._quantized) + len(state._quantized_spill),
         })

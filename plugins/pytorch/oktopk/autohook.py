@@ -18,8 +18,8 @@ Accelerate's ``comm_hook``, a script's ``register_comm_hook``); by the
 first forward every such registration has happened, so a module that has
 a hook of its own keeps it, and oktopk says so.
 
-Settings: every ``OkTopkState`` argument but ``process_group`` from an
-``OKTOPK_<NAME>`` variable (``OKTOPK_DENSITY=0.02``,
+Settings: every ``OkTopkState`` setting, by its flat name
+(``oktopk.settings.FLAT``), from an ``OKTOPK_<NAME>`` variable (``OKTOPK_DENSITY=0.02``,
 ``OKTOPK_DENSE_COMPRESSION=quantized``), read as a Python literal where
 it is one, else as text. Rank 0 prints once what was switched on and
 where, or that nothing was.
@@ -27,7 +27,6 @@ where, or that nothing was.
 
 import ast
 import atexit
-import inspect
 import os
 import runpy
 import sys
@@ -43,12 +42,12 @@ _seen = {"modules": 0, "kept": 0}
 def settings_from_env(environ=None):
     """The OkTopkState arguments set by OKTOPK_<NAME> variables; ValueError
     naming a variable whose value the state refuses."""
+    from .settings import FLAT
     from .state import OkTopkState
 
     environ = os.environ if environ is None else environ
-    names = [n for n in inspect.signature(OkTopkState.__init__).parameters if n not in ("self", "process_group")]
     settings = {}
-    for name in names:
+    for name in FLAT:  # every setting by its flat name
         text = environ.get(PREFIX + name.upper())
         if text is None:
             continue

@@ -393,25 +393,12 @@ class Engine(ReducerStats):
     # ---------------------------------------------------------- the warm-up
 
     def warmup_path(self, step):
-        """The path of warm-up step ``step`` (``step < warmup_iters``):
-        native, or, with ``warmup_compression`` set, compressed on every
-        step but DDP's second. DDP's first runs in its provisional bucket
-        layout, where no residual can be kept: it goes in bfloat16, which
-        keeps none (``bf16_compress_hook``'s rounding, half the bytes). Its
-        second learns the rebuilt layout the residuals are kept in and is the
-        native step the measured choice times (``timed_warmup_step``), so it
-        stays native. From the third on, the warm-up takes
-        ``warmup_compression``."""
-        if self.warmup_compression is None or step == NATIVE_WARMUP_ITERS - 1:
-            return NATIVE
-        if step < NATIVE_WARMUP_ITERS:
-            return PATHS["bf16"].name
-        return self.warmup_compression
+        """The path of warm-up step ``step`` (:func:`warmup_path`)."""
+        return warmup_path(self._settings.warmup, step)
 
     def timed_warmup_step(self):
-        """The warm-up step the measured choice times as native, to compare the
-        sparse probe with: the last one that is native."""
-        return (self.warmup_iters if self.warmup_compression is None else NATIVE_WARMUP_ITERS) - 1
+        """The warm-up step the measured choice times (:func:`timed_warmup_step`)."""
+        return timed_warmup_step(self._settings.warmup)
 
     # ---------------------------------------------------- what the run holds
 
@@ -455,6 +442,29 @@ class Engine(ReducerStats):
 for _name in FLAT:
     setattr(Engine, _name, _setting(_name))
 del _name
+
+
+def warmup_path(warmup, step):
+    """The path of warm-up step ``step`` (``step < warmup.iters``) under the
+    ``Warmup`` settings ``warmup``: native, or, with ``compression`` set,
+    compressed on every step but DDP's second. DDP's first runs in its
+    provisional bucket layout, where no residual can be kept: it goes in
+    bfloat16, which keeps none (``bf16_compress_hook``'s rounding, half the
+    bytes). Its second learns the rebuilt layout the residuals are kept in
+    and is the native step the measured choice times
+    (:func:`timed_warmup_step`), so it stays native. From the third on, the
+    warm-up takes ``compression``."""
+    if warmup.compression is None or step == NATIVE_WARMUP_ITERS - 1:
+        return NATIVE
+    if step < NATIVE_WARMUP_ITERS:
+        return PATHS["bf16"].name
+    return warmup.compression
+
+
+def timed_warmup_step(warmup):
+    """The warm-up step the measured choice times as native, to compare the
+    sparse probe with: the last one that is native."""
+    return (warmup.iters if warmup.compression is None else NATIVE_WARMUP_ITERS) - 1
 
 
 def check_tensor(tensor, what):

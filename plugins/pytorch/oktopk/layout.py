@@ -174,6 +174,20 @@ class BucketLayout:
         where = {i: (a, b) for i, a, b in members}
         return [where[i] + (i in unused,) for i in self.groups[group_id]]
 
+    def place(self, bucket, tensor):
+        """Where a bucket of a step after DDP's first stands, in one call:
+        ``(members, unused, group_id, slices)``, its parameters' canonical
+        indices and spans (:meth:`members`), those unused on this rank since
+        its last reduction (:meth:`take_unused`: their marks reset), the
+        group its parameters make (:meth:`learn_group`), and their
+        (start, end, held) in that group's layout when the bucket is exactly
+        one group, else None (a bucket of DDP's provisional layout, pooled)."""
+        members = self.members(bucket)
+        unused = self.take_unused(members, tensor)
+        group_id = self.learn_group([i for i, _, _ in members])
+        slices = self.slices(group_id, members, unused) if group_id in self.groups else None
+        return members, unused, group_id, slices
+
     def state_dict(self):
         return {group_id: list(members) for group_id, members in self.groups.items()}
 

@@ -1,5 +1,5 @@
 """The sparse path: the library's sparse allreduce (Ok-Topk, or the
-algorithm the engine names), with a residual (error feedback) per group of
+algorithm the settings name), with a residual (error feedback) per group of
 parameters kept inside liboktopk, or on the device on the device path
 (``oktopk.device``).
 
@@ -30,10 +30,11 @@ from .paths import Path
 from .schedule import density_at
 
 
-def reduce_members(engine, bucket, tensor, step, members, unused):
-    """:func:`reduce` of a bucket whose ``members`` (layout.members) and
-    ``unused`` (layout.take_unused) the hook has already taken (a native
-    step's bucket that must go through the regrouping pool)."""
+def _submit_bucket(engine, bucket, tensor, step, placement):
+    """DDP: the bucket's average as a future, reduced on the engine's
+    worker thread in sparse iteration ``step`` (engine.iter when its buckets
+    fired); ``placement``: where it stands (``BucketLayout.place``)."""
+    members, unused, group_id, slices = placement
     start(engine)
     call = call_for(engine, step)
     if engine._reducer.adaptive is None:
@@ -46,10 +47,8 @@ def reduce_members(engine, bucket, tensor, step, members, unused):
     else:
         fut, stream = torch.futures.Future(), None
     reducer = engine._reducer
-    layout = engine._layout
-    group_id = layout.learn_group([i for i, _, _ in members])
-    if group_id in layout.groups:
-        reducer.submit(_reduce_bucket, engine, group_id, tensor, layout.slices(group_id, members, unused), fut, stream, call)
+    if slices is not None:
+        reducer.submit(_reduce_bucket, engine, group_id, tensor, slices, fut, stream, call)
     else:
         engine._pooled_iter = step
         reducer.submit(_pool_bucket, engine, tensor, members, unused, fut, stream, call)
@@ -125,8 +124,8 @@ def takes_device_path(engine, tensor):
 
 
 def device_group(groups, library_groups, comm, group_id, n, device):
-    """The group's device-path engine in ``groups`` (id -> DeviceGroup), made
-    at its first call; a engine the library holds with its residual (its id
+    """The group's device-path state in ``groups`` (id -> DeviceGroup), made
+    at its first call; a state the library holds with its residual (its id
     in ``library_groups``: loaded from a checkpoint) moves its residual to
     the device."""
     group = groups.get(group_id)
@@ -152,9 +151,9 @@ def device_call(reducer, host_buffers, group_id, grad, group, hold=(), density=N
 
 
 def save_group(comm, groups, group_id):
-    """A group's engine saved from the library, with its residual from the
+    """A group's state saved from the library, with its residual from the
     device when it takes the device path (its DeviceGroup in ``groups``);
-    None for a group the library holds no engine for yet: one that no
+    None for a group the library holds no state for yet: one that no
     sparse call has completed on (a dense algorithm's, or one whose first
     sparse step was skipped for a NaN) has no residual to save."""
     group = groups.get(group_id)
@@ -163,7 +162,7 @@ def save_group(comm, groups, group_id):
     try:
         return comm.save_tensor_state(group_id)
     except OkTopkError as e:
-        if "has no engine yet" in str(e):
+        if "has no state yet" in str(e):
             return None
         raise
 
@@ -464,10 +463,7 @@ class Sparse(Path):
         """DDP: the bucket's average as a future, reduced on the engine's worker
         thread in sparse iteration ``step`` (engine.iter when its buckets
         fired)."""
-        layout = engine._layout
-        members = layout.members(bucket)  # numbers the parameters in the first layout
-        unused = layout.take_unused(members, tensor)
-        return reduce_members(engine, bucket, tensor, step, members, unused)
+        return _submit_bucket(engine, bucket, tensor, step, engine._layout.place(bucket, tensor))
 
     def reduce_shard(self, engine, group_id, shard, step):
         """FSDP2: the module's shard (group ``group_id``) replaced, in place, by
@@ -522,11 +518,9 @@ class Sparse(Path):
         layout = engine._layout
         if not layout.watching and not engine._residual_groups:
             return None
-        members = layout.members(bucket)
-        unused = layout.take_unused(members, tensor)
-        group_id = layout.learn_group([i for i, _, _ in members])
-        if group_id in layout.groups:
-            fold_group(engine, group_id, tensor, layout.slices(group_id, members, unused))
+        members, unused, group_id, slices = layout.place(bucket, tensor)
+        if slices is not None:
+            fold_group(engine, group_id, tensor, slices)
             if bucket.is_last() and engine._pooled_iter == step:
                 # Buckets of this step that went through the regrouping
                 # pool complete their groups.

@@ -94,3 +94,12 @@ NATIVE = PATHS["native"].name
 SPARSE = PATHS["sparse"].name
 DENSE_COMPRESSIONS = tuple(name for name, path in PATHS.items() if path.compresses_dense)
 
+
+
+def __getattr__(name):
+    # What lived here before the engine, named where it went.
+    moved = {"warmup_path": "oktopk.engine.warmup_path(warmup, step), or OkTopkState.warmup_path(step)",
+             "timed_warmup_step": "oktopk.engine.timed_warmup_step(warmup), or OkTopkState.timed_warmup_step()"}
+    if name in moved:
+        raise AttributeError(f"oktopk.paths.{name} moved to the engine: {moved[name]} (oktopk.engine)")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
