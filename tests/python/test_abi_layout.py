@@ -218,7 +218,10 @@ def _plugin_ctypes_classes():
     """(file, class) of every class under plugins/ that declares ctypes
     fields or derives from a ctypes Structure or Union, at any depth."""
     found = []
-    for folder, _, files in os.walk(PLUGINS):
+    for folder, subfolders, files in os.walk(PLUGINS):
+        # A wheel's build leaves copies of the sources (build/, *.egg-info):
+        # the sources are what is checked.
+        subfolders[:] = [d for d in subfolders if d not in ("build", "dist") and not d.endswith(".egg-info")]
         for file in files:
             if not file.endswith(".py"):
                 continue
