@@ -12,9 +12,11 @@ returns a future of their average over the ranks, like PyTorch's
 rest wait in a per-bucket residual (error feedback).
 
 This module is where both are imported from; they live in ``state.py``
-(``OkTopkState``, whose pickles still name this module) and ``hook.py``
-(``oktopk_hook``), and the ways a bucket is reduced in ``paths.py`` and
-its ``path_*.py`` modules (see docs/architecture.md).
+(``OkTopkState``, whose pickles still name this module, an
+``oktopk.engine.Engine``: the one owner of a step) and ``hook.py``
+(``oktopk_hook``, the adapter that hands it each bucket), and the ways a
+bucket is reduced in ``paths.py`` and its ``path_*.py`` modules (see
+docs/architecture.md).
 """
 
 from .hook import oktopk_hook
