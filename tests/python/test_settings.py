@@ -125,6 +125,12 @@ def test_the_dense_compressions_come_from_the_paths():
     assert set(DENSE_COMPRESSIONS) == {name for name, path in PATHS.items() if path.compresses_dense}
     with pytest.raises(ValueError, match="'bf16', 'fp16', 'quantized' or None"):
         Settings(choice=Choice(dense_compression="int3"))
+    # The notice that names the path weighed under Adam reads it from the
+    # path (the fault campaign found fp16 missing from a table of its own).
+    from oktopk.optimizers import dense_notice
+
+    for name in DENSE_COMPRESSIONS:
+        assert PATHS[name].described in dense_notice("AdamW", compressed=name)
 
 
 @pytest.mark.parametrize("case", ["oktopk", "choice-momentum"])

@@ -54,9 +54,6 @@ def sparse_warning(name):
             "algorithm=None keeps the dense allreduce for them.")
 
 
-COMPRESSED = {"bf16": "in bfloat16", "quantized": "quantized with error feedback (oktopk.quantized)"}
-
-
 # The one line that replaces an Adam-family optimizer (oktopk.optim): a DDP
 # script's, and a Horovod script's (in place of hvd.DistributedOptimizer).
 DEMO_LINE = "opt = oktopk.optim.DeMo(model, lr=3e-3, weight_decay=0.01)"
@@ -73,7 +70,9 @@ HOROVOD_DEMO_LINE = "opt = oktopk_horovod.DeMo(model.parameters(), lr=3e-3, weig
 def dense_notice(name, compressed=None, demo_line=DEMO_LINE):
     """``compressed``: the path measured against float32 (oktopk.choice), or
     None; ``demo_line``: the script's line that switches to DeMo."""
-    how = f"in float32, or {COMPRESSED[compressed]} where a step measures faster" if compressed else "in float32"
+    from .paths import PATHS  # here: the paths' modules import the engine's, which import this one
+
+    how = f"in float32, or {PATHS[compressed].described} where a step measures faster" if compressed else "in float32"
     return (f"oktopk: {name} steps these parameters: the hook keeps the process group's dense allreduce, {how} "
             "(with Adam-family optimizers sparse gradients ended far above dense in every measurement, docs/tuning.md). "
             f"To send about 5% of the bytes instead, change the optimizer's line: {demo_line} "

@@ -20,6 +20,7 @@ class BF16(Path):
     name = "bf16"
     compresses_dense = True
     dtype = torch.bfloat16
+    described = "in bfloat16"
 
     def reduce(self, engine, bucket, tensor, step):
         if tensor.dtype != torch.float32:

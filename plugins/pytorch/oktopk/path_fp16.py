@@ -17,6 +17,7 @@ from .path_bf16 import BF16
 class FP16(BF16):
     name = "fp16"
     dtype = torch.float16
+    described = "in float16"
 
 
 PATH = FP16()

@@ -71,6 +71,7 @@ class Quantized(Path):
     name = "quantized"
     compresses_dense = True
     keeps_residual = True
+    described = "quantized with error feedback (oktopk.quantized)"
 
     def holds(self, engine):
         return bool(engine._quantized or engine._quantized_spill)

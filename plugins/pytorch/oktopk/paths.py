@@ -38,6 +38,9 @@ class Path:
     # Keeps residuals between steps (error feedback): the engine never
     # points .grad at the bucket for it (the bucket is not the average alone).
     keeps_residual = False
+    # How it sends values, in a sentence's words ("in bfloat16"): the notice
+    # that names the path the measured choice weighs under Adam says so.
+    described = None
 
     def reduce(self, engine, bucket, tensor, step):
         """DDP: the future of the average over the ranks of ``tensor``
