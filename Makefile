@@ -349,9 +349,10 @@ test-launch: $(BUILD)/.deps-launch examples venv
 
 # The PyTorch plugin's tests: real multi-process DDP over gloo on CPU. The
 # plugin is used from the repository (PYTHONPATH), finding build/liboktopk.so.
+# The 15 slowest are named at the end: where make test's time goes.
 PYENV := PYTHONPATH=$(CURDIR)/plugins/pytorch OMP_NUM_THREADS=1
 test-python: $(LIB) venv
-	$(PYENV) $(PY) -m pytest -q -rs -m "not accuracy" tests/python
+	$(PYENV) $(PY) -m pytest -q -rs --durations=15 -m "not accuracy" tests/python
 
 # The hook under the frameworks, each as its package ships it (2 ranks, a
 # few steps; examples/frameworks, docs/frameworks.md): Transformers' Trainer

@@ -1057,7 +1057,7 @@ def report(args, jobs, outcomes, extras, wall, failures, failed_jobs, python):
                  f"({MISMATCH_PG_TIMEOUT:g} s for the mismatches, which the plugin must name within {MISMATCH_BOUND:g} s), "
                  f"a hang is a rank not returned {HANG_AFTER_FAULT:g} s after a kill or stop or past the job's bound; "
                  f"{wall // 60:.0f}:{wall % 60:02.0f} min.")
-    lines.append(f"Fronts: the DDP hook (the measured choice under SGD, SGD with momentum and AdamW with bf16 or quantized, and named "
+    lines.append(f"Fronts: the DDP hook (the measured choice under SGD, SGD with momentum and AdamW with bf16, fp16 or quantized, and named "
                  f"algorithms), FSDP2 (oktopk.fsdp) and oktopk.optim.DeMo.")
     if args.smoke:
         made = f"make chaos-torch-smoke CHAOS_TORCH_SEED={args.seed}"
