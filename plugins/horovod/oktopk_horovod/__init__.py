@@ -15,11 +15,12 @@ and hands everything else to ``hvd.DistributedOptimizer``. Passing the
 oktopk compressor to plain ``hvd.DistributedOptimizer`` fails at the first
 backward with a message saying so; it never falls back to a dense exchange.
 
-``oktopk_horovod.DeMo`` is ``oktopk.optim.DeMo`` over Horovod's ranks, in
+``oktopk_horovod.DeMo`` is ``oktopk.DeMo`` over Horovod's ranks, in
 place of ``hvd.DistributedOptimizer``: it exchanges its momentum itself.
 """
 
-from oktopk import OkTopkError, _lib
+import oktopk
+from oktopk import OkTopkError
 
 from .compression import Compression, OkTopkCompressor
 from .optim import DeMo
@@ -31,5 +32,5 @@ __all__ = ["ALGORITHMS", "Compression", "DeMo", "DistributedOptimizer", "OkTopkC
 def __getattr__(name):
     # The library's algorithm names, read from it when first asked for.
     if name == "ALGORITHMS":
-        return _lib.algorithms()
+        return oktopk.ALGORITHMS
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

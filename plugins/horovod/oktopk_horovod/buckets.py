@@ -80,7 +80,7 @@ def reduce_bucket(opt, bucket, call):
             comm.fold_residual_(tid, host)
             opt._folds.took(lambda: (comm.unfold_residual(tid), opt._residual_groups.add(tid)))
             opt._residual_groups.discard(tid)
-        hvd.allreduce_(host, op=opt._op, name=f"oktopk.native.{bucket.index}")
+        opt._collectives.allreduce_(host, average=opt._op == hvd.Average, name=f"oktopk.native.{bucket.index}")
     else:
         if cuda:
             opt._reducer.count_host_device(2 * host.numel() * host.element_size())
@@ -97,7 +97,7 @@ def reduce_bucket(opt, bucket, call):
         took_call(opt, bucket.tensor_id, stats, had_residual, undoable=undoable)
         opt._stateful_ids.add(bucket.tensor_id)
         if opt._op == hvd.Sum:
-            host.mul_(hvd.size())
+            host.mul_(opt._collectives.size())
     if host.data_ptr() != grads[0].data_ptr():
         at = 0
         for g in grads:
@@ -129,7 +129,7 @@ def _reduce_on_device(opt, bucket, grads, call):
         if residual is not None and device_path_.fold_(flat, group):
             opt._folds.took(lambda: (group.residual.copy_(residual), opt._residual_groups.add(tid)))
             opt._residual_groups.discard(tid)
-        hvd.allreduce_(flat, op=opt._op, name=f"oktopk.native.{bucket.index}")
+        opt._collectives.allreduce_(flat, average=opt._op == hvd.Average, name=f"oktopk.native.{bucket.index}")
     else:
         density, _, tau_prime = call
         had_residual = tid in opt._residual_groups
@@ -138,7 +138,7 @@ def _reduce_on_device(opt, bucket, grads, call):
         took_call(opt, tid, stats, had_residual, group, made)
         opt._stateful_ids.add(tid)
         if opt._op == hvd.Sum:
-            flat.mul_(hvd.size())
+            flat.mul_(opt._collectives.size())
     if not whole:
         at = 0
         for g in grads:

@@ -1,38 +1,61 @@
-"""The compression choice that switches Horovod training to Ok-Topk."""
+"""The compression choice that switches Horovod training to Ok-Topk: it
+carries an :class:`oktopk.Settings`, the settings object the DDP hook and
+FSDP2 run by, checked in the same place with the same messages."""
 
 import horovod.torch as hvd
 from horovod.torch.compression import Compressor
 
-from oktopk.choice import DEFAULT_MARGIN, DEFAULT_RECHECK_EVERY, check_choice
-from oktopk.settings import DEFAULTS, check_settings
+from oktopk import Settings
+
+# Compression.oktopk's flat keywords, in its signature's order: the
+# settings a Horovod job runs by.
+FLAT_KEYWORDS = ("density", "algorithm", "tau", "tau_prime", "timeout", "value_dtype", "stochastic_rounding", "density_schedule",
+                 "measure_xi_every", "adaptive", "sparse_margin", "recheck_every", "device_path", "momentum_correction")
+
+# The settings Horovod's optimizer cannot honour, and why: a Settings that
+# sets one otherwise than its default is refused rather than ignored.
+NOT_UNDER_HOROVOD = {
+    "warmup_iters": "Horovod's buckets are fixed by name before the first step, so there is no dense warm-up: every step takes "
+                    "the path (or the measured choice) from the first",
+    "warmup_compression": "there is no dense warm-up under Horovod",
+    "dense_compression": "Horovod's optimizer has no compressed dense path: under an Adam-family optimizer the measured choice "
+                         "keeps Horovod's own allreduce",
+    "momentum_masking": "Horovod's momentum correction does not read which entries were sent",
+    "local_clip_norm": "Horovod's momentum correction does not clip locally",
+    "grads_as_bucket_views": "it points .grad at a DDP bucket; Horovod's buckets are the gradients themselves",
+}
+
+
+def horovod_settings(settings):
+    """``settings`` as Horovod's optimizer runs them: ValueError naming each
+    setting it cannot honour (NOT_UNDER_HOROVOD); ``dense_compression``
+    None, what Horovod does (its default is accepted as meaning that)."""
+    flat = settings.flat()
+    refused = [f"{name}={flat[name]!r} ({why})" for name, why in NOT_UNDER_HOROVOD.items()
+               if flat[name] != Settings.default(name) and not (name == "dense_compression" and flat[name] is None)]
+    if refused:
+        raise ValueError("oktopk_horovod: settings Horovod's optimizer cannot honour: " + "; ".join(refused))
+    return settings if flat["dense_compression"] is None else settings.with_flat(dense_compression=None)
+
+
+def _flat_property(name):
+    return property(lambda self: self.settings.flat()[name], doc=f"The ``{name}`` setting (read-only).")
 
 
 class OkTopkCompressor(Compressor):
-    """Sparse allreduce settings, carried by ``compression=`` to
-    :func:`oktopk_horovod.DistributedOptimizer`.
+    """Sparse allreduce settings (:attr:`settings`, an
+    :class:`oktopk.Settings`), carried by ``compression=`` to
+    :func:`oktopk_horovod.DistributedOptimizer`; each setting is also read
+    by its flat name (``compressor.density``).
 
     It is not a tensor-to-tensor compressor: Horovod would allreduce its
     output densely. Used by ``hvd.DistributedOptimizer`` it raises instead.
     """
 
-    def __init__(self, density=DEFAULTS.density, algorithm=DEFAULTS.algorithm, tau=DEFAULTS.tau, tau_prime=DEFAULTS.tau_prime,
-                 timeout=DEFAULTS.timeout, value_dtype=DEFAULTS.value_dtype, stochastic_rounding=DEFAULTS.stochastic_rounding,
-                 density_schedule=DEFAULTS.density_schedule, measure_xi_every=DEFAULTS.measure_xi_every, adaptive=DEFAULTS.adaptive,
-                 sparse_margin=DEFAULT_MARGIN, recheck_every=DEFAULT_RECHECK_EVERY, device_path=None, momentum_correction=True):
-        if device_path not in (None, True, False):
-            raise ValueError(f"device_path must be None, True or False, got {device_path!r}")
-        if not isinstance(momentum_correction, bool):
-            raise ValueError(f"momentum_correction must be True or False, got {momentum_correction!r}")
-        self.device_path = device_path
-        self.momentum_correction = momentum_correction
-        # algorithm None: the measured choice, whose sparse path is "auto".
-        (self.density, self.algorithm, self.tau, self.tau_prime, self.timeout, self.value_dtype, self.stochastic_rounding,
-         self.density_schedule, self.measure_xi_every, self.adaptive) = check_settings(
-            density, "auto" if algorithm is None else algorithm, tau, tau_prime, timeout, value_dtype, stochastic_rounding, density_schedule,
-            measure_xi_every, adaptive)
-        if algorithm is None:
-            self.algorithm = None
-        self.sparse_margin, self.recheck_every = check_choice(sparse_margin, recheck_every)
+    def __init__(self, settings):
+        if not isinstance(settings, Settings):
+            raise TypeError(f"settings must be an oktopk.Settings, got {type(settings).__name__}")
+        self.settings = horovod_settings(settings)
 
     def compress(self, tensor):
         raise RuntimeError(
@@ -48,14 +71,22 @@ class OkTopkCompressor(Compressor):
         return f"Compression.oktopk(density={self.density}, algorithm={self.algorithm!r}, value_dtype={self.value_dtype!r})"
 
 
+for _name in FLAT_KEYWORDS:
+    setattr(OkTopkCompressor, _name, _flat_property(_name))
+del _name
+
+
 class Compression(hvd.Compression):
     """Horovod's compression choices (``none``, ``fp16``) plus ``oktopk``."""
 
     @staticmethod
-    def oktopk(density=DEFAULTS.density, algorithm=DEFAULTS.algorithm, tau=DEFAULTS.tau, tau_prime=DEFAULTS.tau_prime, timeout=DEFAULTS.timeout,
-               value_dtype=DEFAULTS.value_dtype, stochastic_rounding=DEFAULTS.stochastic_rounding, density_schedule=DEFAULTS.density_schedule,
-               measure_xi_every=DEFAULTS.measure_xi_every, adaptive=DEFAULTS.adaptive, sparse_margin=DEFAULT_MARGIN,
-               recheck_every=DEFAULT_RECHECK_EVERY, device_path=None, momentum_correction=True):
+    def oktopk(density=Settings.default("density"), algorithm=Settings.default("algorithm"), tau=Settings.default("tau"),
+               tau_prime=Settings.default("tau_prime"), timeout=Settings.default("timeout"), value_dtype=Settings.default("value_dtype"),
+               stochastic_rounding=Settings.default("stochastic_rounding"), density_schedule=Settings.default("density_schedule"),
+               measure_xi_every=Settings.default("measure_xi_every"), adaptive=Settings.default("adaptive"),
+               sparse_margin=Settings.default("sparse_margin"), recheck_every=Settings.default("recheck_every"),
+               device_path=Settings.default("device_path"), momentum_correction=Settings.default("momentum_correction"), *,
+               settings=None):
         """Sparse allreduce sending about ``density`` of each gradient
         bucket; the rest waits in a residual (error feedback).
         ``algorithm=None`` (the default): each step takes the faster of
@@ -94,6 +125,20 @@ class Compression(hvd.Compression):
         optimizer is ``torch.optim.SGD`` with momentum (and ``op`` is
         Average), each rank's velocity is what is reduced, and the optimizer
         gets the gradient on which its own momentum lands on the average
-        (``oktopk.momentum``); ``oktopk_state_dict()`` carries it."""
-        return OkTopkCompressor(density, algorithm, tau, tau_prime, timeout, value_dtype, stochastic_rounding, density_schedule, measure_xi_every,
-                                adaptive, sparse_margin, recheck_every, device_path, momentum_correction)
+        (``oktopk.momentum``); ``oktopk_state_dict()`` carries it.
+        Or ``settings=``, a whole :class:`oktopk.Settings` (the DDP hook's
+        and FSDP2's settings object), in place of the flat keywords; a
+        setting Horovod's optimizer cannot honour (a warm-up, a compressed
+        dense path, momentum masking or local clipping) is refused with a
+        ValueError saying why."""
+        flat = {"density": density, "algorithm": algorithm, "tau": tau, "tau_prime": tau_prime, "timeout": timeout, "value_dtype": value_dtype,
+                "stochastic_rounding": stochastic_rounding, "density_schedule": density_schedule, "measure_xi_every": measure_xi_every,
+                "adaptive": adaptive, "sparse_margin": sparse_margin, "recheck_every": recheck_every, "device_path": device_path,
+                "momentum_correction": momentum_correction}
+        if settings is None:
+            return OkTopkCompressor(Settings.from_flat(**flat))
+        changed = sorted(name for name, value in flat.items() if value != Settings.default(name))
+        if changed:
+            raise ValueError(f"Compression.oktopk: pass either settings= or the flat keywords, not both (got settings= and "
+                             f"{', '.join(changed)})")
+        return OkTopkCompressor(settings)

@@ -1,5 +1,5 @@
-"""oktopk.optim's optimizers for Horovod jobs: the ranks connect through
-Horovod's own collectives, and there is no gradient allreduce (no
+"""oktopk's DeMo for Horovod jobs: the ranks connect through Horovod's own
+collectives, and there is no gradient allreduce (no
 ``hvd.DistributedOptimizer``): the optimizer exchanges its own state.
 
 >>> import horovod.torch as hvd
@@ -9,34 +9,18 @@ Horovod's own collectives, and there is no gradient allreduce (no
 >>> hvd.broadcast_parameters(model.state_dict(), root_rank=0)
 """
 
-import horovod.torch as hvd
-from oktopk.comm import Communicator
-from oktopk.optim import DeMo as _DeMo
+import oktopk
 
-from .optimizer import _default_bind_host, horovod_agreement
-
-
-def _horovod_communicator(density, timeout):
-    """A communicator over every Horovod rank, with the Ok-Topk algorithm,
-    its endpoints exchanged through Horovod's collectives (every rank at
-    the same point: the optimizer's first step)."""
-    return Communicator.from_exchange(
-        hvd.rank(),
-        hvd.size(),
-        lambda token: hvd.broadcast_object(token, root_rank=0, name="oktopk.optim.token"),
-        lambda endpoint: hvd.allgather_object(endpoint, name="oktopk.optim.endpoints"),
-        "oktopk",
-        density,
-        timeout=timeout,
-        bind_host=_default_bind_host(),
-    )
+from .collectives import HorovodCollectives
 
 
 def DeMo(params, **kwargs):
-    """``oktopk.optim.DeMo`` over every Horovod rank (its arguments but
-    ``process_group`` and ``communicator``). Do not wrap it in
-    ``hvd.DistributedOptimizer``: it exchanges its momentum itself."""
-    for name in ("process_group", "communicator", "agreement"):
+    """``oktopk.DeMo`` over every Horovod rank (its arguments but
+    ``process_group``, ``communicator``, ``agreement`` and
+    ``collectives``). Do not wrap it in ``hvd.DistributedOptimizer``: it
+    exchanges its momentum itself."""
+    for name in ("process_group", "communicator", "agreement", "collectives"):
         if name in kwargs:
             raise ValueError(f"oktopk_horovod.DeMo: {name} is set by Horovod, not by the caller")
-    return _DeMo(params, communicator=_horovod_communicator, agreement=horovod_agreement("oktopk.optim.settings"), **kwargs)
+    # Its collectives named apart from the optimizer's ("oktopk.optim.*").
+    return oktopk.DeMo(params, collectives=HorovodCollectives("oktopk.optim"), **kwargs)

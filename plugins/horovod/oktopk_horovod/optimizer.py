@@ -30,7 +30,7 @@ import warnings
 import horovod.torch as hvd
 import torch
 
-from oktopk import Communicator, log
+from oktopk import log
 from oktopk.adaptive import AdaptiveControl
 from oktopk.checkpoint import check_link, check_version
 from oktopk.choice import NATIVE, SPARSE, StepChoice, debug_enabled
@@ -40,13 +40,11 @@ from oktopk.optimizers import HOROVOD_DEMO_LINE, adam_family, dense_notice, fami
 from oktopk.path_sparse import save_group
 from oktopk.reducer import Reducer, ReducerStats, StepFolds
 from oktopk.schedule import check_schedule, density_at
-from oktopk.settings import check_agreement, check_checksum, with_checksum
+from oktopk.settings import check_checksum, with_checksum
 
 from .buckets import check_ranks_agree, make_buckets, parameters_by_name, reduce_bucket
 from .compression import OkTopkCompressor
-from .ranks import agree_max, check_owner, default_bind_host, horovod_agreement
-
-_default_bind_host = default_bind_host  # the name oktopk_horovod.optim imports
+from .collectives import HorovodCollectives, check_owner
 
 BUCKET_BYTES = 25 * 1024 * 1024  # DDP's default bucket_cap_mb
 CHECKPOINT_VERSION = 1  # the layout of oktopk_state_dict(): each of its fields always written
@@ -110,6 +108,8 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
         self._sparse_as_dense = sparse_as_dense
         self.backward_passes_per_step = backward_passes_per_step
         self._op = op
+        # Every collective outside the library's transport: Horovod's.
+        self._collectives = HorovodCollectives("oktopk")
         named = parameters_by_name(self.param_groups, named_parameters)
         check_ranks_agree([name for name, _ in named])
         self._buckets = make_buckets(named, bucket_bytes)
@@ -164,9 +164,10 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
             warnings.warn(sparse_warning(adam), stacklevel=3)
         if compressor.algorithm is None:
             self._choice = StepChoice(compressor.sparse_margin, compressor.recheck_every)
-            self._choice.agree = agree_max
+            collectives, cpu = self._collectives, torch.device("cpu")
+            self._choice.agree = lambda values: collectives.max(values, cpu)
             self._choice.adam_seen = lambda: adam
-            if debug_enabled() and hvd.rank() == 0:
+            if debug_enabled() and self._collectives.rank() == 0:
                 self._choice.log = log.decisions()
             # This step's time starts here, in no step's path: untimed.
             self._path = self._choice.begin_step(self.sparse_step, untimed=True)
@@ -184,7 +185,7 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
         self._synchronized = False
         self._grad_accs = []
         self._reset_step()
-        if hvd.size() > 1:
+        if self._collectives.size() > 1:
             self._register_hooks()
 
     # -- hooks: a bucket is issued once every gradient in it is final -------
@@ -286,8 +287,8 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
         }
 
     def _agree_on_settings(self):
-        if hvd.size() > 1:
-            check_agreement(self._agreement_settings(), *horovod_agreement("oktopk.settings"))
+        if self._collectives.size() > 1:
+            self._collectives.check_agreement(self._agreement_settings(), torch.device("cpu"))
         self._agreement_due = False
 
     # -- Horovod's optimizer interface --------------------------------------
@@ -296,7 +297,7 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
         """Wait until every gradient has been reduced. Parameters that got
         no gradient this step are reduced as zeros, as Horovod does, so every
         rank makes the same calls."""
-        if hvd.size() > 1:
+        if self._collectives.size() > 1:
             with self._lock:
                 for bucket in self._buckets[self._next_bucket :]:
                     for p in bucket.params:
@@ -328,7 +329,7 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
                     # the path of the next one (every rank, at the same step).
                     previous, kept_dense = self._path, self._choice.kept_dense_for
                     self._path = self._choice.begin_step(self.sparse_step)
-                    if kept_dense is None and self._choice.kept_dense_for is not None and hvd.rank() == 0:
+                    if kept_dense is None and self._choice.kept_dense_for is not None and self._collectives.rank() == 0:
                         log.notice(dense_notice(self._choice.kept_dense_for, demo_line=HOROVOD_DEMO_LINE))
                     self._follow_path(previous)
             finally:
@@ -338,21 +339,11 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
     def _make_communicator(self):
         """The communicator over every Horovod rank, its endpoints exchanged
         through Horovod's own collectives (every rank at the same point)."""
-        compressor = self._compressor
-        comm = Communicator.from_exchange(
-            hvd.rank(),
-            hvd.size(),
-            lambda token: hvd.broadcast_object(token, root_rank=0, name="oktopk.token"),
-            lambda endpoint: hvd.allgather_object(endpoint, name="oktopk.endpoints"),
-            "auto" if compressor.algorithm is None else compressor.algorithm,  # the measured choice's sparse path
-            compressor.density,
-            compressor.tau,
-            compressor.tau_prime,
-            compressor.timeout,
-            bind_host=default_bind_host(),
-            value_dtype=compressor.value_dtype,
-            stochastic_rounding=compressor.stochastic_rounding,
-        )
+        s = self._compressor.settings
+        comm = self._collectives.communicator(
+            "auto" if s.algorithm is None else s.algorithm,  # the measured choice's sparse path
+            s.density, s.wire.tau, s.wire.tau_prime, s.timeout, value_dtype=s.wire.value_dtype,
+            stochastic_rounding=s.wire.stochastic_rounding)
         if self._link is not None:
             comm.set_link(self._link)
         return comm
@@ -430,7 +421,7 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer, ReducerStats):
         else:
             tensors = {tensor_id: save_group(self._reducer.comm, self._device_groups, tensor_id) for tensor_id in sorted(self._stateful_ids)}
             self._link = self._reducer.comm.link() or self._link
-        return with_checksum({"version": CHECKPOINT_VERSION, "link": self._link, "rank": hvd.rank(), "world_size": hvd.size(), "tensors": tensors, "step": self.sparse_step,
+        return with_checksum({"version": CHECKPOINT_VERSION, "link": self._link, "rank": self._collectives.rank(), "world_size": self._collectives.size(), "tensors": tensors, "step": self.sparse_step,
                 "density_schedule": self.density_schedule,
                 "adaptive": self._reducer.adaptive_state(self._measure_xi_every),
                 "choice": None if self._choice is None else {**self._choice.state_dict(), "path": self._path},

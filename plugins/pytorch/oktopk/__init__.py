@@ -6,12 +6,14 @@
 
 from . import _lib
 from ._lib import OkTopkError, library_path, library_version
-from .comm import Communicator
+from .collectives import Collectives, ProcessGroupCollectives
+from .comm import Communicator, route_source_address
 from .ddp import OkTopkState, oktopk_hook
 from .settings import Adaptation, Choice, Momentum, Settings, Warmup, Wire
 
-__all__ = ["ALGORITHMS", "Adaptation", "Choice", "Communicator", "Momentum", "OkTopkError", "OkTopkState", "Settings", "Warmup", "Wire",
-           "library_path", "library_version", "oktopk_hook"]
+__all__ = ["ALGORITHMS", "Adaptation", "Choice", "Collectives", "Communicator", "DeMo", "Momentum", "OkTopkError", "OkTopkState",
+           "ProcessGroupCollectives", "Settings", "Warmup", "Wire", "library_path", "library_version", "oktopk_hook",
+           "route_source_address"]
 
 
 def __getattr__(name):
@@ -19,4 +21,11 @@ def __getattr__(name):
     # the library itself, loaded when first asked for.
     if name == "ALGORITHMS":
         return _lib.algorithms()
+    # DeMo (oktopk.optim.DeMo: the optimizer that exchanges its own
+    # momentum), imported when first asked for: a gradient hook's job
+    # never loads its transform.
+    if name == "DeMo":
+        from .optim import DeMo
+
+        return DeMo
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

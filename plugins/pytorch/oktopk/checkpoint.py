@@ -36,8 +36,6 @@ unpickling makes the state again. The field order is part of the output:
 the same state pickles to the same bytes.
 """
 
-import torch.distributed as dist
-
 from .choice import PATHS
 from .path_sparse import save_groups
 from .quantized import QuantizedGroup
@@ -50,10 +48,8 @@ VERSION = 1  # the checkpoint's layout: the fields below, each always written
 
 def placement(state):
     """(rank, world size) of this process in the state's group, or None
-    before the process group exists."""
-    if not dist.is_available() or not dist.is_initialized():
-        return None
-    return dist.get_rank(state.process_group), dist.get_world_size(state.process_group)
+    before the process group exists (the state's collectives say)."""
+    return state._collectives.placement()
 
 
 def check_owner(state):

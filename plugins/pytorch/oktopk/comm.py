@@ -61,8 +61,11 @@ def _is_loopback(host):
 
 def route_source_address(host, port):
     """This machine's IPv4 address on the route to (host, port), or None
-    when host is loopback or unreachable. A UDP connect() picks the route
-    and getsockname() reads the source address; no packet is sent."""
+    when host is loopback or unreachable: the ``bind_host`` to give
+    :meth:`Communicator.from_exchange` when ranks on other hosts must reach
+    this one (route to the launcher's rendezvous server, say). A UDP
+    connect() picks the route and getsockname() reads the source address;
+    no packet is sent."""
     if _is_loopback(host):
         return None
     try:

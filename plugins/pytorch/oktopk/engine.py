@@ -32,6 +32,7 @@ from . import checkpoint
 from . import device as device_path_
 from .adaptive import AdaptiveControl
 from .choice import StepChoice
+from .collectives import ProcessGroupCollectives
 from .layout import BucketLayout
 from .momentum import MomentumCorrection
 from .optimizers import OptimizerWatch
@@ -58,16 +59,20 @@ class Engine(ReducerStats):
     :class:`oktopk.OkTopkState`, which is one."""
 
     __slots__ = [
-        "_settings", "process_group", "iter", "last_density", "last_tau_prime", "_reducer", "_layout", "_pending_state", "_hook_iters",
+        "_settings", "process_group", "_collectives", "iter", "last_density", "last_tau_prime", "_reducer", "_layout", "_pending_state", "_hook_iters",
         "_owner", "_adapt_error", "_choice", "_path", "_residual_groups", "_pooled_iter", "_optimizers", "_device_groups",
         "_library_groups", "_host_buffers", "_quantized", "_quantized_bytes", "_quantized_spill", "_bucket_grads", "_momentum",
         "_agreement_steps", "_folds", "_communicator_at_load", "_link", "_measured_step", "_shard_step", "_new_shard_step",
         "_shard_steps_run", "_shard_slices", "_shard_device",
     ]
 
-    def __init__(self, settings, process_group):
+    def __init__(self, settings, process_group, collectives=None):
         self._settings = settings
         self.process_group = process_group
+        # Who the ranks are, the agreements, the communicator's rendezvous
+        # (oktopk.collectives): the process group's unless a front end
+        # without one gives its own.
+        self._collectives = ProcessGroupCollectives(process_group) if collectives is None else collectives
         self._bucket_grads = BucketGrads()
         # The device path's groups (oktopk.device.DeviceGroup: residual on
         # the device), the groups whose state the library holds with the
@@ -163,6 +168,12 @@ class Engine(ReducerStats):
     def settings(self):
         """The :class:`oktopk.Settings` this engine runs by (immutable)."""
         return self._settings
+
+    @property
+    def collectives(self):
+        """The :class:`oktopk.Collectives` this engine reaches the ranks
+        through."""
+        return self._collectives
 
     # ---------------------------------------------------------------- DDP
 

@@ -123,6 +123,15 @@ def _check_shards(params, process_group):
         )
 
 
+def _connect_through(collectives):
+    """DeMo's ``communicator`` callable over ``collectives``: the Ok-Topk
+    algorithm, made at the first step (every rank at once)."""
+    def connect(density, timeout):
+        return collectives.communicator("oktopk", density, timeout=timeout)
+
+    return connect
+
+
 def _local_gradient_hook(state, bucket):
     """DDP comm hook that communicates nothing: the bucket keeps this rank's
     own gradient (DeMo exchanges the momentum in ``step``)."""
@@ -153,6 +162,10 @@ class DeMo(torch.optim.Optimizer):
         settings at the first step: ``(gather_digests, gather_settings)``
         as ``oktopk.settings.check_agreement`` takes them (without it, the
         process group's collectives).
+    :param collectives: for a job without a torch process group, in place
+        of ``communicator`` and ``agreement``: an :class:`oktopk.Collectives`
+        over its ranks, which makes the communicator and runs the
+        agreements (``oktopk_horovod.DeMo`` passes Horovod's).
 
     Raises ``ValueError`` on a bad setting, ``OkTopkError`` when an
     exchange fails (a dead or slow peer, a mismatched call): the momentum
@@ -171,7 +184,7 @@ class DeMo(torch.optim.Optimizer):
     """
 
     def __init__(self, params, lr=1e-3, weight_decay=0.0, momentum_decay=MOMENTUM_DECAY, topk=TOPK, chunk=CHUNK,
-                 process_group=None, timeout=None, communicator=None, agreement=None):
+                 process_group=None, timeout=None, communicator=None, agreement=None, collectives=None):
         _check_rate("lr", lr)
         _check_rate("weight_decay", weight_decay)
         if not (is_real(momentum_decay) and 0 <= momentum_decay < 1):
@@ -186,6 +199,10 @@ class DeMo(torch.optim.Optimizer):
             raise ValueError(f"oktopk: timeout must be None or a number of seconds in (0, {MAX_INT32 // 1000}], got {timeout!r}")
         if communicator is not None and not callable(communicator):
             raise ValueError(f"oktopk: communicator must be None or a callable (density, timeout) -> Communicator, got {communicator!r}")
+        if collectives is not None:
+            if communicator is not None or agreement is not None or process_group is not None:
+                raise ValueError("oktopk: DeMo takes collectives in place of communicator, agreement and process_group: pass one way")
+            communicator = _connect_through(collectives)
         process_group = check_process_group(process_group)
         ddp = params if isinstance(params, torch.nn.parallel.DistributedDataParallel) else None
         if ddp is not None:
@@ -198,6 +215,7 @@ class DeMo(torch.optim.Optimizer):
         self.momentum_decay, self.topk, self.chunk = float(momentum_decay), topk, chunk
         self.process_group, self.timeout, self._connect = process_group, timeout, communicator
         self._agreement = agreement
+        self._collectives = collectives
         self._default_timeout = None  # the library's, read at the first wait that needs it
         self._params = [p for group in self.param_groups for p in group["params"]]
         _check_shards(self._params, process_group)
@@ -265,6 +283,8 @@ class DeMo(torch.optim.Optimizer):
         library's timeout."""
         if self._agreement is not None:
             return self._agreement
+        if self._collectives is not None:
+            return self._collectives.agreement(self.momentum.device, timeout=self._timeout_seconds(), what=what, who="oktopk: DeMo")
         if self._connect is None and torch.distributed.is_available() and torch.distributed.is_initialized():
             return process_group_agreement(self.process_group, self.momentum.device, timeout=self._timeout_seconds(),
                                            what=what, who="oktopk: DeMo")

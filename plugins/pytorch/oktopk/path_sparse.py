@@ -24,7 +24,6 @@ import torch.distributed as dist
 
 from . import device as device_path_
 from ._lib import OkTopkError
-from .comm import Communicator
 from .layout import on_stream
 from .paths import Path
 from .schedule import density_at
@@ -81,8 +80,9 @@ def start(engine):
 
         check_owner(engine)
         algorithm = "auto" if engine.algorithm is None else engine.algorithm  # the measured choice's sparse path
-        engine._reducer.start(Communicator(engine.process_group, algorithm, engine.density, engine.tau, engine.tau_prime, engine.timeout,
-                                          value_dtype=engine.value_dtype, stochastic_rounding=engine.stochastic_rounding))
+        engine._reducer.start(engine._collectives.communicator(algorithm, engine.density, engine.tau, engine.tau_prime, engine.timeout,
+                                                               value_dtype=engine.value_dtype,
+                                                               stochastic_rounding=engine.stochastic_rounding))
         for bucket_id, blob in engine._pending_state.items():
             engine._reducer.comm.load_tensor_state(bucket_id, blob)
         engine._library_groups = set(engine._pending_state)

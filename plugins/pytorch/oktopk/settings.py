@@ -294,6 +294,16 @@ class Settings:
         object.__setattr__(copy, "adaptation", Adaptation(density_schedule, adaptive, measure_xi_every))
         return copy
 
+    @staticmethod
+    def default(name):
+        """The default of the setting named ``name`` (a flat name, see
+        :meth:`from_flat`), read without checking anything, so without
+        loading the library: for a front end's signature that takes the
+        flat names (``oktopk_horovod.Compression.oktopk``)."""
+        if name not in FLAT:
+            raise KeyError(f"unknown oktopk setting {name!r}; the settings are {', '.join(FLAT)}")
+        return default_of(name)
+
     def flat(self):
         """Every setting by its flat name (:data:`FLAT`), in that order."""
         return {name: getattr(self if group is None else getattr(self, group), field) for name, (group, field) in FLAT.items()}

@@ -5,14 +5,11 @@ path of the step (``oktopk.choice``), with what a change of path needs
 (the used-parameter watch, releasing an idle communicator).
 """
 
-import torch
-import torch.distributed as dist
-
 from . import log
 from .choice import NATIVE, SPARSE, debug_enabled
 from .optimizers import dense_notice, family_seen
 from .path_sparse import save_groups, start
-from .settings import check_agreement, process_group_agreement, settings_digest
+from .settings import settings_digest
 
 
 def agreement_settings(state):
@@ -56,7 +53,7 @@ def agree_on_settings(state, device):
     fixed-size all_gather, the same on every rank whatever its settings)."""
     choice = state._choice
     arrived = None if choice is None else choice.clock()
-    check_agreement(agreement_settings(state), *process_group_agreement(state.process_group, device))
+    state._collectives.check_agreement(agreement_settings(state), device)
     state._agreement_steps -= 1
     if choice is not None:
         # Its wait for the slowest rank (after a load: the slowest to load)
@@ -70,11 +67,11 @@ def agree_on_settings(state, device):
 
 def agree_max(state, device):
     """The choice's agreement: the max of each value over the ranks, through
-    the process group (on the bucket's device, as NCCL needs)."""
+    the state's collectives (on the bucket's device, as NCCL needs)."""
+    collectives = state._collectives
+
     def agree(values):
-        t = torch.tensor(values, dtype=torch.float64 if device.type == "cpu" else torch.float32, device=device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=state.process_group)
-        return [float(v) for v in t.tolist()]
+        return collectives.max(values, device)
 
     return agree
 
@@ -85,7 +82,7 @@ def begin_step(state, s, device, untimed):
     choice = state._choice
     if choice.agree is None:
         choice.agree = agree_max(state, device)
-        if debug_enabled() and dist.get_rank(state.process_group) == 0:
+        if debug_enabled() and state._collectives.rank() == 0:
             choice.log = log.decisions()
     previous, kept_dense = state._path, choice.kept_dense_for
     state._path = choice.begin_step(s, untimed)
@@ -98,7 +95,7 @@ def begin_step(state, s, device, untimed):
         # Every rank makes it at the same step (the checkpoint's path and
         # communicator, this step's path and the step are agreed).
         start(state)
-    if kept_dense is None and choice.kept_dense_for is not None and dist.get_rank(state.process_group) == 0:
+    if kept_dense is None and choice.kept_dense_for is not None and state._collectives.rank() == 0:
         log.notice(dense_notice(choice.kept_dense_for, compressed=choice.candidate))
     if state._path == SPARSE:
         state._layout.watching = True
