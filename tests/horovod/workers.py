@@ -75,7 +75,7 @@ def density_one(out, steps="5", bucket_bytes=str(oktopk_horovod.optimizer.BUCKET
         "grad_digests": grads_digests,
         "bytes_sent": opt.bytes_sent,
         "horovod_reductions": horovod_reductions,
-        "endpoint": opt._reducer.comm.endpoint,  # what this rank advertised, tcp://host:port
+        "endpoint": opt.engine.communicator.endpoint,  # what this rank advertised, tcp://host:port
     }
     opt.close()
     return result
@@ -317,7 +317,7 @@ def adaptive(out, ckpt):
     path = os.path.join(ckpt, f"rank{hvd.rank()}-adaptive.pt")
 
     def record(opt):
-        c = opt._reducer.adaptive
+        c = opt.engine._reducer.adaptive
         return (opt.last_density, opt.last_tau_prime, sorted(opt.last_k.values()), c.adaptations, c.last_inputs)
 
     compression = oktopk_horovod.Compression.oktopk(algorithm="oktopk", density=2.0**-7, tau_prime=8, adaptive=(2.0**-7, 2.0**-4, 1e-3), measure_xi_every=2)
@@ -358,7 +358,7 @@ def choice(out, ckpt):
         opt = oktopk_horovod.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05), named_parameters=model.named_parameters(),
                                                   compression=oktopk_horovod.Compression.oktopk(density=0.05, recheck_every=8))
         clock = Clock()
-        opt._choice.clock = clock
+        opt.engine._choice.clock = clock
         if first:
             saved = torch.load(os.path.join(ckpt, f"rank{hvd.rank()}.pt"), weights_only=False)
             model.load_state_dict(saved["model"])
@@ -373,13 +373,13 @@ def choice(out, ckpt):
             F.cross_entropy(twin(x), y).backward()
             for acc, p in zip(local, twin.parameters()):
                 acc += p.grad
-            paths[step] = opt._path
-            alive[step] = opt._reducer.comm is not None
+            paths[step] = opt.engine.path
+            alive[step] = opt.engine.communicator is not None
             opt.zero_grad()
             F.cross_entropy(model(x), y).backward()
-            clock.now += choice_cost(opt._path, step, hvd.rank())
+            clock.now += choice_cost(opt.engine.path, step, hvd.rank())
             opt.step()
-            links[step] = None if opt._reducer.comm is None else opt._reducer.comm.link()
+            links[step] = None if opt.engine.communicator is None else opt.engine.communicator.link()
             for acc, p in zip(applied, model.parameters()):
                 acc += p.grad
             if save == step + 1:
@@ -420,7 +420,7 @@ def adam_family(out):
     for step in range(12):
         g = torch.Generator().manual_seed(1000 * step + hvd.rank())
         x, y = torch.randn(8, 20, generator=g), torch.randint(0, 5, (8,), generator=g)
-        paths.append(ours._path)
+        paths.append(ours.engine.path)
         if step == 1:  # a checkpoint before any sparse step: no bucket has a state yet
             early = ours.oktopk_state_dict()
         for m, o in zip(models, (ours, plain)):
@@ -525,7 +525,7 @@ def momentum_density_one(out, nesterov, steps="6"):
             o.step()
         for p, q in zip(model.parameters(), reference.parameters()):
             worst = max(worst, (p - q).abs().max().item() / (q.abs().max().item() or 1.0))
-    result = {"worst": worst, "corrected": len(opt._momentum.velocity), "params": len(list(model.parameters())), "digest": digest(model)}
+    result = {"worst": worst, "corrected": len(opt.engine._momentum.velocity), "params": len(list(model.parameters())), "digest": digest(model)}
     opt.close()
     return result
 

@@ -28,14 +28,14 @@ attributes.
 import torch
 import torch.distributed as dist
 
-from . import checkpoint
+from . import checkpoint, groups
 from . import device as device_path_
 from .adaptive import AdaptiveControl
 from .choice import StepChoice
 from .collectives import ProcessGroupCollectives
 from .layout import BucketLayout
 from .momentum import MomentumCorrection
-from .optimizers import OptimizerWatch
+from .optimizers import DEMO_LINE, OptimizerWatch
 from .path_native import BucketGrads
 from .paths import NATIVE, PATHS, SPARSE, SUPPORTED_DTYPES
 from .reducer import Reducer, ReducerStats, StepFolds
@@ -44,7 +44,7 @@ from .step import agree_on_settings, begin_step
 
 # The modules that make up the engine: they alone read its private
 # attributes (tests/python/test_engine_boundary.py counts the others').
-ENGINE_MODULES = ("engine", "state", "step", "checkpoint", "paths", *(f"path_{name}" for name in PATHS), "momentum", "reducer")
+ENGINE_MODULES = ("engine", "state", "step", "checkpoint", "groups", "paths", *(f"path_{name}" for name in PATHS), "momentum", "reducer")
 
 
 def _setting(name):
@@ -63,7 +63,7 @@ class Engine(ReducerStats):
         "_owner", "_adapt_error", "_choice", "_path", "_residual_groups", "_pooled_iter", "_optimizers", "_device_groups",
         "_library_groups", "_host_buffers", "_quantized", "_quantized_bytes", "_quantized_spill", "_bucket_grads", "_momentum",
         "_agreement_steps", "_folds", "_communicator_at_load", "_link", "_measured_step", "_shard_step", "_new_shard_step",
-        "_shard_steps_run", "_shard_slices", "_shard_device",
+        "_shard_steps_run", "_shard_slices", "_shard_device", "_group_ids", "_group_front", "_demo_line", "_stateful_groups",
     ]
 
     def __init__(self, settings, process_group, collectives=None):
@@ -163,6 +163,15 @@ class Engine(ReducerStats):
         self._measured_step = None
         self._shard_slices = None
         self._shard_device = None
+        # Fixed groups (oktopk.groups, Horovod's optimizer): their ids in
+        # the order they are issued, the front end's own settings agreed
+        # with the engine's, the line an Adam notice suggests, and the
+        # groups the library holds a state of (a sparse call or a load
+        # made one): only those are saved.
+        self._group_ids = []
+        self._group_front = {}
+        self._demo_line = None
+        self._stateful_groups = set()
 
     @property
     def settings(self):
@@ -400,6 +409,90 @@ class Engine(ReducerStats):
                 if other is not path:
                     other.fold_shard(self, group_id, shard)
         path.reduce_shard(self, group_id, shard, step)
+
+    # ------------------------------------------------- fixed groups (Horovod)
+
+    def start_groups(self, optimizer, groups_in_order, average=True, front=None, demo_line=DEMO_LINE, stacklevel=1):
+        """A front end that hands whole groups of parameters, formed before
+        the first step and alike on every rank (``oktopk.groups``; Horovod's
+        optimizer) begins its run: ``groups_in_order``, (library tensor id,
+        parameters) in the order every rank issues them; ``optimizer``, the
+        torch optimizer that steps them (an Adam-family one keeps the
+        framework's allreduce under the measured choice; SGD with momentum
+        gets the momentum correction when ``average``); ``average``: the
+        front end wants averages, else sums; ``front``: its own settings
+        that decide its collectives (a dict of plain values), agreed across
+        the ranks with the engine's; ``demo_line``: the line the notice of
+        an Adam-family optimizer suggests. Every rank calls it at once: the
+        ranks agree, the communicator is made. ``stacklevel``: the caller's
+        frames above this call, for the warning of a named algorithm under
+        an Adam-family optimizer."""
+        groups.start(self, optimizer, list(groups_in_order), average, front or {}, demo_line, stacklevel + 1)
+
+    def group_call(self):
+        """The call of a group issued now (the front end's thread, groups in
+        order): the framework's allreduce, or this step's sparse call with
+        its density, ξ step and τ′, fixed when the group is issued. Hand it
+        to :meth:`reduce_group`."""
+        return groups.call(self)
+
+    def reduce_group(self, number, group_id, params, call, average=True):
+        """The ``number``-th group (library tensor id ``group_id``): the
+        dense gradients of ``params`` replaced, in place, by their average
+        (or sum) over the ranks, through ``call`` (:meth:`group_call`). On
+        the engine's worker thread (:meth:`submit`), groups in order."""
+        groups.reduce_group(self, number, group_id, params, call, average)
+
+    def end_group_step(self, grads):
+        """Once every group of the step is back (``grads``: the step's
+        reduced gradients, read for NaN after a fold): the step settles and
+        the next one's path is chosen."""
+        groups.end_step(self, grads)
+
+    def agree_if_due(self):
+        """The ranks' agreement on the settings, when due (after a load):
+        before the first group of a step is issued."""
+        if self._agreement_steps:
+            groups.agree(self)
+
+    def optimizer_stepped(self, optimizer):
+        """After ``optimizer`` stepped the groups' parameters (the momentum
+        correction starts from its first step)."""
+        groups.stepped(self, optimizer)
+
+    def submit(self, fn, *args):
+        """``fn(*args)`` on the engine's worker thread, after everything
+        submitted before; its future."""
+        return self._reducer.submit(fn, *args)
+
+    def groups_state_dict(self):
+        """The fixed groups' checkpoint (``oktopk.groups``: the layout
+        Horovod's optimizer saves). Every rank saves its own."""
+        return groups.state_dict(self)
+
+    def load_groups_state_dict(self, state, who, check_owner):
+        """Restore :meth:`groups_state_dict`; ``who`` names the checkpoint
+        in messages; ``check_owner(rank, world_size)`` refuses another
+        rank's or another world size's (ValueError saying what to do)."""
+        groups.load_state_dict(self, state, who, check_owner)
+
+    @property
+    def choice(self):
+        """With the measured choice (``algorithm=None``): what it chose and
+        why, as a dict (see ``OkTopkState.choice``); else None."""
+        return None if self._choice is None else self._choice.summary()
+
+    @property
+    def path(self):
+        """The path of the step under way (its name in ``oktopk.paths``)."""
+        return self._path
+
+    @property
+    def communicator(self):
+        """The communicator of the library's calls, or None while there is
+        none (before the first sparse step, or released while the measured
+        choice keeps the framework's allreduce)."""
+        return self._reducer.comm
 
     # ---------------------------------------------------------- the warm-up
 

@@ -202,6 +202,10 @@ class ReducerStats:
     host_device_pairs = _stat("host_device_pairs", "The device path's selected and result pairs, summed over its calls.")
 
 
+# The statistics' names, for a front end that shows them as its own.
+ReducerStats.STATISTICS = tuple(name for name, value in vars(ReducerStats).items() if isinstance(value, property))
+
+
 class StepFolds:
     """What one step took out of the residuals and velocities, to give back
     when the step turns out void (a NaN or Inf anywhere in it): the folds
