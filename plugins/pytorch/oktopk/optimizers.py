@@ -54,8 +54,9 @@ def sparse_warning(name):
             "algorithm=None keeps the dense allreduce for them.")
 
 
-# The one line that replaces an Adam-family optimizer (oktopk.optim): a DDP
-# script's, and a Horovod script's (in place of hvd.DistributedOptimizer).
+# The one line that replaces an Adam-family optimizer (oktopk.optim) in a
+# DDP script (a front end may name its own: Horovod's, in place of
+# hvd.DistributedOptimizer).
 DEMO_LINE = "opt = oktopk.optim.DeMo(model, lr=3e-3, weight_decay=0.01)"
 
 # The hooks of watches the garbage collector took, removed when the next
@@ -64,7 +65,6 @@ DEMO_LINE = "opt = oktopk.optim.DeMo(model, lr=3e-3, weight_decay=0.01)"
 # "OrderedDict mutated during iteration" in the user's step. Until then they
 # do nothing: they hold only a weak reference to their watch.
 _orphaned_hooks = []
-HOROVOD_DEMO_LINE = "opt = oktopk_horovod.DeMo(model.parameters(), lr=3e-3, weight_decay=0.01)"
 
 
 def dense_notice(name, compressed=None, demo_line=DEMO_LINE):
