@@ -349,3 +349,55 @@ def test_oktopk_state_with_a_changed_field_is_refused_at_load():
     with pytest.raises(ValueError, match="oktopk_horovod checkpoint has layout version"):
         opt.load_oktopk_state_dict(with_checksum(other))
     opt.close()
+
+
+def test_compression_carries_one_settings_object_and_refuses_what_horovod_cannot_honour():
+    # Compression.oktopk builds the oktopk.Settings the DDP hook and FSDP2
+    # run by: from its flat keywords, or given whole; a setting Horovod's
+    # optimizer cannot honour is refused, saying why, never ignored.
+    import oktopk
+    import oktopk_horovod
+
+    flat = oktopk_horovod.Compression.oktopk(density=0.05, algorithm="oktopk", tau_prime=8, momentum_correction=False)
+    assert isinstance(flat.settings, oktopk.Settings)
+    assert (flat.settings.density, flat.settings.algorithm, flat.settings.wire.tau_prime, flat.settings.momentum.correction) == \
+        (0.05, "oktopk", 8, False)
+    assert (flat.density, flat.tau_prime, flat.momentum_correction) == (0.05, 8, False)
+    whole = oktopk_horovod.Compression.oktopk(settings=oktopk.Settings(density=0.05, algorithm="oktopk", wire=oktopk.Wire(tau_prime=8),
+                                                                         momentum=oktopk.Momentum(correction=False)))
+    assert whole.settings == flat.settings
+    # No compressed dense path under Horovod: the default means Horovod's allreduce.
+    assert oktopk_horovod.Compression.oktopk().settings.choice.dense_compression is None
+    for settings, name in ((oktopk.Settings(warmup=oktopk.Warmup(iters=5)), "warmup_iters"),
+                           (oktopk.Settings(choice=oktopk.Choice(dense_compression="quantized")), "dense_compression"),
+                           (oktopk.Settings(momentum=oktopk.Momentum(masking="waited")), "momentum_masking"),
+                           (oktopk.Settings(momentum=oktopk.Momentum(local_clip_norm=1.0)), "local_clip_norm"),
+                           (oktopk.Settings(wire=oktopk.Wire(grads_as_bucket_views=False)), "grads_as_bucket_views")):
+        with pytest.raises(ValueError, match=f"cannot honour: {name}="):
+            oktopk_horovod.Compression.oktopk(settings=settings)
+    with pytest.raises(ValueError, match="either settings= or the flat keywords"):
+        oktopk_horovod.Compression.oktopk(density=0.05, settings=oktopk.Settings())
+
+
+def test_an_oktopk_state_saved_by_the_previous_layout_loads():
+    # The checkpoint layout Horovod's optimizer has always saved (version 1)
+    # is the engine's fixed groups' layout: one saved before, signed, loads.
+    import horovod.torch as hvd
+    import torch
+
+    import oktopk_horovod
+    from oktopk.settings import with_checksum
+
+    hvd.init()  # a single process: size 1
+    model = torch.nn.Linear(4, 2)
+    opt = oktopk_horovod.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                              named_parameters=model.named_parameters(), compression=oktopk_horovod.Compression.oktopk())
+    # As the optimizer before the engine saved it: its fields, by name.
+    earlier = with_checksum({"version": 1, "link": None, "rank": 0, "world_size": 1, "tensors": {}, "step": 7,
+                             "density_schedule": None, "adaptive": None,
+                             "choice": {**opt.engine.groups_state_dict()["choice"], "path": "native"},
+                             "residual_ids": [], "momentum": opt.engine.groups_state_dict()["momentum"]})
+    opt.load_oktopk_state_dict(earlier)
+    assert opt.sparse_step == 7 and opt.engine.path == "native"
+    assert set(opt.oktopk_state_dict()) == set(earlier)
+    opt.close()
