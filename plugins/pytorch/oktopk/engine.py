@@ -1,7 +1,9 @@
 """The engine: the one object that owns a step of the DDP hook
-(``oktopk.hook``) and of the FSDP2 registration (``oktopk.fsdp``), which are
-adapters: each turns what its framework hands it (a DDP bucket, an FSDP2
-shard) into the engine's terms and calls it.
+(``oktopk.hook``), of the FSDP2 registration (``oktopk.fsdp``) and of
+Horovod's optimizer (``oktopk_horovod``, through ``oktopk.groups``), which
+are adapters: each turns what its framework hands it (a DDP bucket, an
+FSDP2 shard, a named group of parameters) into the engine's terms and
+calls it. The ranks are reached through ``oktopk.collectives``.
 
 A step, in the order the engine runs it:
 
@@ -55,8 +57,14 @@ def _setting(name):
 
 
 class Engine(ReducerStats):
-    """The step's owner (see the module's docstring). Made by
-    :class:`oktopk.OkTopkState`, which is one."""
+    """The step's owner (see the module's docstring).
+    :class:`oktopk.OkTopkState` is one, for the DDP hook and FSDP2; a front
+    end of its own makes one with ``Engine(settings, process_group,
+    collectives)``: ``settings`` an :class:`oktopk.Settings`,
+    ``collectives`` the :class:`oktopk.Collectives` it reaches the ranks
+    through (``None``: ``process_group``'s, torch.distributed's). Horovod's
+    optimizer (``oktopk_horovod``) hands it fixed groups of parameters
+    (:meth:`start_groups`, :meth:`reduce_group`)."""
 
     __slots__ = [
         "_settings", "process_group", "_collectives", "iter", "last_density", "last_tau_prime", "_reducer", "_layout", "_pending_state", "_hook_iters",
