@@ -66,6 +66,14 @@ Methods (``--method``):
   ``dense_compression="quantized"`` or ``None`` (which compressed dense path
   the measured choice weighs against float32 under an Adam-family
   optimizer; the default is bfloat16).
+- ``oktopk_forced_bf16``, ``oktopk_forced_quantized``: the hook with every
+  step after DDP's first two on that compressed dense path, whatever a
+  step measures (``warmup_iters=--steps``,
+  ``warmup_compression="bf16"`` or ``"quantized"``: DDP's first step in
+  bfloat16, its second native, every later one on the path, the quantized
+  residuals kept as ``dense_compression`` keeps them): the path's quality
+  on a link where the measured choice keeps native (loopback). Their bytes
+  per step are the path's over those later steps.
 - ``oktopk_sched``: the same with ``density_schedule=(0.25,
   --sched-steps)``: the density starts at 25% and decays to ``--density``.
 - ``oktopk_mask``, ``oktopk_clip``, ``oktopk_mask_clip``: the same with
@@ -141,7 +149,7 @@ from cnn import VGGStyle, digits  # noqa: E402
 from tta_report import HEADER  # noqa: E402
 
 METHODS = ("ddp", "fp16", "powersgd1", "powersgd4", "oktopk", "oktopk_nomc", "oktopk_auto", "oktopk_sched", "oktopk_quantized", "oktopk_float32",
-           "oktopk_mask", "oktopk_clip", "oktopk_mask_clip", "oktopk_wmask", "oktopk_wmask_sched", "demo")
+           "oktopk_mask", "oktopk_clip", "oktopk_mask_clip", "oktopk_wmask", "oktopk_wmask_sched", "oktopk_forced_bf16", "oktopk_forced_quantized", "demo")
 # DeMo's peak learning rate on charlm: the best of bench/adam_sim.py's sweep
 # (results/text.md); its sign step moves every coordinate by the whole rate.
 DEMO_LR = 3e-3
@@ -243,6 +251,12 @@ def density_of(method):
     return int(m.group(1)) / 100 if m and 0 < int(m.group(1)) <= 100 else None
 
 
+def forced_path_of(method):
+    """The compressed dense path an ``oktopk_forced_<path>`` method runs on
+    every step after DDP's first two ("bf16" or "quantized"), else None."""
+    return method[len("oktopk_forced_"):] if method in ("oktopk_forced_bf16", "oktopk_forced_quantized") else None
+
+
 def ring_bytes(elements, world, width=4):
     """Bytes one rank sends in a ring allreduce of `elements` values."""
     return 2 * elements * width * (world - 1) / world
@@ -335,6 +349,7 @@ def train(method, args, width, data):
     elif method.startswith("oktopk"):
         from oktopk import OkTopkState, oktopk_hook
         from oktopk.choice import BF16, NATIVE
+        from oktopk.settings import NATIVE_WARMUP_ITERS
 
         kwargs = {"algorithm": "auto"} if method == "oktopk_auto" else {}
         if method in ("oktopk_quantized", "oktopk_float32"):  # under AdamW: the dense path measured against float32
@@ -355,6 +370,9 @@ def train(method, args, width, data):
             kwargs["local_clip_norm"] = args.clip_norm
         if warmup_of(method) is not None:
             kwargs["warmup_iters"] = warmup_of(method)
+        if forced_path_of(method) is not None:  # the whole run a warm-up on the path
+            kwargs["warmup_iters"] = max(args.steps, 2)
+            kwargs["warmup_compression"] = forced_path_of(method)
         if method.endswith("_q"):
             kwargs["warmup_compression"] = "quantized"
         density = density_of(method) or args.density
@@ -424,10 +442,13 @@ def train(method, args, width, data):
                 break
             start = time.perf_counter()
 
+    if method.startswith("oktopk") and step < warmup:  # stopped within the warm-up: what it sent so far
+        warmup_sent = float(state.quantized_bytes_sent)
     # Bytes one rank sends per step once the method compresses, averaged
     # over the ranks (see the docstring).
     dense = ring_bytes(params, world)
     compressed = max(step - warmup, 0)
+    forced = forced_path_of(method)
     if method == "ddp":
         per_step = dense
     elif method == "fp16":
@@ -439,6 +460,14 @@ def train(method, args, width, data):
         dist.all_reduce(sent)
         per_step = sent.item() / world / step
         opt.close()
+    elif forced is not None:  # the path's steps after DDP's first two: the library's count of its frames, or the ring formula
+        sent = torch.tensor([warmup_sent], dtype=torch.float64)
+        dist.all_reduce(sent)
+        on_path = max(step - NATIVE_WARMUP_ITERS, 0)
+        if forced == "bf16":
+            per_step = ring_bytes(params, world, 2)
+        else:
+            per_step = sent.item() / world / on_path if on_path else float("nan")
     else:
         sent = float(state.bytes_sent + state.quantized_bytes_sent) - warmup_sent
         if state.choice is not None:  # the measured choice's native and bf16 steps, by the ring formula
@@ -449,7 +478,7 @@ def train(method, args, width, data):
     warmup_sent = torch.tensor([warmup_sent], dtype=torch.float64)
     dist.all_reduce(warmup_sent)
     bf16_warmup = 0
-    if warmup_sent.item():  # a compressed warm-up: DDP's first step in bfloat16, its second native
+    if state is not None and getattr(state, "warmup_compression", None) is not None:  # a compressed warm-up: DDP's first step in bfloat16, its second native
         paths = [state.warmup_path(s) for s in range(min(step, state.warmup_iters))]
         native_warmup, bf16_warmup = paths.count(NATIVE), paths.count(BF16)
     else:

@@ -25,6 +25,8 @@
 #   BENCH_E2E_SCHED_STEPS=50     oktopk_sched's decay steps
 #   BENCH_E2E_METHODS="ddp fp16 powersgd1 powersgd4 oktopk oktopk_auto oktopk_sched oktopk_w10 oktopk_w25"
 #                                (oktopk_wN: N dense warm-up steps)
+#   BENCH_E2E_LR=                the peak learning rate (--lr; default: the model's, charlm 0.002)
+#   BENCH_E2E_SEED=0             the seed of initialization and data (--seed)
 #   BENCH_E2E_ARGS=              more bench/ddp_e2e.py arguments (--lr, --batch-size, --seed)
 #   BENCH_E2E_STRICT=0           1: every field must be a number (the smoke run)
 #   BENCH_E2E_TOGETHER=0         1: every method in the same processes (the smoke run)
@@ -47,6 +49,8 @@ ARGS=(--model "$MODEL" --steps "$STEPS" --target "$TARGET" --eval-every "$EVAL"
 	--sched-steps "${BENCH_E2E_SCHED_STEPS:-50}")
 [[ -n ${BENCH_E2E_WIDTH:-} ]] && ARGS+=(--width "$BENCH_E2E_WIDTH")
 [[ ${BENCH_E2E_STOP:-0} == 1 ]] && ARGS+=(--stop-at-target)
+[[ -n ${BENCH_E2E_LR:-} ]] && ARGS+=(--lr "$BENCH_E2E_LR")
+[[ -n ${BENCH_E2E_SEED:-} ]] && ARGS+=(--seed "$BENCH_E2E_SEED")
 mkdir -p "$OUTDIR" "$LOGS"
 rows=$LOGS/$NAME-P$P.out
 rm -f "$rows"

@@ -34,6 +34,8 @@ NAMES = {
     "oktopk_sched": "oktopk_hook, density {density}, density_schedule=(0.25, {sched})",
     "oktopk_quantized": 'oktopk_hook, the measured choice, dense_compression="quantized"',
     "oktopk_float32": "oktopk_hook, the measured choice, dense_compression=None",
+    "oktopk_forced_bf16": "oktopk_hook, every step after DDP's first two in bfloat16 (forced: warmup_compression=\"bf16\")",
+    "oktopk_forced_quantized": "oktopk_hook, every step after DDP's first two in 4 bits (forced: warmup_compression=\"quantized\")",
     "demo": "oktopk.optim.DeMo (its exchange over Ok-Topk, no gradient allreduce)",
 }
 
