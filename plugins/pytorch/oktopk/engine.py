@@ -486,8 +486,11 @@ class Engine(ReducerStats):
 
     @property
     def choice(self):
-        """With the measured choice (``algorithm=None``): what it chose and
-        why, as a dict (see ``OkTopkState.choice``); else None."""
+        """With ``algorithm=None``: what the measured choice chose and why,
+        as a dict: ``path`` ("native", "sparse", or None before the first
+        decision), the agreed ms per step of each path at the latest
+        decision, steps run on each path, steps spent exploring, decisions
+        made, and the reason. None when an algorithm was named."""
         return None if self._choice is None else self._choice.summary()
 
     @property

@@ -237,15 +237,6 @@ class OkTopkState(Engine):
         return self._quantized_bytes
 
     @property
-    def choice(self):
-        """With ``algorithm=None``: what the hook chose and why, as a dict:
-        ``path`` ("native", "sparse", or None before the first decision),
-        the agreed ms per step of each path at the latest decision, steps
-        run on each path, steps spent exploring, decisions made, and the
-        reason. None when an algorithm was named."""
-        return None if self._choice is None else self._choice.summary()
-
-    @property
     def sparse_margin(self):
         return None if self._choice is None else self._choice.margin
 
