@@ -100,11 +100,8 @@ func putInt4Values(out []byte, vals []float32) {
 // padding nibble that is not zero. What decodes is finite and encodes
 // again into the same bytes.
 func readInt4Values(dst []float32, b []byte) error {
-	switch need := int4ValueBytes(len(dst)); {
-	case len(b) < need:
-		return fmt.Errorf("%w: %d bytes for %d 4-bit values, which take %d", ErrSparseTruncated, len(b), len(dst), need)
-	case len(b) > need:
-		return fmt.Errorf("%w: %d bytes left after %d 4-bit values", ErrSparseCountMismatch, len(b)-need, len(dst))
+	if err := checkValueBytes(len(b), int4ValueBytes(len(dst)), len(dst), 4); err != nil {
+		return err
 	}
 	at := 0
 	for start := 0; start < len(dst); start += int8Block {

@@ -210,6 +210,19 @@ func putInt8Values(out []byte, vals []float32) {
 	}
 }
 
+// checkValueBytes refuses a frame's value section of have bytes unless it
+// is exactly the need bytes that n values of the given bits take: short is
+// a truncated frame, long a count that disagrees with the indices'.
+func checkValueBytes(have, need, n, bits int) error {
+	switch {
+	case have < need:
+		return fmt.Errorf("%w: %d bytes for %d %d-bit values, which take %d", ErrSparseTruncated, have, n, bits, need)
+	case have > need:
+		return fmt.Errorf("%w: %d bytes left after %d %d-bit values", ErrSparseCountMismatch, have-need, n, bits)
+	}
+	return nil
+}
+
 // readInt8Values decodes the len(dst) 8-bit values that make up all of b
 // into dst. A block is refused for a scale that is not +0 or a power of two
 // from 2^−149 to 2^120 (ErrSparseScale), and for codes the encoder would not
@@ -218,11 +231,8 @@ func putInt8Values(out []byte, vals []float32) {
 // would have been chosen for. What decodes is finite and encodes again
 // into the same bytes.
 func readInt8Values(dst []float32, b []byte) error {
-	switch need := int8ValueBytes(len(dst)); {
-	case len(b) < need:
-		return fmt.Errorf("%w: %d bytes for %d 8-bit values, which take %d", ErrSparseTruncated, len(b), len(dst), need)
-	case len(b) > need:
-		return fmt.Errorf("%w: %d bytes left after %d 8-bit values", ErrSparseCountMismatch, len(b)-need, len(dst))
+	if err := checkValueBytes(len(b), int8ValueBytes(len(dst)), len(dst), 8); err != nil {
+		return err
 	}
 	at := 0
 	for start := 0; start < len(dst); start += int8Block {
