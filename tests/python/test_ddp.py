@@ -212,6 +212,49 @@ def test_dead_rank_makes_others_raise_within_timeout():
     assert res["corrected"] > 0 and res["velocities_kept"], res
 
 
+def test_stopped_rank_on_a_process_group_step_is_named_on_every_survivor():
+    # One rank of 3 stopped during a step on the process group's own
+    # allreduce. gloo fails the survivors in different words: the first
+    # whose wait ends at the process group's timeout says it timed out and
+    # closes its connections, and another may then read "Connection closed
+    # by peer". Every survivor's error names the step's collective and what
+    # a closed connection can mean, keeping gloo's words.
+    pg_timeout = 2
+    results = run(workers.stopped_peer_on_native_step, 3, pg_timeout, "native")
+    for r in (0, 1):
+        res = results[r]
+        assert res["step"] == 2, res
+        assert res["error"].count("oktopk:") == 1, res["error"]
+        assert "the native allreduce of step 2 over the process group failed" in res["error"], res["error"]
+        assert "when its own wait for a stopped or slow rank ends at the process group's timeout" in res["error"], res["error"]
+        assert "gloo" in res["error"], res["error"]
+        assert res["seconds"] <= 2 * pg_timeout + 2, res
+
+
+def test_process_group_failures_are_named_and_other_errors_pass_through():
+    # The words gloo fails a survivor with when another survivor's timeout
+    # closed their connection (the race the test above cannot force).
+    from oktopk import OkTopkError, _lib
+    from oktopk.peer_errors import peer_failures_named
+
+    closed = RuntimeError("[third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:23456")
+    timed_out = RuntimeError("[third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 3000ms for recv operation to complete")
+    for err, code in ((closed, _lib.REMOTE_ERROR), (timed_out, _lib.TIMEOUT)):
+        with pytest.raises(OkTopkError) as caught:
+            with peer_failures_named("the bf16 allreduce of step 7"):
+                raise err
+        assert caught.value.code == code and caught.value.__cause__ is err
+        message = str(caught.value)
+        assert message.startswith(f"oktopk: {_lib.result_name(code)}: the bf16 allreduce of step 7 over the process group failed: {err}"), message
+        assert "when it dies, or when its own wait for a stopped or slow rank ends at the process group's timeout" in message
+    # Not the process group's transport: the error itself, unchanged.
+    for err in (RuntimeError("The size of tensor a (3) must match the size of tensor b (4)"), OkTopkError(_lib.TIMEOUT, "oktopk: timeout: x")):
+        with pytest.raises(type(err)) as caught:
+            with peer_failures_named("the native allreduce of step 1"):
+                raise err
+        assert caught.value is err
+
+
 @pytest.mark.parametrize("multi_bucket", [False, True], ids=["one_bucket", "multi_bucket"])
 def test_checkpoint_resume_matches_uninterrupted_run(tmp_path, multi_bucket):
     # Checkpoints after step 1 (inside the warm-up of 2), after step 2

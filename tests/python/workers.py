@@ -19,7 +19,7 @@ for p in (os.path.join(ROOT, "plugins", "pytorch"), os.path.join(ROOT, "examples
     if p not in sys.path:
         sys.path.insert(0, p)
 
-from oktopk import OkTopkError, OkTopkState, oktopk_hook  # noqa: E402
+from oktopk import OkTopkError, OkTopkState, Warmup, oktopk_hook  # noqa: E402
 from oktopk.settings import with_checksum  # noqa: E402
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook, bf16_compress_hook, fp16_compress_hook  # noqa: E402
 
@@ -168,6 +168,38 @@ def dead_peer(rank, world, port, out, timeout):
                 torch.equal(v, state._momentum.velocity[i]) for i, v in velocities.items())
             write(out, rank, {"step": step, "seconds": time.monotonic() - start, "error": repr(e), "corrected": len(velocities),
                               "velocities_kept": kept})
+            os._exit(0)
+        o.step()
+    write(out, rank, {"step": None})
+
+
+def stopped_peer_on_native_step(rank, world, port, out, pg_timeout, compression):
+    """Rank 2 of 3 stops (sleeps, as a SIGSTOPped rank) before its step-2
+    backward, a step of the warm-up: the process group's own allreduce
+    (``compression`` "native": float32; "bf16": the bfloat16 path). Each
+    survivor records the error DDP re-raised and how long it took."""
+    import datetime
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=pg_timeout))
+    m = DDP(small_model())
+    warmup = Warmup(iters=10) if compression == "native" else Warmup(iters=10, compression=compression)
+    m.register_comm_hook(OkTopkState(density=0.1, warmup=warmup), oktopk_hook)
+    o = torch.optim.SGD(m.parameters(), lr=0.1)
+    for step in range(5):
+        if step == 2:
+            dist.barrier()
+            if rank == 2:
+                time.sleep(4 * pg_timeout)
+                os._exit(0)
+        x, y = batch(rank, step)
+        o.zero_grad()
+        start = time.monotonic()
+        try:
+            F.cross_entropy(m(x), y).backward()
+        except Exception as e:  # noqa: BLE001 - what DDP re-raises is checked by the test
+            write(out, rank, {"step": step, "seconds": time.monotonic() - start, "error": str(e)})
             os._exit(0)
         o.step()
     write(out, rank, {"step": None})

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from .comm import Communicator
+from .peer_errors import peer_failures_named
 from .settings import check_agreement, process_group_agreement
 
 
@@ -101,7 +102,8 @@ class ProcessGroupCollectives(Collectives):
         return dist.get_world_size(self.process_group)
 
     def allreduce_(self, tensor, average=True, name=None):
-        dist.all_reduce(tensor, group=self.process_group)
+        with peer_failures_named(f"the allreduce{f' of {name}' if name else ''}"):
+            dist.all_reduce(tensor, group=self.process_group)
         if average:
             tensor.div_(dist.get_world_size(self.process_group))
         return tensor
@@ -109,7 +111,8 @@ class ProcessGroupCollectives(Collectives):
     def max(self, values, device):
         # On the gradients' device, as NCCL needs (it reduces no float64).
         t = torch.tensor(values, dtype=torch.float64 if device.type == "cpu" else torch.float32, device=device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.process_group)
+        with peer_failures_named("the measured choice's agreement"):
+            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.process_group)
         return [float(v) for v in t.tolist()]
 
     def agreement(self, device, timeout=None, what="the settings' agreement", who="oktopk"):

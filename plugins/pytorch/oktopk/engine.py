@@ -35,6 +35,7 @@ from . import device as device_path_
 from .adaptive import AdaptiveControl
 from .choice import StepChoice
 from .collectives import ProcessGroupCollectives
+from .peer_errors import peer_failures_named
 from .layout import BucketLayout
 from .momentum import MomentumCorrection
 from .optimizers import DEMO_LINE, OptimizerWatch
@@ -339,7 +340,8 @@ class Engine(ReducerStats):
 
     def _agree_over_world(self, non_finite):
         flag = torch.tensor([1.0 if non_finite else 0.0], device=self._shard_device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        with peer_failures_named("the agreement on a non-finite gradient"):
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag.item())
 
     def next_shard_step(self):

@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from . import path_native
+from .peer_errors import peer_failures_named, value_of
 from .paths import Path
 
 
@@ -30,7 +31,7 @@ class BF16(Path):
         fut = dist.all_reduce(compressed, group=group, async_op=True).get_future()
 
         def decompress(f):
-            return tensor.copy_(f.value()[0])
+            return tensor.copy_(value_of(f, f"the {self.name} allreduce of step {step}")[0])
 
         return fut.then(decompress)
 
@@ -39,7 +40,8 @@ class BF16(Path):
             path_native.PATH.reduce_shard(engine, group_id, shard, step)
             return
         compressed = shard.to(self.dtype).div_(dist.get_world_size(engine.process_group))
-        dist.all_reduce(compressed, group=engine.process_group)
+        with peer_failures_named(f"the {self.name} allreduce of step {step}"):
+            dist.all_reduce(compressed, group=engine.process_group)
         shard.copy_(compressed)
 
 

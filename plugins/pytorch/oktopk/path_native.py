@@ -10,6 +10,7 @@ import weakref
 import torch
 import torch.distributed as dist
 
+from .peer_errors import value_of
 from .paths import Path
 
 
@@ -24,7 +25,7 @@ class Native(Path):
         fut = dist.all_reduce(tensor, group=group, async_op=True).get_future()
 
         def average(f):
-            reduced = f.value()[0].div_(world)
+            reduced = value_of(f, f"the native allreduce of step {step}")[0].div_(world)
             engine._folds.see(reduced)
             return reduced
 

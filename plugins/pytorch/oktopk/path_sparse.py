@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from . import device as device_path_
 from ._lib import OkTopkError
+from .peer_errors import peer_failures_named
 from .layout import on_stream
 from .paths import Path
 from .schedule import density_at
@@ -447,7 +448,8 @@ def _reduce_pooled_dense(engine, bucket, tensor, members, unused):
             slices.append((at, at + b - a, held))
             at += b - a
         fold_group(engine, group_id, flat, slices)
-        dist.all_reduce(flat, group=group)
+        with peer_failures_named("the allreduce of the groups a sparse step keeps dense"):
+            dist.all_reduce(flat, group=group)
         engine._folds.see(flat.div_(world))
         write_back([(t, a, b) for t, a, b, _ in pieces], flat)
 

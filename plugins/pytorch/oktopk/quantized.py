@@ -36,6 +36,7 @@ import threading
 import torch
 import torch.distributed as dist
 
+from .peer_errors import peer_failures_named
 from .transforms import hadamard_matrix, hadamard_rotate, rotation_signs
 
 BITS = 4  # bits per value
@@ -300,7 +301,8 @@ class QuantizedGroup:
         owner_residual = average.sub_(rounded)
         frame = self._frames(codes2, scales2, 1.0 if bad_here else 0.0, _SCRATCH.get("frame", frame_bytes, torch.uint8, device))[0]
         gathered = _SCRATCH.get("gathered", self.world * frame_bytes, torch.uint8, device).view(self.world, -1)
-        dist.all_gather(list(gathered.unbind(0)), frame, group=group)
+        with peer_failures_named("the 4-bit path's gather of the owners' chunks"):
+            dist.all_gather(list(gathered.unbind(0)), frame, group=group)
         chunks, bad_anywhere = self._decode(gathered, values)
         if not bad_anywhere:
             self.residual, self.owner_residual = residual, owner_residual
