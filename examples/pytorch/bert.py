@@ -19,6 +19,15 @@ dense's 0.91 in that run; 2.59 after 450); with ``--adaptive 0.01,0.25
 ended at 0.82 after 450, sending 0.76 MB per step against dense's 2.5 MB.
 ``--warmup``, ``--density-schedule`` and ``--adaptive`` set the OkTopkState
 options of the same names.
+
+``--force-path bf16`` or ``quantized`` runs the hook with the whole run its
+warm-up on that compressed dense path (``warmup_iters`` = ``--steps``,
+``warmup_compression``), as bench/ddp_e2e.py's ``oktopk_forced_*`` methods
+do: the path's quality where the measured choice would keep native.
+``--seed`` changes the model's initialisation, the training sequences and
+their masks (0, the default, is the run above); ``--held-out N`` adds the
+loss on N fixed held-out sequences, the same for every seed and method, to
+the RESULT line.
 """
 
 import argparse
@@ -71,6 +80,18 @@ def markov_corpus(vocab, seq, count, seed):
     return ids
 
 
+def held_out_loss(model, args):
+    """The masked-token loss on ``args.held_out`` sequences drawn, and
+    masked, by fixed seeds of their own: the same for every run."""
+    ids = markov_corpus(args.vocab, args.seq, args.held_out, seed=99)
+    mask = torch.rand(ids.shape, generator=torch.Generator().manual_seed(12345)) < 0.15
+    model.eval()
+    with torch.no_grad():
+        loss = F.cross_entropy(model(ids.masked_fill(mask, args.vocab))[mask], ids[mask]).item()
+    model.train()
+    return loss
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--oktopk", action="store_true")
@@ -87,20 +108,24 @@ def main(argv=None):
     ap.add_argument("--xi-every", type=int, default=None, help="oktopk: measure_xi_every")
     ap.add_argument("--demo", action="store_true", help="train with oktopk.optim.DeMo instead of Adam (the one line that compresses under Adam)")
     ap.add_argument("--demo-lr", type=float, default=1e-3, help="DeMo's learning rate (its sign step's size)")
+    ap.add_argument("--force-path", choices=("bf16", "quantized"), default=None, help="oktopk: every step after DDP's first two on this dense path (implies --oktopk)")
+    ap.add_argument("--seed", type=int, default=0, help="model initialisation, training sequences and masks")
+    ap.add_argument("--held-out", type=int, default=0, metavar="N", help="report the masked-token loss on N fixed held-out sequences at the end")
     args = ap.parse_args(argv)
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    torch.manual_seed(0)
+    torch.manual_seed(args.seed)
     torch.set_num_threads(1)
     model = DDP(TinyBert(args.vocab, seq=args.seq))
     state = None
-    if args.oktopk:
+    if args.oktopk or args.force_path:
         from oktopk import OkTopkState, oktopk_hook
 
         schedule = None if args.density_schedule is None else (float(args.density_schedule.split(",")[0]), int(args.density_schedule.split(",")[1]))
         adaptive = None if args.adaptive is None else tuple(float(x) for x in args.adaptive.split(","))
-        state = OkTopkState(density=args.density, algorithm=args.algorithm, tau_prime=128, warmup_iters=args.warmup,
+        warmup = {"warmup_iters": args.warmup} if args.force_path is None else {"warmup_iters": max(args.steps, 2), "warmup_compression": args.force_path}
+        state = OkTopkState(density=args.density, algorithm=args.algorithm, tau_prime=128, **warmup,
                             density_schedule=schedule, adaptive=adaptive, measure_xi_every=args.xi_every)
         model.register_comm_hook(state, oktopk_hook)  # the one line that switches to sparse
     if args.demo:
@@ -109,7 +134,7 @@ def main(argv=None):
         opt = oktopk.optim.DeMo(model, lr=args.demo_lr)  # was torch.optim.Adam(model.parameters(), lr=args.lr)
     else:
         opt = torch.optim.Adam(model.parameters(), lr=args.lr)
-    data = markov_corpus(args.vocab, args.seq, args.steps * args.batch_size, seed=100 + rank)
+    data = markov_corpus(args.vocab, args.seq, args.steps * args.batch_size, seed=100 + rank + 1000 * args.seed)
     mask_id = args.vocab
     start = time.perf_counter()
     # One batch's masked tokens are few (about 77 per rank), so its loss is
@@ -117,7 +142,7 @@ def main(argv=None):
     recent = []
     for step in range(args.steps):
         ids = data[step * args.batch_size : (step + 1) * args.batch_size]
-        mask = torch.rand(ids.shape, generator=torch.Generator().manual_seed(step * 97 + rank)) < 0.15
+        mask = torch.rand(ids.shape, generator=torch.Generator().manual_seed(step * 97 + rank + 10**7 * args.seed)) < 0.15
         inputs = ids.masked_fill(mask, mask_id)
         logits = model(inputs)
         loss = F.cross_entropy(logits[mask], ids[mask])
@@ -135,11 +160,26 @@ def main(argv=None):
                 extra += f", xi {state.last_xi:.3f}"
             print(f"step {step}: masked-token loss {mean:.3f} (mean of the last {len(recent)} steps; uniform: {math.log(args.vocab):.3f}){extra}", flush=True)
     elapsed = time.perf_counter() - start
+    if args.force_path:  # per step on the path (after DDP's first two), over the ranks: the ring formula, or the library's count of its frames
+        from oktopk.settings import NATIVE_WARMUP_ITERS
+
+        params = sum(p.numel() for p in model.parameters())
+        quantized = torch.tensor([float(state.quantized_bytes_sent)], dtype=torch.float64)
+        dist.all_reduce(quantized)
+        on_path = max(args.steps - NATIVE_WARMUP_ITERS, 1)
+        path_bytes = 2 * params * 2 * (world - 1) / world if args.force_path == "bf16" else quantized.item() / world / on_path
+    # Every rank evaluates (the replicas are equal), so that none is done long
+    # before rank 0 prints.
+    held = held_out_loss(model.module, args) if args.held_out else None
     if rank == 0:
-        mode = "demo" if args.demo else "oktopk" if args.oktopk else "dense"
+        mode = "demo" if args.demo else f"oktopk_forced_{args.force_path}" if args.force_path else "oktopk" if args.oktopk else "dense"
         sent = f" bytes_sent_per_rank_per_iter={state.bytes_sent / max(args.steps - state.warmup_iters, 1):.0f}" if state else ""
         if args.demo:
             sent = f" bytes_sent_per_rank_per_iter={opt.bytes_sent / max(opt.steps, 1):.0f}"
+        if args.force_path:
+            sent = f" bytes_sent_per_rank_per_iter={path_bytes:.0f}"
+        if args.held_out:
+            sent += f" held_out_loss={held:.4f}"
         print(f"RESULT mode={mode} ranks={world} final_loss={mean:.3f} ms_per_iter={1000 * elapsed / args.steps:.1f}{sent}", flush=True)
     if state is not None:
         state.close()
