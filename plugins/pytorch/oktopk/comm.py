@@ -1,8 +1,11 @@
 """A liboktopk communicator for the ranks of a torch.distributed process
-group, set up through the group's own store (the TCPStore torchrun made):
-no extra port or environment variable for the user."""
+group, set up through the group itself (rank 0's job token) and its store
+(every rank's endpoint, under keys of that token): no extra port or
+environment variable for the user."""
 
 import ctypes
+import datetime
+import hashlib
 import ipaddress
 import itertools
 import math
@@ -31,6 +34,30 @@ def value_dtype_name(value_dtype):
     if name is None:
         raise ValueError(f"value_dtype must be float32, float16 or bfloat16 (a name or a torch dtype), got {value_dtype!r}")
     return name
+
+def from_rank_zero(group, value, timeout, what):
+    """Rank 0's ``value`` (bytes, at most 255; None on the other ranks) on
+    every rank of ``group``, broadcast over the group itself, waiting at
+    most ``timeout`` seconds: a rank that stopped or died before it raises
+    OkTopkError (TIMEOUT) naming ``what``, not after the process group's
+    own timeout (torchrun's: 30 minutes)."""
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else torch.device("cpu")
+    buf = torch.zeros(256, dtype=torch.uint8, device=device)
+    if value is not None:
+        if len(value) > 255:
+            raise ValueError(f"oktopk: {what}: {len(value)} bytes, at most 255 travel")
+        buf[0] = len(value)
+        buf[1:1 + len(value)] = torch.tensor(list(value), dtype=torch.uint8)
+    src = 0 if group is None or group is dist.GroupMember.WORLD else dist.get_global_rank(group, 0)
+    try:
+        work = dist.broadcast(buf, src=src, group=group, async_op=True)
+        work.wait(timeout=datetime.timedelta(seconds=timeout))
+    except RuntimeError as e:
+        raise OkTopkError(_lib.TIMEOUT, f"communicator setup: {what} did not come over the process group within {timeout:g} s: "
+                                        f"rank 0 stopped, died, or is still in an earlier step ({e})") from e
+    data = buf.cpu()
+    return bytes(data[1:1 + int(data[0])].tolist())
+
 
 # Communicators are created in the same order on every rank (the training
 # script is the same), so a per-process counter names each one's store keys.
@@ -139,19 +166,24 @@ class Communicator:
                  value_dtype="float32", stochastic_rounding=False):
         if timeout is None:
             timeout = _lib.library_default_config().timeout_ms / 1000
-        store = dist.PrefixStore(f"c{next(_instance_counter)}/", store_for(group))
+        number = next(_instance_counter)
         rank, size = dist.get_rank(group), dist.get_world_size(group)
+        shared = {}
 
         def share_token(token):
-            def exchange():
-                if rank == 0:
-                    store.set("token", token)
-                wait_for(store, ["token"], timeout, "rank 0's job token")
-                return store.get("token")
-
-            return bounded(exchange, timeout, "rank 0's job token")
+            # Over the process group, not the store: the store may outlive
+            # the group (torchrun's agent keeps one store across its
+            # restarts), so a token read there could be an earlier
+            # incarnation's, and the endpoints beside it too.
+            shared["token"] = from_rank_zero(group, token, timeout, "rank 0's job token")
+            return shared["token"]
 
         def gather_endpoints(endpoint):
+            # Under keys of this incarnation's own token: none an earlier
+            # incarnation wrote can be read as this one's.
+            generation = hashlib.sha256(shared["token"]).hexdigest()[:16]
+            store = dist.PrefixStore(f"c{number}/{generation}/", store_for(group))
+
             def exchange():
                 store.set(f"ep/{rank}", endpoint)
                 keys = [f"ep/{r}" for r in range(size)]

@@ -65,6 +65,13 @@ def main(argv=None):
     else:
         args.training_script, args.module = "oktopk.autohook", True
     args.training_script_args = script + list(args.training_script_args)
+    if args.max_restarts > 0:
+        # torchrun's agent keeps one store across its restarts, and by
+        # default the ranks' process group shares it: a restarted rank can
+        # read the keys of the attempt before (a peer's old address), and
+        # gloo's or NCCL's setup then fails or hangs (pytorch/pytorch#135712,
+        # #167288). Each attempt on a store of its own, unless the user chose.
+        os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     run(args)
     return 0
 
