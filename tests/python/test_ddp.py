@@ -122,8 +122,10 @@ def test_auto_counts_the_algorithm_of_every_call_alike_on_every_rank():
         {"value_dtype": "float64"},
         {"value_dtype": "float16", "algorithm": "gtopk"},
         {"value_dtype": "bfloat16", "algorithm": "dense_ring"},
+        {"value_dtype": "int4", "algorithm": "gtopk"},
         {"stochastic_rounding": True},
         {"stochastic_rounding": 1, "value_dtype": "float16"},
+        {"stochastic_rounding": True, "value_dtype": "int8"},
         {"grads_as_bucket_views": 1},
         {"grads_as_bucket_views": None},
         {"momentum_correction": 1},
@@ -396,15 +398,16 @@ def test_rss_does_not_grow_over_hook_calls_after_warm_up():
         assert held <= 9 * grad // 2, f"rank {r}: the library and the hook hold {held} KiB after warm-up, more than 4.5 gradients ({grad} KiB each): {res}"
 
 
-def test_error_feedback_is_exact_with_unused_parameters_and_16_bit_values():
+def test_error_feedback_is_exact_with_unused_parameters_and_reduced_values():
     # find_unused_parameters=True, a parameter unused on every rank at two
     # steps of three (DDP then keeps its .grad and discards the hook's result
     # for it) and one used on rank 0 only, at every other step. Over the
     # sparse steps, per parameter, the gradients given to the hook summed
     # over the ranks must equal P x what DDP applied plus the residuals left:
     # nothing a rank selected for a discarded parameter may vanish, and with
-    # float16 values the rounding errors stay in the residuals too.
-    world, warmup, steps, value_dtypes = 3, 2, 14, ["float32", "float16"]
+    # float16, 8-bit or 4-bit values the rounding errors stay in the
+    # residuals too.
+    world, warmup, steps, value_dtypes = 3, 2, 14, ["float32", "float16", "int8", "int4"]
     runs = run(workers.unused_parameters, world, value_dtypes, warmup, steps)
     for value_dtype in value_dtypes:
         results = {r: runs[r][value_dtype] for r in range(world)}

@@ -13,7 +13,10 @@ import threading
 
 FLOAT32, FLOAT16, BFLOAT16, INT8, INT4 = 0, 1, 2, 3, 4  # INT8, INT4: config.value_dtype only (8-/4-bit values, scaled per 32)
 STOCHASTIC_ROUNDING = 0x100  # or-ed into config.value_dtype
-VALUE_DTYPES = {"float32": FLOAT32, "float16": FLOAT16, "bfloat16": BFLOAT16}
+# The formats sparse values travel in, by name: 16-bit floats, or 8- and
+# 4-bit codes with a scale per block of 32 (the rounding of each stays in
+# the sender's residual, as with 16-bit values).
+VALUE_DTYPES = {"float32": FLOAT32, "float16": FLOAT16, "bfloat16": BFLOAT16, "int8": INT8, "int4": INT4}
 
 # oktopk_result_t (include/oktopk.h), the one copy of its values in Python.
 SUCCESS = 0

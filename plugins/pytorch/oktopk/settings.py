@@ -53,7 +53,7 @@ def check_settings(density, algorithm, tau, tau_prime, timeout, value_dtype, sto
             f"value_dtype {value_dtype} needs algorithm {', '.join(takers[:-1])} or {takers[-1]}; {algorithm!r} keeps no residual or "
             f"sends partial sums, whose rounding errors no rank's residual could take back"
         )
-    if not isinstance(stochastic_rounding, bool) or stochastic_rounding and value_dtype == "float32":
+    if not isinstance(stochastic_rounding, bool) or stochastic_rounding and value_dtype not in ("float16", "bfloat16"):
         raise ValueError(f"stochastic_rounding must be a bool, and True only with float16 or bfloat16 values, got {stochastic_rounding!r}")
     density_schedule = check_schedule(density_schedule, float(density))
     if measure_xi_every is not None and (not is_int(measure_xi_every) or measure_xi_every < 1):

@@ -131,9 +131,10 @@ class OkTopkState(Engine):
 
     :param value_dtype: the precision selected values travel in:
         ``"float32"`` (default), ``"float16"`` or ``"bfloat16"`` (or the torch
-        dtype), for the algorithms ``oktopk``, ``topka``, ``gaussiank`` and ``auto``.
-        16-bit values make each sent (index, value) pair 6 bytes instead of
-        8; the rounding errors stay in the residuals, so nothing is lost.
+        dtype), or ``"int8"``/``"int4"`` (8- or 4-bit codes with a scale per
+        block of 32 values), for the algorithms ``oktopk``, ``topka``,
+        ``gaussiank`` and ``auto``. The rounding errors stay in the
+        residuals, so nothing is lost.
     :param stochastic_rounding: round 16-bit values up or down at random,
         unbiasedly, instead of to nearest (reproducible: the random bits are
         a hash of the bucket, step, rank and index).
