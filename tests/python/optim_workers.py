@@ -22,13 +22,13 @@ def flat_grad(opt):
     return torch.cat([p.grad.reshape(-1) * g["lr"] for g in opt.param_groups for p in g["params"]])
 
 
-def demo_steps(rank, world, port, out, steps, topk, nan_at):
+def demo_steps(rank, world, port, out, steps, topk, nan_at, value_dtype="float32"):
     """DeMo on a DDP module: per step, what each rank needs to check the
     exchange (the accumulated momentum before, the momentum after, the
     parameters before and after)."""
     setup(rank, world, port)
     m = DDP(model())
-    opt = oktopk.optim.DeMo(m, lr=0.01, weight_decay=0.1, topk=topk)
+    opt = oktopk.optim.DeMo(m, lr=0.01, weight_decay=0.1, topk=topk, value_dtype=value_dtype)
     record = []
     for step in range(steps):
         x, y = batch(rank, step)

@@ -90,6 +90,44 @@ def test_demo_momentum_loses_exactly_what_was_sent_and_the_update_is_its_sign(de
         assert np.count_nonzero(sent_total) > 0
 
 
+@pytest.fixture(scope="module")
+def demo_run_int4():
+    world, steps, nan_at = 3, 6, 3
+    return world, steps, nan_at, run(optim_workers.demo_steps, world, steps, 32, nan_at, "int4")
+
+
+def test_demo_with_4_bit_values_keeps_in_the_momentum_what_it_did_not_deliver(demo_run, demo_run_int4):
+    # value_dtype="int4": the selected coefficients travel as 4-bit codes
+    # with a scale per 32. The ranks stay bitwise identical; what the
+    # ranks' momenta lost, summed, is what every rank applied (the update
+    # is the sign of its inverse transform), so a coefficient's rounding
+    # stayed in some momentum; a NaN step still changes nothing; and the
+    # same steps cost fewer bytes than with float32 values.
+    world, steps, nan_at, results = demo_run_int4
+    lr, wd, n = results[0]["lr"], results[0]["wd"], results[0]["n"]
+    t = ChunkedDCT([(48, 20), (48,), (5, 48), (5,)])
+    for s in range(steps):
+        for r in range(1, world):
+            assert np.array_equal(results[r]["steps"][s]["after"], results[0]["steps"][s]["after"]), (s, r)
+        st = results[0]["steps"][s]
+        if s == nan_at:
+            for r in range(world):
+                rs = results[r]["steps"][s]
+                assert np.array_equal(rs["before"], rs["after"]) and np.array_equal(rs["momentum"], rs["momentum_before"]), r
+            continue
+        sent_total = sum(results[r]["steps"][s]["acc"].astype(np.float64) - results[r]["steps"][s]["momentum"] for r in range(world))
+        assert np.count_nonzero(sent_total) > 0
+        step_taken = (st["before"] * (1 - lr * wd) - st["after"]) / lr
+        direction = t.apply(torch.from_numpy(sent_total).float(), inverse=True).numpy()
+        clear = np.abs(direction) > 1e-3 * np.abs(direction).max()
+        assert np.allclose(step_taken[clear], np.sign(direction[clear]), atol=1e-3), s
+        # Some coefficient was rounded: not everything left whole.
+        acc, after = st["acc"], st["momentum"]
+        assert not np.all((after == acc) | (after == 0)), s
+    float32_bytes = demo_run[3][0]["bytes"]
+    assert results[0]["bytes"] < float32_bytes, (results[0]["bytes"], float32_bytes)  # a small model: the frames' headers weigh
+
+
 def test_demo_nan_on_one_rank_skips_the_step_everywhere_and_changes_nothing(demo_run):
     world, steps, nan_at, results = demo_run
     for r in range(world):
@@ -211,6 +249,8 @@ def test_demo_refuses_bad_settings_naming_each():
         (dict(topk=2.0), "topk must be"), (dict(momentum_decay=1.0), "momentum_decay must be"),
         (dict(momentum_decay=True), "momentum_decay must be"), (dict(process_group="world"), "process_group must be None"),
         (dict(communicator="tcp://x"), "communicator must be None or a callable"),
+        (dict(value_dtype="float64"), "value_dtype must be one of float32, float16, bfloat16, int8, int4"),
+        (dict(value_dtype="int8", communicator=lambda density, timeout: None), "value_dtype int8 needs process_group or collectives"),
     ]:
         with pytest.raises(ValueError, match=re.escape(named)):
             oktopk.optim.DeMo(params, **kwargs)
@@ -241,3 +281,6 @@ def test_demo_refuses_a_checkpoint_of_other_settings_by_name():
     with pytest.raises(ValueError, match="the checkpoint's topk is 32, this optimizer's 8"):
         opt.load_state_dict(saved)
     assert opt.state_dict() == before
+    opt = oktopk.optim.DeMo(params, lr=0.01, topk=32, value_dtype="int4")
+    with pytest.raises(ValueError, match="the checkpoint's value_dtype is 'float32', this optimizer's 'int4'"):
+        opt.load_state_dict(saved)

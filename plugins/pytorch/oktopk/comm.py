@@ -24,15 +24,16 @@ _VALUE_DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.
 
 
 def value_dtype_name(value_dtype):
-    """The name ("float32", "float16" or "bfloat16") of the precision sparse
-    values travel in, given as that name or as the torch dtype; ValueError
-    for anything else."""
+    """The name of the format sparse values travel in (a name of
+    ``_lib.VALUE_DTYPES``), given as that name or, for the float formats,
+    as the torch dtype; ValueError for anything else."""
     if isinstance(value_dtype, torch.dtype):
         name = _VALUE_DTYPE_NAMES.get(value_dtype)
     else:
         name = value_dtype if isinstance(value_dtype, str) and value_dtype in _lib.VALUE_DTYPES else None
     if name is None:
-        raise ValueError(f"value_dtype must be float32, float16 or bfloat16 (a name or a torch dtype), got {value_dtype!r}")
+        raise ValueError(f"value_dtype must be one of {', '.join(_lib.VALUE_DTYPES)} (a name; the first three also as a torch dtype), "
+                         f"got {value_dtype!r}")
     return name
 
 def from_rank_zero(group, value, timeout, what):

@@ -69,6 +69,7 @@ try:
 except ImportError:  # torch before 2.4 (Horovod's): no FSDP2 either
     DTensor = None
 
+from .comm import value_dtype_name
 from .device import HostBuffers, selected_call
 from . import _lib
 from .settings import (MAX_INT32, check_agreement, check_checksum, check_process_group, is_int, is_real, process_group_agreement,
@@ -123,11 +124,11 @@ def _check_shards(params, process_group):
         )
 
 
-def _connect_through(collectives):
+def _connect_through(collectives, value_dtype="float32"):
     """DeMo's ``communicator`` callable over ``collectives``: the Ok-Topk
     algorithm, made at the first step (every rank at once)."""
     def connect(density, timeout):
-        return collectives.communicator("oktopk", density, timeout=timeout)
+        return collectives.communicator("oktopk", density, timeout=timeout, value_dtype=value_dtype)
 
     return connect
 
@@ -154,6 +155,11 @@ class DeMo(torch.optim.Optimizer):
         module's, else the default group).
     :param timeout: seconds a step's exchange may take (the library's
         default when None).
+    :param value_dtype: the format the selected coefficients travel in:
+        ``"float32"`` (default), ``"float16"``, ``"bfloat16"``, or
+        ``"int8"``/``"int4"`` (8- or 4-bit codes with a scale per 32
+        values). What the rounding takes off a coefficient stays in the
+        momentum, as what was not selected does.
     :param communicator: how to connect the ranks, for a job without a
         torch process group: a callable taking (density, timeout) and
         returning an ``oktopk.Communicator`` with the Ok-Topk algorithm
@@ -184,7 +190,7 @@ class DeMo(torch.optim.Optimizer):
     """
 
     def __init__(self, params, lr=1e-3, weight_decay=0.0, momentum_decay=MOMENTUM_DECAY, topk=TOPK, chunk=CHUNK,
-                 process_group=None, timeout=None, communicator=None, agreement=None, collectives=None):
+                 process_group=None, timeout=None, communicator=None, agreement=None, collectives=None, value_dtype="float32"):
         _check_rate("lr", lr)
         _check_rate("weight_decay", weight_decay)
         if not (is_real(momentum_decay) and 0 <= momentum_decay < 1):
@@ -199,10 +205,14 @@ class DeMo(torch.optim.Optimizer):
             raise ValueError(f"oktopk: timeout must be None or a number of seconds in (0, {MAX_INT32 // 1000}], got {timeout!r}")
         if communicator is not None and not callable(communicator):
             raise ValueError(f"oktopk: communicator must be None or a callable (density, timeout) -> Communicator, got {communicator!r}")
+        value_dtype = value_dtype_name(value_dtype)  # ValueError naming the formats
+        if communicator is not None and value_dtype != "float32":
+            raise ValueError(f"oktopk: value_dtype {value_dtype} needs process_group or collectives: a communicator callable "
+                             "makes its communicator, and the format with it")
         if collectives is not None:
             if communicator is not None or agreement is not None or process_group is not None:
                 raise ValueError("oktopk: DeMo takes collectives in place of communicator, agreement and process_group: pass one way")
-            communicator = _connect_through(collectives)
+            communicator = _connect_through(collectives, value_dtype)
         process_group = check_process_group(process_group)
         ddp = params if isinstance(params, torch.nn.parallel.DistributedDataParallel) else None
         if ddp is not None:
@@ -214,6 +224,7 @@ class DeMo(torch.optim.Optimizer):
         self._check_groups()
         self.momentum_decay, self.topk, self.chunk = float(momentum_decay), topk, chunk
         self.process_group, self.timeout, self._connect = process_group, timeout, communicator
+        self.value_dtype = value_dtype
         self._agreement = agreement
         self._collectives = collectives
         self._default_timeout = None  # the library's, read at the first wait that needs it
@@ -268,7 +279,8 @@ class DeMo(torch.optim.Optimizer):
             else:
                 from .comm import Communicator
 
-                self._comm = Communicator(self.process_group, algorithm="oktopk", density=self.density, timeout=self.timeout)
+                self._comm = Communicator(self.process_group, algorithm="oktopk", density=self.density, timeout=self.timeout,
+                                          value_dtype=self.value_dtype)
             if self._pending_library_state is not None:
                 host = torch.empty(self.n, dtype=torch.float32)
                 self._comm.load_tensor_state_residual(TENSOR_ID, self._pending_library_state, host)
@@ -304,7 +316,8 @@ class DeMo(torch.optim.Optimizer):
         decide the exchange, every group's lr and weight_decay (they decide
         the update: a rank that steps with another lr drifts from the
         others), and where the run stands."""
-        return {"topk": self.topk, "chunk": self.chunk, "momentum_decay": self.momentum_decay, "coefficients": self.n,
+        return {"topk": self.topk, "chunk": self.chunk, "momentum_decay": self.momentum_decay, "value_dtype": self.value_dtype,
+                "coefficients": self.n,
                 "lr": [group["lr"] for group in self.param_groups],
                 "weight_decay": [group["weight_decay"] for group in self.param_groups],
                 "groups": [len(group["params"]) for group in self.param_groups], "steps": self.steps}
@@ -411,7 +424,7 @@ class DeMo(torch.optim.Optimizer):
             library = self._pending_library_state
         rank, size = self._placement() or (None, None)
         state["oktopk"] = with_checksum({"method": "DeMo", "n": self.n, "topk": self.topk, "chunk": self.chunk,
-                                         "momentum_decay": self.momentum_decay, "steps": self.steps, "skipped_steps": self.skipped_steps,
+                                         "momentum_decay": self.momentum_decay, "value_dtype": self.value_dtype, "steps": self.steps, "skipped_steps": self.skipped_steps,
                                          "bytes_sent": self.bytes_sent, "library_state": library, "rank": rank, "world_size": size})
         return state
 
@@ -425,8 +438,9 @@ class DeMo(torch.optim.Optimizer):
             check_checksum(mine, "DeMo")
         except ValueError as e:
             return str(e)
-        for key, value in (("n", self.n), ("topk", self.topk), ("chunk", self.chunk), ("momentum_decay", self.momentum_decay)):
-            if mine.get(key) != value:
+        for key, value in (("n", self.n), ("topk", self.topk), ("chunk", self.chunk), ("momentum_decay", self.momentum_decay),
+                           ("value_dtype", self.value_dtype)):
+            if mine.get(key, "float32" if key == "value_dtype" else None) != value:  # checkpoints before value_dtype: float32
                 return f"oktopk: the checkpoint's {key} is {mine.get(key)!r}, this optimizer's {value!r}"
         here, saved = self._placement(), (mine.get("rank"), mine.get("world_size"))
         if here is not None and saved[0] is not None and tuple(saved) != tuple(here):
