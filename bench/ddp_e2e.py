@@ -95,6 +95,8 @@ Methods (``--method``):
 - ``demo`` (charlm): ``oktopk.optim.DeMo`` instead of AdamW (its exchange
   over Ok-Topk, DDP's allreduce off), peak learning rate ``--demo-lr``
   on the same schedule, weight decay 0.01, the local gradient clipped.
+  ``demo_int8`` (``demo_int4``, ``demo_bfloat16``): the same with its
+  coefficients sent in that format (DeMo's ``value_dtype``).
 
 Bytes per step are what one rank sends per step once the method compresses
 (after its dense warm-up), averaged over the ranks: for oktopk the library's
@@ -149,7 +151,8 @@ from cnn import VGGStyle, digits  # noqa: E402
 from tta_report import HEADER  # noqa: E402
 
 METHODS = ("ddp", "fp16", "powersgd1", "powersgd4", "oktopk", "oktopk_nomc", "oktopk_auto", "oktopk_sched", "oktopk_quantized", "oktopk_float32",
-           "oktopk_mask", "oktopk_clip", "oktopk_mask_clip", "oktopk_wmask", "oktopk_wmask_sched", "oktopk_forced_bf16", "oktopk_forced_quantized", "demo")
+           "oktopk_mask", "oktopk_clip", "oktopk_mask_clip", "oktopk_wmask", "oktopk_wmask_sched", "oktopk_forced_bf16", "oktopk_forced_quantized", "demo",
+           "demo_bfloat16", "demo_int8", "demo_int4")
 # DeMo's peak learning rate on charlm: the best of bench/adam_sim.py's sweep
 # (results/text.md); its sign step moves every coordinate by the whole rate.
 DEMO_LR = 3e-3
@@ -380,10 +383,11 @@ def train(method, args, width, data):
         model.register_comm_hook(state, oktopk_hook)
         warmup = state.warmup_iters
     peak_lr = args.lr
-    if method == "demo":
+    if method.startswith("demo"):
         import oktopk.optim
 
-        opt = oktopk.optim.DeMo(model, lr=args.demo_lr, weight_decay=0.01)
+        value_dtype = method[len("demo_"):] or "float32"
+        opt = oktopk.optim.DeMo(model, lr=args.demo_lr, weight_decay=0.01, value_dtype=value_dtype)
         peak_lr = args.demo_lr
     elif charlm:
         opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
@@ -455,7 +459,7 @@ def train(method, args, width, data):
         per_step = ring_bytes(params, world, 2)
     elif method.startswith("powersgd"):
         per_step = ring_bytes(state.total_numel_after_compression / compressed, world) if compressed else float("nan")
-    elif method == "demo":  # the library's count of every exchange, indices included
+    elif method.startswith("demo"):  # the library's count of every exchange, indices included
         sent = torch.tensor([float(opt.bytes_sent)], dtype=torch.float64)
         dist.all_reduce(sent)
         per_step = sent.item() / world / step

@@ -49,6 +49,8 @@ def method_name(method):
         return "oktopk_hook, density {density}, warmup_iters=" + method[len("oktopk_w"):]
     if method.startswith("oktopk_d") and method[len("oktopk_d"):].isdigit():
         return NAMES["oktopk"]
+    if method.startswith("demo_"):
+        return NAMES["demo"] + f', value_dtype="{method[len("demo_"):]}"'
     if method not in NAMES and method.startswith("oktopk_"):
         return "oktopk_hook, density {density}" + f', algorithm="{method[len("oktopk_"):]}"'
     return NAMES[method]
