@@ -132,6 +132,7 @@ SETTINGS = [
     ("dense_compression", ["bf16", "fp16"], {}),
     ("value_dtype", ["float32", "bfloat16"], {}),
     ("value_dtype", ["float16", "float32"], {"algorithm": "oktopk"}),
+    ("value_dtype", ["int8", "int4"], {"algorithm": "oktopk"}),
     ("stochastic_rounding", [False, True], {"value_dtype": "float16"}),
     ("density_schedule", [None, [0.5, 4]], {"algorithm": "oktopk"}),
     ("measure_xi_every", [None, 2], {"algorithm": "oktopk"}),
@@ -187,7 +188,7 @@ def ddp_cfg(rng, front="ddp", schedule=None, optimizer=None, choice=None, named=
         state["algorithm"] = rng.choice(named)
         state["tau"], state["tau_prime"] = 2, 3
         if state["algorithm"] in ("oktopk", "topka", "gaussiank", "auto") and rng.random() < 0.4:
-            state["value_dtype"] = rng.choice(["bfloat16", "float16"])
+            state["value_dtype"] = rng.choice(["bfloat16", "float16", "int8", "int4"])
         schedule = "none"
     return {"front": front, "optimizer": optimizer, "model": rng.choice(["small", "deep"]) if front == "ddp" else "small", "state": state,
             "schedule": schedule}
