@@ -233,6 +233,22 @@ def test_stopped_rank_on_a_process_group_step_is_named_on_every_survivor():
         assert res["seconds"] <= 2 * pg_timeout + 2, res
 
 
+def test_a_step_that_fails_after_some_of_its_buckets_completed_gives_back_what_they_took():
+    # The 4-bit path in several buckets, SGD with momentum: rank 1 dies in
+    # step 4 after the last layers' buckets were reduced. Rank 0's step
+    # fails in a later bucket; the 4-bit residuals (its own and the
+    # owner's, of every group) and the velocities are then bitwise what
+    # they were before the step, so a checkpoint saved after the failure
+    # is the one of the step before.
+    res = run(workers.dead_peer_between_buckets, 2, 4.0, expect_exit=[0, 3])[0]
+    assert res["step"] == 4 and "oktopk" in res["error"], res
+    before, after = res["before"], res["after"]
+    assert after["bytes"] > before["bytes"], "no bucket of the failed step completed: the case under test did not occur"
+    assert len(before["quantized"]) >= 2, before["quantized"].keys()
+    assert after["quantized"] == before["quantized"], "the failed step moved 4-bit residuals"
+    assert after["momentum"] == before["momentum"], "the failed step moved velocities"
+
+
 def test_process_group_failures_are_named_and_other_errors_pass_through():
     # The words gloo fails a survivor with when another survivor's timeout
     # closed their connection (the race the test above cannot force).

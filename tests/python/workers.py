@@ -205,6 +205,45 @@ def stopped_peer_on_native_step(rank, world, port, out, pg_timeout, compression)
     write(out, rank, {"step": None})
 
 
+def dead_peer_between_buckets(rank, world, port, out, timeout):
+    """The 4-bit path (the whole run its warm-up) on a model in several
+    buckets, SGD with momentum. At step 4 rank 1 dies inside backward,
+    after the buckets of the last layers were reduced and before the first
+    layer's: rank 0's step fails in a later bucket, after earlier ones of
+    the same step completed. Rank 0 records its state_dict() before the
+    step and after the failure, and the 4-bit path's bytes at both."""
+    setup(rank, world, port)
+    m = DDP(deeper_model(), bucket_cap_mb=0.001)
+    state = OkTopkState(density=0.1, timeout=timeout, warmup=Warmup(iters=100, compression="quantized"))
+    m.register_comm_hook(state, oktopk_hook)
+    o = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+
+    def as_bytes(v):  # tensors as their bytes, the rest as it is, for a bitwise comparison
+        if isinstance(v, torch.Tensor):
+            return v.numpy().tobytes()
+        return {k: as_bytes(x) for k, x in v.items()} if isinstance(v, dict) else v
+
+    def saved():
+        d = state.state_dict()
+        return {"quantized": as_bytes(d["quantized"]), "momentum": as_bytes(d["momentum"]), "bytes": state.quantized_bytes_sent}
+
+    for step in range(6):
+        x, y = batch(rank, step)
+        o.zero_grad()
+        if step == 4:
+            dist.barrier()
+            if rank == 1:
+                m.module[0].weight.register_hook(lambda grad: os._exit(3))  # the first layer's gradient comes last
+            before = saved()
+        try:
+            F.cross_entropy(m(x), y).backward()
+        except Exception as e:  # noqa: BLE001 - what DDP re-raises is checked by the test
+            write(out, rank, {"step": step, "error": str(e), "before": before, "after": saved()})
+            os._exit(0)
+        o.step()
+    write(out, rank, {"step": None})
+
+
 def deeper_model(seed=0):
     torch.manual_seed(seed)
     return nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 5))

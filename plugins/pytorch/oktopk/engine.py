@@ -203,25 +203,28 @@ class Engine(ReducerStats):
         correction = self._momentum
         if bucket.index() == 0:
             self._begin_bucket_step(tensor)
-        if correction is None or not correction.active or correction.idle:
-            return self._reduce_bucket(bucket, tensor)
-        # Momentum correction (oktopk.momentum): every path below reduces the
-        # velocity's step in place of the gradient, and the optimizer gets the
-        # G on which its own momentum lands on the average.
-        work = correction.before(bucket.parameters(), self._layout.members(bucket), tensor)
-        fut = self._reduce_bucket(bucket, tensor)
-        if work is None:
-            return fut
+        work = None
+        if correction is not None and correction.active and not correction.idle:
+            # Momentum correction (oktopk.momentum): every path below reduces
+            # the velocity's step in place of the gradient, and the optimizer
+            # gets the G on which its own momentum lands on the average.
+            work = correction.before(bucket.parameters(), self._layout.members(bucket), tensor)
+        # A failed step (a dead or silent peer) raises, here or from the
+        # future; what its buckets that completed before took (their calls,
+        # folds and velocity steps) is given back on this rank first.
+        try:
+            fut = self._reduce_bucket(bucket, tensor)
+        except BaseException as error:
+            self._folds.fail(error)
+            raise
 
         def finish(f):
             try:
                 reduced = f.value()
-            except BaseException:
-                # A failed step (a dead or silent peer) raises; the buckets of it
-                # that completed before must not have moved a velocity either.
-                correction.give_back_step()
+            except BaseException as error:
+                self._folds.fail(error)
                 raise
-            return correction.after(work, reduced)
+            return reduced if work is None else correction.after(work, reduced)
 
         return fut.then(finish)
 
@@ -361,9 +364,10 @@ class Engine(ReducerStats):
         work = self._correct_shard_before(number, shard)
         try:
             self._reduce_shard(group_id, shard)
-        except BaseException:
-            if self._momentum is not None:  # a failed step moves no velocity, this module's or an earlier one's
-                self._momentum.give_back_step()
+        except BaseException as error:
+            # A failed step moves nothing, this module's or an earlier one's:
+            # their calls, folds and velocity steps are given back.
+            self._folds.fail(error)
             raise
         if work is not None:
             self._momentum.after(work, shard.view(-1))

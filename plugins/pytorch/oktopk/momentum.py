@@ -294,13 +294,6 @@ class MomentumCorrection:
         self._folds = folds
         folds.took(lambda: self._give_back(record))
 
-    def give_back_step(self):
-        """The step under way failed (its exchange raised): the velocities,
-        B and masks as they were before it, now (a failed step is not
-        settled: every later step raises too)."""
-        if self._record is not None:
-            self._give_back(self._record)
-
     def _note(self, what, i, table):
         if self._record is not None:
             self._record.append((what, i, table.get(i, _ABSENT)))

@@ -263,6 +263,24 @@ class StepFolds:
         if self.watching and not self.non_finite and not bool(torch.isfinite(reduced).all()):
             self.non_finite = True
 
+    def fail(self, error):
+        """The step under way failed (a call raised: a dead or silent peer,
+        a mismatch): give back, now, everything it took on this rank (the
+        calls of its groups that completed, its folds, its velocity steps),
+        so that the residuals, quantized residuals and velocities are as
+        before the step, whatever a later checkpoint saves. A take-back
+        that fails itself is added to ``error``'s notes; ``error`` is the
+        one raised. Returns how many were given back."""
+        undo, given_back = self._undo, 0
+        self._undo, self.non_finite, self.watching, self.began = [], False, False, False
+        for give_back in reversed(undo):
+            try:
+                give_back()
+                given_back += 1
+            except BaseException as e:  # noqa: BLE001 - the step's own error is the one to raise
+                error.add_note(f"oktopk: giving back what the failed step took also failed: {e!r}")
+        return given_back
+
     def settle(self):
         """Between steps: give back what the step took if it was not finite
         anywhere; returns how many folds, calls and velocity steps were
