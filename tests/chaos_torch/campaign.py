@@ -759,13 +759,13 @@ def judge(job, run):
             elif before and after and mass_error(before["mass"], after["mass"]):
                 o["info"] = f"rank {r}: state_dict() raised: {mass_error(before['mass'], after['mass'])}"
             elif before and after:
-                # What the plugin promises after a failed step: DeMo's
-                # momentum and parameters unchanged; the hook's velocities
-                # (tests/python: dead_peer). The rest is restored from a
-                # checkpoint (docs/pytorch-details.md, Failures): told, not
-                # counted.
+                # What the plugin promises after a failed step: nothing
+                # moved on the rank where it failed (DeMo: its momentum and
+                # parameters; the hook and FSDP2: every group's library
+                # state, 4-bit residuals and folds, and the velocities: what
+                # the step's completed calls took is given back).
                 moved = mass_moved(before["mass"], after["mass"], job["cfg"]["front"])
-                promised = [m for m in moved if m in ("momentum", "library_state", "velocities")]
+                promised = list(moved)
                 if before["params"] != after["params"]:
                     promised.append("parameters")
                 if promised:

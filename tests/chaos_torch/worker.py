@@ -803,6 +803,11 @@ def main():
         ctx.rank, ctx.world, ctx.workdir = args.rank, args.world, args.workdir
         print(f"--- job {job['id']} ({job['kind']}): {json.dumps(job)[:400]}", flush=True)
         ctx.group = dist.new_group(list(range(args.world)), timeout=datetime.timedelta(seconds=job["pg_timeout"]), backend="gloo")
+        # Every rank at the job's start under the session's long timeout:
+        # the job's short one is for its faults, and a rank that read its
+        # job a few seconds after the others (a loaded machine) would
+        # otherwise time out in DDP's first collective.
+        dist.barrier()
         if job["cfg"]["front"] == "fsdp":
             shards = [dist.new_group([r], backend="gloo") for r in range(args.world)]
             ctx.mesh = DeviceMesh.from_group(shards[args.rank], "cpu")
