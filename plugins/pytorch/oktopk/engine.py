@@ -454,8 +454,14 @@ class Engine(ReducerStats):
         """The ``number``-th group (library tensor id ``group_id``): the
         dense gradients of ``params`` replaced, in place, by their average
         (or sum) over the ranks, through ``call`` (:meth:`group_call`). On
-        the engine's worker thread (:meth:`submit`), groups in order."""
-        groups.reduce_group(self, number, group_id, params, call, average)
+        the engine's worker thread (:meth:`submit`), groups in order. A
+        group that fails (a dead or silent peer) gives back what the step's
+        groups that completed before it took, on this rank, and raises."""
+        try:
+            groups.reduce_group(self, number, group_id, params, call, average)
+        except BaseException as error:
+            self._folds.fail(error)
+            raise
 
     def end_group_step(self, grads):
         """Once every group of the step is back (``grads``: the step's
