@@ -230,7 +230,7 @@ def test_stopped_rank_on_a_process_group_step_is_named_on_every_survivor():
         assert "the native allreduce of step 2 over the process group failed" in res["error"], res["error"]
         assert "when its own wait for a stopped or slow rank ends at the process group's timeout" in res["error"], res["error"]
         assert "gloo" in res["error"], res["error"]
-        assert res["seconds"] <= 2 * pg_timeout + 2, res
+        assert res["seconds"] <= 3 * pg_timeout + 4, res  # the timeout, not the stopped rank's return (a minute on)
 
 
 def test_a_step_that_fails_after_some_of_its_buckets_completed_gives_back_what_they_took():

@@ -217,6 +217,8 @@ class Engine(ReducerStats):
         except BaseException as error:
             self._folds.fail(error)
             raise
+        if work is None and not self._folds.folded:
+            return fut  # nothing of the step taken so far: nothing to give back (a native step's hot path as before)
 
         def finish(f):
             try:
