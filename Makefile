@@ -459,7 +459,7 @@ bench-e2e: $(LIB) venv
 # with every field a number. Never touches results/.
 bench-e2e-smoke: $(LIB) venv deps-text
 	BENCH_MODE=loopback BENCH_E2E_P=2 BENCH_E2E_WIDTH=64 BENCH_E2E_STEPS=6 BENCH_E2E_EVAL=3 BENCH_E2E_TARGET=0 \
-		BENCH_E2E_POWERSGD_START=2 BENCH_E2E_SCHED_STEPS=2 BENCH_E2E_METHODS="ddp fp16 powersgd1 powersgd4 oktopk oktopk_auto oktopk_sched oktopk_w3" BENCH_E2E_STRICT=1 BENCH_E2E_TOGETHER=1 \
+		BENCH_E2E_POWERSGD_START=2 BENCH_E2E_SCHED_STEPS=2 BENCH_E2E_METHODS="ddp fp16 powersgd1 powersgd4 oktopk oktopk_auto oktopk_sched oktopk_w3 oktopk_oktopk_int8 oktopk_oktopk_int4" BENCH_E2E_STRICT=1 BENCH_E2E_TOGETHER=1 \
 		BENCH_LOGS=$(BUILD)/bench-e2e-smoke/logs timeout 120 bench/ddp_e2e.sh $(PY) $(BUILD)/bench-e2e-smoke
 	BENCH_MODE=loopback BENCH_E2E_P=2 BENCH_E2E_MODEL=charlm BENCH_E2E_NAME=text BENCH_E2E_WIDTH=48 BENCH_E2E_STEPS=6 BENCH_E2E_EVAL=3 \
 		BENCH_E2E_TARGET=5.6 BENCH_E2E_POWERSGD_START=2 BENCH_E2E_METHODS="ddp powersgd4 oktopk oktopk_d5 oktopk_w3 demo" BENCH_E2E_STRICT=1 \

@@ -92,6 +92,9 @@ Methods (``--method``):
   instead of ``--density``.
 - ``oktopk_topka``, ``oktopk_gtopk``, ...: the same with that sparse
   algorithm (any of ``oktopk.ALGORITHMS`` but the dense ones).
+  ``_int8`` or ``_int4`` after the algorithm (``oktopk_oktopk_int8``):
+  its selected values sent as 8- or 4-bit codes with a scale per 32
+  (``value_dtype="int8"`` or ``"int4"``).
 - ``demo`` (charlm): ``oktopk.optim.DeMo`` instead of AdamW (its exchange
   over Ok-Topk, DDP's allreduce off), peak learning rate ``--demo-lr``
   on the same schedule, weight decay 0.01, the local gradient clipped.
@@ -243,9 +246,16 @@ def sparse_algorithms():
 def algorithm_of(method):
     """The algorithm an ``oktopk_<algorithm>`` (or ``oktopk_<algorithm>_wN``)
     method names, else None."""
-    method = re.sub(r"(_w\d+)?(_nomc)?$", "", method)
+    method = re.sub(r"(_int[48])?(_w\d+)?(_nomc)?$", "", method)
     name = method[len("oktopk_"):] if method.startswith("oktopk_") else None
     return name if name in sparse_algorithms() else None
+
+
+def value_dtype_of(method):
+    """The value_dtype ("int8" or "int4") an ``oktopk_<algorithm>_int8`` or
+    ``_int4`` method (optionally with _wN) names, else None."""
+    m = re.fullmatch(r"oktopk_.+_(int[48])(_w\d+)?(_nomc)?", method)
+    return m.group(1) if m and algorithm_of(method) is not None else None
 
 
 def density_of(method):
@@ -297,7 +307,7 @@ def main():
         m = m if m == "oktopk_nomc" else m.removesuffix("_nomc")
         if m not in METHODS and warmup_of(m) is None and density_of(m) is None and algorithm_of(m) is None:
             ap.error(f"--method {m!r} is none of {', '.join(METHODS)}, nor oktopk_wN (N >= 2 dense warm-up steps), nor oktopk_dN "
-                     f"(density N%), nor oktopk_<algorithm> ({', '.join(sparse_algorithms())}), optionally with _wN")
+                     f"(density N%), nor oktopk_<algorithm> ({', '.join(sparse_algorithms())}), optionally with _int8 or _int4 and _wN")
     width = args.width if args.width is not None else {"mlp": 4096, "cnn": 13, "fashion": 512, "charlm": 192}[args.model]
     if args.lr is None:
         args.lr = 0.002 if args.model == "charlm" else 0.1
@@ -361,6 +371,8 @@ def train(method, args, width, data):
             kwargs["algorithm"] = args.algorithm
         if algorithm_of(method) is not None:
             kwargs["algorithm"] = algorithm_of(method)
+        if value_dtype_of(method) is not None:
+            kwargs["value_dtype"] = value_dtype_of(method)
         if method.endswith("_nomc"):
             kwargs["momentum_correction"] = False
         if method.removesuffix("_nomc") in ("oktopk_sched", "oktopk_wmask_sched"):
