@@ -231,7 +231,7 @@ def reached_target(model, acc, loss, target):
 def warmup_of(method):
     """N of an ``oktopk_wN`` or ``oktopk_<algorithm>_wN`` method (N >= 2),
     else None."""
-    m = re.fullmatch(r"oktopk(?:_.+)?_w(\d+)(?:_q)?", method)
+    m = re.fullmatch(r"oktopk(?:_.+)?_w(\d+)(?:_q)?(?:_nomc)?", method)
     return int(m.group(1)) if m and int(m.group(1)) >= 2 else None
 
 
