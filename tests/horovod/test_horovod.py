@@ -83,6 +83,7 @@ def test_nan_on_one_rank_is_a_skipped_step_on_every_rank_and_every_residual_stay
         # residual and threshold is what it was before the skipped step.
         assert res["buckets"] >= 2 and res["held"] >= 2, (r, res["buckets"], res["held"])
         assert res["unchanged"], f"rank {r}: a residual changed across the skipped step"
+        assert res["steps_counted"] == 4, f"rank {r}: {res['steps_counted']} steps counted of 5, one of them void"
 
 
 def test_sparse_gradients_need_sparse_as_dense():

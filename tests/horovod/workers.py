@@ -169,7 +169,8 @@ def nan_on_one_rank(out):
             with opt.skip_synchronize():
                 opt.step()
     result = {"finite": finite, "params": digest(model), "buckets": len(opt._buckets),
-              "unchanged": tensors[2] == tensors[3], "held": len(tensors[2])}
+              "unchanged": tensors[2] == tensors[3], "held": len(tensors[2]),
+              "steps_counted": opt.oktopk_state_dict()["step"]}
     opt.close()
     return result
 

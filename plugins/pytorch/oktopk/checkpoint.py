@@ -79,7 +79,7 @@ def check_owner(state):
 
 def fields(state):
     """The checkpoint's fields, without the checksum."""
-    state._folds.settle()  # a step skipped for a NaN left its residuals as they were
+    state._settle_step()  # a step skipped for a NaN left its residuals as they were, and does not count
     tensors = dict(state._pending_state)
     comm = state._reducer.comm
     if comm is not None:

@@ -219,6 +219,11 @@ class StepChoice:
         nothing of its path (a resumed run's first, in DDP's provisional
         bucket layout)."""
         now = self.clock()
+        if self._started is not None and self._started[0] == s:
+            # Step s again: it came back void (a NaN skipped it) and does
+            # not count. Its decision stands; its time starts anew.
+            self._started = (s, now, not untimed)
+            return self.path(s)
         if self._started is not None and self._started[0] == s - 1 and self._started[2]:
             self._seconds[s - 1] = now - self._started[1]
         self._started = (s, now, not untimed)

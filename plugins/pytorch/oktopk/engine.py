@@ -237,7 +237,7 @@ class Engine(ReducerStats):
         # group skipped it on every rank, and the script skipped the
         # optimizer step) gives back what its other groups' calls, folds
         # and velocity steps took, on every rank alike (StepFolds).
-        self._folds.settle()
+        self._settle_step()
         correction = self._momentum
         if correction is not None:
             correction.record_step(self._folds)
@@ -246,6 +246,15 @@ class Engine(ReducerStats):
         self._begin_choice(self.iter, tensor.device, untimed=self._hook_iters == 0)
         if correction is not None and correction.active:
             correction.begin_step(idle=self._native_with_nothing_held())
+
+    def _settle_step(self):
+        """Between steps: a step that came back non-finite anywhere gives
+        back what it took (StepFolds.settle) and does not count: ``iter``
+        goes back to it, so the warm-up, the schedules and the choice go on
+        as if its batch had never been taken, on every rank alike (the
+        verdict is)."""
+        if self._folds.settle():
+            self.iter -= 1
 
     def _begin_choice(self, step, device, untimed):
         """The measured choice's path of step ``step`` (timing the one
@@ -379,7 +388,7 @@ class Engine(ReducerStats):
         # non-finite anywhere gives back what its other modules' calls and
         # folds took, on every rank alike (StepFolds).
         self._shard_device = shard.device  # the agreement's flag lives there (NCCL reduces CUDA tensors)
-        self._folds.settle()
+        self._settle_step()
         self._folds.began = True
         correction = self._momentum
         if correction is not None:

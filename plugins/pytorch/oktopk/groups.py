@@ -248,14 +248,17 @@ def end_step(engine, grads):
         for g in grads:
             folds.see(g)
     # A step that came back non-finite is skipped: what its folds and its
-    # other groups' calls took goes back (StepFolds).
-    folds.settle()
+    # other groups' calls took goes back (StepFolds), and it does not
+    # count: the next step is begun as this one again.
+    void = folds.settle()
     reducer = engine._reducer
-    if reducer.adaptive is not None and engine.iter % engine.measure_xi_every == 0 and reducer.comm is not None:
+    if (not void and reducer.adaptive is not None and engine.iter % engine.measure_xi_every == 0
+            and reducer.comm is not None):
         # Every call of the step is done: the communicator is free for the
         # drift's allreduce.
         reducer.adapt(engine.iter)
-    engine.iter += 1
+    if not void:
+        engine.iter += 1
     choice = engine._choice
     if choice is not None:
         # The step just reduced ends here: time it, and choose the path of

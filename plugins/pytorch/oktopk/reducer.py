@@ -283,15 +283,13 @@ class StepFolds:
 
     def settle(self):
         """Between steps: give back what the step took if it was not finite
-        anywhere; returns how many folds, calls and velocity steps were
-        given back."""
-        given_back = 0
+        anywhere; returns whether it was not (a void step, which the
+        engine then does not count)."""
         non_finite = self.non_finite
         if self.agree is not None and self.began:
             non_finite = self.agree(non_finite)
         if non_finite:
             for undo in reversed(self._undo):
                 undo()
-            given_back = len(self._undo)
         self._undo, self.non_finite, self.watching, self.began = [], False, False, False
-        return given_back
+        return bool(non_finite)
