@@ -30,7 +30,7 @@ FW_VENV := $(OKTOPK_CACHE)/venv-frameworks-$(shell sha256sum $(FW_REQ) | cut -c1
 FW_PY := $(FW_VENV)/bin/python
 GO_SOURCES := $(shell find core transport capi -name '*.go' -not -name '*_test.go') $(wildcard capi/*.c capi/*.h) go.mod go.sum
 
-.PHONY: bits test-accuracy venv-wait-torch venv-wait-horovod gpu-check all deps deps-launch deps-text deps-images bench-text bench-images bench-ddp bench-ddp-smoke venv-wheel build test test-go test-c test-launch test-python test-wheel test-venvs test-horovod test-frameworks venv-frameworks venv-wait-frameworks wheel demo demo-runs bench bench-quick bench-smoke bench-e2e bench-e2e-smoke bench-go bench-scale bench-wire examples header-check clean venv venv-horovod print-py chaos chaos-smoke chaos-torch chaos-torch-smoke fuzz
+.PHONY: bits test-accuracy test-frameworks-setup test-frameworks-result venv-wait-torch venv-wait-horovod gpu-check all deps deps-launch deps-text deps-images bench-text bench-images bench-ddp bench-ddp-smoke venv-wheel build test test-go test-c test-launch test-python test-wheel test-venvs test-horovod test-frameworks venv-frameworks venv-wait-frameworks wheel demo demo-runs bench bench-quick bench-smoke bench-e2e bench-e2e-smoke bench-go bench-scale bench-wire examples header-check clean venv venv-horovod print-py chaos chaos-smoke chaos-torch chaos-torch-smoke fuzz
 
 all: build
 
@@ -157,6 +157,13 @@ venv-wait-horovod:
 venv-wait-frameworks:
 	@tests/background.sh $(BACKGROUND) wait frameworks-venv
 	@$(MAKE) --no-print-directory venv-frameworks
+# make test runs test-frameworks beside test-python, at the lowest CPU
+# priority: test-python leaves about a quarter of the 2 cores idle (its
+# ranks wait on each other), which the frameworks' suite takes; its output
+# is printed whole, and its status counted, once test-python has ended.
+test-frameworks-setup: venv-wait-frameworks deps-images deps-text
+test-frameworks-result:
+	@tests/background.sh $(BACKGROUND) result test-frameworks
 # $(call timed,NAME,TARGET): make TARGET, its wall time recorded as NAME.
 # The + runs it under `make -n` too, so that the sub-make shows its recipe.
 timed = +@tests/timed.sh $(TEST_TIMES) run "$(1)" $(MAKE) --no-print-directory $(2)
@@ -172,10 +179,9 @@ test:
 	$(call timed,setup: Open MPI and Slurm,deps-launch)
 	$(call timed,setup: torch venv (the wait for its background build),venv-wait-torch)
 	$(call timed,test-launch,test-launch)
+	@tests/background.sh $(BACKGROUND) start test-frameworks $(MAKE_COMMAND) --no-print-directory test-frameworks-setup test-frameworks
 	$(call timed,test-python,test-python)
-	$(call timed,setup: frameworks venv (the wait for its background build),venv-wait-frameworks)
-	$(call timed,setup: Fashion-MNIST and fortunes,deps-images deps-text)
-	$(call timed,test-frameworks,test-frameworks)
+	$(call timed,test-frameworks (beside test-python; the wait for its end),test-frameworks-result)
 	$(call timed,setup: wheel venv,venv-wheel)
 	$(call timed,setup: horovod venv (the wait for its background build),venv-wait-horovod)
 	$(call timed,test-wheel,test-wheel)

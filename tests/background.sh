@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# background.sh DIR start NAME COMMAND... | DIR wait NAME
+# background.sh DIR start NAME COMMAND... | DIR wait NAME | DIR result NAME
 # Setup that `make test` builds while its first suites run: on a fresh
 # machine the two virtualenvs (torch's download, Horovod's build from
 # source) take about 5 minutes, and the suites before them leave about a
@@ -17,6 +17,11 @@
 #          target: a no-op when the background built it, the build itself
 #          when it failed (never both at once: wait returns only once the
 #          background has ended).
+#   result for a suite started in the background (test-frameworks beside
+#          test-python: it fills the cores the other leaves idle): waits as
+#          wait does, prints the suite's whole output and how long it ran,
+#          and exits 0 if it passed, else 1 (also when it was never started
+#          or died).
 set -u
 dir=$1 action=$2 name=$3
 shift 3
@@ -49,8 +54,22 @@ wait)
 		tail -n 40 "$log"
 	fi
 	;;
+result)
+	if [ ! -f "$pid_file" ]; then
+		echo "$name: was not started in the background" >&2
+		exit 1
+	fi
+	pid=$(cat "$pid_file")
+	while [ ! -f "$rc_file" ] && kill -0 "$pid" 2>/dev/null; do sleep 1; done
+	rm -f "$pid_file"
+	read -r rc secs <"$rc_file" 2>/dev/null || { rc=died secs=?; }
+	cat "$log"
+	echo "$name: ran in the background for $secs s, status $rc"
+	[ "$rc" = 0 ]
+	exit
+	;;
 *)
-	echo "usage: $0 DIR start NAME COMMAND... | DIR wait NAME" >&2
+	echo "usage: $0 DIR start NAME COMMAND... | DIR wait NAME | DIR result NAME" >&2
 	exit 2
 	;;
 esac

@@ -8,7 +8,10 @@
 #   - a failed command's wait says so with its status and its log's tail,
 #     and still exits 0 (the step then runs the build itself);
 #   - a second start of the same name stops the first build first (two
-#     builds of one virtualenv would remove each other's files).
+#     builds of one virtualenv would remove each other's files);
+#   - result (a suite run beside another) waits for its end, prints its
+#     whole output and its status, and exits 0 only if it passed; for a
+#     name never started it fails.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 bg=$here/background.sh
@@ -43,6 +46,17 @@ kill -0 "$first" 2>/dev/null && fail "the first build of the same name still run
 [ -f "$dir/second.done" ] || fail "the second build did not run"
 sleep 2.5
 [ ! -f "$dir/first.done" ] || fail "the first build went on to its end"
+
+"$bg" "$dir" start suite bash -c 'sleep 1; echo "first line"; echo "last line"; touch "$0/suite.done"' "$dir" >/dev/null
+out=$("$bg" "$dir" result suite) || fail "result of a suite that passed exited $?"
+[ -f "$dir/suite.done" ] || fail "result returned before the suite ended"
+[[ $out == "first line"*"last line"*"suite: ran in the background for "*" s, status 0" ]] || fail "result said: $out"
+"$bg" "$dir" start failing bash -c 'echo "1 failed"; exit 4' >/dev/null
+out=$("$bg" "$dir" result failing)
+rc=$?
+[ "$rc" = 1 ] && [[ $out == *"1 failed"*"status 4" ]] || fail "result of a failed suite exited $rc and said: $out"
+out=$("$bg" "$dir" result never 2>&1) && fail "result of a suite never started exited 0"
+[[ $out == *"was not started"* ]] || fail "result of a suite never started said: $out"
 
 if [ "$failures" = 0 ]; then
 	echo "background_test.sh: ok"
