@@ -86,6 +86,45 @@ def test_nan_on_one_rank_is_a_skipped_step_on_every_rank_and_every_residual_stay
         assert res["steps_counted"] == 4, f"rank {r}: {res['steps_counted']} steps counted of 5, one of them void"
 
 
+def autohook_run(tmp_path, *script_args, env=None):
+    """tests/horovod/launched_hvd_train.py, unchanged, under horovodrun -np 2
+    with ``python -m oktopk.autohook``: horovodrun's result and each rank's
+    record."""
+    import json
+
+    out = tmp_path / "out"
+    out.mkdir(parents=True)
+    root = os.path.join(HERE, "..", "..")
+    cmd = [HOROVODRUN, "--gloo", "-np", "2", "-H", "localhost:2", sys.executable, "-m", "oktopk.autohook",
+           os.path.join(HERE, "launched_hvd_train.py"), "--out", str(out), *script_args]
+    path = os.pathsep.join([os.path.join(root, "plugins", "pytorch"), os.path.join(root, "plugins", "horovod")])
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=path, **(env or {})))
+    ranks = {int(f[4:-5]): json.load(open(out / f)) for f in os.listdir(out)}
+    return proc, ranks
+
+
+def test_the_zero_line_launcher_gives_an_unchanged_horovod_scripts_optimizer_oktopks_compression(tmp_path):
+    proc, ranks = autohook_run(tmp_path, env={"OKTOPK_DENSITY": "0.05"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert sorted(ranks) == [0, 1], proc.stdout[-3000:]
+    for r, res in ranks.items():
+        assert res["bytes_sent"] is not None and res["bytes_sent"] > 0, res  # the library's calls, counted by the optimizer
+    assert ranks[0]["params"] == ranks[1]["params"]
+    said = [line for line in (proc.stdout + proc.stderr).splitlines() if "Compression.oktopk(density=0.05) is on" in line]
+    assert len(said) == 1, proc.stdout[-3000:] + proc.stderr[-3000:]  # rank 0 only, once
+    proc, ranks = autohook_run(tmp_path / "fp16", "--fp16")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert all(res["bytes_sent"] is None for res in ranks.values()), ranks  # Horovod's own optimizer, untouched
+    assert "has compression=" in proc.stdout + proc.stderr and "left as it is" in proc.stdout + proc.stderr, proc.stderr[-3000:]
+    # A setting Horovod's optimizer cannot honour (a dense warm-up) is
+    # refused where the script builds one, by name.
+    proc, _ = autohook_run(tmp_path / "refused", env={"OKTOPK_WARMUP_ITERS": "5"})
+    assert proc.returncode != 0
+    said = proc.stdout + proc.stderr
+    assert "refused for hvd.DistributedOptimizer" in said and "warmup" in said, said[-3000:]
+
+
 def test_sparse_gradients_need_sparse_as_dense():
     results = horovodrun(2, "sparse_embedding")
     for r, res in results.items():

@@ -18,6 +18,14 @@ Accelerate's ``comm_hook``, a script's ``register_comm_hook``); by the
 first forward every such registration has happened, so a module that has
 a hook of its own keeps it, and oktopk says so.
 
+Under horovodrun, where ``oktopk_horovod`` is installed, the same goes
+for ``hvd.DistributedOptimizer``: one built with Horovod's default
+compression (none) is ``oktopk_horovod.DistributedOptimizer`` with
+``Compression.oktopk`` and the settings below; one given a compression of
+its own (``hvd.Compression.fp16``), or options the sparse optimizer has no
+counterpart for (``num_groups``, ``groups``, another process set), is left
+as it is, and oktopk says so.
+
 Settings: every ``OkTopkState`` setting, by its flat name
 (``oktopk.settings.FLAT``), from an ``OKTOPK_<NAME>`` variable (``OKTOPK_DENSITY=0.02``,
 ``OKTOPK_DENSE_COMPRESSION=quantized``), read as a Python literal where
@@ -67,7 +75,10 @@ def _rank():
 
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank()
-    return int(os.environ.get("RANK", os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("SLURM_PROCID", "0"))))
+    for name in ("RANK", "HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"):  # torchrun, horovodrun, mpirun, srun
+        if name in os.environ:
+            return int(os.environ[name])
+    return 0
 
 
 def _say(text):
@@ -101,7 +112,54 @@ def install(settings=None):
     DDP.forward = first_forward
     DDP._register_builtin_comm_hook = register_builtin
     DDP._oktopk_autohook = True
+    _install_horovod(settings)
     atexit.register(_say_if_nothing)
+
+
+def _install_horovod(settings):
+    """Where Horovod and oktopk_horovod are installed: hvd.DistributedOptimizer
+    builds oktopk_horovod's with Compression.oktopk(settings), unless the
+    script chose a compression or options of its own."""
+    import importlib.util
+
+    if importlib.util.find_spec("horovod") is None or importlib.util.find_spec("oktopk_horovod") is None:
+        return
+    import horovod.torch as hvd
+    import oktopk_horovod
+
+    from .settings import Settings
+
+    plain = hvd.DistributedOptimizer
+    try:
+        compression, refused = oktopk_horovod.Compression.oktopk(settings=Settings.from_flat(**settings)), None
+    except ValueError as e:  # a setting Horovod's optimizer cannot honour: refused if the script builds one
+        compression, refused = None, e
+
+    def DistributedOptimizer(optimizer, named_parameters=None, **kwargs):
+        kwargs.setdefault("compression", hvd.Compression.none)
+        own = []
+        if kwargs["compression"] is not hvd.Compression.none:
+            own.append(f"compression={getattr(kwargs['compression'], '__name__', kwargs['compression'])}")
+        own += [f"{name}={kwargs[name]!r}" for name in ("num_groups", "groups") if kwargs.get(name)]
+        if kwargs.get("process_set", hvd.global_process_set) is not hvd.global_process_set:
+            own.append("a process set of its own")
+        _seen["modules"] += 1
+        if own:
+            _seen["kept"] += 1
+            _say(f"hvd.DistributedOptimizer({type(optimizer).__name__}) has {', '.join(own)}: left as it is")
+            return plain(optimizer, named_parameters=named_parameters, **kwargs)
+        if refused is not None:
+            raise ValueError(f"oktopk: the {PREFIX}* settings are refused for hvd.DistributedOptimizer: {refused}") from None
+        kwargs["compression"] = compression
+        opt = oktopk_horovod.DistributedOptimizer(optimizer, named_parameters=named_parameters, **kwargs)
+        registered.append((opt, opt))
+        chosen = ", ".join(f"{k}={v!r}" for k, v in settings.items())
+        _say(f"Compression.oktopk({chosen}) is on for hvd.DistributedOptimizer({type(optimizer).__name__}) over "
+             f"{hvd.size()} ranks")
+        return opt
+
+    DistributedOptimizer.__doc__ = plain.__doc__
+    hvd.DistributedOptimizer = DistributedOptimizer
 
 
 def _attach(module, settings):
@@ -126,8 +184,8 @@ def _attach(module, settings):
 
 def _say_if_nothing():
     if not registered and not _seen["kept"]:
-        _say("the script built no DistributedDataParallel (or never ran one forward), so nothing was switched on; "
-             "FSDP2 and Horovod take oktopk in one line of their own (docs/ways-in.md)")
+        _say("the script built no DistributedDataParallel (or never ran one forward) and no hvd.DistributedOptimizer, "
+             "so nothing was switched on; FSDP2 takes oktopk in one line of its own (docs/ways-in.md)")
 
 
 def main(argv=None):
