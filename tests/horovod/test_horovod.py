@@ -367,6 +367,21 @@ def test_momentum_correction_at_density_one_equals_horovods_sgd_with_momentum(ne
     assert results[0]["digest"] == results[1]["digest"]
 
 
+@pytest.mark.parametrize("nesterov", ["0", "1"])
+def test_a_native_step_with_nothing_held_is_plain_horovod_bitwise_and_corrects_nothing(nesterov):
+    # Once the measured choice keeps native and a native step has folded
+    # every residual in, a step's average is the gradients' own: the
+    # correction hands it through (no pass over it), and the run goes on
+    # as plain Horovod's SGD with momentum would from the same state, bit
+    # for bit, momentum buffers included.
+    results = horovodrun(2, "native_hands_through", nesterov)
+    for r, res in results.items():
+        assert "sparse" in res["paths"], f"rank {r}: the run never held a residual: {res['paths']}"
+        assert res["same"] == [True] * 4, f"rank {r}: {res}"
+        assert res["worked"] == [], f"rank {r}: the correction worked on native steps {res['worked']}"
+    assert results[0]["params"] == results[1]["params"]
+
+
 def test_oktopk_state_with_a_changed_field_is_refused_at_load():
     import horovod.torch as hvd
     import torch

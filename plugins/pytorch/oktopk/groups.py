@@ -140,7 +140,13 @@ def reduce_group(engine, number, group_id, params, call, average):
         _reduce(engine, number, group_id, [p.grad for p in params], call, average)
         return
     if number == 0:
-        correction.begin_step()
+        # A native step with no residual held anywhere is the gradients'
+        # own average: the correction hands it through, and the step costs
+        # what Horovod's allreduce does (MomentumCorrection.begin_step).
+        correction.begin_step(idle=engine._path == NATIVE and not engine._residual_groups)
+    if correction.idle:
+        _reduce(engine, number, group_id, [p.grad for p in params], call, average)
+        return
     work = [(p, correction.before([p], [(correction.index_of(p), 0, p.numel())], p.grad.view(-1))) for p in params]
     _reduce(engine, number, group_id, [p.grad for p in params], call, average)
     for p, w in work:
