@@ -109,6 +109,45 @@ def density_one(rank, world, port, out, steps, momentum=None):
     dist.destroy_process_group()
 
 
+def native_steps_hand_through(rank, world, port, out, steps, nesterov, weight_decay):
+    """Native HSDP, and the corrected hook through a native warm-up of
+    ``steps`` steps (nothing held in any residual), under the same SGD
+    with momentum 0.9: whether the parameter shards and momentum buffers
+    are the same bits after every step, and how many shards the correction
+    worked on."""
+    setup(rank, world, port)
+    mesh = mesh_2x2()
+    runs = {}
+    worked = []
+    for mode in ("native", "hook"):
+        model = sharded_stack(mesh, mode == "hook")
+        state = None
+        if mode == "hook":
+            state = OkTopkState(process_group=mesh.get_group("replicate"), density=0.05, algorithm="oktopk", warmup_iters=steps)
+            oktopk.fsdp.register(model, state)
+            before = state._momentum.before
+
+            def counting(*args):
+                worked.append(state.iter)
+                return before(*args)
+
+            state._momentum.before = counting
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=nesterov, weight_decay=weight_decay)
+        after = []
+        for s in range(steps):
+            step(model, opt, rank, s)
+            after.append(({k: v.clone() for k, v in local_shards(model).items()},
+                          {name: opt.state[p]["momentum_buffer"].to_local().clone() for name, p in model.named_parameters()}))
+        runs[mode] = after
+        if state is not None:
+            active = state._momentum.active
+            state.close()
+    same = [all(torch.equal(a[0][k], b[0][k]) for k in a[0]) and all(torch.equal(a[1][k], b[1][k]) for k in a[1])
+            for a, b in zip(runs["native"], runs["hook"])]
+    write(out, rank, {"same": same, "worked_at": sorted(set(worked)), "active": active})
+    dist.destroy_process_group()
+
+
 def mass(rank, world, port, out, algorithm, steps, device_path=None):
     """oktopk over the replicas at density 5%: per FSDP2 module and step
     after the warm-up, the shard given to the hook and the one it returned;

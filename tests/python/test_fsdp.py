@@ -16,6 +16,20 @@ from test_ddp import run
 WORLD = 4
 
 
+@pytest.mark.parametrize("nesterov,weight_decay", [(False, 0.0), (True, 0.01)])
+def test_a_native_shard_step_with_nothing_held_is_native_hsdp_bitwise_and_corrects_nothing(nesterov, weight_decay):
+    # A native step whose average holds no residual is the gradients' own
+    # average: the correction hands it through (no pass over it), and the
+    # run is native HSDP's, bit for bit, momentum buffers included, as the
+    # DDP hook's is plain DDP's. Steps 1-4 of the warm-up are such steps once
+    # the optimizer has stepped (the correction starts after its first step).
+    results = run(fsdp_workers.native_steps_hand_through, WORLD, 5, nesterov, weight_decay)
+    for r, res in results.items():
+        assert res["active"], res
+        assert res["same"] == [True] * 5, f"rank {r}: {res}"
+        assert res["worked_at"] == [], f"rank {r}: the correction worked on native steps {res['worked_at']}"
+
+
 @pytest.mark.parametrize("nesterov,dampening,weight_decay", [(False, 0.0, 0.0), (True, 0.0, 0.01), (False, 0.5, 0.01)])
 def test_hsdp_momentum_correction_at_density_one_equals_native_hsdp_sgd_with_momentum(nesterov, dampening, weight_decay):
     # The momentum correction on FSDP2 replicas: each rank's velocity of its
@@ -25,8 +39,9 @@ def test_hsdp_momentum_correction_at_density_one_equals_native_hsdp_sgd_with_mom
     results = run(fsdp_workers.density_one, WORLD, 6, (0.9, nesterov, dampening, weight_decay))
     for r, res in results.items():
         assert res["corrected"] == res["params"], f"rank {r}: the correction took {res['corrected']} of {res['params']}"
-        # Every module's shard of every step after the optimizer's first.
-        assert res["corrected_shards"] == 4 * 5, f"rank {r}: {res['corrected_shards']} shards corrected"
+        # Every module's shard of every step after the optimizer's first but
+        # the warm-up's second (native, nothing held: handed through).
+        assert res["corrected_shards"] == 4 * 4, f"rank {r}: {res['corrected_shards']} shards corrected"
         for name, native in res["native"].items():
             diff = np.abs(res["sparse"][name] - native).max()
             assert diff <= 1e-5 * max(1.0, np.abs(native).max()), f"rank {r} {name}: {diff}"

@@ -245,7 +245,7 @@ class Engine(ReducerStats):
             agree_on_settings(self, tensor.device)
         self._begin_choice(self.iter, tensor.device, untimed=self._hook_iters == 0)
         if correction is not None and correction.active:
-            correction.begin_step(idle=self._native_with_nothing_held())
+            correction.begin_step(idle=self._native_with_nothing_held(self.iter))
 
     def _settle_step(self):
         """Between steps: a step that came back non-finite anywhere gives
@@ -276,14 +276,14 @@ class Engine(ReducerStats):
         elif step == self.timed_warmup_step() + 1:
             choice.end_warmup_step()  # a compressed warm-up's step follows it
 
-    def _native_with_nothing_held(self):
-        """Whether every bucket of the step about to begin goes native with no
-        residual held anywhere: a dense step whose average is the gradients'
-        average and nothing else. The momentum correction then has nothing to
-        move (at density 1 it is the optimizer's own momentum) and hands the
-        gradient through, so a native step costs what torch's allreduce_hook
-        does (oktopk.momentum, MomentumCorrection.begin_step)."""
-        s = self.iter
+    def _native_with_nothing_held(self, s):
+        """Whether every bucket (or shard) of step ``s``, about to begin, goes
+        native with no residual held anywhere: a dense step whose average is
+        the gradients' average and nothing else. The momentum correction
+        then has nothing to move (at density 1 it is the optimizer's own
+        momentum) and hands the gradient through, so a native step costs
+        what torch's allreduce_hook (or FSDP2's own reduction) does
+        (oktopk.momentum, MomentumCorrection.begin_step)."""
         path = self.warmup_path(s) if s < self.warmup_iters else self._path
         return path == NATIVE and not any(p.holds(self) for p in PATHS.values())
 
@@ -393,8 +393,6 @@ class Engine(ReducerStats):
         correction = self._momentum
         if correction is not None:
             correction.record_step(self._folds)
-            if correction.active:
-                correction.begin_step()
         if self._agreement_steps:
             agree_on_settings(self, shard.device)  # before anything the settings decide
         if self._measured_step is not None:  # every call of that step is done, on every rank
@@ -405,6 +403,8 @@ class Engine(ReducerStats):
         self._new_shard_step = False
         self._begin_choice(self._shard_step, shard.device, untimed=self._shard_steps_run == 0)
         self._shard_steps_run += 1
+        if correction is not None and correction.active:
+            correction.begin_step(idle=self._native_with_nothing_held(self._shard_step))
 
     def _correct_shard_before(self, number, shard):
         """The correction's ``before`` on module ``number``'s shard, or None
@@ -412,7 +412,7 @@ class Engine(ReducerStats):
         optimizer's first step), or a float16 shard (FSDP2 divides such a
         sum after the hook: the G would be scaled)."""
         correction = self._momentum
-        if correction is None or not correction.active or shard.dtype == torch.float16:
+        if correction is None or not correction.active or correction.idle or shard.dtype == torch.float16:
             return None
         params, members, padded = self._shard_slices[number]
         if padded != shard.numel() or not shard.is_contiguous():
