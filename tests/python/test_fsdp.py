@@ -154,19 +154,28 @@ def test_register_refuses_native_hsdp_the_world_group_an_unsharded_model_and_a_s
 @pytest.mark.parametrize("example", ["hsdp.py", "pipeline.py"])
 def test_examples_at_density_one_match_dense(example):
     # The examples' own runs, 8 steps: at k = n the sparse run's loss is the
-    # dense run's, on both mesh dimensions' setups.
-    def final(extra):
+    # dense run's, on both mesh dimensions' setups. The two jobs run at
+    # once (their ranks spend much of their start waiting on each other).
+    def start(extra):
         env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "plugins", "pytorch"), OMP_NUM_THREADS="1")
         port = free_port()
-        out = subprocess.run(
+        return subprocess.Popen(
             [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", f"--master-port={port}",
              os.path.join(ROOT, "examples", "pytorch", example), "--steps", "8", *extra],
-            capture_output=True, text=True, env=env, timeout=240)
-        assert out.returncode == 0, out.stderr[-3000:]
-        line = [x for x in out.stdout.splitlines() if x.startswith("RESULT")][-1]
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+    def final(job):
+        stdout, stderr = job.communicate(timeout=240)
+        assert job.returncode == 0, stderr[-3000:]
+        line = [x for x in stdout.splitlines() if x.startswith("RESULT")][-1]
         return dict(kv.split("=") for kv in line.split()[1:])
 
-    dense, sparse = final([]), final(["--oktopk", "--algorithm", "oktopk", "--density", "1"])
+    jobs = start([]), start(["--oktopk", "--algorithm", "oktopk", "--density", "1"])
+    try:
+        dense, sparse = final(jobs[0]), final(jobs[1])
+    finally:
+        for job in jobs:
+            job.kill()
     assert sparse["final_loss"] == dense["final_loss"], (dense, sparse)
 
 
