@@ -125,6 +125,42 @@ def test_the_zero_line_launcher_gives_an_unchanged_horovod_scripts_optimizer_okt
     assert "refused for hvd.DistributedOptimizer" in said and "warmup" in said, said[-3000:]
 
 
+def test_under_horovods_elastic_mode_a_killed_rank_shrinks_the_job_and_a_new_one_grows_it_back(tmp_path):
+    # horovodrun --min-np 1 --max-np 2 on this machine under two host names
+    # (a failed worker blacklists its whole host for a second or two), rank
+    # 1 SIGKILLed in step 5: the survivor's library call fails naming the
+    # lost rank, raised as HorovodInternalError; hvd.elastic.run restores
+    # the last commit and goes on alone, and once the host is back a new
+    # rank 1 joins. Each reset starts a new engine over the ranks as they
+    # are; the residuals of the commit before the kill no longer go with
+    # the parameters (commits were made at another size since) and are
+    # dropped, once, and said.
+    import json
+
+    discover = tmp_path / "discover.sh"
+    discover.write_text("#!/bin/sh\necho localhost:1\necho 127.0.0.1:1\n")
+    discover.chmod(0o755)
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+    out.mkdir()
+    root = os.path.join(HERE, "..", "..")
+    cmd = [HOROVODRUN, "--gloo", "-np", "2", "--min-np", "1", "--max-np", "2", "--host-discovery-script", str(discover),
+           "--blacklist-cooldown-range", "1", "2", "--network-interface", "lo", sys.executable,
+           os.path.join(HERE, "elastic_train.py"), "--out", str(out), "--ckpt", str(ckpt), "--kill-at", "5", "--steps", "12",
+           "--step-seconds", "0.3", "--until-size", "2"]
+    path = os.pathsep.join([os.path.join(root, "plugins", "pytorch"), os.path.join(root, "plugins", "horovod")])
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, start_new_session=True,
+                          env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=path))
+    said = proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, said
+    ranks = {int(f[4:-5]): json.load(open(out / f)) for f in os.listdir(out)}
+    assert sorted(ranks) == [0, 1], said
+    assert ranks[0]["resets"] == [1, 2], ranks  # shrunk to the survivor, grown back to two
+    assert ranks[0]["digest"] == ranks[1]["digest"], ranks  # the new rank took the survivor's parameters
+    for r, res in ranks.items():
+        assert res["step"] >= 12 and res["bytes_sent"] > 0, res
+        assert res["last_restart"] == "dropped" and res["dropped"] == 1, (r, res)
+
+
 def test_sparse_gradients_need_sparse_as_dense():
     results = horovodrun(2, "sparse_embedding")
     for r, res in results.items():

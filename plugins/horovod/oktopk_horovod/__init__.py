@@ -22,11 +22,12 @@ place of ``hvd.DistributedOptimizer``: it exchanges its momentum itself.
 import oktopk
 from oktopk import OkTopkError
 
+from . import elastic
 from .compression import Compression, OkTopkCompressor
 from .optim import DeMo
 from .optimizer import DistributedOptimizer
 
-__all__ = ["ALGORITHMS", "Compression", "DeMo", "DistributedOptimizer", "OkTopkCompressor", "OkTopkError"]
+__all__ = ["ALGORITHMS", "Compression", "DeMo", "DistributedOptimizer", "OkTopkCompressor", "OkTopkError", "elastic"]
 
 
 def __getattr__(name):

@@ -32,12 +32,15 @@ the order buckets are issued in, ``synchronize()`` and ``step()``.
 """
 
 import contextlib
+import os
 import threading
 
 import horovod.torch as hvd
 import torch
 
 import oktopk
+from horovod.common.exceptions import HorovodInternalError
+from oktopk import OkTopkError
 
 from .buckets import check_ranks_agree, make_buckets, parameters_by_name
 from .collectives import HorovodCollectives, check_owner
@@ -46,6 +49,10 @@ from .compression import OkTopkCompressor
 BUCKET_BYTES = 25 * 1024 * 1024  # DDP's default bucket_cap_mb
 # The line the notice of an Adam-family optimizer suggests.
 DEMO_LINE = "opt = oktopk_horovod.DeMo(model.parameters(), lr=3e-3, weight_decay=0.01)"
+# The library's failures that mean a rank was lost or went silent (a dead
+# peer, a timeout, a call aborted after one), which horovodrun's elastic
+# mode recovers from.
+_PEER_FAILURES = (oktopk._lib.REMOTE_ERROR, oktopk._lib.TIMEOUT, oktopk._lib.ABORTED)
 
 
 def DistributedOptimizer(
@@ -106,28 +113,70 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
         self.backward_passes_per_step = backward_passes_per_step
         self._average = op == hvd.Average
         named = parameters_by_name(self.param_groups, named_parameters)
-        check_ranks_agree([name for name, _ in named])
+        self._names = [name for name, _ in named]
         self._buckets = make_buckets(named, bucket_bytes)
         self._bucket_of = {}
         for bucket in self._buckets:
             for p in bucket.params:
                 self._bucket_of[p] = bucket
+        self._compressor = compressor
+        self._front = {"op": str(op), "backward_passes_per_step": backward_passes_per_step, "bucket_bytes": bucket_bytes}
         # The engine that owns the step (oktopk.Engine), its collectives
         # Horovod's: it agrees with the other ranks on its settings and on
         # this front end's (what decides the collectives each rank
         # issues), makes the communicator and names step 0's path.
         self.engine = oktopk.Engine(compressor.settings, None, HorovodCollectives("oktopk"))
-        self.engine.start_groups(self, [(bucket.tensor_id, bucket.params) for bucket in self._buckets], average=self._average,
-                                 front={"op": str(op), "backward_passes_per_step": backward_passes_per_step, "bucket_bytes": bucket_bytes},
-                                 demo_line=DEMO_LINE, stacklevel=3)
+        # Under horovodrun's elastic mode a worker that joins builds its
+        # optimizer while the others are inside hvd.elastic.run's reset:
+        # the engine starts (a collective) in the state's sync(), on every
+        # rank at once (oktopk_horovod.elastic), or at the first backward.
+        self._elastic = os.environ.get("HOROVOD_ELASTIC") == "1"
+        self._started = False
+        if not self._elastic:
+            self._start(stacklevel=4)
         # Guards the hooks' count of final gradients and the issue of buckets.
         self._lock = threading.Lock()
         self._should_synchronize = True
         self._synchronized = False
         self._grad_accs = []
         self._reset_step()
-        if self.engine.collectives.size() > 1:
+        if self._elastic or self.engine.collectives.size() > 1:
             self._register_hooks()
+
+    def _start(self, stacklevel=3):
+        """Every rank at once: the ranks agree on the parameters' names, and
+        the engine starts (its settings agreed, its communicator made)."""
+        check_ranks_agree(self._names)
+        self.engine.start_groups(self, [(bucket.tensor_id, bucket.params) for bucket in self._buckets], average=self._average,
+                                 front=self._front, demo_line=DEMO_LINE, stacklevel=stacklevel)
+        self._started = True
+
+    def oktopk_restart(self, saved=None, held=None):
+        """Every rank at once, after horovodrun's elastic mode re-formed the
+        ranks (``oktopk_horovod.elastic.State.sync``): a new engine over the
+        ranks as they are now, its communicator made afresh. ``saved``:
+        this rank's ``oktopk_state_dict()`` of the last commit, or None. It
+        is loaded where every rank holds one of its own rank and of this
+        world size (each rank's residuals are its own); else every rank
+        starts with empty residuals. ``held``: whether this rank held a
+        state it passes as None (one of an older commit). Returns "loaded",
+        "empty" (no rank held one: nothing lost) or "dropped" (some rank's
+        was dropped)."""
+        held = saved is not None if held is None else held
+        if self._started:
+            self.engine.close()
+        self.engine = oktopk.Engine(self._compressor.settings, None, HorovodCollectives("oktopk"))
+        self._started = False
+        self._reset_step()
+        if self.engine.collectives.size() == 1:
+            return "dropped" if held else "empty"
+        self._start()
+        mine = saved is not None and saved.get("rank") == hvd.rank() and saved.get("world_size") == hvd.size()
+        every = hvd.allgather_object((mine, held), name="oktopk.elastic.saved")
+        if all(m for m, _ in every):
+            self.load_oktopk_state_dict(saved)
+            return "loaded"
+        return "dropped" if any(held for _, held in every) else "empty"
 
     # -- hooks: a bucket is issued once every gradient in it is final -------
 
@@ -150,6 +199,10 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
 
     def _make_hook(self, p):
         def hook(*ignore):
+            if self._elastic and (self.engine.collectives.size() == 1 or not self._started):
+                if self.engine.collectives.size() == 1:
+                    return  # one rank: its gradients are the average
+                self._start()  # elastic, no state's sync() came first: the first backward, on every rank
             with self._lock:
                 if self._passes[p] >= self.backward_passes_per_step:
                     raise AssertionError(
@@ -205,8 +258,15 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
                             bucket.pending -= 1
                 self._issue_ready_buckets()
             try:
-                for bucket in self._buckets:
-                    bucket.future.result()
+                try:
+                    for bucket in self._buckets:
+                        bucket.future.result()
+                except OkTopkError as e:
+                    if self._elastic and e.code in _PEER_FAILURES:
+                        # A lost or silent rank: hvd.elastic.run restores the
+                        # last commit and re-forms the ranks on this error.
+                        raise HorovodInternalError(str(e)) from e
+                    raise
                 # The step ends here, on every rank alike: a non-finite one
                 # is taken back, and the next one's path is chosen.
                 self.engine.end_group_step(p.grad for bucket in self._buckets for p in bucket.params)
