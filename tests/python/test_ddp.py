@@ -249,6 +249,17 @@ def test_a_step_that_fails_after_some_of_its_buckets_completed_gives_back_what_t
     assert after["momentum"] == before["momentum"], "the failed step moved velocities"
 
 
+def test_a_failure_says_whether_a_rank_was_lost():
+    # What an elastic restart recovers from (oktopk_horovod raises these as
+    # HorovodInternalError): a peer's error or death, a timeout, an abort
+    # after one; not a mismatch, a bad argument or the library's own error.
+    from oktopk import OkTopkError, _lib
+
+    lost = {_lib.REMOTE_ERROR, _lib.TIMEOUT, _lib.ABORTED}
+    for code in range(_lib.SUCCESS + 1, _lib.IN_PROGRESS):
+        assert OkTopkError(code, "x").lost_peer == (code in lost), _lib.result_name(code)
+
+
 def test_process_group_failures_are_named_and_other_errors_pass_through():
     # The words gloo fails a survivor with when another survivor's timeout
     # closed their connection (the race the test above cannot force).

@@ -49,10 +49,6 @@ from .compression import OkTopkCompressor
 BUCKET_BYTES = 25 * 1024 * 1024  # DDP's default bucket_cap_mb
 # The line the notice of an Adam-family optimizer suggests.
 DEMO_LINE = "opt = oktopk_horovod.DeMo(model.parameters(), lr=3e-3, weight_decay=0.01)"
-# The library's failures that mean a rank was lost or went silent (a dead
-# peer, a timeout, a call aborted after one), which horovodrun's elastic
-# mode recovers from.
-_PEER_FAILURES = (oktopk._lib.REMOTE_ERROR, oktopk._lib.TIMEOUT, oktopk._lib.ABORTED)
 
 
 def DistributedOptimizer(
@@ -262,7 +258,7 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
                     for bucket in self._buckets:
                         bucket.future.result()
                 except OkTopkError as e:
-                    if self._elastic and e.code in _PEER_FAILURES:
+                    if self._elastic and e.lost_peer:
                         # A lost or silent rank: hvd.elastic.run restores the
                         # last commit and re-forms the ranks on this error.
                         raise HorovodInternalError(str(e)) from e

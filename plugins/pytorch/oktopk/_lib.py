@@ -43,6 +43,14 @@ class OkTopkError(RuntimeError):
             message = f"oktopk: {result_name(code)}: {message}"
         super().__init__(message)
 
+    @property
+    def lost_peer(self):
+        """Whether the call failed for a rank lost or gone silent: a peer's
+        error or death, a timeout, or a call aborted after one (what an
+        elastic restart recovers from; a mismatch of calls or settings is
+        not)."""
+        return self.code in (REMOTE_ERROR, TIMEOUT, ABORTED)
+
 
 class Config(ctypes.Structure):
     _fields_ = [
