@@ -94,18 +94,8 @@ else
 	rm -f "$AUTO"
 fi
 
-# shuffled SEED WORD...: the words in a random order drawn from SEED
-# (Fisher–Yates on bash's generator, which a seed makes repeatable).
-shuffled() {
-	RANDOM=$1
-	shift
-	local a=("$@") i j t
-	for ((i = ${#a[@]} - 1; i > 0; i--)); do
-		j=$((RANDOM % (i + 1)))
-		t=${a[i]} a[i]=${a[j]} a[j]=$t
-	done
-	echo "${a[@]}"
-}
+# shuffled SEED WORD...: the words in an order drawn from SEED.
+source "$HERE/shuffled.sh"
 
 CHILD=
 stop() { [[ -n $CHILD ]] && kill -TERM "$CHILD" 2>/dev/null && wait "$CHILD" 2>/dev/null; exit "$1"; }

@@ -38,16 +38,8 @@ job() { # variant rep position: the command line each rank runs
 	esac
 }
 
-shuffled() { # seed word...: the words in an order drawn from seed
-	RANDOM=$1
-	shift
-	local a=("$@") i j t
-	for ((i = ${#a[@]} - 1; i > 0; i--)); do
-		j=$((RANDOM % (i + 1)))
-		t=${a[i]} a[i]=${a[j]} a[j]=$t
-	done
-	echo "${a[@]}"
-}
+# shuffled SEED WORD...: the words in an order drawn from SEED.
+source "$HERE/shuffled.sh"
 
 jobs=() names=()
 for ((rep = 1; rep <= REPS; rep++)); do
