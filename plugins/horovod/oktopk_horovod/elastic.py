@@ -70,7 +70,7 @@ class State(hvd.elastic.TorchState):
         self._optimizer_saved = copy.deepcopy(opt.state_dict())
         self.commits += 1
         self._oktopk_saved = None
-        if opt._started:
+        if opt.started:
             self._oktopk_saved = {"commit": self.commits, "state": opt.oktopk_state_dict()}
             if self._checkpoint_dir is not None:
                 os.makedirs(self._checkpoint_dir, exist_ok=True)

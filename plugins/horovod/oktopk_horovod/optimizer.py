@@ -121,7 +121,7 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
         # Horovod's: it agrees with the other ranks on its settings and on
         # this front end's (what decides the collectives each rank
         # issues), makes the communicator and names step 0's path.
-        self.engine = oktopk.Engine(compressor.settings, None, HorovodCollectives("oktopk"))
+        self.engine = self._new_engine()
         # Under horovodrun's elastic mode a worker that joins builds its
         # optimizer while the others are inside hvd.elastic.run's reset:
         # the engine starts (a collective) in the state's sync(), on every
@@ -138,6 +138,16 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
         self._reset_step()
         if self._elastic or self.engine.collectives.size() > 1:
             self._register_hooks()
+
+    def _new_engine(self):
+        return oktopk.Engine(self._compressor.settings, None, HorovodCollectives("oktopk"))
+
+    @property
+    def started(self):
+        """Whether the engine has started (its settings agreed, its
+        communicator made): at construction, or under horovodrun's elastic
+        mode at the state's sync() or the first backward."""
+        return self._started
 
     def _start(self, stacklevel=3):
         """Every rank at once: the ranks agree on the parameters' names, and
@@ -161,7 +171,7 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
         held = saved is not None if held is None else held
         if self._started:
             self.engine.close()
-        self.engine = oktopk.Engine(self._compressor.settings, None, HorovodCollectives("oktopk"))
+        self.engine = self._new_engine()
         self._started = False
         self._reset_step()
         if self.engine.collectives.size() == 1:
@@ -195,10 +205,11 @@ class _SparseDistributedOptimizer(torch.optim.Optimizer):
 
     def _make_hook(self, p):
         def hook(*ignore):
-            if self._elastic and (self.engine.collectives.size() == 1 or not self._started):
+            if self._elastic:
                 if self.engine.collectives.size() == 1:
                     return  # one rank: its gradients are the average
-                self._start()  # elastic, no state's sync() came first: the first backward, on every rank
+                if not self._started:
+                    self._start()  # no state's sync() came first: the first backward, on every rank
             with self._lock:
                 if self._passes[p] >= self.backward_passes_per_step:
                     raise AssertionError(
