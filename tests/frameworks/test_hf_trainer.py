@@ -39,8 +39,9 @@ def test_the_launcher_puts_the_hook_on_trainers_ddp_and_it_sends_sparse(tmp_path
 def test_the_callback_registers_the_hook_and_a_resumed_trainer_continues_bitwise(tmp_path):
     # Trainer's defaults (AdamW, clipping at 1.0) with bf16 autocast and 2
     # micro-batches a step; a checkpoint at step 4 of 6. The hook keeps
-    # AdamW's gradients dense: the 2 warm-up steps native, then 4 in
-    # bfloat16, its probe. Within those 6 steps every step's path is fixed
+    # AdamW's gradients dense: the 2 warm-up steps native, then 4 on the
+    # 4-bit path with error feedback (dense_compression's default), its
+    # probe, whose residuals the checkpoint carries. Within those 6 steps every step's path is fixed
     # by its number: the first choice that measured time can make (a
     # clear win, at the probe's end) would fall at step 6, and a choice
     # made apart in the whole and the resumed run could differ. The
@@ -55,7 +56,7 @@ def test_the_callback_registers_the_hook_and_a_resumed_trainer_continues_bitwise
         assert rank["ddp_hooks"] == [[HOOK]], rank
         (state,) = rank["states"]
         assert state["choice"]["kept_dense_for"] == "AdamW", state
-        assert state["choice"]["steps"]["bf16"] > 0, state
+        assert state["choice"]["steps"]["quantized"] > 0, state
     assert "AdamW steps these parameters: the hook keeps the process group's dense allreduce" in p.stderr, tail(p)
     assert (whole / "checkpoint-4" / "oktopk_state_1.pt").exists()
 

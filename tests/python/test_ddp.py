@@ -694,7 +694,7 @@ def test_a_compressed_warm_up_is_bf16_then_native_for_ddps_two_steps_then_compre
         # (the first sparse step also sends what the quantized residuals held: below)
     quantized_bytes = [s["quantized_bytes"] for s in steps]
     if warmup_compression == "quantized":
-        # 4 bits per value and a scale per block of 64: each warm-up step's
+        # 4 bits per value and a scale per block of 32: each warm-up step's
         # frames are about an eighth of float32's 2n(P-1)/P bytes.
         per_step = [quantized_bytes[s] - quantized_bytes[s - 1] for s in range(native + 2, warmup)]
         assert quantized_bytes[native] == 0 and quantized_bytes[native + 1] > 0, quantized_bytes

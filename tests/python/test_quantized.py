@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import workers
-from oktopk.quantized import dequantize, pack, quantize, unpack
+from oktopk.quantized import BITS, BLOCK, dequantize, pack, quantize, unpack
 from test_ddp import run
 
 
@@ -92,7 +92,7 @@ def test_every_rank_gets_the_same_bits_and_the_bytes_are_about_an_eighth_of_floa
         # bits with a clipped scale the clamped values' excess waits in the
         # residuals, so a call alone is further off.
         assert np.abs(outs[0] - exact).max() <= (0.25 if recipe is None else 0.4) * np.abs(exact).max()
-    bits, block = (recipe or {}).get("bits", 4), (recipe or {}).get("block", 64)
+    bits, block = (recipe or {}).get("bits", BITS), (recipe or {}).get("block", BLOCK)
     padded, sent = results[0]["padded"], results[0]["calls"][0][2]
     assert sent == 2 * (world - 1) * (padded // world * bits // 8 + 2 * (padded // world // block) + 2)
     float32_ring = 2 * (world - 1) / world * padded * 4

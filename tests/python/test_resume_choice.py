@@ -10,7 +10,7 @@ import pytest
 
 import workers
 from oktopk import OkTopkState
-from oktopk.choice import BF16, NATIVE, PROBE_STEPS, SPARSE, StepChoice
+from oktopk.choice import BF16, NATIVE, PROBE_STEPS, QUANTIZED, SPARSE, StepChoice
 from test_ddp import run
 
 
@@ -105,12 +105,32 @@ def test_the_adam_family_optimizer_seen_is_carried_by_the_checkpoint_of_the_meas
         return
     assert resumed._optimizers.seen == "AdamW"
     # The ranks agree on it at the first step after the warm-up, before
-    # the resumed process's optimizer has stepped: bfloat16 takes sparse's
-    # place, as in the run that saved it.
+    # the resumed process's optimizer has stepped: the 4-bit path (the
+    # default dense_compression) takes sparse's place, as in the run that
+    # saved it.
     choice = resumed._choice
     choice.agree = lambda values: values
-    assert choice.begin_step(0) == BF16 and choice.kept_dense_for == "AdamW"
+    assert choice.begin_step(0) == QUANTIZED and choice.kept_dense_for == "AdamW"
     for state in (saving, resumed):
+        state.close()
+
+
+def test_a_checkpoint_measuring_another_dense_compression_is_refused_by_name():
+    # A run under Adam saved while its choice measured bf16 (the default
+    # dense_compression before the 4-bit path): today's default cannot
+    # continue that choice, and the error names the setting that can.
+    saving = OkTopkState(dense_compression="bf16")
+    saving._optimizers.seen = "AdamW"
+    saving._choice.agree = lambda values: values
+    assert saving._choice.begin_step(0) == BF16
+    saved = saving.state_dict()
+    resumed = OkTopkState()
+    with pytest.raises(ValueError, match=r"measures the bf16 path.*pass dense_compression='bf16' to resume it"):
+        resumed.load_state_dict(saved)
+    again = OkTopkState(dense_compression="bf16")
+    again.load_state_dict(saved)
+    assert again._choice.candidate == BF16
+    for state in (saving, resumed, again):
         state.close()
 
 

@@ -437,7 +437,8 @@ class StepChoice:
         self.kept_dense_for, self.candidate = saved["kept_dense_for"], saved["candidate"]
         if self.candidate not in (SPARSE, None, self.adam_candidate):
             raise ValueError(f"oktopk: this checkpoint's choice measures the {self.candidate} path, which this front end "
-                             f"does not offer (its dense_compression: {self.adam_candidate!r})")
+                             f"does not offer (its dense_compression: {self.adam_candidate!r}); pass dense_compression={self.candidate!r} "
+                             "to resume it")
         self._seconds, self._started = {int(k): float(v) for k, v in saved["seconds"].items()}, None
         unfinished = saved["unfinished"]
         self._unfinished = None if unfinished is None else (int(unfinished[0]), float(unfinished[1]))

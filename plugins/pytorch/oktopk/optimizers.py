@@ -13,10 +13,11 @@ front end that sees an Adam-family optimizer step its parameters keeps the
 framework's dense allreduce, and says so once; naming an algorithm sends
 sparse whatever the optimizer, with a warning. The dense allreduce's values
 travel in float32, or compressed where the measured step says that is
-faster (DDP and FSDP2, oktopk.choice, their ``dense_compression``): in
-bfloat16 by default, which lost nothing on that transformer at half the
-bytes, or quantized to 4 bits with error feedback (oktopk.quantized),
-which ended 0.009 above float32's loss there at 0.15 of its bytes.
+faster (DDP and FSDP2, oktopk.choice, their ``dense_compression``): by
+default quantized to 4 bits with error feedback (oktopk.quantized), 0.14
+of float32's bytes, whose mean over seeds stayed within dense AdamW's
+spread on a character-level transformer and a BERT-style encoder, each
+at its best learning rate (results/text.md); or in bfloat16 or float16.
 
 An optimizer is Adam-family when its defaults hold ``betas`` (Adam, AdamW,
 NAdam, RAdam, Adamax, SparseAdam, and the fused and third-party variants
@@ -75,7 +76,7 @@ def dense_notice(name, compressed=None, demo_line=DEMO_LINE):
     how = f"in float32, or {PATHS[compressed].described} where a step measures faster" if compressed else "in float32"
     return (f"oktopk: {name} steps these parameters: the hook keeps the process group's dense allreduce, {how} "
             "(with Adam-family optimizers sparse gradients ended far above dense in every measurement, docs/tuning.md). "
-            f"To send about 5% of the bytes instead, change the optimizer's line: {demo_line} "
+            f"To send about 1% of the bytes instead, change the optimizer's line: {demo_line} "
             "(DeMo over Ok-Topk; its learning rate wants its own sweep, docs/optim.md)")
 
 

@@ -1,5 +1,5 @@
 """The quantized path (an Adam-family optimizer's choice, ``oktopk.choice``):
-every value every step in 4 bits per block of 64, with error feedback
+every value every step in 4 bits per block of 32, with error feedback
 (``oktopk.quantized``), over the process group. Each group of parameters
 (``oktopk.layout``) keeps its residuals in its own layout; before a step of
 another path its ``fold`` (DDP) or ``fold_shard`` (FSDP2) moves what a group

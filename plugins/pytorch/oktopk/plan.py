@@ -70,7 +70,7 @@ from collections import namedtuple
 
 from . import _lib, choice, quantized
 from .optim import CHUNK, TOPK
-from .settings import DEFAULT_WARMUP_ITERS, DEFAULTS
+from .settings import DEFAULT_WARMUP_ITERS, DEFAULTS, default_of
 
 # torch DDP's default bucket_cap_mb: each bucket is one collective call.
 DDP_BUCKET_BYTES = 25 * 2**20
@@ -344,15 +344,17 @@ def hook_default(cluster, n, optimizer, density=DEFAULTS.density, margin=choice.
     ``density``, with its momentum correction when ``momentum`` > 0) and
     keeps sparse only when it saves ``margin`` of the native step
     (``oktopk.choice``); under an Adam-family optimizer sparse is out, and
-    it measures bf16 against float32 the same way."""
+    it measures its ``dense_compression`` (the 4-bit path by default)
+    against float32 the same way."""
     native = step(cluster, "dense", n)
     if optimizer.lower() in ADAM_FAMILY:
-        bf16 = step(cluster, "bf16", n)
+        candidate = default_of("dense_compression")
+        compressed = step(cluster, candidate, n)
         demo = step(cluster, "demo", n)
-        path = "bf16" if bf16.seconds <= (1 - margin) * native.seconds else "dense"
-        why = (f"{optimizer} is Adam-family: sparse gradients are out (oktopk.optimizers); bf16 "
-               f"{bf16.seconds * 1e3:.4g} ms against float32 {native.seconds * 1e3:.4g} ms, margin {margin:.0%}: "
-               f"{'bf16' if path == 'bf16' else 'float32'}. The hook's notice recommends oktopk.optim.DeMo: "
+        path = candidate if compressed.seconds <= (1 - margin) * native.seconds else "dense"
+        why = (f"{optimizer} is Adam-family: sparse gradients are out (oktopk.optimizers); {candidate} "
+               f"{compressed.seconds * 1e3:.4g} ms against float32 {native.seconds * 1e3:.4g} ms, margin {margin:.0%}: "
+               f"{candidate if path == candidate else 'float32'}. The hook's notice recommends oktopk.optim.DeMo: "
                f"{demo.seconds * 1e3:.4g} ms, {demo.bytes / 1e6:.4g} MB per rank")
         return path, why
     sparse = step(cluster, "oktopk", n, density=density, momentum_correction=momentum > 0)

@@ -12,7 +12,7 @@ from collections import namedtuple
 
 from . import _lib
 from .adaptive import DEFAULT_EVERY, check_adaptive
-from .choice import BF16, DEFAULT_MARGIN, DEFAULT_RECHECK_EVERY, check_choice, check_dense_compression
+from .choice import QUANTIZED, DEFAULT_MARGIN, DEFAULT_RECHECK_EVERY, check_choice, check_dense_compression
 from .comm import value_dtype_name
 from .schedule import check_schedule
 
@@ -147,7 +147,7 @@ class Choice:
 
     sparse_margin: float = DEFAULT_MARGIN
     recheck_every: int = DEFAULT_RECHECK_EVERY
-    dense_compression: object = BF16
+    dense_compression: object = QUANTIZED
 
 
 @dataclasses.dataclass(frozen=True)
