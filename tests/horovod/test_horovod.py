@@ -460,7 +460,7 @@ def test_compression_carries_one_settings_object_and_refuses_what_horovod_cannot
     # No compressed dense path under Horovod: the default means Horovod's allreduce.
     assert oktopk_horovod.Compression.oktopk().settings.choice.dense_compression is None
     for settings, name in ((oktopk.Settings(warmup=oktopk.Warmup(iters=5)), "warmup_iters"),
-                           (oktopk.Settings(choice=oktopk.Choice(dense_compression="quantized")), "dense_compression"),
+                           (oktopk.Settings(choice=oktopk.Choice(dense_compression="bf16")), "dense_compression"),
                            (oktopk.Settings(momentum=oktopk.Momentum(masking="waited")), "momentum_masking"),
                            (oktopk.Settings(momentum=oktopk.Momentum(local_clip_norm=1.0)), "local_clip_norm"),
                            (oktopk.Settings(wire=oktopk.Wire(grads_as_bucket_views=False)), "grads_as_bucket_views")):
