@@ -12,7 +12,7 @@ from collections import namedtuple
 
 from . import _lib
 from .adaptive import DEFAULT_EVERY, check_adaptive
-from .choice import QUANTIZED, DEFAULT_MARGIN, DEFAULT_RECHECK_EVERY, check_choice, check_dense_compression
+from .choice import DEFAULT_MARGIN, DEFAULT_RECHECK_EVERY, QUANTIZED, check_choice, check_dense_compression
 from .comm import value_dtype_name
 from .schedule import check_schedule
 
