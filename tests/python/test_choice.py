@@ -8,7 +8,7 @@ import workers
 from oktopk import OkTopkState
 import random
 
-from oktopk.choice import BF16, MEASURE_STEPS, NATIVE, PROBE_STEPS, QUANTIZED, SPARSE, StepChoice
+from oktopk.choice import BF16, MAX_BACKOFF, MEASURE_STEPS, NATIVE, PROBE_STEPS, QUANTIZED, SPARSE, StepChoice
 
 FP16 = "fp16"  # the path added as one file (oktopk.paths)
 from test_ddp import run
@@ -38,11 +38,39 @@ def test_schedule_probes_both_then_follows_the_faster_and_explores_at_most_5_per
     paths = simulate(choice, 500, lambda path, s: 10.0 if path == SPARSE else 30.0)
     assert paths[:PROBE_STEPS] == [SPARSE] * PROBE_STEPS and paths[PROBE_STEPS : 2 * PROBE_STEPS] == [NATIVE] * PROBE_STEPS
     assert choice.chosen == SPARSE and choice.ms == {NATIVE: pytest.approx(30.0), SPARSE: pytest.approx(10.0), BF16: None, QUANTIZED: None, FP16: None}
-    assert choice.decisions == 3 and choice.reverted == 0  # the first (confirmed) and two rechecks
-    # The first probe and two rechecks' native probes.
-    assert paths.count(NATIVE) == choice.explored == 3 * PROBE_STEPS
+    # The first decision (confirmed) and the recheck at 212, which kept
+    # sparse and so put the next one 400 steps on (past the 500).
+    assert choice.decisions == 2 and choice.reverted == 0 and choice.period == 400
+    # The first probe and the recheck's native probe.
+    assert paths.count(NATIVE) == choice.explored == 2 * PROBE_STEPS
     assert choice.explored <= 0.05 * 500
     assert choice.steps == {NATIVE: paths.count(NATIVE), SPARSE: paths.count(SPARSE), BF16: 0, QUANTIZED: 0, FP16: 0}
+
+
+def native_runs(paths):
+    """The steps at which each run of native steps begins."""
+    return [s for s, path in enumerate(paths) if path == NATIVE and (s == 0 or paths[s - 1] != NATIVE)]
+
+
+def test_rechecks_that_keep_the_choice_back_off_to_max_backoff_periods_and_a_switch_starts_over():
+    # Decided for sparse at 8; each recheck that keeps it doubles the
+    # period (20, 40, 80, then MAX_BACKOFF x 20 = 160 for good), so a long
+    # run's native probes, float32 where the compressed path sends a few
+    # bits, come ever rarer.
+    choice = StepChoice(recheck_every=20)
+    fast_link_from = 700  # then native is 5 ms: the next recheck switches
+    paths = simulate(choice, 1000, lambda path, s: 10.0 if path == SPARSE else (30.0 if s < fast_link_from else 5.0))
+    assert MAX_BACKOFF * 20 == 160
+    # Probes of native (each PROBE_STEPS long) at decided_at + period:
+    # 8+20, 32+40, 76+80, 160+160, 324+160, 488+160; the one at 652 sees
+    # 30 ms still; the one at 816 sees the fast link and switches.
+    assert native_runs(paths)[:8] == [4, 28, 72, 156, 320, 484, 648, 812]
+    # After the switch to native at 816 the period starts over: sparse is
+    # probed at 816+20, then each recheck that keeps native doubles it
+    # again (840+40, 884+80).
+    assert choice.chosen == NATIVE and choice.reverted == 0
+    sparse_runs = [s for s in range(812, 1000) if paths[s] == SPARSE and paths[s - 1] != SPARSE]
+    assert sparse_runs == [836, 880, 964] and choice.period == MAX_BACKOFF * 20
 
 
 @pytest.mark.parametrize("warmup_ms", [30.0, 25.0])
@@ -55,7 +83,9 @@ def test_a_clear_win_over_the_timed_warm_up_step_spares_the_native_probe(warmup_
     paths = simulate(choice, 500, lambda path, s: 10.0 if path == SPARSE else 30.0, warmup_ms=warmup_ms)
     assert paths[:204] == [SPARSE] * 204 and paths[204:208] == [NATIVE] * PROBE_STEPS
     assert choice.ms == {NATIVE: pytest.approx(30.0), SPARSE: pytest.approx(10.0), BF16: None, QUANTIZED: None, FP16: None} and choice.reverted == 0
-    assert paths.count(NATIVE) == choice.explored == 2 * PROBE_STEPS
+    # One native probe in 500 steps: the recheck kept sparse, so the next
+    # comes 400 steps after it.
+    assert paths.count(NATIVE) == choice.explored == PROBE_STEPS
 
 
 @pytest.mark.parametrize("sparse_ms", [12.0, 18.0])
@@ -78,6 +108,7 @@ def test_sparse_is_chosen_only_when_it_saves_the_margin(sparse_ms, want):
 
 def test_a_change_of_the_link_is_followed_at_the_next_recheck():
     choice = StepChoice(recheck_every=20)
+    choice.max_backoff = 1  # a fixed period: the recheck after the change is at 52
     paths = simulate(choice, 100, lambda path, s: (5.0 if s < 32 else 50.0) if path == SPARSE else 20.0)
     # Sparse from the first decision (step 8, after the sparse probe 0-3
     # and the native one 4-7), confirmed at 20, kept at

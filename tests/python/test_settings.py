@@ -207,3 +207,17 @@ def test_the_settings_tables_of_the_docs_state_each_default_as_the_code_has_it()
         for name, value in re.findall(r"(\w+)=((?:\"[^\"]*\"|[^,]+))", call):
             flat = next(k for k, (g, f) in FLAT.items() if g == group.lower() and f == name)
             assert ast.literal_eval(value.strip()) == default_of(flat), (group, name, value)
+
+
+def test_the_docs_state_the_choices_back_off_as_the_code_has_it():
+    # The longest wait between re-probes is oktopk.choice.MAX_BACKOFF times
+    # recheck_every; both docs say it in words and in steps.
+    import pathlib
+
+    from oktopk.choice import DEFAULT_RECHECK_EVERY, MAX_BACKOFF
+
+    docs = pathlib.Path(__file__).resolve().parents[2] / "docs"
+    for page in ("pytorch.md", "pytorch-details.md"):
+        text = " ".join((docs / page).read_text().split())
+        assert f"up to {MAX_BACKOFF} × `recheck_every`" in text, page
+    assert f"({MAX_BACKOFF * DEFAULT_RECHECK_EVERY:,} steps)" in " ".join((docs / "pytorch-details.md").read_text().split())

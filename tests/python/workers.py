@@ -990,6 +990,9 @@ def choice_run(rank, world, port, out, ckpt, value_dtype="float32", device_path=
         state = OkTopkState(density=0.05, warmup_iters=2, recheck_every=8, value_dtype=value_dtype, device_path=device_path)
         clock = InjectedClock()
         state._choice.clock = clock
+        # A fixed period between probes (no back-off), so that the
+        # switches, probes and checkpoints land on the steps the tests name.
+        state._choice.max_backoff = 1
         if first:
             load_checkpoint(ckpt, rank, first, m, o, state)
         names = {id(p): name for name, p in m.module.named_parameters()}
@@ -1343,6 +1346,9 @@ def quantized_resume(rank, world, port, out, ckpt, dense_compression):
         state = OkTopkState(density=0.05, warmup_iters=2, recheck_every=8, dense_compression=dense_compression)
         clock = InjectedClock()
         state._choice.clock = clock
+        # A fixed period between probes (no back-off), so that the
+        # switches, probes and checkpoints land on the steps the tests name.
+        state._choice.max_backoff = 1
         if first:
             clock.now = load_checkpoint(ckpt, rank, first, m, o, state)["clock"]
         m.register_comm_hook(state, oktopk_hook)
