@@ -668,6 +668,24 @@ def test_a_nan_in_one_bucket_of_a_quantized_step_keeps_every_quantized_residual_
     assert results[0]["params"] == results[1]["params"]
 
 
+def test_the_momentum_correction_hands_the_gradient_through_on_4_bit_steps():
+    # A 4-bit step sends every value every step: nothing waits to arrive
+    # as a burst, so the correction has no work there and the step is error
+    # feedback on the gradient under the optimizer's own momentum. The run
+    # with the correction on is then bitwise the run with it off (weight
+    # decay included), and the correction was idle on every 4-bit step.
+    world = 2
+    results = run(workers.quantized_momentum, world)
+    for r in range(world):
+        on, off = results[r]["on"], results[r]["off"]
+        assert on["quantized_bytes"] > 0 and on["quantized_bytes"] == off["quantized_bytes"]
+        # Active from the optimizer's first step (step 0 has none yet);
+        # idle on DDP's native second step and every 4-bit step after it.
+        assert on["idle"][1:] == [True] * (len(on["idle"]) - 1), on["idle"]
+        assert all(torch.equal(a, b) for a, b in zip(on["params"], off["params"])), f"rank {r}"
+    assert all(torch.equal(a, b) for a, b in zip(results[0]["on"]["params"], results[1]["on"]["params"]))
+
+
 @pytest.mark.parametrize("warmup_compression", ["quantized", "bf16", "fp16"])
 def test_a_compressed_warm_up_is_bf16_then_native_for_ddps_two_steps_then_compressed_and_loses_nothing(warmup_compression):
     world, native, warmup = 2, 1, 5

@@ -1452,6 +1452,36 @@ def nan_at_switch(rank, world, port, out, optimizer, dense_compression, device_p
     dist.destroy_process_group()
 
 
+def quantized_momentum(rank, world, port, out, steps=8):
+    """Three runs of the same 4-bit warm-up (``warmup_iters`` past the run,
+    ``warmup_compression="quantized"``) under SGD with momentum 0.9 and
+    weight decay: the momentum correction on (the default), off, and on
+    with the correction's velocities watched. Per run: the final
+    parameters and, for the watched one, whether the correction was idle
+    at each step."""
+    setup(rank, world, port)
+    result = {}
+    for name, correction in (("on", True), ("off", False)):
+        torch.manual_seed(0)
+        m = DDP(small_model())
+        state = OkTopkState(warmup_iters=steps + 2, warmup_compression="quantized", momentum_correction=correction)
+        m.register_comm_hook(state, oktopk_hook)
+        o = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-3)
+        idle = []
+        for step in range(steps):
+            x, y = batch(rank, step)
+            o.zero_grad()
+            F.cross_entropy(m(x), y).backward()
+            o.step()
+            c = state._momentum
+            idle.append(None if c is None or not c.active else bool(c.idle))
+        result[name] = {"params": [p.detach().clone() for p in m.parameters()], "idle": idle,
+                        "quantized_bytes": state.quantized_bytes_sent}
+        state.close()
+    write(out, rank, result)
+    dist.destroy_process_group()
+
+
 def compressed_warmup(rank, world, port, out, warmup_compression, steps=7):
     """The hook with ``warmup_iters=5`` and ``warmup_compression``, then
     Ok-Topk at density 1, beside allreduce_hook, bf16_compress_hook and

@@ -245,7 +245,7 @@ class Engine(ReducerStats):
             agree_on_settings(self, tensor.device)
         self._begin_choice(self.iter, tensor.device, untimed=self._hook_iters == 0)
         if correction is not None and correction.active:
-            correction.begin_step(idle=self._native_with_nothing_held(self.iter))
+            correction.begin_step(idle=self._dense_with_nothing_waiting(self.iter))
 
     def _settle_step(self):
         """Between steps: a step that came back non-finite anywhere gives
@@ -276,16 +276,24 @@ class Engine(ReducerStats):
         elif step == self.timed_warmup_step() + 1:
             choice.end_warmup_step()  # a compressed warm-up's step follows it
 
-    def _native_with_nothing_held(self, s):
+    def _dense_with_nothing_waiting(self, s):
         """Whether every bucket (or shard) of step ``s``, about to begin, goes
-        native with no residual held anywhere: a dense step whose average is
-        the gradients' average and nothing else. The momentum correction
-        then has nothing to move (at density 1 it is the optimizer's own
-        momentum) and hands the gradient through, so a native step costs
-        what torch's allreduce_hook (or FSDP2's own reduction) does
-        (oktopk.momentum, MomentumCorrection.begin_step)."""
+        a dense way (native, or a compressed dense path: every value every
+        step) while no sparse residual is held. The momentum correction
+        exists for what waits in a sparse residual for many steps and would
+        arrive as a burst its momentum multiplies; a dense path sends every
+        coordinate every step, and the 4-bit path's residual holds only a
+        step's rounding error. So the correction hands the gradient through
+        (oktopk.momentum, MomentumCorrection.begin_step): a native step with
+        nothing held costs what torch's allreduce_hook (or FSDP2's own
+        reduction) does, and a 4-bit step is error feedback on the gradient
+        under the optimizer's own momentum, as ZeRO++ runs it, without the
+        correction's passes. Its residual then joins the next step's
+        gradient, or a corrected step's velocity step: under the optimizer's
+        momentum arithmetic (buf = m·buf + g) adding it to either is the
+        same."""
         path = self.warmup_path(s) if s < self.warmup_iters else self._path
-        return path == NATIVE and not any(p.holds(self) for p in PATHS.values())
+        return path != SPARSE and not PATHS[SPARSE].holds(self)
 
     def _reduce_bucket(self, bucket, tensor):
         """The bucket's future, by the step's path."""
@@ -404,7 +412,7 @@ class Engine(ReducerStats):
         self._begin_choice(self._shard_step, shard.device, untimed=self._shard_steps_run == 0)
         self._shard_steps_run += 1
         if correction is not None and correction.active:
-            correction.begin_step(idle=self._native_with_nothing_held(self._shard_step))
+            correction.begin_step(idle=self._dense_with_nothing_waiting(self._shard_step))
 
     def _correct_shard_before(self, number, shard):
         """The correction's ``before`` on module ``number``'s shard, or None

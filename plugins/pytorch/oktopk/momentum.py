@@ -325,12 +325,13 @@ class MomentumCorrection:
         """At the step's first bucket: a G handed over for a step whose
         optimizer step never came (the script skipped it) does not count.
 
-        ``idle``: every bucket of the step goes native with no residual held
-        (oktopk.hook). The average is then the gradients' own, the
-        correction's arithmetic would land the optimizer's momentum exactly
-        where its own lands, and the step hands the gradient through: no
-        pass, no velocity, no masking (nothing is sent sparsely, nothing
-        waits). The optimizer's momentum_buffer, stepped on it, is where the
+        ``idle``: every bucket of the step goes a dense way (native, or
+        the 4-bit path, every value every step) with no sparse residual
+        held (oktopk.engine). Nothing waits to arrive as a burst, the
+        correction's arithmetic would land the optimizer's momentum where
+        its own lands (native: exactly; 4 bits: on the rounded average,
+        whose error the path keeps), and the step hands the gradient
+        through: no pass, no velocity, no masking. The optimizer's momentum_buffer, stepped on it, is where the
         velocities restart at the next corrected step (``_follow``)."""
         self._handed = {}
         self._sample = None
