@@ -155,7 +155,7 @@ from tta_report import HEADER  # noqa: E402
 
 METHODS = ("ddp", "fp16", "powersgd1", "powersgd4", "oktopk", "oktopk_nomc", "oktopk_auto", "oktopk_sched", "oktopk_quantized", "oktopk_float32",
            "oktopk_mask", "oktopk_clip", "oktopk_mask_clip", "oktopk_wmask", "oktopk_wmask_sched", "oktopk_forced_bf16", "oktopk_forced_quantized", "demo",
-           "demo_bfloat16", "demo_int8", "demo_int4")
+           "demo_bfloat16", "demo_int8", "demo_int4", "oktopk_nosparse")
 # DeMo's peak learning rate on charlm: the best of bench/adam_sim.py's sweep
 # (results/text.md); its sign step moves every coordinate by the whole rate.
 DEMO_LR = 3e-3
@@ -375,6 +375,8 @@ def train(method, args, width, data):
             kwargs["value_dtype"] = value_dtype_of(method)
         if method.endswith("_nomc"):
             kwargs["momentum_correction"] = False
+        if method == "oktopk_nosparse":  # the measured choice with the 4-bit path in sparse's place (sparse=False)
+            kwargs["sparse"] = False
         if method.removesuffix("_nomc") in ("oktopk_sched", "oktopk_wmask_sched"):
             kwargs["density_schedule"] = (0.25, args.sched_steps)
         if method in ("oktopk_mask", "oktopk_mask_clip"):

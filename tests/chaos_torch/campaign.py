@@ -130,6 +130,7 @@ SETTINGS = [
     ("dense_compression", ["bf16", "quantized"], {}),
     ("dense_compression", ["quantized", None], {}),
     ("dense_compression", ["bf16", "fp16"], {}),
+    ("sparse", [True, False], {}),
     ("value_dtype", ["float32", "bfloat16"], {}),
     ("value_dtype", ["float16", "float32"], {"algorithm": "oktopk"}),
     ("value_dtype", ["int8", "int4"], {"algorithm": "oktopk"}),
@@ -175,6 +176,9 @@ def ddp_cfg(rng, front="ddp", schedule=None, optimizer=None, choice=None, named=
             state["dense_compression"] = rng.choice(["quantized", "bf16", "fp16"])
         if schedule is None:
             schedule = rng.choice(["sparse-then-native", "native-then-candidate", "none"])
+        if optimizer != "adamw" and rng.random() < 0.2:
+            # No sparse step: the 4-bit path is the candidate under SGD too.
+            state["sparse"] = False
         if optimizer != "adamw" and rng.random() < 0.25:
             # A warm-up in bfloat16, native, then 4 bits (DDP's first step, its second, the rest):
             # its residuals join the first sparse step.
@@ -219,7 +223,8 @@ def describe(cfg):
         return f"{head} {s['algorithm']}" + (f" {s['value_dtype']}" if "value_dtype" in s else "")
     if cfg.get("optimizer") == "adamw":
         return f"{head} choice, AdamW ({s.get('dense_compression')})"
-    warm = ", 4-bit warm-up" if s.get("warmup_compression") else ""
+    warm = ", no sparse (4 bits)" if s.get("sparse") is False else ""
+    warm += ", 4-bit warm-up" if s.get("warmup_compression") else ""
     warm += ", masking" if s.get("momentum_masking") else ""
     return f"{head} choice, {'SGD+momentum' if cfg.get('optimizer') == 'sgdm' else 'SGD'}{warm}"
 

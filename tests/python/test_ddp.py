@@ -144,6 +144,7 @@ BAD_VALUE_OF_EVERY_SETTING = [
     ("density", 0), ("warmup_iters", 1), ("tau", 0), ("tau_prime", -1), ("timeout", 0), ("value_dtype", "float64"),
     ("stochastic_rounding", 1), ("density_schedule", (0.5,)), ("measure_xi_every", 0), ("adaptive", (0.1, 0.01)),
     ("sparse_margin", 1.0), ("sparse_margin", True), ("recheck_every", 1), ("recheck_every", 8.0), ("device_path", "yes"),
+    ("sparse", "no"), ("sparse", 0),
     ("dense_compression", "fp8"), ("dense_compression", "float16"), ("grads_as_bucket_views", 1), ("momentum_correction", "yes"),
     ("warmup_compression", "fp8"), ("warmup_compression", "float32"), ("device_path", 0), ("process_group", "world"),
 ]
@@ -163,6 +164,7 @@ def test_every_bad_setting_is_refused_whatever_the_algorithm(algorithm, name, va
     [
         ("dense_compression", ("quantized", "bf16"), 0),
         ("dense_compression", ("quantized", None), 0),
+        ("sparse", (True, False), 0),
         ("warmup_compression", ("quantized", None), 0),
         ("warmup_iters", (2, 3), 0),
         ("density", (0.1, 0.05), 0),
@@ -666,6 +668,28 @@ def test_a_nan_in_one_bucket_of_a_quantized_step_keeps_every_quantized_residual_
         assert at["quantized"] == before["quantized"], f"rank {r}: a quantized residual changed across the skipped step"
         assert after["quantized"] != at["quantized"], f"rank {r}: the next step moved nothing"
     assert results[0]["params"] == results[1]["params"]
+
+
+def test_sparse_false_measures_the_4_bit_path_under_sgd_and_takes_no_sparse_step():
+    # sparse=False: under SGD the measured choice runs between native and
+    # dense_compression's 4-bit path as it does under Adam; sparse is never
+    # probed, even where it would be fastest. The 4-bit probe (steps 2-5) is
+    # a quarter of the timed warm-up step: chosen with no native probe, and
+    # kept at the recheck. The correction has nothing waiting to correct.
+    world = 2
+    results = run(workers.no_sparse_choice, world)
+    paths = results[0]["paths"]
+    warmup = 2
+    assert "sparse" not in paths and paths[:warmup] == ["native"] * warmup, paths
+    # 4-bit from the probe on; the recheck's native probe after 8 steps.
+    assert paths[warmup:warmup + 12] == ["quantized"] * 12 and paths[warmup + 12:warmup + 16] == ["native"] * 4, paths
+    choice = results[0]["choice"]
+    assert choice["candidate"] == "quantized" and choice["path"] == "quantized" and choice["steps"]["sparse"] == 0, choice
+    for r in range(world):
+        assert results[r]["paths"] == paths and results[r]["choice"]["candidate"] == "quantized"
+        assert results[r]["quantized_bytes"] > 0 and not results[r]["communicator"]  # no library communicator: nothing sparse
+        assert all(i is True for i in results[r]["idle"][1:]), results[r]["idle"]
+        assert all(torch.equal(a, b) for a, b in zip(results[0]["params"], results[r]["params"])), f"rank {r}"
 
 
 def test_the_momentum_correction_hands_the_gradient_through_on_4_bit_steps():

@@ -221,3 +221,15 @@ def test_the_docs_state_the_choices_back_off_as_the_code_has_it():
         text = " ".join((docs / page).read_text().split())
         assert f"up to {MAX_BACKOFF} × `recheck_every`" in text, page
     assert f"({MAX_BACKOFF * DEFAULT_RECHECK_EVERY:,} steps)" in " ".join((docs / "pytorch-details.md").read_text().split())
+
+
+@pytest.mark.parametrize("other", [{"algorithm": "oktopk"}, {"algorithm": "auto"}, {"dense_compression": None}])
+def test_sparse_false_needs_the_measured_choice_and_a_dense_path_to_measure(other):
+    # sparse=False is the measured choice with dense_compression's path in
+    # sparse's place: a named algorithm (which runs every step) or no dense
+    # path would leave it nothing to mean, so each is refused by name.
+    from oktopk import OkTopkState
+
+    with pytest.raises(ValueError, match="sparse=False") as raised:
+        OkTopkState(sparse=False, **other)
+    assert next(iter(other)) in str(raised.value)

@@ -113,9 +113,11 @@ class StepChoice:
     a list of floats over its ranks (-1.0 stands for "not measured").
     ``clock`` returns seconds (tests give each rank a noisy one)."""
 
-    def __init__(self, margin=DEFAULT_MARGIN, recheck_every=DEFAULT_RECHECK_EVERY, adam_candidate=None):
+    def __init__(self, margin=DEFAULT_MARGIN, recheck_every=DEFAULT_RECHECK_EVERY, adam_candidate=None, sparse=True):
         self.margin, self.recheck_every = check_choice(margin, recheck_every)
         self.adam_candidate = check_dense_compression(adam_candidate)  # the front end's path in sparse's place under Adam, or None
+        if not sparse and self.adam_candidate is None:
+            raise ValueError("sparse=False needs a compressed dense path to measure against native")
         self.agree = None
         self.log = None  # the front end's logger of decisions (rank 0 with OKTOPK_DEBUG_AUTO=1)
         self.clock = time.perf_counter
@@ -127,7 +129,8 @@ class StepChoice:
         self.kept_dense_for = None
         # The path measured against native: SPARSE; adam_candidate or None
         # (native only) once an Adam-family optimizer is agreed on.
-        self.candidate = SPARSE
+        # sparse=False: the compressed dense path under every optimizer.
+        self.candidate = SPARSE if sparse else self.adam_candidate
         self.chosen = None  # None until the first decision
         self.decided_at = None  # the step s of the latest decision
         self.period = self.recheck_every  # steps of the chosen path from decided_at to its next probe

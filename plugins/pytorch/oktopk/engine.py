@@ -107,7 +107,7 @@ class Engine(ReducerStats):
         c = settings.choice
         self._choice = None
         if settings.algorithm is None:
-            self._choice = StepChoice(c.sparse_margin, c.recheck_every, adam_candidate=c.dense_compression)
+            self._choice = StepChoice(c.sparse_margin, c.recheck_every, adam_candidate=c.dense_compression, sparse=c.sparse)
             watch = self._optimizers
             self._choice.adam_seen = lambda: watch.seen
         # The quantized path's residuals per group of parameters (library

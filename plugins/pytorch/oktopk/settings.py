@@ -143,11 +143,12 @@ class Warmup:
 class Choice:
     """The measured choice between the process group's allreduce and a
     compressed path (``algorithm=None``; OkTopkState's ``sparse_margin``,
-    ``recheck_every``, ``dense_compression``)."""
+    ``recheck_every``, ``dense_compression``, ``sparse``)."""
 
     sparse_margin: float = DEFAULT_MARGIN
     recheck_every: int = DEFAULT_RECHECK_EVERY
     dense_compression: object = QUANTIZED
+    sparse: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,6 +199,7 @@ FLAT = {
     "sparse_margin": ("choice", "sparse_margin"),
     "recheck_every": ("choice", "recheck_every"),
     "dense_compression": ("choice", "dense_compression"),
+    "sparse": ("choice", "sparse"),
     "momentum_correction": ("momentum", "correction"),
     "momentum_masking": ("momentum", "masking"),
     "local_clip_norm": ("momentum", "local_clip_norm"),
@@ -240,6 +242,14 @@ class Settings:
         # (algorithm None) reads them: a bad value is refused, never ignored.
         margin, recheck_every = check_choice(c.sparse_margin, c.recheck_every)
         dense_compression = check_dense_compression(c.dense_compression)
+        if not isinstance(c.sparse, bool):
+            raise ValueError(f"sparse must be True or False, got {c.sparse!r}")
+        if not c.sparse and self.algorithm is not None:
+            raise ValueError(f"sparse=False is the measured choice without sparse steps: it needs algorithm=None, got "
+                             f"algorithm={self.algorithm!r}")
+        if not c.sparse and dense_compression is None:
+            raise ValueError("sparse=False measures dense_compression's path against native under every optimizer: it needs "
+                             "a dense_compression ('quantized', 'bf16' or 'fp16'), got None")
         checked = check_settings(self.density, "auto" if self.algorithm is None else self.algorithm, w.tau, w.tau_prime, self.timeout,
                                  w.value_dtype, w.stochastic_rounding, a.density_schedule, a.measure_xi_every, a.adaptive)
         iters = check_warmup_iters(self.warmup.iters)
@@ -254,7 +264,7 @@ class Settings:
             "algorithm": None if self.algorithm is None else checked.algorithm,
             "timeout": checked.timeout,
             "warmup": Warmup(iters, warmup_compression),
-            "choice": Choice(margin, recheck_every, dense_compression),
+            "choice": Choice(margin, recheck_every, dense_compression, c.sparse),
             "momentum": Momentum(m.correction, masking, clip),
             "wire": Wire(checked.value_dtype, checked.stochastic_rounding, checked.tau, checked.tau_prime, w.device_path,
                          w.grads_as_bucket_views),

@@ -26,6 +26,7 @@ def agreement_settings(state):
         "tau": state.tau,
         "tau_prime": state.tau_prime,
         "dense_compression": state.dense_compression,
+        "sparse": state.sparse,
         "value_dtype": state.value_dtype,
         "stochastic_rounding": state.stochastic_rounding,
         "density_schedule": state.density_schedule,
