@@ -287,6 +287,10 @@ def make_job(kind, rng, world, cycles=None):
             front = "ddp"  # FSDP2 refuses masking
         cfg = ddp_cfg(rng, front=front, choice=True, schedule="none", optimizer="sgdm")
         cfg["state"].pop("recheck_every", None)
+        if name != "sparse":
+            # sparse=False refuses a named algorithm and dense_compression
+            # None, which other settings' values or needs bring in.
+            cfg["state"].pop("sparse", None)
         cfg["state"].update(needs)
         if name in ("value_dtype", "stochastic_rounding", "momentum_correction", "momentum_masking"):
             # Masking needs float32 values and the correction; a rank that
