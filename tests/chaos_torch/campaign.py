@@ -73,7 +73,7 @@ JOB_WEIGHTS = {
     "sigstop": 8,
     "nan": 11,
     "inf": 7,
-    "mismatch-setting": 16,
+    "mismatch-setting": 18,  # at least one job per SETTINGS entry in a 200-fault plan (the test of the plan checks every name)
     "mismatch-demo": 4,
     "mismatch-resume": 4,
     "corrupt": 5,  # each job: several corruptions (corrupt-byte, -field, -file)
