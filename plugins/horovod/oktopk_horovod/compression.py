@@ -95,7 +95,8 @@ class Compression(hvd.Compression):
         library's sparse allreduce (``"auto"`` among its sparse algorithms),
         from measured step times agreed across the ranks, as the DDP hook
         does: sparse only when it saves ``sparse_margin`` (10%) of the step,
-        probed again every ``recheck_every`` steps (see ``oktopk.choice``;
+        probed again ``recheck_every`` steps after, backing off while the
+        choice holds (see ``oktopk.choice``;
         the optimizer's ``choice`` says what it chose and why); an
         Adam-family optimizer keeps Horovod's allreduce on every step
         (``oktopk.optimizers``). Or any of ``oktopk.ALGORITHMS``, used for every step: ``"auto"``

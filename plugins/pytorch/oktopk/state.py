@@ -45,8 +45,8 @@ class OkTopkState(Engine):
         folded in first, so nothing waits) or the library's sparse
         allreduce with ``"auto"``. The hook times whole steps on every rank,
         agrees on the slowest rank's figures, chooses sparse only when it
-        saves ``sparse_margin`` of the step, and probes again every
-        ``recheck_every`` steps (see ``oktopk.choice``; ``"auto"`` there
+        saves ``sparse_margin`` of the step, and probes again
+        ``recheck_every`` steps after, backing off while the choice holds (see ``oktopk.choice``; ``"auto"`` there
         chooses among the sparse algorithms only; ``choice`` says what
         it chose and why, and ``OKTOPK_DEBUG_AUTO=1`` logs each decision on
         rank 0). Parameters that an Adam-family optimizer steps stay dense
@@ -85,8 +85,10 @@ class OkTopkState(Engine):
         step a sparse step (or, under an Adam-family optimizer, a bfloat16
         one) must save to be chosen (default 0.10): a native step is exact,
         a sparse one leaves most of the gradient waiting.
-    :param recheck_every: with ``algorithm=None``, steps between two probes
-        of the path not chosen (each probe runs 4 steps; default 200).
+    :param recheck_every: with ``algorithm=None``, steps from a decision to
+        the next probe of the path not chosen (each probe runs 4 steps;
+        default 200); each probe that keeps the choice doubles the wait for
+        the next, up to 8 × ``recheck_every``, and a switch starts it over.
     :param dense_compression: with ``algorithm=None``, the path measured
         against the process group's allreduce for parameters an Adam-family
         optimizer steps: ``"quantized"`` (the default: every value every
