@@ -360,6 +360,9 @@ def choice(out, ckpt):
                                                   compression=oktopk_horovod.Compression.oktopk(density=0.05, recheck_every=8))
         clock = Clock()
         opt.engine._choice.clock = clock
+        # A fixed period between probes (no back-off), so that the
+        # switches and probes land on the steps the test names.
+        opt.engine._choice.max_backoff = 1
         if first:
             saved = torch.load(os.path.join(ckpt, f"rank{hvd.rank()}.pt"), weights_only=False)
             model.load_state_dict(saved["model"])
