@@ -1520,6 +1520,26 @@ def compressed_warmup(rank, world, port, out, warmup_compression, steps=7):
     dist.destroy_process_group()
 
 
+def clocked_steps(m, o, state, clock, rank, steps, seconds, warmup_path, after=None):
+    """``steps`` training steps of DDP model ``m`` under ``o``, the
+    injected ``clock`` advanced before each by ``seconds[path]`` of the step
+    before it (``warmup_path(step)`` names a warm-up step's path; the hook's
+    own ``_path`` after it); ``after()`` once a step has stepped. Returns
+    each step's path."""
+    paths, path = [], "native"
+    for step in range(steps):
+        clock.now += seconds[path]
+        x, y = batch(rank, step)
+        o.zero_grad()
+        F.cross_entropy(m(x), y).backward()
+        o.step()
+        path = state._path if step >= state.warmup_iters else warmup_path(step)
+        paths.append(path)
+        if after is not None:
+            after()
+    return paths
+
+
 def no_sparse_choice(rank, world, port, out, steps=20):
     """The hook with ``sparse=False`` under SGD with momentum 0.9 on
     small_model, its clock injected: native steps 40 ms, 4-bit ones 10 ms
@@ -1535,17 +1555,14 @@ def no_sparse_choice(rank, world, port, out, steps=20):
     state._choice.clock = clock
     m.register_comm_hook(state, oktopk_hook)
     o = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
-    paths, idle, path = [], [], "native"
-    for step in range(steps):
-        clock.now += {"native": 0.040, "quantized": 0.010, "sparse": 0.001}[path]  # the step before this one
-        x, y = batch(rank, step)
-        o.zero_grad()
-        F.cross_entropy(m(x), y).backward()
-        o.step()
-        path = state._path if step >= state.warmup_iters else "native"
-        paths.append(path)
+    idle = []
+
+    def watch_idle():
         c = state._momentum
         idle.append(bool(c.idle) if c is not None and c.active else None)
+
+    paths = clocked_steps(m, o, state, clock, rank, steps, {"native": 0.040, "quantized": 0.010, "sparse": 0.001},
+                          lambda step: "native", after=watch_idle)
     write(out, rank, {"choice": state.choice, "paths": paths, "quantized_bytes": state.quantized_bytes_sent, "idle": idle,
                       "params": [p.detach().clone() for p in m.parameters()], "communicator": state._reducer.comm is not None})
     state.close()
@@ -1564,15 +1581,8 @@ def compressed_warmup_choice(rank, world, port, out, steps=16):
     state._choice.clock = clock
     m.register_comm_hook(state, oktopk_hook)
     o = torch.optim.SGD(m.parameters(), lr=0.01)
-    paths, path = [], "native"
-    for step in range(steps):
-        clock.now += {"native": 0.020, "quantized": 0.500, "sparse": 0.015}[path]  # the step before this one
-        x, y = batch(rank, step)
-        o.zero_grad()
-        F.cross_entropy(m(x), y).backward()
-        o.step()
-        path = state._path if step >= state.warmup_iters else ("native" if step < 2 else "quantized")
-        paths.append(path)
+    paths = clocked_steps(m, o, state, clock, rank, steps, {"native": 0.020, "quantized": 0.500, "sparse": 0.015},
+                          lambda step: "native" if step < 2 else "quantized")
     write(out, rank, {"choice": state.choice, "paths": paths, "quantized_bytes": state.quantized_bytes_sent})
     state.close()
     dist.destroy_process_group()
