@@ -14,19 +14,24 @@ def test_accelerate_sends_through_the_hook_and_load_state_continues_bitwise(tmp_
     # ends, so a choice by measured time never splits the two runs): the
     # resumed run matches the whole one only if load_state gave every rank
     # its own residuals back (EveryRank), beside Accelerate's model,
-    # optimizer and per-rank RNG states.
+    # optimizer and per-rank RNG states. With bf16 mixed precision and
+    # accelerator.clip_grad_norm_ (at 0.5, which bites), the momentum
+    # correction follows the clip and stays on.
     whole, resumed = tmp_path / "whole", tmp_path / "resumed"
-    p, ranks = launch("accelerate_train.py", ["--out", whole, "--oktopk", "--steps", "6"], tmp_path / "whole-stats")
+    common = ["--oktopk", "--steps", "6", "--clip", "0.5", "--mixed-precision", "bf16"]
+    p, ranks = launch("accelerate_train.py", ["--out", whole, *common], tmp_path / "whole-stats")
     assert p.returncode == 0, tail(p)
     assert sorted(ranks) == [0, 1], tail(p)
     for rank in ranks.values():
         assert rank["ddp_hooks"] == [["oktopk.hook.oktopk_hook"]], rank
         (state,) = rank["states"]
         assert state["bytes_sent"] > 0 and state["choice"]["steps"]["sparse"] > 0, state
+        assert state["momentum_status"] == "on", state
+    assert "momentum correction stopped" not in p.stderr, tail(p)
     saved = torch.load(whole / "step_4" / "custom_checkpoint_0.pkl", weights_only=False)
     assert [s["rank"] for s in saved["oktopk_every_rank"]] == [0, 1]  # written by rank 0, both ranks' states
 
-    p, ranks = launch("accelerate_train.py", ["--out", resumed, "--oktopk", "--steps", "6", "--resume", whole / "step_4"],
+    p, ranks = launch("accelerate_train.py", ["--out", resumed, *common, "--resume", whole / "step_4"],
                       tmp_path / "resumed-stats")
     assert p.returncode == 0, tail(p)
     assert "step 5 loss" in p.stdout and "step 4 loss" not in p.stdout, tail(p)

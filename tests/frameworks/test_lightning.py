@@ -19,21 +19,25 @@ def test_lightning_sends_through_the_hook_and_a_resumed_fit_continues_bitwise(tm
     # it matches only if every rank got its own residuals and the probe's
     # position back from Lightning's checkpoint. Within those 6 steps every
     # step's path is fixed by its number (a choice by measured time could
-    # come at step 6 at the earliest, and differ between the two runs). Lightning's defaults
-    # (32-bit, no clipping) leave the momentum correction on.
+    # come at step 6 at the earliest, and differ between the two runs).
+    # With gradient_clip_val (clip_grad_norm_'s rule, at 0.5: it bites) and
+    # bf16-mixed, as the issue's users run it: the momentum correction
+    # follows the clip and stays on.
     whole, resumed = tmp_path / "whole", tmp_path / "resumed"
-    p, ranks = launch("lightning_train.py", ["--out", whole, "--oktopk", "--batches", "3"], tmp_path / "whole-stats")
+    common = ["--oktopk", "--batches", "3", "--clip", "0.5", "--precision", "bf16-mixed"]
+    p, ranks = launch("lightning_train.py", ["--out", whole, *common], tmp_path / "whole-stats")
     assert p.returncode == 0, tail(p)
     assert sorted(ranks) == [0, 1], tail(p)
     for rank in ranks.values():
         (state,) = rank["states"]
         assert state["bytes_sent"] > 0 and state["choice"]["steps"]["sparse"] > 0, state
+        assert state["momentum_status"] == "on", state
     assert "momentum correction stopped" not in p.stderr, tail(p)
     saved = torch.load(whole / "epoch=0-step=3.ckpt", weights_only=False)
     (every_rank,) = [v["oktopk_every_rank"] for v in saved["callbacks"].values() if "oktopk_every_rank" in v]
     assert [s["rank"] for s in every_rank] == [0, 1]  # rank 0 wrote the file; it holds both ranks' states
 
-    p, ranks = launch("lightning_train.py", ["--out", resumed, "--oktopk", "--batches", "3", "--resume", whole / "epoch=0-step=3.ckpt"],
+    p, ranks = launch("lightning_train.py", ["--out", resumed, *common, "--resume", whole / "epoch=0-step=3.ckpt"],
                       tmp_path / "resumed-stats")
     assert p.returncode == 0, tail(p)
     for rank in ranks.values():

@@ -29,7 +29,7 @@ def write():
             modules.append([f"{getattr(h, '__module__', '')}.{getattr(h, '__qualname__', '')}" for h, _ in getattr(o, "_comm_hooks", [])])
         elif isinstance(o, OkTopkState):
             states.append({"bytes_sent": o.bytes_sent, "quantized_bytes_sent": o.quantized_bytes_sent,
-                           "choice": o.choice, "repr": repr(o)})
+                           "choice": o.choice, "momentum_status": o.momentum_status, "repr": repr(o)})
     # Under the launcher: what oktopk.autohook registered, (module, state)
     # pairs. Each rank runs `python -m oktopk.autohook`, so the module is
     # __main__ there (and oktopk.autohook only if something imported it).

@@ -81,6 +81,42 @@ def density_one(rank, world, port, out, nesterov, dampening, weight_decay, steps
     dist.destroy_process_group()
 
 
+def clipped(rank, world, port, out, how, nesterov, dampening, weight_decay, steps, masking=False):
+    """The corrected hook at density 1 beside plain DDP, the same SGD, each
+    clipping after backward as a framework does (``how``: "norm",
+    clip_grad_norm_ to 0.05, which bites at every step; "value",
+    clip_grad_value_). The parameters and momentum buffers' worst distance
+    from plain DDP's, how many steps the clip bit, and whether the
+    correction stopped."""
+    setup(rank, world, port)
+    a, b = DDP(deeper_model()), DDP(deeper_model())
+    state = OkTopkState(algorithm="oktopk", density=1.0, warmup_iters=2, momentum_masking=masking)
+    a.register_comm_hook(state, oktopk_hook)
+    b.register_comm_hook(None, allreduce_hook)
+    oa, ob = _sgd(a, nesterov, dampening, weight_decay), _sgd(b, nesterov, dampening, weight_decay)
+    worst_param = worst_buffer = 0.0
+    bit = 0
+    for step in range(steps):
+        x, y = batch(rank, step)
+        for m, o in ((a, oa), (b, ob)):
+            o.zero_grad()
+            F.cross_entropy(m(x), y).backward()
+            if how == "norm":
+                bit += float(torch.nn.utils.clip_grad_norm_(m.parameters(), 0.05)) > 0.05 and m is b
+            else:
+                torch.nn.utils.clip_grad_value_(m.parameters(), 1e-3)
+            o.step()
+        for pa, pb in zip(a.parameters(), b.parameters()):
+            worst_param = max(worst_param, (pa.detach() - pb.detach()).abs().max().item() / (pb.detach().abs().max().item() + 1e-30))
+            ba, bb = oa.state[pa]["momentum_buffer"], ob.state[pb]["momentum_buffer"]
+            worst_buffer = max(worst_buffer, (ba - bb).abs().max().item() / (bb.abs().max().item() + 1e-30))
+    write(out, rank, {"worst_param": worst_param, "worst_buffer": worst_buffer, "bit": bit, "stopped": state._momentum.stopped,
+                      "status": state.momentum_status,
+                      "corrected": len(state._momentum.velocity), "params": [p.detach().clone() for p in a.parameters()]})
+    state.close()
+    dist.destroy_process_group()
+
+
 def recording(state):
     """Wrap the state's correction so that every corrected slot's input to
     the reduction (the velocity's step) and result (the average S) are

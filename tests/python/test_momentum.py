@@ -27,6 +27,38 @@ def test_density_one_equals_dense_sgd_with_momentum(nesterov, dampening, weight_
         assert res["b_views"] == (0 if weight_decay else res["params"]), f"rank {r}: {res}"
 
 
+@pytest.mark.parametrize("nesterov,dampening,weight_decay", [(False, 0.0, 0.0), (True, 0.0, 0.01), (False, 0.5, 0.01)])
+def test_a_clip_after_backward_is_followed_at_density_one_as_dense_sgd_clips(nesterov, dampening, weight_decay):
+    # Trainer, Lightning and Accelerate clip the gradient the hook hands
+    # over (clip_grad_norm_: every value times one c <= 1) before the
+    # optimizer steps. The correction reads c at the step and scales this
+    # step's gradient in each velocity by it: at density 1 the run is plain
+    # DDP's with the same clip, up to float32 rounding, and it never stops.
+    results = run(momentum_workers.clipped, 2, "norm", nesterov, dampening, weight_decay, 8)
+    for r, res in results.items():
+        assert res["stopped"] is None and res["status"] == "on", f"rank {r}: {res['stopped']}"
+        assert res["bit"] == 8, f"rank {r}: the clip bit at {res['bit']} of 8 steps: the test checks nothing"
+        assert res["corrected"] > 0, f"rank {r}: the correction never ran"
+        assert res["worst_param"] <= 1e-5, f"rank {r}: {res}"
+        assert res["worst_buffer"] <= 1e-5, f"rank {r}: {res}"
+    for a, b in zip(results[0]["params"], results[1]["params"]):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("how,masking,named", [("value", False, "clip by value"), ("norm", True, "masking cannot follow")])
+def test_a_change_the_correction_cannot_follow_stops_it_on_every_rank(how, masking, named):
+    # clip_grad_value_ moves the largest values and not the small ones: no
+    # one factor. Momentum factor masking zeroes velocities a clip would
+    # scale. Either way the correction hands the optimizer its momentum
+    # back, saying why, on every rank alike.
+    results = run(momentum_workers.clipped, 2, how, False, 0.0, 0.0, 4, masking)
+    for r, res in results.items():
+        assert res["stopped"] is not None and named in res["stopped"], f"rank {r}: {res['stopped']}"
+        assert res["status"] == res["stopped"], res  # what OkTopkState.momentum_status says
+    for a, b in zip(results[0]["params"], results[1]["params"]):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("nesterov,weight_decay", [(False, 0.0), (True, 0.01)])
 def test_a_native_step_with_nothing_held_is_plain_ddp_bitwise_and_corrects_nothing(nesterov, weight_decay):
     # A native step whose average holds no residual is the gradients' own

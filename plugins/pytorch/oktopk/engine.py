@@ -525,6 +525,18 @@ class Engine(ReducerStats):
         return None if self._choice is None else self._choice.summary()
 
     @property
+    def momentum_status(self):
+        """The momentum correction's state: "off" (``momentum_correction=False``),
+        "waiting" (no SGD step with momentum seen yet), "on", or why it
+        stopped (it warned then: for example GradScaler's ``unscale_``)."""
+        m = self._momentum
+        if m is None:
+            return "off"
+        if m.stopped is not None:
+            return m.stopped
+        return "on" if m.active else "waiting"
+
+    @property
     def path(self):
         """The path of the step under way (its name in ``oktopk.paths``)."""
         return self._path

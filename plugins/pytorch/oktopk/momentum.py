@@ -35,6 +35,17 @@ ranks' velocities at density 1, so the switch loses nothing. B advances
 only when the optimizer steps: a step that ``GradScaler`` skips (a NaN or
 Inf) leaves the velocity and B as they were.
 
+A clip after backward (``clip_grad_norm_``, the frameworks' default:
+Trainer's ``max_grad_norm``, Lightning's ``gradient_clip_val``) scales
+the G the hook handed over by one factor c ≤ 1 before the optimizer
+steps, so the optimizer's momentum takes c·G. The correction reads c at
+the step from a few values it handed over, and each rank's velocity takes
+this step's gradient times c as well (``_follow_scale``): the velocities
+stay the optimizer's momentum, and at density 1 the run is dense SGD with
+the clip. GradScaler's ``unscale_`` (the velocities and residuals hold
+the scaled gradients) and any change that is not one factor on every value
+stop the correction instead.
+
 Each rank holds three more copies of the parameters' gradients: its
 velocity, the buffer the next one is computed into (a step skipped for a
 NaN must find the old one whole), and B. Without weight decay B is the
@@ -76,6 +87,7 @@ on the 17.1M MLP and on a CNN on Fashion-MNIST):
 
 import itertools
 import math
+import sys
 
 import warnings
 import weakref
@@ -104,6 +116,20 @@ def momentum_of(group):
     if not m or group.get("maximize", False):
         return None
     return float(m), float(group.get("dampening", 0.0)), bool(group.get("nesterov", False))
+
+
+def _grad_scaler_is_stepping():
+    """Whether a ``torch.amp.GradScaler`` is in this call's stack (its
+    ``step`` calls the optimizer's): asked only when the handed gradient
+    changed, to tell its unscale_ from a clip."""
+    from torch.amp import GradScaler
+
+    frame = sys._getframe(1)
+    while frame is not None:
+        if isinstance(frame.f_locals.get("self"), GradScaler):
+            return True
+        frame = frame.f_back
+    return False
 
 
 class MomentumCorrection:
@@ -149,10 +175,11 @@ class MomentumCorrection:
         self._borrowed = set()  # indices whose B is a view of the optimizer's momentum_buffer (_borrow)
         self._spare = {}  # index -> the buffer this step's velocity is computed into (swapped in when it counts)
         self._handed = {}  # index -> (m, dampening) of the G handed over this step, for B at the optimizer's step
-        # One value the hook handed the optimizer this step ((index, offset,
-        # value)), checked when it steps: a gradient rescaled in between
-        # (GradScaler's unscale_, clipping .grad) breaks the arithmetic.
-        self._sample = None
+        # A few values the hook handed the optimizer this step ((index,
+        # offset, value): each bucket's largest and smallest nonzero among
+        # its first corrected slot's first SAMPLE_SPAN), read again when it
+        # steps: what changed them in between (_scale_at_step).
+        self._samples = []
         self.stopped = None  # why the correction stopped, or None
         # This step's changes to the velocities, B and the masking marks,
         # (what, index, the value before, or _ABSENT), for a step that turns
@@ -181,8 +208,11 @@ class MomentumCorrection:
         if self._optimizer is None or self._optimizer() is not optimizer:
             self._optimizer = weakref.ref(optimizer)
             self._group_of = {}
-        sample, self._sample = self._sample, None
+        samples, self._samples = self._samples, []
         handed, self._handed = self._handed, {}
+        scale = self._scale_at_step(optimizer, samples) if samples else 1.0
+        if scale is None:
+            return
         for group in optimizer.param_groups:
             settings = momentum_of(group)
             if settings is None:
@@ -192,15 +222,13 @@ class MomentumCorrection:
                 if i is None:
                     continue
                 grad = None if p.grad is None else _local(p.grad).reshape(-1)
-                if sample is not None and sample[0] == i and grad is not None and grad[sample[1]].item() != sample[2]:
-                    self._stop(f"the gradient it handed the optimizer was changed before the step ({sample[2]!r} became "
-                               f"{grad[sample[1]].item()!r}: GradScaler's unscale_ or clipping .grad)")
-                    return
                 self.settings[i] = settings
                 if self.idle:
                     self._follow(optimizer, group, p, i)
                     continue
                 if i in handed and grad is not None:
+                    if scale != 1.0:
+                        self._follow_scale(i, scale, handed[i][0])
                     if self._borrow(optimizer, group, p, i):
                         continue
                     m, d = handed[i]
@@ -237,6 +265,67 @@ class MomentumCorrection:
         view = self.velocity[i] = self._following[i] = _local(buf).detach().reshape(-1)
         if not self._borrow(optimizer, group, p, i):
             self.applied[i] = view
+
+    def _scale_at_step(self, optimizer, samples):
+        """What was done to the handed gradient between the hook and the
+        optimizer's step, read from ``samples``: 1.0 for nothing; c for a
+        clip that scaled every gradient by the same c ≤ 1, the way
+        ``clip_grad_norm_`` (Trainer's ``max_grad_norm``, Lightning's
+        ``gradient_clip_val``, Accelerate's ``clip_grad_norm_``) does, which
+        the correction follows (_follow_scale); None once it stopped for
+        anything else. Every rank reads the same c: the clip's norm is over
+        the reduced gradient."""
+        grads = {}
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                i = self.index_of(p)
+                if i is not None and p.grad is not None:
+                    grads[i] = p.grad
+        ratios, eps = [], 0.0
+        for i, j, handed in samples:
+            if i in grads:
+                ratios.append((i, handed, _local(grads[i]).reshape(-1)[j].item()))
+                eps = max(eps, torch.finfo(grads[i].dtype).eps)
+        if all(now == handed for _, handed, now in ratios):
+            return 1.0
+        # One factor, each value rounded once to the gradient's dtype. The
+        # factor itself is read from the lowest-numbered parameter's largest
+        # value (the first sample of it): the same value on every rank
+        # under DDP and in a resumed run.
+        scales = [now / handed for _, handed, now in ratios]
+        c = scales[min(range(len(ratios)), key=lambda k: (ratios[k][0], k))]
+        ratios = [r[1:] for r in ratios]
+        changed = f"the gradient it handed the optimizer was changed before the step ({ratios[0][0]!r} became {ratios[0][1]!r}"
+        if _grad_scaler_is_stepping():
+            # The scaler's unscale_ divides what the hook handed over by the
+            # loss scale, while the velocities and the residuals hold the
+            # scaled gradients the hook was given: two units in one sum.
+            self._stop(f"{changed}: GradScaler's unscale_)")
+        elif not (0.0 < c < 1.0 and all(abs(x - c) <= 4 * eps * c for x in scales)):
+            self._stop(f"{changed}, not by one factor ≤ 1 on every value as clip_grad_norm_ scales them: "
+                       "a clip by value, or a change per tensor)")
+        elif self.masking:
+            self._stop(f"{changed} by a clip, which momentum factor masking cannot follow: it zeroes velocities the clip "
+                       "would scale)")
+        else:
+            return c
+        return None
+
+    def _follow_scale(self, i, c, m):
+        """The optimizer's step took c·G (a clip, _scale_at_step): its
+        momentum became m·B + c·(1 − d)·(what the average asked), dense SGD's
+        with the clipped gradient. This rank's velocity follows with this
+        step's gradient scaled by the same c: b ← m·b_old + c·(1 − d)·g,
+        which is c·b + (1 − c)·m·b_old with b = m·b_old + (1 − d)·g (Nesterov
+        too), b_old the spare ``after`` swapped out. At density 1 that is
+        dense SGD with the clip, up to rounding. The residual is left as it
+        is: what it holds is still owed, and is scaled by the clip of the
+        step that delivers it."""
+        velocity = self.velocity[i]
+        velocity.mul_(c)
+        old = self._spare.get(i)
+        if old is not None and self.applied.get(i) is not None:  # applied None: torch's first step, buf = G
+            velocity.add_(old, alpha=(1.0 - c) * m)
 
     def _borrow(self, optimizer, group, p, i):
         """Without weight decay B is the optimizer's own momentum_buffer (the
@@ -277,8 +366,9 @@ class MomentumCorrection:
         self.settings, self.velocity, self.applied, self._spare, self._handed = {}, {}, {}, {}, {}
         self._borrowed, self._following = set(), {}
         warnings.warn(f"oktopk: momentum correction stopped: {why}. It needs the optimizer to receive the hook's gradient "
-                      "unchanged; the optimizer's own momentum acts on the sparse average from now on. Clip or unscale "
-                      "nothing after backward, or pass momentum_correction=False (docs/pytorch.md).", stacklevel=4)
+                      "unchanged, or scaled alike everywhere by a clip (clip_grad_norm_); the optimizer's own momentum acts "
+                      "on the sparse average from now on. Pass momentum_correction=False to say so from the start "
+                      "(docs/pytorch.md).", stacklevel=4)
 
     # -- a step that turns out void ---------------------------------------
 
@@ -334,7 +424,7 @@ class MomentumCorrection:
         through: no pass, no velocity, no masking. The optimizer's momentum_buffer, stepped on it, is where the
         velocities restart at the next corrected step (``_follow``)."""
         self._handed = {}
-        self._sample = None
+        self._samples = []
         self._left = {}
         # DGC's masking (True) zeroes every velocity on a dense step: a rule
         # that acts on a native step too, which then stays corrected. Local
@@ -367,12 +457,17 @@ class MomentumCorrection:
             if new is None or new.shape != g.shape or new.dtype != g.dtype or new.device != g.device:
                 new = self._spare[i] = torch.empty_like(g)
             velocity = self.velocity.get(i)
-            if velocity is not None and self.applied.get(i) is velocity and i not in self._borrowed:
-                # Restarting from the buffer an idle step left (_follow), with
-                # weight decay: B is the correction's own from here, taken
-                # before the optimizer's step moves the buffer.
-                self._note("applied", i, self.applied)
-                self.applied[i] = velocity.clone()
+            if velocity is not None and velocity is self._following.get(i):
+                # Restarting from the buffer an idle step left (_follow). With
+                # weight decay B is the correction's own from here, taken
+                # before the optimizer's step moves the buffer. The velocity
+                # becomes a copy of this rank's too: the optimizer's step
+                # moves the buffer in place, and a clip seen at that step
+                # (_follow_scale) needs the old velocity as it was.
+                if self.applied.get(i) is velocity and i not in self._borrowed:
+                    self._note("applied", i, self.applied)
+                    self.applied[i] = velocity.clone()
+                velocity = self.velocity[i] = velocity.clone()
             if velocity is None or self.applied.get(i) is None:
                 new.copy_(g)  # torch's first step: buf = grad, no dampening
                 self._note("applied", i, self.applied)
@@ -439,11 +534,18 @@ class MomentumCorrection:
                 if d:
                     s.div_(1.0 - d)
             self._handed[i] = (m, 0.0 if nesterov else d)
-        if self._sample is None:
-            i, a, b = work[0][:3]
-            span = min(b - a, self.SAMPLE_SPAN)
-            j = int(result[a : a + span].abs().argmax()) if span else 0
-            self._sample = (i, j, result[a + j].item())
+        # The bucket's first corrected slot, and the lowest-numbered corrected
+        # parameter wherever DDP's buckets put it (they are rebuilt after
+        # the first step): the clip's factor is read from that one, so a
+        # resumed run reads the same factor as the uninterrupted one.
+        lowest = min(self.settings) if self.settings else None
+        for i, a, b in {work[0][:3], *(w[:3] for w in work if w[0] == lowest)}:
+            magnitude = result[a : a + min(b - a, self.SAMPLE_SPAN)].abs()
+            if magnitude.numel() and float(magnitude.max()) > 0:
+                # The largest and the smallest nonzero: a clip by value
+                # (clip_grad_value_) moves the one and not the other.
+                for j in dict.fromkeys((int(magnitude.argmax()), int(torch.where(magnitude > 0, magnitude, math.inf).argmin()))):
+                    self._samples.append((i, j, result[a + j].item()))
         return result
 
     # -- masking: which entries left -------------------------------------------
@@ -531,7 +633,7 @@ class MomentumCorrection:
         self.applied = {int(i): e["applied"] for i, e in saved.items()}
         self._loaded = {int(i): e["waiting"] for i, e in saved.items() if e.get("waiting") is not None}
         self._zero, self._member_of = {}, {}
-        self._spare, self._handed, self._sample, self._borrowed, self._following = {}, {}, None, set(), {}
+        self._spare, self._handed, self._samples, self._borrowed, self._following = {}, {}, [], set(), {}
         self._optimizer, self._group_of = None, {}
         self._record = None  # a loaded state is no step's to give back
 

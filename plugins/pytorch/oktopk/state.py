@@ -125,8 +125,11 @@ class OkTopkState(Engine):
         first step and costs three more copies of the gradients per rank
         (two without weight decay).
         ``.grad`` then holds that gradient, not the average of the ranks':
-        a script that rescales ``.grad`` before the step (GradScaler,
-        clipping) stops the correction, with a warning. False: the
+        a clip that scales every value by one factor (``clip_grad_norm_``,
+        the frameworks' default) is followed; anything else that changes
+        ``.grad`` before the step (GradScaler's ``unscale_``, a clip by
+        value) stops the correction, with a warning
+        (``momentum_status`` says why). False: the
         optimizer's momentum acts on the sparse average (measured: the demo's
         MLP swings and ends lower, results/sgd.md).
     :param masking (momentum_masking): with the correction, DGC's momentum factor
