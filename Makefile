@@ -30,7 +30,7 @@ FW_VENV := $(OKTOPK_CACHE)/venv-frameworks-$(shell sha256sum $(FW_REQ) | cut -c1
 FW_PY := $(FW_VENV)/bin/python
 GO_SOURCES := $(shell find core transport capi -name '*.go' -not -name '*_test.go') $(wildcard capi/*.c capi/*.h) go.mod go.sum
 
-.PHONY: bits test-accuracy test-frameworks-setup test-frameworks-result venv-wait-torch venv-wait-horovod gpu-check all deps deps-launch deps-text deps-images bench-text bench-images bench-ddp bench-ddp-smoke venv-wheel build test test-go test-c test-launch test-python test-wheel test-venvs test-horovod test-frameworks venv-frameworks venv-wait-frameworks wheel demo demo-runs bench bench-quick bench-smoke bench-e2e bench-e2e-smoke bench-go bench-scale bench-wire examples header-check clean venv venv-horovod print-py chaos chaos-smoke chaos-torch chaos-torch-smoke fuzz
+.PHONY: bits test-accuracy test-frameworks-setup test-frameworks-result venv-wait-torch venv-wait-horovod gpu-check all deps deps-launch deps-text deps-images bench-text bench-images bench-ddp bench-ddp-smoke venv-wheel build test test-go test-c test-launch test-python test-wheel test-venvs test-horovod test-frameworks venv-frameworks venv-wait-frameworks wheel demo demo-runs bench bench-quick bench-smoke bench-e2e bench-e2e-smoke bench-frameworks bench-go bench-scale bench-wire examples header-check clean venv venv-horovod print-py chaos chaos-smoke chaos-torch chaos-torch-smoke fuzz
 
 all: build
 
@@ -457,6 +457,12 @@ bench-smoke: venv $(BUILD)/benchrank
 # BENCH_E2E_TARGET, BENCH_E2E_EVAL, BENCH_RATE, BENCH_MODE=loopback, ...).
 bench-e2e: $(LIB) venv
 	bench/ddp_e2e.sh $(PY) results
+
+# The frameworks (VGG-16 under plain DDP, BERT under Trainer) plain against
+# the one line, 4 ranks behind 200 Mbit/s links (netns: root), two orders;
+# about 35 min on 2 cores (results/frameworks.md).
+bench-frameworks: $(LIB) venv-frameworks deps-images deps-text
+	bench/frameworks.sh $(FW_PY) build/bench-frameworks
 
 # Seconds: loopback (no root), P = 2, every method once on a 9k-parameter
 # MLP for 6 steps in the same two processes, target 0%; then the text

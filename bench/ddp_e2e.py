@@ -293,6 +293,8 @@ def main():
     ap.add_argument("--sched-steps", type=int, default=50, help="oktopk_sched: decay_steps of density_schedule=(0.25, N)")
     ap.add_argument("--clip-norm", type=float, default=4.0, help="oktopk_clip, oktopk_mask_clip: local_clip_norm (each rank's gradient of "
                     "each parameter clipped to norm clip-norm / sqrt(P))")
+    ap.add_argument("--grad-clip", type=float, default=None, help="mlp, cnn, fashion: clip_grad_norm_ after backward to this norm, as "
+                    "Trainer's max_grad_norm does, for every method (charlm always clips to 1)")
     ap.add_argument("--algorithm", default=None, help="oktopk methods: this algorithm on every step after the warm-up instead of the measured "
                     "choice (on loopback the choice keeps the native allreduce, so accuracy studies of the sparse path name one)")
     ap.add_argument("--demo-lr", type=float, default=DEMO_LR, help="demo: peak learning rate of DeMo's sign step")
@@ -440,8 +442,9 @@ def train(method, args, width, data):
             out = F.cross_entropy(model(xtr[idx]), ytr[idx])
         opt.zero_grad()
         out.backward()
-        if charlm:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if charlm or args.grad_clip:
+            # A framework's clip after backward (Trainer's max_grad_norm=1.0).
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip or 1.0)
         opt.step()
         step += 1
         if step == warmup and method.startswith("oktopk"):
@@ -515,6 +518,8 @@ def train(method, args, width, data):
         assert ",".join(row) == HEADER, "the row's fields are tta_report.HEADER's"
         print("row," + ",".join(str(v) for v in row.values()), flush=True)
     if method.startswith("oktopk"):
+        if rank == 0:
+            print(f"momentum,{method},{state.momentum_status}", flush=True)
         if rank == 0 and state.choice is not None:
             c = state.choice
             paths = list(c["steps"])  # native, sparse and the compressed dense paths (oktopk.choice)

@@ -43,6 +43,9 @@ ap.add_argument("--optim-args", default=None, help='e.g. "momentum=0.9"')
 ap.add_argument("--lr", type=float, default=5e-4)
 ap.add_argument("--resume", action="store_true")
 ap.add_argument("--oktopk", action="store_true", help="register the hook through OkTopkCallback (the one line)")
+ap.add_argument("--hidden", type=int, default=64, help="BertConfig's hidden_size (heads of 32; the feed-forward 2x)")
+ap.add_argument("--layers", type=int, default=2, help="BertConfig's num_hidden_layers")
+ap.add_argument("--step-times", action="store_true", help="every rank prints each optimizer step's wall time (benchmarks)")
 args = ap.parse_args()
 
 texts = fortunes()
@@ -80,8 +83,8 @@ class Blocks(torch.utils.data.Dataset):
         return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
 
 
-config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-                    intermediate_size=128, max_position_embeddings=args.seq)
+config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=args.hidden, num_hidden_layers=args.layers,
+                    num_attention_heads=args.hidden // 32, intermediate_size=2 * args.hidden, max_position_embeddings=args.seq)
 torch.manual_seed(0)
 model = BertForMaskedLM(config)
 training_args = TrainingArguments(
@@ -91,6 +94,20 @@ training_args = TrainingArguments(
     dataloader_num_workers=0, disable_tqdm=True,
 )
 trainer = Trainer(model=model, args=training_args, train_dataset=Blocks(texts, args.seq))
+if args.step_times:
+    import time
+
+    from transformers import TrainerCallback
+
+    class StepTimes(TrainerCallback):
+        def on_step_begin(self, args_, state, control, **kwargs):
+            self.began = time.perf_counter()
+
+        def on_step_end(self, args_, state, control, **kwargs):
+            print(f"rank {int(os.environ.get('RANK', 0))} step {state.global_step} {1000 * (time.perf_counter() - self.began):.0f} ms",
+                  flush=True)
+
+    trainer.add_callback(StepTimes())
 if args.oktopk:
     from oktopk.integrations import OkTopkCallback
 

@@ -31,14 +31,23 @@ ap.add_argument("--steps", type=int, default=100)
 ap.add_argument("--batch-size", type=int, default=32, help="per rank")
 ap.add_argument("--lr", type=float, default=0.01)
 ap.add_argument("--oktopk", action="store_true")
+ap.add_argument("--every-rank", action="store_true", help="every rank prints its steps' times (benchmarks), not rank 0 alone")
+ap.add_argument("--eval", type=int, default=0, help="at the end, rank 0's accuracy on the first N test images (0: none)")
 args = ap.parse_args()
+
+
+def to_input(images):
+    """28x28 grey uint8 images as VGG's input: padded to 32x32 (as LeNet's
+    input was), normalised, repeated over three channels."""
+    x = np.pad(images, ((0, 0), (2, 2), (2, 2)))
+    x = torch.from_numpy(x).float().div_(255.0).sub_(0.2860).div_(0.3530)  # Fashion-MNIST's mean and deviation
+    return x.unsqueeze(1).expand(-1, 3, -1, -1)
+
 
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 images, labels = fashion_mnist("train")
-x = np.pad(images, ((0, 0), (2, 2), (2, 2)))  # 28x28 -> 32x32, as LeNet's input was
-x = torch.from_numpy(x).float().div_(255.0).sub_(0.2860).div_(0.3530)  # Fashion-MNIST's mean and deviation
-data = torch.utils.data.TensorDataset(x.unsqueeze(1).expand(-1, 3, -1, -1), torch.from_numpy(labels))
+data = torch.utils.data.TensorDataset(to_input(images), torch.from_numpy(labels))
 sampler = torch.utils.data.distributed.DistributedSampler(data, seed=0)
 loader = torch.utils.data.DataLoader(data, batch_size=args.batch_size, sampler=sampler, drop_last=True)
 
@@ -63,9 +72,19 @@ while step < args.steps:
         loss.backward()
         opt.step()
         step += 1
-        if rank == 0:
+        if args.every_rank:
+            print(f"rank {rank} step {step} loss {loss.item():.4f} {1000 * (time.perf_counter() - t):.0f} ms", flush=True)
+        elif rank == 0:
             print(f"step {step} loss {loss.item():.4f} {1000 * (time.perf_counter() - t):.0f} ms", flush=True)
         if step == args.steps:
             break
     epoch += 1
+if args.eval and rank == 0:
+    test_images, test_labels = fashion_mnist("t10k")
+    model.eval()
+    with torch.no_grad():
+        right = sum(int((model.module(to_input(test_images[i : i + 100])).argmax(1) == torch.from_numpy(test_labels[i : i + 100])).sum())
+                    for i in range(0, min(args.eval, len(test_labels)), 100))
+    print(f"accuracy {100.0 * right / min(args.eval, len(test_labels)):.2f} on {min(args.eval, len(test_labels))} test images", flush=True)
+dist.barrier()
 dist.destroy_process_group()
