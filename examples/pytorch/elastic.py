@@ -17,6 +17,9 @@ step times, may differ from another run's.
 
 ``--kill-at STEP --kill-rank R``: rank R SIGKILLs itself in step STEP,
 after its forward, in the first attempt only (the test's lost rank).
+``--kill STEP:R[,R...]:ATTEMPT``, repeatable: those ranks SIGKILL
+themselves in that step of that attempt (the fault campaign's losses:
+two ranks at once, a rank lost again after the restart).
 """
 
 import argparse
@@ -81,12 +84,17 @@ def main(argv=None):
     ap.add_argument("--algorithm", default=None, help="an oktopk.ALGORITHMS name (default: the measured choice)")
     ap.add_argument("--kill-at", type=int, default=None)
     ap.add_argument("--kill-rank", type=int, default=1)
+    ap.add_argument("--kill", action="append", default=[], metavar="STEP:RANKS:ATTEMPT")
     ap.add_argument("--out", default=None, help="write each rank's summary (JSON) here")
     args = ap.parse_args(argv)
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    kills = {(args.kill_at, args.kill_rank, 0)} if args.kill_at is not None else set()
+    for spec in args.kill:
+        step, ranks, when = spec.split(":")
+        kills |= {(int(step), int(r), int(when)) for r in ranks.split(",")}
     torch.manual_seed(0)
     torch.set_num_threads(1)
     (x, y), (tx, ty) = digits()
@@ -111,7 +119,7 @@ def main(argv=None):
         bx, by = batch(x, y, step, rank, world, args.batch_size)
         opt.zero_grad()
         loss = F.cross_entropy(model(bx), by)
-        if attempt == 0 and step == args.kill_at and rank == args.kill_rank:
+        if (step, rank, attempt) in kills:
             os.kill(os.getpid(), signal.SIGKILL)  # lost mid-step, as a crashed or preempted machine is
         loss.backward()
         opt.step()

@@ -25,6 +25,12 @@ under AdamW bf16, fp16 or quantized), its named algorithms, FSDP2
   confirmation, switch or steady step, loaded into a fresh model,
   optimizer and state; the continued run must equal the uninterrupted one
   bitwise (paths, parameters, residuals).
+- elastic-*: examples/pytorch/elastic.py under torchrun's elastic agent
+  (``--max-restarts``, through oktopk.run or torch.distributed.run), one
+  rank SIGKILLed mid-step, two at once, or one lost again after the
+  restart; the agent restarts the group, every rank resumes from the
+  newest checkpoint every rank saved, and the run must end with the
+  parameters of the same run uninterrupted, bit for bit.
 
 Every job has a hard wall-clock bound. Seeded and replayable:
 
@@ -73,16 +79,18 @@ JOB_WEIGHTS = {
     "sigstop": 8,
     "nan": 11,
     "inf": 7,
-    "mismatch-setting": 18,  # at least one job per SETTINGS entry in a 200-fault plan (the test of the plan checks every name)
-    "mismatch-demo": 4,
+    "mismatch-setting": 20,  # at least one job per SETTINGS entry in a 200-fault plan (the test of the plan checks every name)
+    "mismatch-demo": 7,  # every DEMO_SETTINGS name in a 200-fault plan
     "mismatch-resume": 4,
     "corrupt": 5,  # each job: several corruptions (corrupt-byte, -field, -file)
     "resume": 7,  # each job: several cuts (resume-<step kind>)
+    "elastic": 26,  # each job: a restart or two of a whole torchrun group (elastic-*): about a fifth of the faults
 }
 
 # The row order of the report.
 KIND_ORDER = ["sigkill", "sigstop", "nan", "inf", "mismatch-setting", "mismatch-demo", "mismatch-resume", "corrupt-byte", "corrupt-field",
-              "corrupt-file", "resume-warm-up", "resume-probe", "resume-decision", "resume-confirmation", "resume-switch", "resume-steady"]
+              "corrupt-file", "resume-warm-up", "resume-probe", "resume-decision", "resume-confirmation", "resume-switch", "resume-steady",
+              "elastic-kill", "elastic-two-at-once", "elastic-kill-again"]
 
 KIND_TEXT = {
     "sigkill": "SIGKILL of one rank 0-20 ms after it starts a chosen step (it waits there for the campaign's go, so the signal "
@@ -113,6 +121,13 @@ KIND_TEXT = {
     "resume-switch": "likewise, saved just before a step that switches path (sparse to native folds the residuals; native to "
                      "sparse makes a new communicator; quantized to native folds the quantized residuals).",
     "resume-steady": "likewise, saved on a chosen path between decisions (named algorithms, DeMo: any step after the warm-up).",
+    "elastic-kill": "examples/pytorch/elastic.py (Ok-Topk named, a checkpoint of every rank every 3 or 4 steps) under torchrun's "
+                    "elastic agent, through oktopk.run or torch.distributed.run; one rank SIGKILLs itself after its forward in a "
+                    "chosen step; the agent restarts the group, which resumes from the newest checkpoint every rank saved and must "
+                    "end with the uninterrupted run's parameters, bit for bit, on every rank (a restart that never came is a hang, "
+                    "a failed launch a crash).",
+    "elastic-two-at-once": "likewise, two ranks of three killed in the same step.",
+    "elastic-kill-again": "likewise, a rank killed again in the restarted attempt (two restarts): counted as two faults.",
 }
 
 # The settings agreement_settings compares, each with two values a rank can
@@ -218,6 +233,8 @@ def describe(cfg):
     s = cfg.get("state", {})
     if cfg["front"] == "demo":
         return "DeMo"
+    if cfg["front"] == "elastic":
+        return f"torchrun elastic, DDP {s['algorithm']} at {s['density']:g}"
     head = "FSDP2" if cfg["front"] == "fsdp" else "DDP"
     if "algorithm" in s:
         return f"{head} {s['algorithm']}" + (f" {s['value_dtype']}" if "value_dtype" in s else "")
@@ -280,6 +297,8 @@ def make_job(kind, rng, world, cycles=None):
         value = "nan" if kind == "nan" else rng.choice(["inf", "-inf"])
         job.update(type="fault_run", cfg=cfg, steps=min(steps, step + 4), inject={"rank": rng.randrange(world), "step": step, "value": value},
                    faults=[kind])
+    elif kind == "elastic":
+        job.update(elastic_job(rng, world))
     elif kind == "mismatch-setting":
         name, values, needs = cycles["setting"].next()
         front = "fsdp" if rng.random() < 0.25 else "ddp"
@@ -379,6 +398,30 @@ def make_job(kind, rng, world, cycles=None):
     return job
 
 
+ELASTIC_STEPS = 12
+
+
+def elastic_job(rng, world):
+    """An elastic-* job: which ranks examples/pytorch/elastic.py kills in
+    which step of which attempt, and what the run must then show."""
+    variant = rng.choice(["kill", "kill", "two", "again"])
+    if variant == "two":
+        world = 3
+    save_every = rng.choice([3, 4])
+    victims = rng.sample(range(world), 2 if variant == "two" else 1)
+    at = rng.randrange(ELASTIC_STEPS)
+    kills = [(at, victims, 0)]
+    if variant == "again":
+        start = at // save_every * save_every  # where the restarted attempt begins
+        kills.append((rng.randrange(start, ELASTIC_STEPS), [rng.randrange(world)], 1))
+    last = kills[-1][0] // save_every * save_every
+    name = {"kill": "elastic-kill", "two": "elastic-two-at-once", "again": "elastic-kill-again"}[variant]
+    return {"type": "elastic", "world": world, "cfg": {"front": "elastic", "state": {"density": rng.choice([0.01, 0.05]),
+                                                                                     "algorithm": "oktopk"}},
+            "save_every": save_every, "kills": kills, "launcher": rng.choice(["oktopk.run", "torch.distributed.run"]),
+            "restarts": len(kills), "resumed": last or None, "faults": [name] * (1 if variant == "kill" else 2)}
+
+
 def plan(seed, faults, kinds=None):
     """The campaign's jobs, drawn from ``seed`` until they inject at least
     ``faults`` faults: every kind once first, then by JOB_WEIGHTS."""
@@ -455,6 +498,10 @@ def smoke_plan(seed):
         # communicator is set up through the store.
         dict(fault("sigkill", dict(fsdp, optimizer="sgdm"), 2), world=3, fault={"signal": "sigkill", "victim": rng.randrange(3), "step": 2,
                                                                                   "delay": round(rng.uniform(0, 0.01), 4)}),
+        # torchrun's agent restarts the group after a kill in a sparse step.
+        {"kind": "elastic", "type": "elastic", "world": 2, "cfg": {"front": "elastic", "state": {"density": 0.05, "algorithm": "oktopk"}},
+         "save_every": 3, "kills": [(7, [rng.randrange(2)], 0)], "launcher": "oktopk.run", "restarts": 1, "resumed": 6,
+         "faults": ["elastic-kill"]},
     ]
     for n, job in enumerate(jobs):
         job["id"] = n
@@ -593,6 +640,8 @@ def run_job(sessions, job, verbose=False, next_job=None):
     """Run one job on a session; returns (results by rank, exit codes,
     fault time or None, timing, hung ranks). ``next_job``: the one after
     it, whose session is started meanwhile when this job ends its own."""
+    if job["type"] == "elastic":
+        return run_elastic(job, sessions.workdir, verbose)
     world = job["world"]
     destructive = job["kind"] in ("sigkill", "sigstop")
     session = sessions.get(world)
@@ -663,6 +712,81 @@ def run_job(sessions, job, verbose=False, next_job=None):
             "victim": victim if fault_time is not None else None, "logs": session.logs, "fault_landed": fault_time is not None}
 
 
+ELASTIC_SCRIPT = os.path.join(ROOT, "examples", "pytorch", "elastic.py")
+ELASTIC_BOUND = 240.0  # seconds for a whole elastic job, every attempt
+_uninterrupted = {}  # (world, density) -> each rank's record of the uninterrupted run
+
+
+def elastic_run(job, base, kills, restarts, launcher):
+    """examples/pytorch/elastic.py under ``launcher`` (torchrun's agent) in
+    folder ``base``: (the completed process or None on the bound, each
+    rank's record, seconds)."""
+    ckpt, out = os.path.join(base, "ckpt"), os.path.join(base, "out")
+    os.makedirs(out)
+    s = job["cfg"]["state"]
+    cmd = [sys.executable, "-m", launcher, "--nnodes", "1", "--nproc-per-node", str(job["world"]), "--max-restarts", str(restarts),
+           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", os.path.basename(base),
+           ELASTIC_SCRIPT, "--ckpt", ckpt, "--out", out, "--steps", str(ELASTIC_STEPS), "--save-every", str(job["save_every"]),
+           "--algorithm", s["algorithm"], "--density", str(s["density"])]
+    for step, ranks, attempt in kills:
+        cmd += ["--kill", f"{step}:{','.join(map(str, ranks))}:{attempt}"]
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "plugins", "pytorch"), OMP_NUM_THREADS="1",
+               TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")  # a store per attempt, as docs/failures.md asks under torchrun
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=ELASTIC_BOUND, env=env, start_new_session=True)
+    except subprocess.TimeoutExpired:
+        proc = None
+    ranks = {}
+    for f in os.listdir(out):
+        with open(os.path.join(out, f)) as fh:
+            ranks[int(f[4:-5])] = json.load(fh)
+    return proc, ranks, time.monotonic() - t0
+
+
+def run_elastic(job, workdir, verbose=False):
+    """An elastic-* job: the uninterrupted run of its size and density
+    (once per campaign), then the run with its kills."""
+    key = (job["world"], job["cfg"]["state"]["density"])
+    if key not in _uninterrupted:
+        proc, ranks, _ = elastic_run(job, tempfile.mkdtemp(dir=workdir, prefix="whole-"), [], 0, "torch.distributed.run")
+        if proc is None or proc.returncode != 0 or sorted(ranks) != list(range(job["world"])):
+            said = "timed out" if proc is None else proc.stderr[-1500:]
+            return {"harness": f"the uninterrupted elastic run of {key} failed: {said}"}
+        _uninterrupted[key] = ranks
+    proc, ranks, elapsed = elastic_run(job, tempfile.mkdtemp(dir=workdir, prefix=f"job{job['id']}-"), job["kills"], job["restarts"],
+                                       job["launcher"])
+    if verbose:
+        print(f"  job {job['id']} {job['kind']}: {elapsed:.1f} s", flush=True)
+    return {"elastic": True, "proc": proc, "ranks": ranks, "whole": _uninterrupted[key], "elapsed": elapsed, "logs": []}
+
+
+def judge_elastic(job, run):
+    """Each of an elastic job's faults: a hang (no end within the bound), a
+    crash (the launcher failed, or a rank wrote no record), or a silent
+    divergence (another attempt count or resumed step than the kills
+    imply, or parameters that are not the uninterrupted run's)."""
+    proc, ranks, notes = run["proc"], run["ranks"], []
+    o = {"hang": proc is None, "crash": 0, "silent": 0}
+    if proc is not None and proc.returncode != 0:
+        o["crash"] = 1
+        notes.append(f"the launcher exited {proc.returncode}: {proc.stderr[-800:]}")
+    elif proc is not None:
+        missing = sorted(set(range(job["world"])) - set(ranks))
+        if missing:
+            o["crash"] = 1
+            notes.append(f"ranks {missing} wrote no record")
+    for r, res in sorted(ranks.items()):
+        want = {"attempt": job["restarts"], "resumed": job["resumed"], "params": run["whole"][r]["params"]}
+        got = {k: res.get(k) for k in want}
+        if got != want or not res.get("bytes_sent"):
+            o["silent"] = 1
+            notes.append(f"rank {r}: " + ", ".join(f"{k} {got[k]!r} (wanted {want[k]!r})" for k in want if got[k] != want[k])
+                         + ("" if res.get("bytes_sent") else ", no bytes sent"))
+    return [outcome(k, hang=int(o["hang"]), crash=o["crash"], silent=o["silent"], notes=list(notes), detection=None)
+            for k in job["faults"]], [("elastic seconds", round(run["elapsed"], 1))]
+
+
 # -- judging a job -----------------------------------------------------------
 
 FAULT_WORDS = {
@@ -719,6 +843,8 @@ def judge(job, run):
     unnamed error, state changed, detection seconds, and notes."""
     if "harness" in run:
         return [outcome(k, harness=run["harness"]) for k in job["faults"]], []
+    if run.get("elastic"):
+        return judge_elastic(job, run)
     results, world = run["results"], job["world"]
     harness = [f"rank {r}: {res['harness_error']}" for r, res in results.items() if res.get("harness_error")]
     if harness:
@@ -1068,7 +1194,7 @@ def report(args, jobs, outcomes, extras, wall, failures, failed_jobs, python):
                  f"a hang is a rank not returned {HANG_AFTER_FAULT:g} s after a kill or stop or past the job's bound; "
                  f"{wall // 60:.0f}:{wall % 60:02.0f} min.")
     lines.append(f"Fronts: the DDP hook (the measured choice under SGD, SGD with momentum and AdamW with bf16, fp16 or quantized, and named "
-                 f"algorithms), FSDP2 (oktopk.fsdp) and oktopk.optim.DeMo.")
+                 f"algorithms), FSDP2 (oktopk.fsdp) and oktopk.optim.DeMo; elastic restarts of whole torchrun groups.")
     if args.smoke:
         made = f"make chaos-torch-smoke CHAOS_TORCH_SEED={args.seed}"
         one = f"tests/chaos_torch/campaign.py --smoke --seed {args.seed} --job N -v"
@@ -1114,6 +1240,10 @@ def report(args, jobs, outcomes, extras, wall, failures, failed_jobs, python):
         lines += ["", "Resumes by configuration and step kind:", "", "| configuration: step kind | count |", "|---|---|"]
         for v, n in sorted(by["resumed"].items()):
             lines.append(f"| {v} | {n} |")
+    if by.get("elastic seconds"):
+        seconds = sorted(v for v, n in by["elastic seconds"].items() for _ in range(n))
+        lines += ["", f"Elastic jobs: {len(seconds)}, each a whole torchrun run with its restarts, {seconds[0]:.1f}-{seconds[-1]:.1f} s "
+                      f"(median {seconds[len(seconds) // 2]:.1f} s), against one uninterrupted run per size and density."]
     fronts = Counter(describe(j["cfg"]) for j in jobs)
     lines += ["", "Jobs per configuration:", "", "| configuration | jobs |", "|---|---|"]
     for v, n in sorted(fronts.items()):
@@ -1132,6 +1262,11 @@ def report(args, jobs, outcomes, extras, wall, failures, failed_jobs, python):
               "at 3 ranks either (measured: a one-bucket model resumed after step 1 or 3 ends with other bits); that is torch's, "
               "not the plugin's.",
               "- A kill's or stop's victim waits at the start of its step for the campaign's go, which then signals it 0-20 ms later.",
+              "- An elastic job is a whole run of examples/pytorch/elastic.py under torchrun's elastic agent (c10d rendezvous, a store "
+              "per attempt), not a session's: the script kills its own victims after their forward, in the step and attempt the plan "
+              "names, and every rank's final parameters are compared with one uninterrupted run of the same size and density. At 3 "
+              "ranks too: a resumed attempt's steps are sparse (the checkpoints fall after the 2-step warm-up), and the library's "
+              "reductions do not depend on DDP's bucket layout.",
               "", "## Fault kinds", ""]
     for k in kinds:
         if k in KIND_TEXT:

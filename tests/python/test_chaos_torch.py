@@ -86,6 +86,34 @@ def test_the_judge_flags_hangs_silence_unnamed_errors_and_changed_state():
     (o,), _ = campaign.judge(resume, _run({0: other}, victim=None))
     assert o["silent"]
 
+    # An elastic job: rank 1 killed in step 7, checkpoints every 3 steps,
+    # one restart, resumed after step 6.
+    import subprocess
+
+    elastic = {"id": 3, "kind": "elastic", "type": "elastic", "world": 2, "faults": ["elastic-kill"], "restarts": 1, "resumed": 6,
+               "cfg": {"front": "elastic", "state": {"density": 0.05, "algorithm": "oktopk"}}}
+    whole = {r: {"attempt": 0, "resumed": None, "params": f"p{r}", "bytes_sent": 9} for r in (0, 1)}
+    resumed = {r: {"attempt": 1, "resumed": 6, "params": f"p{r}", "bytes_sent": 5} for r in (0, 1)}
+    done = subprocess.CompletedProcess([], 0, "", "")
+
+    def elastic_run(proc=done, ranks=resumed):
+        return {"elastic": True, "proc": proc, "ranks": ranks, "whole": whole, "elapsed": 9.0}
+
+    (o,), extra = campaign.judge(elastic, elastic_run())
+    assert not campaign.failed(o) and extra == [("elastic seconds", 9.0)]
+    (o,), _ = campaign.judge(elastic, elastic_run(proc=None, ranks={}))
+    assert o["hang"], "no end within the bound"
+    (o,), _ = campaign.judge(elastic, elastic_run(proc=subprocess.CompletedProcess([], 1, "", "agent gave up")))
+    assert o["crash"]
+    (o,), _ = campaign.judge(elastic, elastic_run(ranks={0: resumed[0]}))
+    assert o["crash"], "a rank wrote no record"
+    (o,), _ = campaign.judge(elastic, elastic_run(ranks={0: resumed[0], 1: dict(resumed[1], params="q")}))
+    assert o["silent"], "parameters not the uninterrupted run's"
+    (o,), _ = campaign.judge(elastic, elastic_run(ranks={r: dict(res, resumed=3) for r, res in resumed.items()}))
+    assert o["silent"], "resumed from an older checkpoint than every rank saved"
+    (o,), _ = campaign.judge(elastic, elastic_run(ranks={r: dict(res, attempt=2) for r, res in resumed.items()}))
+    assert o["silent"], "restarted more often than the kills"
+
 
 def test_a_slice_of_real_faults_is_caught(tmp_path):
     demo = {"front": "demo", "model": "small", "schedule": "none",
