@@ -31,6 +31,8 @@ ap.add_argument("--steps", type=int, default=100)
 ap.add_argument("--batch-size", type=int, default=32, help="per rank")
 ap.add_argument("--lr", type=float, default=0.01)
 ap.add_argument("--oktopk", action="store_true")
+ap.add_argument("--algorithm", default=None, help="with --oktopk: name the algorithm of every step after the warm-up (on a fast "
+                "link the default measured choice keeps DDP's allreduce; accuracy studies name one)")
 ap.add_argument("--every-rank", action="store_true", help="every rank prints its steps' times (benchmarks), not rank 0 alone")
 ap.add_argument("--eval", type=int, default=0, help="at the end, rank 0's accuracy on the first N test images (0: none)")
 args = ap.parse_args()
@@ -56,7 +58,7 @@ model = DDP(vgg16(num_classes=10))
 if args.oktopk:
     from oktopk import OkTopkState, oktopk_hook
 
-    model.register_comm_hook(OkTopkState(), oktopk_hook)  # the one line
+    model.register_comm_hook(OkTopkState(algorithm=args.algorithm), oktopk_hook)  # the one line
 opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=5e-4)
 params = sum(p.numel() for p in model.parameters())
 if rank == 0:
