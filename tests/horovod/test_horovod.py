@@ -135,25 +135,7 @@ def test_under_horovods_elastic_mode_a_killed_rank_shrinks_the_job_and_a_new_one
     # are; the residuals of the commit before the kill no longer go with
     # the parameters (commits were made at another size since) and are
     # dropped, once, and said.
-    import json
-
-    discover = tmp_path / "discover.sh"
-    discover.write_text("#!/bin/sh\necho localhost:1\necho 127.0.0.1:1\n")
-    discover.chmod(0o755)
-    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
-    out.mkdir()
-    root = os.path.join(HERE, "..", "..")
-    cmd = [HOROVODRUN, "--gloo", "-np", "2", "--min-np", "1", "--max-np", "2", "--host-discovery-script", str(discover),
-           "--blacklist-cooldown-range", "1", "2", "--network-interface", "lo", sys.executable,
-           os.path.join(HERE, "elastic_train.py"), "--out", str(out), "--ckpt", str(ckpt), "--kill-at", "5", "--steps", "12",
-           "--step-seconds", "0.3", "--until-size", "2"]
-    path = os.pathsep.join([os.path.join(root, "plugins", "pytorch"), os.path.join(root, "plugins", "horovod")])
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, start_new_session=True,
-                          env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=path))
-    said = proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert proc.returncode == 0, said
-    ranks = {int(f[4:-5]): json.load(open(out / f)) for f in os.listdir(out)}
-    assert sorted(ranks) == [0, 1], said
+    ranks = _elastic_run(tmp_path, 5, min_np=1, names=2, extra=["--step-seconds", "0.3", "--until-size", "2"])
     assert ranks[0]["resets"] == [1, 2], ranks  # shrunk to the survivor, grown back to two
     assert ranks[0]["digest"] == ranks[1]["digest"], ranks  # the new rank took the survivor's parameters
     for r, res in ranks.items():
@@ -182,23 +164,26 @@ def _local_host_names(count):
     return names[:count]
 
 
-def _elastic_run(tmp_path, kill_at):
-    """elastic_train.py under horovodrun --min-np 2 --max-np 2 (a fixed
-    size), 12 steps: each rank's record."""
+def _elastic_run(tmp_path, kill_at, min_np=2, names=3, extra=()):
+    """elastic_train.py on 2 ranks under horovodrun --min-np MIN_NP
+    --max-np 2, the machine under NAMES host names, 12 steps (and EXTRA
+    arguments), rank 1 killed in step KILL_AT (-1: never): each rank's
+    record."""
     import json
 
-    tmp_path.mkdir()
+    tmp_path.mkdir(exist_ok=True)
     discover = tmp_path / "discover.sh"
-    discover.write_text("#!/bin/sh\n" + "".join(f"echo {name}:1\n" for name in _local_host_names(3)))
+    discover.write_text("#!/bin/sh\n" + "".join(f"echo {name}:1\n" for name in _local_host_names(names)))
     discover.chmod(0o755)
     out, ckpt = tmp_path / "out", tmp_path / "ckpt"
     out.mkdir()
     root = os.path.join(HERE, "..", "..")
-    cmd = [HOROVODRUN, "--gloo", "-np", "2", "--min-np", "2", "--max-np", "2", "--host-discovery-script", str(discover),
+    cmd = [HOROVODRUN, "--gloo", "-np", "2", "--min-np", str(min_np), "--max-np", "2", "--host-discovery-script", str(discover),
            "--blacklist-cooldown-range", "1", "2", "--network-interface", "lo", sys.executable,
-           os.path.join(HERE, "elastic_train.py"), "--out", str(out), "--ckpt", str(ckpt), "--kill-at", str(kill_at), "--steps", "12"]
+           os.path.join(HERE, "elastic_train.py"), "--out", str(out), "--ckpt", str(ckpt), "--kill-at", str(kill_at), "--steps", "12",
+           *extra]
     path = os.pathsep.join([os.path.join(root, "plugins", "pytorch"), os.path.join(root, "plugins", "horovod")])
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, start_new_session=True,
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, start_new_session=True,
                           env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=path))
     said = proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.returncode == 0, said
