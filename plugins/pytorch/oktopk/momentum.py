@@ -176,8 +176,8 @@ class MomentumCorrection:
         self._spare = {}  # index -> the buffer this step's velocity is computed into (swapped in when it counts)
         self._handed = {}  # index -> (m, dampening) of the G handed over this step, for B at the optimizer's step
         # A few values the hook handed the optimizer this step ((index,
-        # offset, value): each bucket's largest and smallest nonzero among
-        # its first corrected slot's first SAMPLE_SPAN), read again when it
+        # offset, value): the largest and smallest nonzero among the first
+        # SAMPLE_SPAN of two corrected slots, ``after``), read again when it
         # steps: what changed them in between (_scale_at_step).
         self._samples = []
         self.stopped = None  # why the correction stopped, or None
@@ -534,12 +534,15 @@ class MomentumCorrection:
                 if d:
                     s.div_(1.0 - d)
             self._handed[i] = (m, 0.0 if nesterov else d)
-        # The bucket's first corrected slot, and the lowest-numbered corrected
-        # parameter wherever DDP's buckets put it (they are rebuilt after
-        # the first step): the clip's factor is read from that one, so a
-        # resumed run reads the same factor as the uninterrupted one.
+        # Two slots a step, so as to add few reads to the step: the step's
+        # first corrected slot, and the lowest-numbered corrected parameter
+        # wherever DDP's buckets put it (they are rebuilt after the first
+        # step). The clip's factor is read from the latter, so a resumed run
+        # reads the same factor as the uninterrupted one; two tensors tell a
+        # change per tensor from one factor on all.
         lowest = min(self.settings) if self.settings else None
-        for i, a, b in {work[0][:3], *(w[:3] for w in work if w[0] == lowest)}:
+        first = [] if self._samples else [work[0][:3]]
+        for i, a, b in {*first, *(w[:3] for w in work if w[0] == lowest)}:
             magnitude = result[a : a + min(b - a, self.SAMPLE_SPAN)].abs()
             if magnitude.numel() and float(magnitude.max()) > 0:
                 # The largest and the smallest nonzero: a clip by value
