@@ -139,6 +139,9 @@ FORWARD(tensor_state_save, (oktopk_comm_t comm, uint64_t tensor_id, void *buf, s
 FORWARD(tensor_state_load,
         (oktopk_comm_t comm, uint64_t tensor_id, const void *buf, size_t len),
         (comm, tensor_id, buf, len))
+FORWARD(tensor_state_load_regrouped,
+        (oktopk_comm_t comm, uint64_t tensor_id, const void *buf, size_t len),
+        (comm, tensor_id, buf, len))
 FORWARD(tensor_residual_fold,
         (oktopk_comm_t comm, uint64_t tensor_id, void *data, size_t count, oktopk_dtype_t dtype, const size_t *hold,
          size_t hold_count),

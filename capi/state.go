@@ -67,6 +67,29 @@ func go_oktopk_tensor_state_load(comm C.oktopk_comm_t, tensorID C.uint64_t, buf 
 	})
 }
 
+//export go_oktopk_tensor_state_load_regrouped
+func go_oktopk_tensor_state_load_regrouped(comm C.oktopk_comm_t, tensorID C.uint64_t, buf *C.oktopk_const_void, n C.size_t) C.oktopk_result_t {
+	return callOn(comm, func(c *communicator) error {
+		if buf == nil || n == 0 {
+			return invalidArgument("buf is NULL or len is 0")
+		}
+		if uint64(n) > math.MaxInt32 {
+			return invalidArgument("state of %d bytes is larger than any tensor state", uint64(n))
+		}
+		b := C.GoBytes(unsafe.Pointer(buf), C.int(n))
+		_, err := c.do(true, func(_ context.Context, cc *core.Communicator) (core.Stats, error) {
+			st := new(core.TensorState)
+			if err := st.UnmarshalBinary(b); err != nil {
+				return core.Stats{}, invalidArgument("tensor %d: %s", uint64(tensorID), withoutSentinel(err, core.ErrInvalidArgument))
+			}
+			st.Regroup(c.Rank, c.Size)
+			cc.SetTensorState(uint64(tensorID), st)
+			return core.Stats{}, nil
+		})
+		return err
+	})
+}
+
 // Tensor state save and load go through the communicator's queue, so a save
 // sees every call issued before it, and a load applies before every call
 // issued after it. They are local: they still work after an abort, and from

@@ -201,3 +201,80 @@ func TestOkTopkStateRestoreContinuesExactly(t *testing.T) {
 		return nil
 	})
 }
+
+// A state regrouped for a communicator of fewer ranks (a job going on
+// without a lost rank) keeps the rank's residual whole and starts the
+// schedule afresh: the next call is bitwise the call a fresh state makes on
+// the gradient plus that residual, result and new residual alike. So the
+// residual's mass reaches the smaller job exactly as if it had been folded
+// into the gradient.
+func TestTensorStateRegroupKeepsTheResidualForFewerRanks(t *testing.T) {
+	const p, n, before = 4, 3000, 5
+	cfg := Config{Algorithm: OkTopk, Density: 0.05, Tau: 4, TauPrime: 3}
+	gen := newDriftingGradients(p, n, 11)
+	inputs := make([][][]float32, before+1)
+	for it := range inputs {
+		inputs[it] = gen.next()
+	}
+	saved := make([][]byte, p)
+	runInProc(t, p, func(ctx context.Context, rank int, c *Communicator) error {
+		for it := 0; it < before; it++ {
+			g := append([]float32(nil), inputs[it][rank]...)
+			if _, err := c.SparseAllreduce(ctx, 5, g, cfg); err != nil {
+				return err
+			}
+		}
+		b, err := c.TensorStateOf(5).MarshalBinary()
+		saved[rank] = b
+		return err
+	})
+	survivors := []int{0, 1, 3} // rank 2 is lost
+	regrouped := make([][]float32, len(survivors))
+	regroupedResidual := make([][]float32, len(survivors))
+	folded := make([][]float32, len(survivors))
+	foldedResidual := make([][]float32, len(survivors))
+	runInProc(t, len(survivors), func(ctx context.Context, rank int, c *Communicator) error {
+		var st TensorState
+		if err := st.UnmarshalBinary(saved[survivors[rank]]); err != nil {
+			return err
+		}
+		if st.CheckOwner(rank, len(survivors)) == nil {
+			return fmt.Errorf("rank %d: a 4-rank state passed CheckOwner for 3 ranks", rank)
+		}
+		held := append([]float32(nil), st.Residual...)
+		st.Regroup(rank, len(survivors))
+		if err := st.CheckOwner(rank, len(survivors)); err != nil {
+			return err
+		}
+		c.SetTensorState(5, &st)
+		g := append([]float32(nil), inputs[before][survivors[rank]]...)
+		if _, err := c.SparseAllreduce(ctx, 5, g, cfg); err != nil {
+			return err
+		}
+		regrouped[rank], regroupedResidual[rank] = g, append([]float32(nil), c.TensorStateOf(5).Residual...)
+		// The same rank starting afresh on gradient + residual.
+		f := append([]float32(nil), inputs[before][survivors[rank]]...)
+		for i := range f {
+			f[i] += held[i]
+		}
+		if _, err := c.SparseAllreduce(ctx, 6, f, cfg); err != nil {
+			return err
+		}
+		folded[rank], foldedResidual[rank] = f, c.TensorStateOf(6).Residual
+		return nil
+	})
+	for r := range survivors {
+		if hashFloats(regrouped[r]) != hashFloats(folded[r]) || hashFloats(regroupedResidual[r]) != hashFloats(foldedResidual[r]) {
+			t.Fatalf("rank %d: the regrouped state's call differs from a fresh call on gradient + residual", r)
+		}
+	}
+	var nonzero int
+	for _, v := range regroupedResidual[0] {
+		if v != 0 {
+			nonzero++
+		}
+	}
+	if nonzero == 0 {
+		t.Fatal("the residual after the call is empty: the test would not see a residual dropped")
+	}
+}

@@ -230,6 +230,24 @@ func (st *TensorState) UnmarshalBinary(b []byte) error {
 	return nil
 }
 
+// Regroup makes a state that rank kept in a communicator of another size
+// this rank's state in a communicator of size ranks, for a job that went on
+// without a lost rank (a shrink) or took one back: the residual, this
+// rank's own unsent gradient, is kept whole, so no mass it holds is lost.
+// What depends on the rank count is dropped: the region boundaries
+// partition the tensor among the old ranks, and the global threshold was
+// read from their sum. The call count starts again at 0, so that the next
+// call selects exactly and partitions afresh on every rank alike (every
+// rank regroups every tensor at the same step).
+func (st *TensorState) Regroup(rank, size int) {
+	st.Rank, st.Size = rank, size
+	st.Iter = 0
+	st.LocalThreshold, st.GlobalThreshold = 0, 0
+	st.Boundaries = nil
+	st.beforeFold = nil
+	st.lastCall = callRecord{}
+}
+
 // CheckOwner refuses a state that belongs to another rank, or to a
 // communicator of another size, than rank of size: its residual is another
 // rank's unsent gradient, and its Ok-Topk region boundaries partition the

@@ -93,7 +93,7 @@ extern "C" {
 
 /* ABI version: major changes break callers, minor ones only add. */
 #define OKTOPK_VERSION_MAJOR 0
-#define OKTOPK_VERSION_MINOR 17
+#define OKTOPK_VERSION_MINOR 18
 #define OKTOPK_VERSION_PATCH 0
 #define OKTOPK_VERSION_CODE \
   (OKTOPK_VERSION_MAJOR * 10000 + OKTOPK_VERSION_MINOR * 100 + OKTOPK_VERSION_PATCH)
@@ -506,6 +506,16 @@ oktopk_result_t oktopk_request_free(oktopk_request_t request);
 oktopk_result_t oktopk_tensor_state_size(oktopk_comm_t comm, uint64_t tensor_id, size_t *size);
 oktopk_result_t oktopk_tensor_state_save(oktopk_comm_t comm, uint64_t tensor_id, void *buf, size_t len);
 oktopk_result_t oktopk_tensor_state_load(oktopk_comm_t comm, uint64_t tensor_id, const void *buf, size_t len);
+/* Added in 0.18. Loads a state this process saved under a communicator of
+ * another size (or another rank number) of the same job: the job went on
+ * without a lost rank, or took one back, and this rank's residual, its own
+ * unsent gradient, comes with it whole. What depends on the rank count is
+ * dropped (region boundaries, thresholds) and the call count starts again
+ * at 0, so the tensor's next call selects exactly and partitions afresh:
+ * every rank of the new communicator must load every tensor so before it.
+ * Which process saved it cannot be checked (the rank numbers moved): load
+ * only this process's own. Malformed or corrupted is oktopkInvalidArgument. */
+oktopk_result_t oktopk_tensor_state_load_regrouped(oktopk_comm_t comm, uint64_t tensor_id, const void *buf, size_t len);
 
 /* Added in 0.8. Hands tensor_id's residual to a caller that reduces this step with a
  * dense allreduce of its own (NCCL's, a framework's), so that switching

@@ -10,9 +10,9 @@ from .collectives import Collectives, ProcessGroupCollectives
 from .comm import Communicator, route_source_address
 from .ddp import OkTopkState, oktopk_hook
 from .engine import Engine
-from .settings import Adaptation, Choice, Momentum, Settings, Warmup, Wire
+from .settings import Adaptation, Choice, Faults, Momentum, Settings, Warmup, Wire
 
-__all__ = ["ALGORITHMS", "Adaptation", "Choice", "Collectives", "Communicator", "DeMo", "Engine", "Momentum", "OkTopkError", "OkTopkState",
+__all__ = ["ALGORITHMS", "Adaptation", "Choice", "Collectives", "Communicator", "DeMo", "Engine", "Faults", "Momentum", "OkTopkError", "OkTopkState",
            "ProcessGroupCollectives", "Settings", "Warmup", "Wire", "library_path", "library_version", "oktopk_hook",
            "route_source_address"]
 

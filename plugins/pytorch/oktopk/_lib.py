@@ -269,6 +269,7 @@ def _declare(lib):
         "oktopk_tensor_state_size": (c.c_int, [i64, u64, P(sz)]),
         "oktopk_tensor_state_save": (c.c_int, [i64, u64, c.c_void_p, sz]),
         "oktopk_tensor_state_load": (c.c_int, [i64, u64, c.c_void_p, sz]),
+        "oktopk_tensor_state_load_regrouped": (c.c_int, [i64, u64, c.c_void_p, sz]),
         "oktopk_tensor_residual_fold": (c.c_int, [i64, u64, c.c_void_p, sz, c.c_int, P(sz), sz]),
         "oktopk_tensor_residual_unfold": (c.c_int, [i64, u64]),
         "oktopk_tensor_residual_read": (c.c_int, [i64, u64, c.c_void_p, sz]),

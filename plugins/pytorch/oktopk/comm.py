@@ -462,6 +462,14 @@ class Communicator:
         buf = ctypes.create_string_buffer(blob, len(blob))
         self._check(_lib.lib().oktopk_tensor_state_load(self.handle, tensor_id, buf, len(blob)))
 
+    def load_tensor_state_regrouped(self, tensor_id, blob):
+        """Install a state this process saved under a communicator of
+        another size (the job went on without a lost rank): its residual
+        kept whole, boundaries and thresholds measured afresh at the next
+        call (``oktopk_tensor_state_load_regrouped``)."""
+        buf = ctypes.create_string_buffer(blob, len(blob))
+        self._check(_lib.lib().oktopk_tensor_state_load_regrouped(self.handle, tensor_id, buf, len(blob)))
+
     @property
     def dropped(self):
         """What this rank has refused so far (an int): connections to its

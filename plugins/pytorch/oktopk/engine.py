@@ -30,7 +30,7 @@ attributes.
 import torch
 import torch.distributed as dist
 
-from . import checkpoint, groups
+from . import checkpoint, continuing, groups
 from . import device as device_path_
 from .adaptive import AdaptiveControl
 from .choice import StepChoice
@@ -47,7 +47,8 @@ from .step import agree_on_settings, begin_step
 
 # The modules that make up the engine: they alone read its private
 # attributes (tests/python/test_engine_boundary.py counts the others').
-ENGINE_MODULES = ("engine", "state", "step", "checkpoint", "groups", "paths", *(f"path_{name}" for name in PATHS), "momentum", "reducer")
+ENGINE_MODULES = ("engine", "state", "step", "checkpoint", "groups", "paths", *(f"path_{name}" for name in PATHS), "momentum", "reducer",
+                  "continuing")
 
 
 def _setting(name):
@@ -73,6 +74,7 @@ class Engine(ReducerStats):
         "_library_groups", "_host_buffers", "_quantized", "_quantized_bytes", "_quantized_spill", "_bucket_grads", "_momentum",
         "_agreement_steps", "_folds", "_communicator_at_load", "_link", "_measured_step", "_shard_step", "_new_shard_step",
         "_shard_steps_run", "_shard_slices", "_shard_device", "_group_ids", "_group_front", "_demo_line", "_stateful_groups",
+        "_continuing", "_void", "_rank_losses", "_pending_regrouped",
     ]
 
     def __init__(self, settings, process_group, collectives=None):
@@ -82,6 +84,19 @@ class Engine(ReducerStats):
         # (oktopk.collectives): the process group's unless a front end
         # without one gives its own.
         self._collectives = ProcessGroupCollectives(process_group) if collectives is None else collectives
+        # on_rank_loss="continue" (oktopk.continuing): the survivors of a lost
+        # rank go on; the step it was lost in (step, error) is void until
+        # they do, and each loss is recorded.
+        self._continuing = settings.faults.on_rank_loss == "continue"
+        self._void = None
+        self._rank_losses = []
+        self._pending_regrouped = False
+        if self._continuing:
+            if collectives is not None:
+                raise ValueError("on_rank_loss='continue' runs on the DDP hook (OkTopkState): a front end with collectives "
+                                 "of its own (Horovod's optimizer) reduces over its framework's, which cannot go on without a "
+                                 "lost rank; use Horovod's elastic mode there (docs/failures.md)")
+            self._collectives = continuing.ContinuingCollectives(process_group)
         self._bucket_grads = BucketGrads()
         # The device path's groups (oktopk.device.DeviceGroup: residual on
         # the device), the groups whose state the library holds with the
@@ -103,7 +118,9 @@ class Engine(ReducerStats):
         # parameters (oktopk.optimizers); a named algorithm warns about one.
         # Every SGD step reaches the correction.
         self._optimizers = OptimizerWatch(warn=settings.algorithm is not None,
-                                          on_momentum=None if self._momentum is None else self._momentum.stepped)
+                                          on_momentum=None if self._momentum is None else self._momentum.stepped,
+                                          void=(lambda optimizer, watched: continuing.void_grads(self, optimizer, watched))
+                                          if self._continuing else None)
         c = settings.choice
         self._choice = None
         if settings.algorithm is None:
@@ -203,6 +220,9 @@ class Engine(ReducerStats):
         correction = self._momentum
         if bucket.index() == 0:
             self._begin_bucket_step(tensor)
+        if self._void is not None:
+            return continuing.void_bucket(self, bucket, tensor)  # the step lost a rank: on_rank_loss="continue"
+        step = self.iter
         work = None
         if correction is not None and correction.active and not correction.idle:
             # Momentum correction (oktopk.momentum): every path below reduces
@@ -216,8 +236,10 @@ class Engine(ReducerStats):
             fut = self._reduce_bucket(bucket, tensor)
         except BaseException as error:
             self._folds.fail(error)
+            if continuing.lost_a_rank(self, error, step):
+                return continuing.done(tensor)
             raise
-        if work is None and not self._folds.folded:
+        if work is None and not self._folds.folded and not self._continuing:
             return fut  # nothing of the step taken so far: nothing to give back (a native step's hot path as before)
 
         def finish(f):
@@ -225,6 +247,8 @@ class Engine(ReducerStats):
                 reduced = f.value()
             except BaseException as error:
                 self._folds.fail(error)
+                if continuing.lost_a_rank(self, error, step):
+                    return tensor  # a void step's: its optimizer step steps nothing
                 raise
             return reduced if work is None else correction.after(work, reduced)
 
@@ -233,6 +257,8 @@ class Engine(ReducerStats):
     def _begin_bucket_step(self, tensor):
         """At a step's first bucket, before anything of the step reads a
         residual or a velocity."""
+        if self._void is not None:
+            continuing.go_on(self)  # the step before lost a rank: the survivors go on without it
         # A step before that came back non-finite anywhere (a NaN in one
         # group skipped it on every rank, and the script skipped the
         # optimizer step) gives back what its other groups' calls, folds
@@ -341,6 +367,10 @@ class Engine(ReducerStats):
         replicate groups, so a step's NaN reaches only its own and whether
         a step was non-finite is agreed over the world (the script skips
         the step everywhere: AMP's scaler agrees over the world)."""
+        if self._continuing:
+            raise ValueError("on_rank_loss='continue' runs on the DDP hook: FSDP2 gathers and scatters the parameters over "
+                             "the process group, which cannot go on without a lost rank; use fail-stop and torchrun's "
+                             "--max-restarts there (docs/failures.md)")
         self._shard_slices = slices
         self._folds.agree = self._agree_over_world if agree_over_world else None
 
@@ -537,6 +567,17 @@ class Engine(ReducerStats):
         return "on" if m.active else "waiting"
 
     @property
+    def rank_losses(self):
+        """Each rank loss the run went on from (``on_rank_loss="continue"``),
+        oldest first: a dict of the void ``step``, the ``lost`` ranks (their
+        numbers in the original group), the ``survivors`` left, this rank's
+        new number (``rank``), ``residual_mass_lost`` (the sum of |residual|
+        the lost ranks held, estimated as the survivors' mean: a lost
+        rank's own cannot be read) and the ``error`` that voided the step.
+        Empty under fail-stop."""
+        return [dict(loss) for loss in self._rank_losses]
+
+    @property
     def path(self):
         """The path of the step under way (its name in ``oktopk.paths``)."""
         return self._path
@@ -566,6 +607,8 @@ class Engine(ReducerStats):
         they belong to, so a resumed run continues where this one stopped
         (also into DDP's initial bucket layout), and a checksum of it all.
         Every rank saves its own."""
+        if self._void is not None:
+            continuing.go_on(self)  # saved as the survivors' group, not the lost one's
         return checkpoint.state_dict(self)
 
     def load_state_dict(self, state):

@@ -89,13 +89,18 @@ class OptimizerWatch:
     or, for a watch the garbage collector took, when the next is made.
     ``warn``: warn once when seen (a named algorithm). ``on_momentum``:
     called with every torch.optim.SGD that steps watched parameters, after
-    each of its steps (oktopk.momentum)."""
+    each of its steps (oktopk.momentum). ``void(optimizer, watched)``:
+    called before every step of an optimizer that steps watched parameters
+    (``watched``: their ids); True when it voided the step (a rank was
+    lost in it: oktopk.continuing), which then reaches no correction."""
 
-    def __init__(self, warn=False, on_momentum=None):
+    def __init__(self, warn=False, on_momentum=None, void=None):
         self._handle = None
         self.seen = None  # the Adam-family optimizer's class name
         self.warn = warn
         self.on_momentum = on_momentum
+        self.void = void
+        self._voided = weakref.WeakKeyDictionary()  # optimizer -> its step under way was voided
         self._params = set()  # id() of the watched parameters
         self._verdicts = weakref.WeakKeyDictionary()  # optimizer -> steps watched parameters?
         self._lock = threading.Lock()
@@ -145,6 +150,8 @@ class OptimizerWatch:
             return verdict
 
     def _on_step(self, optimizer):
+        if self.void is not None and self._steps_watched(optimizer):
+            self._voided[optimizer] = self.void(optimizer, self._params)
         if self.seen is not None:
             return
         name = adam_family(optimizer)
@@ -158,6 +165,8 @@ class OptimizerWatch:
             warnings.warn(sparse_warning(name), stacklevel=3)
 
     def _after_step(self, optimizer):
+        if self._voided.get(optimizer):
+            return
         if isinstance(optimizer, MOMENTUM_OPTIMIZER) and self._steps_watched(optimizer):
             self.on_momentum(optimizer)
 

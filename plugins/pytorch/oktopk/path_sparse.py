@@ -84,8 +84,12 @@ def start(engine):
         engine._reducer.start(engine._collectives.communicator(algorithm, engine.density, engine.tau, engine.tau_prime, engine.timeout,
                                                                value_dtype=engine.value_dtype,
                                                                stochastic_rounding=engine.stochastic_rounding))
+        # After a lost rank (oktopk.continuing) the residuals come from the
+        # larger group's communicator: regrouped, each kept whole.
+        load = engine._reducer.comm.load_tensor_state_regrouped if engine._pending_regrouped else engine._reducer.comm.load_tensor_state
         for bucket_id, blob in engine._pending_state.items():
-            engine._reducer.comm.load_tensor_state(bucket_id, blob)
+            load(bucket_id, blob)
+        engine._pending_regrouped = False
         engine._library_groups = set(engine._pending_state)
         engine._pending_state = {}
         if engine._link is not None:

@@ -121,6 +121,18 @@ def check_momentum_options(momentum_correction, momentum_masking, local_clip_nor
     return momentum_masking, None if local_clip_norm is None else float(local_clip_norm)
 
 
+# What a lost rank does (Faults.on_rank_loss): fail-stop, or go on over
+# the survivors (oktopk.continuing).
+ON_RANK_LOSS = ("stop", "continue")
+
+
+def check_on_rank_loss(value):
+    """``value`` if it names a way (``ON_RANK_LOSS``); ValueError otherwise."""
+    if value not in ON_RANK_LOSS:
+        raise ValueError(f"on_rank_loss must be one of {', '.join(repr(v) for v in ON_RANK_LOSS)}, got {value!r}")
+    return value
+
+
 # -- the settings object --------------------------------------------------------
 #
 # What a user sets, in one immutable value that the DDP hook, the FSDP2
@@ -185,7 +197,19 @@ class Adaptation:
     measure_xi_every: object = None
 
 
-GROUPS = {"warmup": Warmup, "choice": Choice, "momentum": Momentum, "wire": Wire, "adaptation": Adaptation}
+@dataclasses.dataclass(frozen=True)
+class Faults:
+    """What a lost rank does to the run (OkTopkState's ``on_rank_loss``):
+    ``"stop"`` (the default) fails the step on every survivor, naming the
+    rank, for a restart from a checkpoint (torchrun's ``--max-restarts``);
+    ``"continue"`` voids that step and goes on over the survivors
+    (``oktopk.continuing``), which needs every step after the warm-up to be
+    the library's: a named ``algorithm``, the DDP hook."""
+
+    on_rank_loss: str = "stop"
+
+
+GROUPS = {"warmup": Warmup, "choice": Choice, "momentum": Momentum, "wire": Wire, "adaptation": Adaptation, "faults": Faults}
 
 # Every setting by the one name OkTopkState's keywords, its attributes,
 # checkpoints and error messages know it by: (its group, or None at the
@@ -212,6 +236,7 @@ FLAT = {
     "density_schedule": ("adaptation", "density_schedule"),
     "adaptive": ("adaptation", "adaptive"),
     "measure_xi_every": ("adaptation", "measure_xi_every"),
+    "on_rank_loss": ("faults", "on_rank_loss"),
 }
 
 
@@ -230,6 +255,7 @@ class Settings:
     momentum: Momentum = Momentum()
     wire: Wire = Wire()
     adaptation: Adaptation = Adaptation()
+    faults: Faults = Faults()
 
     def __post_init__(self):
         for name, kind in GROUPS.items():
@@ -259,6 +285,11 @@ class Settings:
         if not isinstance(m.correction, bool):
             raise ValueError(f"momentum_correction must be True or False, got {m.correction!r}")
         masking, clip = check_momentum_options(m.correction, m.masking, m.local_clip_norm, checked.value_dtype)
+        on_rank_loss = check_on_rank_loss(self.faults.on_rank_loss)
+        if on_rank_loss == "continue" and self.algorithm is None:
+            raise ValueError("on_rank_loss='continue' needs a named algorithm (algorithm='oktopk', say): the measured choice "
+                             "(algorithm=None) gives steps to the process group's own allreduce, which cannot go on without a "
+                             "lost rank; a named algorithm's steps after the warm-up are all the library's")
         normalized = {
             "density": checked.density,
             "algorithm": None if self.algorithm is None else checked.algorithm,
@@ -269,6 +300,7 @@ class Settings:
             "wire": Wire(checked.value_dtype, checked.stochastic_rounding, checked.tau, checked.tau_prime, w.device_path,
                          w.grads_as_bucket_views),
             "adaptation": Adaptation(checked.density_schedule, checked.adaptive, checked.measure_xi_every),
+            "faults": Faults(on_rank_loss),
         }
         for name, value in normalized.items():
             object.__setattr__(self, name, value)

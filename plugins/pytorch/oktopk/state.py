@@ -11,7 +11,7 @@ older one.
 
 from . import checkpoint
 from .engine import Engine
-from .settings import Adaptation, Choice, Momentum, Settings, Warmup, Wire, check_process_group, default_of
+from .settings import Adaptation, Choice, Faults, Momentum, Settings, Warmup, Wire, check_process_group, default_of
 
 
 class OkTopkState(Engine):
@@ -208,6 +208,25 @@ class OkTopkState(Engine):
         allreduce of twice the gradients more, and its result is bitwise
         what it is unmeasured. Dense algorithms measure nothing.
 
+    **faults=Faults(on_rank_loss)**
+
+    :param on_rank_loss: ``"stop"`` (the default): a lost rank (dead,
+        stopped, unreachable) fails the step on every survivor within the
+        timeout, naming it, for a restart from a checkpoint (torchrun's
+        ``--max-restarts``, docs/failures.md). ``"continue"``: the step it
+        was lost in is void on every survivor (its optimizer step steps
+        nothing, ``iter`` does not count it), and from the next step the
+        survivors go on without it, each step averaged over those who
+        contributed (``oktopk.continuing``). The lost rank's residual is
+        gone with it; ``rank_losses`` records each loss, with an estimate of
+        that mass. Needs a named ``algorithm`` (every step after the warm-up
+        the library's), the DDP hook (not FSDP2, not Horovod's optimizer,
+        whose collectives are the framework's), and a model whose forward
+        issues no collective (``DistributedDataParallel(...,
+        broadcast_buffers=False)``, or no buffers). A loss during the
+        warm-up, or of the rank that hosts the job's store, still ends the
+        run.
+
     With ``find_unused_parameters=True``, a parameter that DDP found unused
     on this rank at a step is held back: its residual is kept, not sent, and
     DDP's result for it (discarded when no rank used it) loses nothing of
@@ -231,8 +250,8 @@ class OkTopkState(Engine):
 
     def __init__(self, process_group=None, density=default_of("density"), algorithm=default_of("algorithm"), *,
                  timeout=default_of("timeout"), warmup=Warmup(), choice=Choice(), momentum=Momentum(), wire=Wire(),
-                 adaptation=Adaptation(), **flat):
-        settings = Settings(density, algorithm, timeout, warmup, choice, momentum, wire, adaptation)
+                 adaptation=Adaptation(), faults=Faults(), **flat):
+        settings = Settings(density, algorithm, timeout, warmup, choice, momentum, wire, adaptation, faults)
         if flat:
             settings = settings.with_flat(**_known(flat))
         Engine.__init__(self, settings, check_process_group(process_group))

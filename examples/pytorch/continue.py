@@ -1,0 +1,104 @@
+"""Training that goes on without a lost rank, with no restart.
+
+    torchrun --nproc-per-node 4 examples/pytorch/continue.py   # see below: a launcher that keeps the survivors
+
+An ordinary DDP script with the one line, set to go on when a rank is
+lost: ``OkTopkState(algorithm="oktopk", on_rank_loss="continue")``. When a
+rank dies or stops, the step it was lost in is void on every survivor,
+and from the next step the survivors train on without it, each step
+averaged over the ranks left (docs/failures.md). The script itself
+changes nothing: its optimizer step after a void step steps nothing, and
+``state.rank_losses`` says what happened.
+
+The launcher must leave the survivors running when a rank dies. torchrun's
+agent stops every worker when one fails (that is its restart); launch each
+rank as a process of its own instead (the test does, with ``env://``), or
+use Slurm's ``srun --kill-on-bad-exit=0``. The job's store must outlive
+the lost rank: under ``env://`` rank 0 hosts it, so rank 0 is the one rank
+that cannot be lost.
+
+``--kill-at STEP --kill-rank R``: rank R SIGKILLs itself in step STEP,
+after its forward (``--stop`` SIGSTOPs it instead, a hung machine).
+``--world-from-start P``: draw batches as a job of P ranks would (the run
+with P-1 ranks throughout, to compare against).
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import signal
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from oktopk import OkTopkState, oktopk_hook
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from elastic import batch, digits  # noqa: E402 - the same data and batches as the elastic example
+
+
+def params_digest(model):
+    return hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.module.parameters())).hexdigest()
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--lr", type=float, default=0.1)
+    ap.add_argument("--density", type=float, default=0.01)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--timeout", type=float, default=10.0, help="the library's timeout (seconds)")
+    ap.add_argument("--kill-at", type=int, default=None)
+    ap.add_argument("--kill-rank", type=int, default=3)
+    ap.add_argument("--stop", action="store_true", help="SIGSTOP the rank instead of SIGKILL")
+    ap.add_argument("--out", default=None, help="write each survivor's summary (JSON) here")
+    args = ap.parse_args(argv)
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(args.seed)
+    torch.set_num_threads(1)
+    (x, y), (tx, ty) = digits()
+    model = DDP(nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10)))  # no buffers: its forward issues no collective
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    state = OkTopkState(density=args.density, algorithm="oktopk", timeout=args.timeout, on_rank_loss="continue")
+    model.register_comm_hook(state, oktopk_hook)
+
+    step_seconds, digests = [], []
+    for step in range(args.steps):
+        begun = time.perf_counter()
+        bx, by = batch(x, y, step + args.seed * 100_000, rank, world, args.batch_size)
+        opt.zero_grad()
+        loss = F.cross_entropy(model(bx), by)
+        if step == args.kill_at and rank == args.kill_rank:
+            os.kill(os.getpid(), signal.SIGSTOP if args.stop else signal.SIGKILL)  # lost mid-step
+        loss.backward()
+        opt.step()
+        step_seconds.append(time.perf_counter() - begun)
+        if args.out:
+            digests.append(params_digest(model))
+
+    model.eval()
+    with torch.no_grad():
+        acc = 100.0 * (model(tx).argmax(1) == ty).float().mean().item()
+    losses = state.rank_losses
+    if not losses or losses[-1]["rank"] == 0:
+        print(f"{args.steps} steps over {state.collectives.size()} ranks at the end, test accuracy {acc:.2f}%, "
+              f"rank losses {[(l['step'], l['lost']) for l in losses]}", flush=True)
+    if args.out:
+        with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
+            json.dump({"params": params_digest(model), "digests": digests, "accuracy": acc, "iter": state.iter, "rank_losses": losses, "size": state.collectives.size(),
+                       "step_seconds": step_seconds, "bytes_sent": state.bytes_sent}, f)
+    state.close()
+    os._exit(0)  # not destroy_process_group: the process group still counts the lost rank, and its teardown would wait for it
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""on_rank_loss="continue": a rank killed or stopped mid-run, and the
+survivors going on without it, with no restart (examples/pytorch/continue.py,
+each rank a process of its own over env://, as a launcher that keeps the
+survivors runs them)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from conftest import free_port
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+SCRIPT = os.path.join(ROOT, "examples", "pytorch", "continue.py")
+
+
+def start_ranks(world, out, *args):
+    out.mkdir(parents=True)
+    port = free_port()
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "plugins", "pytorch"), OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(port), WORLD_SIZE=str(world))
+    # A session each: a stopped rank whose siblings exit is not sent
+    # SIGHUP as an orphaned process group's member would be.
+    return [subprocess.Popen([sys.executable, SCRIPT, "--out", str(out), *map(str, args)], env=dict(env, RANK=str(r)),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+            for r in range(world)]
+
+
+def summaries(out):
+    return {int(f[4:-5]): json.load(open(out / f)) for f in os.listdir(out)}
+
+
+def check_survivors(ranks, survivors, lost, step, steps):
+    """Every survivor ends with the same parameters, bit for bit; the loss
+    is recorded alike on each, their new numbers in the original order; the
+    void step changed no parameter and is not counted."""
+    assert sorted(ranks) == survivors
+    first = ranks[survivors[0]]
+    for number, r in enumerate(survivors):
+        s = ranks[r]
+        assert s["params"] == first["params"], f"rank {r}'s parameters differ from rank {survivors[0]}'s"
+        assert s["digests"] == first["digests"], f"rank {r} and rank {survivors[0]} parted at some step"
+        assert s["size"] == len(survivors)
+        assert len(s["rank_losses"]) == 1, s["rank_losses"]
+        loss = s["rank_losses"][0]
+        assert (loss["step"], loss["lost"], loss["survivors"], loss["rank"]) == (step, lost, len(survivors), number), loss
+        assert loss["residual_mass_lost"] > 0, loss  # the lost rank held a residual after the sparse steps before
+        assert s["iter"] == steps - 1, "the void step counted"
+        assert s["bytes_sent"] > 0
+    digests = first["digests"]
+    assert digests[step] == digests[step - 1], "the void step's optimizer step changed the parameters"
+    assert digests[step + 1] != digests[step], "no step after the loss"
+
+
+def test_a_killed_rank_the_survivors_go_on_without_it_bitwise_alike(tmp_path):
+    # Rank 2 of 4 SIGKILLs itself in step 8 (the sparse steps began at 2):
+    # the survivors void step 8, agree at step 9's start, renumber 0, 1, 3
+    # as 0, 1, 2, and train to the end over 3 ranks.
+    out = tmp_path / "out"
+    procs = start_ranks(4, out, "--steps", 20, "--kill-at", 8, "--kill-rank", 2, "--timeout", 10)
+    results = [p.communicate(timeout=180) for p in procs]
+    assert procs[2].returncode == -signal.SIGKILL
+    for r in (0, 1, 3):
+        assert procs[r].returncode == 0, results[r][1][-3000:]
+    assert "rank 2 lost in step 8" in results[0][1], results[0][1][-2000:]
+    check_survivors(summaries(out), [0, 1, 3], [2], 8, 20)
+
+
+def test_a_stopped_rank_is_left_behind_and_refused_when_it_wakes(tmp_path):
+    # Rank 1 of 3 SIGSTOPs itself in step 5: the survivors time out on it
+    # (3 s), void step 5 and go on as 2 ranks. Woken after they finished,
+    # it finds its peers gone and fails with an error; it never trains on
+    # alone.
+    out = tmp_path / "out"
+    procs = start_ranks(3, out, "--steps", 12, "--kill-at", 5, "--kill-rank", 1, "--stop", "--timeout", 3)
+    results = {r: procs[r].communicate(timeout=180) for r in (0, 2)}
+    for r in (0, 2):
+        assert procs[r].returncode == 0, results[r][1][-3000:]
+    check_survivors(summaries(out), [0, 2], [1], 5, 12)
+    os.kill(procs[1].pid, signal.SIGCONT)
+    stdout, stderr = procs[1].communicate(timeout=60)
+    assert procs[1].returncode not in (0, None), stderr[-3000:]
+    assert "OkTopkError" in stderr, stderr[-3000:]
+    assert not (out / "rank1.json").exists()
+
+
+def test_continue_is_refused_where_it_cannot_go_on():
+    from oktopk import Engine, OkTopkState, ProcessGroupCollectives, Settings
+
+    with pytest.raises(ValueError, match="needs a named algorithm"):
+        OkTopkState(on_rank_loss="continue")
+    with pytest.raises(ValueError, match="on_rank_loss must be one of"):
+        OkTopkState(algorithm="oktopk", on_rank_loss="resume")
+    with pytest.raises(ValueError, match="Horovod"):
+        Engine(Settings(algorithm="oktopk").with_flat(on_rank_loss="continue"), None, ProcessGroupCollectives(None))
+    with pytest.raises(ValueError, match="FSDP2"):
+        OkTopkState(algorithm="oktopk", on_rank_loss="continue").attach_shards(None, False)
