@@ -17,10 +17,8 @@ use Slurm's ``srun --kill-on-bad-exit=0``. The job's store must outlive
 the lost rank: under ``env://`` rank 0 hosts it, so rank 0 is the one rank
 that cannot be lost.
 
-``--kill-at STEP --kill-rank R``: rank R SIGKILLs itself in step STEP,
-after its forward (``--stop`` SIGSTOPs it instead, a hung machine).
-``--world-from-start P``: draw batches as a job of P ranks would (the run
-with P-1 ranks throughout, to compare against).
+``--kill-at STEP --kill-rank R[,R...]``: those ranks SIGKILL themselves in
+step STEP, after their forward (``--stop``: SIGSTOP, a hung machine).
 """
 
 import argparse
@@ -56,7 +54,7 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=10.0, help="the library's timeout (seconds)")
     ap.add_argument("--kill-at", type=int, default=None)
-    ap.add_argument("--kill-rank", type=int, default=3)
+    ap.add_argument("--kill-rank", default="3", help="a rank, or several: 2,3")
     ap.add_argument("--stop", action="store_true", help="SIGSTOP the rank instead of SIGKILL")
     ap.add_argument("--out", default=None, help="write each survivor's summary (JSON) here")
     args = ap.parse_args(argv)
@@ -77,7 +75,7 @@ def main(argv=None):
         bx, by = batch(x, y, step + args.seed * 100_000, rank, world, args.batch_size)
         opt.zero_grad()
         loss = F.cross_entropy(model(bx), by)
-        if step == args.kill_at and rank == args.kill_rank:
+        if step == args.kill_at and rank in {int(r) for r in args.kill_rank.split(",")}:
             os.kill(os.getpid(), signal.SIGSTOP if args.stop else signal.SIGKILL)  # lost mid-step
         loss.backward()
         opt.step()

@@ -31,6 +31,10 @@ under AdamW bf16, fp16 or quantized), its named algorithms, FSDP2
   restart; the agent restarts the group, every rank resumes from the
   newest checkpoint every rank saved, and the run must end with the
   parameters of the same run uninterrupted, bit for bit.
+- continue-*: examples/pytorch/continue.py with on_rank_loss="continue",
+  each rank a process of its own; one rank killed or stopped in a sparse
+  step, or two at once; the survivors must go on without it, bitwise
+  alike, and a stopped rank woken afterwards must fail, naming why.
 
 Every job has a hard wall-clock bound. Seeded and replayable:
 
@@ -85,12 +89,13 @@ JOB_WEIGHTS = {
     "corrupt": 5,  # each job: several corruptions (corrupt-byte, -field, -file)
     "resume": 7,  # each job: several cuts (resume-<step kind>)
     "elastic": 26,  # each job: a restart or two of a whole torchrun group (elastic-*): about a fifth of the faults
+    "continue": 12,  # each job: a rank (or two) lost under on_rank_loss="continue", the survivors going on (continue-*)
 }
 
 # The row order of the report.
 KIND_ORDER = ["sigkill", "sigstop", "nan", "inf", "mismatch-setting", "mismatch-demo", "mismatch-resume", "corrupt-byte", "corrupt-field",
               "corrupt-file", "resume-warm-up", "resume-probe", "resume-decision", "resume-confirmation", "resume-switch", "resume-steady",
-              "elastic-kill", "elastic-two-at-once", "elastic-kill-again"]
+              "elastic-kill", "elastic-two-at-once", "elastic-kill-again", "continue-kill", "continue-stop", "continue-two-at-once"]
 
 KIND_TEXT = {
     "sigkill": "SIGKILL of one rank 0-20 ms after it starts a chosen step (it waits there for the campaign's go, so the signal "
@@ -127,6 +132,13 @@ KIND_TEXT = {
                     "end with the uninterrupted run's parameters, bit for bit, on every rank (a restart that never came is a hang, "
                     "a failed launch a crash).",
     "elastic-two-at-once": "likewise, two ranks of three killed in the same step.",
+    "continue-kill": "examples/pytorch/continue.py (Ok-Topk named, on_rank_loss=\"continue\"), each rank a process of its own over "
+                     "env://; a rank other than rank 0 (the store's host) SIGKILLs itself after its forward in a sparse step; the "
+                     "survivors must void that step, go on without it, and end with the same parameters bit for bit, the loss "
+                     "recorded alike on each.",
+    "continue-stop": "likewise with SIGSTOP: the survivors go on after the timeout; woken once they are done, the stopped rank "
+                     "must fail with an OkTopkError and write no record.",
+    "continue-two-at-once": "likewise, two ranks of four killed in the same step (the survivors wait out the timeout for them).",
     "elastic-kill-again": "likewise, a rank killed again in the restarted attempt (two restarts): counted as two faults.",
 }
 
@@ -235,6 +247,8 @@ def describe(cfg):
         return "DeMo"
     if cfg["front"] == "elastic":
         return f"torchrun elastic, DDP {s['algorithm']} at {s['density']:g}"
+    if cfg["front"] == "continue":
+        return f"on_rank_loss=continue, DDP {s['algorithm']} at {s['density']:g}"
     head = "FSDP2" if cfg["front"] == "fsdp" else "DDP"
     if "algorithm" in s:
         return f"{head} {s['algorithm']}" + (f" {s['value_dtype']}" if "value_dtype" in s else "")
@@ -299,6 +313,8 @@ def make_job(kind, rng, world, cycles=None):
                    faults=[kind])
     elif kind == "elastic":
         job.update(elastic_job(rng, world))
+    elif kind == "continue":
+        job.update(continue_job(rng, world))
     elif kind == "mismatch-setting":
         name, values, needs = cycles["setting"].next()
         front = "fsdp" if rng.random() < 0.25 else "ddp"
@@ -422,6 +438,22 @@ def elastic_job(rng, world):
             "restarts": len(kills), "resumed": last or None, "faults": [name] * (1 if variant == "kill" else 2)}
 
 
+CONTINUE_STEPS = 14
+
+
+def continue_job(rng, world):
+    """A continue-* job: which ranks examples/pytorch/continue.py loses in
+    which step, and how."""
+    variant = rng.choice(["kill", "kill", "stop", "two"])
+    world = 4 if variant == "two" else 3
+    victims = sorted(rng.sample(range(1, world), 2 if variant == "two" else 1))  # rank 0 hosts the store
+    at = rng.randrange(3, CONTINUE_STEPS - 2)  # after the warm-up and the first sparse step (the communicator's setup)
+    name = {"kill": "continue-kill", "stop": "continue-stop", "two": "continue-two-at-once"}[variant]
+    return {"type": "continue", "world": world, "cfg": {"front": "continue", "state": {"density": rng.choice([0.01, 0.05]),
+                                                                                       "algorithm": "oktopk"}},
+            "victims": victims, "at": at, "stop": variant == "stop", "faults": [name] * len(victims)}
+
+
 def plan(seed, faults, kinds=None):
     """The campaign's jobs, drawn from ``seed`` until they inject at least
     ``faults`` faults: every kind once first, then by JOB_WEIGHTS."""
@@ -502,6 +534,10 @@ def smoke_plan(seed):
         {"kind": "elastic", "type": "elastic", "world": 2, "cfg": {"front": "elastic", "state": {"density": 0.05, "algorithm": "oktopk"}},
          "save_every": 3, "kills": [(7, [rng.randrange(2)], 0)], "launcher": "oktopk.run", "restarts": 1, "resumed": 6,
          "faults": ["elastic-kill"]},
+        # on_rank_loss="continue": a rank of three killed in a sparse step,
+        # the survivors going on without it.
+        {"kind": "continue", "type": "continue", "world": 3, "cfg": {"front": "continue", "state": {"density": 0.05, "algorithm": "oktopk"}},
+         "victims": [rng.choice([1, 2])], "at": 6, "stop": False, "faults": ["continue-kill"]},
     ]
     for n, job in enumerate(jobs):
         job["id"] = n
@@ -642,6 +678,8 @@ def run_job(sessions, job, verbose=False, next_job=None):
     it, whose session is started meanwhile when this job ends its own."""
     if job["type"] == "elastic":
         return run_elastic(job, sessions.workdir, verbose)
+    if job["type"] == "continue":
+        return run_continue(job, sessions.workdir, verbose)
     world = job["world"]
     destructive = job["kind"] in ("sigkill", "sigstop")
     session = sessions.get(world)
@@ -787,6 +825,96 @@ def judge_elastic(job, run):
             for k in job["faults"]], [("elastic seconds", round(run["elapsed"], 1))]
 
 
+CONTINUE_SCRIPT = os.path.join(ROOT, "examples", "pytorch", "continue.py")
+CONTINUE_BOUND = 120.0  # seconds for every survivor of a continue job to end
+CONTINUE_WAKE_BOUND = 30.0  # seconds for a woken stopped rank to fail
+
+
+def run_continue(job, workdir, verbose=False):
+    """A continue-* job: every rank a process of its own (env://), the
+    victims lost in step ``at``; a stopped victim is woken once the
+    survivors are done."""
+    out = tempfile.mkdtemp(dir=workdir, prefix=f"job{job['id']}-")
+    s, world = job["cfg"]["state"], job["world"]
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "plugins", "pytorch"), OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(free_port()), WORLD_SIZE=str(world))
+    cmd = [sys.executable, CONTINUE_SCRIPT, "--out", out, "--steps", str(CONTINUE_STEPS), "--density", str(s["density"]),
+           "--timeout", str(PLUGIN_TIMEOUT), "--kill-at", str(job["at"]), "--kill-rank", ",".join(map(str, job["victims"]))]
+    if job["stop"]:
+        cmd.append("--stop")
+    t0 = time.monotonic()
+    procs = {r: subprocess.Popen(cmd, env=dict(env, RANK=str(r)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 start_new_session=True) for r in range(world)}
+    ended, hung = {}, []
+    for r in sorted(procs):
+        if r in job["victims"] and job["stop"]:
+            continue
+        try:
+            ended[r] = (procs[r].wait(timeout=max(1.0, CONTINUE_BOUND - (time.monotonic() - t0))), *procs[r].communicate())
+        except subprocess.TimeoutExpired:
+            hung.append(r)
+    elapsed = time.monotonic() - t0
+    for r in job["victims"] if job["stop"] else []:
+        os.kill(procs[r].pid, signal.SIGCONT)
+        try:
+            ended[r] = (procs[r].wait(timeout=CONTINUE_WAKE_BOUND), *procs[r].communicate())
+        except subprocess.TimeoutExpired:
+            hung.append(r)
+    for r in hung:
+        procs[r].kill()
+        procs[r].wait()
+    ranks = {}
+    for f in os.listdir(out):
+        with open(os.path.join(out, f)) as fh:
+            ranks[int(f[4:-5])] = json.load(fh)
+    if verbose:
+        print(f"  job {job['id']} {job['kind']}: {elapsed:.1f} s", flush=True)
+    return {"continue": True, "ended": ended, "hung": hung, "ranks": ranks, "elapsed": elapsed, "logs": []}
+
+
+def judge_continue(job, run):
+    """Each of a continue job's faults: a hang (a survivor, or a woken
+    stopped rank, past its bound), a crash (a survivor failed or wrote no
+    record), a silent divergence (survivors' parameters differ, the loss
+    recorded otherwise than it happened, or a lost rank that trained on
+    alone), or an unnamed error (a woken rank's failure that is not an
+    OkTopkError)."""
+    victims, world = job["victims"], job["world"]
+    survivors = [r for r in range(world) if r not in victims]
+    o = {"hang": bool(run["hung"]), "crash": 0, "silent": 0, "unnamed": 0}
+    notes = [f"ranks {run['hung']} did not end within the bound"] if run["hung"] else []
+    for r in survivors:
+        code, _, err = run["ended"].get(r, (None, "", ""))
+        if code not in (0, None) or (code == 0 and r not in run["ranks"]):
+            o["crash"] = 1
+            notes.append(f"survivor {r} exited {code}: {err[-800:]}")
+    records = [run["ranks"][r] for r in survivors if r in run["ranks"]]
+    want = {"step": job["at"], "lost": victims, "survivors": len(survivors)}
+    for r, rec in zip(survivors, records):
+        losses = rec.get("rank_losses") or [{}]
+        got = {k: losses[0].get(k) for k in want}
+        if len(losses) != 1 or got != want or losses[0].get("rank") != survivors.index(r) or rec["iter"] != CONTINUE_STEPS - 1:
+            o["silent"] = 1
+            notes.append(f"survivor {r}: losses {rec.get('rank_losses')!r}, iter {rec.get('iter')} (wanted {want}, iter "
+                         f"{CONTINUE_STEPS - 1})")
+    if len({rec["params"] for rec in records}) > 1:
+        o["silent"] = 1
+        notes.append("the survivors' parameters differ")
+    for r in victims:
+        if r in run["ranks"]:
+            o["silent"] = 1
+            notes.append(f"lost rank {r} wrote a record: it trained on")
+        if job["stop"] and r in run["ended"]:
+            code, _, err = run["ended"][r]
+            if code == 0:
+                o["silent"] = 1
+            elif "OkTopkError" not in err:
+                o["unnamed"] = 1
+                notes.append(f"woken rank {r} exited {code} without an OkTopkError: {err[-800:]}")
+    return [outcome(k, hang=int(o["hang"]), crash=o["crash"], silent=o["silent"], unnamed=o["unnamed"], notes=list(notes), detection=None)
+            for k in job["faults"]], [("continue seconds", round(run["elapsed"], 1))]
+
+
 # -- judging a job -----------------------------------------------------------
 
 FAULT_WORDS = {
@@ -845,6 +973,8 @@ def judge(job, run):
         return [outcome(k, harness=run["harness"]) for k in job["faults"]], []
     if run.get("elastic"):
         return judge_elastic(job, run)
+    if run.get("continue"):
+        return judge_continue(job, run)
     results, world = run["results"], job["world"]
     harness = [f"rank {r}: {res['harness_error']}" for r, res in results.items() if res.get("harness_error")]
     if harness:
@@ -1194,7 +1324,7 @@ def report(args, jobs, outcomes, extras, wall, failures, failed_jobs, python):
                  f"a hang is a rank not returned {HANG_AFTER_FAULT:g} s after a kill or stop or past the job's bound; "
                  f"{wall // 60:.0f}:{wall % 60:02.0f} min.")
     lines.append(f"Fronts: the DDP hook (the measured choice under SGD, SGD with momentum and AdamW with bf16, fp16 or quantized, and named "
-                 f"algorithms), FSDP2 (oktopk.fsdp) and oktopk.optim.DeMo; elastic restarts of whole torchrun groups.")
+                 f"algorithms), FSDP2 (oktopk.fsdp) and oktopk.optim.DeMo; elastic restarts of whole torchrun groups; on_rank_loss=\"continue\" runs going on without a lost rank.")
     if args.smoke:
         made = f"make chaos-torch-smoke CHAOS_TORCH_SEED={args.seed}"
         one = f"tests/chaos_torch/campaign.py --smoke --seed {args.seed} --job N -v"

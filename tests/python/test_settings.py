@@ -203,7 +203,7 @@ def test_the_settings_tables_of_the_docs_state_each_default_as_the_code_has_it()
             seen.add(name)
     assert seen == set(FLAT), set(FLAT) - seen  # every setting has its row
     details = (docs / "pytorch-details.md").read_text()
-    for group, call in re.findall(r"`(Warmup|Choice|Momentum|Wire|Adaptation)\(([^`]*)\)`", details):
+    for group, call in re.findall(r"`(Warmup|Choice|Momentum|Wire|Adaptation|Faults)\(([^`]*)\)`", details):
         for name, value in re.findall(r"(\w+)=((?:\"[^\"]*\"|[^,]+))", call):
             flat = next(k for k, (g, f) in FLAT.items() if g == group.lower() and f == name)
             assert ast.literal_eval(value.strip()) == default_of(flat), (group, name, value)
