@@ -112,7 +112,8 @@ class Engine(ReducerStats):
         m = settings.momentum
         if m.correction:
             index = self._layout.param_index
-            self._momentum = MomentumCorrection(lambda p: index.get(id(p)), m.masking, m.local_clip_norm, process_group)
+            self._momentum = MomentumCorrection(lambda p: index.get(id(p)), m.masking, m.local_clip_norm,
+                                                lambda: self._collectives.size())
         # algorithm None: the measured choice, whose sparse path is "auto",
         # and a compressed dense path for an Adam-family optimizer's
         # parameters (oktopk.optimizers); a named algorithm warns about one.

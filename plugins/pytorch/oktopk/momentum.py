@@ -145,12 +145,14 @@ class MomentumCorrection:
     # The values of the first corrected slot the sample is taken among.
     SAMPLE_SPAN = 4096
 
-    def __init__(self, index_of, masking=False, clip_norm=None, process_group=None):
+    def __init__(self, index_of, masking=False, clip_norm=None, world_size=None):
         self.index_of = index_of
         self.masking = masking  # DGC's momentum factor masking
         self.clip_norm = clip_norm  # DGC's local gradient clipping: the max norm before the 1/sqrt(P) scaling, or None
-        self.process_group = process_group
-        self._clip_at = None  # clip_norm / sqrt(P), once P is known
+        # The ranks that average now (a callable): P changes when the
+        # survivors of a lost rank go on without it (oktopk.continuing).
+        self.world_size = world_size
+        self._clip_at = None  # (P, clip_norm / sqrt(P)), once P is known
         # index -> the entries whose velocity this step's sparse call stops
         # (masking): True, a bool mask of those it took from this rank;
         # "waited", the positions (ascending int64, about k) of those that
@@ -437,10 +439,10 @@ class MomentumCorrection:
         bucket) by its velocity's step. Returns what ``after`` needs, or
         None when no parameter of the bucket is corrected."""
         work = []
-        if self.clip_norm is not None and self._clip_at is None:
-            import torch.distributed as dist
-
-            self._clip_at = self.clip_norm / math.sqrt(dist.get_world_size(self.process_group))
+        if self.clip_norm is not None:
+            size = self.world_size()
+            if self._clip_at is None or self._clip_at[0] != size:
+                self._clip_at = (size, self.clip_norm / math.sqrt(size))
         for p, (i, a, b) in zip(params, members):
             settings = self._settings_of(p, i)
             if settings is None:
@@ -451,8 +453,8 @@ class MomentumCorrection:
                 # DGC's local clipping (clip_grad_norm_'s rule, on this
                 # rank's gradient of this parameter).
                 norm = float(torch.linalg.vector_norm(g, dtype=torch.float32))
-                if norm > self._clip_at:
-                    g.mul_(self._clip_at / (norm + 1e-6))
+                if norm > self._clip_at[1]:
+                    g.mul_(self._clip_at[1] / (norm + 1e-6))
             new = self._spare.get(i)
             if new is None or new.shape != g.shape or new.dtype != g.dtype or new.device != g.device:
                 new = self._spare[i] = torch.empty_like(g)
