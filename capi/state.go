@@ -57,27 +57,34 @@ func go_oktopk_tensor_state_save(comm C.oktopk_comm_t, tensorID C.uint64_t, buf 
 //export go_oktopk_tensor_state_load
 func go_oktopk_tensor_state_load(comm C.oktopk_comm_t, tensorID C.uint64_t, buf *C.oktopk_const_void, n C.size_t) C.oktopk_result_t {
 	return callOn(comm, func(c *communicator) error {
-		if buf == nil || n == 0 {
-			return invalidArgument("buf is NULL or len is 0")
+		b, err := stateBytes(buf, n)
+		if err != nil {
+			return err
 		}
-		if uint64(n) > math.MaxInt32 {
-			return invalidArgument("state of %d bytes is larger than any tensor state", uint64(n))
-		}
-		return c.loadState(uint64(tensorID), C.GoBytes(unsafe.Pointer(buf), C.int(n)))
+		return c.loadState(uint64(tensorID), b)
 	})
+}
+
+// stateBytes copies a caller's saved tensor state, refusing a NULL, empty
+// or impossibly large one.
+func stateBytes(buf *C.oktopk_const_void, n C.size_t) ([]byte, error) {
+	if buf == nil || n == 0 {
+		return nil, invalidArgument("buf is NULL or len is 0")
+	}
+	if uint64(n) > math.MaxInt32 {
+		return nil, invalidArgument("state of %d bytes is larger than any tensor state", uint64(n))
+	}
+	return C.GoBytes(unsafe.Pointer(buf), C.int(n)), nil
 }
 
 //export go_oktopk_tensor_state_load_regrouped
 func go_oktopk_tensor_state_load_regrouped(comm C.oktopk_comm_t, tensorID C.uint64_t, buf *C.oktopk_const_void, n C.size_t) C.oktopk_result_t {
 	return callOn(comm, func(c *communicator) error {
-		if buf == nil || n == 0 {
-			return invalidArgument("buf is NULL or len is 0")
+		b, err := stateBytes(buf, n)
+		if err != nil {
+			return err
 		}
-		if uint64(n) > math.MaxInt32 {
-			return invalidArgument("state of %d bytes is larger than any tensor state", uint64(n))
-		}
-		b := C.GoBytes(unsafe.Pointer(buf), C.int(n))
-		_, err := c.do(true, func(_ context.Context, cc *core.Communicator) (core.Stats, error) {
+		_, err = c.do(true, func(_ context.Context, cc *core.Communicator) (core.Stats, error) {
 			st := new(core.TensorState)
 			if err := st.UnmarshalBinary(b); err != nil {
 				return core.Stats{}, invalidArgument("tensor %d: %s", uint64(tensorID), withoutSentinel(err, core.ErrInvalidArgument))
