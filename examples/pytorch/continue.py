@@ -17,8 +17,16 @@ use Slurm's ``srun --kill-on-bad-exit=0``. The job's store must outlive
 the lost rank: under ``env://`` rank 0 hosts it, so rank 0 is the one rank
 that cannot be lost.
 
+A rank that comes back joins the running job: start the script again
+with the lost rank's ``RANK`` and ``--join``. It makes a process group of
+its own (a group of one, which DDP wants), asks the group to admit it, and
+is handed the model, the optimizer and the step by the group's rank 0 (the
+``rejoin_state`` line, on every rank), within two of the group's steps.
+
 ``--kill-at STEP --kill-rank R[,R...]``: those ranks SIGKILL themselves in
 step STEP, after their forward (``--stop``: SIGSTOP, a hung machine).
+``--step-sleep S``: sleep S seconds after each step (a slower model, so
+that a joiner finds the run still going).
 """
 
 import argparse
@@ -56,11 +64,18 @@ def main(argv=None):
     ap.add_argument("--kill-at", type=int, default=None)
     ap.add_argument("--kill-rank", default="3", help="a rank, or several: 2,3")
     ap.add_argument("--stop", action="store_true", help="SIGSTOP the rank instead of SIGKILL")
+    ap.add_argument("--step-sleep", type=float, default=0.0)
+    ap.add_argument("--join", action="store_true", help="come back into the running job as rank RANK")
     ap.add_argument("--out", default=None, help="write each survivor's summary (JSON) here")
     args = ap.parse_args(argv)
 
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])  # in the job as it was started
+    if args.join:
+        # A group of one for DDP: the job's own group still counts this
+        # rank as lost. The library's calls go to the group it joins.
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    else:
+        dist.init_process_group("gloo")
     torch.manual_seed(args.seed)
     torch.set_num_threads(1)
     (x, y), (tx, ty) = digits()
@@ -68,9 +83,17 @@ def main(argv=None):
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     state = OkTopkState(density=args.density, algorithm="oktopk", timeout=args.timeout, on_rank_loss="continue")
     model.register_comm_hook(state, oktopk_hook)
+    progress = {"step": 0}
+    state.rejoin_state(lambda: {"model": model.module.state_dict(), "optimizer": opt.state_dict(), "step": progress["step"]},
+                       lambda d: (model.module.load_state_dict(d["model"]), opt.load_state_dict(d["optimizer"]),
+                                  progress.update(step=d["step"])))
+    if args.join:
+        state.join()
+        print(f"rank {rank} joined the running job at step {progress['step']}", flush=True)
 
     step_seconds, digests = [], []
-    for step in range(args.steps):
+    for step in range(progress["step"], args.steps):
+        progress["step"] = step
         begun = time.perf_counter()
         bx, by = batch(x, y, step + args.seed * 100_000, rank, world, args.batch_size)
         opt.zero_grad()
@@ -80,6 +103,7 @@ def main(argv=None):
         loss.backward()
         opt.step()
         step_seconds.append(time.perf_counter() - begun)
+        time.sleep(args.step_sleep)
         if args.out:
             digests.append(params_digest(model))
 
@@ -92,7 +116,8 @@ def main(argv=None):
               f"rank losses {[(l['step'], l['lost']) for l in losses]}", flush=True)
     if args.out:
         with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
-            json.dump({"params": params_digest(model), "digests": digests, "accuracy": acc, "iter": state.iter, "rank_losses": losses, "size": state.collectives.size(),
+            json.dump({"params": params_digest(model), "digests": digests, "accuracy": acc, "iter": state.iter, "rank_losses": losses,
+                       "rank_joins": state.rank_joins, "size": state.collectives.size(),
                        "step_seconds": step_seconds, "bytes_sent": state.bytes_sent}, f)
     state.close()
     os._exit(0)  # not destroy_process_group: the process group still counts the lost rank, and its teardown would wait for it

@@ -95,7 +95,8 @@ JOB_WEIGHTS = {
 # The row order of the report.
 KIND_ORDER = ["sigkill", "sigstop", "nan", "inf", "mismatch-setting", "mismatch-demo", "mismatch-resume", "corrupt-byte", "corrupt-field",
               "corrupt-file", "resume-warm-up", "resume-probe", "resume-decision", "resume-confirmation", "resume-switch", "resume-steady",
-              "elastic-kill", "elastic-two-at-once", "elastic-kill-again", "continue-kill", "continue-stop", "continue-two-at-once"]
+              "elastic-kill", "elastic-two-at-once", "elastic-kill-again", "continue-kill", "continue-stop", "continue-two-at-once",
+              "continue-rejoin"]
 
 KIND_TEXT = {
     "sigkill": "SIGKILL of one rank 0-20 ms after it starts a chosen step (it waits there for the campaign's go, so the signal "
@@ -139,6 +140,9 @@ KIND_TEXT = {
     "continue-stop": "likewise with SIGSTOP: the survivors go on after the timeout; woken once they are done, the stopped rank "
                      "must fail with an OkTopkError and write no record.",
     "continue-two-at-once": "likewise, two ranks of four killed in the same step (the survivors wait out the timeout for them).",
+    "continue-rejoin": "a continue-kill whose lost rank comes back (a new process, --join) once it is gone: the group must admit it "
+                       "two steps after it asks, hand it the model, the optimizer and the step, and every rank, the joiner "
+                       "included, must end with the same parameters bit for bit (the kill and the join count as two faults).",
     "elastic-kill-again": "likewise, a rank killed again in the restarted attempt (two restarts): counted as two faults.",
 }
 
@@ -444,14 +448,15 @@ CONTINUE_STEPS = 14
 def continue_job(rng, world):
     """A continue-* job: which ranks examples/pytorch/continue.py loses in
     which step, and how."""
-    variant = rng.choice(["kill", "kill", "stop", "two"])
+    variant = rng.choice(["kill", "kill", "stop", "two", "rejoin"])
     world = 4 if variant == "two" else 3
     victims = sorted(rng.sample(range(1, world), 2 if variant == "two" else 1))  # rank 0 hosts the store
     at = rng.randrange(3, CONTINUE_STEPS - 2)  # after the warm-up and the first sparse step (the communicator's setup)
-    name = {"kill": "continue-kill", "stop": "continue-stop", "two": "continue-two-at-once"}[variant]
+    name = {"kill": "continue-kill", "stop": "continue-stop", "two": "continue-two-at-once", "rejoin": "continue-kill"}[variant]
     return {"type": "continue", "world": world, "cfg": {"front": "continue", "state": {"density": rng.choice([0.01, 0.05]),
                                                                                        "algorithm": "oktopk"}},
-            "victims": victims, "at": at, "stop": variant == "stop", "faults": [name] * len(victims)}
+            "victims": victims, "at": at, "stop": variant == "stop", "rejoin": variant == "rejoin",
+            "faults": [name] * len(victims) + (["continue-rejoin"] if variant == "rejoin" else [])}
 
 
 def plan(seed, faults, kinds=None):
@@ -827,6 +832,7 @@ def judge_elastic(job, run):
 
 CONTINUE_SCRIPT = os.path.join(ROOT, "examples", "pytorch", "continue.py")
 CONTINUE_BOUND = 120.0  # seconds for every survivor of a continue job to end
+REJOIN_STEPS, REJOIN_SLEEP = 40, 0.1  # a rejoin job's run: long enough for the lost rank's new process to start and join
 CONTINUE_WAKE_BOUND = 30.0  # seconds for a woken stopped rank to fail
 
 
@@ -838,14 +844,26 @@ def run_continue(job, workdir, verbose=False):
     s, world = job["cfg"]["state"], job["world"]
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "plugins", "pytorch"), OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1",
                MASTER_PORT=str(free_port()), WORLD_SIZE=str(world))
-    cmd = [sys.executable, CONTINUE_SCRIPT, "--out", out, "--steps", str(CONTINUE_STEPS), "--density", str(s["density"]),
-           "--timeout", str(PLUGIN_TIMEOUT), "--kill-at", str(job["at"]), "--kill-rank", ",".join(map(str, job["victims"]))]
+    steps = REJOIN_STEPS if job.get("rejoin") else CONTINUE_STEPS
+    common = [sys.executable, CONTINUE_SCRIPT, "--out", out, "--steps", str(steps), "--density", str(s["density"]),
+              "--timeout", str(PLUGIN_TIMEOUT)] + (["--step-sleep", str(REJOIN_SLEEP)] if job.get("rejoin") else [])
+    cmd = common + ["--kill-at", str(job["at"]), "--kill-rank", ",".join(map(str, job["victims"]))]
     if job["stop"]:
         cmd.append("--stop")
     t0 = time.monotonic()
     procs = {r: subprocess.Popen(cmd, env=dict(env, RANK=str(r)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                  start_new_session=True) for r in range(world)}
     ended, hung = {}, []
+    if job.get("rejoin"):
+        (victim,) = job["victims"]
+        try:
+            procs[victim].wait(timeout=CONTINUE_BOUND)
+            ended[victim] = (procs[victim].returncode, *procs[victim].communicate())
+            procs[victim] = subprocess.Popen(common + ["--join"], env=dict(env, RANK=str(victim)), stdout=subprocess.PIPE,
+                                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+            del ended[victim]
+        except subprocess.TimeoutExpired:
+            hung.append(victim)
     for r in sorted(procs):
         if r in job["victims"] and job["stop"]:
             continue
@@ -879,6 +897,8 @@ def judge_continue(job, run):
     recorded otherwise than it happened, or a lost rank that trained on
     alone), or an unnamed error (a woken rank's failure that is not an
     OkTopkError)."""
+    if job.get("rejoin"):
+        return judge_rejoin(job, run)
     victims, world = job["victims"], job["world"]
     survivors = [r for r in range(world) if r not in victims]
     o = {"hang": bool(run["hung"]), "crash": 0, "silent": 0, "unnamed": 0}
@@ -912,6 +932,41 @@ def judge_continue(job, run):
                 o["unnamed"] = 1
                 notes.append(f"woken rank {r} exited {code} without an OkTopkError: {err[-800:]}")
     return [outcome(k, hang=int(o["hang"]), crash=o["crash"], silent=o["silent"], unnamed=o["unnamed"], notes=list(notes), detection=None)
+            for k in job["faults"]], [("continue seconds", round(run["elapsed"], 1))]
+
+
+def judge_rejoin(job, run):
+    """A continue-rejoin job: every rank, the joiner included, ended (no
+    hang), wrote its record (no crash), with the same parameters, the loss
+    and the join recorded alike on the members, the join two steps after
+    it was asked for, and the joiner's parameters the members' from its
+    first step on (no silent divergence)."""
+    (victim,), world = job["victims"], job["world"]
+    o = {"hang": bool(run["hung"]), "crash": 0, "silent": 0}
+    notes = [f"ranks {run['hung']} did not end within the bound"] if run["hung"] else []
+    for r in range(world):
+        code, _, err = run["ended"].get(r, (None, "", ""))
+        if code not in (0, None) or (code == 0 and r not in run["ranks"]):
+            o["crash"] = 1
+            notes.append(f"rank {r}{' (the joiner)' if r == victim else ''} exited {code}: {err[-800:]}")
+    records = run["ranks"]
+    if len({rec["params"] for rec in records.values()}) > 1:
+        o["silent"] = 1
+        notes.append("the ranks' parameters differ after the join")
+    members = [r for r in records if r != victim]
+    for r in members:
+        rec = records[r]
+        losses, joins = rec.get("rank_losses") or [], rec.get("rank_joins") or []
+        if ([(l["step"], l["lost"]) for l in losses] != [(job["at"], [victim])] or len(joins) != 1 or joins[0]["joined"] != [victim]
+                or joins[0]["step"] - joins[0]["asked_by"] != 2 or rec["size"] != world):
+            o["silent"] = 1
+            notes.append(f"rank {r}: losses {losses!r}, joins {joins!r}, size {rec.get('size')}")
+    if victim in records and members:
+        mine, theirs = records[victim]["digests"], records[members[0]]["digests"]
+        if mine != theirs[len(theirs) - len(mine):]:
+            o["silent"] = 1
+            notes.append("the joiner's parameters part from the members' at some step")
+    return [outcome(k, hang=int(o["hang"]), crash=o["crash"], silent=o["silent"], notes=list(notes), detection=None)
             for k in job["faults"]], [("continue seconds", round(run["elapsed"], 1))]
 
 

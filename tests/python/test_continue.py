@@ -25,9 +25,17 @@ def start_ranks(world, out, *args):
                MASTER_PORT=str(port), WORLD_SIZE=str(world))
     # A session each: a stopped rank whose siblings exit is not sent
     # SIGHUP as an orphaned process group's member would be.
-    return [subprocess.Popen([sys.executable, SCRIPT, "--out", str(out), *map(str, args)], env=dict(env, RANK=str(r)),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-            for r in range(world)]
+    procs = [subprocess.Popen([sys.executable, SCRIPT, "--out", str(out), *map(str, args)], env=dict(env, RANK=str(r)),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+             for r in range(world)]
+    for p in procs:
+        p.env_port = port
+    return procs
+
+
+def procs_port(procs):
+    """The job's store port (MASTER_PORT of ``start_ranks``' processes)."""
+    return int(procs[0].env_port)
 
 
 def summaries(out):
@@ -99,3 +107,56 @@ def test_continue_is_refused_where_it_cannot_go_on():
         Engine(Settings(algorithm="oktopk").with_flat(on_rank_loss="continue"), None, ProcessGroupCollectives(None))
     with pytest.raises(ValueError, match="FSDP2"):
         OkTopkState(algorithm="oktopk", on_rank_loss="continue").attach_shards(None, False)
+
+
+def join_rank(out, port, world, rank, *args):
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "plugins", "pytorch"), OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(port), WORLD_SIZE=str(world), RANK=str(rank))
+    return subprocess.Popen([sys.executable, SCRIPT, "--out", str(out), "--join", *map(str, args)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def test_a_rank_that_comes_back_joins_and_every_rank_ends_bitwise_alike(tmp_path):
+    # Rank 2 of 4 is killed in step 6; once it is gone a new process comes
+    # back as rank 2 (--join). The group's rank 0 sees its request at a
+    # step boundary and admits it two steps later; it is handed the model,
+    # the optimizer and the step, and from then on every step averages
+    # over 4 ranks again. Every rank's parameters after every step from
+    # the join on are the same, bit for bit, the joiner's included.
+    out = tmp_path / "out"
+    procs = start_ranks(4, out, "--steps", 40, "--kill-at", 6, "--kill-rank", 2, "--step-sleep", 0.15, "--timeout", 10)
+    assert procs[2].wait(timeout=120) == -signal.SIGKILL
+    joiner = join_rank(out, procs_port(procs), 4, 2, "--steps", 40, "--step-sleep", 0.15, "--timeout", 10)
+    results = {r: procs[r].communicate(timeout=180) for r in (0, 1, 3)}
+    joined = joiner.communicate(timeout=120)
+    for r in (0, 1, 3):
+        assert procs[r].returncode == 0, results[r][1][-3000:]
+    assert joiner.returncode == 0, joined[1][-3000:]
+    ranks = summaries(out)
+    assert sorted(ranks) == [0, 1, 2, 3]
+    assert len({s["params"] for s in ranks.values()}) == 1, "the ranks' parameters differ after the join"
+    member = ranks[0]
+    (join,) = member["rank_joins"]
+    assert join["joined"] == [2] and join["size"] == 4 and join["step"] - join["asked_by"] == 2, join
+    for r in (0, 1, 3):
+        assert ranks[r]["rank_joins"] == [dict(join, rank=r)], ranks[r]["rank_joins"]
+        assert ranks[r]["size"] == 4
+    mine = ranks[2]
+    assert mine["rank_joins"][0]["step"] == join["step"] and mine["size"] == 4 and mine["bytes_sent"] > 0
+    first = 40 - len(mine["digests"])  # the script step it joined at
+    assert mine["digests"] == member["digests"][first:], "the joiner's parameters part from the others' at some step"
+    assert "rank 2 joined at step" in results[0][1]
+
+
+def test_a_process_that_claims_a_live_rank_is_refused_and_the_group_goes_on(tmp_path):
+    out = tmp_path / "out"
+    procs = start_ranks(3, out, "--steps", 40, "--step-sleep", 0.1, "--timeout", 10)
+    joiner = join_rank(tmp_path, procs_port(procs), 3, 1, "--steps", 40, "--timeout", 10)
+    _, err = joiner.communicate(timeout=120)
+    assert joiner.returncode not in (0, None)
+    assert "join refused: rank 1 is not a lost rank of this job" in err, err[-3000:]
+    results = [p.communicate(timeout=180) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], results[0][1][-3000:]
+    ranks = summaries(out)
+    assert len({s["params"] for s in ranks.values()}) == 1
+    assert all(s["rank_joins"] == [] and s["size"] == 3 for s in ranks.values())

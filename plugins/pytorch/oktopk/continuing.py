@@ -35,18 +35,26 @@ setup (``oktopk.settings``).
 """
 
 import ctypes
+import datetime
+import io
+import json
+import os
 import time
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from . import _lib, log
+from . import _lib, checkpoint, log
 from ._lib import OkTopkError
 from .collectives import ProcessGroupCollectives
-from .comm import Communicator, default_bind_host, from_rank_zero
+from .comm import Communicator, _store_address, default_bind_host, from_rank_zero
 from .path_sparse import save_groups
-from .store import bounded, store_for, wait_for
+from .settings import with_checksum
+from .store import bounded, wait_for
+
+# The job store client's timeout floor (seconds): its connect and answers.
+STORE_CONNECT_SECONDS = 30.0
 
 # How often a survivor looks at the round's count while it waits for the
 # others (seconds): a store read each time.
@@ -63,8 +71,12 @@ class ContinuingCollectives(ProcessGroupCollectives):
         self._incarnation = None  # rank 0's random id, over the process group at the first communicator
         self._members = None  # the original ranks still in the group, ascending (None: nobody lost)
         self._origin = None  # this process's rank in the original group
-        self._rounds = 0  # shrinks so far
-        self._made = 0  # communicators made since the latest shrink
+        self._rounds = 0  # shrinks and grows so far
+        self._made = 0  # communicators made since the latest shrink or grow
+        self._world = None  # the original group's size
+        self._job = None  # a client of the job's store, where these keys are kept
+        self._grow = None  # the pending admission of joiners: {"at": step, "slots": [...]}
+        self._admitted = 0  # join requests handled so far (the store's slots below it)
 
     @property
     def shrunk(self):
@@ -73,11 +85,16 @@ class ContinuingCollectives(ProcessGroupCollectives):
 
     @property
     def members(self):
-        """The original ranks still in the group, ascending."""
+        """The original ranks in the group now, ascending."""
         if self._members is None:
             size = super().size()
             return list(range(size))
         return list(self._members)
+
+    @property
+    def world(self):
+        """The original group's size."""
+        return super().size() if self._world is None else self._world
 
     def placement(self):
         if self._members is None:
@@ -92,14 +109,14 @@ class ContinuingCollectives(ProcessGroupCollectives):
 
     def _refuse(self, what):
         raise OkTopkError(_lib.INVALID_USAGE, f"oktopk: {what} needs the process group, which still counts the lost "
-                                              f"rank{'s' if len(self._members) < super().size() - 1 else ''} "
+                                              f"rank{'s' if len(self.lost) > 1 else ''} "
                                               f"{', '.join(map(str, self.lost))}: after a rank is lost the group goes on over "
                                               f"the library alone (on_rank_loss='continue')")
 
     @property
     def lost(self):
         """The original ranks lost so far."""
-        return [] if self._members is None else sorted(set(range(super().size())) - set(self._members))
+        return [] if self._members is None else sorted(set(range(self.world)) - set(self._members))
 
     def allreduce_(self, tensor, average=True, name=None):
         if self._members is not None:
@@ -116,8 +133,31 @@ class ContinuingCollectives(ProcessGroupCollectives):
             self._refuse(what)
         return super().agreement(device, timeout, what, who)
 
+    def _job_store(self, timeout):
+        """A client of the job's store (the process group's TCPStore, or
+        MASTER_ADDR:MASTER_PORT): survivors and a joining process, which has
+        no share in the process group, meet there under the same keys."""
+        if self._job is None:
+            address = _store_address(self.process_group)
+            if address is None:
+                raise OkTopkError(_lib.INVALID_USAGE, "oktopk: on_rank_loss='continue' needs the job's store: a TCPStore process "
+                                                      "group, or MASTER_ADDR and MASTER_PORT naming it")
+            # The client's own timeout bounds its connect and each answer;
+            # the waits here have theirs (wait_for, bounded). A short
+            # library timeout must not fail the connect of a loaded host.
+            self._job = dist.TCPStore(address[0], address[1], is_master=False,
+                                      timeout=datetime.timedelta(seconds=max(timeout, STORE_CONNECT_SECONDS)))
+        return self._job
+
     def _store(self, *parts):
-        return dist.PrefixStore("/".join(("continue", self._incarnation, *map(str, parts))) + "/", store_for(self.process_group))
+        return dist.PrefixStore("/".join(("oktopk", "continue", self._incarnation, *map(str, parts))) + "/", self._job)
+
+    def _publish(self):
+        """The group as it is now, for a process that comes to join (by the
+        group's rank 0)."""
+        if self.rank() == 0:
+            self._job.set("oktopk/continue/current", json.dumps({"incarnation": self._incarnation, "round": self._rounds,
+                                                                  "members": self.members, "world": self.world}))
 
     def communicator(self, algorithm, density, tau=None, tau_prime=None, timeout=None, value_dtype="float32", stochastic_rounding=False):
         if timeout is None:
@@ -133,6 +173,9 @@ class ContinuingCollectives(ProcessGroupCollectives):
                 mine = buf.value[:16]
             self._incarnation = from_rank_zero(self.process_group, mine, timeout, "rank 0's incarnation id").decode()
             self._origin = dist.get_rank(self.process_group)
+            self._world = dist.get_world_size(self.process_group)
+            self._job_store(timeout)
+            self._publish()
         if self._members is None:
             return super().communicator(algorithm, density, tau, tau_prime, timeout, value_dtype, stochastic_rounding)
         rank, size = self.placement()
@@ -209,9 +252,104 @@ class ContinuingCollectives(ProcessGroupCollectives):
                                              f"ranks: restart every rank from the latest checkpoint")
         lost = [r for r in before if r not in members]
         masses = [float(m) for _, _, m in view]
-        self._members, self._rounds, self._made = members, self._rounds + 1, 0
+        self._members, self._rounds, self._made, self._grow = members, self._rounds + 1, 0, None
+        self._publish()
         return {"lost": lost, "survivors": len(members), "rank": members.index(self._origin),
                 "residual_mass_lost": len(lost) * sum(masses) / len(masses)}
+
+    # -- a rank that comes back ---------------------------------------------
+    #
+    # A joining process adds a request to the store's count. The group's
+    # rank 0 looks at the count at every step boundary; seeing a new
+    # request at step s, it names step s + 2 as the one the joiners are
+    # admitted at. Every member reads that at a boundary up to s + 2: it
+    # finished step s + 1's calls, which rank 0 began only after it wrote.
+    # So every member admits them at the same step, with no collective.
+
+    def joiners_due(self, step):
+        """At the boundary before ``step``: the admission due now (every
+        member alike: ``{"seen": the step rank 0 saw the requests at, "at":
+        step, "slots": the requests' slots}``), or None."""
+        if self._incarnation is None:
+            return None
+        try:
+            return self._joiners_due(step)
+        except OkTopkError:
+            raise
+        except Exception as e:  # noqa: BLE001 - DistNetworkError and the like: the store's host is gone
+            raise OkTopkError(_lib.REMOTE_ERROR, f"oktopk: the job's store, where ranks that come back ask to join, cannot be "
+                                                 f"reached ({e}): its host (rank 0 under env://) is gone, or the group finished "
+                                                 f"without this rank") from e
+
+    def _joiners_due(self, step):
+        store = self._store()
+        grow_key = f"{self._rounds}/grow"
+        if self._grow is None and self.rank() == 0:
+            asked = store.add("join/count", 0)
+            if asked > self._admitted:
+                store.set(grow_key, json.dumps({"seen": step, "at": step + 2, "slots": list(range(self._admitted, asked))}))
+        if self._grow is None and store.check([grow_key]):
+            self._grow = json.loads(store.get(grow_key))
+        if self._grow is None or self._grow["at"] != step:
+            return None
+        due, self._grow = self._grow, None
+        return due
+
+    def grow(self, slots, can_hand_over):
+        """Admit the joiners of request ``slots`` (:meth:`joiners_due`): a
+        request naming a rank of the original group that is not in it now
+        joins; any other is refused, and told why (rank 0 answers). Returns
+        (the ranks that join, their answers' writer: call it once the
+        handover is in the store, under :meth:`handover_key`)."""
+        store = self._store()
+        members, joining, answers = self.members, [], {}
+        for slot in slots:
+            origin = int(store.get(f"join/{slot}"))
+            if not can_hand_over:
+                answers[slot] = {"refused": "the group was given nothing to hand a joining rank (state.rejoin_state(state_dict, "
+                                            "load_state_dict) on every rank)"}
+            elif not 0 <= origin < self.world or origin in members or origin in joining:
+                answers[slot] = {"refused": f"rank {origin} is not a lost rank of this job (its ranks now: "
+                                            f"{', '.join(map(str, members))} of the original {self.world})"}
+            else:
+                joining.append(origin)
+                answers[slot] = {}
+        answer_now = self.rank() == 0
+        members = sorted(members + joining)
+        self._members, self._rounds, self._made, self._admitted = members, self._rounds + 1, 0, max(slots) + 1
+
+        def answer():
+            if answer_now:
+                for slot, said in answers.items():
+                    store.set(f"join/{slot}/answer", json.dumps(said or {"round": self._rounds, "members": members}))
+                self._publish()
+
+        return joining, answer
+
+    def handover_key(self):
+        return f"{self._rounds}/handover"
+
+    def join(self, origin, timeout):
+        """A process that comes back as rank ``origin`` of the original
+        group: its request, and the wait until the group admits it (at most
+        ``timeout`` seconds). Returns the handover's bytes."""
+        job = self._job_store(timeout)
+        try:
+            job.wait(["oktopk/continue/current"], datetime.timedelta(seconds=timeout))
+        except Exception as e:  # noqa: BLE001 - the store's timeout or its host gone
+            raise OkTopkError(_lib.TIMEOUT, f"oktopk: join: no group to join in the job's store within {timeout:g} s (it forms "
+                                            f"at the first sparse step): {e}") from e
+        current = json.loads(job.get("oktopk/continue/current"))
+        self._incarnation, self._world, self._origin = current["incarnation"], int(current["world"]), int(origin)
+        store = self._store()
+        slot = store.add("join/count", 1) - 1
+        store.set(f"join/{slot}", str(self._origin))
+        wait_for(store, [f"join/{slot}/answer"], timeout, "the group's admission of this rank")
+        said = json.loads(store.get(f"join/{slot}/answer"))
+        if "refused" in said:
+            raise OkTopkError(_lib.INVALID_USAGE, f"oktopk: join refused: {said['refused']}")
+        self._members, self._rounds, self._made, self._admitted = said["members"], said["round"], 0, slot + 1
+        return store.get(self.handover_key())
 
     def __repr__(self):
         return f"ContinuingCollectives({self.process_group!r}, members={self.members if self._members is not None else 'all'})"
@@ -275,6 +413,85 @@ def void_grads(engine, optimizer, watched):
     return True
 
 
+def admit_if_due(engine):
+    """At a step boundary: the joiners due now join (:func:`grow`)."""
+    due = engine._collectives.joiners_due(engine.iter)
+    if due is not None:
+        grow(engine, due["slots"], due["seen"])
+
+
+def _release(engine):
+    """This rank's residuals saved from the communicator, which is
+    destroyed; they load, regrouped, into the next one."""
+    reducer = engine._reducer
+    saved = {}
+    if reducer.comm is not None:
+        reducer.drain()
+        saved = save_groups(reducer.comm, engine._device_groups, engine._layout.groups)
+        engine._link = reducer.comm.link() or engine._link
+        engine._device_groups = {}
+        reducer.close()
+    engine._pending_state = {**engine._pending_state, **saved}
+    engine._pending_regrouped = True
+    return saved
+
+
+def grow(engine, slots, seen):
+    """A member's side of a join: its residuals kept for the larger group;
+    the group's rank 0 hands the joiners what they need (the script's own
+    state, from ``rejoin_state``, and the engine's position and layout,
+    without its residuals and velocities: a joiner starts with empty
+    ones) through the job's store. From this step on, every call is over
+    the larger group."""
+    collectives = engine._collectives
+    donor = collectives.rank() == 0
+    _release(engine)
+    joining, answer = collectives.grow(slots, engine._rejoin is not None)
+    if joining and donor:
+        fields = checkpoint.fields(engine)
+        # The momentum correction's per-parameter settings and B (what the
+        # optimizer's buffer was handed, alike on every rank) go over, so
+        # the joiner hands its optimizer the G the others do; its own
+        # velocities, like its residuals, start at zero (not absent: an
+        # absent velocity is a first step, buf = G, which this optimizer's
+        # buffer is long past).
+        momentum = {i: dict(e, velocity=None if e["velocity"] is None else torch.zeros_like(e["velocity"]), waiting=None)
+                    for i, e in fields["momentum"].items()}
+        position = dict(fields, tensors={}, quantized={}, momentum=momentum, residual_groups=[], communicator=False, rank=None,
+                        world_size=None)
+        buf = io.BytesIO()
+        torch.save({"script": engine._rejoin[0](), "engine": position}, buf)
+        collectives._store().set(collectives.handover_key(), buf.getvalue())
+    answer()
+    if joining:
+        engine._rank_joins.append({"step": engine.iter, "asked_by": seen, "joined": joining, "size": collectives.size(),
+                                   "rank": collectives.rank()})
+        if donor:
+            log.notice(f"oktopk: rank{'s' if len(joining) > 1 else ''} {', '.join(map(str, joining))} joined at step {engine.iter}: "
+                       f"{collectives.size()} ranks from this step")
+
+
+def join(engine, origin=None):
+    """The joining process's side: wait for the group's admission, load
+    what the group's rank 0 handed over (the script's state through
+    ``rejoin_state``'s ``load_state_dict``, the engine's position), and
+    take part from the step it was admitted at, with empty residuals."""
+    if not engine._continuing:
+        raise ValueError("oktopk: join() is for on_rank_loss='continue'")
+    if engine._rejoin is None:
+        raise ValueError("oktopk: join() needs state.rejoin_state(state_dict, load_state_dict) first: the second loads what "
+                         "the group hands this rank")
+    if origin is None:
+        origin = int(os.environ["RANK"])
+    handed = torch.load(io.BytesIO(engine._collectives.join(origin, engine.timeout)), weights_only=False)
+    engine._rejoin[1](handed["script"])
+    checkpoint.load_state_dict(engine, with_checksum(handed["engine"]))
+    engine._agreement_steps = 0  # the group agreed long ago, and is mid-run: no collective over the process group
+    engine._rank_joins.append({"step": engine.iter, "joined": [origin], "size": engine._collectives.size(),
+                               "rank": engine._collectives.rank()})
+    return engine.iter
+
+
 def residual_mass(blob):
     """The sum of |residual| in a saved tensor state (core/state.go's
     format: the residual is its last n float32 values, n at byte 8)."""
@@ -291,19 +508,10 @@ def go_on(engine):
     (``oktopk_tensor_state_load_regrouped``: each kept whole, boundaries
     and thresholds measured afresh). Records the loss in ``rank_losses``."""
     step, error = engine._void
-    reducer = engine._reducer
-    saved = {}
-    if reducer.comm is not None:
-        reducer.drain()
-        saved = save_groups(reducer.comm, engine._device_groups, engine._layout.groups)
-        engine._link = reducer.comm.link() or engine._link
-        engine._device_groups = {}
-        reducer.close()
+    saved = _release(engine)
     engine._void = None
     engine.iter -= 1  # the void step does not count: the schedules go on as if its batch had not been taken
     loss = engine._collectives.shrink(engine.iter, sum(residual_mass(blob) for blob in saved.values()), engine.timeout)
-    engine._pending_state = {**engine._pending_state, **saved}
-    engine._pending_regrouped = True
     loss = {"step": step, **loss, "error": str(error)}
     engine._rank_losses.append(loss)
     if loss["rank"] == 0:

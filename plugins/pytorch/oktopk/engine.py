@@ -74,7 +74,7 @@ class Engine(ReducerStats):
         "_library_groups", "_host_buffers", "_quantized", "_quantized_bytes", "_quantized_spill", "_bucket_grads", "_momentum",
         "_agreement_steps", "_folds", "_communicator_at_load", "_link", "_measured_step", "_shard_step", "_new_shard_step",
         "_shard_steps_run", "_shard_slices", "_shard_device", "_group_ids", "_group_front", "_demo_line", "_stateful_groups",
-        "_continuing", "_void", "_rank_losses", "_pending_regrouped",
+        "_continuing", "_void", "_rank_losses", "_pending_regrouped", "_rejoin", "_rank_joins",
     ]
 
     def __init__(self, settings, process_group, collectives=None):
@@ -91,6 +91,10 @@ class Engine(ReducerStats):
         self._void = None
         self._rank_losses = []
         self._pending_regrouped = False
+        # What a rank that comes back is handed: (state_dict, load_state_dict)
+        # of the script's own state (rejoin_state), and each join recorded.
+        self._rejoin = None
+        self._rank_joins = []
         if self._continuing:
             if collectives is not None:
                 raise ValueError("on_rank_loss='continue' runs on the DDP hook (OkTopkState): a front end with collectives "
@@ -258,8 +262,10 @@ class Engine(ReducerStats):
     def _begin_bucket_step(self, tensor):
         """At a step's first bucket, before anything of the step reads a
         residual or a velocity."""
-        if self._void is not None:
-            continuing.go_on(self)  # the step before lost a rank: the survivors go on without it
+        if self._continuing:
+            if self._void is not None:
+                continuing.go_on(self)  # the step before lost a rank: the survivors go on without it
+            continuing.admit_if_due(self)  # ranks that came back join here
         # A step before that came back non-finite anywhere (a NaN in one
         # group skipped it on every rank, and the script skipped the
         # optimizer step) gives back what its other groups' calls, folds
@@ -566,6 +572,36 @@ class Engine(ReducerStats):
         if m.stopped is not None:
             return m.stopped
         return "on" if m.active else "waiting"
+
+    def rejoin_state(self, state_dict, load_state_dict):
+        """``on_rank_loss="continue"``: what a rank that comes back is handed,
+        on every rank alike (as torchft's Manager takes them):
+        ``state_dict()``, called on the group's rank 0 at the step it is
+        admitted (the model's and optimizer's state, the script's step: what
+        the script needs to go on), and ``load_state_dict(d)``, called on the
+        joining process by :meth:`join`. What ``state_dict()`` returns
+        travels through the job's store (torch.save)."""
+        self._rejoin = (state_dict, load_state_dict)
+
+    def join(self, origin=None):
+        """``on_rank_loss="continue"``, in a process that comes back as rank
+        ``origin`` of the original group (default: ``RANK``): waits until the
+        group admits it (at most the timeout, within two of the group's
+        steps of its request), loads what the group hands over (through
+        :meth:`rejoin_state`'s ``load_state_dict``) and this state's
+        position, with empty residuals; returns ``iter``. Its process group
+        is one of its own (a group of one, for DDP); its library calls go
+        to the group it joined."""
+        return continuing.join(self, origin)
+
+    @property
+    def rank_joins(self):
+        """Each join the run took (``on_rank_loss="continue"``): a dict of the
+        ``step`` it joined at, on the members the step by which the join was
+        asked for (``asked_by``: two steps before), the ranks that
+        ``joined`` (their numbers in the original group), the group's
+        ``size`` and this rank's number (``rank``) from then on."""
+        return [dict(join) for join in self._rank_joins]
 
     @property
     def rank_losses(self):
