@@ -338,6 +338,8 @@ test-c: examples
 	timeout 60 $(C_TEST) env
 	timeout 120 tests/c/launch.sh 4 $(C_TEST) ranks
 	timeout 120 tests/c/launch.sh 3 $(C_TEST) peerdeath
+	timeout 120 tests/c/launch.sh 4 $(C_TEST) shrink
+	timeout 120 tests/c/launch.sh 4 $(C_TEST) shrink stop
 	timeout 120 tests/c/launch.sh 4 $(TRAINER)
 
 # Real launchers (tests/launch/): the C++ trainer and the MPI example under

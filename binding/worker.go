@@ -66,6 +66,16 @@ type Worker struct {
 	Widener Widener
 }
 
+// TakeStore hands over the rendezvous server this rank runs (nil if
+// none): a communicator made from this one (a shrink) keeps it running.
+func (c *Worker) TakeStore() io.Closer {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := c.store
+	c.store = nil
+	return s
+}
+
 // NewWorker starts the worker of rank of size over net (bound, not yet
 // connected); timeout bounds each call (0: none); store, if not nil, is the
 // rendezvous server this rank runs, closed by Destroy.

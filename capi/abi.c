@@ -139,6 +139,7 @@ FORWARD(tensor_state_save, (oktopk_comm_t comm, uint64_t tensor_id, void *buf, s
 FORWARD(tensor_state_load,
         (oktopk_comm_t comm, uint64_t tensor_id, const void *buf, size_t len),
         (comm, tensor_id, buf, len))
+FORWARD(comm_shrink, (oktopk_comm_t comm, oktopk_comm_t *newcomm), (comm, newcomm))
 FORWARD(tensor_state_load_regrouped,
         (oktopk_comm_t comm, uint64_t tensor_id, const void *buf, size_t len),
         (comm, tensor_id, buf, len))

@@ -18,6 +18,12 @@ type communicator struct {
 	handle    int64
 	settings  settings
 	lastError lastError
+
+	// After a shrink (shrink.go): the ranks of the original communicator
+	// still in this one, ascending (nil: every rank, none lost), and the
+	// shrinks so far.
+	members []int
+	round   int
 }
 
 func newCommunicator(rank, size int, s settings, net *zmq.Transport, store io.Closer) *communicator {

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -39,6 +40,18 @@ type Communicator struct {
 	before   []float32   // the caller's data before a dense allreduce, put back if it fails
 	link     *LinkModel  // Auto's link model, the same on every rank; nil until measured or set
 	scratch  callScratch // lent to each sparse call (calls run one at a time)
+}
+
+// TensorIDs returns the ids of the tensors that have a state, ascending.
+func (c *Communicator) TensorIDs() []uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ids := make([]uint64, 0, len(c.states))
+	for id := range c.states {
+		ids = append(ids, id)
+	}
+	sort.Slice(ids, func(a, b int) bool { return ids[a] < ids[b] })
+	return ids
 }
 
 // NewCommunicator wraps a connected transport.

@@ -248,6 +248,17 @@ func (st *TensorState) Regroup(rank, size int) {
 	st.lastCall = callRecord{}
 }
 
+// RegroupedCopy is a copy of st (its residual copied too, when it holds
+// one) regrouped for rank of size (Regroup).
+func (st *TensorState) RegroupedCopy(rank, size int) *TensorState {
+	c := &TensorState{N: st.N, Config: st.Config, CallerResidual: st.CallerResidual}
+	if st.Residual != nil {
+		c.Residual = append([]float32(nil), st.Residual...)
+	}
+	c.Regroup(rank, size)
+	return c
+}
+
 // CheckOwner refuses a state that belongs to another rank, or to a
 // communicator of another size, than rank of size: its residual is another
 // rank's unsent gradient, and its Ok-Topk region boundaries partition the

@@ -517,6 +517,22 @@ oktopk_result_t oktopk_tensor_state_load(oktopk_comm_t comm, uint64_t tensor_id,
  * only this process's own. Malformed or corrupted is oktopkInvalidArgument. */
 oktopk_result_t oktopk_tensor_state_load_regrouped(oktopk_comm_t comm, uint64_t tensor_id, const void *buf, size_t len);
 
+/* Added in 0.18. After a lost rank (a call failed with oktopkRemoteError,
+ * oktopkTimeout or oktopkAborted), every survivor calls this on its
+ * communicator, as ULFM's MPI_Comm_shrink: the survivors meet in the store
+ * they first met through (oktopk_comm_init_env's or the unique id's, whose
+ * host must still be up: rank 0, or the process that made the id) and make
+ * *newcomm of their own, numbered in their old order, with a new token and
+ * generation. Each waits until all but one of comm's ranks have come, or
+ * until the timeout (two or more lost). Every tensor's state comes along,
+ * regrouped (oktopk_tensor_state_load_regrouped): this rank's residual is
+ * kept whole. comm is aborted; destroy it after (the rendezvous server
+ * rank 0 serves stays with *newcomm). A rank that comes after the survivors
+ * agreed (stopped longer than the timeout) gets oktopkRemoteError and no
+ * communicator. A communicator made by oktopk_comm_bind and
+ * oktopk_comm_connect has no store: oktopkInvalidUsage. */
+oktopk_result_t oktopk_comm_shrink(oktopk_comm_t comm, oktopk_comm_t *newcomm);
+
 /* Added in 0.8. Hands tensor_id's residual to a caller that reduces this step with a
  * dense allreduce of its own (NCCL's, a framework's), so that switching
  * between that and the sparse calls loses nothing: data += residual outside

@@ -122,6 +122,10 @@ func ServeUniqueID(host, token string) (UniqueID, *StoreServer, error) {
 type Placement struct {
 	Rank, Size int
 	Token      string
+	// Where the ranks met: the store's address and its own token (empty
+	// when the store is unauthenticated). A shrink meets the survivors
+	// there again.
+	StoreAddr, StoreToken string
 }
 
 // RouteFunc is told the rendezvous host's address as soon as it is known,
@@ -147,7 +151,7 @@ func JoinUniqueID[T any](ctx context.Context, id UniqueID, rank, size int, route
 		p, _ := strconv.Atoi(port)
 		route(ctx, host, p)
 	}
-	return join(ctx, store, Placement{Rank: rank, Size: size, Token: id.Token})
+	return join(ctx, store, Placement{Rank: rank, Size: size, Token: id.Token, StoreAddr: id.Addr, StoreToken: id.Token})
 }
 
 // JoinLaunch joins a job started by a launcher: torchrun (MASTER_ADDR,
@@ -199,7 +203,8 @@ func JoinLaunch[T any](ctx context.Context, getenv func(string) string, route Ro
 			}
 			token = string(v)
 		}
-		return join(ctx, store, Placement{Rank: launch.rank, Size: launch.size, Token: token})
+		return join(ctx, store, Placement{Rank: launch.rank, Size: launch.size, Token: token,
+			StoreAddr: net.JoinHostPort(addr, strconv.Itoa(port)), StoreToken: storeToken})
 	}()
 	if err != nil {
 		if srv != nil {

@@ -48,6 +48,7 @@
 #include <math.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1564,6 +1565,107 @@ static int run_peer_death(void) {
 
 /* ------------------------------------------------------------------------ */
 
+/* oktopk_comm_shrink: the last rank is lost after a sparse call (it dies,
+ * or with "stop" stops itself: SIGSTOP), the survivors' next call fails,
+ * and they shrink the communicator: numbered as before, their residuals
+ * whole, a dense sum over the survivors exact, a sparse call on the kept
+ * state fine. A stopped rank woken afterwards is refused a place. */
+static void wait_for_mark(const char *dir, const char *name, int rank) {
+  char mark[4096];
+  snprintf(mark, sizeof mark, "%s/%s.%d", dir, name, rank);
+  double waited = now();
+  while (access(mark, F_OK) != 0) {
+    REQUIRE(now() - waited < 60.0);
+    usleep(1000);
+  }
+}
+
+static void put_mark(const char *dir, const char *name, int rank) {
+  char mark[4096];
+  snprintf(mark, sizeof mark, "%s/%s.%d", dir, name, rank);
+  FILE *f = fopen(mark, "w");
+  REQUIRE(f != NULL);
+  fprintf(f, "%d\n", (int)getpid());
+  fclose(f);
+}
+
+static int run_shrink(int stop) {
+  oktopk_config_t cfg;
+  oktopk_config_init(&cfg);
+  cfg.timeout_ms = 3000;
+  cfg.algorithm = OKTOPK_ALGO_OKTOPK;
+  cfg.density = 0.05;
+  oktopk_comm_t comm;
+  OK(oktopk_comm_init_env(&comm, &cfg));
+  int rank, size;
+  note_rank(comm, &rank, &size);
+  enum { N = 4096 };
+  static float g[N], before[N], after[N];
+  fill_gradient(g, N, rank, 7);
+  OK(oktopk_sparse_allreduce(comm, 7, g, N, OKTOPK_FLOAT32, NULL));
+  OK(oktopk_tensor_residual_read(comm, 7, before, N));
+  const char *dir = getenv("OKTOPK_TEST_DIR");
+  REQUIRE(dir != NULL);
+  float x[1024];
+  if (rank != size - 1) {
+    put_mark(dir, "first_call_done", rank);
+  } else {
+    for (int r = 0; r < size - 1; r++) wait_for_mark(dir, "first_call_done", r);
+    if (!stop) _exit(0); /* dies: sockets dropped by the kernel */
+    put_mark(dir, "stopping", rank);
+    raise(SIGSTOP);
+    /* Woken once the survivors went on: this communicator fails, and the
+     * survivors' agreement has closed without this rank. */
+    for (int i = 0; i < 1024; i++) x[i] = 1.0f;
+    REQUIRE(oktopk_allreduce(comm, x, 1024, OKTOPK_FLOAT32, 0, OKTOPK_ALGO_DENSE_RING) != oktopkSuccess);
+    oktopk_comm_t none = 0;
+    oktopk_result_t r = oktopk_comm_shrink(comm, &none);
+    char msg[512];
+    oktopk_get_last_error(comm, msg, sizeof msg, NULL);
+    printf("rank %d, woken: shrink %s (%s)\n", rank, oktopk_get_error_string(r), msg);
+    REQUIRE(r == oktopkRemoteError && none == 0);
+    REQUIRE(strstr(msg, "after it closed") != NULL);
+    OK(oktopk_comm_destroy(comm));
+    put_mark(dir, "woken_done", rank);
+    return 0;
+  }
+  for (int i = 0; i < 1024; i++) x[i] = 1.0f;
+  double t0 = now();
+  oktopk_result_t r = oktopk_allreduce(comm, x, 1024, OKTOPK_FLOAT32, 0, OKTOPK_ALGO_DENSE_RING);
+  printf("rank %d: call with a lost peer: %s after %.3f s\n", rank, oktopk_get_error_string(r), now() - t0);
+  REQUIRE(r == oktopkRemoteError || r == oktopkTimeout || r == oktopkAborted);
+  t0 = now();
+  oktopk_comm_t next = 0;
+  OK(oktopk_comm_shrink(comm, &next));
+  int nrank, nsize;
+  note_rank(next, &nrank, &nsize);
+  printf("rank %d: shrunk to rank %d of %d in %.3f s\n", rank, nrank, nsize, now() - t0);
+  REQUIRE(nrank == rank && nsize == size - 1);
+  OK(oktopk_tensor_residual_read(next, 7, after, N));
+  REQUIRE(memcmp(before, after, sizeof before) == 0); /* this rank's residual, whole */
+  for (int i = 0; i < 1024; i++) x[i] = (float)(rank + 1);
+  OK(oktopk_allreduce(next, x, 1024, OKTOPK_FLOAT32, 0, OKTOPK_ALGO_DENSE_RING));
+  for (int i = 0; i < 1024; i++) REQUIRE(x[i] == (float)((size - 1) * size / 2)); /* 1 + ... + (size - 1): the survivors only */
+  fill_gradient(g, N, rank, 8);
+  OK(oktopk_sparse_allreduce(next, 7, g, N, OKTOPK_FLOAT32, NULL));
+  OK(oktopk_comm_destroy(comm));
+  if (stop && rank == 0) {
+    /* Rank 0 serves the store: it wakes the stopped rank and stays until
+     * that rank was refused. */
+    char path[4096];
+    snprintf(path, sizeof path, "%s/stopping.%d", dir, size - 1);
+    FILE *f = fopen(path, "r");
+    REQUIRE(f != NULL);
+    int pid = 0;
+    REQUIRE(fscanf(f, "%d", &pid) == 1);
+    fclose(f);
+    kill(pid, SIGCONT);
+    wait_for_mark(dir, "woken_done", size - 1);
+  }
+  OK(oktopk_comm_destroy(next));
+  return 0;
+}
+
 static int open_fds(void) {
   DIR *d = opendir("/proc/self/fd");
   int n = 0;
@@ -1977,12 +2079,13 @@ int main(int argc, char **argv) {
   if (argc >= 2 && strcmp(argv[1], "errors") == 0) return run_errors();
   if (argc >= 3 && strcmp(argv[1], "cycles") == 0) return run_cycles(atoi(argv[2]));
   if (argc >= 2 && strcmp(argv[1], "peerdeath") == 0) return run_peer_death();
+  if (argc >= 2 && strcmp(argv[1], "shrink") == 0) return run_shrink(argc >= 3 && strcmp(argv[2], "stop") == 0);
   if (argc >= 5 && strcmp(argv[1], "memory") == 0)
     return run_memory(argv[2], (size_t)strtoull(argv[3], NULL, 0), atoi(argv[4]), argc >= 6 ? atof(argv[5]) : 0,
                       argc >= 7 ? argv[6] : "float32");
   if (argc >= 2 && strcmp(argv[1], "env") == 0) return run_env(argv);
   if (argc >= 3 && strcmp(argv[1], "join") == 0) return run_join(atoi(argv[2]));
-  fprintf(stderr, "usage: %s ranks | errors | cycles N | peerdeath | env | join MS | memory ALG N CALLS [LIMIT [DTYPE]]\n",
+  fprintf(stderr, "usage: %s ranks | errors | cycles N | peerdeath | shrink [stop] | env | join MS | memory ALG N CALLS [LIMIT [DTYPE]]\n",
           argv[0]);
   return 2;
 }

@@ -79,7 +79,11 @@ func (opts *Options) join() transport.JoinFunc[*Transport] {
 	return func(ctx context.Context, store transport.Store, p transport.Placement) (*Transport, error) {
 		o := *opts
 		o.Rank, o.Size, o.Token = p.Rank, p.Size, p.Token
-		return Rendezvous(ctx, store, o)
+		z, err := Rendezvous(ctx, store, o)
+		if err == nil {
+			z.storeAddr, z.storeToken = p.StoreAddr, p.StoreToken
+		}
+		return z, err
 	}
 }
 

@@ -105,6 +105,25 @@ type Transport struct {
 	accepted, authenticated atomic.Uint64
 
 	onClose func() // extra cleanup (a rendezvous server this rank serves)
+
+	// The store the ranks met through (address and its token), where a
+	// shrink meets the survivors again; "" for a transport connected by
+	// its caller's own rendezvous.
+	storeAddr, storeToken string
+}
+
+// MetThrough returns the store this transport's ranks met through (its
+// address and token) and whether there is one.
+func (z *Transport) MetThrough() (addr, token string, ok bool) {
+	return z.storeAddr, z.storeToken, z.storeAddr != ""
+}
+
+// HandOver gives the store this transport met through, and the cleanup
+// it runs at Close (the rendezvous server this rank serves), to next: the
+// communicator a shrink made, which the survivors meet through next.
+func (z *Transport) HandOver(next *Transport) {
+	next.storeAddr, next.storeToken = z.storeAddr, z.storeToken
+	next.onClose, z.onClose = z.onClose, nil
 }
 
 // outboxQueue is how Sends reach the outbox's goroutine.
