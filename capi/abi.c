@@ -140,6 +140,8 @@ FORWARD(tensor_state_load,
         (oktopk_comm_t comm, uint64_t tensor_id, const void *buf, size_t len),
         (comm, tensor_id, buf, len))
 FORWARD(comm_shrink, (oktopk_comm_t comm, oktopk_comm_t *newcomm), (comm, newcomm))
+FORWARD(comm_admit, (oktopk_comm_t comm, oktopk_comm_t *newcomm), (comm, newcomm))
+FORWARD(comm_join, (oktopk_comm_t *comm, const oktopk_config_t *config), (comm, config))
 FORWARD(tensor_state_load_regrouped,
         (oktopk_comm_t comm, uint64_t tensor_id, const void *buf, size_t len),
         (comm, tensor_id, buf, len))

@@ -22,8 +22,18 @@ type communicator struct {
 	// After a shrink (shrink.go): the ranks of the original communicator
 	// still in this one, ascending (nil: every rank, none lost), and the
 	// shrinks so far.
-	members []int
-	round   int
+	members      []int
+	round        int
+	originalSize int // the original communicator's size (0: this one's)
+	admits       int // oktopk_comm_admit calls on this communicator
+}
+
+// world is the original communicator's size.
+func (c *communicator) world() int {
+	if c.originalSize > 0 {
+		return c.originalSize
+	}
+	return c.Size
 }
 
 func newCommunicator(rank, size int, s settings, net *zmq.Transport, store io.Closer) *communicator {

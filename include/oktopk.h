@@ -533,6 +533,21 @@ oktopk_result_t oktopk_tensor_state_load_regrouped(oktopk_comm_t comm, uint64_t 
  * oktopk_comm_connect has no store: oktopkInvalidUsage. */
 oktopk_result_t oktopk_comm_shrink(oktopk_comm_t comm, oktopk_comm_t *newcomm);
 
+/* Added in 0.18. A lost rank comes back: a new process, started with the
+ * launcher's variables of that rank (as oktopk_comm_init_env reads them),
+ * calls oktopk_comm_join, which asks in the store rank 0 serves and waits
+ * (at most the config's timeout) until the members admit it. The members
+ * call oktopk_comm_admit, all at the same point of their work (every N
+ * steps, say): *newcomm is 0 when nobody asked since the last admit, else
+ * a communicator of the members and the joiners, numbered by their ranks
+ * in the original communicator, the members' tensor states regrouped
+ * (residuals whole), the joiners' empty; destroy comm after. A process
+ * that names a rank that is not lost is refused (oktopkInvalidUsage on its
+ * side). What else the joiner needs (the model, the optimizer) is the
+ * application's to send, over *newcomm. */
+oktopk_result_t oktopk_comm_join(oktopk_comm_t *comm, const oktopk_config_t *config);
+oktopk_result_t oktopk_comm_admit(oktopk_comm_t comm, oktopk_comm_t *newcomm);
+
 /* Added in 0.8. Hands tensor_id's residual to a caller that reduces this step with a
  * dense allreduce of its own (NCCL's, a framework's), so that switching
  * between that and the sparse calls loses nothing: data += residual outside

@@ -154,6 +154,18 @@ func JoinUniqueID[T any](ctx context.Context, id UniqueID, rank, size int, route
 	return join(ctx, store, Placement{Rank: rank, Size: size, Token: id.Token, StoreAddr: id.Addr, StoreToken: id.Token})
 }
 
+// LaunchStore returns the store a launched job's ranks meet through (its
+// address and token, as JoinLaunch finds them) and this process's rank in
+// the launch: what a process that comes back to a running job as that rank
+// needs to ask to join it.
+func LaunchStore(getenv func(string) string) (addr, token string, rank int, err error) {
+	launch, err := detectLaunch(getenv)
+	if err != nil {
+		return "", "", 0, err
+	}
+	return net.JoinHostPort(launch.host, strconv.Itoa(launch.port)), launch.token, launch.rank, nil
+}
+
 // JoinLaunch joins a job started by a launcher: torchrun (MASTER_ADDR,
 // MASTER_PORT, RANK, WORLD_SIZE), Open MPI's or MPICH's mpirun, or Slurm's
 // srun, whose variables it reads through getenv; launchers.go says which

@@ -49,6 +49,7 @@
 #include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1666,6 +1667,130 @@ static int run_shrink(int stop) {
   return 0;
 }
 
+/* oktopk_comm_join and oktopk_comm_admit: the last rank of 4 dies, the
+ * survivors shrink, rank 0 starts a new process as that rank ("rejoin
+ * joiner"), and the members admit it at the same step of a loop. On the
+ * grown communicator every rank, the joiner included, is numbered by its
+ * original rank, a dense sum is exact over all four, the members keep
+ * their residuals whole and the joiner has none, and a sparse call comes
+ * back bitwise alike on every rank. */
+extern char **environ;
+
+static void after_join(oktopk_comm_t comm, int rank, int size, const float *kept) {
+  enum { N = 4096 };
+  static float g[N], residual[N];
+  int r, n;
+  note_rank(comm, &r, &n);
+  REQUIRE(r == rank && n == size);
+  float x[1024];
+  for (int i = 0; i < 1024; i++) x[i] = (float)(rank + 1);
+  OK(oktopk_allreduce(comm, x, 1024, OKTOPK_FLOAT32, 0, OKTOPK_ALGO_DENSE_RING));
+  for (int i = 0; i < 1024; i++) REQUIRE(x[i] == (float)(size * (size + 1) / 2));
+  OK(oktopk_tensor_residual_read(comm, 7, residual, N));
+  if (kept != NULL) {
+    REQUIRE(memcmp(kept, residual, sizeof residual) == 0); /* a member's residual, whole */
+  } else {
+    for (int i = 0; i < N; i++) REQUIRE(residual[i] == 0.0f); /* the joiner starts empty */
+  }
+  fill_gradient(g, N, rank, 9);
+  OK(oktopk_sparse_allreduce(comm, 7, g, N, OKTOPK_FLOAT32, NULL));
+  /* The result alike on every rank: its hash in 16-bit pieces, summed. */
+  uint64_t h = hash_bytes(g, sizeof g, 1469598103934665603ULL);
+  float pieces[4], sums[4];
+  for (int i = 0; i < 4; i++) pieces[i] = sums[i] = (float)((h >> (16 * i)) & 0xffff);
+  OK(oktopk_allreduce(comm, sums, 4, OKTOPK_FLOAT32, 0, OKTOPK_ALGO_DENSE_RING));
+  for (int i = 0; i < 4; i++) REQUIRE(sums[i] == (float)size * pieces[i]);
+  printf("rank %d of %d after the join: sums exact, residual %s, sparse result alike\n", r, n, kept ? "kept" : "empty");
+}
+
+static oktopk_config_t rejoin_config(void) {
+  oktopk_config_t cfg;
+  oktopk_config_init(&cfg);
+  cfg.timeout_ms = 10000;
+  cfg.algorithm = OKTOPK_ALGO_OKTOPK;
+  cfg.density = 0.05;
+  return cfg;
+}
+
+static int run_rejoin_joiner(void) {
+  oktopk_config_t cfg = rejoin_config();
+  oktopk_comm_t comm;
+  double t0 = now();
+  OK(oktopk_comm_join(&comm, &cfg));
+  int rank, size;
+  note_rank(comm, &rank, &size);
+  printf("joiner: admitted as rank %d of %d after %.3f s\n", rank, size, now() - t0);
+  after_join(comm, atoi(getenv("RANK")), 4, NULL);
+  OK(oktopk_comm_destroy(comm));
+  return 0;
+}
+
+static int run_rejoin(const char *self) {
+  oktopk_config_t cfg = rejoin_config();
+  oktopk_comm_t comm;
+  OK(oktopk_comm_init_env(&comm, &cfg));
+  int rank, size;
+  note_rank(comm, &rank, &size);
+  REQUIRE(size == 4);
+  enum { N = 4096 };
+  static float g[N], kept[N];
+  fill_gradient(g, N, rank, 7);
+  OK(oktopk_sparse_allreduce(comm, 7, g, N, OKTOPK_FLOAT32, NULL));
+  const char *dir = getenv("OKTOPK_TEST_DIR");
+  REQUIRE(dir != NULL);
+  if (rank != size - 1) {
+    put_mark(dir, "first_call_done", rank);
+  } else {
+    for (int r = 0; r < size - 1; r++) wait_for_mark(dir, "first_call_done", r);
+    _exit(0);
+  }
+  float x[1024] = {0};
+  REQUIRE(oktopk_allreduce(comm, x, 1024, OKTOPK_FLOAT32, 0, OKTOPK_ALGO_DENSE_RING) != oktopkSuccess);
+  oktopk_comm_t shrunk = 0;
+  OK(oktopk_comm_shrink(comm, &shrunk));
+  OK(oktopk_comm_destroy(comm));
+  OK(oktopk_tensor_residual_read(shrunk, 7, kept, N));
+  pid_t joiner = 0;
+  if (rank == 0) {
+    /* The lost rank's new process: this program again, as rank 3. */
+    int n = 0;
+    while (environ[n] != NULL) n++;
+    char **env = calloc((size_t)n + 2, sizeof *env);
+    REQUIRE(env != NULL);
+    int k = 0;
+    for (int i = 0; i < n; i++)
+      if (strncmp(environ[i], "RANK=", 5) != 0) env[k++] = environ[i];
+    char rank_var[32];
+    snprintf(rank_var, sizeof rank_var, "RANK=%d", size - 1);
+    env[k++] = rank_var;
+    env[k] = NULL;
+    char *argv[] = {(char *)self, "rejoin", "joiner", NULL};
+    REQUIRE(posix_spawn(&joiner, self, NULL, NULL, argv, env) == 0);
+    free(env);
+  }
+  /* The members' loop: a step, then an admit, at the same point on each. */
+  oktopk_comm_t grown = 0;
+  int steps = 0;
+  for (; steps < 400 && grown == 0; steps++) {
+    for (int i = 0; i < 1024; i++) x[i] = 1.0f;
+    OK(oktopk_allreduce(shrunk, x, 1024, OKTOPK_FLOAT32, 0, OKTOPK_ALGO_DENSE_RING));
+    REQUIRE(x[0] == (float)(size - 1));
+    usleep(20000);
+    OK(oktopk_comm_admit(shrunk, &grown));
+  }
+  REQUIRE(grown != 0);
+  printf("rank %d: admitted the joiner at step %d of the members' loop\n", rank, steps);
+  OK(oktopk_comm_destroy(shrunk));
+  after_join(grown, rank, size, kept);
+  OK(oktopk_comm_destroy(grown));
+  if (rank == 0) {
+    int status = 0;
+    REQUIRE(waitpid(joiner, &status, 0) == joiner);
+    REQUIRE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  }
+  return 0;
+}
+
 static int open_fds(void) {
   DIR *d = opendir("/proc/self/fd");
   int n = 0;
@@ -2079,13 +2204,15 @@ int main(int argc, char **argv) {
   if (argc >= 2 && strcmp(argv[1], "errors") == 0) return run_errors();
   if (argc >= 3 && strcmp(argv[1], "cycles") == 0) return run_cycles(atoi(argv[2]));
   if (argc >= 2 && strcmp(argv[1], "peerdeath") == 0) return run_peer_death();
+  if (argc >= 3 && strcmp(argv[1], "rejoin") == 0 && strcmp(argv[2], "joiner") == 0) return run_rejoin_joiner();
+  if (argc >= 2 && strcmp(argv[1], "rejoin") == 0) return run_rejoin(argv[0]);
   if (argc >= 2 && strcmp(argv[1], "shrink") == 0) return run_shrink(argc >= 3 && strcmp(argv[2], "stop") == 0);
   if (argc >= 5 && strcmp(argv[1], "memory") == 0)
     return run_memory(argv[2], (size_t)strtoull(argv[3], NULL, 0), atoi(argv[4]), argc >= 6 ? atof(argv[5]) : 0,
                       argc >= 7 ? argv[6] : "float32");
   if (argc >= 2 && strcmp(argv[1], "env") == 0) return run_env(argv);
   if (argc >= 3 && strcmp(argv[1], "join") == 0) return run_join(atoi(argv[2]));
-  fprintf(stderr, "usage: %s ranks | errors | cycles N | peerdeath | shrink [stop] | env | join MS | memory ALG N CALLS [LIMIT [DTYPE]]\n",
+  fprintf(stderr, "usage: %s ranks | errors | cycles N | peerdeath | shrink [stop] | rejoin | env | join MS | memory ALG N CALLS [LIMIT [DTYPE]]\n",
           argv[0]);
   return 2;
 }

@@ -118,6 +118,12 @@ func (z *Transport) MetThrough() (addr, token string, ok bool) {
 	return z.storeAddr, z.storeToken, z.storeAddr != ""
 }
 
+// MeetThrough records the store this transport's ranks met through (a
+// process that joined a running job met it there).
+func (z *Transport) MeetThrough(addr, token string) {
+	z.storeAddr, z.storeToken = addr, token
+}
+
 // HandOver gives the store this transport met through, and the cleanup
 // it runs at Close (the rendezvous server this rank serves), to next: the
 // communicator a shrink made, which the survivors meet through next.
