@@ -25,6 +25,8 @@ is handed the model, the optimizer and the step by the group's rank 0 (the
 
 ``--kill-at STEP --kill-rank R[,R...]``: those ranks SIGKILL themselves in
 step STEP, after their forward (``--stop``: SIGSTOP, a hung machine).
+``--kill STEP:R[,R...]``, repeatable: more losses (a rank lost later, or
+a second one).
 ``--step-sleep S``: sleep S seconds after each step (a slower model, so
 that a joiner finds the run still going).
 """
@@ -63,6 +65,7 @@ def main(argv=None):
     ap.add_argument("--timeout", type=float, default=10.0, help="the library's timeout (seconds)")
     ap.add_argument("--kill-at", type=int, default=None)
     ap.add_argument("--kill-rank", default="3", help="a rank, or several: 2,3")
+    ap.add_argument("--kill", action="append", default=[], metavar="STEP:RANKS")
     ap.add_argument("--stop", action="store_true", help="SIGSTOP the rank instead of SIGKILL")
     ap.add_argument("--step-sleep", type=float, default=0.0)
     ap.add_argument("--join", action="store_true", help="come back into the running job as rank RANK")
@@ -70,6 +73,10 @@ def main(argv=None):
     args = ap.parse_args(argv)
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])  # in the job as it was started
+    losses_due = {(args.kill_at, int(r)) for r in args.kill_rank.split(",")} if args.kill_at is not None else set()
+    for spec in args.kill:
+        at, ranks = spec.split(":")
+        losses_due |= {(int(at), int(r)) for r in ranks.split(",")}
     if args.join:
         # A group of one for DDP: the job's own group still counts this
         # rank as lost. The library's calls go to the group it joins.
@@ -98,7 +105,7 @@ def main(argv=None):
         bx, by = batch(x, y, step + args.seed * 100_000, rank, world, args.batch_size)
         opt.zero_grad()
         loss = F.cross_entropy(model(bx), by)
-        if step == args.kill_at and rank in {int(r) for r in args.kill_rank.split(",")}:
+        if (step, rank) in losses_due and not args.join:
             os.kill(os.getpid(), signal.SIGSTOP if args.stop else signal.SIGKILL)  # lost mid-step
         loss.backward()
         opt.step()

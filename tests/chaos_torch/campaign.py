@@ -96,7 +96,7 @@ JOB_WEIGHTS = {
 KIND_ORDER = ["sigkill", "sigstop", "nan", "inf", "mismatch-setting", "mismatch-demo", "mismatch-resume", "corrupt-byte", "corrupt-field",
               "corrupt-file", "resume-warm-up", "resume-probe", "resume-decision", "resume-confirmation", "resume-switch", "resume-steady",
               "elastic-kill", "elastic-two-at-once", "elastic-kill-again", "continue-kill", "continue-stop", "continue-two-at-once",
-              "continue-rejoin"]
+              "continue-rejoin", "continue-lost-twice", "continue-claim-live"]
 
 KIND_TEXT = {
     "sigkill": "SIGKILL of one rank 0-20 ms after it starts a chosen step (it waits there for the campaign's go, so the signal "
@@ -143,6 +143,10 @@ KIND_TEXT = {
     "continue-rejoin": "a continue-kill whose lost rank comes back (a new process, --join) once it is gone: the group must admit it "
                        "two steps after it asks, hand it the model, the optimizer and the step, and every rank, the joiner "
                        "included, must end with the same parameters bit for bit (the kill and the join count as two faults).",
+    "continue-lost-twice": "two ranks of four lost a few steps apart, each in a step of its own: the group shrinks twice, every "
+                           "survivor recording both losses alike, and ends with two ranks, bitwise alike.",
+    "continue-claim-live": "a new process asks to join as a rank that is not lost: it must be refused (an OkTopkError naming "
+                           "why), and the group goes on untouched.",
     "elastic-kill-again": "likewise, a rank killed again in the restarted attempt (two restarts): counted as two faults.",
 }
 
@@ -448,15 +452,27 @@ CONTINUE_STEPS = 14
 def continue_job(rng, world):
     """A continue-* job: which ranks examples/pytorch/continue.py loses in
     which step, and how."""
-    variant = rng.choice(["kill", "kill", "stop", "two", "rejoin"])
-    world = 4 if variant == "two" else 3
-    victims = sorted(rng.sample(range(1, world), 2 if variant == "two" else 1))  # rank 0 hosts the store
-    at = rng.randrange(3, CONTINUE_STEPS - 2)  # after the warm-up and the first sparse step (the communicator's setup)
-    name = {"kill": "continue-kill", "stop": "continue-stop", "two": "continue-two-at-once", "rejoin": "continue-kill"}[variant]
-    return {"type": "continue", "world": world, "cfg": {"front": "continue", "state": {"density": rng.choice([0.01, 0.05]),
-                                                                                       "algorithm": "oktopk"}},
-            "victims": victims, "at": at, "stop": variant == "stop", "rejoin": variant == "rejoin",
-            "faults": [name] * len(victims) + (["continue-rejoin"] if variant == "rejoin" else [])}
+    variant = rng.choice(["kill", "kill", "stop", "two", "rejoin", "twice", "claim"])
+    world = 4 if variant in ("two", "twice") else 3
+    victims = [] if variant == "claim" else sorted(rng.sample(range(1, world), 2 if variant in ("two", "twice") else 1))  # rank 0 hosts the store
+    at = rng.randrange(3, CONTINUE_STEPS - 6)  # after the warm-up and the first sparse step (the communicator's setup)
+    job = {"type": "continue", "world": world, "cfg": {"front": "continue", "state": {"density": rng.choice([0.01, 0.05]),
+                                                                                      "algorithm": "oktopk"}},
+           "victims": victims, "at": at, "stop": variant == "stop", "rejoin": variant == "rejoin"}
+    if variant == "twice":
+        # The second loss in a step of its own, a few steps on: the engine's
+        # step is then one behind the script's (the first void step does not
+        # count).
+        later = at + rng.randrange(2, 5)
+        job.update(kills=[(at, [victims[0]]), (later, [victims[1]])], losses=[(at, [victims[0]]), (later - 1, [victims[1]])],
+                   faults=["continue-lost-twice"] * 2)
+    elif variant == "claim":
+        job.update(kills=[], losses=[], claim=rng.randrange(1, world), faults=["continue-claim-live"])
+    else:
+        name = {"kill": "continue-kill", "stop": "continue-stop", "two": "continue-two-at-once", "rejoin": "continue-kill"}[variant]
+        job.update(kills=[(at, victims)], losses=[(at, victims)],
+                   faults=[name] * len(victims) + (["continue-rejoin"] if variant == "rejoin" else []))
+    return job
 
 
 def plan(seed, faults, kinds=None):
@@ -509,6 +525,7 @@ def smoke_plan(seed):
 
     quantized = dict(ddp("adamw", recheck_every=8, dense_compression="quantized"), schedule="sparse-then-native")
     choice = dict(ddp("sgd", recheck_every=8), schedule="native-then-candidate")
+    victim = random.Random(seed + 5).choice([1, 2])  # the continue job's victim (its own draw: the others' stay as they were)
     jobs = [
         fault("sigkill", ddp(recheck_every=8), 3),  # the sparse probe
         fault("sigstop", ddp(algorithm="oktopk"), 5),
@@ -542,7 +559,7 @@ def smoke_plan(seed):
         # on_rank_loss="continue": a rank of three killed in a sparse step,
         # the survivors going on without it.
         {"kind": "continue", "type": "continue", "world": 3, "cfg": {"front": "continue", "state": {"density": 0.05, "algorithm": "oktopk"}},
-         "victims": [rng.choice([1, 2])], "at": 6, "stop": False, "faults": ["continue-kill"]},
+         "victims": [victim], "at": 6, "stop": False, "kills": [(6, [victim])], "losses": [(6, [victim])], "faults": ["continue-kill"]},
     ]
     for n, job in enumerate(jobs):
         job["id"] = n
@@ -844,16 +861,28 @@ def run_continue(job, workdir, verbose=False):
     s, world = job["cfg"]["state"], job["world"]
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "plugins", "pytorch"), OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1",
                MASTER_PORT=str(free_port()), WORLD_SIZE=str(world))
-    steps = REJOIN_STEPS if job.get("rejoin") else CONTINUE_STEPS
+    slow = job.get("rejoin") or "claim" in job
+    steps = REJOIN_STEPS if slow else CONTINUE_STEPS
     common = [sys.executable, CONTINUE_SCRIPT, "--out", out, "--steps", str(steps), "--density", str(s["density"]),
-              "--timeout", str(PLUGIN_TIMEOUT)] + (["--step-sleep", str(REJOIN_SLEEP)] if job.get("rejoin") else [])
-    cmd = common + ["--kill-at", str(job["at"]), "--kill-rank", ",".join(map(str, job["victims"]))]
+              "--timeout", str(PLUGIN_TIMEOUT)] + (["--step-sleep", str(REJOIN_SLEEP)] if slow else [])
+    cmd = list(common)
+    for at, ranks in job["kills"]:
+        cmd += ["--kill", f"{at}:{','.join(map(str, ranks))}"]
     if job["stop"]:
         cmd.append("--stop")
     t0 = time.monotonic()
     procs = {r: subprocess.Popen(cmd, env=dict(env, RANK=str(r)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                  start_new_session=True) for r in range(world)}
     ended, hung = {}, []
+    if "claim" in job:
+        claimant = subprocess.Popen(common + ["--join"], env=dict(env, RANK=str(job["claim"])), stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            ended["claimant"] = (claimant.wait(timeout=CONTINUE_BOUND), *claimant.communicate())
+        except subprocess.TimeoutExpired:
+            claimant.kill()
+            claimant.wait()
+            hung.append("claimant")
     if job.get("rejoin"):
         (victim,) = job["victims"]
         try:
@@ -909,14 +938,27 @@ def judge_continue(job, run):
             o["crash"] = 1
             notes.append(f"survivor {r} exited {code}: {err[-800:]}")
     records = [run["ranks"][r] for r in survivors if r in run["ranks"]]
-    want = {"step": job["at"], "lost": victims, "survivors": len(survivors)}
-    for r, rec in zip(survivors, records):
-        losses = rec.get("rank_losses") or [{}]
-        got = {k: losses[0].get(k) for k in want}
-        if len(losses) != 1 or got != want or losses[0].get("rank") != survivors.index(r) or rec["iter"] != CONTINUE_STEPS - 1:
+    steps = REJOIN_STEPS if "claim" in job else CONTINUE_STEPS
+    want = [(step, lost) for step, lost in job["losses"]]
+    for r in survivors:
+        rec = run["ranks"].get(r)
+        if rec is None:
+            continue
+        losses = rec.get("rank_losses") or []
+        got = [(loss["step"], loss["lost"]) for loss in losses]
+        if (got != want or (losses and losses[-1].get("rank") != survivors.index(r)) or rec["iter"] != steps - len(want)
+                or rec.get("rank_joins")):
             o["silent"] = 1
-            notes.append(f"survivor {r}: losses {rec.get('rank_losses')!r}, iter {rec.get('iter')} (wanted {want}, iter "
-                         f"{CONTINUE_STEPS - 1})")
+            notes.append(f"survivor {r}: losses {got!r}, joins {rec.get('rank_joins')!r}, iter {rec.get('iter')} (wanted {want}, "
+                         f"iter {steps - len(want)})")
+    if "claim" in job:
+        code, _, err = run["ended"].get("claimant", (None, "", ""))
+        if code == 0:
+            o["silent"] = 1
+            notes.append("the process that claimed a live rank was admitted")
+        elif code is not None and "join refused" not in err:
+            o["unnamed"] = 1
+            notes.append(f"the claimant exited {code} without naming the refusal: {err[-800:]}")
     if len({rec["params"] for rec in records}) > 1:
         o["silent"] = 1
         notes.append("the survivors' parameters differ")

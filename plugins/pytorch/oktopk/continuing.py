@@ -483,7 +483,7 @@ def join(engine, origin=None):
                          "the group hands this rank")
     if origin is None:
         origin = int(os.environ["RANK"])
-    handed = torch.load(io.BytesIO(engine._collectives.join(origin, engine.timeout)), weights_only=False)
+    handed = torch.load(io.BytesIO(engine._collectives.join(origin, engine.timeout)), weights_only=True)  # tensors and plain values: no code from the store
     engine._rejoin[1](handed["script"])
     checkpoint.load_state_dict(engine, with_checksum(handed["engine"]))
     engine._agreement_steps = 0  # the group agreed long ago, and is mid-run: no collective over the process group
