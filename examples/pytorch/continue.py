@@ -68,6 +68,8 @@ def main(argv=None):
     ap.add_argument("--kill", action="append", default=[], metavar="STEP:RANKS")
     ap.add_argument("--stop", action="store_true", help="SIGSTOP the rank instead of SIGKILL")
     ap.add_argument("--step-sleep", type=float, default=0.0)
+    ap.add_argument("--on-rank-loss", default="continue", choices=["continue", "stop"],
+                    help="stop: fail-stop, to time the same run without the continue mode's per-step look at the store")
     ap.add_argument("--join", action="store_true", help="come back into the running job as rank RANK")
     ap.add_argument("--out", default=None, help="write each survivor's summary (JSON) here")
     args = ap.parse_args(argv)
@@ -88,7 +90,7 @@ def main(argv=None):
     (x, y), (tx, ty) = digits()
     model = DDP(nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10)))  # no buffers: its forward issues no collective
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-    state = OkTopkState(density=args.density, algorithm="oktopk", timeout=args.timeout, on_rank_loss="continue")
+    state = OkTopkState(density=args.density, algorithm="oktopk", timeout=args.timeout, on_rank_loss=args.on_rank_loss)
     model.register_comm_hook(state, oktopk_hook)
     progress = {"step": 0}
     state.rejoin_state(lambda: {"model": model.module.state_dict(), "optimizer": opt.state_dict(), "step": progress["step"]},

@@ -44,6 +44,7 @@ from .paths import NATIVE, PATHS, SPARSE, SUPPORTED_DTYPES
 from .reducer import Reducer, ReducerStats, StepFolds
 from .settings import FLAT, NATIVE_WARMUP_ITERS, Settings
 from .step import agree_on_settings, begin_step
+from .survivors import ContinuingCollectives
 
 # The modules that make up the engine: they alone read its private
 # attributes (tests/python/test_engine_boundary.py counts the others').
@@ -100,7 +101,7 @@ class Engine(ReducerStats):
                 raise ValueError("on_rank_loss='continue' runs on the DDP hook (OkTopkState): a front end with collectives "
                                  "of its own (Horovod's optimizer) reduces over its framework's, which cannot go on without a "
                                  "lost rank; use Horovod's elastic mode there (docs/failures.md)")
-            self._collectives = continuing.ContinuingCollectives(process_group)
+            self._collectives = ContinuingCollectives(process_group)
         self._bucket_grads = BucketGrads()
         # The device path's groups (oktopk.device.DeviceGroup: residual on
         # the device), the groups whose state the library holds with the
