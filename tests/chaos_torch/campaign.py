@@ -1415,7 +1415,7 @@ def report(args, jobs, outcomes, extras, wall, failures, failed_jobs, python):
     lines = ["# PyTorch plugin fault campaign", ""]
     worlds = Counter(j["world"] for j in jobs)
     lines.append(f"Seed {args.seed}, {len(outcomes)} faults injected in {len(jobs)} jobs "
-                 f"({worlds.get(2, 0)} of 2 ranks, {worlds.get(3, 0)} of 3), real gloo process groups over real rank processes "
+                 f"({', '.join(f'{n} of {w} ranks' for w, n in sorted(worlds.items()))}), real gloo process groups over real rank processes "
                  f"(CPU, tiny models); plugin timeout {PLUGIN_TIMEOUT:g} s, the jobs' gloo timeout {PG_TIMEOUT:g} s "
                  f"({MISMATCH_PG_TIMEOUT:g} s for the mismatches, which the plugin must name within {MISMATCH_BOUND:g} s), "
                  f"a hang is a rank not returned {HANG_AFTER_FAULT:g} s after a kill or stop or past the job's bound; "
