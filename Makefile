@@ -341,6 +341,7 @@ test-c: examples
 	timeout 120 tests/c/launch.sh 4 $(C_TEST) shrink
 	timeout 120 tests/c/launch.sh 4 $(C_TEST) shrink stop
 	timeout 120 tests/c/launch.sh 4 $(C_TEST) rejoin
+	timeout 120 tests/c/launch.sh 4 $(C_TEST) rejoin stop
 	timeout 120 tests/c/launch.sh 4 $(TRAINER)
 
 # Real launchers (tests/launch/): the C++ trainer and the MPI example under

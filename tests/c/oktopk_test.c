@@ -1667,9 +1667,10 @@ static int run_shrink(int stop) {
   return 0;
 }
 
-/* oktopk_comm_join and oktopk_comm_admit: the last rank of 4 dies, the
- * survivors shrink, rank 0 starts a new process as that rank ("rejoin
- * joiner"), and the members admit it at the same step of a loop. On the
+/* oktopk_comm_join and oktopk_comm_admit: the last rank of 4 dies (with
+ * "stop": stops, and is refused when woken at the end), the survivors
+ * shrink, rank 0 starts a new process as that rank ("rejoin joiner"), and
+ * the members admit it at the same step of a loop. On the
  * grown communicator every rank, the joiner included, is numbered by its
  * original rank, a dense sum is exact over all four, the members keep
  * their residuals whole and the joiner has none, and a sparse call comes
@@ -1706,7 +1707,7 @@ static void after_join(oktopk_comm_t comm, int rank, int size, const float *kept
 static oktopk_config_t rejoin_config(void) {
   oktopk_config_t cfg;
   oktopk_config_init(&cfg);
-  cfg.timeout_ms = 10000;
+  cfg.timeout_ms = 3000;
   cfg.algorithm = OKTOPK_ALGO_OKTOPK;
   cfg.density = 0.05;
   return cfg;
@@ -1725,7 +1726,7 @@ static int run_rejoin_joiner(void) {
   return 0;
 }
 
-static int run_rejoin(const char *self) {
+static int run_rejoin(const char *self, int stop) {
   oktopk_config_t cfg = rejoin_config();
   oktopk_comm_t comm;
   OK(oktopk_comm_init_env(&comm, &cfg));
@@ -1738,13 +1739,22 @@ static int run_rejoin(const char *self) {
   OK(oktopk_sparse_allreduce(comm, 7, g, N, OKTOPK_FLOAT32, NULL));
   const char *dir = getenv("OKTOPK_TEST_DIR");
   REQUIRE(dir != NULL);
+  float x[1024] = {0};
   if (rank != size - 1) {
     put_mark(dir, "first_call_done", rank);
   } else {
     for (int r = 0; r < size - 1; r++) wait_for_mark(dir, "first_call_done", r);
-    _exit(0);
+    if (!stop) _exit(0);
+    put_mark(dir, "stopping", rank);
+    raise(SIGSTOP);
+    /* Woken after a new process took this rank's place: refused. */
+    REQUIRE(oktopk_allreduce(comm, x, 1024, OKTOPK_FLOAT32, 0, OKTOPK_ALGO_DENSE_RING) != oktopkSuccess);
+    oktopk_comm_t none = 0;
+    REQUIRE(oktopk_comm_shrink(comm, &none) == oktopkRemoteError && none == 0);
+    OK(oktopk_comm_destroy(comm));
+    put_mark(dir, "woken_done", rank);
+    return 0;
   }
-  float x[1024] = {0};
   REQUIRE(oktopk_allreduce(comm, x, 1024, OKTOPK_FLOAT32, 0, OKTOPK_ALGO_DENSE_RING) != oktopkSuccess);
   oktopk_comm_t shrunk = 0;
   OK(oktopk_comm_shrink(comm, &shrunk));
@@ -1782,12 +1792,25 @@ static int run_rejoin(const char *self) {
   printf("rank %d: admitted the joiner at step %d of the members' loop\n", rank, steps);
   OK(oktopk_comm_destroy(shrunk));
   after_join(grown, rank, size, kept);
-  OK(oktopk_comm_destroy(grown));
   if (rank == 0) {
     int status = 0;
     REQUIRE(waitpid(joiner, &status, 0) == joiner);
     REQUIRE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    if (stop) {
+      /* The stopped process, whose rank the joiner took: woken, it is
+       * refused; rank 0 serves the store until then. */
+      char path[4096];
+      snprintf(path, sizeof path, "%s/stopping.%d", dir, size - 1);
+      FILE *f = fopen(path, "r");
+      REQUIRE(f != NULL);
+      int pid = 0;
+      REQUIRE(fscanf(f, "%d", &pid) == 1);
+      fclose(f);
+      kill(pid, SIGCONT);
+      wait_for_mark(dir, "woken_done", size - 1);
+    }
   }
+  OK(oktopk_comm_destroy(grown)); /* rank 0's: the store it serves closes with it */
   return 0;
 }
 
@@ -2205,14 +2228,14 @@ int main(int argc, char **argv) {
   if (argc >= 3 && strcmp(argv[1], "cycles") == 0) return run_cycles(atoi(argv[2]));
   if (argc >= 2 && strcmp(argv[1], "peerdeath") == 0) return run_peer_death();
   if (argc >= 3 && strcmp(argv[1], "rejoin") == 0 && strcmp(argv[2], "joiner") == 0) return run_rejoin_joiner();
-  if (argc >= 2 && strcmp(argv[1], "rejoin") == 0) return run_rejoin(argv[0]);
+  if (argc >= 2 && strcmp(argv[1], "rejoin") == 0) return run_rejoin(argv[0], argc >= 3 && strcmp(argv[2], "stop") == 0);
   if (argc >= 2 && strcmp(argv[1], "shrink") == 0) return run_shrink(argc >= 3 && strcmp(argv[2], "stop") == 0);
   if (argc >= 5 && strcmp(argv[1], "memory") == 0)
     return run_memory(argv[2], (size_t)strtoull(argv[3], NULL, 0), atoi(argv[4]), argc >= 6 ? atof(argv[5]) : 0,
                       argc >= 7 ? argv[6] : "float32");
   if (argc >= 2 && strcmp(argv[1], "env") == 0) return run_env(argv);
   if (argc >= 3 && strcmp(argv[1], "join") == 0) return run_join(atoi(argv[2]));
-  fprintf(stderr, "usage: %s ranks | errors | cycles N | peerdeath | shrink [stop] | rejoin | env | join MS | memory ALG N CALLS [LIMIT [DTYPE]]\n",
+  fprintf(stderr, "usage: %s ranks | errors | cycles N | peerdeath | shrink [stop] | rejoin [stop] | env | join MS | memory ALG N CALLS [LIMIT [DTYPE]]\n",
           argv[0]);
   return 2;
 }
