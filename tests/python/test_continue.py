@@ -160,3 +160,68 @@ def test_a_process_that_claims_a_live_rank_is_refused_and_the_group_goes_on(tmp_
     ranks = summaries(out)
     assert len({s["params"] for s in ranks.values()}) == 1
     assert all(s["rank_joins"] == [] and s["size"] == 3 for s in ranks.values())
+
+
+def survivors_of(world, store):
+    """ContinuingCollectives of a group of ``world`` ranks that met in
+    ``store`` (an in-process store), as after their first sparse step."""
+    from oktopk.survivors import ContinuingCollectives
+
+    group = []
+    for origin in range(world):
+        c = ContinuingCollectives(None)
+        c._incarnation, c._origin, c._world, c._members, c._job = "test", origin, world, list(range(world)), store
+        group.append(c)
+    return group
+
+
+def shrink_all(ranks, steps, timeout=5.0):
+    """Each of ``ranks`` (ContinuingCollectives) shrinking at once, at its
+    step; their results or errors."""
+    import threading
+
+    out = [None] * len(ranks)
+
+    def run(k):
+        try:
+            out[k] = ranks[k].shrink(steps[k], 1.0, timeout)
+        except Exception as e:  # noqa: BLE001 - the test reads it
+            out[k] = e
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(len(ranks))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+def test_survivors_at_different_steps_all_refuse_to_go_on():
+    # A rank lost in the last message of a step: one survivor finished the
+    # step another voided, so they stand a step apart. Every survivor must
+    # raise (MISMATCH), naming the steps, rather than train on states that
+    # differ.
+    import torch.distributed as dist
+
+    from oktopk import OkTopkError, _lib
+
+    group = survivors_of(4, dist.HashStore())
+    out = shrink_all(group[:3], [7, 7, 8])  # rank 3 lost
+    for e in out:
+        assert isinstance(e, OkTopkError) and e.code == _lib.MISMATCH, e
+        assert "different steps" in str(e) and "rank 2: step 8" in str(e)
+
+
+def test_a_survivor_that_comes_after_the_agreement_closed_is_left_out():
+    import torch.distributed as dist
+
+    from oktopk import OkTopkError
+
+    store = dist.HashStore()
+    group = survivors_of(4, store)
+    out = shrink_all(group[:3], [5, 5, 5])
+    for origin, loss in enumerate(out):
+        assert loss == {"lost": [3], "survivors": 3, "rank": origin, "residual_mass_lost": 1.0}, loss
+    late = shrink_all([group[3]], [5], timeout=1.0)[0]
+    assert isinstance(late, OkTopkError) and "after it closed" in str(late), late
+    assert [c.members for c in group[:3]] == [[0, 1, 2]] * 3

@@ -234,7 +234,7 @@ class ContinuingCollectives(ProcessGroupCollectives):
         view = [record.split() for record in agreed.split(";")]
         members = [int(origin) for origin, _, _ in view]
         if self._origin not in members:
-            raise OkTopkError(_lib.REMOTE_ERROR, f"oktopk: this rank (rank {self._origin} of the original {super().size()}) "
+            raise OkTopkError(_lib.REMOTE_ERROR, f"oktopk: this rank (rank {self._origin} of the original {self.world}) "
                                                  f"reached the survivors' agreement after it closed: the group went on as "
                                                  f"ranks {', '.join(map(str, members))} without it (it was stopped or slow for "
                                                  f"longer than the timeout, {timeout:g} s); restart it from a checkpoint")
