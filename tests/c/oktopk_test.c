@@ -1590,6 +1590,20 @@ static void put_mark(const char *dir, const char *name, int rank) {
   fclose(f);
 }
 
+/* Wake the stopped rank (its pid in its "stopping" mark) and wait until it
+ * was refused a place; rank 0 calls it, since it serves the store. */
+static void wake_and_wait_refused(const char *dir, int rank) {
+  char path[4096];
+  snprintf(path, sizeof path, "%s/stopping.%d", dir, rank);
+  FILE *f = fopen(path, "r");
+  REQUIRE(f != NULL);
+  int pid = 0;
+  REQUIRE(fscanf(f, "%d", &pid) == 1);
+  fclose(f);
+  kill(pid, SIGCONT);
+  wait_for_mark(dir, "woken_done", rank);
+}
+
 static int run_shrink(int stop) {
   oktopk_config_t cfg;
   oktopk_config_init(&cfg);
@@ -1651,17 +1665,7 @@ static int run_shrink(int stop) {
   OK(oktopk_sparse_allreduce(next, 7, g, N, OKTOPK_FLOAT32, NULL));
   OK(oktopk_comm_destroy(comm));
   if (stop && rank == 0) {
-    /* Rank 0 serves the store: it wakes the stopped rank and stays until
-     * that rank was refused. */
-    char path[4096];
-    snprintf(path, sizeof path, "%s/stopping.%d", dir, size - 1);
-    FILE *f = fopen(path, "r");
-    REQUIRE(f != NULL);
-    int pid = 0;
-    REQUIRE(fscanf(f, "%d", &pid) == 1);
-    fclose(f);
-    kill(pid, SIGCONT);
-    wait_for_mark(dir, "woken_done", size - 1);
+    wake_and_wait_refused(dir, size - 1); /* rank 0 serves the store until that rank was refused */
   }
   OK(oktopk_comm_destroy(next));
   return 0;
@@ -1797,17 +1801,7 @@ static int run_rejoin(const char *self, int stop) {
     REQUIRE(waitpid(joiner, &status, 0) == joiner);
     REQUIRE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
     if (stop) {
-      /* The stopped process, whose rank the joiner took: woken, it is
-       * refused; rank 0 serves the store until then. */
-      char path[4096];
-      snprintf(path, sizeof path, "%s/stopping.%d", dir, size - 1);
-      FILE *f = fopen(path, "r");
-      REQUIRE(f != NULL);
-      int pid = 0;
-      REQUIRE(fscanf(f, "%d", &pid) == 1);
-      fclose(f);
-      kill(pid, SIGCONT);
-      wait_for_mark(dir, "woken_done", size - 1);
+      wake_and_wait_refused(dir, size - 1); /* the stopped process, whose rank the joiner took */
     }
   }
   OK(oktopk_comm_destroy(grown)); /* rank 0's: the store it serves closes with it */

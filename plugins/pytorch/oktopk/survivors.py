@@ -35,6 +35,7 @@ an error that says so; ``OkTopkState`` refuses those configurations at
 setup (``oktopk.settings``).
 """
 
+import contextlib
 import ctypes
 import datetime
 import json
@@ -54,6 +55,20 @@ STORE_CONNECT_SECONDS = 30.0
 # How often a survivor looks at the round's count while it waits for the
 # others (seconds): a store read each time.
 _POLL = 0.02
+
+
+@contextlib.contextmanager
+def store_unreachable(what):
+    """A store failure inside the block (DistNetworkError and the like: the
+    store's host is gone) as OkTopkError (REMOTE_ERROR) naming ``what``."""
+    try:
+        yield
+    except OkTopkError:
+        raise
+    except Exception as e:  # noqa: BLE001 - whatever the store raised
+        raise OkTopkError(_lib.REMOTE_ERROR, f"oktopk: {what} could not reach the job's store ({e}): its host (rank 0 under "
+                                             f"env://) is gone, or the group finished without this rank; restart from a "
+                                             f"checkpoint") from e
 
 
 class ContinuingCollectives(ProcessGroupCollectives):
@@ -223,14 +238,8 @@ class ContinuingCollectives(ProcessGroupCollectives):
             records = sorted((store.get(f"m/{i}").decode() for i in range(seen)), key=lambda r: int(r.split()[0]))
             return store.compare_set("view", "", ";".join(records)).decode()
 
-        try:
+        with store_unreachable("the survivors' agreement after a lost rank"):
             agreed = bounded(agree, timeout, "the survivors' agreement")
-        except OkTopkError:
-            raise
-        except Exception as e:  # noqa: BLE001 - DistNetworkError and the like: the store's host is gone
-            raise OkTopkError(_lib.REMOTE_ERROR, f"oktopk: the survivors' agreement after a lost rank could not reach the job's "
-                                                 f"store ({e}): its host (rank 0 under env://, the agent under torchrun) is gone, "
-                                                 f"or the group finished without this rank; restart from a checkpoint") from e
         view = [record.split() for record in agreed.split(";")]
         members = [int(origin) for origin, _, _ in view]
         if self._origin not in members:
@@ -267,14 +276,8 @@ class ContinuingCollectives(ProcessGroupCollectives):
         step, "slots": the requests' slots}``), or None."""
         if self._incarnation is None:
             return None
-        try:
+        with store_unreachable("the look for ranks that come back"):
             return self._joiners_due(step)
-        except OkTopkError:
-            raise
-        except Exception as e:  # noqa: BLE001 - DistNetworkError and the like: the store's host is gone
-            raise OkTopkError(_lib.REMOTE_ERROR, f"oktopk: the job's store, where ranks that come back ask to join, cannot be "
-                                                 f"reached ({e}): its host (rank 0 under env://) is gone, or the group finished "
-                                                 f"without this rank") from e
 
     def _joiners_due(self, step):
         store = self._store()
