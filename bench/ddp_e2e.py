@@ -66,6 +66,9 @@ Methods (``--method``):
   ``dense_compression="quantized"`` or ``None`` (which compressed dense path
   the measured choice weighs against float32 under an Adam-family
   optimizer; the default is bfloat16).
+- ``oktopk_sparse_first``: the hook with ``sparse_after=0``, sparse measured
+  against native from the first step after the warm-up (the default before
+  the early 4-bit steps); ``oktopk_nosparse``: ``sparse=False``.
 - ``oktopk_forced_bf16``, ``oktopk_forced_quantized``: the hook with every
   step after DDP's first two on that compressed dense path, whatever a
   step measures (``warmup_iters=--steps``,
@@ -155,7 +158,7 @@ from tta_report import HEADER  # noqa: E402
 
 METHODS = ("ddp", "fp16", "powersgd1", "powersgd4", "oktopk", "oktopk_nomc", "oktopk_auto", "oktopk_sched", "oktopk_quantized", "oktopk_float32",
            "oktopk_mask", "oktopk_clip", "oktopk_mask_clip", "oktopk_wmask", "oktopk_wmask_sched", "oktopk_forced_bf16", "oktopk_forced_quantized", "demo",
-           "demo_bfloat16", "demo_int8", "demo_int4", "oktopk_nosparse")
+           "demo_bfloat16", "demo_int8", "demo_int4", "oktopk_nosparse", "oktopk_sparse_first")
 # DeMo's peak learning rate on charlm: the best of bench/adam_sim.py's sweep
 # (results/text.md); its sign step moves every coordinate by the whole rate.
 DEMO_LR = 3e-3
@@ -379,6 +382,8 @@ def train(method, args, width, data):
             kwargs["momentum_correction"] = False
         if method == "oktopk_nosparse":  # the measured choice with the 4-bit path in sparse's place (sparse=False)
             kwargs["sparse"] = False
+        if method == "oktopk_sparse_first":  # sparse measured from the first step after the warm-up (sparse_after=0)
+            kwargs["sparse_after"] = 0
         if method.removesuffix("_nomc") in ("oktopk_sched", "oktopk_wmask_sched"):
             kwargs["density_schedule"] = (0.25, args.sched_steps)
         if method in ("oktopk_mask", "oktopk_mask_clip"):

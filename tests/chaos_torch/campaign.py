@@ -83,7 +83,7 @@ JOB_WEIGHTS = {
     "sigstop": 8,
     "nan": 11,
     "inf": 7,
-    "mismatch-setting": 20,  # at least one job per SETTINGS entry in a 200-fault plan (the test of the plan checks every name)
+    "mismatch-setting": 27,  # at least one job per SETTINGS entry in a 200-fault plan (the test of the plan checks every name)
     "mismatch-demo": 7,  # every DEMO_SETTINGS name in a 200-fault plan
     "mismatch-resume": 4,
     "corrupt": 5,  # each job: several corruptions (corrupt-byte, -field, -file)
@@ -166,6 +166,7 @@ SETTINGS = [
     ("dense_compression", ["quantized", None], {}),
     ("dense_compression", ["bf16", "fp16"], {}),
     ("sparse", [True, False], {}),
+    ("sparse_after", [0, 6], {}),
     ("value_dtype", ["float32", "bfloat16"], {}),
     ("value_dtype", ["float16", "float32"], {"algorithm": "oktopk"}),
     ("value_dtype", ["int8", "int4"], {"algorithm": "oktopk"}),
@@ -214,6 +215,11 @@ def ddp_cfg(rng, front="ddp", schedule=None, optimizer=None, choice=None, named=
         if optimizer != "adamw" and rng.random() < 0.2:
             # No sparse step: the 4-bit path is the candidate under SGD too.
             state["sparse"] = False
+        elif optimizer != "adamw":
+            # The early steps (the 4-bit path in sparse's place, then sparse
+            # joins, the schedule starting over) within the job, or none:
+            # the default's 100 would outlast it.
+            state["sparse_after"] = 6 if rng.random() < 0.25 else 0
         if optimizer != "adamw" and rng.random() < 0.25:
             # A warm-up in bfloat16, native, then 4 bits (DDP's first step, its second, the rest):
             # its residuals join the first sparse step.
@@ -264,6 +270,7 @@ def describe(cfg):
         return f"{head} choice, AdamW ({s.get('dense_compression')})"
     warm = ", no sparse (4 bits)" if s.get("sparse") is False else ""
     warm += ", 4-bit warm-up" if s.get("warmup_compression") else ""
+    warm += f", 4-bit early steps ({s['sparse_after']})" if s.get("sparse_after") else ""
     warm += ", masking" if s.get("momentum_masking") else ""
     return f"{head} choice, {'SGD+momentum' if cfg.get('optimizer') == 'sgdm' else 'SGD'}{warm}"
 

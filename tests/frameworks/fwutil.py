@@ -25,8 +25,11 @@ def launch(example, args, stats, launcher="torchrun", nproc=2, timeout=240, env=
     cmd = [sys.executable, "-m", module, "--nnodes", "1", "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1",
            "--master-port", str(free_port()), os.path.join(HERE, "with_stats.py"), os.path.join(EXAMPLES, example),
            *[str(a) for a in args]]
+    # Sparse from the first step after the warm-up (with_stats.py says why),
+    # unless the test names its own (FW_ONE_LINE="{}": the one line as it is).
     run_env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "plugins", "pytorch"), OMP_NUM_THREADS="1", FW_STATS=str(stats),
-                   TOKENIZERS_PARALLELISM="false", **(env or {}))
+                   TOKENIZERS_PARALLELISM="false", FW_ONE_LINE=json.dumps({"sparse_after": 0}), OKTOPK_SPARSE_AFTER="0")
+    run_env.update(env or {})
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=run_env)
     ranks = {int(f[4:-5]): json.load(open(os.path.join(stats, f))) for f in os.listdir(stats) if f.endswith(".json")}
     return p, ranks

@@ -38,3 +38,23 @@ def test_accelerate_sends_through_the_hook_and_load_state_continues_bitwise(tmp_
     a, b = load_file(whole / "final" / "model.safetensors"), load_file(resumed / "final" / "model.safetensors")
     differ = [k for k in a if not torch.equal(a[k], b[k])]
     assert not differ, differ
+
+
+def test_the_one_line_as_it_is_takes_the_4_bit_path_for_the_early_steps_under_sgd(tmp_path):
+    # The example's OkTopkState() with its defaults: under SGD the early
+    # steps (sparse_after) measure the 4-bit path against native, so its
+    # probe (steps 2-5) sends every value in 4 bits and no step is sparse;
+    # the momentum correction stays on, idle on those steps, under the
+    # clip and bf16 mixed precision.
+    p, ranks = launch("accelerate_train.py", ["--out", tmp_path / "out", "--oktopk", "--steps", "6", "--clip", "0.5",
+                                              "--mixed-precision", "bf16"], tmp_path / "stats",
+                      env={"FW_ONE_LINE": "{}"})
+    assert p.returncode == 0, tail(p)
+    assert sorted(ranks) == [0, 1], tail(p)
+    for rank in ranks.values():
+        (state,) = rank["states"]
+        assert state["quantized_bytes_sent"] > 0 and state["bytes_sent"] == 0, state
+        assert state["choice"]["candidate"] == "quantized" and state["choice"]["steps"]["sparse"] == 0, state
+        assert "sparse_after" not in state["repr"], state  # the default
+        assert state["momentum_status"] == "on", state
+    assert "momentum correction stopped" not in p.stderr, tail(p)

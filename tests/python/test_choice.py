@@ -8,6 +8,8 @@ import workers
 from oktopk import OkTopkState
 import random
 
+import torch
+
 from oktopk.choice import BF16, MAX_BACKOFF, MEASURE_STEPS, NATIVE, PROBE_STEPS, QUANTIZED, SPARSE, StepChoice
 
 FP16 = "fp16"  # the path added as one file (oktopk.paths)
@@ -461,6 +463,11 @@ def test_a_watch_the_garbage_collector_takes_inside_an_optimizer_step_leaves_tha
     from torch.optim.optimizer import _global_optimizer_pre_hooks, register_optimizer_step_pre_hook
     from oktopk.optimizers import OptimizerWatch
 
+    # States earlier tests in this process left unreachable: collected, and
+    # their watches' hooks removed, before counting (else the collection in
+    # the step below takes them too).
+    gc.collect()
+    OptimizerWatch().close()
     collect = register_optimizer_step_pre_hook(lambda *args: [gc.collect(), None][1])  # before the watch's hook
     enabled = gc.isenabled()
     gc.disable()  # only the hook above collects the watch
@@ -495,3 +502,92 @@ def test_a_compressed_warm_up_is_left_out_of_the_native_step_the_sparse_probe_is
         assert res["quantized_bytes"] > 0, r
         assert choice["native_ms_per_step"] == pytest.approx(20.0, abs=1.5), (r, choice)
         assert res["paths"][6:14] == [SPARSE] * PROBE_STEPS + [NATIVE] * PROBE_STEPS, (r, res["paths"])
+
+
+def test_the_early_steps_measure_the_4_bit_path_then_sparse_joins_with_no_native_probe_on_a_slow_link():
+    # sparse_after: until step 30 the compressed dense path stands in
+    # sparse's place (every value every step, as under Adam); at 30 sparse
+    # joins. On a slow link each candidate wins clearly over the timed
+    # warm-up step, so no native step is ever taken.
+    choice = StepChoice(recheck_every=200, adam_candidate=QUANTIZED, sparse_after=30)
+    paths = simulate(choice, 60, lambda path, s: {NATIVE: 100.0, QUANTIZED: 40.0, SPARSE: 10.0}[path], warmup_ms=100.0)
+    assert paths[:30] == [QUANTIZED] * 30 and paths[30:] == [SPARSE] * 30, paths
+    assert choice.candidate == SPARSE and choice.chosen == SPARSE and choice.origin == 30
+    assert choice.ms[NATIVE] == pytest.approx(100.0) and choice.ms[SPARSE] == pytest.approx(10.0)
+
+
+def test_on_a_fast_link_the_early_steps_and_sparse_joining_keep_native():
+    # Native wins both times: the 4-bit probe and a native probe at 0-7,
+    # then at 30 a sparse probe, which is no clear win over native's agreed
+    # figure, so a native probe, then native again.
+    choice = StepChoice(recheck_every=200, adam_candidate=QUANTIZED, sparse_after=30)
+    paths = simulate(choice, 60, lambda path, s: {NATIVE: 10.0, QUANTIZED: 30.0, SPARSE: 20.0}[path], warmup_ms=10.0)
+    assert paths[:PROBE_STEPS] == [QUANTIZED] * PROBE_STEPS and paths[30:30 + PROBE_STEPS] == [SPARSE] * PROBE_STEPS, paths
+    assert [p for p in paths if p != NATIVE] == [QUANTIZED] * PROBE_STEPS + [SPARSE] * PROBE_STEPS, paths
+    assert choice.chosen == NATIVE and choice.candidate == SPARSE
+
+
+def test_under_adam_sparse_never_joins_after_the_early_steps():
+    choice = StepChoice(recheck_every=200, adam_candidate=QUANTIZED, sparse_after=30)
+    choice.adam_seen = lambda: "AdamW"
+    paths = simulate(choice, 60, lambda path, s: {NATIVE: 100.0, QUANTIZED: 40.0, SPARSE: 10.0}[path], warmup_ms=100.0)
+    assert paths == [QUANTIZED] * 60 and choice.candidate == QUANTIZED
+
+
+@pytest.mark.parametrize("saved_at", [20, 32, 45])
+def test_a_run_resumed_before_during_or_after_sparse_joins_takes_the_same_paths(saved_at):
+    ms = lambda path, s: {NATIVE: 100.0, QUANTIZED: 40.0, SPARSE: 10.0}[path]
+    whole = simulate(StepChoice(recheck_every=200, adam_candidate=QUANTIZED, sparse_after=30), 60, ms, warmup_ms=100.0)
+    first = StepChoice(recheck_every=200, adam_candidate=QUANTIZED, sparse_after=30)
+    head = simulate(first, saved_at, ms, warmup_ms=100.0)
+    resumed = StepChoice(recheck_every=200, adam_candidate=QUANTIZED, sparse_after=30)
+    resumed.load_state_dict(first.state_dict())
+    now = [0.0]
+    resumed.clock, resumed.agree = (lambda: now[0]), (lambda values: values)
+    tail = []
+    for s in range(saved_at, 60):
+        path = resumed.begin_step(s, untimed=s == saved_at)
+        tail.append(path)
+        now[0] += ms(path, s) / 1e3
+    assert head + tail == whole
+
+
+def test_sparse_after_is_checked():
+    with pytest.raises(ValueError, match="sparse_after"):
+        OkTopkState(sparse_after=-1)
+    with pytest.raises(ValueError, match="sparse_after"):
+        OkTopkState(sparse_after=2.5)
+
+
+@pytest.mark.parametrize("correction", [False, True])
+def test_the_early_4_bit_steps_hand_over_to_sparse_with_nothing_lost_and_ranks_alike(correction):
+    # sparse_after=6 on a link where each candidate wins clearly: the
+    # warm-up's 2 native steps, the 4-bit path for 6 steps, then sparse.
+    # The first sparse step folds what the 4-bit residuals held: no group
+    # holds one after it, and at density 1 (no momentum) the updates from
+    # the native step on sum to allreduce_hook's. With the correction on,
+    # it hands the gradient through on the 4-bit steps and corrects from
+    # the first sparse one, every rank alike.
+    world, warmup, early = 2, 2, 6
+    results = run(workers.early_steps_choice, world, correction)
+    steps = results[0]["steps"]
+    paths = [s["path"] for s in steps]
+    assert paths == ["native"] * warmup + ["quantized"] * early + ["sparse"] * (len(steps) - warmup - early), paths
+    assert results[0]["choice"]["candidate"] == "sparse" and results[0]["choice"]["path"] == "sparse"
+    for r in range(1, world):
+        assert [s["path"] for s in results[r]["steps"]] == paths
+        assert all(torch.equal(x, y) for x, y in zip(results[0]["params"], results[r]["params"])), f"rank {r}"
+        assert all(torch.equal(a["hook"], b["hook"]) for a, b in zip(steps, results[r]["steps"])), f"rank {r}"
+    first_sparse = warmup + early
+    assert steps[first_sparse - 1]["quantized_groups"] > 0
+    assert [s["quantized_groups"] for s in steps[first_sparse:]] == [0] * (len(steps) - first_sparse)
+    if correction:
+        assert [s["idle"] for s in steps[warmup + 1:first_sparse]] == [True] * (early - 1), [s["idle"] for s in steps]
+        assert [s["idle"] for s in steps[first_sparse:]] == [False] * (len(steps) - first_sparse), [s["idle"] for s in steps]
+    else:
+        scale = max(s["exact"].abs().max().item() for s in steps)
+        total = sum(s["hook"].double() for s in steps[1 : first_sparse + 1])
+        exact = sum(s["exact"].double() for s in steps[1 : first_sparse + 1])
+        assert (total - exact).abs().max().item() <= 1e-5 * scale, (total - exact).abs().max().item()
+        for s in steps[first_sparse + 1:]:  # Ok-Topk at density 1 after the fold: the exact average
+            assert (s["hook"] - s["exact"]).abs().max().item() <= 1e-6 * scale

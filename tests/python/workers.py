@@ -185,7 +185,7 @@ def stopped_peer_on_native_step(rank, world, port, out, pg_timeout, compression)
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=pg_timeout))
     m = DDP(small_model())
     warmup = Warmup(iters=10) if compression == "native" else Warmup(iters=10, compression=compression)
-    m.register_comm_hook(OkTopkState(density=0.1, warmup=warmup), oktopk_hook)
+    m.register_comm_hook(OkTopkState(sparse_after=0, density=0.1, warmup=warmup), oktopk_hook)
     o = torch.optim.SGD(m.parameters(), lr=0.1)
     for step in range(5):
         if step == 2:
@@ -219,7 +219,7 @@ def dead_peer_between_buckets(rank, world, port, out, timeout):
     step and after the failure, and the 4-bit path's bytes at both."""
     setup(rank, world, port)
     m = DDP(deeper_model(), bucket_cap_mb=0.001)
-    state = OkTopkState(density=0.1, timeout=timeout, warmup=Warmup(iters=100, compression="quantized"))
+    state = OkTopkState(sparse_after=0, density=0.1, timeout=timeout, warmup=Warmup(iters=100, compression="quantized"))
     m.register_comm_hook(state, oktopk_hook)
     o = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
 
@@ -618,7 +618,7 @@ def unsupported_dtype(rank, world, port, out):
     already refuse it."""
     setup(rank, world, port)
     m = DDP(small_model().double())
-    m.register_comm_hook(OkTopkState(density=0.1), oktopk_hook)
+    m.register_comm_hook(OkTopkState(sparse_after=0, density=0.1), oktopk_hook)
     x, y = batch(rank, 0)
     try:
         F.cross_entropy(m(x.double()), y).backward()
@@ -987,7 +987,7 @@ def choice_run(rank, world, port, out, ckpt, value_dtype="float32", device_path=
         torch.manual_seed(0)
         m = DDP(Branchy(), find_unused_parameters=True, gradient_as_bucket_view=bucket_view)
         o = torch.optim.SGD(m.parameters(), lr=0.05)
-        state = OkTopkState(density=0.05, warmup_iters=2, recheck_every=8, value_dtype=value_dtype, device_path=device_path)
+        state = OkTopkState(sparse_after=0, density=0.05, warmup_iters=2, recheck_every=8, value_dtype=value_dtype, device_path=device_path)
         clock = InjectedClock()
         state._choice.clock = clock
         # A fixed period between probes (no back-off), so that the
@@ -1063,7 +1063,7 @@ def grad_views(rank, world, port, out, steps):
         for set_to_none in (True, False):
             m = DDP(small_model())
             o = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
-            state = OkTopkState(density=0.05, warmup_iters=2, grads_as_bucket_views=views)
+            state = OkTopkState(sparse_after=0, density=0.05, warmup_iters=2, grads_as_bucket_views=views)
             clock = InjectedClock()
             state._choice.clock = clock
             m.register_comm_hook(state, oktopk_hook)
@@ -1099,8 +1099,8 @@ def adam_family(rank, world, port, out, dense_compression):
     setup(rank, world, port)
     torch.manual_seed(0)
     a, b, c, named = (DDP(small_model()) for _ in range(4))
-    state = OkTopkState(density=0.05, warmup_iters=2, recheck_every=8, dense_compression=dense_compression)
-    state_sgd = OkTopkState(density=0.05, warmup_iters=2, recheck_every=8)
+    state = OkTopkState(sparse_after=0, density=0.05, warmup_iters=2, recheck_every=8, dense_compression=dense_compression)
+    state_sgd = OkTopkState(sparse_after=0, density=0.05, warmup_iters=2, recheck_every=8)
     state_named = OkTopkState(density=0.05, warmup_iters=2, algorithm="oktopk")
     clock = InjectedClock()
     state._choice.clock = clock
@@ -1138,7 +1138,7 @@ def adam_family(rank, world, port, out, dense_compression):
             comm_made = comm_made or state._reducer.comm is not None
             if step == 1:
                 equal_after_warmup = all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
-    resumed = OkTopkState(density=0.05, warmup_iters=2, recheck_every=8, dense_compression=dense_compression)
+    resumed = OkTopkState(sparse_after=0, density=0.05, warmup_iters=2, recheck_every=8, dense_compression=dense_compression)
     resumed.load_state_dict(state.state_dict())
     write(out, rank, {
         "paths": paths,
@@ -1343,7 +1343,7 @@ def quantized_resume(rank, world, port, out, ckpt, dense_compression):
         torch.manual_seed(0)
         m = DDP(Branchy(), bucket_cap_mb=0.001)
         o = torch.optim.AdamW(m.parameters(), lr=1e-2)
-        state = OkTopkState(density=0.05, warmup_iters=2, recheck_every=8, dense_compression=dense_compression)
+        state = OkTopkState(sparse_after=0, density=0.05, warmup_iters=2, recheck_every=8, dense_compression=dense_compression)
         clock = InjectedClock()
         state._choice.clock = clock
         # A fixed period between probes (no back-off), so that the
@@ -1417,7 +1417,7 @@ def nan_at_switch(rank, world, port, out, optimizer, dense_compression, device_p
     torch.manual_seed(0)
     m = DDP(Branchy(), bucket_cap_mb=0.001)
     o = torch.optim.AdamW(m.parameters(), lr=1e-2) if optimizer == "AdamW" else torch.optim.SGD(m.parameters(), lr=0.05)
-    state = OkTopkState(density=0.05, warmup_iters=2, recheck_every=8, dense_compression=dense_compression, device_path=device_path,
+    state = OkTopkState(sparse_after=0, density=0.05, warmup_iters=2, recheck_every=8, dense_compression=dense_compression, device_path=device_path,
                         momentum_correction=False)
     clock = InjectedClock()
     state._choice.clock = clock
@@ -1576,7 +1576,7 @@ def compressed_warmup_choice(rank, world, port, out, steps=16):
     win over 20 ms). Returns the choice's summary and each step's path."""
     setup(rank, world, port)
     m = DDP(small_model())
-    state = OkTopkState(warmup_iters=6, warmup_compression="quantized", density=0.1)
+    state = OkTopkState(sparse_after=0, warmup_iters=6, warmup_compression="quantized", density=0.1)
     clock = InjectedClock()
     state._choice.clock = clock
     m.register_comm_hook(state, oktopk_hook)
@@ -1584,5 +1584,50 @@ def compressed_warmup_choice(rank, world, port, out, steps=16):
     paths = clocked_steps(m, o, state, clock, rank, steps, {"native": 0.020, "quantized": 0.500, "sparse": 0.015},
                           lambda step: "native" if step < 2 else "quantized")
     write(out, rank, {"choice": state.choice, "paths": paths, "quantized_bytes": state.quantized_bytes_sent})
+    state.close()
+    dist.destroy_process_group()
+
+
+def early_steps_choice(rank, world, port, out, correction, steps=16):
+    """The default hook (algorithm None) with ``sparse_after=6`` on
+    small_model, its clock injected: native steps 40 ms, 4-bit ones 10 ms,
+    sparse ones 1 ms (each a clear win over native), beside allreduce_hook
+    on the same batches. ``correction`` False: Ok-Topk at density 1 under
+    SGD at learning rate 0 (every step sees the same gradients, and the
+    hook's should sum to allreduce_hook's); True: SGD with momentum 0.9,
+    learning rate 0.05, the momentum correction on. Per step: the path,
+    the hook's and allreduce_hook's gradients, the groups holding a
+    quantized residual, whether the correction was idle; and the final
+    parameters."""
+    setup(rank, world, port)
+    torch.manual_seed(0)
+    a, b = DDP(small_model()), DDP(small_model())
+    state = OkTopkState(density=1.0, sparse_after=6, recheck_every=8, momentum_correction=correction)
+    clock = InjectedClock()
+    state._choice.clock = clock
+    a.register_comm_hook(state, oktopk_hook)
+    b.register_comm_hook(None, allreduce_hook)
+    opt_a = torch.optim.SGD(a.parameters(), lr=0.05 if correction else 0.0, momentum=0.9 if correction else 0.0)
+    opt_b = torch.optim.SGD(b.parameters(), lr=0.0)
+    seconds = {"native": 0.040, "quantized": 0.010, "sparse": 0.001}
+    record, path = [], "native"
+    for step in range(steps):
+        clock.now += seconds[path]
+        x, y = batch(rank, step)
+        for m, o in ((a, opt_a), (b, opt_b)):
+            o.zero_grad()
+            F.cross_entropy(m(x), y).backward()
+        c = state._momentum
+        record.append({
+            "hook": torch.cat([p.grad.reshape(-1) for p in a.parameters()]).clone(),
+            "exact": torch.cat([p.grad.reshape(-1) for p in b.parameters()]).clone(),
+            "quantized_groups": len(state._quantized) + len(state._quantized_spill),
+            "idle": bool(c.idle) if c is not None and c.active else None,
+        })
+        opt_a.step()
+        opt_b.step()
+        path = state._path if step >= state.warmup_iters else "native"
+        record[-1]["path"] = path
+    write(out, rank, {"steps": record, "choice": state.choice, "params": [p.detach().clone() for p in a.parameters()]})
     state.close()
     dist.destroy_process_group()

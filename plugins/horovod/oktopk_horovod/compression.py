@@ -21,6 +21,7 @@ NOT_UNDER_HOROVOD = {
     "dense_compression": "Horovod's optimizer has no compressed dense path: under an Adam-family optimizer the measured choice "
                          "keeps Horovod's own allreduce",
     "sparse": "Horovod's optimizer has no compressed dense path to measure in sparse's place",
+    "sparse_after": "Horovod's optimizer has no compressed dense path for the early steps",
     "momentum_masking": "Horovod's momentum correction does not read which entries were sent",
     "local_clip_norm": "Horovod's momentum correction does not clip locally",
     "grads_as_bucket_views": "it points .grad at a DDP bucket; Horovod's buckets are the gradients themselves",

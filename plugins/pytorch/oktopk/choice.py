@@ -56,6 +56,20 @@ optimizer had not stepped yet), or where the front end offers no such path
 (Horovod, or ``dense_compression=None``), every step from then on is
 native, with no more probes.
 
+Under other optimizers (SGD) the early steps go the same way: for the
+first ``sparse_after`` steps (``DEFAULT_SPARSE_AFTER``) the compressed
+dense path stands in sparse's place, and at ``s = sparse_after`` sparse
+joins, the schedule above starting over from there (its sparse probe
+compared with native's latest agreed figure). Why: top-k's error feedback
+delivers most of a coordinate's gradient some steps late, and early in
+training that delay costs the most: at 1% a 100-step MLP ended 3.5 points
+below plain DDP, and VGG-16 left its first plateau about 90 steps later
+(results/sgd.md, results/frameworks.md). Every value every step in 4 bits
+holds dense's accuracy there; the run then goes sparse, where top-k's
+bytes (about a seventh of the 4-bit path's) matter over its length. Where
+the front end has no compressed dense path (Horovod, or
+``dense_compression=None``) sparse is measured from the first step.
+
 The path of every step is a function of ``s`` and of agreed decisions only,
 so every rank takes the same path whatever its own clock says; the decision
 state is checkpointed, and a resumed run continues it.
@@ -82,6 +96,7 @@ MEASURE_STEPS = 12  # steps of a confirmation, and of the chosen path's figure a
 DEFAULT_MARGIN = 0.10
 DEFAULT_RECHECK_EVERY = 200
 MAX_BACKOFF = 8  # the longest period between probes, in recheck_every's
+DEFAULT_SPARSE_AFTER = 100  # the early steps, after the warm-up, in which sparse waits (StepChoice's sparse_after)
 
 
 def check_choice(margin, recheck_every):
@@ -91,6 +106,13 @@ def check_choice(margin, recheck_every):
     if isinstance(recheck_every, bool) or not isinstance(recheck_every, int) or recheck_every < 2 * PROBE_STEPS:
         raise ValueError(f"recheck_every must be an integer >= {2 * PROBE_STEPS}, got {recheck_every!r}")
     return float(margin), int(recheck_every)
+
+
+def check_sparse_after(sparse_after):
+    """The early steps' length, checked; ValueError naming it."""
+    if isinstance(sparse_after, bool) or not isinstance(sparse_after, int) or sparse_after < 0:
+        raise ValueError(f"sparse_after must be an integer >= 0, got {sparse_after!r}")
+    return int(sparse_after)
 
 
 def check_dense_compression(dense_compression, name="dense_compression"):
@@ -113,11 +135,15 @@ class StepChoice:
     a list of floats over its ranks (-1.0 stands for "not measured").
     ``clock`` returns seconds (tests give each rank a noisy one)."""
 
-    def __init__(self, margin=DEFAULT_MARGIN, recheck_every=DEFAULT_RECHECK_EVERY, adam_candidate=None, sparse=True):
+    def __init__(self, margin=DEFAULT_MARGIN, recheck_every=DEFAULT_RECHECK_EVERY, adam_candidate=None, sparse=True, sparse_after=0):
         self.margin, self.recheck_every = check_choice(margin, recheck_every)
         self.adam_candidate = check_dense_compression(adam_candidate)  # the front end's path in sparse's place under Adam, or None
         if not sparse and self.adam_candidate is None:
             raise ValueError("sparse=False needs a compressed dense path to measure against native")
+        # The early steps: the compressed dense path in sparse's place until
+        # step sparse_after (0: none; only where sparse is measured and the
+        # front end has such a path).
+        self.sparse_after = check_sparse_after(sparse_after) if sparse and self.adam_candidate is not None else 0
         self.agree = None
         self.log = None  # the front end's logger of decisions (rank 0 with OKTOPK_DEBUG_AUTO=1)
         self.clock = time.perf_counter
@@ -130,7 +156,8 @@ class StepChoice:
         # The path measured against native: SPARSE; adam_candidate or None
         # (native only) once an Adam-family optimizer is agreed on.
         # sparse=False: the compressed dense path under every optimizer.
-        self.candidate = SPARSE if sparse else self.adam_candidate
+        self.candidate = SPARSE if sparse and not self.sparse_after else self.adam_candidate
+        self.origin = 0  # the step the first decision's schedule counts from: sparse_after once sparse joins
         self.chosen = None  # None until the first decision
         self.decided_at = None  # the step s of the latest decision
         self.period = self.recheck_every  # steps of the chosen path from decided_at to its next probe
@@ -167,7 +194,7 @@ class StepChoice:
         if self.candidate is None:
             return False
         if self.chosen is None:
-            return s in (PROBE_STEPS, 2 * PROBE_STEPS)  # after the sparse probe, after the native one
+            return s - self.origin in (PROBE_STEPS, 2 * PROBE_STEPS)  # after the candidate's probe, after the native one
         if self.confirm_at is not None:
             return s == self.confirm_at
         return s == self.decided_at + self.period + PROBE_STEPS
@@ -178,7 +205,7 @@ class StepChoice:
         if self.candidate is None:
             return NATIVE
         if self.chosen is None:
-            return self.candidate if s < PROBE_STEPS else NATIVE
+            return self.candidate if s - self.origin < PROBE_STEPS else NATIVE
         if s < self.decided_at + self.period:
             return self.chosen
         return self.other(self.chosen)
@@ -192,8 +219,9 @@ class StepChoice:
         candidate's probe; or a probe and the chosen path's latest steps; each run's
         first step left out."""
         if self.chosen is None:
-            native = range(-1, 0) if s == PROBE_STEPS else range(PROBE_STEPS + 1, 2 * PROBE_STEPS)
-            return native, range(1, PROBE_STEPS)
+            o = self.origin
+            native = range(o - 1, o) if s - o == PROBE_STEPS else range(o + PROBE_STEPS + 1, o + 2 * PROBE_STEPS)
+            return native, range(o + 1, o + PROBE_STEPS)
         probe = range(s - PROBE_STEPS + 1, s)
         kept = range(s - PROBE_STEPS - self.measure + 1, s - PROBE_STEPS)
         return (kept, probe) if self.chosen == NATIVE else (probe, kept)
@@ -244,6 +272,8 @@ class StepChoice:
             del self._seconds[old]
         if self.chosen is None and s == 0 and self.kept_dense_for is None:
             self._agree_on_optimizer(s, self.agree([self._adam_flag()])[0])
+        if s == self.sparse_after and self.candidate == self.adam_candidate and self.kept_dense_for is None and s > 0:
+            self._let_sparse_in(s)
         if self.due(s):
             if self.confirm_at is not None:
                 self._confirm(s)
@@ -254,6 +284,18 @@ class StepChoice:
         if self.chosen is not None and path != self.chosen:
             self.explored += 1
         return path
+
+    def _let_sparse_in(self, s):
+        """At step ``sparse_after``: the early steps are over, and the sparse
+        path takes the compressed dense path's place in the choice. The
+        schedule starts over from s: a sparse probe, chosen at once on a
+        clear win over native's latest agreed figure, else a native probe."""
+        self.candidate, self.origin = SPARSE, s
+        self.chosen, self.decided_at, self.confirm_at, self.period = None, None, None, self.recheck_every
+        self.reason = f"step {s}: the early steps are over; probing sparse"
+        if self.log is not None:
+            self.log(f"oktopk: step {s} after the warm-up: the early steps (sparse_after={self.sparse_after}) are over: "
+                     f"probing sparse against native")
 
     def _local_median(self, steps):
         seconds = [self._seconds[k] for k in steps if k in self._seconds]
@@ -277,7 +319,7 @@ class StepChoice:
                            f"native or {self.candidate} by measured step time (oktopk.optimizers)")
             return False
         if self.chosen is None:
-            self.explored += min(s, PROBE_STEPS)  # the sparse probe's steps so far
+            self.explored += min(s - self.origin, PROBE_STEPS)  # the candidate's probe's steps so far
         elif self.confirm_at is not None and self.chosen == SPARSE:
             self._count_undone_switch(s)
         self.candidate = None
@@ -298,9 +340,13 @@ class StepChoice:
         native_ms, candidate_ms, adam = self.agree([self._local_median(native), self._local_median(probed), self._adam_flag()])
         if self._agree_on_optimizer(s, adam):
             return
-        if self.chosen is None and s == PROBE_STEPS:
+        if self.chosen is None and s - self.origin == PROBE_STEPS:
             # After the candidate's probe: chosen at once only on a clear win
-            # over the timed warm-up step; else the native probe.
+            # over the timed warm-up step (after the early steps: native's
+            # latest agreed figure, the same on every rank); else the native
+            # probe.
+            if self.origin > 0 and self.ms[NATIVE] is not None:
+                native_ms = self.ms[NATIVE]
             if native_ms > 0 and 0 <= candidate_ms <= CLEAR_WIN * native_ms:
                 self.ms[NATIVE], self.ms[candidate] = native_ms, candidate_ms
                 self.chosen, self.decided_at, self.confirm_at = candidate, s, s + self.measure
@@ -416,6 +462,7 @@ class StepChoice:
             "recheck_every": self.recheck_every,
             "period": self.period,
             "kept_dense_for": self.kept_dense_for,
+            "origin": self.origin,
             # This rank's own timings, so that a run resumed inside a probe
             # decides from the same figures (the resumed first step is not
             # timed: its clock started in another process).
@@ -459,6 +506,7 @@ class StepChoice:
         self.steps = {**dict.fromkeys(PATHS, 0), **saved["steps"]}
         self.explored, self.decisions, self.reason = saved["explored"], saved["decisions"], saved["reason"]
         self.kept_dense_for, self.candidate = saved["kept_dense_for"], saved["candidate"]
+        self.origin = int(saved.get("origin", 0))  # a checkpoint from before the early steps counted from 0
         if self.candidate not in (SPARSE, None, self.adam_candidate):
             raise ValueError(f"oktopk: this checkpoint's choice measures the {self.candidate} path, which this front end "
                              f"does not offer (its dense_compression: {self.adam_candidate!r}); pass dense_compression={self.candidate!r} "

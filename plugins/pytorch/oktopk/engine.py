@@ -30,7 +30,7 @@ attributes.
 import torch
 import torch.distributed as dist
 
-from . import checkpoint, continuing, groups
+from . import callbacks, checkpoint, continuing, groups
 from . import device as device_path_
 from .adaptive import AdaptiveControl
 from .choice import StepChoice
@@ -130,7 +130,8 @@ class Engine(ReducerStats):
         c = settings.choice
         self._choice = None
         if settings.algorithm is None:
-            self._choice = StepChoice(c.sparse_margin, c.recheck_every, adam_candidate=c.dense_compression, sparse=c.sparse)
+            self._choice = StepChoice(c.sparse_margin, c.recheck_every, adam_candidate=c.dense_compression, sparse=c.sparse,
+                                      sparse_after=c.sparse_after)
             watch = self._optimizers
             self._choice.adam_seen = lambda: watch.seen
         # The quantized path's residuals per group of parameters (library
@@ -258,7 +259,7 @@ class Engine(ReducerStats):
                 raise
             return reduced if work is None else correction.after(work, reduced)
 
-        return fut.then(finish)
+        return callbacks.then(fut, finish)
 
     def _begin_bucket_step(self, tensor):
         """At a step's first bucket, before anything of the step reads a

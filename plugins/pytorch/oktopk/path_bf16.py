@@ -8,7 +8,7 @@ shard already in 16 bits goes native, as it is.
 import torch
 import torch.distributed as dist
 
-from . import path_native
+from . import callbacks, path_native
 from .peer_errors import peer_failures_named, value_of
 from .paths import Path
 
@@ -33,7 +33,7 @@ class BF16(Path):
         def decompress(f):
             return tensor.copy_(value_of(f, f"the {self.name} allreduce of step {step}")[0])
 
-        return fut.then(decompress)
+        return callbacks.then(fut, decompress)
 
     def reduce_shard(self, engine, group_id, shard, step):
         if shard.dtype != torch.float32:

@@ -10,6 +10,7 @@ import weakref
 import torch
 import torch.distributed as dist
 
+from . import callbacks
 from .peer_errors import value_of
 from .paths import Path
 
@@ -29,7 +30,7 @@ class Native(Path):
             engine._folds.see(reduced)
             return reduced
 
-        return fut.then(average)
+        return callbacks.then(fut, average)
 
     def reduce_shard(self, engine, group_id, shard, step):
         """The replicate group's own allreduce, averaged, in place."""

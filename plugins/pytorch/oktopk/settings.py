@@ -12,7 +12,8 @@ from collections import namedtuple
 
 from . import _lib
 from .adaptive import DEFAULT_EVERY, check_adaptive
-from .choice import DEFAULT_MARGIN, DEFAULT_RECHECK_EVERY, QUANTIZED, check_choice, check_dense_compression
+from .choice import DEFAULT_MARGIN, DEFAULT_RECHECK_EVERY, DEFAULT_SPARSE_AFTER, QUANTIZED, check_choice, check_dense_compression, \
+    check_sparse_after
 from .comm import value_dtype_name
 from .schedule import check_schedule
 
@@ -155,12 +156,13 @@ class Warmup:
 class Choice:
     """The measured choice between the process group's allreduce and a
     compressed path (``algorithm=None``; OkTopkState's ``sparse_margin``,
-    ``recheck_every``, ``dense_compression``, ``sparse``)."""
+    ``recheck_every``, ``dense_compression``, ``sparse``, ``sparse_after``)."""
 
     sparse_margin: float = DEFAULT_MARGIN
     recheck_every: int = DEFAULT_RECHECK_EVERY
     dense_compression: object = QUANTIZED
     sparse: bool = True
+    sparse_after: int = DEFAULT_SPARSE_AFTER
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,6 +226,7 @@ FLAT = {
     "recheck_every": ("choice", "recheck_every"),
     "dense_compression": ("choice", "dense_compression"),
     "sparse": ("choice", "sparse"),
+    "sparse_after": ("choice", "sparse_after"),
     "momentum_correction": ("momentum", "correction"),
     "momentum_masking": ("momentum", "masking"),
     "local_clip_norm": ("momentum", "local_clip_norm"),
@@ -273,6 +276,7 @@ class Settings:
         if not c.sparse and self.algorithm is not None:
             raise ValueError(f"sparse=False is the measured choice without sparse steps: it needs algorithm=None, got "
                              f"algorithm={self.algorithm!r}")
+        sparse_after = check_sparse_after(c.sparse_after)
         if not c.sparse and dense_compression is None:
             raise ValueError("sparse=False measures dense_compression's path against native under every optimizer: it needs "
                              "a dense_compression ('quantized', 'bf16' or 'fp16'), got None")
@@ -295,7 +299,7 @@ class Settings:
             "algorithm": None if self.algorithm is None else checked.algorithm,
             "timeout": checked.timeout,
             "warmup": Warmup(iters, warmup_compression),
-            "choice": Choice(margin, recheck_every, dense_compression, c.sparse),
+            "choice": Choice(margin, recheck_every, dense_compression, c.sparse, sparse_after),
             "momentum": Momentum(m.correction, masking, clip),
             "wire": Wire(checked.value_dtype, checked.stochastic_rounding, checked.tau, checked.tau_prime, w.device_path,
                          w.grads_as_bucket_views),

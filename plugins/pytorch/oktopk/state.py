@@ -79,7 +79,7 @@ class OkTopkState(Engine):
         demo's MLP at 200 Mbit/s (results/sgd.md) 10 warm-up steps with
         ``momentum_masking="waited"`` reached 95% in dense's steps.
 
-    **choice=Choice(sparse_margin, recheck_every, dense_compression, sparse)**
+    **choice=Choice(sparse_margin, recheck_every, dense_compression, sparse, sparse_after)**
 
     :param sparse_margin: with ``algorithm=None``, the share of the native
         step a sparse step (or, under an Adam-family optimizer, a bfloat16
@@ -110,6 +110,13 @@ class OkTopkState(Engine):
         about 0.14 of float32's bytes against top-k's 0.02, and at 200
         Mbit/s reached the MLP's 95% 2.9× sooner than plain DDP where top-k
         took 3.5× (results/sgd.md).
+    :param sparse_after: with ``algorithm=None`` and ``sparse=True``, the
+        steps after the warm-up in which ``dense_compression``'s path
+        stands in sparse's place under SGD (default 100; 0: sparse from
+        the first): the early steps, where top-k's delays cost the most
+        accuracy, go every value every step where that measures faster
+        than native, and sparse joins the choice after them
+        (``oktopk.choice``).
 
     **momentum=Momentum(correction, masking, local_clip_norm)**
 
