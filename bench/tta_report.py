@@ -36,6 +36,8 @@ NAMES = {
     "oktopk_float32": "oktopk_hook, the measured choice, dense_compression=None",
     "oktopk_forced_bf16": "oktopk_hook, every step after DDP's first two in bfloat16 (forced: warmup_compression=\"bf16\")",
     "oktopk_forced_quantized": "oktopk_hook, every step after DDP's first two in 4 bits (forced: warmup_compression=\"quantized\")",
+    "oktopk_nosparse": "oktopk_hook, the measured choice, sparse=False",
+    "oktopk_sparse_first": "oktopk_hook, the measured choice, sparse_after=0 (sparse from the first step)",
     "demo": "oktopk.optim.DeMo (its exchange over Ok-Topk, no gradient allreduce)",
 }
 
