@@ -233,3 +233,23 @@ def test_sparse_false_needs_the_measured_choice_and_a_dense_path_to_measure(othe
     with pytest.raises(ValueError, match="sparse=False") as raised:
         OkTopkState(sparse=False, **other)
     assert next(iter(other)) in str(raised.value)
+
+
+def test_the_ranks_agree_on_every_setting_but_those_that_change_no_collective():
+    # A setting left out of the agreement is one ranks may hold apart
+    # unnamed: a new one (sparse_after) was, until the fault campaign's
+    # mismatch job found the ranks failing on the choice's state instead.
+    from oktopk.settings import FLAT
+    from oktopk.step import agreement_settings
+
+    local = {
+        "timeout": "how long this rank waits for a peer; no collective depends on it",
+        "grads_as_bucket_views": "where this rank's .grad points; the values reduced are the same",
+        "on_rank_loss": "what a loss does, agreed by the survivors' own protocol (oktopk.survivors)",
+    }
+    state = OkTopkState()
+    try:
+        assert set(agreement_settings(state)) >= set(FLAT) - set(local), set(FLAT) - set(local) - set(agreement_settings(state))
+        assert not set(local) & set(agreement_settings(state))
+    finally:
+        state.close()

@@ -27,6 +27,7 @@ def agreement_settings(state):
         "tau_prime": state.tau_prime,
         "dense_compression": state.dense_compression,
         "sparse": state.sparse,
+        "sparse_after": state.sparse_after,
         "value_dtype": state.value_dtype,
         "stochastic_rounding": state.stochastic_rounding,
         "density_schedule": state.density_schedule,
@@ -41,7 +42,7 @@ def agreement_settings(state):
         "optimizer_family": family_seen(state._optimizers.seen),
         "iter": state.iter,
         "layout": f"{len(groups)} groups, digest {settings_digest(dict(groups)).hex()[:12]}",
-        "choice": None if choice is None else (choice.chosen, choice.candidate, choice.decided_at, choice.confirm_at),
+        "choice": None if choice is None else (choice.chosen, choice.candidate, choice.decided_at, choice.confirm_at, choice.origin),
         "communicator_at_load": state._communicator_at_load,
     }
 
