@@ -102,7 +102,9 @@ def resumed_paths(rank, optimizer, slow_dense, steps=14, cut=2, slow_sparse=Fals
 
     def train(first, saved=None):
         ddp = model()
-        state = oktopk.OkTopkState(density=0.05, recheck_every=8)
+        # sparse_after=0: the findings are the sparse probe's, which the
+        # default's early 4-bit steps would put off for 100 steps.
+        state = oktopk.OkTopkState(density=0.05, recheck_every=8, sparse_after=0)
         ddp.register_comm_hook(state, oktopk.oktopk_hook)
         opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2) if optimizer == "adamw" else torch.optim.SGD(ddp.parameters(), lr=0.05)
         if saved is not None:
