@@ -1,8 +1,9 @@
 """The dense paths an Adam-family optimizer's buckets can take, alone (no
 training around them): torch.distributed's gloo allreduce of n float32,
 the same in bfloat16 (``bf16_compress_hook``'s wire format), and
-``oktopk.quantized``'s 4-bit allreduce with error feedback; beside them
-the quantized path's two exchanges and its local work. Each figure is the
+``oktopk.quantized``'s 4-bit allreduce with error feedback (rounding in
+the library, and as tensor operations); beside them the quantized path's
+two exchanges and its local work as tensor operations. Each figure is the
 median over ``--reps`` calls, each started after a barrier, of the slowest
 rank's time; rank 0 prints ``name,ms`` lines. Run it on the emulated
 cluster:
@@ -17,6 +18,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from oktopk import quantized
 from oktopk.quantized import BLOCK, QuantizedGroup, dequantize, pack, quantize, unpack
 
 
@@ -55,6 +57,12 @@ def main():
     timed("float32_allreduce", lambda: dist.all_reduce(x.clone()))
     timed("bf16_allreduce", lambda: dist.all_reduce(x.to(torch.bfloat16)))
     timed("quantized_allreduce", lambda: group.allreduce_(x.clone(), None))
+    # The same call with the rounding done by tensor operations (as on a
+    # GPU, and on the CPU before the library's one-pass rounding).
+    library_rounds = quantized._library_rounds
+    quantized._library_rounds = lambda *settings: False
+    timed("quantized_allreduce_tensors", lambda: group.allreduce_(x.clone(), None))
+    quantized._library_rounds = library_rounds
     timed("quantized_all_to_all", lambda: dist.all_to_all_single(received, send))
     timed("quantized_allgather", lambda: dist.all_gather([torch.empty_like(own) for _ in range(world)], own))
     timed("quantized_local_work", local_work)

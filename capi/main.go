@@ -15,10 +15,12 @@
 // error; handles.go the handle table; worker.go the communicator and its
 // worker; connect.go rendezvous; convert.go the C structs; env.go,
 // memory.go and thread.go the process's environment, collector and
-// threads.
+// threads; quantize.c the blockwise rounding of the PyTorch plugin's
+// quantized allreduce (plain C: no Go runtime entry).
 package main
 
 /*
+#cgo CFLAGS: -O3
 #include "const_types.h"
 */
 import "C"

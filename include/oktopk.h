@@ -93,7 +93,7 @@ extern "C" {
 
 /* ABI version: major changes break callers, minor ones only add. */
 #define OKTOPK_VERSION_MAJOR 0
-#define OKTOPK_VERSION_MINOR 18
+#define OKTOPK_VERSION_MINOR 19
 #define OKTOPK_VERSION_PATCH 0
 #define OKTOPK_VERSION_CODE \
   (OKTOPK_VERSION_MAJOR * 10000 + OKTOPK_VERSION_MINOR * 100 + OKTOPK_VERSION_PATCH)
@@ -737,6 +737,29 @@ oktopk_result_t oktopk_topk(const float *x, size_t n, size_t k, uint32_t *indice
  * oktopkNonFinite with *count 0. */
 oktopk_result_t oktopk_threshold_select(const float *x, size_t n, float threshold, uint32_t *indices,
                                         float *values, size_t capacity, size_t *count);
+
+/* ---- blockwise rounding (no communication; added in 0.19) ----------- */
+/* The local work of a quantized allreduce with error feedback (the PyTorch
+ * plugin's 4-bit path), one pass each. n is a multiple of block; block a
+ * multiple of 8, at most 4096; bits 2, 4 or 8.
+ *
+ * oktopk_quantize_blocks: acc = x + residual (residual NULL: x). Per block,
+ * its scale is the largest |acc| rounded to bfloat16 (ties to even), written
+ * as bfloat16 bits to scales (2 bytes a block, any alignment); s is that
+ * scale, at least FLT_MIN. Each value is rounded to the nearest level
+ * (ties to even) of step s / half, half = 2^(bits-1) - 1, clamped to
+ * [-half, half]; codes gets level + half, bits each, 8/bits to a byte, the
+ * first in the low bits (n * bits / 8 bytes); new_residual (may be x or
+ * residual) gets acc - level * step. A NaN or Inf in acc sets *nonfinite
+ * to 1 (else 0; nonfinite may be NULL), and its block is rounded as if NaN
+ * were 0 and +-Inf +-FLT_MAX; its new residual then means nothing.
+ *
+ * oktopk_dequantize_blocks: out gets what the codes stand for, level * (s /
+ * half): for the sender's own codes, acc - new_residual, bitwise. */
+oktopk_result_t oktopk_quantize_blocks(const float *x, const float *residual, size_t n, int bits, size_t block,
+                                       uint8_t *codes, void *scales, float *new_residual, int *nonfinite);
+oktopk_result_t oktopk_dequantize_blocks(const uint8_t *codes, const void *scales, size_t n, int bits, size_t block,
+                                         float *out);
 
 /* ---- cost model (no communication; added in 0.11) ------------------- */
 /* The cost model OKTOPK_ALGO_AUTO chooses by, for one call on a link the

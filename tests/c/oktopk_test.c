@@ -1287,6 +1287,10 @@ static void test_fork_is_refused(oktopk_comm_t comm) {
       uint32_t idx[1];
       float val[1];
       if (oktopk_topk(x, 4, 1, idx, val) != oktopkInvalidUsage) _exit(7);
+      /* The blockwise rounding is plain C, no Go runtime: it works here. */
+      float y[8] = {1, -2, 3, -4, 5, -6, 7, -8}, res[8];
+      uint8_t codes[4], scales[2];
+      if (oktopk_quantize_blocks(y, NULL, 8, 4, 8, codes, scales, res, NULL) != oktopkSuccess) _exit(8);
       _exit(0);
     }
     int status;
@@ -1428,6 +1432,55 @@ static int run_errors(void) {
   OK(oktopk_topk(x, 8, 1, idx, val)); /* top-k ranks an infinity first, as documented */
   REQUIRE(idx[0] == 7 && isinf(val[0]));
   x[7] = NAN;
+
+  /* Blockwise rounding: codes, scales and residual as include/oktopk.h
+   * spells them; what the codes stand for plus the new residual is the
+   * input, bitwise; bad arguments refused, a NaN flagged. */
+  {
+    float q[64], r[64], res[64], back[64];
+    uint8_t codes[32], scales[4];
+    int nonfinite = -1;
+    for (int i = 0; i < 64; i++) {
+      q[i] = (float)(i % 13) - 6.25f + (i >= 32 ? 100.0f * (float)(i % 3) : 0.0f);
+      r[i] = 0.03125f * (float)(i % 5);
+    }
+    EXPECT(oktopk_quantize_blocks(q, r, 64, 3, 32, codes, scales, res, &nonfinite), oktopkInvalidArgument);
+    EXPECT(oktopk_quantize_blocks(q, r, 60, 4, 32, codes, scales, res, &nonfinite), oktopkInvalidArgument);
+    EXPECT(oktopk_quantize_blocks(q, r, 64, 4, 12, codes, scales, res, &nonfinite), oktopkInvalidArgument);
+    EXPECT(oktopk_quantize_blocks(NULL, r, 64, 4, 32, codes, scales, res, &nonfinite), oktopkInvalidArgument);
+    EXPECT(oktopk_dequantize_blocks(codes, scales, 64, 5, 32, back), oktopkInvalidArgument);
+    OK(oktopk_quantize_blocks(q, r, 64, 4, 32, codes, scales, res, &nonfinite));
+    REQUIRE(nonfinite == 0);
+    OK(oktopk_dequantize_blocks(codes, scales, 64, 4, 32, back));
+    for (int b = 0; b < 2; b++) {
+      float largest = 0;
+      for (int i = 32 * b; i < 32 * b + 32; i++) largest = fmaxf(largest, fabsf(q[i] + r[i]));
+      uint16_t bits16;
+      memcpy(&bits16, scales + 2 * b, 2);
+      uint32_t u = (uint32_t)bits16 << 16;
+      float scale;
+      memcpy(&scale, &u, sizeof scale);
+      REQUIRE(fabsf(scale - largest) <= largest / 256); /* bfloat16: 8 bits of mantissa */
+      for (int i = 32 * b; i < 32 * b + 32; i++) {
+        float acc = q[i] + r[i];
+        int code = (codes[i / 2] >> (4 * (i % 2))) & 15;
+        REQUIRE(code <= 14);                                          /* levels -7..7 */
+        REQUIRE(back[i] == (float)(code - 7) * (scale / 7));          /* what a code stands for */
+        REQUIRE(acc - back[i] == res[i]);                             /* the residual keeps the rest, exactly */
+        REQUIRE(fabsf(res[i]) <= scale / 14 * (1 + 1e-6f) + fmaxf(0, fabsf(acc) - scale)); /* half a step, or what a clamp kept */
+      }
+    }
+    /* In place (new_residual = x, residual NULL): the same codes. */
+    float acc2[64];
+    uint8_t codes2[32];
+    for (int i = 0; i < 64; i++) acc2[i] = q[i] + r[i];
+    OK(oktopk_quantize_blocks(acc2, NULL, 64, 4, 32, codes2, scales, acc2, NULL));
+    REQUIRE(memcmp(codes, codes2, sizeof codes) == 0 && memcmp(acc2, res, sizeof res) == 0);
+    q[40] = NAN;
+    OK(oktopk_quantize_blocks(q, r, 64, 4, 32, codes, scales, res, &nonfinite));
+    REQUIRE(nonfinite == 1);
+    q[40] = 0;
+  }
 
   /* A single-rank communicator: bad arguments, then destroyed handles. */
   oktopk_unique_id_t id;

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import workers
-from oktopk.quantized import BITS, BLOCK, dequantize, pack, quantize, unpack
+from oktopk.quantized import BITS, BLOCK, _decode_in_library, _library_rounds, _round, _round_in_library, dequantize, pack, quantize, unpack
 from test_ddp import run
 
 
@@ -57,6 +57,70 @@ def test_a_clipped_scale_is_at_most_its_multiple_of_the_blocks_rms():
     assert bool((scales.float() <= 2.0 * rms * (1 + 2**-7)).all())  # bfloat16's rounding
     codes, _ = quantize(x, 3, 128, "full", clip=2.0)
     assert int(codes[5]) == 7  # the outlier sits at the top level
+
+
+@pytest.mark.parametrize("bits,block", [(4, 32), (2, 8), (8, 64), (4, 16)])
+def test_the_librarys_one_pass_rounding_gives_the_tensor_operations_bits(bits, block):
+    """oktopk_quantize_blocks / oktopk_dequantize_blocks (the CPU's path)
+    against the tensor version (a GPU's, and the other settings'): the same
+    codes, scales, residual and decoded values, bit for bit, on blocks of
+    every scale (subnormal ones and zeros included), values exactly half a
+    level apart (ties round to even) and a scale that rounds below its
+    block's largest value in bfloat16 (clamped)."""
+    assert _library_rounds(torch.device("cpu"), bits, block, "sym", None, False)
+    n = 64 * block
+    gen = torch.Generator().manual_seed(bits * 1000 + block)
+    x = torch.randn(n, generator=gen) * torch.logspace(-40, 4, n)
+    residual = torch.randn(n, generator=gen) * torch.logspace(-42, 2, n)
+    x[: 2 * block] = 0.0
+    residual[: block] = 0.0  # a block of zeros: the smallest scale
+    half = 2 ** (bits - 1) - 1
+    ties = torch.arange(block, dtype=torch.float32) % (2 * half + 1) - half + 0.5  # level + 1/2: ties
+    ties[0] = half  # the scale: ties sit half a step apart, exactly
+    x[4 * block : 5 * block], residual[4 * block : 5 * block] = ties, 0.0
+    x[6 * block] = 1.00390625 * 3  # 1 + 2^-8: the bfloat16 scale rounds to 3, below it
+    acc = x + residual
+    values, codes = torch.empty(n), torch.empty(n, dtype=torch.uint8)
+    want_codes, want_scales, want_values = _round(acc, bits, block, "sym", None, (values, codes))
+    packed, scales, new_residual = torch.empty(n * bits // 8, dtype=torch.uint8), torch.empty(n // block, dtype=torch.bfloat16), torch.empty(n)
+    assert not _round_in_library(x, residual, bits, block, packed, scales.view(torch.uint8), new_residual)
+    assert torch.equal(unpack(packed, bits), want_codes)
+    assert torch.equal(scales, want_scales)
+    assert torch.equal(new_residual, acc - want_values)
+    decoded = torch.empty(n)
+    _decode_in_library(packed, scales.view(torch.uint8), bits, block, decoded)
+    assert torch.equal(decoded, dequantize(want_codes, want_scales, bits, block)) and torch.equal(decoded, want_values)
+    # Rounded in place (the owner's step): the same, and a NaN is flagged.
+    assert not _round_in_library(acc, None, bits, block, packed, scales.view(torch.uint8), acc)
+    assert torch.equal(acc, new_residual) and torch.equal(unpack(packed, bits), want_codes)
+    x[3 * block + 1] = float("nan")
+    assert _round_in_library(x, residual, bits, block, packed, scales.view(torch.uint8), new_residual)
+
+
+def test_the_library_refuses_what_it_cannot_round():
+    packed, scales, out = torch.empty(64, dtype=torch.uint8), torch.empty(8, dtype=torch.uint8), torch.empty(128)
+    with pytest.raises(Exception, match="refused to round 120 values at 4 bits in blocks of 32"):
+        _round_in_library(torch.zeros(120), None, 4, 32, packed, scales, out[:120])
+    with pytest.raises(Exception, match="refused to decode 128 values at 3 bits"):
+        _decode_in_library(packed, scales, 3, 32, out)
+    assert not _library_rounds(torch.device("cpu"), 3, 32, "sym", None, False)  # 3 bits: the tensor version
+    assert not _library_rounds(torch.device("cpu"), 4, 32, "sym", None, True)  # rotated: the tensor version
+    assert not _library_rounds(torch.device("meta"), 4, 32, "sym", None, False)  # not on the CPU: the tensor version
+
+
+def test_an_allreduce_through_the_library_equals_one_through_the_tensor_operations():
+    """3 ranks, the defaults: every call's result, the residuals, a NaN's
+    call and what the group holds, bitwise the same either way."""
+    library = run(workers.quantized_calls, 3, None)
+    tensors = run(workers.quantized_calls, 3, None, True)
+    for rank in range(3):
+        a, b = library[rank], tensors[rank]
+        for call_a, call_b in zip(a["calls"], b["calls"]):
+            assert np.array_equal(call_a[1], call_b[1]) and call_a[2:] == call_b[2:]
+        for key in ("residual", "owner_residual", "held"):
+            assert np.array_equal(a[key], b[key]), key
+        assert np.isnan(a["nan_result"]).all() and np.isnan(b["nan_result"]).all()
+        assert a["nan_completed"] is b["nan_completed"] is False and a["residuals_unchanged"] and b["residuals_unchanged"]
 
 
 RECIPES = {"4-bit": None, "3-bit rotated": dict(bits=3, block=128, levels="full", clip=2.0, rotate=True)}

@@ -1286,15 +1286,19 @@ def nccl_hook(rank, world, port, out):
     dist.destroy_process_group()
 
 
-def quantized_calls(rank, world, port, out, recipe=None):
+def quantized_calls(rank, world, port, out, recipe=None, tensors=False):
     """oktopk.quantized (its defaults, or ``recipe``'s settings) over
     ``world`` ranks on one group of 3 parameters
     (1000 values, not a multiple of the padding): per call, this rank's
     input and the result, then the final residuals; a call with NaN on rank
     1 (the result, and whether the residuals moved); the residuals through
-    state_dict, and what the group holds for a native step."""
+    state_dict, and what the group holds for a native step. ``tensors``:
+    the rounding done by the tensor operations, not the library."""
+    import oktopk.quantized
     from oktopk.quantized import QuantizedGroup
 
+    if tensors:
+        oktopk.quantized._library_rounds = lambda *settings: False
     setup(rank, world, port)
     group = QuantizedGroup((7, 3, 5), (400, 100, 500), world, rank, "cpu", **(recipe or {}))
     calls, replaced_kept, saved_at_3 = [], [], None

@@ -99,14 +99,19 @@ CORRECTION_PASSES = 8
 DEMO_DENSITY = TOPK / (CHUNK * CHUNK)  # coefficients kept per 64 x 64 block
 QUANTIZED_BYTES_PER_VALUE = (quantized.BITS + 16 / quantized.BLOCK) / 8
 # The 4-bit path's work beside the ring's (oktopk.quantized's allreduce_),
-# in reads or writes of float32 values, a uint8 code a quarter: over the
-# whole bucket, adding the residual (3), rounding (scales 2, levels 6, codes
-# 1.75, values 2), the new residual (3), packing (1), decoding what comes
-# back from each exchange (5 each) and the copy out (2): 30; over the
-# owner's 1/P chunk, the average's division (2), its owner residual (3),
-# rounding (12), the new owner residual (3), packing: 20.
-QUANTIZED_PASSES = 30
-QUANTIZED_CHUNK_PASSES = 20
+# in reads or writes of float32 values, a 4-bit code an eighth, as
+# (over the whole bucket, over the owner's 1/P chunk):
+# - "library", on the host's cores (``shared_cores``), its one-pass rounding:
+#   over the bucket, rounding with the residual (reads 2, writes 1, codes
+#   1/8), decoding what each exchange brings (1 1/8 each) and the owners'
+#   sum reading it (1): 6.5; over the chunk, the sum written (1), divided
+#   (2), the owner residual added (3), rounded in place (2 1/8): 8;
+# - "tensors", on a GPU, the tensor operations: over the bucket, adding the residual
+#   (3), rounding (scales 2, levels 6, codes 1.75, values 2), the new
+#   residual (3), packing (1), decoding each exchange's (5 each) and the
+#   copy out (2): 30; over the chunk, the average's division (2), its owner
+#   residual (3), rounding (12), the new owner residual (3), packing: 20.
+QUANTIZED_PASSES = {"library": (6.5, 8), "tensors": (30, 20)}
 # config.value_dtype of each format sparse values may travel in
 # (include/oktopk.h): what ``--values`` prices.
 VALUE_FORMATS = {"float32": _lib.FLOAT32, "float16": _lib.FLOAT16, "bfloat16": _lib.BFLOAT16, "int8": _lib.INT8,
@@ -249,19 +254,22 @@ def powersgd_elements(n, rank, matrix_side):
 
 
 def calls(cluster, method, n, density=DEFAULTS.density, powersgd_rank=4, matrix_side=1024,
-          powersgd_elements_total=None, momentum_correction=False, values="float32"):
+          powersgd_elements_total=None, momentum_correction=False, values="float32", rounding=None):
     """One step's reduction by ``method`` (one of METHODS) of n parameters:
     (the calls of DDP's buckets in the order backward hands them over, then
     any work of the step's besides them; whether the calls can hide under
     backward). ``momentum_correction``: a sparse method's step carries the
     hook's momentum correction (SGD with momentum). ``values``: the format
-    the sparse methods' selected values travel in (VALUE_FORMATS)."""
+    the sparse methods' selected values travel in (VALUE_FORMATS).
+    ``rounding``: whose passes the 4-bit path pays (QUANTIZED_PASSES); by
+    default the library's on the host's cores, the tensors' on a GPU."""
     if method == "dense":
         return bucketed(cluster, "dense_ring", n), True
     if method == "bf16":
         return bucketed(cluster, "dense_ring", n, value_bytes=2.0), True
     if method == "quantized":
-        passes = QUANTIZED_PASSES + QUANTIZED_CHUNK_PASSES / cluster.ranks
+        bucket_passes, chunk_passes = QUANTIZED_PASSES[rounding or ("library" if cluster.shared_cores else "tensors")]
+        passes = bucket_passes + chunk_passes / cluster.ranks
         return [c._replace(device=c.device + passes * 4 * size * cluster.pass_seconds_per_byte)
                 for c, size in zip(bucketed(cluster, "dense_ring", n, value_bytes=QUANTIZED_BYTES_PER_VALUE),
                                    buckets(n))], True

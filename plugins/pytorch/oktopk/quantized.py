@@ -29,13 +29,23 @@ of the ranks' residuals plus the owner residuals (one chunk per rank) sum
 to the mean of the gradients. A value that is NaN or Inf on any rank
 makes the call return NaN on every rank with every residual unchanged, as
 the library's sparse calls do: AMP's scaler skips the step alike.
+
+Where the work happens: on the CPU, with the default levels (no clip, no
+rotation), each rounding and each decoding is one pass in the library
+(``oktopk_quantize_blocks``, ``oktopk_dequantize_blocks``), the same
+arithmetic as the tensor operations below, so the same bits; as tensor
+operations a rounding is about ten passes over the bucket, paid on the
+cores backward runs on. On a GPU, and for the other settings, the tensor
+operations do it.
 """
 
+import ctypes
 import threading
 
 import torch
 import torch.distributed as dist
 
+from . import _lib
 from .peer_errors import peer_failures_named
 from .transforms import hadamard_matrix, hadamard_rotate, rotation_signs
 
@@ -154,6 +164,41 @@ def unpack(packed, bits=BITS, out=None):
     return codes if out is None else out.copy_(codes)
 
 
+def _library_rounds(device, bits, block, levels, clip, rotate):
+    """Whether the library's one-pass rounding (capi/quantize.c) does a
+    group's work: on the CPU, for the levels and settings it implements."""
+    return (device.type == "cpu" and levels == "sym" and clip is None and not rotate and bits in (2, 4, 8)
+            and block % 8 == 0 and block <= 4096)
+
+
+def _round_in_library(x, residual, bits, block, codes, scales, new_residual):
+    """``oktopk_quantize_blocks`` over the contiguous float32 ``x`` (plus
+    ``residual`` unless None): packed codes into ``codes``, bfloat16 scales
+    (as bytes) into ``scales``, the rounding's error into ``new_residual``.
+    Returns whether a value was NaN or Inf."""
+    flag = ctypes.c_int(0)
+    code = _lib.lib().oktopk_quantize_blocks(x.data_ptr(), None if residual is None else residual.data_ptr(), x.numel(), bits,
+                                             block, codes.data_ptr(), scales.data_ptr(), new_residual.data_ptr(),
+                                             ctypes.byref(flag))
+    if code != _lib.SUCCESS:
+        raise _lib.OkTopkError(code, f"oktopk: the library refused to round {x.numel()} values at {bits} bits in blocks of {block}")
+    return bool(flag.value)
+
+
+def _decode_in_library(codes, scales, bits, block, out):
+    """``oktopk_dequantize_blocks``: what packed ``codes`` and bfloat16
+    ``scales`` stand for, into the contiguous float32 ``out``."""
+    code = _lib.lib().oktopk_dequantize_blocks(codes.data_ptr(), scales.data_ptr(), out.numel(), bits, block, out.data_ptr())
+    if code != _lib.SUCCESS:
+        raise _lib.OkTopkError(code, f"oktopk: the library refused to decode {out.numel()} values at {bits} bits in blocks of {block}")
+
+
+def _flag(frames, flag):
+    """Every row's flag (the frame's last bfloat16): 1 where the sender
+    saw a NaN or Inf."""
+    frames[:, -2:] = torch.full((frames.shape[0], 1), flag, dtype=torch.bfloat16, device=frames.device).view(torch.uint8)
+
+
 class _Scratch(threading.local):
     """Buffers a call works in on the CPU, kept from call to call (and
     shared by the groups a thread reduces one after another), sized to the
@@ -240,22 +285,75 @@ class QuantizedGroup:
         code_bytes, scale_bytes = self._frame_layout()
         pack(codes, self.bits, frames[:, :code_bytes])
         frames[:, code_bytes : code_bytes + scale_bytes] = scales.view(rows, -1).view(torch.uint8)
-        frames[:, code_bytes + scale_bytes :] = torch.full((rows, 1), flag, dtype=torch.bfloat16, device=codes.device).view(torch.uint8)
+        _flag(frames, flag)
         return frames
 
+    def _encode(self, x, residual, out, frames, turn, scratch):
+        """Rounds ``x`` plus ``residual`` (``x`` alone when None; an ``x``
+        shorter than ``out`` is padded with zeros) into the rows of
+        ``frames``, a chunk a row, their flags left to the caller, and
+        writes what the rounding left off into ``out`` (the new residual;
+        it may be ``x``). ``turn``: rotate first (step 1's space; the
+        owner's chunk is rotated already). ``scratch``: the names'
+        suffix of the tensor version's buffers. Returns whether a value
+        was NaN or Inf."""
+        n = x.numel()
+        if _library_rounds(x.device, self.bits, self.block, self.levels, self.clip, self.rotate):
+            code_bytes, scale_bytes = self._frame_layout()
+            bad = False
+            for r in range(frames.shape[0]):
+                lo, hi = r * self.chunk, (r + 1) * self.chunk
+                codes, scales = frames[r, :code_bytes], frames[r, code_bytes : code_bytes + scale_bytes]
+                if hi <= n:
+                    held = None if residual is None else residual[lo:hi]
+                    bad |= _round_in_library(x[lo:hi], held, self.bits, self.block, codes, scales, out[lo:hi])
+                    continue
+                # The chunk the padding starts in: summed here, rounded in place.
+                part, m = out[lo:hi], max(n - lo, 0)
+                torch.add(x[lo : lo + m], residual[lo : lo + m], out=part[:m])
+                part[m:] = residual[lo + m : hi]
+                bad |= _round_in_library(part, None, self.bits, self.block, codes, scales, part)
+            return bad
+        if residual is not None:
+            torch.add(x, residual[:n], out=out[:n])
+            out[n:] = residual[n:]
+        elif out is not x:
+            out.copy_(x)
+        buffers = (_SCRATCH.get("values" + scratch, out.numel(), torch.float32, out.device),
+                   _SCRATCH.get("codes" + scratch, out.numel(), torch.uint8, out.device))
+        codes, scales, sent, bad = self._quantize(self._turn(out) if turn else out, buffers)
+        out.sub_(self._turn(sent, inverse=True) if turn else sent)
+        self._frames(codes, scales, 0.0, frames)
+        return bad
+
     def _decode(self, frames, out):
-        """Frames (rows) back to values per row, in ``out`` (float32, the
-        rows' chunks long), and whether any row's sender flagged a
-        non-finite value."""
+        """Frames (rows) back to values, in ``out`` (float32: the rows'
+        chunks in order, cut off at its length; in the rotated space when
+        ``rotate``, which a caller turns back), and whether any row's
+        sender flagged a non-finite value."""
         rows = frames.shape[0]
         code_bytes, scale_bytes = self._frame_layout()
+        flagged = bool(frames[:, code_bytes + scale_bytes :].contiguous().view(torch.bfloat16).float().max() > 0)
+        if _library_rounds(frames.device, self.bits, self.block, self.levels, self.clip, self.rotate):
+            for r in range(rows):
+                lo, hi = r * self.chunk, (r + 1) * self.chunk
+                codes, scales = frames[r, :code_bytes], frames[r, code_bytes : code_bytes + scale_bytes]
+                if hi <= out.numel():
+                    _decode_in_library(codes, scales, self.bits, self.block, out[lo:hi])
+                elif lo < out.numel():  # the chunk the padding starts in
+                    whole = _SCRATCH.get("tail", self.chunk, torch.float32, frames.device)
+                    _decode_in_library(codes, scales, self.bits, self.block, whole)
+                    out[lo:] = whole[: out.numel() - lo]
+            return flagged
         # The codes buffer the sender's codes were in: they are in the
         # frames by now.
         codes = unpack(frames[:, :code_bytes], self.bits, _SCRATCH.get("codes", rows * self.chunk, torch.uint8, frames.device))
         scales = frames[:, code_bytes : code_bytes + scale_bytes].contiguous().view(torch.bfloat16)
-        flagged = bool(frames[:, code_bytes + scale_bytes :].contiguous().view(torch.bfloat16).float().max() > 0)
-        values = _dequantize(codes, scales, self.bits, self.block, self.levels, out)
-        return values.view(rows, -1), flagged
+        values = _SCRATCH.get("decoded", rows * self.chunk, torch.float32, frames.device) if out.numel() < rows * self.chunk else out
+        _dequantize(codes, scales, self.bits, self.block, self.levels, values)
+        if values is not out:
+            out.copy_(values[: out.numel()])
+        return flagged
 
     def _spare(self, name):
         """A buffer for the new value of residual ``name``: on the CPU the
@@ -281,35 +379,34 @@ class QuantizedGroup:
         go in the buffers that held the residuals before the previous
         call), so a caller may keep the old ones to take this call back
         until the next."""
-        n, device = self.n, flat.device
-        values = _SCRATCH.get("values", self.padded, torch.float32, device)
-        codes = _SCRATCH.get("codes", self.padded, torch.uint8, device)
-        acc = self._spare("residual")
-        torch.add(flat, self.residual[:n], out=acc[:n])
-        acc[n:] = self.residual[n:]
-        codes, scales, sent, bad = self._quantize(self._turn(acc), (values, codes))
-        residual = acc.sub_(self._turn(sent, inverse=True))  # acc is this call's own: its new residual, in place
+        device, world = flat.device, self.world
         frame_bytes = self.frame_bytes()
-        send = self._frames(codes, scales, 1.0 if bad else 0.0, _SCRATCH.get("send", self.world * frame_bytes, torch.uint8, device))
-        received = _SCRATCH.get("received", self.world * frame_bytes, torch.uint8, device).view(self.world, -1)
+        send = _SCRATCH.get("send", world * frame_bytes, torch.uint8, device).view(world, -1)
+        residual = self._spare("residual")  # this call's own: its new residual
+        _flag(send, 1.0 if self._encode(flat, self.residual, residual, send, turn=True, scratch="") else 0.0)
+        received = _SCRATCH.get("received", world * frame_bytes, torch.uint8, device).view(world, -1)
         dist.all_to_all_single(received, send, group=group)
-        mine, bad_here = self._decode(received, values)
+        mine = _SCRATCH.get("values", self.padded, torch.float32, device)
+        bad_here = self._decode(received, mine)
         # Summed in rank order, so every owner's arithmetic is the same.
-        average = torch.sum(mine, 0, out=self._spare("owner_residual")).div_(self.world).add_(self.owner_residual)
-        codes2, scales2, rounded, _ = self._quantize(average, (_SCRATCH.get("values2", self.chunk, torch.float32, device),
-                                                               _SCRATCH.get("codes2", self.chunk, torch.uint8, device)))
-        owner_residual = average.sub_(rounded)
-        frame = self._frames(codes2, scales2, 1.0 if bad_here else 0.0, _SCRATCH.get("frame", frame_bytes, torch.uint8, device))[0]
-        gathered = _SCRATCH.get("gathered", self.world * frame_bytes, torch.uint8, device).view(self.world, -1)
+        average = torch.sum(mine.view(world, -1), 0, out=self._spare("owner_residual")).div_(world).add_(self.owner_residual)
+        frame = _SCRATCH.get("frame", frame_bytes, torch.uint8, device).view(1, -1)
+        self._encode(average, None, average, frame, turn=False, scratch="2")  # average becomes the new owner residual
+        _flag(frame, 1.0 if bad_here else 0.0)
+        gathered = _SCRATCH.get("gathered", world * frame_bytes, torch.uint8, device).view(world, -1)
         with peer_failures_named("the 4-bit path's gather of the owners' chunks"):
-            dist.all_gather(list(gathered.unbind(0)), frame, group=group)
-        chunks, bad_anywhere = self._decode(gathered, values)
+            dist.all_gather(list(gathered.unbind(0)), frame[0], group=group)
+        if self.rotate:
+            chunks = _SCRATCH.get("values", self.padded, torch.float32, device)
+            bad_anywhere = self._decode(gathered, chunks)
+            flat.copy_(self._turn(chunks, inverse=True)[: self.n])
+        else:
+            bad_anywhere = self._decode(gathered, flat)
         if not bad_anywhere:
-            self.residual, self.owner_residual = residual, owner_residual
-            flat.copy_(self._turn(chunks.view(-1), inverse=True)[:n])
+            self.residual, self.owner_residual = residual, average
         else:
             flat.fill_(float("nan"))  # every rank alike; residuals unchanged
-        return 2 * (self.world - 1) * frame_bytes, not bad_anywhere
+        return 2 * (world - 1) * frame_bytes, not bad_anywhere
 
     def held(self):
         """What this rank holds for the group's n values: its residual, and
