@@ -69,6 +69,10 @@ Methods (``--method``):
 - ``oktopk_sparse_first``: the hook with ``sparse_after=0``, sparse measured
   against native from the first step after the warm-up (the default before
   the early 4-bit steps); ``oktopk_nosparse``: ``sparse=False``.
+- ``oktopk_tensor_rounding``: the hook's defaults with the 4-bit path
+  rounding as tensor operations (as on a GPU, and on the CPU before
+  ``oktopk_quantize_blocks``), against ``oktopk``'s one-pass rounding in the
+  library.
 - ``oktopk_forced_bf16``, ``oktopk_forced_quantized``: the hook with every
   step after DDP's first two on that compressed dense path, whatever a
   step measures (``warmup_iters=--steps``,
@@ -156,9 +160,13 @@ from charlm import CharTransformer, batch, fortunes_corpus, held_out_batch, lm_l
 from cnn import VGGStyle, digits  # noqa: E402
 from tta_report import HEADER  # noqa: E402
 
+try:
+    from oktopk.quantized import _library_rounds as LIBRARY_ROUNDS
+except ImportError:  # the plugin is optional for the torch-only methods
+    LIBRARY_ROUNDS = None
 METHODS = ("ddp", "fp16", "powersgd1", "powersgd4", "oktopk", "oktopk_nomc", "oktopk_auto", "oktopk_sched", "oktopk_quantized", "oktopk_float32",
            "oktopk_mask", "oktopk_clip", "oktopk_mask_clip", "oktopk_wmask", "oktopk_wmask_sched", "oktopk_forced_bf16", "oktopk_forced_quantized", "demo",
-           "demo_bfloat16", "demo_int8", "demo_int4", "oktopk_nosparse", "oktopk_sparse_first")
+           "demo_bfloat16", "demo_int8", "demo_int4", "oktopk_nosparse", "oktopk_sparse_first", "oktopk_tensor_rounding")
 # DeMo's peak learning rate on charlm: the best of bench/adam_sim.py's sweep
 # (results/text.md); its sign step moves every coordinate by the whole rate.
 DEMO_LR = 3e-3
@@ -365,9 +373,14 @@ def train(method, args, width, data):
         model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
         warmup = args.powersgd_start
     elif method.startswith("oktopk"):
-        from oktopk import OkTopkState, oktopk_hook
+        from oktopk import OkTopkState, oktopk_hook, quantized
         from oktopk.choice import BF16, NATIVE
         from oktopk.settings import NATIVE_WARMUP_ITERS
+
+        # oktopk_tensor_rounding: the 4-bit path rounding with tensor
+        # operations, as before the library's one-pass rounding; every
+        # other method, the library's (restored: methods share a process).
+        quantized._library_rounds = LIBRARY_ROUNDS if method != "oktopk_tensor_rounding" else (lambda *settings: False)
 
         kwargs = {"algorithm": "auto"} if method == "oktopk_auto" else {}
         if method in ("oktopk_quantized", "oktopk_float32"):  # under AdamW: the dense path measured against float32

@@ -38,6 +38,7 @@ NAMES = {
     "oktopk_forced_quantized": "oktopk_hook, every step after DDP's first two in 4 bits (forced: warmup_compression=\"quantized\")",
     "oktopk_nosparse": "oktopk_hook, the measured choice, sparse=False",
     "oktopk_sparse_first": "oktopk_hook, the measured choice, sparse_after=0 (sparse from the first step)",
+    "oktopk_tensor_rounding": "oktopk_hook, defaults, the 4-bit path rounding as tensor operations (before the library's one-pass rounding)",
     "demo": "oktopk.optim.DeMo (its exchange over Ok-Topk, no gradient allreduce)",
 }
 
