@@ -30,6 +30,13 @@ def read_rows(path):
     return rows
 
 
+def run_steps(ddp_row):
+    """A run's steps, from plain DDP's row (every step native): the
+    default hook's rows count native and sparse steps only, not those of
+    its other paths (the 4-bit early steps)."""
+    return int(ddp_row["native_steps"]) + int(ddp_row["sparse_steps"])
+
+
 def table(rows):
     configs = {}
     for r in rows:
@@ -48,7 +55,7 @@ def table(rows):
         best = min(fixed, key=fixed.get)
         chose = sorted({r["path"] for r in methods["oktopk"]})
         explored = statistics.median(int(r["explored_steps"]) for r in methods["oktopk"])
-        steps = int(methods["oktopk"][0]["native_steps"]) + int(methods["oktopk"][0]["sparse_steps"])
+        steps = run_steps(methods["ddp"][0])
         bytes_ratio = statistics.median(float(r["bytes_per_step"]) for r in methods["oktopk"]) / statistics.median(
             float(r["bytes_per_step"]) for r in methods["ddp"])
         others = ", ".join(f"{m} {med[m]:.1f} [{spread[m][0]:.1f}–{spread[m][1]:.1f}]" for m in sorted(med) if m not in ("ddp", "oktopk"))
@@ -78,8 +85,8 @@ def main():
     # Which steps each link's medians cover (a matrix can merge runs).
     windows = {}
     for r in rows:
-        steps = int(r["native_steps"]) + int(r["sparse_steps"])
-        windows.setdefault((int(r.get("skip") or 12), steps), set()).add(r["link"])  # rows written before the column: 12
+        if r["method"] == "ddp":
+            windows.setdefault((int(r.get("skip") or 12), run_steps(r)), set()).add(r["link"])  # rows written before the column: 12
     window = "; ".join(f"steps {skip}-{steps} of {steps}" + (f" ({', '.join(sorted(links))})" if len(windows) > 1 else "")
                        for (skip, steps), links in sorted(windows.items()))
     text = "\n".join([
