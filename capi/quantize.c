@@ -20,7 +20,10 @@
 //                                     the first in the low bits)
 //   sent   = level * step
 //   new residual = acc - sent
-// and decoding gives level * (s / half): sent, bitwise.
+// and decoding gives level * (s / half): sent, bitwise. One difference,
+// in a residual's zeros only: a value of -0 leaves a residual of -0 here and
+// +0 there (rint keeps the sign of a rounded -0.3, the integer level does
+// not); the codes, scales and results are the same bits.
 //
 // Floating point contraction must stay off: acc - level * step as one
 // fused multiply-add would round once where the tensors round twice (cgo
