@@ -24,9 +24,10 @@ WHEEL_REQ := plugins/wheel-requirements.txt
 WHEEL_VENV := $(OKTOPK_CACHE)/venv-wheel-$(shell sha256sum $(WHEEL_REQ) | cut -c1-12)
 WHEEL_PY := $(WHEEL_VENV)/bin/python
 # The frameworks' environment (Transformers, Lightning, Accelerate,
-# torchvision beside the plugin's torch), keyed the same way.
+# torchvision) over the plugin's torch: keyed by both requirements files,
+# since it reads torch's packages from that virtualenv (venv-frameworks).
 FW_REQ := plugins/frameworks-requirements.txt
-FW_VENV := $(OKTOPK_CACHE)/venv-frameworks-$(shell sha256sum $(FW_REQ) | cut -c1-12)
+FW_VENV := $(OKTOPK_CACHE)/venv-frameworks-$(shell cat $(FW_REQ) $(TORCH_REQ) | sha256sum | cut -c1-12)
 FW_PY := $(FW_VENV)/bin/python
 GO_SOURCES := $(shell find core transport capi -name '*.go' -not -name '*_test.go') $(wildcard capi/*.c capi/*.h) go.mod go.sum
 
@@ -122,13 +123,20 @@ venv-horovod:
 		touch $(HVD_VENV)/.ok; \
 	fi
 
-# The frameworks' virtualenv, made as `venv` makes torch's: built in place,
-# --no-compile then compileall on every core, the .ok marker last.
-venv-frameworks:
+# The frameworks' virtualenv, made as `venv` makes torch's (built in place,
+# --no-compile then compileall, the .ok marker last), over torch's: a .pth
+# file puts the torch virtualenv's site-packages after its own, so torch
+# (about 5 GB with its CUDA libraries, on this index) is installed once, not
+# twice. pip installs what the frameworks need into this virtualenv only:
+# what test-python runs against never changes, and a package the torch
+# virtualenv holds in another version is installed here, ahead of it.
+venv-frameworks: venv
 	@if [ ! -f $(FW_VENV)/.ok ]; then \
 		set -e; mkdir -p $(OKTOPK_CACHE); rm -rf $(FW_VENV); \
-		echo "creating $(FW_VENV) from $(FW_REQ)"; \
+		echo "creating $(FW_VENV) from $(FW_REQ), over $(TORCH_VENV)"; \
 		python3 -m venv $(FW_VENV); \
+		$(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' \
+			> $$($(FW_PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/oktopk-torch-venv.pth; \
 		$(FW_PY) -m pip install -q --no-compile -r $(FW_REQ); \
 		$(FW_PY) -m compileall -q -j 0 $$($(FW_PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') > /dev/null || true; \
 		touch $(FW_VENV)/.ok; \
@@ -172,7 +180,8 @@ test:
 	$(call timed,setup: libzmq and Go modules,deps)
 	@tests/background.sh $(BACKGROUND) start torch-venv $(MAKE_COMMAND) --no-print-directory venv
 	@tests/background.sh $(BACKGROUND) start horovod-venv $(MAKE_COMMAND) --no-print-directory venv-horovod
-	@tests/background.sh $(BACKGROUND) start frameworks-venv $(MAKE_COMMAND) --no-print-directory venv-frameworks
+	@tests/background.sh $(BACKGROUND) start frameworks-venv \
+		tests/background.sh $(BACKGROUND) after torch-venv $(MAKE_COMMAND) --no-print-directory venv-frameworks
 	$(call timed,test-go,test-go)
 	$(call timed,setup: liboktopk.so,build)
 	$(call timed,test-c,test-c)
@@ -360,9 +369,14 @@ test-launch: $(BUILD)/.deps-launch examples venv
 # The PyTorch plugin's tests: real multi-process DDP over gloo on CPU. The
 # plugin is used from the repository (PYTHONPATH), finding build/liboktopk.so.
 # The 15 slowest are named at the end: where make test's time goes.
+# Two pytest workers (pytest-xdist): a test's ranks wait on each other and
+# on timeouts, and the second worker's tests take that time (test-python
+# alone on 2 cores: 429 s in one worker, 366 s in two; test-horovod 147 s,
+# 115 s). Each test takes its own free ports (tests/python/conftest.py).
+TEST_WORKERS ?= 2
 PYENV := PYTHONPATH=$(CURDIR)/plugins/pytorch OMP_NUM_THREADS=1
 test-python: $(LIB) venv
-	$(PYENV) $(PY) -m pytest -q -rs --durations=15 -m "not accuracy" tests/python
+	$(PYENV) $(PY) -m pytest -q -rs -n $(TEST_WORKERS) --durations=15 -m "not accuracy" tests/python
 
 # The hook under the frameworks, each as its package ships it (2 ranks, a
 # few steps; examples/frameworks, docs/frameworks.md): Transformers' Trainer
@@ -379,7 +393,7 @@ test-wheel: wheel venv venv-horovod
 
 # The Horovod integration under real horovodrun --gloo (2 and 4 ranks).
 test-horovod: $(LIB) venv-horovod
-	OMP_NUM_THREADS=1 $(HVD_PY) -m pytest -q -rs -m "not accuracy" tests/horovod
+	OMP_NUM_THREADS=1 $(HVD_PY) -m pytest -q -rs -n $(TEST_WORKERS) -m "not accuracy" tests/horovod
 
 # The accuracy checks make test leaves out (pytest's "accuracy" marker): the
 # digits CNN trained 30 epochs densely and at 1% under DDP and under

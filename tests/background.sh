@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # background.sh DIR start NAME COMMAND... | DIR wait NAME | DIR result NAME
+#               | DIR after NAME COMMAND...
 # Setup that `make test` builds while its first suites run: on a fresh
 # machine the two virtualenvs (torch's download, Horovod's build from
 # source) take about 5 minutes, and the suites before them leave about a
@@ -17,6 +18,11 @@
 #          target: a no-op when the background built it, the build itself
 #          when it failed (never both at once: wait returns only once the
 #          background has ended).
+#   after  (inside a background job) runs COMMAND once NAME's build has
+#          ended, if it succeeded; else exits 1 without running it, and the
+#          foreground's step builds both in order. The frameworks'
+#          virtualenv is built over torch's, so it starts after it. Unlike
+#          wait it leaves NAME's record for the foreground's own wait.
 #   result for a suite started in the background (test-frameworks beside
 #          test-python: it fills the cores the other leaves idle): waits as
 #          wait does, prints the suite's whole output and how long it ran,
@@ -54,6 +60,18 @@ wait)
 		tail -n 40 "$log"
 	fi
 	;;
+after)
+	if [ -f "$pid_file" ]; then
+		pid=$(cat "$pid_file")
+		while [ ! -f "$rc_file" ] && kill -0 "$pid" 2>/dev/null; do sleep 1; done
+	fi
+	read -r rc secs <"$rc_file" 2>/dev/null || rc=died
+	if [ "$rc" != 0 ]; then
+		echo "$name's background build failed ($rc): not running $*" >&2
+		exit 1
+	fi
+	exec "$@"
+	;;
 result)
 	if [ ! -f "$pid_file" ]; then
 		echo "$name: was not started in the background" >&2
@@ -69,7 +87,7 @@ result)
 	exit
 	;;
 *)
-	echo "usage: $0 DIR start NAME COMMAND... | DIR wait NAME | DIR result NAME" >&2
+	echo "usage: $0 DIR start NAME COMMAND... | DIR wait NAME | DIR result NAME | DIR after NAME COMMAND..." >&2
 	exit 2
 	;;
 esac

@@ -9,6 +9,9 @@
 #     and still exits 0 (the step then runs the build itself);
 #   - a second start of the same name stops the first build first (two
 #     builds of one virtualenv would remove each other's files);
+#   - after (inside a background job) runs its command only once the named
+#     build has ended, and not at all if that build failed; the named
+#     build's record stays for the foreground's own wait;
 #   - result (a suite run beside another) waits for its end, prints its
 #     whole output and its status, and exits 0 only if it passed; for a
 #     name never started it fails.
@@ -57,6 +60,20 @@ rc=$?
 [ "$rc" = 1 ] && [[ $out == *"1 failed"*"status 4" ]] || fail "result of a failed suite exited $rc and said: $out"
 out=$("$bg" "$dir" result never 2>&1) && fail "result of a suite never started exited 0"
 [[ $out == *"was not started"* ]] || fail "result of a suite never started said: $out"
+
+# after: the second job starts its command only once the first has ended.
+"$bg" "$dir" start base bash -c 'sleep 1; touch "$0/base.done"' "$dir" >/dev/null
+"$bg" "$dir" start over "$bg" "$dir" after base bash -c '[ -f "$0/base.done" ] && touch "$0/over.done"' "$dir" >/dev/null
+"$bg" "$dir" wait over >/dev/null
+[ -f "$dir/over.done" ] || fail "after ran its command before the named build ended (or not at all)"
+out=$("$bg" "$dir" wait base) || fail "wait base exited $?"
+[[ $out == "base: built in the background in "*" s" ]] || fail "after took the named build's record; wait base said: $out"
+"$bg" "$dir" start broken bash -c 'exit 5' >/dev/null
+"$bg" "$dir" wait broken >/dev/null
+out=$("$bg" "$dir" after broken touch "$dir/after_broken.done" 2>&1)
+rc=$?
+[ "$rc" = 1 ] && [ ! -f "$dir/after_broken.done" ] && [[ $out == *"failed (5)"* ]] ||
+	fail "after a failed build exited $rc, said: $out"
 
 if [ "$failures" = 0 ]; then
 	echo "background_test.sh: ok"
