@@ -10,7 +10,7 @@ import random
 
 import torch
 
-from oktopk.choice import BF16, MAX_BACKOFF, MEASURE_STEPS, NATIVE, PROBE_STEPS, QUANTIZED, SPARSE, StepChoice
+from oktopk.choice import BF16, CLEAR_WIN, MAX_BACKOFF, MEASURE_STEPS, NATIVE, PROBE_STEPS, QUANTIZED, SPARSE, StepChoice
 
 FP16 = "fp16"  # the path added as one file (oktopk.paths)
 from test_ddp import run
@@ -75,12 +75,12 @@ def test_rechecks_that_keep_the_choice_back_off_to_max_backoff_periods_and_a_swi
     assert sparse_runs == [836, 880, 964] and choice.period == MAX_BACKOFF * 20
 
 
-@pytest.mark.parametrize("warmup_ms", [30.0, 25.0])
+@pytest.mark.parametrize("warmup_ms", [30.0, 25.0, 17.0])
 def test_a_clear_win_over_the_timed_warm_up_step_spares_the_native_probe(warmup_ms):
     # Sparse at 10 ms: a third of a 30 ms warm-up step (a slow link) is
     # chosen after its probe (steps 0-3), with no native step until the
-    # recheck's probe; 10 against 25 ms (40%) is one too. Native probes
-    # stay the only exploration.
+    # recheck's probe; 10 against 25 ms (40%) is one too, and against 17
+    # (59%, within CLEAR_WIN). Native probes stay the only exploration.
     choice = StepChoice(recheck_every=200)
     paths = simulate(choice, 500, lambda path, s: 10.0 if path == SPARSE else 30.0, warmup_ms=warmup_ms)
     assert paths[:204] == [SPARSE] * 204 and paths[204:208] == [NATIVE] * PROBE_STEPS
@@ -90,14 +90,15 @@ def test_a_clear_win_over_the_timed_warm_up_step_spares_the_native_probe(warmup_
     assert paths.count(NATIVE) == choice.explored == PROBE_STEPS
 
 
-@pytest.mark.parametrize("sparse_ms", [12.0, 18.0])
+@pytest.mark.parametrize("sparse_ms", [12.5, 18.0])
 def test_without_a_clear_win_the_native_probe_runs(sparse_ms):
-    # 12 or 18 ms against a 20 ms warm-up step: more than half of it, so
-    # the native probe (steps 4-7) decides, here for sparse (10% margin)
-    # only at 12.
+    # 12.5 or 18 ms against a 20 ms warm-up step: more than CLEAR_WIN (60%)
+    # of it, so the native probe (steps 4-7) decides, here for sparse (10%
+    # margin) only at 12.5.
     choice = StepChoice(recheck_every=200)
     paths = simulate(choice, 40, lambda path, s: sparse_ms if path == SPARSE else 20.0, warmup_ms=20.0)
     assert paths[:8] == [SPARSE] * 4 + [NATIVE] * 4
+    assert CLEAR_WIN == 0.6
     assert choice.chosen == (SPARSE if sparse_ms < 18.0 else NATIVE) and choice.decided_at == 8
 
 

@@ -223,6 +223,19 @@ def test_the_docs_state_the_choices_back_off_as_the_code_has_it():
     assert f"({MAX_BACKOFF * DEFAULT_RECHECK_EVERY:,} steps)" in " ".join((docs / "pytorch-details.md").read_text().split())
 
 
+def test_the_docs_state_the_clear_win_as_the_code_has_it():
+    # A probe at most CLEAR_WIN of the timed warm-up step chooses at once,
+    # with no native probe; both docs say the share.
+    import pathlib
+
+    from oktopk.choice import CLEAR_WIN
+
+    docs = pathlib.Path(__file__).resolve().parents[2] / "docs"
+    for page in ("pytorch.md", "pytorch-details.md"):
+        text = " ".join((docs / page).read_text().split())
+        assert f"at most {CLEAR_WIN:.0%} of the last warm-up step's time" in text, page
+
+
 @pytest.mark.parametrize("other", [{"algorithm": "oktopk"}, {"algorithm": "auto"}, {"dense_compression": None}])
 def test_sparse_false_needs_the_measured_choice_and_a_dense_path_to_measure(other):
     # sparse=False is the measured choice with dense_compression's path in

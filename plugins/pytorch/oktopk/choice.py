@@ -12,9 +12,11 @@ The schedule, in steps after the dense warm-up (``s`` = 0, 1, ...):
 
 1. Explore: ``PROBE_STEPS`` steps sparse. If the front end timed its last
    warm-up step (native) and the sparse probe's steps took at most
-   ``CLEAR_WIN`` of it, no step noise explains that (a slow link): sparse
-   is chosen at once (and confirmed as in 3), sparing a native probe whose
-   steps there take seconds. Otherwise ``PROBE_STEPS`` steps native.
+   ``CLEAR_WIN`` of it, a clear win, no step noise explains that (a slow
+   link): sparse is chosen at once (and confirmed as in 3), sparing a
+   native probe whose steps there take seconds and, on the way to a
+   compressed dense path, send float32. Otherwise ``PROBE_STEPS`` steps
+   native.
 2. Decide (at the first bucket of the next step): every rank times each
    step from its first bucket to the next step's first bucket (its whole
    reduction, the optimizer and the next forward; the first step of each
@@ -91,7 +93,15 @@ BF16 = _WAYS["bf16"].name  # the process group's allreduce of bfloat16 values, t
 QUANTIZED = _WAYS["quantized"].name  # oktopk.quantized: a few bits per value, error feedback
 
 PROBE_STEPS = 4  # steps of a probe of the path not chosen
-CLEAR_WIN = 0.5  # the sparse probe's share of the timed warm-up step that chooses sparse without a native probe
+# A clear win: the winner's steps took at most this share of the other's.
+# Over the candidate's probe against the one timed warm-up step, it
+# chooses the candidate with no native probe; chosen so that the candidate
+# still saves the margin if that one step ran 1.5 times its usual time
+# (0.6 x 1.5 = 0.9; the slowest of 20 steps measured at 200 Mbit/s ran
+# 1.39 times their median: VGG-16, results/frameworks.md). It was 0.5, and
+# the 4-bit path under AdamW at 200 Mbit/s, at 0.47-0.52 of native's step,
+# then paid a native probe of float32 steps about every other run.
+CLEAR_WIN = 0.6
 MEASURE_STEPS = 12  # steps of a confirmation, and of the chosen path's figure at a recheck
 DEFAULT_MARGIN = 0.10
 DEFAULT_RECHECK_EVERY = 200
