@@ -99,8 +99,9 @@ PROBE_STEPS = 4  # steps of a probe of the path not chosen
 # still saves the margin if that one step ran 1.5 times its usual time
 # (0.6 x 1.5 = 0.9; the slowest of 20 steps measured at 200 Mbit/s ran
 # 1.39 times their median: VGG-16, results/frameworks.md). It was 0.5, and
-# the 4-bit path under AdamW at 200 Mbit/s, at 0.47-0.52 of native's step,
-# then paid a native probe of float32 steps about every other run.
+# the 4-bit path under AdamW at 200 Mbit/s, at 0.55 of the timed warm-up
+# step on the charlm, then paid a native probe of 4 float32 steps
+# (results/text.md, "A clear win at 60%").
 CLEAR_WIN = 0.6
 MEASURE_STEPS = 12  # steps of a confirmation, and of the chosen path's figure at a recheck
 DEFAULT_MARGIN = 0.10
