@@ -182,10 +182,16 @@ def stopped_peer_on_native_step(rank, world, port, out, pg_timeout, compression)
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=pg_timeout))
-    m = DDP(small_model())
+    # The short timeout is the training group's only: the setup (ranks
+    # starting seconds apart on a loaded machine) waits on the default
+    # group's, and the ranks leave a barrier together before DDP's own
+    # broadcast on the short one.
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    group = dist.new_group(list(range(world)), timeout=datetime.timedelta(seconds=pg_timeout))
+    dist.barrier()
+    m = DDP(small_model(), process_group=group)
     warmup = Warmup(iters=10) if compression == "native" else Warmup(iters=10, compression=compression)
-    m.register_comm_hook(OkTopkState(sparse_after=0, density=0.1, warmup=warmup), oktopk_hook)
+    m.register_comm_hook(OkTopkState(process_group=group, sparse_after=0, density=0.1, warmup=warmup), oktopk_hook)
     o = torch.optim.SGD(m.parameters(), lr=0.1)
     for step in range(5):
         if step == 2:
