@@ -151,16 +151,16 @@ def path_step(c, path, n, density, powersgd_values, momentum_correction=False, r
 CLEAR_WIN_OF_THESE_RUNS = 0.5
 
 
-def run_mean(steps, warmup_s, warmup, native, chosen_path_s, default_hook, candidate_s=None, clear_win=CLEAR_WIN_OF_THESE_RUNS):
+def run_mean(steps, warmup_s, warmup, native, chosen_path_s, default_hook, candidate_s=None):
     """Mean step over a run of ``steps``: ``warmup`` warm-up steps taking
     ``warmup_s`` in all, then the method; the hook's defaults add their
-    probes (oktopk.choice, with ``clear_win`` its CLEAR_WIN)."""
+    probes (oktopk.choice, under CLEAR_WIN_OF_THESE_RUNS)."""
     if not default_hook:
         return (warmup_s + (steps - warmup) * chosen_path_s) / steps
     cand = candidate_s
     t, s = warmup_s, warmup
     t, s = t + choice.PROBE_STEPS * cand, s + choice.PROBE_STEPS
-    if cand > clear_win * native:  # not a clear win: probe native too
+    if cand > CLEAR_WIN_OF_THESE_RUNS * native:  # not a clear win: probe native too
         t, s = t + choice.PROBE_STEPS * native, s + choice.PROBE_STEPS
     chosen = cand if cand <= (1 - choice.DEFAULT_MARGIN) * native else native
     other = native if chosen is cand else cand

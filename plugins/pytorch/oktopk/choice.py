@@ -93,15 +93,10 @@ BF16 = _WAYS["bf16"].name  # the process group's allreduce of bfloat16 values, t
 QUANTIZED = _WAYS["quantized"].name  # oktopk.quantized: a few bits per value, error feedback
 
 PROBE_STEPS = 4  # steps of a probe of the path not chosen
-# A clear win: the winner's steps took at most this share of the other's.
-# Over the candidate's probe against the one timed warm-up step, it
-# chooses the candidate with no native probe; chosen so that the candidate
-# still saves the margin if that one step ran 1.5 times its usual time
-# (0.6 x 1.5 = 0.9; the slowest of 20 steps measured at 200 Mbit/s ran
-# 1.39 times their median: VGG-16, results/frameworks.md). It was 0.5, and
-# the 4-bit path under AdamW at 200 Mbit/s, at 0.55 of the timed warm-up
-# step on the charlm, then paid a native probe of 4 float32 steps
-# (results/text.md, "A clear win at 60%").
+# A clear win: the candidate's probe at most this share of the one timed
+# warm-up step, so that it still saves the margin were that step 1.5 times
+# its usual time (the slowest of 20 measured ran 1.39 times their median;
+# results/text.md, "A clear win at 60%").
 CLEAR_WIN = 0.6
 MEASURE_STEPS = 12  # steps of a confirmation, and of the chosen path's figure at a recheck
 DEFAULT_MARGIN = 0.10
