@@ -27,8 +27,10 @@ is handed the model, the optimizer and the step by the group's rank 0 (the
 step STEP, after their forward (``--stop``: SIGSTOP, a hung machine).
 ``--kill STEP:R[,R...]``, repeatable: more losses (a rank lost later, or
 a second one).
-``--step-sleep S``: sleep S seconds after each step (a slower model, so
-that a joiner finds the run still going).
+``--step-sleep S``: sleep S seconds after each step (a slower model).
+``--after-join N``: end N steps after a rank joins, on every rank, the
+joiner's included; until one joins the run goes on, to ``--steps`` at
+most (so a joiner that starts slowly still finds the job's store).
 """
 
 import argparse
@@ -71,6 +73,8 @@ def main(argv=None):
     ap.add_argument("--on-rank-loss", default="continue", choices=["continue", "stop"],
                     help="stop: fail-stop, to time the same run without the continue mode's per-step look at the store")
     ap.add_argument("--join", action="store_true", help="come back into the running job as rank RANK")
+    ap.add_argument("--after-join", type=int, default=None, metavar="N",
+                    help="end N steps after a rank joins (until one does, go on to --steps at most)")
     ap.add_argument("--out", default=None, help="write each survivor's summary (JSON) here")
     args = ap.parse_args(argv)
 
@@ -96,12 +100,16 @@ def main(argv=None):
     state.rejoin_state(lambda: {"model": model.module.state_dict(), "optimizer": opt.state_dict(), "step": progress["step"]},
                        lambda d: (model.module.load_state_dict(d["model"]), opt.load_state_dict(d["optimizer"]),
                                   progress.update(step=d["step"])))
+    end, counting_from_join = args.steps, False
     if args.join:
         state.join()
         print(f"rank {rank} joined the running job at step {progress['step']}", flush=True)
+        if args.after_join is not None:
+            end = progress["step"] + args.after_join
 
     step_seconds, digests = [], []
-    for step in range(progress["step"], args.steps):
+    step = progress["step"]
+    while step < end:
         progress["step"] = step
         begun = time.perf_counter()
         bx, by = batch(x, y, step + args.seed * 100_000, rank, world, args.batch_size)
@@ -115,13 +123,18 @@ def main(argv=None):
         time.sleep(args.step_sleep)
         if args.out:
             digests.append(params_digest(model))
+        if args.after_join is not None and not args.join and state.rank_joins and not counting_from_join:
+            # A rank was admitted in this step, alike on every member: the
+            # joiner, handed this step, counts from it too.
+            end, counting_from_join = min(end, step + args.after_join), True
+        step += 1
 
     model.eval()
     with torch.no_grad():
         acc = 100.0 * (model(tx).argmax(1) == ty).float().mean().item()
     losses = state.rank_losses
     if not losses or losses[-1]["rank"] == 0:
-        print(f"{args.steps} steps over {state.collectives.size()} ranks at the end, test accuracy {acc:.2f}%, "
+        print(f"{step} steps over {state.collectives.size()} ranks at the end, test accuracy {acc:.2f}%, "
               f"rank losses {[(l['step'], l['lost']) for l in losses]}", flush=True)
     if args.out:
         with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:

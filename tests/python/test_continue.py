@@ -123,13 +123,15 @@ def test_a_rank_that_comes_back_joins_and_every_rank_ends_bitwise_alike(tmp_path
     # the optimizer and the step, and from then on every step averages
     # over 4 ranks again. Every rank's parameters after every step from
     # the join on are the same, bit for bit, the joiner's included.
-    # 60 steps: the survivors' run must outlast the joiner's start (its
-    # `import torch`, seconds on a loaded machine), since rank 0 hosts the
-    # job's store it connects to; with 40 a loaded run once ended first.
-    out, steps = tmp_path / "out", 60
-    procs = start_ranks(4, out, "--steps", steps, "--kill-at", 6, "--kill-rank", 2, "--step-sleep", 0.15, "--timeout", 10)
+    # The run ends 12 steps after the join (--after-join), and until then
+    # goes on (to 600 steps at most): the joiner's start (its `import
+    # torch`, seconds on a loaded machine) must find rank 0, which hosts
+    # the job's store, still running; a fixed 60 steps once ended first.
+    out, after = tmp_path / "out", 12
+    common = ("--steps", 600, "--after-join", after, "--step-sleep", 0.1, "--timeout", 10)
+    procs = start_ranks(4, out, "--kill-at", 6, "--kill-rank", 2, *common)
     assert procs[2].wait(timeout=120) == -signal.SIGKILL
-    joiner = join_rank(out, procs_port(procs), 4, 2, "--steps", steps, "--step-sleep", 0.15, "--timeout", 10)
+    joiner = join_rank(out, procs_port(procs), 4, 2, *common)
     results = {r: procs[r].communicate(timeout=180) for r in (0, 1, 3)}
     joined = joiner.communicate(timeout=120)
     for r in (0, 1, 3):
@@ -146,7 +148,8 @@ def test_a_rank_that_comes_back_joins_and_every_rank_ends_bitwise_alike(tmp_path
         assert ranks[r]["size"] == 4
     mine = ranks[2]
     assert mine["rank_joins"][0]["step"] == join["step"] and mine["size"] == 4 and mine["bytes_sent"] > 0
-    first = steps - len(mine["digests"])  # the script step it joined at
+    assert len(mine["digests"]) == after, "the joiner did not end with the group"
+    first = len(member["digests"]) - after  # the script step it joined at
     assert mine["digests"] == member["digests"][first:], "the joiner's parameters part from the others' at some step"
     assert "rank 2 joined at step" in results[0][1]
 
