@@ -856,7 +856,11 @@ def judge_elastic(job, run):
 
 CONTINUE_SCRIPT = os.path.join(ROOT, "examples", "pytorch", "continue.py")
 CONTINUE_BOUND = 120.0  # seconds for every survivor of a continue job to end
-REJOIN_STEPS, REJOIN_SLEEP = 40, 0.1  # a rejoin job's run: long enough for the lost rank's new process to start and join
+SLOW_STEPS, SLOW_SLEEP = 40, 0.1  # a claim job's run: long enough for the claimant to start and be refused
+# A rejoin job's run goes on until the lost rank's new process has joined
+# (its start, `import torch`, takes seconds on a loaded machine), then
+# REJOIN_AFTER steps on every rank; REJOIN_STEPS at most.
+REJOIN_STEPS, REJOIN_AFTER = 300, 10
 CONTINUE_WAKE_BOUND = 30.0  # seconds for a woken stopped rank to fail
 
 
@@ -869,9 +873,11 @@ def run_continue(job, workdir, verbose=False):
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "plugins", "pytorch"), OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1",
                MASTER_PORT=str(free_port()), WORLD_SIZE=str(world))
     slow = job.get("rejoin") or "claim" in job
-    steps = REJOIN_STEPS if slow else CONTINUE_STEPS
+    steps = REJOIN_STEPS if job.get("rejoin") else SLOW_STEPS if slow else CONTINUE_STEPS
     common = [sys.executable, CONTINUE_SCRIPT, "--out", out, "--steps", str(steps), "--density", str(s["density"]),
-              "--timeout", str(PLUGIN_TIMEOUT)] + (["--step-sleep", str(REJOIN_SLEEP)] if slow else [])
+              "--timeout", str(PLUGIN_TIMEOUT)] + (["--step-sleep", str(SLOW_SLEEP)] if slow else [])
+    if job.get("rejoin"):
+        common += ["--after-join", str(REJOIN_AFTER)]
     cmd = list(common)
     for at, ranks in job["kills"]:
         cmd += ["--kill", f"{at}:{','.join(map(str, ranks))}"]
@@ -945,7 +951,7 @@ def judge_continue(job, run):
             o["crash"] = 1
             notes.append(f"survivor {r} exited {code}: {err[-800:]}")
     records = [run["ranks"][r] for r in survivors if r in run["ranks"]]
-    steps = REJOIN_STEPS if "claim" in job else CONTINUE_STEPS
+    steps = SLOW_STEPS if "claim" in job else CONTINUE_STEPS
     want = [(step, lost) for step, lost in job["losses"]]
     for r in survivors:
         rec = run["ranks"].get(r)
