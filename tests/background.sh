@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # background.sh DIR start NAME COMMAND... | DIR wait NAME | DIR result NAME
-#               | DIR after NAME COMMAND...
+#               | DIR after NAME COMMAND... | DIR beside NAME COMMAND...
 # Setup that `make test` builds while its first suites run: on a fresh
 # machine the two virtualenvs (torch's download, Horovod's build from
 # source) take about 5 minutes, and the suites before them leave about a
@@ -18,6 +18,10 @@
 #          target: a no-op when the background built it, the build itself
 #          when it failed (never both at once: wait returns only once the
 #          background has ended).
+#   beside as start, at the foreground's own priority: for suites that
+#          mostly wait (on launchers, daemons and their ranks' timeouts),
+#          run beside a suite that leaves cores idle; at nice 19 under a
+#          busy foreground their timeouts of a few seconds could fire.
 #   after  (inside a background job) runs COMMAND once NAME's build has
 #          ended, if it succeeded; else exits 1 without running it, and the
 #          foreground's step builds both in order. The frameworks'
@@ -34,7 +38,7 @@ shift 3
 pid_file=$dir/$name.pid rc_file=$dir/$name.rc log=$dir/$name.log
 
 case $action in
-start)
+start | beside)
 	mkdir -p "$dir"
 	if [ -f "$pid_file" ] && kill -0 "$(cat "$pid_file")" 2>/dev/null; then
 		kill -- -"$(cat "$pid_file")" 2>/dev/null
@@ -42,10 +46,12 @@ start)
 	fi
 	rm -f "$rc_file"
 	start=$EPOCHSECONDS
-	setsid bash -c 'nice -n 19 "$@"; echo "$? $(($EPOCHSECONDS - '"$start"'))" >"'"$rc_file"'"' _ "$@" \
+	niceness=19 what="building in the background"
+	[ "$action" = beside ] && niceness=0 what="running in the background"
+	setsid bash -c 'nice -n '"$niceness"' "$@"; echo "$? $(($EPOCHSECONDS - '"$start"'))" >"'"$rc_file"'"' _ "$@" \
 		>"$log" 2>&1 </dev/null &
 	echo $! >"$pid_file"
-	echo "$name: building in the background (log: $log)"
+	echo "$name: $what (log: $log)"
 	;;
 wait)
 	[ -f "$pid_file" ] || exit 0
@@ -87,7 +93,7 @@ result)
 	exit
 	;;
 *)
-	echo "usage: $0 DIR start NAME COMMAND... | DIR wait NAME | DIR result NAME | DIR after NAME COMMAND..." >&2
+	echo "usage: $0 DIR start NAME COMMAND... | DIR wait NAME | DIR result NAME | DIR after NAME COMMAND... | DIR beside NAME COMMAND..." >&2
 	exit 2
 	;;
 esac

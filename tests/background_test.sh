@@ -12,6 +12,7 @@
 #   - after (inside a background job) runs its command only once the named
 #     build has ended, and not at all if that build failed; the named
 #     build's record stays for the foreground's own wait;
+#   - beside runs its command as start does, at the caller's own priority;
 #   - result (a suite run beside another) waits for its end, prints its
 #     whole output and its status, and exits 0 only if it passed; for a
 #     name never started it fails.
@@ -60,6 +61,13 @@ rc=$?
 [ "$rc" = 1 ] && [[ $out == *"1 failed"*"status 4" ]] || fail "result of a failed suite exited $rc and said: $out"
 out=$("$bg" "$dir" result never 2>&1) && fail "result of a suite never started exited 0"
 [[ $out == *"was not started"* ]] || fail "result of a suite never started said: $out"
+
+# beside: as start, at the caller's own priority; result reads it the same.
+out=$("$bg" "$dir" beside near bash -c 'echo "nice $(nice)"; sleep 1; touch "$0/near.done"' "$dir")
+[[ $out == "near: running in the background"* ]] || fail "beside printed: $out"
+out=$("$bg" "$dir" result near) || fail "result of a suite run beside exited $?"
+[ -f "$dir/near.done" ] && [[ $out == "nice $base"*"near: ran in the background for "*" s, status 0" ]] ||
+	fail "beside did not run at the caller's priority ($base), or result said: $out"
 
 # after: the second job starts its command only once the first has ended.
 "$bg" "$dir" start base bash -c 'sleep 1; touch "$0/base.done"' "$dir" >/dev/null
