@@ -29,10 +29,24 @@ done
 
 tmp=$(mktemp -d)
 daemons=()
+# Stopped in the reverse order of their start, once this cluster's jobs
+# have ended: a step's slurmstepd reports its end to slurmctld, signed by
+# munged, and with either gone it retries while slurmd waits for it (seen
+# under load: srun had returned before its step's report, and the cleanup
+# waited on slurmd for good). Each daemon gets 20 s after SIGTERM, then
+# SIGKILL: a cleanup never hangs.
 cleanup() {
-	local pid
-	for pid in "${daemons[@]}"; do kill "$pid" 2>/dev/null; done
-	for pid in "${daemons[@]}"; do wait "$pid" 2>/dev/null; done
+	local pid i
+	if [ ${#daemons[@]} = 3 ]; then
+		for _ in $(seq 60); do [ -z "$(squeue -h -o %i 2>/dev/null)" ] && break; sleep 0.5; done
+	fi
+	for ((i = ${#daemons[@]} - 1; i >= 0; i--)); do
+		pid=${daemons[i]}
+		kill "$pid" 2>/dev/null || continue
+		for _ in $(seq 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+		kill -9 "$pid" 2>/dev/null
+		wait "$pid" 2>/dev/null
+	done
 	rm -rf "$tmp"
 }
 trap cleanup EXIT
