@@ -24,7 +24,8 @@
 #          busy foreground their timeouts of a few seconds could fire.
 #   after  (inside a background job) runs COMMAND once NAME's build has
 #          ended, if it succeeded; else exits 1 without running it, and the
-#          foreground's step builds both in order. The frameworks'
+#          foreground's step builds both in order. With no build of NAME
+#          started it runs COMMAND at once. The frameworks'
 #          virtualenv is built over torch's, so it starts after it. Unlike
 #          wait it leaves NAME's record for the foreground's own wait.
 #   result for a suite started in the background (test-frameworks beside
@@ -67,6 +68,7 @@ wait)
 	fi
 	;;
 after)
+	[ -f "$pid_file" ] || [ -f "$rc_file" ] || exec "$@" # never started: the command makes what it needs itself
 	if [ -f "$pid_file" ]; then
 		pid=$(cat "$pid_file")
 		while [ ! -f "$rc_file" ] && kill -0 "$pid" 2>/dev/null; do sleep 1; done

@@ -11,7 +11,8 @@
 #     builds of one virtualenv would remove each other's files);
 #   - after (inside a background job) runs its command only once the named
 #     build has ended, and not at all if that build failed; the named
-#     build's record stays for the foreground's own wait;
+#     build's record stays for the foreground's own wait; with none
+#     started it runs its command at once;
 #   - beside runs its command as start does, at the caller's own priority;
 #   - result (a suite run beside another) waits for its end, prints its
 #     whole output and its status, and exits 0 only if it passed; for a
@@ -76,6 +77,8 @@ out=$("$bg" "$dir" result near) || fail "result of a suite run beside exited $?"
 [ -f "$dir/over.done" ] || fail "after ran its command before the named build ended (or not at all)"
 out=$("$bg" "$dir" wait base) || fail "wait base exited $?"
 [[ $out == "base: built in the background in "*" s" ]] || fail "after took the named build's record; wait base said: $out"
+"$bg" "$dir" after unstarted touch "$dir/after_unstarted.done" || fail "after a build never started exited $?"
+[ -f "$dir/after_unstarted.done" ] || fail "after a build never started did not run its command"
 "$bg" "$dir" start broken bash -c 'exit 5' >/dev/null
 "$bg" "$dir" wait broken >/dev/null
 out=$("$bg" "$dir" after broken touch "$dir/after_broken.done" 2>&1)
