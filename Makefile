@@ -172,32 +172,28 @@ venv-wait-frameworks:
 test-frameworks-setup: venv-wait-frameworks deps-images deps-text
 test-frameworks-result:
 	@tests/background.sh $(BACKGROUND) result test-frameworks
-# The library's build and the suites make test runs beside test-go, one
-# after another, at normal priority (background.sh beside): test-go leaves about a third of the 2
-# cores idle (263 s of wall time for 375 s of CPU from a cold Go cache), and
-# test-c, chaos-smoke and test-launch mostly wait, on their launchers,
-# daemons and ranks' timeouts (measured alone: 42, 49 and 34 s of wall time
-# for 12, 48 and 7 s of CPU). Then the smokes of the benchmarks and of the
-# PyTorch fault campaign, short runs that assert no timing. Their output,
-# with each one's wall time, is printed once test-go has ended. Those that
-# run torch start once its virtualenv is built; if that build failed they
-# do not run, and make test stops there, naming the failed build.
+# Beside test-go, one after another, at normal priority (background.sh
+# beside): the library's build, Open MPI and Slurm's install, and the
+# suites that mostly wait, on their launchers, daemons and ranks' timeouts:
+# test-c, chaos-smoke and test-launch (measured alone: 42, 49 and 34 s of
+# wall time for 12, 48 and 7 s of CPU). test-go leaves about a third of
+# the 2 cores idle (263 s of wall time for 375 s of CPU, cold Go cache).
+# The smokes that compute (the benchmarks', the PyTorch fault campaign's)
+# stay after test-horovod: beside test-go they took 2 to 4 times as long
+# and slowed it by a minute. The output, with each step's wall time, is
+# printed once test-go has ended. test-launch starts once torch's
+# virtualenv is built (its Slurm job runs a DDP script); if that build
+# failed it does not run, and make test stops there, naming the build.
 BESIDE_GO_TIMES := $(BUILD)/beside-test-go-times.txt
 BESIDE_GO := TIMED_TITLE="beside test-go" tests/timed.sh $(BESIDE_GO_TIMES) run
-AFTER_TORCH := tests/background.sh $(BACKGROUND) after torch-venv
 test-beside-go:
 	@tests/timed.sh $(BESIDE_GO_TIMES) reset
 	-+@$(BESIDE_GO) "setup: liboktopk.so" $(MAKE) --no-print-directory build
 	-+@$(BESIDE_GO) "setup: Open MPI and Slurm" $(MAKE) --no-print-directory deps-launch
 	-+@$(BESIDE_GO) test-c $(MAKE) --no-print-directory test-c
 	-+@$(BESIDE_GO) chaos-smoke $(MAKE) --no-print-directory chaos-smoke
-	-+@$(BESIDE_GO) "setup: torch venv (the wait for its background build)" $(AFTER_TORCH) true
-	-+@$(BESIDE_GO) test-launch $(AFTER_TORCH) $(MAKE) --no-print-directory test-launch
-	-+@$(BESIDE_GO) bench-smoke $(AFTER_TORCH) $(MAKE) --no-print-directory bench-smoke
-	-+@$(BESIDE_GO) "setup: fortunes" $(MAKE) --no-print-directory deps-text
-	-+@$(BESIDE_GO) bench-e2e-smoke $(AFTER_TORCH) $(MAKE) --no-print-directory bench-e2e-smoke
-	-+@$(BESIDE_GO) bench-ddp-smoke $(AFTER_TORCH) $(MAKE) --no-print-directory bench-ddp-smoke
-	-+@$(BESIDE_GO) chaos-torch-smoke $(AFTER_TORCH) $(MAKE) --no-print-directory chaos-torch-smoke
+	-+@$(BESIDE_GO) "setup: torch venv (the wait for its background build)" tests/background.sh $(BACKGROUND) after torch-venv true
+	-+@$(BESIDE_GO) test-launch tests/background.sh $(BACKGROUND) after torch-venv $(MAKE) --no-print-directory test-launch
 	@TIMED_TITLE="beside test-go" tests/timed.sh $(BESIDE_GO_TIMES) print
 beside-test-go-result:
 	@tests/background.sh $(BACKGROUND) result beside-test-go
@@ -213,7 +209,7 @@ test:
 		tests/background.sh $(BACKGROUND) after torch-venv $(MAKE_COMMAND) --no-print-directory venv-frameworks
 	@tests/background.sh $(BACKGROUND) beside beside-test-go $(MAKE_COMMAND) --no-print-directory test-beside-go
 	$(call timed,test-go,test-go)
-	$(call timed,the library test-c test-launch and the smokes (beside test-go; the wait for their end),beside-test-go-result)
+	$(call timed,the library test-c chaos-smoke test-launch (beside test-go; the wait for their end),beside-test-go-result)
 	$(call timed,setup: torch venv (the wait for its background build),venv-wait-torch)
 	@tests/background.sh $(BACKGROUND) start test-frameworks $(MAKE_COMMAND) --no-print-directory test-frameworks-setup test-frameworks
 	$(call timed,test-python,test-python)
@@ -223,6 +219,11 @@ test:
 	$(call timed,test-wheel,test-wheel)
 	$(call timed,test-horovod,test-horovod)
 	$(call timed,test-venvs,test-venvs)
+	$(call timed,bench-smoke,bench-smoke)
+	$(call timed,setup: fortunes,deps-text)
+	$(call timed,bench-e2e-smoke,bench-e2e-smoke)
+	$(call timed,bench-ddp-smoke,bench-ddp-smoke)
+	$(call timed,chaos-torch-smoke,chaos-torch-smoke)
 	@tests/timed.sh $(TEST_TIMES) print
 
 # Fuzz budgets are counts of executions, a few seconds each on a 2-core
