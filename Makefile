@@ -172,28 +172,24 @@ venv-wait-frameworks:
 test-frameworks-setup: venv-wait-frameworks deps-images deps-text
 test-frameworks-result:
 	@tests/background.sh $(BACKGROUND) result test-frameworks
-# Beside test-go, one after another, at normal priority (background.sh
-# beside): the library's build, Open MPI and Slurm's install, and the
-# suites that mostly wait, on their launchers, daemons and ranks' timeouts:
-# test-c, chaos-smoke and test-launch (measured alone: 42, 49 and 34 s of
-# wall time for 12, 48 and 7 s of CPU). test-go leaves about a third of
-# the 2 cores idle (263 s of wall time for 375 s of CPU, cold Go cache).
-# The smokes that compute (the benchmarks', the PyTorch fault campaign's)
-# stay after test-horovod: beside test-go they took 2 to 4 times as long
-# and slowed it by a minute. The output, with each step's wall time, is
-# printed once test-go has ended. test-launch starts once torch's
-# virtualenv is built (its Slurm job runs a DDP script); if that build
-# failed it does not run, and make test stops there, naming the build.
+# test-c, chaos-smoke and test-launch mostly wait, on their launchers,
+# daemons and ranks' timeouts (measured alone: 42, 49 and 34 s of wall time
+# for 12, 48 and 7 s of CPU), and test-go leaves about a third of the 2
+# cores idle (263 s of wall time for 375 s of CPU from a cold Go cache): make
+# test runs the three one after another beside test-go, at normal priority
+# (background.sh beside), and prints their output, with each one's wall
+# time, once test-go has ended. test-launch starts once torch's virtualenv
+# is built (its Slurm job runs a DDP script); if that build failed, it does
+# not run and make test stops there, naming the failed build. The smokes
+# that compute, and the library's build, beside test-go too made the whole
+# slower (results/first_hour.md): they stay where they were.
 BESIDE_GO_TIMES := $(BUILD)/beside-test-go-times.txt
-BESIDE_GO := TIMED_TITLE="beside test-go" tests/timed.sh $(BESIDE_GO_TIMES) run
 test-beside-go:
 	@tests/timed.sh $(BESIDE_GO_TIMES) reset
-	-+@$(BESIDE_GO) "setup: liboktopk.so" $(MAKE) --no-print-directory build
-	-+@$(BESIDE_GO) "setup: Open MPI and Slurm" $(MAKE) --no-print-directory deps-launch
-	-+@$(BESIDE_GO) test-c $(MAKE) --no-print-directory test-c
-	-+@$(BESIDE_GO) chaos-smoke $(MAKE) --no-print-directory chaos-smoke
-	-+@$(BESIDE_GO) "setup: torch venv (the wait for its background build)" tests/background.sh $(BACKGROUND) after torch-venv true
-	-+@$(BESIDE_GO) test-launch tests/background.sh $(BACKGROUND) after torch-venv $(MAKE) --no-print-directory test-launch
+	-+@TIMED_TITLE="beside test-go" tests/timed.sh $(BESIDE_GO_TIMES) run test-c $(MAKE) --no-print-directory test-c
+	-+@TIMED_TITLE="beside test-go" tests/timed.sh $(BESIDE_GO_TIMES) run chaos-smoke $(MAKE) --no-print-directory chaos-smoke
+	-+@TIMED_TITLE="beside test-go" tests/timed.sh $(BESIDE_GO_TIMES) run "test-launch (with the wait for torch's virtualenv)" \
+		tests/background.sh $(BACKGROUND) after torch-venv $(MAKE) --no-print-directory test-launch
 	@TIMED_TITLE="beside test-go" tests/timed.sh $(BESIDE_GO_TIMES) print
 beside-test-go-result:
 	@tests/background.sh $(BACKGROUND) result beside-test-go
@@ -207,9 +203,11 @@ test:
 	@tests/background.sh $(BACKGROUND) start horovod-venv $(MAKE_COMMAND) --no-print-directory venv-horovod
 	@tests/background.sh $(BACKGROUND) start frameworks-venv \
 		tests/background.sh $(BACKGROUND) after torch-venv $(MAKE_COMMAND) --no-print-directory venv-frameworks
+	$(call timed,setup: liboktopk.so,build)
+	$(call timed,setup: Open MPI and Slurm,deps-launch)
 	@tests/background.sh $(BACKGROUND) beside beside-test-go $(MAKE_COMMAND) --no-print-directory test-beside-go
 	$(call timed,test-go,test-go)
-	$(call timed,the library test-c chaos-smoke test-launch (beside test-go; the wait for their end),beside-test-go-result)
+	$(call timed,test-c chaos-smoke test-launch (beside test-go; the wait for their end),beside-test-go-result)
 	$(call timed,setup: torch venv (the wait for its background build),venv-wait-torch)
 	@tests/background.sh $(BACKGROUND) start test-frameworks $(MAKE_COMMAND) --no-print-directory test-frameworks-setup test-frameworks
 	$(call timed,test-python,test-python)
