@@ -105,7 +105,7 @@ def main(argv=None):
         state.join()
         print(f"rank {rank} joined the running job at step {progress['step']}", flush=True)
         if args.after_join is not None:
-            end = progress["step"] + args.after_join
+            end = min(end, progress["step"] + args.after_join)
 
     step_seconds, digests = [], []
     step = progress["step"]
