@@ -181,16 +181,17 @@ test-frameworks-result:
 # time, once test-go has ended. test-launch starts once torch's virtualenv
 # is built (its Slurm job runs a DDP script); if that build failed, it does
 # not run and make test stops there, naming the failed build. The smokes
-# that compute, and the library's build, beside test-go too made the whole
-# slower (results/first_hour.md): they stay where they were.
+# that compute stay after test-horovod: beside test-go they took 2 to 4
+# times as long (results/first_hour.md).
 BESIDE_GO_TIMES := $(BUILD)/beside-test-go-times.txt
+BESIDE_GO := TIMED_TITLE="beside test-go" tests/timed.sh $(BESIDE_GO_TIMES)
 test-beside-go:
 	@tests/timed.sh $(BESIDE_GO_TIMES) reset
-	-+@TIMED_TITLE="beside test-go" tests/timed.sh $(BESIDE_GO_TIMES) run test-c $(MAKE) --no-print-directory test-c
-	-+@TIMED_TITLE="beside test-go" tests/timed.sh $(BESIDE_GO_TIMES) run chaos-smoke $(MAKE) --no-print-directory chaos-smoke
-	-+@TIMED_TITLE="beside test-go" tests/timed.sh $(BESIDE_GO_TIMES) run "test-launch (with the wait for torch's virtualenv)" \
+	-+@$(BESIDE_GO) run test-c $(MAKE) --no-print-directory test-c
+	-+@$(BESIDE_GO) run chaos-smoke $(MAKE) --no-print-directory chaos-smoke
+	-+@$(BESIDE_GO) run "test-launch (with the wait for torch's virtualenv)" \
 		tests/background.sh $(BACKGROUND) after torch-venv $(MAKE) --no-print-directory test-launch
-	@TIMED_TITLE="beside test-go" tests/timed.sh $(BESIDE_GO_TIMES) print
+	@$(BESIDE_GO) print
 beside-test-go-result:
 	@tests/background.sh $(BACKGROUND) result beside-test-go
 # $(call timed,NAME,TARGET): make TARGET, its wall time recorded as NAME.
