@@ -29,6 +29,11 @@ WHEEL_PY := $(WHEEL_VENV)/bin/python
 FW_REQ := plugins/frameworks-requirements.txt
 FW_VENV := $(OKTOPK_CACHE)/venv-frameworks-$(shell cat $(FW_REQ) $(TORCH_REQ) | sha256sum | cut -c1-12)
 FW_PY := $(FW_VENV)/bin/python
+# A cached virtualenv is used only where it was built: its .ok marker is
+# there and its activate script names this very folder. A cache moved, or
+# reached through a link to another folder, keeps the old folder's name in
+# every script; it is built again here rather than failing later.
+venv_ready = { [ -f $(1)/.ok ] && grep -qs "^VIRTUAL_ENV=[\"']\?$(1)[\"']\?\$$" $(1)/bin/activate; }
 GO_SOURCES := $(shell find core transport capi -name '*.go' -not -name '*_test.go') $(wildcard capi/*.c capi/*.h) go.mod go.sum
 
 .PHONY: bits test-accuracy test-frameworks-setup test-frameworks-result test-beside-go beside-test-go-result venv-wait-torch venv-wait-horovod gpu-check all deps deps-launch deps-text deps-images bench-text bench-images bench-ddp bench-ddp-smoke venv-wheel build test test-go test-c test-launch test-python test-wheel test-venvs test-horovod test-frameworks venv-frameworks venv-wait-frameworks wheel demo demo-runs bench bench-quick bench-smoke bench-e2e bench-e2e-smoke bench-frameworks bench-go bench-scale bench-wire examples header-check clean venv venv-horovod print-py chaos chaos-smoke chaos-torch chaos-torch-smoke fuzz
@@ -92,7 +97,9 @@ $(LIB): $(BUILD)/.deps $(GO_SOURCES) include/oktopk.h capi/exports.map
 # compileall fails on a file or two written for newer Pythons (torch's
 # py312_intrinsics.py, never imported here): that is not an error.
 venv:
-	@if [ ! -f $(TORCH_VENV)/.ok ]; then \
+	@[ ! -d $(TORCH_VENV)/bin ] || grep -lIr --fixed-strings '$(TORCH_VENV).tmp' $(TORCH_VENV)/bin $(TORCH_VENV)/pyvenv.cfg \
+		| xargs -r sed -i 's|$(TORCH_VENV)\.tmp|$(TORCH_VENV)|g'
+	@if ! $(call venv_ready,$(TORCH_VENV)); then \
 		set -e; mkdir -p $(OKTOPK_CACHE); rm -rf $(TORCH_VENV) $(TORCH_VENV).tmp; \
 		echo "creating $(TORCH_VENV) from $(TORCH_REQ)"; \
 		python3 -m venv $(TORCH_VENV); \
@@ -100,8 +107,6 @@ venv:
 		$(PY) -m compileall -q -j 0 $$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') > /dev/null || true; \
 		touch $(TORCH_VENV)/.ok; \
 	fi
-	@grep -lIr --fixed-strings '$(TORCH_VENV).tmp' $(TORCH_VENV)/bin $(TORCH_VENV)/pyvenv.cfg \
-		| xargs -r sed -i 's|$(TORCH_VENV)\.tmp|$(TORCH_VENV)|g'
 
 # Horovod from source: Gloo for the collectives (horovodrun --gloo), no MPI,
 # no TensorFlow or MXNet; its build requirements come from HVD_REQ because
@@ -109,7 +114,7 @@ venv:
 # Built in place (console scripts such as horovodrun carry the venv's path);
 # the .ok marker is written last, so an interrupted build starts over.
 venv-horovod:
-	@if [ ! -f $(HVD_VENV)/.ok ]; then \
+	@if ! $(call venv_ready,$(HVD_VENV)); then \
 		set -e; mkdir -p $(OKTOPK_CACHE); rm -rf $(HVD_VENV); \
 		echo "creating $(HVD_VENV) from $(HVD_REQ) and horovod==$(HOROVOD_VERSION) (a fresh machine builds Horovod once, several minutes)"; \
 		python3 -m venv $(HVD_VENV); \
@@ -131,7 +136,7 @@ venv-horovod:
 # what test-python runs against never changes, and a package the torch
 # virtualenv holds in another version is installed here, ahead of it.
 venv-frameworks: venv
-	@if [ ! -f $(FW_VENV)/.ok ]; then \
+	@if ! $(call venv_ready,$(FW_VENV)); then \
 		set -e; mkdir -p $(OKTOPK_CACHE); rm -rf $(FW_VENV); \
 		echo "creating $(FW_VENV) from $(FW_REQ), over $(TORCH_VENV)"; \
 		python3 -m venv $(FW_VENV); \
@@ -619,7 +624,7 @@ print-py:
 WHEEL_DIR := $(BUILD)/wheels
 PLUGIN_FILES := $(shell find plugins/pytorch plugins/horovod -type f \( -name '*.py' -o -name '*.toml' \) -not -path '*/__pycache__/*')
 venv-wheel:
-	@if [ ! -f $(WHEEL_VENV)/.ok ]; then \
+	@if ! $(call venv_ready,$(WHEEL_VENV)); then \
 		set -e; mkdir -p $(OKTOPK_CACHE); rm -rf $(WHEEL_VENV); \
 		echo "creating $(WHEEL_VENV) from $(WHEEL_REQ)"; \
 		python3 -m venv $(WHEEL_VENV); \
