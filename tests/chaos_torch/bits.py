@@ -50,27 +50,27 @@ def _fsdp(optimizer, schedule="none", **state):
 DEMO = {"front": "demo", "model": "small", "schedule": "none",
         "state": {"lr": 0.01, "weight_decay": 0.1, "topk": 8, "chunk": 16, "timeout": T}}
 
-# name -> (config, steps). The measured choice's schedules take 30
+# name -> (config, steps). The measured choice's schedules take 38
 # (sparse-then-native) or 26 (native-then-candidate) steps after the warm-up.
 RUNS = {
     "ddp-sgd-oktopk": (_ddp("sgd", algorithm="oktopk", tau=2, tau_prime=3), 10),
-    "ddp-sgd-choice": (_ddp("sgd", "sparse-then-native", recheck_every=8), 32),
+    "ddp-sgd-choice": (_ddp("sgd", "sparse-then-native", recheck_every=8), 40),
     "ddp-sgdm-waited-masking": (_ddp("sgdm", algorithm="oktopk", momentum_masking="waited"), 10),
     "ddp-sgdm-choice": (_ddp("sgdm", "native-then-candidate", recheck_every=8), 28),
-    "ddp-adamw-bf16": (_ddp("adamw", "sparse-then-native", recheck_every=8, dense_compression="bf16"), 32),
-    "ddp-adamw-quantized": (_ddp("adamw", "sparse-then-native", recheck_every=8, dense_compression="quantized"), 32),
+    "ddp-adamw-bf16": (_ddp("adamw", "sparse-then-native", recheck_every=8, dense_compression="bf16"), 40),
+    "ddp-adamw-quantized": (_ddp("adamw", "sparse-then-native", recheck_every=8, dense_compression="quantized"), 40),
     "hsdp-sgdm-oktopk": (_fsdp("sgdm", algorithm="oktopk"), 10),
-    "hsdp-adamw-quantized": (_fsdp("adamw", "sparse-then-native", recheck_every=8, dense_compression="quantized"), 32),
+    "hsdp-adamw-quantized": (_fsdp("adamw", "sparse-then-native", recheck_every=8, dense_compression="quantized"), 40),
     "demo": (DEMO, 8),
 }
 # name -> (run, cuts): a checkpoint after each cut's step, loaded into a
 # fresh run that goes on to the end. The choice's: in the warm-up, in the
-# sparse probe, before the switch to native (s 12, which folds the
+# sparse probe, before the switch to native (s 20, which folds the
 # residuals) and on the steady native path.
 RESUMES = {
     "resume-ddp-sgdm-choice": ("ddp-sgdm-choice", [1, 5, 14]),
-    "resume-ddp-sgd-choice": ("ddp-sgd-choice", [3, 14, 22]),
-    "resume-ddp-adamw-quantized": ("ddp-adamw-quantized", [1, 4, 14]),
+    "resume-ddp-sgd-choice": ("ddp-sgd-choice", [3, 22, 30]),
+    "resume-ddp-adamw-quantized": ("ddp-adamw-quantized", [1, 4, 22]),
     "resume-hsdp-sgdm-oktopk": ("hsdp-sgdm-oktopk", [3, 7]),
     "resume-demo": ("demo", [2, 5]),
 }

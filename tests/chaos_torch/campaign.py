@@ -278,7 +278,7 @@ def describe(cfg):
 def schedule_steps(cfg):
     """Steps that take a run through its schedule's decisions."""
     warm = cfg.get("state", {}).get("warmup_iters", 2) if cfg["front"] != "demo" else 0
-    return warm + {"sparse-then-native": 30, "native-then-candidate": 26}.get(cfg.get("schedule"), 14)
+    return warm + {"sparse-then-native": 38, "native-then-candidate": 26}.get(cfg.get("schedule"), 14)
 
 
 class Cycle:
@@ -319,9 +319,9 @@ def make_job(kind, rng, world, cycles=None):
         warm = 0 if cfg["front"] == "demo" else cfg["state"].get("warmup_iters", 2)
         steps = schedule_steps(cfg)
         # Where it lands: the warm-up, the first sparse step, a probe, the
-        # schedule's switches (sparse to native at s 12, native to the
-        # candidate at s 16 or 24), or any step.
-        interesting = [0, 1, 2, warm, warm + 1, warm + 4, warm + 12, warm + 16, warm + 24, rng.randrange(steps)]
+        # schedule's switches (sparse to native at s 20, native to the
+        # candidate at s 16 or 32), or any step.
+        interesting = [0, 1, 2, warm, warm + 1, warm + 4, warm + 20, warm + 16, warm + 32, rng.randrange(steps)]
         step = min(rng.choice(interesting), steps - 3)
         value = "nan" if kind == "nan" else rng.choice(["inf", "-inf"])
         job.update(type="fault_run", cfg=cfg, steps=min(steps, step + 4), inject={"rank": rng.randrange(world), "step": step, "value": value},
@@ -375,7 +375,7 @@ def make_job(kind, rng, world, cycles=None):
                    faults=[kind])
     elif kind == "corrupt":
         # A checkpoint that holds residuals (library states, quantized
-        # residuals, velocities): the candidate path chosen (steps 4-11
+        # residuals, velocities): the candidate path chosen (steps 4-19
         # after the warm-up of sparse-then-native), or a sparse algorithm.
         cfg = any_cfg(rng, schedule="sparse-then-native")
         if cfg.get("state", {}).get("dense_compression") in ("bf16", "fp16"):
@@ -405,12 +405,12 @@ def make_job(kind, rng, world, cycles=None):
         warm = 0 if cfg["front"] == "demo" else 2
         # The step after the warm-up (s) each checkpoint is taken before: for
         # the measured choice one in the warm-up, one before a switch of
-        # path (sparse-then-native: to native at s 12 and 28, folding the
-        # residuals, to sparse at 24; native-then-candidate: to native at
+        # path (sparse-then-native: to native at s 20 and 36, folding the
+        # residuals, to sparse at 32; native-then-candidate: to native at
         # 4, to the candidate at 16) and one before a probe, decision or
         # confirmation step; else any three.
         if cfg["schedule"] == "sparse-then-native":
-            strata = [[-1, 0], [12, 24, 28], [1, 2, 4, 5, 7, 8, 13, 16, 17, 19, 20, 25]]
+            strata = [[-1, 0], [20, 32, 36], [1, 2, 4, 5, 7, 8, 21, 24, 25, 27, 28, 33]]
         elif cfg["schedule"] == "native-then-candidate":
             strata = [[-1, 0], [4, 16], [2, 5, 8, 9, 12, 17, 20, 21, 23, 24]]
         else:
@@ -536,8 +536,8 @@ def smoke_plan(seed):
     jobs = [
         fault("sigkill", ddp(recheck_every=8), 3),  # the sparse probe
         fault("sigstop", ddp(algorithm="oktopk"), 5),
-        {"kind": "nan", "type": "fault_run", "cfg": quantized, "steps": 17, "faults": ["nan"],
-         "inject": {"rank": rng.randrange(2), "step": 14, "value": "nan"}},  # quantized to native: the fold given back
+        {"kind": "nan", "type": "fault_run", "cfg": quantized, "steps": 25, "faults": ["nan"],
+         "inject": {"rank": rng.randrange(2), "step": 22, "value": "nan"}},  # quantized to native: the fold given back
         {"kind": "inf", "type": "fault_run", "cfg": demo, "steps": 7, "faults": ["inf"],
          "inject": {"rank": rng.randrange(2), "step": 4, "value": rng.choice(["inf", "-inf"])}},
         mismatch("mismatch-setting", ddp(), "dense_compression", ["bf16", "quantized"]),

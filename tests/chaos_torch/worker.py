@@ -63,13 +63,14 @@ SLOW = 0.3
 
 def _sparse_then_native(path, s):
     # The warm-up step slow: the candidate's probe (s 0-3) wins clearly and
-    # is chosen at s 4, confirmed at s 8; from s 9 the candidate is slow, so
-    # the native probe at s 12-15 (the switch at 12 folds its residuals)
-    # wins at s 16, confirmed at s 20; the candidate's probe at s 24-27
-    # (a new communicator) loses, back to native at s 28.
+    # is chosen at s 4, confirmed at s 8; a clear win's first recheck comes
+    # 2 x recheck_every (16) steps on. From s 17 the candidate is slow, so
+    # the native probe at s 20-23 (the switch at 20 folds its residuals)
+    # wins at s 24, confirmed at s 28; the candidate's probe at s 32-35
+    # (a new communicator) loses, back to native at s 36.
     if s == -1:
         return SLOW
-    if path != "native" and path != "warm-up" and s >= 9:
+    if path != "native" and path != "warm-up" and s >= 17:
         return SLOW
     return 0.0
 

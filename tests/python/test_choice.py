@@ -76,17 +76,21 @@ def test_rechecks_that_keep_the_choice_back_off_to_max_backoff_periods_and_a_swi
 
 
 @pytest.mark.parametrize("warmup_ms", [30.0, 25.0, 17.0])
-def test_a_clear_win_over_the_timed_warm_up_step_spares_the_native_probe(warmup_ms):
+def test_a_clear_win_over_the_timed_warm_up_step_spares_the_native_probe_and_starts_the_back_off_one_doubling_in(warmup_ms):
     # Sparse at 10 ms: a third of a 30 ms warm-up step (a slow link) is
     # chosen after its probe (steps 0-3), with no native step until the
     # recheck's probe; 10 against 25 ms (40%) is one too, and against 17
-    # (59%, within CLEAR_WIN). Native probes stay the only exploration.
+    # (59%, within CLEAR_WIN). A win that clear counts as a recheck that
+    # kept the choice: the first recheck's native probe comes 2 x 200 steps
+    # after the decision at 4, not 200. Native probes stay the only
+    # exploration.
     choice = StepChoice(recheck_every=200)
-    paths = simulate(choice, 500, lambda path, s: 10.0 if path == SPARSE else 30.0, warmup_ms=warmup_ms)
-    assert paths[:204] == [SPARSE] * 204 and paths[204:208] == [NATIVE] * PROBE_STEPS
+    paths = simulate(choice, 900, lambda path, s: 10.0 if path == SPARSE else 30.0, warmup_ms=warmup_ms)
+    assert paths[:404] == [SPARSE] * 404 and paths[404:408] == [NATIVE] * PROBE_STEPS
     assert choice.ms == {NATIVE: pytest.approx(30.0), SPARSE: pytest.approx(10.0), BF16: None, QUANTIZED: None, FP16: None} and choice.reverted == 0
-    # One native probe in 500 steps: the recheck kept sparse, so the next
-    # comes 400 steps after it.
+    # One native probe in 900 steps: the recheck kept sparse, so the next
+    # comes 800 steps after it.
+    assert native_runs(paths) == [404] and choice.period == 800
     assert paths.count(NATIVE) == choice.explored == PROBE_STEPS
 
 
@@ -327,14 +331,14 @@ def test_under_an_adam_family_optimizer_the_compressed_dense_path_takes_sparses_
     # FSDP2): the schedule of the sparse choice, with that path in sparse's
     # place; never a sparse step, whatever sparse would cost. 10 ms against
     # a 30 ms warm-up step is a clear win (no native probe, rechecked after
-    # 200); 40 ms loses to the native probe and is probed again after 200.
+    # 2 x 200); 40 ms loses to the native probe and is probed again after 200.
     choice = StepChoice(recheck_every=200, adam_candidate=compressed)
     choice.adam_seen = lambda: "AdamW"
     costs = {NATIVE: 30.0, SPARSE: 1.0, compressed: compressed_ms}
     paths = simulate(choice, 420, lambda path, s: costs[path], warmup_ms=30.0)
     assert SPARSE not in paths and choice.kept_dense_for == "AdamW" and choice.candidate == compressed
     if compressed_ms == 10.0:
-        assert paths[:204] == [compressed] * 204 and paths[204:208] == [NATIVE] * PROBE_STEPS and choice.chosen == compressed
+        assert paths[:404] == [compressed] * 404 and paths[404:408] == [NATIVE] * PROBE_STEPS and choice.chosen == compressed
     else:
         assert paths[:8] == [compressed] * 4 + [NATIVE] * 4 and paths[8:208] == [NATIVE] * 200
         assert paths[208:212] == [compressed] * PROBE_STEPS and choice.chosen == NATIVE
@@ -379,7 +383,8 @@ def test_the_default_under_adamw_stays_dense_and_every_step_is_its_paths_arithme
     # agreed before the first sparse probe, measured against the same
     # average compressed (dense_compression). The injected clock makes the
     # compressed path a clear win (10 ms against the warm-up's 30): it runs
-    # from step 0, confirmed, until the recheck's native probe at 12.
+    # from step 0, confirmed, until the recheck's native probe at 20 (a
+    # clear win's first recheck comes after 2 x recheck_every).
     # Native: (g0 + g1) / 2 in float32, exactly. bf16: bf16(g0) / 2 +
     # bf16(g1) / 2 rounded to bfloat16, exactly. quantized: the same bits
     # on both ranks, not the exact average (it is rounded), and no mass
@@ -391,7 +396,7 @@ def test_the_default_under_adamw_stays_dense_and_every_step_is_its_paths_arithme
     compression, results = adam_run
     for r in range(2):
         res = results[r]
-        assert res["paths"][2:] == [compression] * 12 + [NATIVE] * 2 and not res["comm_made"], res["paths"]
+        assert res["paths"][2:] == [compression] * 20 + [NATIVE] * 2 and not res["comm_made"], res["paths"]
         assert res["choice"]["kept_dense_for"] == "AdamW" and res["choice"]["path"] == compression and res["choice"]["reverted"] == 0
         assert res["equal_after_warmup"]
         assert res["grad_hooks"] == 0  # nothing to fold: no per-parameter hooks left to mark used parameters
@@ -406,7 +411,7 @@ def test_the_default_under_adamw_stays_dense_and_every_step_is_its_paths_arithme
             exact = (g0 + g1) / 2
             if path == NATIVE or path == "bf16":
                 want = exact if path == NATIVE else (g0.bfloat16() / 2 + g1.bfloat16() / 2).float()
-                assert torch.equal(after, want) or (path == NATIVE and compression == "quantized" and step == 14), (step, path, index)
+                assert torch.equal(after, want) or (path == NATIVE and compression == "quantized" and step == 22), (step, path, index)
             else:
                 assert not torch.equal(after, exact), (step, index)
             got, want = sums.get(index, (0, 0))
@@ -420,7 +425,7 @@ def test_an_sgd_model_beside_it_is_not_kept_dense_and_a_named_algorithm_warns_on
         res = adam_run[1][r]
         assert res["sgd_kept_dense_for"] is None and res["sgd_sparse_steps"] >= PROBE_STEPS
         assert len(res["warnings"]) == 1 and "AdamW" in res["warnings"][0], res["warnings"]
-        assert res["named_sparse_calls"] == 14  # sparse whatever the optimizer
+        assert res["named_sparse_calls"] == 22  # sparse whatever the optimizer
 
 
 @pytest.mark.parametrize("resume_at", [10, 19, 30])

@@ -616,7 +616,7 @@ def test_a_checkpoint_of_another_layout_version_is_refused_naming_both_versions(
 
 @pytest.mark.parametrize(
     "optimizer,dense_compression,device_path,nan_step",
-    [("SGD", None, False, 6), ("SGD", None, True, 6), ("AdamW", "quantized", None, 14)],
+    [("SGD", None, False, 6), ("SGD", None, True, 6), ("AdamW", "quantized", None, 22)],
     ids=["sparse_to_native", "sparse_to_native_device_path", "quantized_to_native"],
 )
 def test_a_nan_on_one_rank_at_the_switch_to_native_keeps_every_residual_on_every_rank(optimizer, dense_compression, device_path, nan_step):
@@ -675,14 +675,16 @@ def test_sparse_false_measures_the_4_bit_path_under_sgd_and_takes_no_sparse_step
     # dense_compression's 4-bit path as it does under Adam; sparse is never
     # probed, even where it would be fastest. The 4-bit probe (steps 2-5) is
     # a quarter of the timed warm-up step: chosen with no native probe, and
-    # kept at the recheck. The correction has nothing waiting to correct.
+    # kept at the recheck, 2 x recheck_every steps later (a clear win's).
+    # The correction has nothing waiting to correct.
     world = 2
     results = run(workers.no_sparse_choice, world)
     paths = results[0]["paths"]
     warmup = 2
     assert "sparse" not in paths and paths[:warmup] == ["native"] * warmup, paths
-    # 4-bit from the probe on; the recheck's native probe after 8 steps.
-    assert paths[warmup:warmup + 12] == ["quantized"] * 12 and paths[warmup + 12:warmup + 16] == ["native"] * 4, paths
+    # 4-bit from the probe on; the recheck's native probe 16 steps after
+    # the decision (at 4).
+    assert paths[warmup:warmup + 20] == ["quantized"] * 20 and paths[warmup + 20:warmup + 24] == ["native"] * 4, paths
     choice = results[0]["choice"]
     assert choice["candidate"] == "quantized" and choice["path"] == "quantized" and choice["steps"]["sparse"] == 0, choice
     for r in range(world):

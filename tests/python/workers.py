@@ -1090,7 +1090,7 @@ def grad_views(rank, world, port, out, steps):
 
 
 def adam_family(rank, world, port, out, dense_compression):
-    """The default hook under AdamW (with ``dense_compression``), 16 steps,
+    """The default hook under AdamW (with ``dense_compression``), 24 steps,
     its clock injected so that a compressed step costs 10 ms and a native
     one 30: per step after the
     warm-up, its path and each bucket before and after the hook (to check
@@ -1132,7 +1132,7 @@ def adam_family(rank, world, port, out, dense_compression):
     paths, comm_made, equal_after_warmup = [], False, None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        for step in range(16):
+        for step in range(24):
             clock.now += 0.010 if step > 2 and state._path == dense_compression else 0.030  # the step before this one
             now["step"] = step
             x, y = batch(rank, step)
@@ -1418,7 +1418,7 @@ def nan_at_switch(rank, world, port, out, optimizer, dense_compression, device_p
     is known: under SGD sparse is probed at steps 2-5 and native at 6-9
     (step 6 folds the sparse residuals); under AdamW with
     dense_compression="quantized", quantized is chosen and the native probe
-    at step 14 folds the quantized residuals. Rank 1's gradient holds a NaN
+    at step 22 folds the quantized residuals. Rank 1's gradient holds a NaN
     at ``nan_step`` (a switch step), and a step whose gradient is not
     finite is skipped, as AMP's scaler skips it. Per step: the path, and
     the state's checkpoint of residuals (library tensors, quantized groups)
@@ -1550,7 +1550,7 @@ def clocked_steps(m, o, state, clock, rank, steps, seconds, warmup_path, after=N
     return paths
 
 
-def no_sparse_choice(rank, world, port, out, steps=20):
+def no_sparse_choice(rank, world, port, out, steps=28):
     """The hook with ``sparse=False`` under SGD with momentum 0.9 on
     small_model, its clock injected: native steps 40 ms, 4-bit ones 10 ms
     (a clear win, no native probe), sparse ones 1 ms (which would win by

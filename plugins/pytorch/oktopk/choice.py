@@ -36,13 +36,16 @@ The schedule, in steps after the dense warm-up (``s`` = 0, 1, ...):
    switch as in 3. A recheck that keeps the choice doubles the period
    before the next one, up to ``MAX_BACKOFF`` times ``recheck_every``
    (TCP's retransmission timer backs off the same way); a switch starts it
-   over. Each probe of native sends float32 where the compressed path
-   sends a few bits (under Adam about 0.14 of the bytes): with a fixed
-   period a long run would send about 0.158 of plain DDP's bytes instead
-   of 0.141. Exploration costs ``PROBE_STEPS`` steps a probe: by default 4
-   in the 204 steps after a decision (2%), 4 in 1,604 (0.25%) once the
-   period has reached its longest; and a switch that is not confirmed its
-   ``MEASURE_STEPS``.
+   over, and a clear win (1.) starts one doubling in, as if a recheck had
+   already kept it. Each probe of native sends float32 where the
+   compressed path sends a few bits (under Adam about 0.14 of the bytes):
+   with a fixed period a long run would send about 0.158 of plain DDP's
+   bytes instead of 0.141, and a 400-step run chosen on a clear win would
+   spend 4 of its steps on the first recheck's float32. Exploration costs
+   ``PROBE_STEPS`` steps a probe: by default 4 in the 204 steps after a
+   decision (2%), 4 in 404 (1%) after a clear win, 4 in 1,604 (0.25%) once
+   the period has reached its longest; and a switch that is not confirmed
+   its ``MEASURE_STEPS``.
 
 An Adam-family optimizer stepping the parameters (``oktopk.optimizers``)
 takes sparse out of the choice: the ranks agree on whether any of them saw
@@ -356,7 +359,9 @@ class StepChoice:
             if native_ms > 0 and 0 <= candidate_ms <= CLEAR_WIN * native_ms:
                 self.ms[NATIVE], self.ms[candidate] = native_ms, candidate_ms
                 self.chosen, self.decided_at, self.confirm_at = candidate, s, s + self.measure
-                self.period = self.recheck_every
+                # A win this clear counts as a recheck that kept the
+                # choice: the back-off starts one doubling in.
+                self.period = min(2 * self.recheck_every, self.max_backoff * self.recheck_every)
                 self.decisions += 1
                 self.reason = (f"{candidate} {candidate_ms:.1f} ms/step, at most {CLEAR_WIN:.0%} of the warm-up's native step "
                                f"({native_ms:.1f}): no native probe")
