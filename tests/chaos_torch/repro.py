@@ -50,6 +50,7 @@ no-state       state_dict() raises OkTopkError ("tensor ... has no state
 
 import copy
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -260,8 +261,12 @@ def main():
     if unknown:
         raise SystemExit(f"unknown case(s) {unknown}; the cases: {', '.join(CASES)}")
     out = tempfile.mkdtemp(prefix="oktopk-repro-")
-    mp.start_processes(rank_main, args=(2, free_port(), out, cases), nprocs=2, start_method="spawn")
-    text = open(os.path.join(out, "rank0")).read()
+    try:
+        mp.start_processes(rank_main, args=(2, free_port(), out, cases), nprocs=2, start_method="spawn")
+        with open(os.path.join(out, "rank0")) as f:
+            text = f.read()
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
     print(text, end="")
     return 1 if "REPRODUCED" in text else 0
 

@@ -5,6 +5,7 @@ liboktopk's ZeroMQ transport for the gradients."""
 import math
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -18,15 +19,21 @@ HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
 
 
 def horovodrun(np, worker, *args, timeout=400):
+    """Run workers.py's ``worker`` on ``np`` ranks under horovodrun and
+    return what each rank wrote (its folder removed after)."""
     out = tempfile.mkdtemp(prefix="oktopk-hvd-")
-    cmd = [HOROVODRUN, "--gloo", "-np", str(np), "-H", f"localhost:{np}", sys.executable, os.path.join(HERE, "workers.py"), worker, out, *map(str, args)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=dict(os.environ, OMP_NUM_THREADS="1"))
-    assert proc.returncode == 0, f"horovodrun exited {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
-    results = {}
-    for r in range(np):
-        with open(os.path.join(out, f"rank{r}.pkl"), "rb") as f:
-            results[r] = pickle.load(f)
-    return results
+    try:
+        cmd = [HOROVODRUN, "--gloo", "-np", str(np), "-H", f"localhost:{np}", sys.executable, os.path.join(HERE, "workers.py"), worker, out,
+               *map(str, args)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=dict(os.environ, OMP_NUM_THREADS="1"))
+        assert proc.returncode == 0, f"horovodrun exited {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+        results = {}
+        for r in range(np):
+            with open(os.path.join(out, f"rank{r}.pkl"), "rb") as f:
+                results[r] = pickle.load(f)
+        return results
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
 
 
 @pytest.mark.parametrize("np,bucket_bytes", [(2, None), (4, None), (2, 1)])
@@ -308,8 +315,8 @@ def test_other_compressions_are_plain_horovod():
     assert type(opt).__module__.startswith("horovod"), type(opt)
 
 
-def test_oktopk_state_of_another_rank_or_world_size_is_refused_at_load():
-    ckpt = tempfile.mkdtemp(prefix="oktopk-hvd-ckpt-")
+def test_oktopk_state_of_another_rank_or_world_size_is_refused_at_load(tmp_path):
+    ckpt = str(tmp_path)
     for r, res in horovodrun(2, "state_of_another_rank_or_size", ckpt).items():
         assert res["error"] is not None, f"rank {r} accepted rank {1 - r}'s state"
         assert f"belongs to rank {1 - r}" in res["error"] and f"this process is rank {r} of 2" in res["error"], res["error"]

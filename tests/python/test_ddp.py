@@ -31,29 +31,33 @@ if START_METHOD == "forkserver":
 
 def run(fn, world, *args, expect_exit=None, timeout=240):
     """Run fn(rank, world, port, out, *args) on `world` spawned processes and
-    return what each rank wrote."""
+    return what each rank wrote (its folder removed after)."""
+    import shutil
     import tempfile
 
     out = tempfile.mkdtemp(prefix="oktopk-test-")
-    ctx = mp.start_processes(workers.exit_when_done, args=(fn, world, free_port(), out) + args, nprocs=world, join=False,
-                             start_method=START_METHOD)
-    deadline = time.monotonic() + timeout
-    while not all(not p.is_alive() for p in ctx.processes):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.kill()
-            pytest.fail(f"ranks still running after {timeout}s")
-        time.sleep(0.1)
-    codes = [p.exitcode for p in ctx.processes]
-    want = expect_exit or [0] * world
-    assert codes == want, f"exit codes {codes}, want {want}"
-    results = {}
-    for r in range(world):
-        path = os.path.join(out, f"rank{r}.pkl")
-        if os.path.exists(path):
-            with open(path, "rb") as f:
-                results[r] = pickle.load(f)
-    return results
+    try:
+        ctx = mp.start_processes(workers.exit_when_done, args=(fn, world, free_port(), out) + args, nprocs=world, join=False,
+                                 start_method=START_METHOD)
+        deadline = time.monotonic() + timeout
+        while not all(not p.is_alive() for p in ctx.processes):
+            if time.monotonic() > deadline:
+                for p in ctx.processes:
+                    p.kill()
+                pytest.fail(f"ranks still running after {timeout}s")
+            time.sleep(0.1)
+        codes = [p.exitcode for p in ctx.processes]
+        want = expect_exit or [0] * world
+        assert codes == want, f"exit codes {codes}, want {want}"
+        results = {}
+        for r in range(world):
+            path = os.path.join(out, f"rank{r}.pkl")
+            if os.path.exists(path):
+                with open(path, "rb") as f:
+                    results[r] = pickle.load(f)
+        return results
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
 
 
 @pytest.mark.parametrize("world", [2, 4])
