@@ -10,6 +10,7 @@ import os
 import pickle
 import signal
 import time
+from multiprocessing import connection as mp_connection
 
 import pytest
 import torch
@@ -39,13 +40,19 @@ def run(fn, world, *args, expect_exit=None, timeout=240):
     try:
         ctx = mp.start_processes(workers.exit_when_done, args=(fn, world, free_port(), out) + args, nprocs=world, join=False,
                                  start_method=START_METHOD)
+        # Woken by each rank's end (its sentinel), not by polling.
         deadline = time.monotonic() + timeout
-        while not all(not p.is_alive() for p in ctx.processes):
-            if time.monotonic() > deadline:
+        running = [p.sentinel for p in ctx.processes]
+        while running:
+            left = deadline - time.monotonic()
+            if left <= 0:
                 for p in ctx.processes:
                     p.kill()
                 pytest.fail(f"ranks still running after {timeout}s")
-            time.sleep(0.1)
+            for ended in mp_connection.wait(running, timeout=left):
+                running.remove(ended)
+        for p in ctx.processes:
+            p.join()
         codes = [p.exitcode for p in ctx.processes]
         want = expect_exit or [0] * world
         assert codes == want, f"exit codes {codes}, want {want}"
