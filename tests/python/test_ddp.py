@@ -234,7 +234,7 @@ def test_stopped_rank_on_a_process_group_step_is_named_on_every_survivor():
     # closes its connections, and another may then read "Connection closed
     # by peer". Every survivor's error names the step's collective and what
     # a closed connection can mean, keeping gloo's words.
-    pg_timeout = 2
+    pg_timeout = 4
     results = run(workers.stopped_peer_on_native_step, 3, pg_timeout, "native")
     for r in (0, 1):
         res = results[r]

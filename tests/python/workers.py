@@ -184,8 +184,11 @@ def stopped_peer_on_native_step(rank, world, port, out, pg_timeout, compression)
     torch.set_num_threads(1)
     # The short timeout is the training group's only: the setup (ranks
     # starting seconds apart on a loaded machine) waits on the default
-    # group's, and the ranks leave a barrier together before DDP's own
-    # broadcast on the short one.
+    # group's, and the ranks leave a barrier on it together before DDP's
+    # own broadcast on the short one and before every step, so that only
+    # the stopped rank, not a rank the machine's load held back, outlasts
+    # the short timeout (with all three ranks failing at step 0 or 1, a
+    # loaded machine once did).
     dist.init_process_group("gloo", rank=rank, world_size=world)
     group = dist.new_group(list(range(world)), timeout=datetime.timedelta(seconds=pg_timeout))
     dist.barrier()
@@ -194,8 +197,8 @@ def stopped_peer_on_native_step(rank, world, port, out, pg_timeout, compression)
     m.register_comm_hook(OkTopkState(process_group=group, sparse_after=0, density=0.1, warmup=warmup), oktopk_hook)
     o = torch.optim.SGD(m.parameters(), lr=0.1)
     for step in range(5):
+        dist.barrier()
         if step == 2:
-            dist.barrier()
             if rank == 2:
                 # Stopped until both survivors have written what they
                 # raised (at most a minute): a survivor that waited for
