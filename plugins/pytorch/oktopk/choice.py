@@ -235,6 +235,11 @@ class StepChoice:
         kept = range(s - PROBE_STEPS - self.measure + 1, s - PROBE_STEPS)
         return (kept, probe) if self.chosen == NATIVE else (probe, kept)
 
+    def _backed_off(self, period):
+        """The period after a recheck that kept the choice: doubled, up to
+        ``max_backoff`` times ``recheck_every``."""
+        return min(2 * period, self.max_backoff * self.recheck_every)
+
     def _candidate_wins(self, native_ms, candidate_ms):
         return candidate_ms < (1.0 - self.margin) * native_ms
 
@@ -361,7 +366,7 @@ class StepChoice:
                 self.chosen, self.decided_at, self.confirm_at = candidate, s, s + self.measure
                 # A win this clear counts as a recheck that kept the
                 # choice: the back-off starts one doubling in.
-                self.period = min(2 * self.recheck_every, self.max_backoff * self.recheck_every)
+                self.period = self._backed_off(self.recheck_every)
                 self.decisions += 1
                 self.reason = (f"{candidate} {candidate_ms:.1f} ms/step, at most {CLEAR_WIN:.0%} of the warm-up's native step "
                                f"({native_ms:.1f}): no native probe")
@@ -398,7 +403,7 @@ class StepChoice:
         if self.chosen is None or chosen != self.chosen:
             self.period = self.recheck_every
         elif native_ms >= 0 and candidate_ms >= 0:
-            self.period = min(2 * self.period, self.max_backoff * self.recheck_every)
+            self.period = self._backed_off(self.period)
         self.chosen, self.decided_at = chosen, s
         self.confirm_at = s + self.measure if chosen != incumbent else None
         self.decisions += 1
