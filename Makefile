@@ -111,6 +111,7 @@ venv:
 # Horovod from source: Gloo for the collectives (horovodrun --gloo), no MPI,
 # no TensorFlow or MXNet; its build requirements come from HVD_REQ because
 # --no-build-isolation is what makes it compile against the torch installed.
+# Compiled without debug information (tests/no_debug_info.sh says why).
 # Built in place (console scripts such as horovodrun carry the venv's path);
 # the .ok marker is written last, so an interrupted build starts over.
 venv-horovod:
@@ -121,6 +122,7 @@ venv-horovod:
 		$(HVD_PY) -m pip install -q --no-compile -r $(HVD_REQ); \
 		HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
 		HOROVOD_WITHOUT_MPI=1 HOROVOD_WITH_GLOO=1 HOROVOD_CPU_OPERATIONS=GLOO \
+		CC="$(CURDIR)/tests/no_debug_info.sh gcc" CXX="$(CURDIR)/tests/no_debug_info.sh g++" \
 		MAKEFLAGS=-j2 $(HVD_PY) -m pip install -q --no-build-isolation --no-cache-dir \
 			horovod==$(HOROVOD_VERSION); \
 		$(HVD_PY) -m compileall -q -j 0 $$($(HVD_PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') > /dev/null || true; \
