@@ -240,17 +240,30 @@ CASES = {"warmup-timing": case_warmup_timing, "warmup-adam": case_warmup_adam, "
          "nan-one-group": case_nan_one_group, "no-state": case_no_state}
 
 
-def rank_main(rank, world, port, out, cases):
+def run_cases(rank, world, port, cases):
+    """[(case, fixed, what it saw)] of ``cases`` on this rank of a new gloo group."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
+    return [(name, *CASES[name](rank)) for name in cases]
+
+
+def rank_main(rank, world, port, out, cases):
     with open(os.path.join(out, f"rank{rank}"), "w") as f:
-        for name in cases:
-            ok, text = CASES[name](rank)
+        for name, ok, text in run_cases(rank, world, port, cases):
             f.write(f"== {name}: {'fixed' if ok else 'REPRODUCED'} (rank {rank})\n{text}\n")
-            f.flush()
     sys.stdout.flush()
     os._exit(0)  # see tests/python/workers.py, exit_when_done
+
+
+def rank_results(rank, world, port, out, cases):
+    """run_cases as tests/python's run() calls a rank (test_chaos_torch.py:
+    ranks forked from its server, which imported torch once, instead of
+    this script's three fresh interpreters): what each case saw, pickled."""
+    import pickle
+
+    with open(os.path.join(out, f"rank{rank}.pkl"), "wb") as f:
+        pickle.dump(run_cases(rank, world, port, cases), f)
 
 
 def main():

@@ -14,6 +14,18 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "chaos_torch"))
 
 import campaign  # noqa: E402
+import repro  # noqa: E402
+from test_ddp import run  # noqa: E402
+
+
+def assert_fixed(*cases):
+    """The repro script's cases (tests/chaos_torch/repro.py) on 2 gloo ranks
+    forked as the other tests' are: every case fixed on every rank."""
+    results = run(repro.rank_results, 2, list(cases))
+    for rank in (0, 1):
+        for name, fixed, saw in results[rank]:
+            assert fixed, f"{name} reproduced on rank {rank}: {saw}"
+        assert [name for name, _, _ in results[rank]] == list(cases), results[rank]
 
 
 def test_the_plan_is_seeded_replayable_and_covers_every_kind_and_setting():
@@ -144,12 +156,7 @@ def test_a_checkpoint_can_be_taken_where_the_library_holds_no_state_yet():
     """The campaign's no-state finding, fixed: state_dict() after every
     step of a named dense algorithm, and after a NaN at the first sparse
     step (named algorithm and the measured choice), on 2 real gloo ranks."""
-    import subprocess
-
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    run = subprocess.run([sys.executable, os.path.join(HERE, "..", "chaos_torch", "repro.py"), "no-state"],
-                         env=env, capture_output=True, text=True, timeout=180)
-    assert run.returncode == 0 and "no-state: fixed" in run.stdout, run.stdout + run.stderr
+    assert_fixed("no-state")
 
 
 def test_runs_resumed_in_the_warm_up_or_before_a_switch_to_native_take_the_whole_runs_paths_and_parameters():
@@ -159,15 +166,7 @@ def test_runs_resumed_in_the_warm_up_or_before_a_switch_to_native_take_the_whole
     under AdamW, and just before the switch from sparse to native that
     folds the residuals, the run takes the uninterrupted run's paths and
     ends with its parameters, bitwise."""
-    import subprocess
-
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    cases = ["warmup-timing", "warmup-adam", "switch-fold"]
-    run = subprocess.run([sys.executable, os.path.join(HERE, "..", "chaos_torch", "repro.py"), *cases],
-                         env=env, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stdout + run.stderr
-    for case in cases:
-        assert f"{case}: fixed" in run.stdout, run.stdout
+    assert_fixed("warmup-timing", "warmup-adam", "switch-fold")
 
 
 def test_a_nan_in_one_ddp_bucket_leaves_every_residual_and_velocity_as_before_the_step():
@@ -179,9 +178,4 @@ def test_a_nan_in_one_ddp_bucket_leaves_every_residual_and_velocity_as_before_th
     test_nan_one_group.py checks it bitwise, with the run without the
     batch; test_fsdp.py and test_ddp.py check FSDP2's modules and the
     quantized path)."""
-    import subprocess
-
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    run = subprocess.run([sys.executable, os.path.join(HERE, "..", "chaos_torch", "repro.py"), "nan-one-group"],
-                         env=env, capture_output=True, text=True, timeout=180)
-    assert run.returncode == 0 and "nan-one-group: fixed" in run.stdout, run.stdout + run.stderr
+    assert_fixed("nan-one-group")
