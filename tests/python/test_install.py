@@ -3,6 +3,7 @@ after `make` must give a package that carries and loads its own
 liboktopk.so, with neither the repository nor OKTOPK_LIBRARY to lean on."""
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -29,12 +30,20 @@ def isolated_env(site):
     return env
 
 
-def test_pip_installed_package_loads_its_own_library(tmp_path):
-    if not os.path.isfile(LIBRARY):
-        pytest.skip("build/liboktopk.so not built (run `make`)")
-    site = tmp_path / "site"
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    """One `pip install --target` of the plugin for the module's tests (each
+    is several seconds of CPU); a test that changes it works on a copy."""
+    site = tmp_path_factory.mktemp("installed") / "site"
     done = pip_install_target(site)
     assert done.returncode == 0, done.stdout + done.stderr
+    return site
+
+
+def test_pip_installed_package_loads_its_own_library(tmp_path, installed):
+    if not os.path.isfile(LIBRARY):
+        pytest.skip("build/liboktopk.so not built (run `make`)")
+    site = installed
     assert (site / "oktopk" / "liboktopk.so").is_file(), "the wheel does not carry liboktopk.so"
     # Only the install folder on the path, run from elsewhere: the repository
     # (plugins/pytorch, build/) must be out of reach.
@@ -59,13 +68,11 @@ def test_build_without_library_fails_saying_what_to_do(tmp_path):
     assert "make install-python" in done.stdout + done.stderr
 
 
-def test_missing_library_error_names_the_fix(tmp_path):
+def test_missing_library_error_names_the_fix(tmp_path, installed):
     # The package without its library (as a plain copy of the sources would
     # be) raises OkTopkError naming where it looked and what to run.
     site = tmp_path / "site"
-    done = pip_install_target(site)
-    if done.returncode != 0:
-        pytest.skip("could not install the plugin: " + done.stderr[-500:])
+    shutil.copytree(installed, site)
     os.remove(site / "oktopk" / "liboktopk.so")
     probe = (
         "import oktopk\n"
