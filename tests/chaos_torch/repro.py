@@ -241,17 +241,20 @@ CASES = {"warmup-timing": case_warmup_timing, "warmup-adam": case_warmup_adam, "
 
 
 def run_cases(rank, world, port, cases):
-    """[(case, fixed, what it saw)] of ``cases`` on this rank of a new gloo group."""
+    """(case, fixed, what it saw) of each of ``cases`` in turn, as each ends,
+    on this rank of a new gloo group."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    return [(name, *CASES[name](rank)) for name in cases]
+    for name in cases:
+        yield (name, *CASES[name](rank))
 
 
 def rank_main(rank, world, port, out, cases):
     with open(os.path.join(out, f"rank{rank}"), "w") as f:
         for name, ok, text in run_cases(rank, world, port, cases):
             f.write(f"== {name}: {'fixed' if ok else 'REPRODUCED'} (rank {rank})\n{text}\n")
+            f.flush()  # what a case that crashes the rank leaves behind
     sys.stdout.flush()
     os._exit(0)  # see tests/python/workers.py, exit_when_done
 
@@ -263,7 +266,7 @@ def rank_results(rank, world, port, out, cases):
     import pickle
 
     with open(os.path.join(out, f"rank{rank}.pkl"), "wb") as f:
-        pickle.dump(run_cases(rank, world, port, cases), f)
+        pickle.dump(list(run_cases(rank, world, port, cases)), f)
 
 
 def main():
