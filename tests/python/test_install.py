@@ -34,6 +34,8 @@ def isolated_env(site):
 def installed(tmp_path_factory):
     """One `pip install --target` of the plugin for the module's tests (each
     is several seconds of CPU); a test that changes it works on a copy."""
+    if not os.path.isfile(LIBRARY):
+        pytest.skip("build/liboktopk.so not built (run `make`)")
     site = tmp_path_factory.mktemp("installed") / "site"
     done = pip_install_target(site)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -41,8 +43,6 @@ def installed(tmp_path_factory):
 
 
 def test_pip_installed_package_loads_its_own_library(tmp_path, installed):
-    if not os.path.isfile(LIBRARY):
-        pytest.skip("build/liboktopk.so not built (run `make`)")
     site = installed
     assert (site / "oktopk" / "liboktopk.so").is_file(), "the wheel does not carry liboktopk.so"
     # Only the install folder on the path, run from elsewhere: the repository
