@@ -34,6 +34,7 @@ ap.add_argument("--oktopk", action="store_true")
 ap.add_argument("--algorithm", default=None, help="with --oktopk: name the algorithm of every step after the warm-up (on a fast "
                 "link the default measured choice keeps DDP's allreduce; accuracy studies name one)")
 ap.add_argument("--every-rank", action="store_true", help="every rank prints its steps' times (benchmarks), not rank 0 alone")
+ap.add_argument("--seed", type=int, default=0, help="the model's initial weights and the order of the images")
 ap.add_argument("--eval", type=int, default=0, help="at the end, rank 0's accuracy on the first N test images (0: none)")
 args = ap.parse_args()
 
@@ -50,10 +51,10 @@ dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 images, labels = fashion_mnist("train")
 data = torch.utils.data.TensorDataset(to_input(images), torch.from_numpy(labels))
-sampler = torch.utils.data.distributed.DistributedSampler(data, seed=0)
+sampler = torch.utils.data.distributed.DistributedSampler(data, seed=args.seed)
 loader = torch.utils.data.DataLoader(data, batch_size=args.batch_size, sampler=sampler, drop_last=True)
 
-torch.manual_seed(0)
+torch.manual_seed(args.seed)
 model = DDP(vgg16(num_classes=10))
 if args.oktopk:
     from oktopk import OkTopkState, oktopk_hook

@@ -226,8 +226,10 @@ def ddp_cfg(rng, front="ddp", schedule=None, optimizer=None, choice=None, named=
             state["warmup_iters"], state["warmup_compression"] = 4, "quantized"
         if front == "ddp" and optimizer == "sgdm" and rng.random() < 0.3:
             # Momentum factor masking: the library marks and lists the
-            # residual's zeros after each sparse call (residual_zeros).
-            state["momentum_masking"] = "waited"
+            # residual's zeros after each sparse call (residual_zeros); the
+            # default masks over its first 100 sparse steps, this one over
+            # its first 3, then stops within the job.
+            state["momentum_masking"] = rng.choice(["waited", ["waited", 3]])
     else:
         optimizer = optimizer or rng.choice(["sgd", "sgdm"])
         state["algorithm"] = rng.choice(named)

@@ -21,10 +21,12 @@ def _sgd(model, momentum=M):
     return torch.optim.SGD(model.parameters(), lr=0.05, momentum=momentum)
 
 
-def _step(model, opt, rank, step):
+def _step(model, opt, rank, step, clip=None):
     x, y = batch(rank, step)
     opt.zero_grad()
     F.cross_entropy(model(x), y).backward()
+    if clip is not None:  # a framework's clip after backward (Trainer's max_grad_norm)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
     opt.step()
 
 
@@ -34,7 +36,7 @@ def off_is_default(rank, world, port, out, steps):
     (its norm is computed, nothing scaled). Their parameters after every
     step, which must be the same bits."""
     setup(rank, world, port)
-    kinds = ({}, {"momentum_masking": False, "local_clip_norm": None}, {"local_clip_norm": 1e30})
+    kinds = ({}, {"momentum_masking": "auto", "local_clip_norm": None}, {"local_clip_norm": 1e30})
     runs = []
     for kwargs in kinds:
         model = DDP(deeper_model())
@@ -53,8 +55,10 @@ def off_is_default(rank, world, port, out, steps):
     dist.destroy_process_group()
 
 
-def masking(rank, world, port, out, steps, clip, device_path, rule=True):
-    """Masking (``rule``: True or "waited") on at density 0.05. Each step:
+def masking(rank, world, port, out, steps, clip, device_path, rule=True, post_clip=None):
+    """Masking (``rule``: True, "waited", or either over its first n steps
+    with a sparse call, (rule, n)) on at density 0.05; ``post_clip``: a
+    clip after backward, as the frameworks clip. Each step:
     the velocity step each corrected parameter put into the reduction (x),
     the residuals before and after, and the velocities after. An entry left
     this rank when its residual after is not residual before + x (what the
@@ -62,7 +66,8 @@ def masking(rank, world, port, out, steps, clip, device_path, rule=True):
     residual before was not 0. With SGD (d = 0, no Nesterov) the new
     velocity is x, so after masking it must be 0 where the rule masks
     (True: every entry that left; "waited": those that left after waiting)
-    and x elsewhere."""
+    and x elsewhere. Under ``post_clip`` the velocity is the clipped one's:
+    only the masked entries are checked, which must be exactly 0."""
     setup(rank, world, port)
     model = DDP(deeper_model())
     state = OkTopkState(algorithm="oktopk", density=0.05, warmup_iters=2, momentum_masking=rule, local_clip_norm=clip,
@@ -84,7 +89,7 @@ def masking(rank, world, port, out, steps, clip, device_path, rule=True):
     residual = None
     for step in range(steps):
         given.clear()
-        _step(model, opt, rank, step)
+        _step(model, opt, rank, step, post_clip)
         names = {state._layout.param_index[id(p)]: n for n, p in model.module.named_parameters()}
         if step < state.warmup_iters:
             # A dense step once the correction runs (the second warm-up
@@ -96,19 +101,20 @@ def masking(rank, world, port, out, steps, clip, device_path, rule=True):
             continue
         after = residuals_by_parameter(state, model.module)
         sent = masked = wrong = kept_nonzero = 0
+        rule_now = rule if not isinstance(rule, tuple) else rule[0] if step - state.warmup_iters < rule[1] else False
         for i, x in given.items():
             r0 = torch.zeros_like(x) if residual is None else residual[names[i]].reshape(-1)
             r1 = after[names[i]].reshape(-1)
             left = (r0 + x) != r1
-            mask = left & (r0 != 0) if rule == "waited" else left
+            mask = left & (r0 != 0) if rule_now == "waited" else left if rule_now else torch.zeros_like(left)
             want = torch.where(mask, torch.zeros_like(x), x)
             v = corr.velocity[i]
-            wrong += int((v != want).sum())
+            wrong += int((v[mask] != 0).sum()) if post_clip is not None else int((v != want).sum())
             sent += int(left.sum())
             masked += int(mask.sum())
             kept_nonzero += int((v != 0).sum())
         checks.append({"step": step, "dense": False, "given": len(given), "sent": sent, "masked": masked, "wrong": wrong,
-                       "kept_nonzero": kept_nonzero})
+                       "kept_nonzero": kept_nonzero, "rule": rule_now})
         residual = after
     write(out, rank, {"checks": checks, "params": [p.detach().clone() for p in model.parameters()], "stopped": corr.stopped,
                       "device_groups": len(state._device_groups)})
@@ -207,10 +213,11 @@ def waited_density_one(rank, world, port, out, steps):
     dist.destroy_process_group()
 
 
-def waited_resume(rank, world, port, out, ckpt):
-    """"waited" masking at density 0.1 over 10 steps, saving after step 6,
-    and the same run resumed from that checkpoint: the resumed run must know
-    which entries were waiting when it was saved. Records each step's
+def waited_resume(rank, world, port, out, ckpt, rule="waited"):
+    """"waited" masking (or ``rule``) at density 0.1 over 10 steps, saving
+    after step 6, and the same run resumed from that checkpoint: the resumed
+    run must know which entries were waiting when it was saved, and how
+    many steps a masking of n steps has left. Records each step's
     velocities' count of nonzero entries."""
     setup(rank, world, port)
     path = os.path.join(ckpt, f"rank{rank}-waited.pt")
@@ -219,7 +226,7 @@ def waited_resume(rank, world, port, out, ckpt):
         return sum(int(v.count_nonzero()) for v in state._momentum.velocity.values())
 
     def state():
-        return OkTopkState(algorithm="oktopk", density=0.1, warmup_iters=2, momentum_masking="waited")
+        return OkTopkState(algorithm="oktopk", density=0.1, warmup_iters=2, momentum_masking=rule)
 
     full = train_resumable(rank, path, 0, 10, state(), record, save=6)
     resumed = train_resumable(rank, path, 6, 10, state(), record)

@@ -81,7 +81,7 @@ def density_one(rank, world, port, out, nesterov, dampening, weight_decay, steps
     dist.destroy_process_group()
 
 
-def clipped(rank, world, port, out, how, nesterov, dampening, weight_decay, steps, masking=False):
+def clipped(rank, world, port, out, how, nesterov, dampening, weight_decay, steps, masking="auto"):
     """The corrected hook at density 1 beside plain DDP, the same SGD, each
     clipping after backward as a framework does (``how``: "norm",
     clip_grad_norm_ to 0.05, which bites at every step; "value",

@@ -1,7 +1,8 @@
-"""DGC's momentum factor masking and local gradient clipping, opt-in
-settings of the hook's momentum correction (OkTopkState's
-``momentum_masking`` and ``local_clip_norm``, oktopk.momentum), on real
-DDP ranks over gloo."""
+"""DGC's momentum factor masking and local gradient clipping, settings of
+the hook's momentum correction (OkTopkState's ``momentum_masking``, by
+default "waited" masking over the first sparse steps, and
+``local_clip_norm``, opt-in; oktopk.momentum), on real DDP ranks over
+gloo."""
 
 import pickle
 
@@ -11,12 +12,13 @@ import torch
 import dgc_workers
 import workers
 from oktopk import OkTopkState
+from oktopk.settings import AUTO_MASKING_STEPS
 from test_ddp import run
 
 
 def test_off_leaves_the_default_path_bitwise_unchanged():
-    # Masking and clipping passed off, or a clip norm no gradient reaches,
-    # must change no bit of the corrected hook's run.
+    # The default masking and clipping passed by name, or a clip norm no
+    # gradient reaches, must change no bit of the corrected hook's run.
     results = run(dgc_workers.off_is_default, 2, 8)
     for r, res in results.items():
         assert res["sparse_iters"] == 6 and res["corrected"] > 0, res
@@ -61,6 +63,46 @@ def test_waited_masking_zeroes_the_velocity_of_entries_that_left_after_waiting_o
         assert torch.equal(a, b), "rank 1's parameters differ from rank 0's"
 
 
+@pytest.mark.parametrize("post_clip", [None, 0.05], ids=["unclipped", "clipped_after_backward"])
+def test_masking_over_its_first_steps_then_none(post_clip):
+    # ("waited", 3): the rule over the first 3 steps with a sparse call,
+    # then no velocity masked. With a framework's clip after backward the
+    # correction goes on (it follows the clip), and what masking zeroed
+    # stays zero.
+    results = run(dgc_workers.masking, 2, 10, None, None, ("waited", 3), post_clip)
+    for r, res in results.items():
+        assert res["stopped"] is None, res["stopped"]
+        sparse = [c for c in res["checks"] if not c["dense"]]
+        assert [c["rule"] for c in sparse] == ["waited"] * 3 + [False] * 5, sparse
+        assert any(c["masked"] > 0 for c in sparse[:3]), f"rank {r}: nothing masked in the window: {sparse}"
+        assert all(c["masked"] == 0 for c in sparse[3:]) and all(c["sent"] > 0 for c in sparse), sparse
+        for c in sparse:
+            assert c["wrong"] == 0, f"rank {r}: step {c['step']}: {c['wrong']} velocity entries not as the rule of the step: {c}"
+    for a, b in zip(results[0]["params"], results[1]["params"]):
+        assert torch.equal(a, b), "rank 1's parameters differ from rank 0's"
+
+
+def test_the_default_masking_is_waited_over_its_first_steps_where_it_can_act():
+    state = OkTopkState(algorithm="oktopk")
+    try:
+        assert state.momentum_masking == "auto"
+        assert (state._momentum.masking, state._momentum.masking_steps) == ("waited", AUTO_MASKING_STEPS)
+    finally:
+        state.close()
+    # Where masking cannot act it yields, and asks nothing of the user.
+    for kwargs in ({"value_dtype": "int8"}, {"value_dtype": "bfloat16"}):
+        state = OkTopkState(algorithm="oktopk", **kwargs)
+        try:
+            assert state._momentum.masking is False, kwargs
+        finally:
+            state.close()
+    state = OkTopkState(algorithm="oktopk", momentum_correction=False)
+    try:
+        assert state._momentum is None
+    finally:
+        state.close()
+
+
 def test_waited_masking_at_density_one_is_dense_sgd_with_momentum_bitwise():
     results = run(dgc_workers.waited_density_one, 2, 8)
     for r, res in results.items():
@@ -68,8 +110,11 @@ def test_waited_masking_at_density_one_is_dense_sgd_with_momentum_bitwise():
         assert all(res["same"]), f"rank {r}: {res['same']}"
 
 
-def test_waited_masking_resumes_bitwise(tmp_path):
-    results = run(dgc_workers.waited_resume, 2, str(tmp_path))
+@pytest.mark.parametrize("rule", ["waited", ("waited", 6)], ids=repr)
+def test_waited_masking_resumes_bitwise(tmp_path, rule):
+    # ("waited", 6): saved after 4 of its 6 masked steps, the resumed run
+    # masks 2 more and then none, as the uninterrupted one does.
+    results = run(dgc_workers.waited_resume, 2, str(tmp_path), rule)
     for r, res in results.items():
         full, resumed = res["full"], res["resumed"]
         assert resumed["params"] == full["params"], f"rank {r}: the resumed run's parameters differ"
@@ -108,6 +153,14 @@ def test_masking_at_density_one_is_sgd_without_momentum():
         ({"momentum_masking": "waited", "value_dtype": "bfloat16"}, "momentum_masking"),
         ({"momentum_masking": "waited", "momentum_correction": False}, "momentum_masking"),
         ({"momentum_masking": "Waited"}, "momentum_masking"),
+        ({"momentum_masking": "Auto"}, "momentum_masking"),
+        ({"momentum_masking": ("waited", 0)}, "momentum_masking"),
+        ({"momentum_masking": ("waited", 2.5)}, "momentum_masking"),
+        ({"momentum_masking": (False, 10)}, "momentum_masking"),
+        ({"momentum_masking": ("auto", 10)}, "momentum_masking"),
+        ({"momentum_masking": ("waited", 10, 1)}, "momentum_masking"),
+        ({"momentum_masking": ("waited", 10), "value_dtype": "int8"}, "momentum_masking"),
+        ({"momentum_masking": ("waited", 10), "momentum_correction": False}, "momentum_masking"),
         ({"local_clip_norm": 0}, "local_clip_norm"),
         ({"local_clip_norm": -1.0}, "local_clip_norm"),
         ({"local_clip_norm": float("inf")}, "local_clip_norm"),

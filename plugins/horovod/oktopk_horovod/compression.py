@@ -31,13 +31,14 @@ NOT_UNDER_HOROVOD = {
 def horovod_settings(settings):
     """``settings`` as Horovod's optimizer runs them: ValueError naming each
     setting it cannot honour (NOT_UNDER_HOROVOD); ``dense_compression``
-    None, what Horovod does (its default is accepted as meaning that)."""
+    None and ``momentum_masking`` False, what Horovod does (their defaults
+    are accepted as meaning that)."""
     flat = settings.flat()
     refused = [f"{name}={flat[name]!r} ({why})" for name, why in NOT_UNDER_HOROVOD.items()
                if flat[name] != Settings.default(name) and not (name == "dense_compression" and flat[name] is None)]
     if refused:
         raise ValueError("oktopk_horovod: settings Horovod's optimizer cannot honour: " + "; ".join(refused))
-    return settings if flat["dense_compression"] is None else settings.with_flat(dense_compression=None)
+    return settings.with_flat(dense_compression=None, momentum_masking=False)
 
 
 def _flat_property(name):

@@ -42,7 +42,7 @@ from .optimizers import DEMO_LINE, OptimizerWatch
 from .path_native import BucketGrads
 from .paths import NATIVE, PATHS, SPARSE, SUPPORTED_DTYPES
 from .reducer import Reducer, ReducerStats, StepFolds
-from .settings import FLAT, NATIVE_WARMUP_ITERS, Settings
+from .settings import AUTO_MASKING, FLAT, NATIVE_WARMUP_ITERS, Settings, masking_rule
 from .step import agree_on_settings, begin_step
 from .survivors import ContinuingCollectives
 
@@ -117,8 +117,9 @@ class Engine(ReducerStats):
         m = settings.momentum
         if m.correction:
             index = self._layout.param_index
-            self._momentum = MomentumCorrection(lambda p: index.get(id(p)), m.masking, m.local_clip_norm,
-                                                lambda: self._collectives.size())
+            rule, steps = masking_rule(m.masking, m.correction, settings.wire.value_dtype)
+            self._momentum = MomentumCorrection(lambda p: index.get(id(p)), rule, m.local_clip_norm,
+                                                lambda: self._collectives.size(), masking_steps=steps)
         # algorithm None: the measured choice, whose sparse path is "auto",
         # and a compressed dense path for an Adam-family optimizer's
         # parameters (oktopk.optimizers); a named algorithm warns about one.
@@ -382,6 +383,8 @@ class Engine(ReducerStats):
                              "--max-restarts there (docs/failures.md)")
         self._shard_slices = slices
         self._folds.agree = self._agree_over_world if agree_over_world else None
+        if self._momentum is not None and self._settings.momentum.masking == AUTO_MASKING:
+            self._momentum.masking = False  # the default's masking yields where it cannot act: FSDP2's shards (fsdp.register)
 
     def parameter_index(self):
         """The parameters' canonical numbering (id -> number), which the

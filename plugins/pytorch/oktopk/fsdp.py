@@ -34,6 +34,7 @@ import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 
 from .layout import group_id_of
+from .settings import AUTO_MASKING
 from .state import OkTopkState
 
 
@@ -84,7 +85,7 @@ def register(model, state):
             )
     if any(g._all_reduce_hook is not None for _, g in modules):
         raise ValueError("oktopk.fsdp.register: the model already has all-reduce hooks (registered twice?)")
-    if state.momentum_correction and state.momentum_masking:
+    if state.momentum_correction and state.momentum_masking not in (False, AUTO_MASKING):
         raise ValueError("oktopk.fsdp.register: momentum_masking is not supported on FSDP2 replicas yet (the momentum "
                          "correction is); pass momentum_masking=False")
     return _Registration(model, state, modules)

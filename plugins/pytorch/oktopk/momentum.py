@@ -53,8 +53,8 @@ optimizer's own ``momentum_buffer`` (the same recursion), read in place:
 two copies then. Parameters with momentum 0,
 ``maximize=True``, or another optimizer are reduced as before.
 
-DGC's two other rules, opt-in (off by default; results/sgd.md measures them
-on the 17.1M MLP and on a CNN on Fashion-MNIST):
+DGC's two other rules (results/sgd.md measures them on the 17.1M MLP, on
+a CNN on Fashion-MNIST and on VGG-16):
 
 - Momentum factor masking (``momentum_masking``): zero this rank's velocity
   where its entry was sent, so its momentum does not keep pushing what was
@@ -77,6 +77,13 @@ on the 17.1M MLP and on a CNN on Fashion-MNIST):
     with momentum, bit for bit. Either rule drops the masked velocity's
     future pushes, about m/(1 − m) of its step: on the short, constant-rate
     MLP run that damping helps, on the longer CNN run it costs accuracy.
+  - Over the first n steps with a sparse call only (``masking_steps``):
+    the default masks "waited" entries over the first 100
+    (``oktopk.settings.AUTO_MASKING_STEPS``), where an entry first arrives
+    as a burst (after its 4-bit early steps VGG-16 fell back to chance
+    without it), and not after, where the damping costs the CNN.
+  - A clip after backward is followed as without masking, and an entry
+    the mask zeroed stays zero (``_follow_scale``).
 - Local gradient clipping: each rank's gradient of each corrected
   parameter is scaled to a norm of at most ``local_clip_norm / sqrt(P)``
   before it enters the velocity (the threshold scaled by 1/sqrt(P), as if
@@ -107,6 +114,17 @@ def _local(t):
     """A DTensor's local shard (FSDP2's parameters, gradients and momentum
     buffers: each rank corrects its own shard), else ``t`` itself."""
     return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _zero_where(velocity, masked):
+    """Zero ``velocity`` where ``masked`` says: True (every entry), a bool
+    mask, or int64 positions."""
+    if masked is True:
+        velocity.zero_()
+    elif masked.dtype == torch.bool:
+        velocity.masked_fill_(masked, 0.0)
+    else:
+        velocity.index_fill_(0, masked, 0.0)
 
 
 def momentum_of(group):
@@ -145,9 +163,18 @@ class MomentumCorrection:
     # The values of the first corrected slot the sample is taken among.
     SAMPLE_SPAN = 4096
 
-    def __init__(self, index_of, masking=False, clip_norm=None, world_size=None):
+    def __init__(self, index_of, masking=False, clip_norm=None, world_size=None, masking_steps=None):
         self.index_of = index_of
-        self.masking = masking  # DGC's momentum factor masking
+        self.masking = masking  # DGC's momentum factor masking: False, True or "waited"
+        # How many steps with a sparse call the masking acts on, from the
+        # first (None: all of them), and how many there have been so far.
+        self.masking_steps = masking_steps
+        self.sparse_steps = 0
+        self._sent = False  # this step made a sparse call whose marks were read (note_sent)
+        # index -> the entries whose velocity ``after`` zeroed this step (a
+        # bool mask, or positions), for a clip seen at the optimizer's step
+        # to leave them zero (_follow_scale).
+        self._masked = {}
         self.clip_norm = clip_norm  # DGC's local gradient clipping: the max norm before the 1/sqrt(P) scaling, or None
         # The ranks that average now (a callable): P changes when the
         # survivors of a lost rank go on without it (oktopk.continuing).
@@ -195,6 +222,14 @@ class MomentumCorrection:
         # velocity and B were set to by an idle step: never written here,
         # and never kept as a spare for a new velocity to be computed into.
         self._following = {}
+
+    @property
+    def masking_now(self):
+        """The masking rule of this step: ``masking`` until ``masking_steps``
+        steps have made a sparse call, False after."""
+        if self.masking_steps is not None and self.sparse_steps >= self.masking_steps:
+            return False
+        return self.masking
 
     # -- the optimizer -----------------------------------------------------
 
@@ -306,9 +341,6 @@ class MomentumCorrection:
         elif not (0.0 < c < 1.0 and all(abs(x - c) <= 4 * eps * c for x in scales)):
             self._stop(f"{changed}, not by one factor ≤ 1 on every value as clip_grad_norm_ scales them: "
                        "a clip by value, or a change per tensor)")
-        elif self.masking:
-            self._stop(f"{changed} by a clip, which momentum factor masking cannot follow: it zeroes velocities the clip "
-                       "would scale)")
         else:
             return c
         return None
@@ -328,6 +360,9 @@ class MomentumCorrection:
         old = self._spare.get(i)
         if old is not None and self.applied.get(i) is not None:  # applied None: torch's first step, buf = G
             velocity.add_(old, alpha=(1.0 - c) * m)
+        masked = self._masked.get(i)
+        if masked is not None:  # what masking zeroed stays zero: the clip scales a zero velocity to zero
+            _zero_where(velocity, masked)
 
     def _borrow(self, optimizer, group, p, i):
         """Without weight decay B is the optimizer's own momentum_buffer (the
@@ -428,11 +463,17 @@ class MomentumCorrection:
         self._handed = {}
         self._samples = []
         self._left = {}
+        self._masked = {}
+        if self._sent:
+            self._sent = False
+            self.sparse_steps += 1
+            if self.masking and not self.masking_now:  # the masking's steps are over: its marks are read no more
+                self._zero, self._loaded = {}, {}
         # DGC's masking (True) zeroes every velocity on a dense step: a rule
         # that acts on a native step too, which then stays corrected. Local
         # clipping bounds what enters a residual: with none held, an idle
         # step clips nothing, as plain DDP does not.
-        self.idle = idle and self.masking is not True
+        self.idle = idle and self.masking_now is not True
 
     def before(self, params, members, tensor):
         """Replace each corrected parameter's gradient in ``tensor`` (the
@@ -503,12 +544,13 @@ class MomentumCorrection:
             self.velocity[i], self._spare[i] = self._spare[i], self.velocity.get(i)
             if self._spare[i] is None or self._spare[i] is self._following.get(i):
                 del self._spare[i]  # the optimizer's buffer is never a spare
-            if self.masking:
+            masking = self.masking_now
+            if masking:
                 # What left this rank (with "waited": after waiting) stops its
                 # momentum. A dense step sends everything: True masks all,
                 # "waited" nothing (it delivers what waited).
                 left = self._left.pop(i, None)
-                if left is None and self.masking == "waited":
+                if left is None and masking == "waited":
                     group_id = self._member_of.get(i, (None,))[0]
                     if group_id in self._zero:
                         self._note("zero", group_id, self._zero)
@@ -516,12 +558,9 @@ class MomentumCorrection:
                     if i in self._loaded:  # a resumed run's dense step, before its group's first sparse call
                         self._note("loaded", i, self._loaded)
                         del self._loaded[i]
-                elif left is None:
-                    self.velocity[i].zero_()
-                elif self.masking == "waited":
-                    self.velocity[i].index_fill_(0, left.to(self.velocity[i].device), 0.0)
                 else:
-                    self.velocity[i].masked_fill_(left.to(self.velocity[i].device), 0.0)
+                    left = self._masked[i] = True if left is None else left.to(self.velocity[i].device)
+                    _zero_where(self.velocity[i], left)
             s = result[a:b]
             before = self.applied[i]
             if before is not None:
@@ -566,7 +605,9 @@ class MomentumCorrection:
         offsets = [0, *itertools.accumulate(sizes)]
         for i, at, size in zip(members, offsets, sizes):
             self._member_of[i] = (group_id, at, size)
-        before = self._before(group_id, members, offsets, sizes) if self.masking == "waited" else None
+        self._sent = True
+        waited = self.masking_now == "waited"
+        before = self._before(group_id, members, offsets, sizes) if waited else None
         device_group = state._device_groups.get(group_id)
         if device_group is not None:
             zero = device_group.residual == 0
@@ -583,14 +624,14 @@ class MomentumCorrection:
                 listed = torch.empty(min(offsets[-1], 2 * count), dtype=torch.int64)
                 count = comm.residual_zeros(group_id, before, spare, listed)
             zero, became = spare, None if before is None else listed[:count]
-            self._buffers[group_id] = (before if self.masking == "waited" else zero, listed)  # the marks not current
-        if self.masking == "waited":
+            self._buffers[group_id] = (before if waited else zero, listed)  # the marks not current
+        if waited:
             self._note("zero", group_id, self._zero)
             self._zero[group_id] = zero
             cuts = [0] * (len(sizes) + 1) if became is None else [0, *torch.searchsorted(
                 became, torch.tensor(offsets[1:], dtype=torch.int64, device=became.device)).tolist()]
         for j, (i, at, size) in enumerate(zip(members, offsets, sizes)):
-            if self.masking == "waited":
+            if waited:
                 # A copy: the list is the next call's buffer. Nothing waited
                 # before the first sparse call (or after a dense step).
                 self._left[i] = became[cuts[j] : cuts[j + 1]] - at if became is not None else torch.empty(0, dtype=torch.int64)
@@ -631,6 +672,14 @@ class MomentumCorrection:
         group_id, at, size = self._member_of.get(i, (None, 0, 0))
         zero = self._zero.get(group_id)
         return None if zero is None else (~zero[at : at + size]).cpu()
+
+    def steps_state(self):
+        """The steps with a sparse call so far, this one's included: what a
+        resumed run's masking counts on from (``load_steps``)."""
+        return self.sparse_steps + int(self._sent)
+
+    def load_steps(self, sparse_steps):
+        self.sparse_steps, self._sent = int(sparse_steps), False
 
     def load_state_dict(self, saved):
         self.settings = {int(i): tuple(e["settings"]) for i, e in saved.items()}

@@ -140,11 +140,15 @@ class OkTopkState(Engine):
         optimizer's momentum acts on the sparse average (measured: the demo's
         MLP swings and ends lower, results/sgd.md).
     :param masking (momentum_masking): with the correction, DGC's momentum factor
-        masking (default False): True zeroes this rank's velocity where its
-        entry was sent (every entry on a dense step: at density 1 this is
-        SGD without momentum); "waited" only where an entry was sent after
-        waiting in the residual (at density 1 nothing waits: dense SGD).
-        float32 values only (``oktopk.momentum``, results/sgd.md).
+        masking: True zeroes this rank's velocity where its entry was sent
+        (every entry on a dense step: at density 1 this is SGD without
+        momentum); "waited" only where an entry was sent after waiting in
+        the residual (at density 1 nothing waits: dense SGD); ``(rule, n)``
+        that rule over the first n steps with a sparse call; False none.
+        Named rules need float32 values (``oktopk.momentum``,
+        results/sgd.md). The default, "auto", is ``("waited", 100)``
+        (``oktopk.settings.AUTO_MASKING_STEPS``) where masking can act (the
+        DDP hook with float32 values), else none.
     :param local_clip_norm: with the correction, DGC's local gradient
         clipping (default None: off): each rank's gradient of each corrected
         parameter is clipped to norm ``local_clip_norm / sqrt(P)`` before it
