@@ -224,3 +224,50 @@ def non_finite(rank, world, port, out, bad_rank, bad_step, steps, scaler):
                       "stopped": state._momentum.stopped})
     state.close()
     dist.destroy_process_group()
+
+
+def density_one_across_switches(rank, world, port, out, weight_decay, steps=44):
+    """The default hook (the measured choice, recheck_every 8) at density 1
+    beside plain DDP, the same SGD with momentum, its clock injected so that
+    sparse steps are the faster until step 14, the slower until step 30,
+    then the faster again: sparse steps, then native ones with nothing held
+    (the correction idle, following the optimizer's buffer), then sparse
+    again. Per step: the path and whether the correction was idle; per
+    idle step, whether every velocity was the optimizer's buffer; the worst
+    relative difference of the parameters and momentum buffers from
+    plain DDP's over the run."""
+    from workers import InjectedClock
+
+    setup(rank, world, port)
+    a, b = DDP(deeper_model()), DDP(deeper_model())
+    state = OkTopkState(density=1.0, warmup_iters=2, sparse_after=0, recheck_every=8)
+    clock = InjectedClock()
+    state._choice.clock = clock
+    a.register_comm_hook(state, oktopk_hook)
+    b.register_comm_hook(None, allreduce_hook)
+    oa, ob = _sgd(a, False, 0.0, weight_decay), _sgd(b, False, 0.0, weight_decay)
+    paths, idle, following, path = [], [], [], "native"
+    worst_param = worst_buffer = 0.0
+    for step in range(steps):
+        fast_sparse = step < 14 or step >= 30
+        clock.now += {"native": 0.040, "sparse": 0.010 if fast_sparse else 0.100}.get(path, 0.040)
+        _step_both(rank, step, (a, oa), (b, ob))
+        path = state._path if step >= state.warmup_iters else "native"
+        paths.append(path)
+        c = state._momentum
+        idle.append(bool(c.idle) if c is not None and c.active else None)
+        if idle[-1]:
+            # An idle step leaves every velocity a view of the optimizer's
+            # buffer, which the next corrected step restarts from.
+            index = state._layout.param_index
+            following.append(all(c.velocity[index[id(p)]].data_ptr() == oa.state[p]["momentum_buffer"].data_ptr()
+                                 for p in a.parameters()))
+        for pa, pb in zip(a.parameters(), b.parameters()):
+            scale = pb.detach().abs().max().item() + 1e-30
+            worst_param = max(worst_param, (pa.detach() - pb.detach()).abs().max().item() / scale)
+            ba, bb = oa.state[pa]["momentum_buffer"], ob.state[pb]["momentum_buffer"]
+            worst_buffer = max(worst_buffer, (ba - bb).abs().max().item() / (bb.abs().max().item() + 1e-30))
+    write(out, rank, {"paths": paths, "idle": idle, "following": following, "worst_param": worst_param, "worst_buffer": worst_buffer,
+                      "params": [p.detach().clone() for p in a.parameters()]})
+    state.close()
+    dist.destroy_process_group()

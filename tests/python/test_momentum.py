@@ -119,3 +119,30 @@ def test_grad_scaler_stops_the_correction_and_training_goes_on_alike():
         assert res["kept"]["params"] and res["kept"]["residual"], f"rank {r}: {res['kept']}"
     for a, b in zip(results[0]["params"], results[1]["params"]):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("weight_decay", [0.0, 0.01])
+def test_density_one_equals_dense_sgd_across_sparse_native_sparse(weight_decay):
+    # The measured choice takes sparse, then native (the residuals folded,
+    # nothing held: the correction idle, handing the gradient through while
+    # its velocities follow the optimizer's buffer), then sparse again. At
+    # density 1 every switch keeps the run plain DDP's, up to float32
+    # rounding. Without weight decay B is the optimizer's own buffer, so a
+    # velocity left behind by the idle steps shows as a wrong step at the
+    # second sparse phase; with it, B would be left behind alike and cancel
+    # at density 1, so the idle steps' following is checked directly.
+    results = run(momentum_workers.density_one_across_switches, 2, weight_decay)
+    paths, idle = results[0]["paths"], results[0]["idle"]
+    first_native = paths.index("native", paths.index("sparse"))
+    second_sparse = paths.index("sparse", first_native)
+    assert "sparse" not in paths[first_native:second_sparse] and second_sparse < len(paths) - 4, paths
+    # Idle from the native step after the fold on, and only on native steps.
+    assert idle[first_native + 1:second_sparse] == [True] * (second_sparse - first_native - 1), idle
+    assert not any(idle[second_sparse:]) and not any(idle[paths.index("sparse"):first_native + 1]), idle
+    for r, res in results.items():
+        assert res["paths"] == paths, f"rank {r}"
+        assert res["following"] and all(res["following"]), f"rank {r}: {res['following']}"
+        assert res["worst_param"] <= 1e-5, f"rank {r}: {res}"
+        assert res["worst_buffer"] <= 1e-5, f"rank {r}: {res}"
+    for a, b in zip(results[0]["params"], results[1]["params"]):
+        assert torch.equal(a, b)

@@ -222,6 +222,10 @@ class MomentumCorrection:
         # velocity and B were set to by an idle step: never written here,
         # and never kept as a spare for a new velocity to be computed into.
         self._following = {}
+        # index -> (the momentum_buffer followed, the B then set, whether
+        # its group had weight decay): what the views in _following were
+        # taken of (_follow).
+        self._followed = {}
 
     @property
     def masking_now(self):
@@ -258,11 +262,11 @@ class MomentumCorrection:
                 i = self.index_of(p)
                 if i is None:
                     continue
-                grad = None if p.grad is None else _local(p.grad).reshape(-1)
                 self.settings[i] = settings
                 if self.idle:
                     self._follow(optimizer, group, p, i)
                     continue
+                grad = None if p.grad is None else _local(p.grad).reshape(-1)
                 if i in handed and grad is not None:
                     if scale != 1.0:
                         self._follow_scale(i, scale, handed[i][0])
@@ -299,9 +303,20 @@ class MomentumCorrection:
         buf = optimizer.state.get(p, {}).get("momentum_buffer")
         if buf is None:
             return
+        view = self._following.get(i)
+        decay = bool(group.get("weight_decay", 0.0))
+        followed = self._followed.get(i)
+        if (followed is not None and followed[0] is buf and followed[2] == decay and self.velocity.get(i) is view
+                and self.applied.get(i) is followed[1] and (i in self._borrowed) == (followed[1] is not view)):
+            # Already following this buffer since an idle step before, and
+            # nothing moved the velocity or B since: the views still hold
+            # (the optimizer steps the buffer in place). The hook's cost on
+            # a native step is this check, not new views.
+            return
         view = self.velocity[i] = self._following[i] = _local(buf).detach().reshape(-1)
         if not self._borrow(optimizer, group, p, i):
             self.applied[i] = view
+        self._followed[i] = (buf, self.applied[i], decay)
 
     def _scale_at_step(self, optimizer, samples):
         """What was done to the handed gradient between the hook and the
@@ -401,7 +416,7 @@ class MomentumCorrection:
         the optimizer's momentum_buffer is already its true velocity."""
         self.stopped = why
         self.settings, self.velocity, self.applied, self._spare, self._handed = {}, {}, {}, {}, {}
-        self._borrowed, self._following = set(), {}
+        self._borrowed, self._following, self._followed = set(), {}, {}
         warnings.warn(f"oktopk: momentum correction stopped: {why}. It needs the optimizer to receive the hook's gradient "
                       "unchanged, or scaled alike everywhere by a clip (clip_grad_norm_); the optimizer's own momentum acts "
                       "on the sparse average from now on. Pass momentum_correction=False to say so from the start "
@@ -687,7 +702,7 @@ class MomentumCorrection:
         self.applied = {int(i): e["applied"] for i, e in saved.items()}
         self._loaded = {int(i): e["waiting"] for i, e in saved.items() if e.get("waiting") is not None}
         self._zero, self._member_of = {}, {}
-        self._spare, self._handed, self._samples, self._borrowed, self._following = {}, {}, [], set(), {}
+        self._spare, self._handed, self._samples, self._borrowed, self._following, self._followed = {}, {}, [], set(), {}, {}
         self._optimizer, self._group_of = None, {}
         self._record = None  # a loaded state is no step's to give back
 
