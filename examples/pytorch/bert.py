@@ -168,6 +168,17 @@ def main(argv=None):
         dist.all_reduce(quantized)
         on_path = max(args.steps - NATIVE_WARMUP_ITERS, 1)
         path_bytes = 2 * params * 2 * (world - 1) / world if args.force_path == "bf16" else quantized.item() / world / on_path
+    run_share = None
+    if state is not None and not args.force_path:
+        # The whole run's bytes against plain DDP's: the library's own count
+        # of its frames, and the steps the hook sent natively (DDP's warm-up,
+        # the choice's native steps) or in bfloat16 by the ring formula.
+        ring = 2 * sum(p.numel() for p in model.parameters()) * (world - 1) / world  # values one rank sends per allreduce
+        by_path = state.choice["steps"] if state.choice else {}
+        native = min(args.steps, state.warmup_iters) + by_path.get("native", 0)
+        own = torch.tensor([float(state.bytes_sent + state.quantized_bytes_sent)], dtype=torch.float64)
+        dist.all_reduce(own)
+        run_share = (own.item() / world + native * ring * 4 + by_path.get("bf16", 0) * ring * 2) / (args.steps * ring * 4)
     # Every rank evaluates (the replicas are equal), so that none is done long
     # before rank 0 prints.
     held = held_out_loss(model.module, args) if args.held_out else None
@@ -178,6 +189,8 @@ def main(argv=None):
             sent = f" bytes_sent_per_rank_per_iter={opt.bytes_sent / max(opt.steps, 1):.0f}"
         if args.force_path:
             sent = f" bytes_sent_per_rank_per_iter={path_bytes:.0f}"
+        if run_share is not None:
+            sent += f" run_bytes_vs_plain_ddp={run_share:.4f}"
         if args.held_out:
             sent += f" held_out_loss={held:.4f}"
         print(f"RESULT mode={mode} ranks={world} final_loss={mean:.3f} ms_per_iter={1000 * elapsed / args.steps:.1f}{sent}", flush=True)

@@ -25,7 +25,7 @@ def _snapshot(state, model):
     # In the warm-up no group has a library state yet: no residuals.
     residuals = residuals_by_parameter(state, model) if set(sd["layout"]) <= set(sd["tensors"]) else {}
     return {"tensors": dict(sd["tensors"]), "residuals": residuals,
-            "velocity": copies(corr.velocity), "applied": copies(corr.applied), "zero": copies(corr._zero),
+            "velocity": copies(corr.velocity), "applied": copies(corr.applied), "zero": copies(corr.mask.zero),
             "residual_groups": sorted(sd["residual_groups"])}
 
 

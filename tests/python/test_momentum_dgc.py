@@ -86,7 +86,7 @@ def test_the_default_masking_is_waited_over_its_first_steps_where_it_can_act():
     state = OkTopkState(algorithm="oktopk")
     try:
         assert state.momentum_masking == "auto"
-        assert (state._momentum.masking, state._momentum.masking_steps) == ("waited", AUTO_MASKING_STEPS)
+        assert (state._momentum.mask.rule, state._momentum.mask.steps) == ("waited", AUTO_MASKING_STEPS)
     finally:
         state.close()
     # Where masking cannot act it yields, and asks nothing of the user.

@@ -102,7 +102,7 @@ def fields(state):
         "residual_groups": sorted(state._residual_groups),
         "quantized": {group_id: group.state_dict() for group_id, group in state._quantized.items()},
         "momentum": {} if state._momentum is None else state._momentum.state_dict(),
-        "momentum_sparse_steps": 0 if state._momentum is None else state._momentum.steps_state(),
+        "momentum_sparse_steps": 0 if state._momentum is None else state._momentum.mask.steps_state(),
         "optimizer_seen": state._optimizers.seen,
         "communicator": comm is not None,
         "path": state._path,
@@ -165,7 +165,7 @@ def load_state_dict(state, saved):
     state._quantized = {int(k): QuantizedGroup.from_state_dict(v) for k, v in saved["quantized"].items()}
     if state._momentum is not None:
         state._momentum.load_state_dict(saved["momentum"])
-        state._momentum.load_steps(saved.get("momentum_sparse_steps", 0))  # absent before the masking counted its steps
+        state._momentum.mask.load_steps(saved.get("momentum_sparse_steps", 0))  # absent before the masking counted its steps
     # The link model "auto" chose by: the resumed run chooses as the saved
     # one would have, not by a new measurement (None: measure anew).
     state._link = check_link(saved["link"])

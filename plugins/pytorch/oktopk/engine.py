@@ -48,7 +48,7 @@ from .survivors import ContinuingCollectives
 
 # The modules that make up the engine: they alone read its private
 # attributes (tests/python/test_engine_boundary.py counts the others').
-ENGINE_MODULES = ("engine", "state", "step", "checkpoint", "groups", "paths", *(f"path_{name}" for name in PATHS), "momentum", "reducer",
+ENGINE_MODULES = ("engine", "state", "step", "checkpoint", "groups", "paths", *(f"path_{name}" for name in PATHS), "momentum", "masking", "reducer",
                   "continuing")
 
 
@@ -384,7 +384,7 @@ class Engine(ReducerStats):
         self._shard_slices = slices
         self._folds.agree = self._agree_over_world if agree_over_world else None
         if self._momentum is not None and self._settings.momentum.masking == AUTO_MASKING:
-            self._momentum.masking = False  # the default's masking yields where it cannot act: FSDP2's shards (fsdp.register)
+            self._momentum.mask.rule = False  # the default's masking yields where it cannot act: FSDP2's shards (fsdp.register)
 
     def parameter_index(self):
         """The parameters' canonical numbering (id -> number), which the

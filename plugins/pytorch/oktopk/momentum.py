@@ -58,32 +58,8 @@ a CNN on Fashion-MNIST and on VGG-16):
 
 - Momentum factor masking (``momentum_masking``): zero this rank's velocity
   where its entry was sent, so its momentum does not keep pushing what was
-  already delivered. Which entries left is read from the residual after
-  the call: a sent entry's residual is exactly 0 (float32 values; 16-bit
-  ones leave the rounding there, so masking refuses them). On the host path
-  the residual is the library's, read by folding it into a zeroed buffer
-  and undoing the fold at once (``oktopk_tensor_residual_fold``/``unfold``,
-  on the worker thread in issue order); on the device path it is the
-  DeviceGroup's.
-  - ``True``, DGC's rule: every entry that left. A dense step (the warm-up
-    once the correction runs, the measured choice's native steps, a dense
-    algorithm) sends every entry and zeroes every velocity, so at density
-    1 it is SGD without momentum.
-  - ``"waited"``: only an entry that left after waiting (it was still in the
-    residual after the previous call). Such an entry arrives as a burst of
-    several steps' velocity steps, the burst DGC's masking means to stop; an
-    entry sent on consecutive calls moves as in dense SGD, and a dense step
-    masks nothing, so at density 1 (nothing ever waits) it is dense SGD
-    with momentum, bit for bit. Either rule drops the masked velocity's
-    future pushes, about m/(1 − m) of its step: on the short, constant-rate
-    MLP run that damping helps, on the longer CNN run it costs accuracy.
-  - Over the first n steps with a sparse call only (``masking_steps``):
-    the default masks "waited" entries over the first 100
-    (``oktopk.settings.AUTO_MASKING_STEPS``), where an entry first arrives
-    as a burst (after its 4-bit early steps VGG-16 fell back to chance
-    without it), and not after, where the damping costs the CNN.
-  - A clip after backward is followed as without masking, and an entry
-    the mask zeroed stays zero (``_follow_scale``).
+  already delivered (``oktopk.masking``: DGC's rule, "waited", and the
+  default's window of the first 100 sparse steps).
 - Local gradient clipping: each rank's gradient of each corrected
   parameter is scaled to a norm of at most ``local_clip_norm / sqrt(P)``
   before it enters the velocity (the threshold scaled by 1/sqrt(P), as if
@@ -92,7 +68,6 @@ a CNN on Fashion-MNIST and on VGG-16):
   after the last bucket, too late for the first one.
 """
 
-import itertools
 import math
 import sys
 
@@ -100,6 +75,8 @@ import warnings
 import weakref
 
 import torch
+
+from .masking import Masking, zero_where
 
 # A table's missing entry, in a step's record (MomentumCorrection.record_step).
 _ABSENT = object()
@@ -114,17 +91,6 @@ def _local(t):
     """A DTensor's local shard (FSDP2's parameters, gradients and momentum
     buffers: each rank corrects its own shard), else ``t`` itself."""
     return t.to_local() if hasattr(t, "to_local") else t
-
-
-def _zero_where(velocity, masked):
-    """Zero ``velocity`` where ``masked`` says: True (every entry), a bool
-    mask, or int64 positions."""
-    if masked is True:
-        velocity.zero_()
-    elif masked.dtype == torch.bool:
-        velocity.masked_fill_(masked, 0.0)
-    else:
-        velocity.index_fill_(0, masked, 0.0)
 
 
 def momentum_of(group):
@@ -165,37 +131,14 @@ class MomentumCorrection:
 
     def __init__(self, index_of, masking=False, clip_norm=None, world_size=None, masking_steps=None):
         self.index_of = index_of
-        self.masking = masking  # DGC's momentum factor masking: False, True or "waited"
-        # How many steps with a sparse call the masking acts on, from the
-        # first (None: all of them), and how many there have been so far.
-        self.masking_steps = masking_steps
-        self.sparse_steps = 0
-        self._sent = False  # this step made a sparse call whose marks were read (note_sent)
-        # index -> the entries whose velocity ``after`` zeroed this step (a
-        # bool mask, or positions), for a clip seen at the optimizer's step
-        # to leave them zero (_follow_scale).
-        self._masked = {}
+        # DGC's momentum factor masking (oktopk.masking); its changes are
+        # recorded with the step's, for a void step to give back.
+        self.mask = Masking(masking, masking_steps, note=self._note)
         self.clip_norm = clip_norm  # DGC's local gradient clipping: the max norm before the 1/sqrt(P) scaling, or None
         # The ranks that average now (a callable): P changes when the
         # survivors of a lost rank go on without it (oktopk.continuing).
         self.world_size = world_size
         self._clip_at = None  # (P, clip_norm / sqrt(P)), once P is known
-        # index -> the entries whose velocity this step's sparse call stops
-        # (masking): True, a bool mask of those it took from this rank;
-        # "waited", the positions (ascending int64, about k) of those that
-        # left after waiting. Written by the worker thread after the call,
-        # read by ``after``; cleared at each step's first bucket.
-        self._left = {}
-        # group id -> bool marks of the entries whose residual was 0 after
-        # the group's latest sparse call ("waited" masking): those it took
-        # and those that held nothing. An entry unmarked then and taken now
-        # had waited: it arrives as a burst of several steps' velocity; one
-        # sent on consecutive calls is moved as dense SGD moves it. Absent:
-        # nothing waited (no sparse call yet, or a dense step since).
-        self._zero = {}
-        self._buffers = {}  # group id -> (the marks' spare, the int64 list): the host path's, reused
-        self._member_of = {}  # index -> (group id, offset, size) at the latest sparse call
-        self._loaded = {}  # index -> a checkpoint's mask of entries still waiting, until its group's next call
         self._optimizer = None  # weakref to the SGD optimizer seen stepping the hook's parameters
         self._group_of = {}  # id(param) -> its parameter group (refreshed when a param is missing)
         self.settings = {}  # index -> (m, dampening, nesterov) at the optimizer's latest step
@@ -210,7 +153,7 @@ class MomentumCorrection:
         # steps: what changed them in between (_scale_at_step).
         self._samples = []
         self.stopped = None  # why the correction stopped, or None
-        # This step's changes to the velocities, B and the masking marks,
+        # This step's changes to the velocities, B and the masking's marks,
         # (what, index, the value before, or _ABSENT), for a step that turns
         # out void to give back (record_step); None: not recording.
         self._record = None
@@ -228,12 +171,9 @@ class MomentumCorrection:
         self._followed = {}
 
     @property
-    def masking_now(self):
-        """The masking rule of this step: ``masking`` until ``masking_steps``
-        steps have made a sparse call, False after."""
-        if self.masking_steps is not None and self.sparse_steps >= self.masking_steps:
-            return False
-        return self.masking
+    def masking(self):
+        """The masking rule (False, True or "waited"), over its window."""
+        return self.mask.rule
 
     # -- the optimizer -----------------------------------------------------
 
@@ -375,9 +315,9 @@ class MomentumCorrection:
         old = self._spare.get(i)
         if old is not None and self.applied.get(i) is not None:  # applied None: torch's first step, buf = G
             velocity.add_(old, alpha=(1.0 - c) * m)
-        masked = self._masked.get(i)
+        masked = self.mask.masked.get(i)
         if masked is not None:  # what masking zeroed stays zero: the clip scales a zero velocity to zero
-            _zero_where(velocity, masked)
+            zero_where(velocity, masked)
 
     def _borrow(self, optimizer, group, p, i):
         """Without weight decay B is the optimizer's own momentum_buffer (the
@@ -455,7 +395,7 @@ class MomentumCorrection:
                 if newer is not None:
                     self._spare[i] = newer
                 continue
-            table = {"applied": self.applied, "zero": self._zero, "loaded": self._loaded}[what]
+            table = {"applied": self.applied, "zero": self.mask.zero, "loaded": self.mask.loaded}[what]
             if before is _ABSENT:
                 table.pop(i, None)
             else:
@@ -477,18 +417,12 @@ class MomentumCorrection:
         velocities restart at the next corrected step (``_follow``)."""
         self._handed = {}
         self._samples = []
-        self._left = {}
-        self._masked = {}
-        if self._sent:
-            self._sent = False
-            self.sparse_steps += 1
-            if self.masking and not self.masking_now:  # the masking's steps are over: its marks are read no more
-                self._zero, self._loaded = {}, {}
+        self.mask.begin_step()
         # DGC's masking (True) zeroes every velocity on a dense step: a rule
         # that acts on a native step too, which then stays corrected. Local
         # clipping bounds what enters a residual: with none held, an idle
         # step clips nothing, as plain DDP does not.
-        self.idle = idle and self.masking_now is not True
+        self.idle = idle and self.mask.now is not True
 
     def before(self, params, members, tensor):
         """Replace each corrected parameter's gradient in ``tensor`` (the
@@ -559,23 +493,10 @@ class MomentumCorrection:
             self.velocity[i], self._spare[i] = self._spare[i], self.velocity.get(i)
             if self._spare[i] is None or self._spare[i] is self._following.get(i):
                 del self._spare[i]  # the optimizer's buffer is never a spare
-            masking = self.masking_now
-            if masking:
-                # What left this rank (with "waited": after waiting) stops its
-                # momentum. A dense step sends everything: True masks all,
-                # "waited" nothing (it delivers what waited).
-                left = self._left.pop(i, None)
-                if left is None and masking == "waited":
-                    group_id = self._member_of.get(i, (None,))[0]
-                    if group_id in self._zero:
-                        self._note("zero", group_id, self._zero)
-                        del self._zero[group_id]
-                    if i in self._loaded:  # a resumed run's dense step, before its group's first sparse call
-                        self._note("loaded", i, self._loaded)
-                        del self._loaded[i]
-                else:
-                    left = self._masked[i] = True if left is None else left.to(self.velocity[i].device)
-                    _zero_where(self.velocity[i], left)
+            # What left this rank (with "waited": after waiting) stops its
+            # momentum. A dense step sends everything: True masks all,
+            # "waited" nothing (it delivers what waited).
+            self.mask.after(i, self.velocity[i])
             s = result[a:b]
             before = self.applied[i]
             if before is not None:
@@ -607,65 +528,6 @@ class MomentumCorrection:
                     self._samples.append((i, j, result[a + j].item()))
         return result
 
-    # -- masking: which entries left -------------------------------------------
-
-    def note_sent(self, state, group_id, sizes):
-        """Worker thread, right after group ``group_id``'s sparse call
-        (``sizes``: its members' entries, in the group's order): which
-        entries the call took from this rank, those whose residual is now
-        exactly 0, for ``after`` to zero their velocities. The host path's
-        marks and list come from the library in one pass over the residual
-        (``Communicator.residual_zeros``); the device path's from its own."""
-        members = state._layout.groups[group_id]
-        offsets = [0, *itertools.accumulate(sizes)]
-        for i, at, size in zip(members, offsets, sizes):
-            self._member_of[i] = (group_id, at, size)
-        self._sent = True
-        waited = self.masking_now == "waited"
-        before = self._before(group_id, members, offsets, sizes) if waited else None
-        device_group = state._device_groups.get(group_id)
-        if device_group is not None:
-            zero = device_group.residual == 0
-            became = None if before is None else (zero & ~before.to(zero.device)).nonzero().squeeze(1)
-        else:
-            spare, listed = self._buffers.get(group_id, (None, None))
-            if spare is None or spare is before:
-                spare = torch.empty(offsets[-1], dtype=torch.bool)
-            if listed is None:
-                listed = torch.empty(max(1, offsets[-1] // 64), dtype=torch.int64)
-            comm = state._reducer.comm
-            count = comm.residual_zeros(group_id, before, spare, listed)
-            if count > listed.numel():  # more than room: make room once, and ask again
-                listed = torch.empty(min(offsets[-1], 2 * count), dtype=torch.int64)
-                count = comm.residual_zeros(group_id, before, spare, listed)
-            zero, became = spare, None if before is None else listed[:count]
-            self._buffers[group_id] = (before if waited else zero, listed)  # the marks not current
-        if waited:
-            self._note("zero", group_id, self._zero)
-            self._zero[group_id] = zero
-            cuts = [0] * (len(sizes) + 1) if became is None else [0, *torch.searchsorted(
-                became, torch.tensor(offsets[1:], dtype=torch.int64, device=became.device)).tolist()]
-        for j, (i, at, size) in enumerate(zip(members, offsets, sizes)):
-            if waited:
-                # A copy: the list is the next call's buffer. Nothing waited
-                # before the first sparse call (or after a dense step).
-                self._left[i] = became[cuts[j] : cuts[j + 1]] - at if became is not None else torch.empty(0, dtype=torch.int64)
-            else:
-                self._left[i] = zero[at : at + size]
-
-    def _before(self, group_id, members, offsets, sizes):
-        """The group's marks after its latest sparse call, or None where
-        nothing waited; a loaded checkpoint's masks of what was still
-        waiting become them at the group's first call."""
-        before = self._zero.get(group_id)
-        if before is None and any(i in self._loaded for i in members):
-            before = torch.ones(offsets[-1], dtype=torch.bool)
-            for i, at, size in zip(members, offsets, sizes):
-                waiting = self._loaded.pop(i, None)
-                if waiting is not None and waiting.numel() == size:
-                    before[at : at + size] = ~waiting.reshape(-1)
-        return before
-
     # -- checkpoints -------------------------------------------------------
 
     def state_dict(self):
@@ -676,32 +538,14 @@ class MomentumCorrection:
             return None if t is None else t.detach().cpu().clone()
 
         return {i: {"settings": self.settings[i], "velocity": cpu(self.velocity.get(i)), "applied": cpu(self.applied.get(i)),
-                    "waiting": self._waiting(i)}
+                    "waiting": self.mask.waiting(i)}
                 for i in sorted(self.settings)}
-
-    def _waiting(self, i):
-        """Parameter ``i``'s entries still waiting after its latest sparse
-        call (a CPU bool mask), or None where nothing waited."""
-        if i in self._loaded:
-            return self._loaded[i].clone()
-        group_id, at, size = self._member_of.get(i, (None, 0, 0))
-        zero = self._zero.get(group_id)
-        return None if zero is None else (~zero[at : at + size]).cpu()
-
-    def steps_state(self):
-        """The steps with a sparse call so far, this one's included: what a
-        resumed run's masking counts on from (``load_steps``)."""
-        return self.sparse_steps + int(self._sent)
-
-    def load_steps(self, sparse_steps):
-        self.sparse_steps, self._sent = int(sparse_steps), False
 
     def load_state_dict(self, saved):
         self.settings = {int(i): tuple(e["settings"]) for i, e in saved.items()}
         self.velocity = {int(i): e["velocity"] for i, e in saved.items() if e["velocity"] is not None}
         self.applied = {int(i): e["applied"] for i, e in saved.items()}
-        self._loaded = {int(i): e["waiting"] for i, e in saved.items() if e.get("waiting") is not None}
-        self._zero, self._member_of = {}, {}
+        self.mask.load({int(i): e["waiting"] for i, e in saved.items() if e.get("waiting") is not None})
         self._spare, self._handed, self._samples, self._borrowed, self._following, self._followed = {}, {}, [], set(), {}, {}
         self._optimizer, self._group_of = None, {}
         self._record = None  # a loaded state is no step's to give back

@@ -233,7 +233,7 @@ def _reduce_pieces(engine, group_id, pieces, call):
         stats, group = reduce_on_device(engine, group_id, pieces, hold, density)
         took_call(engine, group_id, stats, had_residual, group, made)
         if masking:
-            engine._momentum.note_sent(engine, group_id, sizes)
+            engine._momentum.mask.note_sent(engine, group_id, sizes)
         return
     if not cuda and len(pieces) == 1 and pieces[0][1:] == (0, tensor.numel()) and tensor.is_contiguous():
         host = tensor  # in place
@@ -260,7 +260,7 @@ def _reduce_pieces(engine, group_id, pieces, call):
                                              sparse_only=engine._choice is not None, undoable=undoable)
     took_call(engine, group_id, stats, had_residual, undoable=undoable)
     if masking:
-        engine._momentum.note_sent(engine, group_id, sizes)
+        engine._momentum.mask.note_sent(engine, group_id, sizes)
     engine._folds.see(host)  # a step that folds other buckets: a skipped sparse call skips it too
     if host is not tensor:
         write_back(pieces, host)
