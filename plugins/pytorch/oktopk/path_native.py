@@ -56,34 +56,18 @@ class BucketGrads:
 
     def __init__(self):
         self._pointed = {}  # id(param) -> (data_ptr of the slice it was pointed at, hook handle)
-        # id(param) -> (the slice's data_ptr, whether the slice can stand for
-        # the parameter's .grad: its shape, dtype and device, the parameter
-        # contiguous): what does not change from step to step is checked once.
-        self._fits = {}
 
     def point(self, bucket):
-        pointed, fits = self._pointed, self._fits
         with torch.no_grad():
             for param, view in zip(bucket.parameters(), bucket.gradients()):
                 grad = param.grad
-                if grad is None:
-                    continue
-                key, at = id(param), view.data_ptr()
-                fit = fits.get(key)
-                if fit is None or fit[0] != at:
-                    fit = fits[key] = (at, param.is_contiguous() and view.shape == param.shape
-                                       and view.dtype == param.dtype and view.device == param.device)
-                # The gradient's own layout is the step's: autograd may hand a
-                # non-contiguous one, or (a script that zeroes to zeros) the
-                # slice itself from the step before.
-                if not fit[1] or grad.data_ptr() == at or not grad.is_contiguous() or grad.shape != view.shape:
+                if (grad is None or grad.data_ptr() == view.data_ptr() or not grad.is_contiguous() or not param.is_contiguous()
+                        or grad.shape != view.shape or grad.dtype != view.dtype or grad.device != view.device):
                     continue
                 param.grad = view
-                known = pointed.get(key)
-                if known is None:
-                    pointed[key] = (at, param.register_hook(self._unalias(weakref.ref(param))))
-                elif known[0] != at:
-                    pointed[key] = (at, known[1])
+                key = id(param)
+                handle = self._pointed[key][1] if key in self._pointed else param.register_hook(self._unalias(weakref.ref(param)))
+                self._pointed[key] = (view.data_ptr(), handle)
 
     def _unalias(self, param_ref):
         pointed = self._pointed
@@ -99,4 +83,3 @@ class BucketGrads:
         for _, handle in self._pointed.values():
             handle.remove()
         self._pointed = {}
-        self._fits = {}
