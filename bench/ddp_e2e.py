@@ -301,6 +301,9 @@ def main():
     ap.add_argument("--seq", type=int, default=64, help="charlm: bytes per window")
     ap.add_argument("--density", type=float, default=0.01)
     ap.add_argument("--powersgd-start", type=int, default=10, help="powerSGD's start_powerSGD_iter (at least 2)")
+    ap.add_argument("--masking-steps", type=int, default=None,
+                    help="the oktopk methods without a masking of their own: momentum_masking=(\"waited\", N), masking over the "
+                         "first N steps with a sparse call (the default's window is oktopk.settings.AUTO_MASKING_STEPS)")
     ap.add_argument("--sched-steps", type=int, default=50, help="oktopk_sched: decay_steps of density_schedule=(0.25, N)")
     ap.add_argument("--clip-norm", type=float, default=4.0, help="oktopk_clip, oktopk_mask_clip: local_clip_norm (each rank's gradient of "
                     "each parameter clipped to norm clip-norm / sqrt(P))")
@@ -403,6 +406,8 @@ def train(method, args, width, data):
             kwargs["momentum_masking"] = True
         if method == "oktopk_wmask" or method.startswith("oktopk_wmask_"):
             kwargs["momentum_masking"] = "waited"
+        if args.masking_steps is not None and "momentum_masking" not in kwargs and not method.endswith("_nomc"):
+            kwargs["momentum_masking"] = ("waited", args.masking_steps)
         if method in ("oktopk_clip", "oktopk_mask_clip"):
             kwargs["local_clip_norm"] = args.clip_norm
         if warmup_of(method) is not None:
