@@ -2,6 +2,11 @@
 torch.multiprocessing in fresh (spawned) processes on a 2 x 2 mesh of 4 CPU
 ranks over gloo. Each writes what the test checks to a file."""
 
+import contextlib
+import importlib
+import io
+import os
+
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -567,11 +572,6 @@ def example(rank, world, port, out, name, argv):
     printed. Forked from the test server, which imported torch once: two
     torchrun jobs of 4 ranks cost ten fresh interpreters (about 2.5 s of
     CPU each) for the same run."""
-    import contextlib
-    import importlib
-    import io
-    import os
-
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
     printed = io.StringIO()
